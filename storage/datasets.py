@@ -1,0 +1,70 @@
+"""Writing and reading whole datasets: Parquet parts + manifest, atomically, addressed by key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from storage.atomic import atomic_dir, write_parquet
+from storage.layout import DataRoot
+from storage.manifest import Manifest, content_hash_of
+
+
+def part_name(i: int) -> str:
+    return f"part-{i:05d}.parquet"
+
+
+def write_dataset(
+    root: DataRoot,
+    kind: str,
+    key: str,
+    parts: Iterable[pa.Table],
+    schema: pa.Schema,
+    *,
+    params: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, str] | None = None,
+    stats: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Write parts into a fresh folder and publish it (with its manifest) by one rename."""
+    final = root.dataset_dir(kind, key)
+    with atomic_dir(final) as tmp:
+        files, rows = [], 0
+        for i, t in enumerate(parts):
+            write_parquet(t, tmp / part_name(i), schema)
+            files.append(part_name(i))
+            rows += t.num_rows
+        if not files:  # an empty dataset still has one (empty) part with the schema
+            write_parquet(schema.empty_table(), tmp / part_name(0), schema)
+            files.append(part_name(0))
+        m = Manifest(
+            kind=kind,
+            key=key,
+            rows=rows,
+            content_hash=content_hash_of(tmp, files),
+            files=files,
+            params=dict(params or {}),
+            source=dict(source or {}),
+            inputs=dict(inputs or {}),
+            stats=dict(stats or {}),
+        )
+        m.write(tmp)
+    return m
+
+
+def dataset_files(root: DataRoot, kind: str, key: str) -> list[Path]:
+    m = root.require(kind, key)
+    return m.paths(root.dataset_dir(kind, key))
+
+
+def read_dataset(root: DataRoot, kind: str, key: str, columns: list[str] | None = None, filter=None) -> pa.Table:
+    """The whole dataset as one Arrow table (parts in order)."""
+    files = [str(p) for p in dataset_files(root, kind, key)]
+    if filter is None and len(files) == 1:
+        return pq.read_table(files[0], columns=columns)
+    return pads.dataset(files, format="parquet").to_table(columns=columns, filter=filter)

@@ -1,0 +1,67 @@
+"""The data root's layout. Only this module knows where datasets live.
+
+    <data_root>/
+      downloads/<name>                      canonical source files fetched from the network
+      datasets/<kind>/<key>/part-*.parquet  one folder per dataset, addressed by its key
+      datasets/<kind>/<key>/manifest.json   written last: its presence marks the dataset complete
+      catalog.duckdb                        DuckDB views over the Parquet outputs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage.atomic import clean_temporaries
+from storage.manifest import Manifest, read_manifest_if_complete
+
+KINDS = ("wiki1m", "nli", "sts", "tokens", "corruption", "evaluations")
+
+
+class DataRoot:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+
+    def __repr__(self) -> str:
+        return f"DataRoot({str(self.root)!r})"
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / "downloads"
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.root / "catalog.duckdb"
+
+    def kind_dir(self, kind: str) -> Path:
+        if kind not in KINDS:
+            raise ValueError(f"unknown dataset kind {kind!r}; known: {', '.join(KINDS)}")
+        return self.root / "datasets" / kind
+
+    def dataset_dir(self, kind: str, key: str) -> Path:
+        return self.kind_dir(kind) / key
+
+    def find(self, kind: str, key: str) -> Manifest | None:
+        """The manifest of a complete dataset with this key, or None (a cache miss)."""
+        return read_manifest_if_complete(self.dataset_dir(kind, key))
+
+    def require(self, kind: str, key: str) -> Manifest:
+        m = self.find(kind, key)
+        if m is None:
+            raise FileNotFoundError(
+                f"dataset {kind}/{key} not found under {self.root}: run the stage that produces it first"
+            )
+        return m
+
+    def list(self, kind: str) -> list[tuple[Path, Manifest]]:
+        """Every complete dataset of a kind, oldest first."""
+        d = self.kind_dir(kind)
+        found = []
+        if d.is_dir():
+            for sub in d.iterdir():
+                if sub.is_dir() and (m := read_manifest_if_complete(sub)) is not None:
+                    found.append((sub, m))
+        return sorted(found, key=lambda pm: pm[1].created)
+
+    def clean(self) -> int:
+        """Remove leftovers of killed writers."""
+        return clean_temporaries(self.root)

@@ -1,0 +1,63 @@
+"""Dataset manifests: what a dataset holds and exactly what produced it.
+
+Every dataset folder holds its Parquet files and a `manifest.json`. The manifest is written last,
+so a folder without one is incomplete. `key` addresses the dataset (a hash of the stage name, its
+parameters and the content hashes of its inputs); `content_hash` is a hash of the output files.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from storage.atomic import write_json
+from storage.hashing import sha256_files
+
+MANIFEST_NAME = "manifest.json"
+
+
+class Manifest(BaseModel):
+    kind: str
+    key: str
+    rows: int
+    content_hash: str
+    files: list[str]
+    params: dict[str, Any] = Field(default_factory=dict)
+    source: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(default_factory=dict, description="input name -> content hash")
+    stats: dict[str, Any] = Field(default_factory=dict)
+    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    schema_version: int = 1
+
+    def write(self, folder: str | Path) -> Path:
+        return write_json(self.model_dump(), Path(folder) / MANIFEST_NAME)
+
+    @classmethod
+    def read(cls, folder: str | Path) -> Manifest:
+        path = Path(folder) / MANIFEST_NAME
+        try:
+            return cls.model_validate(json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no manifest at {path}: the dataset is missing or incomplete") from None
+
+    def paths(self, folder: str | Path) -> list[Path]:
+        return [Path(folder) / f for f in self.files]
+
+
+def read_manifest_if_complete(folder: str | Path) -> Manifest | None:
+    """The manifest when the folder holds a complete dataset (manifest and every listed file)."""
+    folder = Path(folder)
+    if not (folder / MANIFEST_NAME).is_file():
+        return None
+    m = Manifest.read(folder)
+    if all((folder / f).is_file() for f in m.files):
+        return m
+    return None
+
+
+def content_hash_of(folder: str | Path, files: list[str]) -> str:
+    return sha256_files(Path(folder) / f for f in files)

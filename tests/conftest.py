@@ -1,0 +1,100 @@
+"""Shared fixtures: one tiny model family, an isolated CSE_HOME, the local data mirror.
+
+Tests needing `../shared/data` fail loudly when it is missing (they never skip).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
+
+import pytest
+import torch
+
+from config.settings import REPO_ROOT
+from models.loading import PACKAGED_MINILM, load_tokenizer
+
+SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real local mirror. Missing → a hard failure naming what was expected."""
+    expected = [
+        SHARED_DATA / "wiki1m_head.txt",
+        SHARED_DATA / "snli_triplets.csv",
+        SHARED_DATA / "senteval" / "STS" / "STSBenchmark" / "sts-test.csv",
+    ]
+    missing = [str(p) for p in expected if not p.exists()]
+    if missing:
+        pytest.fail(f"the shared data mirror is missing (expected beside the repo): {missing}", pytrace=False)
+    return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own CSE_HOME (data root + MLflow store)."""
+    home = tmp_path_factory.mktemp("cse_home")
+    monkeypatch.setenv("CSE_HOME", str(home))
+    monkeypatch.delenv("CSE_DATA_ROOT", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("CSE_MLFLOW_ARTIFACTS", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The bert-base-uncased vocabulary (from the packaged MiniLM)."""
+    return load_tokenizer(PACKAGED_MINILM)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    from models.loading import resolve_model_path
+
+    return resolve_model_path(PACKAGED_MINILM)
+
+
+def _tiny_bert_config(vocab_size: int):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-initialised 2-layer BERT (hidden 32) with the bert-base-uncased vocabulary, saved with its tokenizer."""
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny_bert")
+    BertModel(_tiny_bert_config(len(tokenizer))).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_generator_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-initialised small DistilBERT masked LM with the bert-base-uncased vocabulary."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny_generator")
+    cfg = DistilBertConfig(vocab_size=len(tokenizer), dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128)
+    DistilBertForMaskedLM(cfg).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
