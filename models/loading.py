@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -70,7 +71,13 @@ def vocab_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """A hash of the complete tokenizer behaviour (vocabulary, normaliser, pre-tokeniser)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    body = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    if backend is None:
+        body = repr(sorted(tokenizer.get_vocab().items()))
+    else:  # truncation/padding are per-call state of the fast tokenizer, not its behaviour
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None)
+        state.pop("padding", None)
+        body = json.dumps(state, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 

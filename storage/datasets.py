@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+from pydantic import BaseModel
 
 from storage.atomic import atomic_dir, write_parquet
 from storage.layout import DataRoot
@@ -68,3 +69,19 @@ def read_dataset(root: DataRoot, kind: str, key: str, columns: list[str] | None 
     if filter is None and len(files) == 1:
         return pq.read_table(files[0], columns=columns)
     return pads.dataset(files, format="parquet").to_table(columns=columns, filter=filter)
+
+
+class DatasetRef(BaseModel):
+    """What a stage returns: the address of a dataset, never the data itself."""
+
+    kind: str
+    key: str
+    path: str
+    rows: int
+    content_hash: str
+    cache_hit: bool = False
+
+    @classmethod
+    def of(cls, root: DataRoot, m: Manifest, cache_hit: bool) -> DatasetRef:
+        return cls(kind=m.kind, key=m.key, path=str(root.dataset_dir(m.kind, m.key)), rows=m.rows,
+                   content_hash=m.content_hash, cache_hit=cache_hit)

@@ -98,3 +98,19 @@ def tiny_generator_dir(tmp_path_factory, tokenizer) -> Path:
     DistilBertForMaskedLM(cfg).save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect server (SQLite) for every flow test of the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def local_ingest_config(shared_data):
+    from config.stages import local_mirror_ingest
+
+    return local_mirror_ingest(shared_data)

@@ -1,0 +1,17 @@
+"""Flow `ingest`: Wiki1M, NLI and SentEval STS sources → Parquet datasets (cached by source hash)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from config.stages import IngestConfig
+from storage.datasets import DatasetRef
+from tasks.ingest import ingest_dataset
+
+
+@flow(name="ingest", log_prints=True)
+def ingest(config: IngestConfig = IngestConfig()) -> dict[str, DatasetRef]:
+    refs = {name: ingest_dataset(name, config) for name in config.datasets}
+    for name, ref in refs.items():
+        print(f"{name:7s} {ref.rows:>9,d} rows  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
+    return refs

@@ -1,0 +1,29 @@
+"""Flow `tokenize`: ingest one training corpus (cache hit when done) and pre-tokenise it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect import flow
+
+from config.stages import IngestConfig, TokenizeConfig
+from storage.datasets import DatasetRef
+from tasks.ingest import ingest_dataset
+from tasks.tokenize import tokenize_dataset
+
+
+def prepare_tokens(dataset: Literal["wiki1m", "nli"], ingest_config: IngestConfig, tokenize_config: TokenizeConfig) -> DatasetRef:
+    """Ingest → tokenise, both cached: the building block of every training flow."""
+    source = ingest_dataset(dataset, ingest_config)
+    return tokenize_dataset(source, tokenize_config)
+
+
+@flow(name="tokenize", log_prints=True)
+def tokenize(
+    dataset: Literal["wiki1m", "nli"] = "wiki1m",
+    ingest_config: IngestConfig = IngestConfig(),
+    config: TokenizeConfig = TokenizeConfig(),
+) -> DatasetRef:
+    ref = prepare_tokens(dataset, ingest_config, config)
+    print(f"tokens {ref.rows:,d} sentences  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
+    return ref

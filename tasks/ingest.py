@@ -1,0 +1,78 @@
+"""Ingestion: canonical sources (or a local copy) → Parquet datasets with manifests."""
+
+from __future__ import annotations
+
+import time
+
+import mlflow
+from prefect import task
+from prefect.logging import get_run_logger
+
+from config.settings import get_settings
+from config.stages import IngestConfig
+from storage import schemas
+from storage.catalog import refresh_catalog
+from storage.datasets import DatasetRef, write_dataset
+from storage.hashing import stable_hash
+from storage.layout import DataRoot
+from storage.sources import read_source, resolve_source
+from tasks.tracking import stage_run
+
+SCHEMA_VERSION = 1
+PART_ROWS = 250_000
+_SCHEMAS = {"wiki1m": schemas.WIKI1M, "nli": schemas.NLI, "sts": schemas.STS}
+
+
+def _logger():
+    try:
+        return get_run_logger()
+    except Exception:  # called outside a Prefect run
+        import logging
+
+        return logging.getLogger(__name__)
+
+
+def ingest_key(dataset: str, source_hash: str) -> str:
+    return stable_hash({"stage": "ingest", "dataset": dataset, "source": source_hash, "v": SCHEMA_VERSION})
+
+
+def _expected(dataset: str, config: IngestConfig) -> int | None:
+    return {"wiki1m": config.wiki.expected_lines, "nli": config.nli.expected_rows}.get(dataset)
+
+
+@task(name="ingest-dataset", retries=0)
+def ingest_dataset(dataset: str, config: IngestConfig) -> DatasetRef:
+    """Ingest one source. Same source content → the existing dataset (a cache hit)."""
+    log = _logger()
+    root = DataRoot(get_settings().data_root)
+    src_cfg = {"wiki1m": config.wiki, "nli": config.nli, "sts": config.senteval}[dataset]
+    t0 = time.perf_counter()
+    with stage_run("data", f"ingest-{dataset}", params={"dataset": dataset, "source": src_cfg.model_dump()}) as _:
+        src = resolve_source(root, dataset, src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries)
+        key = ingest_key(dataset, src.content_hash)
+        mlflow.set_tags({"dataset": dataset, "source_origin": src.origin, "source_location": src.location,
+                         "source_hash": src.content_hash, "key": key})
+        manifest = root.find(dataset, key)
+        hit = manifest is not None
+        if not hit:
+            table, stats = read_source(src)
+            if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
+                raise ValueError(f"{src.path}: {table.num_rows} rows, expected {exp}")
+            if stats.empty:
+                log.warning("%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.path, stats.empty)
+            parts = (table.slice(i, PART_ROWS) for i in range(0, max(table.num_rows, 1), PART_ROWS))
+            manifest = write_dataset(
+                root, dataset, key, parts, _SCHEMAS[dataset],
+                params={"dataset": dataset, "schema_version": SCHEMA_VERSION},
+                source=src.describe(), inputs={"source": src.content_hash}, stats=stats.as_dict(),
+            )
+            refresh_catalog(root)
+        seconds = time.perf_counter() - t0
+        st = manifest.stats
+        mlflow.log_metrics({
+            "rows": manifest.rows, "empty": st.get("empty", 0), "skipped": st.get("skipped", 0),
+            "cache_hit": float(hit), "seconds": seconds, "rows_per_s": manifest.rows / max(seconds, 1e-9),
+        })
+        mlflow.set_tag("content_hash", manifest.content_hash)
+        log.info("%s: %d rows, key %s (%s) in %.1fs", dataset, manifest.rows, key, "cache hit" if hit else "written", seconds)
+    return DatasetRef.of(root, manifest, cache_hit=hit)
