@@ -15,6 +15,31 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
 PACKAGED_MINILM = "packaged:minilm"
+RANDOM_INIT = "random-init:"
+# Random-initialised masked LMs for smoke runs and benchmarks where no pretrained generator is
+# reachable. They use the bert-base-uncased vocabulary (taken from the packaged MiniLM tokenizer).
+_RANDOM_MLM_SIZES = {
+    "distilbert-base-uncased": dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072),
+    "distilbert-tiny": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
+}
+
+
+def is_random_init(name: str) -> bool:
+    return name.startswith(RANDOM_INIT)
+
+
+def build_random_masked_lm(name: str, seed: int = 0) -> torch.nn.Module:
+    """`random-init:<size>`: a seeded random DistilBERT masked LM with the bert-base-uncased vocabulary."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    size = name[len(RANDOM_INIT):]
+    if size not in _RANDOM_MLM_SIZES:
+        raise ValueError(f"unknown random generator {name!r}; known: {[RANDOM_INIT + k for k in _RANDOM_MLM_SIZES]}")
+    tok = load_tokenizer(PACKAGED_MINILM)
+    cfg = DistilBertConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, **_RANDOM_MLM_SIZES[size])
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return DistilBertForMaskedLM(cfg)
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -37,6 +62,8 @@ def resolve_model_path(name_or_path: str) -> str:
 
 @lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    if is_random_init(name_or_path):
+        return load_tokenizer(PACKAGED_MINILM)
     return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
 
 
@@ -46,6 +73,8 @@ def load_encoder(name_or_path: str, **kwargs) -> torch.nn.Module:
 
 
 def load_masked_lm(name_or_path: str, **kwargs) -> torch.nn.Module:
+    if is_random_init(name_or_path):
+        return build_random_masked_lm(name_or_path)
     return AutoModelForMaskedLM.from_pretrained(resolve_model_path(name_or_path), **kwargs)
 
 

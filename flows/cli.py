@@ -1,0 +1,54 @@
+"""`cse` command line: look at what the pipeline produced.
+
+    cse report            datasets (and evaluations, when any) in the data root
+    cse sql "SELECT ..."  any SQL over the DuckDB catalog
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+from config.settings import get_settings
+from storage.catalog import query, refresh_catalog
+from storage.layout import DataRoot
+
+
+def _print(df: pd.DataFrame) -> None:
+    with pd.option_context("display.max_columns", 30, "display.width", 200, "display.max_colwidth", 60):
+        print(df.to_string(index=False) if len(df) else "(no rows)")
+
+
+def report(root: DataRoot) -> None:
+    refresh_catalog(root)
+    print(f"Data root: {root.root}\n\nDatasets:")
+    _print(query(root, "SELECT kind, key, rows, created[:19] AS created, json_extract_string(source, '$.file') AS source "
+                       "FROM manifests ORDER BY created"))
+    if root.list("corruption"):
+        print("\nCorruption statistics:")
+        _print(query(root, "SELECT * FROM corruption_stats"))
+    if root.list("evaluations"):
+        print("\nEvaluations (newest last):")
+        _print(query(root, "SELECT * EXCLUDE (details) FROM evaluations_all ORDER BY created"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="cse", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("report", help="datasets and evaluations in the data root")
+    q = sub.add_parser("sql", help="run SQL over the DuckDB catalog")
+    q.add_argument("sql")
+    args = p.parse_args(argv)
+    root = DataRoot(get_settings().data_root)
+    if args.cmd == "report":
+        report(root)
+    else:
+        refresh_catalog(root)
+        _print(query(root, args.sql))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

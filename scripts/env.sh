@@ -1,0 +1,17 @@
+# Embedded single-machine defaults (sourced by the scripts). Every value can be preset in the environment.
+: "${VIRTUAL_ENV:=$PWD/.venv}"
+export PATH="$VIRTUAL_ENV/bin:$PATH"
+export CSE_HOME="${CSE_HOME:-$PWD/.cse}"
+export CSE_PREFECT_HOST="${CSE_PREFECT_HOST:-127.0.0.1}"
+export CSE_PREFECT_PORT="${CSE_PREFECT_PORT:-4200}"
+export PREFECT_HOME="${PREFECT_HOME:-$CSE_HOME/prefect}"
+export PREFECT_API_URL="${PREFECT_API_URL:-http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT/api}"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export DO_NOT_TRACK=1
+export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-sqlite:///$CSE_HOME/mlflow.db}"
+export TOKENIZERS_PARALLELISM=false
+# Offline machines read sources from the local mirror beside the checkout when it exists.
+# Set CSE_SOURCE_MIRROR= (empty) to download the canonical files instead.
+if [ -z "${CSE_SOURCE_MIRROR+x}" ] && [ -d "$PWD/../shared/data" ]; then
+  export CSE_SOURCE_MIRROR="$(cd "$PWD/../shared/data" && pwd)"
+fi
