@@ -30,8 +30,12 @@ def report(root: DataRoot) -> None:
         print("\nCorruption statistics:")
         _print(query(root, "SELECT * FROM corruption_stats"))
     if root.list("evaluations"):
-        print("\nEvaluations (newest last):")
-        _print(query(root, "SELECT * EXCLUDE (details) FROM evaluations_all ORDER BY created"))
+        print("\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last:")
+        _print(query(root, "SELECT created[:19] AS created, label, round(sts12, 2) AS sts12, round(sts13, 2) AS sts13, "
+                           "round(sts14, 2) AS sts14, round(sts15, 2) AS sts15, round(sts16, 2) AS sts16, "
+                           "round(stsb, 2) AS \"sts-b\", round(sickr, 2) AS \"sick-r\", sts_avg AS avg, "
+                           "round(retrieval_r1, 2) AS r1, round(alignment, 4) AS align, round(uniformity, 4) AS uniform "
+                           "FROM evaluations_all WHERE mode = 'test' ORDER BY created"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ run() {  # run a deployment through the worker and fail if it does not complete
 }
 
 run ingest/default
-run corrupt/smoke
+run train-d2cse/smoke
 
 python -m flows.cli report
 cat <<MSG

@@ -25,7 +25,11 @@ up() {
     echo $! >"$(pidfile server)"
   fi
   wait_for_api
-  prefect work-pool inspect local >/dev/null 2>&1 || prefect work-pool create local --type process >/dev/null
+  for pool in local gpu; do
+    prefect work-pool inspect "$pool" >/dev/null 2>&1 || prefect work-pool create "$pool" --type process >/dev/null
+  done
+  # one training job per GPU slot at a time (tasks/train.py occupies it while training on CUDA)
+  prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit 1 >/dev/null
   prefect --no-prompt deploy --all >"$CSE_HOME/run/deploy.log" 2>&1 || { cat "$CSE_HOME/run/deploy.log" >&2; exit 1; }
   if ! running worker; then
     setsid prefect worker start --pool local --limit "${CSE_WORKER_LIMIT:-1}" \

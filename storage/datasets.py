@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,42 @@ def write_dataset(
             inputs=dict(inputs or {}),
             stats=dict(stats or {}),
         )
+        m.write(tmp)
+    return m
+
+
+def publish_files(
+    root: DataRoot,
+    kind: str,
+    key: str,
+    files: list[Path],
+    *,
+    params: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, str] | None = None,
+    stats: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Publish finished Parquet files (already in the kind's schema) as parts of a dataset.
+
+    The files are hard-linked (copied where links fail) into a fresh folder, which is published with
+    its manifest by one rename; the originals stay where they are.
+    """
+    if not files:
+        raise ValueError(f"nothing to publish for {kind}/{key}: no files")
+    final = root.dataset_dir(kind, key)
+    with atomic_dir(final) as tmp:
+        names, rows = [], 0
+        for i, f in enumerate(files):
+            target = tmp / part_name(i)
+            try:
+                os.link(f, target)
+            except OSError:
+                shutil.copyfile(f, target)
+            names.append(target.name)
+            rows += pq.ParquetFile(target).metadata.num_rows
+        m = Manifest(kind=kind, key=key, rows=rows, content_hash=content_hash_of(tmp, names), files=names,
+                     params=dict(params or {}), source=dict(source or {}), inputs=dict(inputs or {}),
+                     stats=dict(stats or {}))
         m.write(tmp)
     return m
 

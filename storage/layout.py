@@ -4,6 +4,7 @@
       downloads/<name>                      canonical source files fetched from the network
       datasets/<kind>/<key>/part-*.parquet  one folder per dataset, addressed by its key
       datasets/<kind>/<key>/manifest.json   written last: its presence marks the dataset complete
+      datasets/<kind>/<key>.shards/         finished shards of a dataset still being built
       catalog.duckdb                        DuckDB views over the Parquet outputs
 """
 
@@ -39,6 +40,11 @@ class DataRoot:
 
     def dataset_dir(self, kind: str, key: str) -> Path:
         return self.kind_dir(kind) / key
+
+    def shards_dir(self, kind: str, key: str) -> Path:
+        """Work folder of a dataset built in shards (`<key>.shards` beside it): finished shards survive
+        a crash there until the dataset is published. It has no manifest, so it is never a dataset."""
+        return self.kind_dir(kind) / f"{key}.shards"
 
     def find(self, kind: str, key: str) -> Manifest | None:
         """The manifest of a complete dataset with this key, or None (a cache miss)."""

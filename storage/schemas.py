@@ -59,3 +59,32 @@ CORRUPTION = pa.schema(
         pa.field("n_replaced", pa.int16(), nullable=False),
     ]
 )
+
+# One row per evaluation (dataset kind "evaluations", one dataset per evaluation). Scores are
+# Spearman ×100 (null when not computed in that mode); `details` holds the full result as JSON.
+EVALUATIONS = pa.schema(
+    [
+        pa.field("evaluation_id", pa.string(), nullable=False),
+        pa.field("created", pa.string(), nullable=False),  # ISO 8601 UTC
+        pa.field("mode", pa.string(), nullable=False),  # test | dev
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("model", pa.string()),
+        pa.field("pooler", pa.string()),
+        pa.field("checkpoint", pa.string()),
+        pa.field("method", pa.string()),
+        pa.field("mlflow_run_id", pa.string()),
+        pa.field("sts_source", pa.string(), nullable=False),  # dataset key or folder
+        pa.field("sts_hash", pa.string(), nullable=False),
+        *[pa.field(t, pa.float64()) for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "sts_avg")],
+        pa.field("sts_avg_pearson", pa.float64()),
+        pa.field("stsb_dev", pa.float64()),
+        pa.field("sickr_dev", pa.float64()),
+        pa.field("retrieval_match", pa.string()),
+        *[pa.field(f"retrieval_r{k}", pa.float64()) for k in (1, 3, 5, 10)],
+        pa.field("alignment", pa.float64()),
+        pa.field("uniformity", pa.float64()),
+        pa.field("sentences", pa.int64(), nullable=False),
+        pa.field("seconds", pa.float64(), nullable=False),
+        pa.field("details", pa.string(), nullable=False),  # the full result, JSON
+    ]
+)

@@ -1,0 +1,120 @@
+"""Throughput of the stage's corruption function vs the bare generator forward pass (full logits).
+
+Both run on the same sentences, the same length-sorted batches and the same device; prints one
+JSON object with sentences/s of each and their ratio (target >= 0.9).
+
+    python benchmarks/corruption_throughput.py [--generator distilbert-base-uncased] [--sentences 2048]
+        [--batch-size 256] [--device auto] [--mask-ratio 0.3] [--mode argmax] [--repeats 1]
+
+The default generator is `distilbert-base-uncased` from the local HF cache; without it a random
+DistilBERT of the same size with the bert-base-uncased vocabulary (`random-init:distilbert-base-uncased`)
+stands in, which runs at the same speed. A local model folder works too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from models.corruption import Corruptor, SpecialTokens, corrupt_sequences, pad_batch  # noqa: E402
+from models.loading import is_random_init, load_masked_lm, load_tokenizer, pick_device, resolve_model_path  # noqa: E402
+
+FALLBACK = "random-init:distilbert-base-uncased"
+TARGET = 0.9
+
+
+def load_generator(name: str) -> tuple[torch.nn.Module, object, str]:
+    """(model, tokenizer, name used): a hub id is read from the local cache only, else the random stand-in."""
+    if is_random_init(name) or Path(resolve_model_path(name)).is_dir():
+        return load_masked_lm(name), load_tokenizer(name), name
+    try:
+        model = load_masked_lm(name, local_files_only=True)
+    except OSError:
+        return load_masked_lm(FALLBACK), load_tokenizer(FALLBACK), f"{FALLBACK} ({name} not in the local HF cache)"
+    from transformers import AutoTokenizer
+
+    return model, AutoTokenizer.from_pretrained(name, local_files_only=True), name
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--generator", default="distilbert-base-uncased")
+    p.add_argument("--sentences", type=int, default=2048)
+    p.add_argument("--data", default=str(REPO_ROOT.parent / "shared" / "data" / "wiki1m_head.txt"))
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--mask-ratio", type=float, default=0.3)
+    p.add_argument("--mode", default="argmax", choices=["argmax", "sample"])
+    p.add_argument("--no-bf16", action="store_true", help="no bf16 autocast on GPU")
+    p.add_argument("--repeats", type=int, default=1, help="timed passes of each (alternating); the best counts")
+    args = p.parse_args(argv)
+
+    device = pick_device(args.device)
+    model, tokenizer, used = load_generator(args.generator)
+    lines = Path(args.data).read_text(encoding="utf-8").splitlines()[: args.sentences]
+    seqs = tokenizer(lines, truncation=True, max_length=32)["input_ids"]
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+    flat = np.concatenate(seqs).astype(np.int64)
+
+    bf16 = not args.no_bf16
+    corruptor = Corruptor(model, SpecialTokens.from_tokenizer(tokenizer), args.mask_ratio, args.mode,
+                          device=device, bf16=bf16)
+    flat_t = torch.from_numpy(flat)
+    order = np.argsort(-np.diff(offsets), kind="stable")  # the same batches corrupt_sequences builds
+    batches = [pad_batch(flat_t, offsets, order[i:i + args.batch_size], tokenizer.pad_token_id)[:2]
+               for i in range(0, len(seqs), args.batch_size)]
+
+    @torch.inference_mode()
+    def bare() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=corruptor.autocast):
+            for ids, attention in batches:
+                model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
+
+    def stage() -> None:
+        corrupt_sequences(corruptor, flat, offsets, torch.Generator().manual_seed(0), args.batch_size)
+
+    warm = slice(0, int(offsets[min(len(seqs), 32)]))  # warm-up on the first 32 sentences
+    corrupt_sequences(corruptor, flat[warm], offsets[:33] if len(seqs) > 32 else offsets, torch.Generator(), 32)
+    bare_times, stage_times = [], []
+    for _ in range(args.repeats):
+        bare_times.append(_timed(bare, device))
+        stage_times.append(_timed(stage, device))
+    n = len(seqs)
+    result = {
+        "generator": used, "device": str(device), "torch_threads": torch.get_num_threads(),
+        "autocast_bf16": corruptor.autocast, "sentences": n, "tokens": int(len(flat)), "batch_size": args.batch_size,
+        "mask_ratio": args.mask_ratio, "mode": args.mode, "repeats": args.repeats,
+        "bare_forward_sentences_per_s": round(n / min(bare_times), 1),
+        "corruption_sentences_per_s": round(n / min(stage_times), 1),
+    }
+    result["ratio"] = round(result["corruption_sentences_per_s"] / result["bare_forward_sentences_per_s"], 3)
+    result["target"] = TARGET
+    result["meets_target"] = result["ratio"] >= TARGET
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

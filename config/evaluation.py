@@ -1,0 +1,83 @@
+"""Parameters of the evaluation stage (flow `evaluate`; methods.md §7)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from config.stages import _Config
+
+Pooler = Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "mask"]
+Task = Literal["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+
+
+class EvalConfig(_Config):
+    """What to evaluate, on which data, and the protocol choices the papers leave open.
+
+    Evaluate either a plain encoder (`model` + `pooler`) or a training run's checkpoint
+    (`checkpoint`: a local folder with `cse_model.json`, `runs:/<mlflow run id>` or a bare run id,
+    whose `checkpoint/` artifact folder is downloaded). With a checkpoint, `pooler` is optional and,
+    when given, must equal the checkpoint's pooler; `model` is optional and, when it names another
+    place than the recorded backbone (e.g. a local copy), the backbone is loaded from there and must
+    have the recorded shape and weights (`models.checkpoint` refuses it otherwise).
+
+    Open protocol choices (methods.md §11 q4–5), recorded here: retrieval reports both duplicate
+    rules with `retrieval_match` as headline; alignment positives are gold >= 4 (338 STS-B test pairs;
+    `alignment_inclusive=False` gives SimCSE paper's > 4, 231 pairs); uniformity uses all 2,758
+    sentences unless `uniformity_dedup`.
+    """
+
+    model: str | None = Field(default=None, description="HF model id, local folder or `packaged:minilm`")
+    pooler: Pooler | None = Field(default=None, description="required with `model`; a checkpoint brings its own")
+    checkpoint: str | None = Field(default=None, description="checkpoint folder, `runs:/<run id>` or a bare MLflow run id")
+    first_layer: Literal[0, 1] = Field(
+        default=0, description="hidden_states index used as 'first' by avg_first_last: 0 = embeddings (DiffCSE/DCPCSE code), 1 = first layer (SimCSE's current code)")
+    template: str | None = Field(default=None, description="prompt template with {sentence} (and [MASK] for pooler 'mask')")
+    mode: Literal["test", "dev"] = "test"
+    tasks: tuple[Task, ...] | None = Field(default=None, description="test-mode subset of the seven tasks; None = all (Avg. needs all)")
+    sts: str | None = Field(
+        default=None, description="an `sts` dataset key in the data root or a SentEval folder; None = the shared mirror, else the newest ingested `sts` dataset")
+    batch_size: int = Field(default=128, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
+    retrieval_match: Literal["index", "string"] = Field(
+        default="string", description="headline duplicate rule of retrieval (both are logged): index = exact corpus position, string = deduplicated corpus")
+    retrieval_ks: tuple[int, ...] = (1, 3, 5, 10)
+    alignment_threshold: float = Field(default=4.0, ge=0.0, le=5.0, description="positive pairs: gold >= threshold (> when alignment_inclusive is false)")
+    alignment_inclusive: bool = True
+    uniformity_t: float = Field(default=2.0, gt=0.0)
+    uniformity_dedup: bool = Field(default=False, description="uniformity over distinct sentences instead of all 2,758")
+    extras: bool = Field(default=True, description="test mode: retrieval, alignment/uniformity, qualitative, plots")
+    label: str | None = Field(default=None, description="row label in tables; default: model + pooler or the checkpoint")
+    experiment: str = "evaluation"
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _what(self) -> EvalConfig:
+        if self.model is None and self.checkpoint is None:
+            raise ValueError("set `model` (with `pooler`) or `checkpoint`")
+        if self.checkpoint is None and self.pooler is None:
+            raise ValueError(f"`pooler` is required to evaluate model {self.model!r}")
+        if self.mode == "dev" and self.tasks is not None and any(t not in ("stsb", "sickr") for t in self.tasks):
+            raise ValueError("dev mode scores only stsb and sickr")
+        if any(k < 1 for k in self.retrieval_ks):
+            raise ValueError("retrieval_ks must be positive")
+        return self
+
+    def display_label(self) -> str:
+        if self.label:
+            return self.label
+        if self.checkpoint:
+            return f"checkpoint {self.checkpoint}"
+        return f"{self.model} ({self.pooler})"
+
+    def evaluator_kwargs(self) -> dict:
+        return dict(
+            retrieval_match=self.retrieval_match,
+            retrieval_ks=self.retrieval_ks,
+            alignment_threshold=self.alignment_threshold,
+            alignment_inclusive=self.alignment_inclusive,
+            uniformity_t=self.uniformity_t,
+            uniformity_dedup=self.uniformity_dedup,
+        )

@@ -1,0 +1,117 @@
+"""Embedding a list of sentences once: length-sorted batches, inference mode, bf16 autocast on GPU.
+
+The embedder's module modes (train/eval of every submodule) are restored afterwards, so a training
+loop can call this on its live model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from models.embedder import SentenceEmbedder
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass
+class EncodeStats:
+    sentences: int
+    tokens: int
+    batches: int
+    seconds: float
+
+    @property
+    def sentences_per_s(self) -> float:
+        return self.sentences / max(self.seconds, 1e-9)
+
+
+def autocast_context(device: torch.device, precision: str):
+    """`auto`: bf16 autocast on CUDA, fp32 elsewhere; `bf16` forces autocast; `fp32` none."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length, longest first (memory errors surface early)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-padded input_ids and attention_mask (int64) for one batch."""
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for r, x in enumerate(ids):
+        input_ids[r, :len(x)] = torch.as_tensor(x, dtype=torch.long)
+        mask[r, :len(x)] = 1
+    return input_ids, mask
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    """Switch every submodule to eval() and restore each one's previous mode afterwards."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, was in modes:
+            m.train(was)
+
+
+def embed_token_ids(
+    embedder: SentenceEmbedder,
+    token_ids: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 128,
+    precision: str = "auto",
+    progress: bool = False,
+    desc: str = "embedding",
+) -> tuple[Tensor, EncodeStats]:
+    """[N, d] float32 CPU embeddings of pre-tokenised sentences, in input order."""
+    n = len(token_ids)
+    if n == 0:
+        raise ValueError("nothing to embed: no sentences")
+    empty = [i for i, x in enumerate(token_ids) if len(x) == 0]
+    if empty:
+        raise ValueError(f"{len(empty)} sentences tokenised to zero tokens (first index {empty[0]})")
+    device = embedder.device
+    batches = length_sorted_batches([len(x) for x in token_ids], batch_size)
+    out: Tensor | None = None
+    pad_id = embedder.pad_token_id
+    t0 = time.perf_counter()
+    with eval_mode(embedder), torch.inference_mode(), autocast_context(device, precision), \
+            tqdm(total=n, desc=desc, unit="sent", disable=not progress, mininterval=1.0) as bar:
+        for idx in batches:
+            input_ids, mask = pad_batch([token_ids[i] for i in idx], pad_id)
+            emb = embedder.embed(input_ids.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+            if emb.dim() != 2 or emb.shape[0] != len(idx):
+                raise ValueError(f"{type(embedder).__name__}.embed returned shape {tuple(emb.shape)}, expected [{len(idx)}, d]")
+            if out is None:
+                out = torch.empty((n, emb.shape[1]), dtype=torch.float32)
+            out[torch.as_tensor(idx)] = emb.float().cpu()
+            bar.update(len(idx))
+    seconds = time.perf_counter() - t0
+    return out, EncodeStats(sentences=n, tokens=sum(len(x) for x in token_ids), batches=len(batches), seconds=seconds)
+
+
+def embed_sentences(
+    embedder: SentenceEmbedder,
+    sentences: Sequence[str],
+    **kwargs,
+) -> tuple[Tensor, EncodeStats]:
+    """Tokenise with the embedder's own `token_ids`, then `embed_token_ids`."""
+    return embed_token_ids(embedder, embedder.token_ids(list(sentences)), **kwargs)

@@ -1,0 +1,228 @@
+"""The evaluator: one pass of embedding over every unique sentence a mode needs, then all metrics.
+
+`test` mode: STS12–16 (test; "all" headline, per-subset scores), STS-B test, SICK-R test, "Avg.",
+and on STS-B test the retrieval, alignment/uniformity and qualitative neighbours (`extras`).
+`dev` mode (model selection during training): STS-B dev and SICK-R dev only; its token ids are
+cached per embedder object, so calling it every few hundred steps re-tokenises nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from evaluation.alignment import alignment, uniformity
+from evaluation.encode import PRECISIONS, embed_token_ids
+from evaluation.qualitative import PAPER_QUERIES, answers_of, nearest_neighbours
+from evaluation.results import DEV_TASKS, TEST_TASKS, AlignUniform, EvalResult, Timing
+from evaluation.retrieval import RULES, retrieval_scores
+from evaluation.sts import cosine_pairs, rounded_average, score_task
+from models.embedder import SentenceEmbedder
+
+MODES = ("test", "dev")
+REQUIRED_COLUMNS = ("task", "subset", "split", "pair_index", "sentence1", "sentence2", "score")
+
+
+class UnknownTaskError(ValueError):
+    """A task name outside the seven STS tasks."""
+
+
+class MissingDataError(ValueError):
+    """The STS table lacks pairs a mode needs."""
+
+
+@dataclass
+class _Subset:
+    s1: list[str]
+    s2: list[str]
+    gold: np.ndarray
+
+
+@dataclass
+class _Plan:
+    """What one (mode, tasks, extras) call embeds and scores; sentence positions are unique."""
+
+    sentences: list[str]
+    scored: dict[str, tuple[str, str, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]]  # name → (task, split, {subset: (i1, i2, gold)})
+    stsb_test: tuple[np.ndarray, np.ndarray] | None  # positions of sentence1/sentence2 of STS-B test
+    queries: np.ndarray | None
+
+
+class Evaluator:
+    """Scores any `SentenceEmbedder` on an STS table (schema `storage.schemas.STS`)."""
+
+    def __init__(
+        self,
+        sts_table: pa.Table,
+        *,
+        retrieval_match: str = "string",
+        retrieval_ks: Sequence[int] = (1, 3, 5, 10),
+        alignment_threshold: float = 4.0,
+        alignment_inclusive: bool = True,
+        uniformity_t: float = 2.0,
+        uniformity_dedup: bool = False,
+        qualitative_queries: Sequence[str] = PAPER_QUERIES,
+        qualitative_k: int = 5,
+    ):
+        missing = [c for c in REQUIRED_COLUMNS if c not in sts_table.column_names]
+        if missing:
+            raise MissingDataError(f"the STS table lacks columns {missing} (expected the schema of storage.schemas.STS)")
+        if retrieval_match not in RULES:
+            raise ValueError(f"unknown retrieval duplicate rule {retrieval_match!r}; known: {', '.join(RULES)}")
+        self.retrieval_match = retrieval_match
+        self.retrieval_ks = tuple(int(k) for k in retrieval_ks)
+        self.alignment_threshold = float(alignment_threshold)
+        self.alignment_inclusive = bool(alignment_inclusive)
+        self.uniformity_t = float(uniformity_t)
+        self.uniformity_dedup = bool(uniformity_dedup)
+        self.qualitative_queries = tuple(qualitative_queries)
+        self.qualitative_k = int(qualitative_k)
+        self._data = self._index(sts_table)
+        self._plans: dict[tuple, _Plan] = {}
+        self._token_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _index(table: pa.Table) -> dict[tuple[str, str], dict[str, _Subset]]:
+        cols = table.select(list(REQUIRED_COLUMNS)).to_pydict()
+        rows: dict[tuple[str, str], dict[str, list[tuple[int, str, str, float]]]] = {}
+        for task, subset, split, pi, s1, s2, g in zip(*(cols[c] for c in REQUIRED_COLUMNS)):
+            rows.setdefault((task, split), {}).setdefault(subset, []).append((pi, s1, s2, g))
+        data: dict[tuple[str, str], dict[str, _Subset]] = {}
+        for key, subsets in rows.items():
+            data[key] = {}
+            for name, items in subsets.items():
+                items.sort(key=lambda r: r[0])
+                data[key][name] = _Subset([r[1] for r in items], [r[2] for r in items], np.array([r[3] for r in items], dtype=np.float64))
+        return data
+
+    def _need(self, task: str, split: str) -> dict[str, _Subset]:
+        got = self._data.get((task, split))
+        if not got:
+            raise MissingDataError(f"the STS table has no pairs for task {task!r}, split {split!r}; "
+                                   "ingest the SentEval data (flow `ingest`) or point `sts` at a SentEval folder")
+        return got
+
+    # ------------------------------------------------------------------ planning
+
+    def _plan(self, mode: str, tasks: tuple[str, ...], extras: bool) -> _Plan:
+        key = (mode, tasks, extras)
+        if key in self._plans:
+            return self._plans[key]
+        pos: dict[str, int] = {}
+
+        def at(sentences: Sequence[str]) -> np.ndarray:
+            return np.array([pos.setdefault(s, len(pos)) for s in sentences], dtype=np.int64)
+
+        split = "test" if mode == "test" else "dev"
+        scored = {}
+        for task in tasks:
+            name = task if mode == "test" else f"{task}_dev"
+            scored[name] = (task, split, {sub: (at(d.s1), at(d.s2), d.gold) for sub, d in self._need(task, split).items()})
+        stsb_test = queries = None
+        if mode == "test" and extras:
+            d = self._need("stsb", "test")["all"]
+            stsb_test = (at(d.s1), at(d.s2))
+            queries = at(self.qualitative_queries) if self.qualitative_queries else None
+        plan = _Plan(sentences=list(pos), scored=scored, stsb_test=stsb_test, queries=queries)
+        self._plans[key] = plan
+        return plan
+
+    def sentences(self, mode: str = "test", tasks: Sequence[str] | None = None, extras: bool = True) -> list[str]:
+        """The unique sentences a run embeds (benchmarks use this)."""
+        return list(self._plan(mode, self._tasks(mode, tasks), extras).sentences)
+
+    @staticmethod
+    def _tasks(mode: str, tasks: Sequence[str] | None) -> tuple[str, ...]:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+        allowed = TEST_TASKS if mode == "test" else DEV_TASKS
+        if tasks is None:
+            return allowed
+        bad = [t for t in tasks if t not in allowed]
+        if bad:
+            raise UnknownTaskError(f"unknown task(s) {bad} for mode {mode!r}; known: {', '.join(allowed)}")
+        if not tasks:
+            raise UnknownTaskError("tasks is empty: name at least one task or pass None for all")
+        return tuple(t for t in allowed if t in tasks)
+
+    def _token_ids(self, embedder: SentenceEmbedder, key: tuple, sentences: list[str]) -> list[list[int]]:
+        per = self._token_cache.setdefault(embedder, {})
+        if key not in per:
+            per[key] = embedder.token_ids(sentences)
+        return per[key]
+
+    # ------------------------------------------------------------------ run
+
+    def run(
+        self,
+        embedder: SentenceEmbedder,
+        mode: str = "test",
+        *,
+        tasks: Sequence[str] | None = None,
+        extras: bool = True,
+        batch_size: int = 128,
+        precision: str = "auto",
+        progress: bool = False,
+    ) -> EvalResult:
+        """Embed every unique sentence once and compute all scores of `mode`."""
+        if not isinstance(embedder, SentenceEmbedder):
+            raise TypeError(f"expected a models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+        t0 = time.perf_counter()
+        task_names = self._tasks(mode, tasks)
+        key = (mode, task_names, extras)
+        plan = self._plan(*key)
+        ids = self._token_ids(embedder, key, plan.sentences)
+        emb_t, st = embed_token_ids(embedder, ids, batch_size=batch_size, precision=precision, progress=progress,
+                                    desc=f"evaluate ({mode})")
+        emb = emb_t.numpy().astype(np.float64)
+
+        scores = {}
+        for name, (task, split, subsets) in plan.scored.items():
+            scores[name] = score_task(task, split, {sub: (cosine_pairs(emb[i1], emb[i2], identical=i1 == i2), g)
+                                                    for sub, (i1, i2, g) in subsets.items()})
+        result = EvalResult(mode=mode, tasks=scores, timing=Timing(seconds=0.0, embed_seconds=st.seconds, sentences=st.sentences,
+                                                                     tokens=st.tokens, sentences_per_s=st.sentences_per_s),
+                            embedder=embedder.describe())
+        if mode == "test" and all(t in scores for t in TEST_TASKS):
+            result.sts_avg = rounded_average([scores[t].spearman for t in TEST_TASKS])
+            result.sts_avg_pearson = rounded_average([scores[t].pearson for t in TEST_TASKS])
+        if plan.stsb_test is not None:
+            self._extras(result, emb, plan)
+        result.timing.seconds = time.perf_counter() - t0
+        return result
+
+    def _extras(self, result: EvalResult, emb: np.ndarray, plan: _Plan) -> None:
+        d = self._data[("stsb", "test")]["all"]
+        i1, i2 = plan.stsb_test
+        e1, e2 = emb[i1], emb[i2]
+        result.stsb_test_pairs = {"cosine": cosine_pairs(e1, e2, identical=i1 == i2).tolist(), "gold": d.gold.tolist()}
+        result.retrieval = retrieval_scores(d.s1, d.s2, d.gold, e1, e2, ks=self.retrieval_ks, match=self.retrieval_match)
+        pos = d.gold >= self.alignment_threshold if self.alignment_inclusive else d.gold > self.alignment_threshold
+        if not pos.any():
+            raise MissingDataError(f"no STS-B test pair has gold {'>=' if self.alignment_inclusive else '>'} {self.alignment_threshold}")
+        if self.uniformity_dedup:
+            everything = emb[np.unique(np.concatenate([i1, i2]))]
+        else:
+            everything = np.concatenate([e1, e2])
+        result.align_uniform = AlignUniform(
+            alignment=alignment(torch.from_numpy(e1[pos]), torch.from_numpy(e2[pos])),
+            uniformity=uniformity(torch.from_numpy(everything), t=self.uniformity_t),
+            n_positive_pairs=int(pos.sum()),
+            n_sentences=len(everything),
+            threshold=self.alignment_threshold,
+            inclusive=self.alignment_inclusive,
+            t=self.uniformity_t,
+            dedup_sentences=self.uniformity_dedup,
+        )
+        if plan.queries is not None:
+            result.qualitative = nearest_neighbours(
+                self.qualitative_queries, emb[plan.queries], d.s1 + d.s2, np.concatenate([e1, e2]), k=self.qualitative_k,
+                answers=[answers_of(q, d.s1, d.s2, d.gold) for q in self.qualitative_queries])

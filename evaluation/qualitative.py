@@ -1,0 +1,73 @@
+"""Qualitative retrieval: the papers' example queries and their nearest STS-B test sentences.
+
+Queries (DiffCSE Table 9, D2CSE Tables 2–3) are written in the corpus' tokenisation. The corpus is
+deduplicated by string and the query's own string is left out. Answers = partners of the query in
+gold-5.0 pairs, when the query is in the corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from evaluation.results import Neighbour, QueryNeighbours
+
+PAPER_QUERIES: tuple[str, ...] = (
+    "you can do it , too .",
+    "this is not a problem .",
+    "i think that is not a bad idea .",
+    "yes you got it .",
+)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.nan_to_num(np.asarray(x, dtype=np.float64))
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, n, out=np.zeros_like(x), where=n > 0)
+
+
+def answers_of(query: str, sentence1: Sequence[str], sentence2: Sequence[str], gold: Sequence[float], score: float = 5.0) -> list[str]:
+    out: list[str] = []
+    for a, b, g in zip(sentence1, sentence2, gold):
+        if g == score:
+            if a == query and b not in out:
+                out.append(b)
+            elif b == query and a not in out:
+                out.append(a)
+    return out
+
+
+def nearest_neighbours(
+    queries: Sequence[str],
+    query_emb: np.ndarray,
+    corpus: Sequence[str],
+    corpus_emb: np.ndarray,
+    *,
+    k: int = 5,
+    answers: Sequence[Sequence[str]] | None = None,
+) -> list[QueryNeighbours]:
+    """Top-k distinct corpus sentences by cosine for each query (the query's own string excluded)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if len(queries) != len(query_emb) or len(corpus) != len(corpus_emb):
+        raise ValueError("sentences and embeddings differ in length")
+    seen: dict[str, int] = {}
+    for i, s in enumerate(corpus):
+        seen.setdefault(s, i)
+    texts = list(seen)
+    emb = _unit(np.asarray(corpus_emb)[list(seen.values())])
+    sim = _unit(query_emb) @ emb.T
+    out = []
+    for qi, q in enumerate(queries):
+        row = sim[qi].copy()
+        if q in seen:
+            row[texts.index(q)] = -np.inf
+        top = np.argsort(-row, kind="stable")[:k]
+        ans = list(answers[qi]) if answers is not None else []
+        out.append(QueryNeighbours(
+            query=q,
+            answers=ans,
+            neighbours=[Neighbour(sentence=texts[j], cosine=float(row[j]), is_answer=texts[j] in ans) for j in top],
+        ))
+    return out

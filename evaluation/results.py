@@ -1,0 +1,223 @@
+"""Evaluation results: typed, JSON-serialisable, with flat metric names and paper-style tables.
+
+Metric names (MLflow allows letters, digits, `_ - . / :` and spaces, not `@`): `sts12` … `sts16`,
+`stsb`, `sickr`, `sts_avg` (Spearman ×100; `<name>_pearson` alongside), `sts12/<subset>`,
+`sts12_mean`, `sts12_wmean`; dev mode `stsb_dev`, `sickr_dev`; `retrieval_r1` … (the chosen
+duplicate rule) plus `retrieval_index_r1` and `retrieval_string_r1`; `alignment`, `uniformity`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+TEST_TASKS: tuple[str, ...] = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+DEV_TASKS: tuple[str, ...] = ("stsb", "sickr")
+TASK_TITLES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+               "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev", "sickr_dev": "SICK-R dev"}
+
+
+class Correlation(BaseModel):
+    spearman: float
+    pearson: float
+    n: int
+
+
+class TaskScore(BaseModel):
+    """One task's score. `spearman`/`pearson` = the headline ("all" for STS12–16)."""
+
+    task: str
+    split: str
+    spearman: float
+    pearson: float
+    n: int
+    subsets: dict[str, Correlation] = Field(default_factory=dict)
+    spearman_mean: float | None = None
+    spearman_wmean: float | None = None
+    pearson_mean: float | None = None
+    pearson_wmean: float | None = None
+
+
+class RetrievalScore(BaseModel):
+    """Recall@k ×100 per duplicate rule (`index`, `string`); `match` is the rule reported as headline."""
+
+    match: Literal["index", "string"]
+    ks: list[int]
+    n_pairs: int
+    n_queries: int
+    corpus_size: dict[str, int]
+    recall: dict[str, dict[int, float]]
+
+    def headline(self) -> dict[int, float]:
+        return self.recall[self.match]
+
+
+class AlignUniform(BaseModel):
+    alignment: float
+    uniformity: float
+    n_positive_pairs: int
+    n_sentences: int
+    threshold: float
+    inclusive: bool
+    alpha: float = 2.0
+    t: float = 2.0
+    dedup_sentences: bool = False
+
+
+class Neighbour(BaseModel):
+    sentence: str
+    cosine: float
+    is_answer: bool = False
+
+
+class QueryNeighbours(BaseModel):
+    query: str
+    answers: list[str] = Field(default_factory=list)
+    neighbours: list[Neighbour]
+
+
+class Timing(BaseModel):
+    seconds: float
+    embed_seconds: float
+    sentences: int
+    tokens: int
+    sentences_per_s: float
+
+
+class EvalResult(BaseModel):
+    mode: Literal["test", "dev"]
+    tasks: dict[str, TaskScore]
+    sts_avg: float | None = None
+    sts_avg_pearson: float | None = None
+    retrieval: RetrievalScore | None = None
+    align_uniform: AlignUniform | None = None
+    qualitative: list[QueryNeighbours] = Field(default_factory=list)
+    stsb_test_pairs: dict[str, list[float]] | None = Field(default=None, description="cosine and gold of STS-B test (plots)")
+    timing: Timing
+    embedder: dict = Field(default_factory=dict)
+
+    @property
+    def dev_score(self) -> float:
+        """STS-B dev Spearman ×100 (model selection)."""
+        if "stsb_dev" not in self.tasks:
+            raise KeyError("no STS-B dev score in this result (evaluate with mode='dev')")
+        return self.tasks["stsb_dev"].spearman
+
+    def metrics(self) -> dict[str, float]:
+        """Flat MLflow metric names → values."""
+        m: dict[str, float] = {}
+        for name, t in self.tasks.items():
+            m[name] = t.spearman
+            m[f"{name}_pearson"] = t.pearson
+            if t.spearman_mean is not None:
+                m[f"{name}_mean"] = t.spearman_mean
+                m[f"{name}_wmean"] = t.spearman_wmean
+                m[f"{name}_pearson_mean"] = t.pearson_mean
+                m[f"{name}_pearson_wmean"] = t.pearson_wmean
+            for sub, c in t.subsets.items():
+                m[f"{name}/{sub}"] = c.spearman
+                m[f"{name}/{sub}_pearson"] = c.pearson
+        if self.sts_avg is not None:
+            m["sts_avg"] = self.sts_avg
+            m["sts_avg_pearson"] = self.sts_avg_pearson
+        if self.retrieval is not None:
+            for k, v in self.retrieval.headline().items():
+                m[f"retrieval_r{k}"] = v
+            for rule, rec in self.retrieval.recall.items():
+                for k, v in rec.items():
+                    m[f"retrieval_{rule}_r{k}"] = v
+        if self.align_uniform is not None:
+            m["alignment"] = self.align_uniform.alignment
+            m["uniformity"] = self.align_uniform.uniformity
+        m["eval_seconds"] = self.timing.seconds
+        m["eval_sentences_per_s"] = self.timing.sentences_per_s
+        return m
+
+    # ------------------------------------------------------------------ tables
+
+    def table_columns(self) -> list[str]:
+        cols = [t for t in (TEST_TASKS if self.mode == "test" else ("stsb_dev", "sickr_dev")) if t in self.tasks]
+        return cols
+
+    def table_record(self, label: str, pearson: bool = False) -> dict[str, str]:
+        """The papers' Table 1 row as {column title: 'xx.xx'}."""
+        row = {"Model": label}
+        for t in self.table_columns():
+            row[TASK_TITLES[t]] = f"{(self.tasks[t].pearson if pearson else self.tasks[t].spearman):.2f}"
+        avg = self.sts_avg_pearson if pearson else self.sts_avg
+        if avg is not None:
+            row["Avg."] = f"{avg:.2f}"
+        return row
+
+    def table_row(self, label: str, pearson: bool = False, header: bool = True) -> str:
+        """Markdown (header + row) like the papers' Table 1."""
+        rec = self.table_record(label, pearson)
+        return markdown_table([rec], header=header)
+
+    def task_rows(self) -> list[dict]:
+        """One row per task: headline Spearman/Pearson, pairs, and the subset aggregations."""
+        rows = []
+        for name, t in self.tasks.items():
+            rows.append({"task": name, "split": t.split, "n": t.n, "spearman": round(t.spearman, 4),
+                         "pearson": round(t.pearson, 4),
+                         "spearman_mean": _r(t.spearman_mean), "spearman_wmean": _r(t.spearman_wmean),
+                         "pearson_mean": _r(t.pearson_mean), "pearson_wmean": _r(t.pearson_wmean)})
+        return rows
+
+    def subset_rows(self) -> list[dict]:
+        """One row per STS12–16 subset plus the task's `all`, `mean`, `wmean` rows."""
+        rows = []
+        for name, t in self.tasks.items():
+            if not t.subsets:
+                continue
+            for sub, c in t.subsets.items():
+                rows.append({"task": name, "subset": sub, "n": c.n, "spearman": round(c.spearman, 4), "pearson": round(c.pearson, 4)})
+            rows.append({"task": name, "subset": "all", "n": t.n, "spearman": round(t.spearman, 4), "pearson": round(t.pearson, 4)})
+            rows.append({"task": name, "subset": "mean", "n": len(t.subsets), "spearman": _r(t.spearman_mean), "pearson": _r(t.pearson_mean)})
+            rows.append({"task": name, "subset": "wmean", "n": t.n, "spearman": _r(t.spearman_wmean), "pearson": _r(t.pearson_wmean)})
+        return rows
+
+    def retrieval_rows(self) -> list[dict]:
+        if self.retrieval is None:
+            return []
+        r = self.retrieval
+        return [{"rule": rule, "headline": rule == r.match, "corpus": r.corpus_size[rule], "queries": r.n_queries,
+                 **{f"R@{k}": round(v, 2) for k, v in rec.items()}} for rule, rec in r.recall.items()]
+
+    def qualitative_markdown(self) -> str:
+        out = []
+        for q in self.qualitative:
+            out.append(f"**Query:** {q.query}" + (f"  (answer: {' | '.join(q.answers)})" if q.answers else ""))
+            out.append("")
+            out.append(markdown_table([{"rank": i + 1, "sentence": n.sentence, "cosine": f"{n.cosine:.4f}",
+                                        "answer": "✓" if n.is_answer else ""} for i, n in enumerate(q.neighbours)]))
+            out.append("")
+        return "\n".join(out)
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def markdown_table(rows: list[dict], header: bool = True) -> str:
+    if not rows:
+        return ""
+    cols = list(rows[0])
+    lines = []
+    if header:
+        lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()

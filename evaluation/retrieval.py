@@ -1,0 +1,105 @@
+"""Retrieval on STS-B test (methods.md §7.4): the gold-5.0 pairs as queries, both directions.
+
+Corpus: the test split's sentences, all `sentence1` in pair order then all `sentence2` (2,758 with
+duplicates). A query's answer is its partner. Two duplicate rules, both always computed:
+
+- `index`: the corpus keeps duplicates; only the query's own position is excluded; a hit needs the
+  partner's own position. Copies of the query or of the answer elsewhere in the corpus compete.
+- `string`: the corpus is deduplicated by exact string (2,551 sentences); the query's string is
+  excluded; a hit is the partner's string. (A pair whose two sentences are identical strings counts
+  as a hit at rank 1.)
+
+Ranks: the number of candidates scoring strictly higher, plus equal-scoring candidates that come
+earlier in corpus order (identical strings get identical embeddings, so ties are real in `index`).
+Recall@k ×100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from evaluation.results import RetrievalScore
+
+RULES = ("index", "string")
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.nan_to_num(np.asarray(x, dtype=np.float64))
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, n, out=np.zeros_like(x), where=n > 0)
+
+
+def ranks_of_targets(sim: np.ndarray, targets: np.ndarray, exclude: np.ndarray) -> np.ndarray:
+    """Rank (0 = top) of `targets[i]` in row i of `sim` [Q, N], ignoring columns where `exclude` [Q, N] is True."""
+    sim = np.where(exclude, -np.inf, sim)
+    rows = np.arange(sim.shape[0])
+    t = sim[rows, targets][:, None]
+    cols = np.arange(sim.shape[1])[None, :]
+    better = (sim > t) | ((sim == t) & (cols < targets[:, None]))
+    better &= ~exclude
+    return better.sum(axis=1)
+
+
+def recall_at_k(ranks: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
+    return {int(k): 100.0 * float((ranks < k).mean()) for k in ks}
+
+
+def retrieval_scores(
+    sentence1: Sequence[str],
+    sentence2: Sequence[str],
+    gold: Sequence[float],
+    emb1: np.ndarray,
+    emb2: np.ndarray,
+    *,
+    ks: Sequence[int] = (1, 3, 5, 10),
+    match: str = "string",
+    answer_score: float = 5.0,
+) -> RetrievalScore:
+    """Recall@k for both rules; `match` picks the headline rule. emb1/emb2: [P, d] embeddings of the pairs."""
+    if match not in RULES:
+        raise ValueError(f"unknown retrieval duplicate rule {match!r}; known: {', '.join(RULES)}")
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"ks must be positive integers, got {list(ks)}")
+    n_pairs = len(sentence1)
+    gold = np.asarray(gold, dtype=np.float64)
+    if not (len(sentence2) == n_pairs == len(gold) == len(emb1) == len(emb2)):
+        raise ValueError("sentence1, sentence2, gold, emb1 and emb2 must have one length")
+    pairs = np.flatnonzero(gold == answer_score)
+    if len(pairs) == 0:
+        raise ValueError(f"no pair has gold score {answer_score}: nothing to retrieve")
+    texts = list(sentence1) + list(sentence2)
+    corpus = _normalise(np.concatenate([emb1, emb2]))
+    q_pos = np.concatenate([pairs, pairs + n_pairs])  # s1 → s2, then s2 → s1
+    t_pos = np.concatenate([pairs + n_pairs, pairs])
+
+    # index rule
+    sim = corpus[q_pos] @ corpus.T
+    excl = np.zeros_like(sim, dtype=bool)
+    excl[np.arange(len(q_pos)), q_pos] = True
+    index_ranks = ranks_of_targets(sim, t_pos, excl)
+
+    # string rule
+    uniq: dict[str, int] = {}
+    first_pos: list[int] = []
+    for i, s in enumerate(texts):
+        if s not in uniq:
+            uniq[s] = len(first_pos)
+            first_pos.append(i)
+    ucorpus = corpus[first_pos]
+    uq = np.array([uniq[texts[i]] for i in q_pos])
+    ut = np.array([uniq[texts[i]] for i in t_pos])
+    usim = ucorpus[uq] @ ucorpus.T
+    uexcl = np.zeros_like(usim, dtype=bool)
+    uexcl[np.arange(len(uq)), uq] = True
+    string_ranks = np.where(uq == ut, 0, ranks_of_targets(usim, ut, uexcl & (uq != ut)[:, None]))
+
+    return RetrievalScore(
+        match=match,
+        ks=[int(k) for k in ks],
+        n_pairs=len(pairs),
+        n_queries=len(q_pos),
+        corpus_size={"index": len(texts), "string": len(first_pos)},
+        recall={"index": recall_at_k(index_ranks, ks), "string": recall_at_k(string_ranks, ks)},
+    )

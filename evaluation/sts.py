@@ -1,0 +1,84 @@
+"""STS scoring as SentEval does it (methods.md §7.2).
+
+Cosine per pair (NaN → 0), Spearman/Pearson ×100 against gold; for STS12–16 the per-subset scores,
+their plain mean, their size-weighted mean and the "all" score (one correlation over all subsets
+concatenated), which is the headline. "Avg." = mean of per-task scores rounded to 2 decimals.
+
+One deliberate refinement: a pair whose two sentences are the same string gets cosine exactly 1
+(`identical`). SentEval computes 1 ± float noise there, and that noise alone orders the tied pairs
+(STS12 SMTeuroparl has 65 such pairs, SMTnews 14), which moves subset scores by up to ~0.1 between
+two otherwise equal encoders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy import stats
+
+from evaluation.results import Correlation, TaskScore
+
+
+def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = None) -> np.ndarray:
+    """Row-wise cosine of two [N, d] arrays in float64; zero or non-finite vectors give 0 (SentEval's guard).
+
+    `identical` (bool [N]) marks pairs of the same sentence: their cosine is exactly 1 (unless zero).
+    """
+    a = np.nan_to_num(np.asarray(a, dtype=np.float64))
+    b = np.nan_to_num(np.asarray(b, dtype=np.float64))
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"cosine_pairs needs two [N, d] arrays of one shape, got {a.shape} and {b.shape}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    cos = np.nan_to_num(cos, nan=0.0, posinf=0.0, neginf=0.0)
+    if identical is not None:
+        cos = np.where(np.asarray(identical, dtype=bool) & (np.linalg.norm(a, axis=1) > 0), 1.0, cos)
+    return cos
+
+
+def correlation(pred: Sequence[float], gold: Sequence[float]) -> Correlation:
+    """Spearman (ties averaged) and Pearson, both ×100. Fewer than 2 pairs is an error."""
+    pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if pred.shape != gold.shape or pred.ndim != 1:
+        raise ValueError(f"predictions {pred.shape} and gold scores {gold.shape} must be 1-D of equal length")
+    if len(pred) < 2:
+        raise ValueError(f"a correlation needs at least 2 pairs, got {len(pred)}")
+    return Correlation(
+        spearman=100.0 * float(stats.spearmanr(pred, gold).statistic),
+        pearson=100.0 * float(stats.pearsonr(pred, gold).statistic),
+        n=len(pred),
+    )
+
+
+def score_task(task: str, split: str, subsets: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TaskScore:
+    """Score one task from {subset: (predicted cosines, gold)}; the headline is the "all" correlation."""
+    if not subsets:
+        raise ValueError(f"{task}/{split}: no subsets to score")
+    per = {name: correlation(p, g) for name, (p, g) in subsets.items()}
+    pred = np.concatenate([np.asarray(p, dtype=np.float64) for p, _ in subsets.values()])
+    gold = np.concatenate([np.asarray(g, dtype=np.float64) for _, g in subsets.values()])
+    allc = correlation(pred, gold)
+    sizes = np.array([c.n for c in per.values()], dtype=np.float64)
+    sp = np.array([c.spearman for c in per.values()])
+    pe = np.array([c.pearson for c in per.values()])
+    multi = len(per) > 1
+    return TaskScore(
+        task=task,
+        split=split,
+        spearman=allc.spearman,
+        pearson=allc.pearson,
+        n=allc.n,
+        subsets=per if multi else {},
+        spearman_mean=float(sp.mean()) if multi else None,
+        spearman_wmean=float(np.average(sp, weights=sizes)) if multi else None,
+        pearson_mean=float(pe.mean()) if multi else None,
+        pearson_wmean=float(np.average(pe, weights=sizes)) if multi else None,
+    )
+
+
+def rounded_average(scores: Sequence[float]) -> float:
+    """The papers' "Avg.": mean of the scores each rounded to two decimals, rounded to two decimals."""
+    if not scores:
+        raise ValueError("no scores to average")
+    return round(sum(float(f"{s:.2f}") for s in scores) / len(scores), 2)

@@ -1,0 +1,20 @@
+"""Flow `evaluate`: score an encoder or a training checkpoint on STS (dev or the seven test tasks)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from config.evaluation import EvalConfig
+from tasks.evaluate import EvalSummary, evaluate_task
+
+
+# The deployment default: the one pretrained model reachable offline, mean pooling.
+DEFAULT_CONFIG = EvalConfig(model="packaged:minilm", pooler="avg")
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate(config: EvalConfig = DEFAULT_CONFIG) -> EvalSummary:
+    summary = evaluate_task(config)
+    print(summary.table_row)
+    print(f"evaluation {summary.evaluation_id}  MLflow run {summary.mlflow_run_id}")
+    return summary

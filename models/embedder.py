@@ -1,0 +1,226 @@
+"""The encoder interface the evaluator consumes, and its implementation for plain HF encoders.
+
+`SentenceEmbedder` is what every method's evaluation model is: an `nn.Module` with a `tokenizer`
+and `embed(input_ids, attention_mask, token_type_ids=None) -> [B, d]` (called in eval mode under
+`torch.inference_mode`; the caller switches modes). `token_ids` turns raw sentences into unpadded
+token ids (override it for prompt templates). `PooledEncoder` wraps an HF backbone with a pooler
+of `models.pooling`. Trained checkpoints (a folder with `cse_model.json` + `weights.safetensors`)
+are loaded by `models.checkpoint.load_checkpoint`, imported lazily by `load_checkpoint_folder`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABCMeta, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from models.loading import load_encoder, load_tokenizer, resolve_model_path
+from models.pooling import check_pooler, needs_hidden_states, pool
+
+CHECKPOINT_CONFIG = "cse_model.json"
+CHECKPOINT_WEIGHTS = "weights.safetensors"
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not belong to the requested backbone or pooler."""
+
+
+class SentenceEmbedder(nn.Module, metaclass=ABCMeta):
+    """Sentences → vectors. Subclasses set `tokenizer` and implement `embed`."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def token_ids(self, sentences: Sequence[str]) -> list[list[int]]:
+        """Unpadded token ids with special tokens, no truncation (SentEval encodes whole sentences)."""
+        return self.tokenizer(list(sentences), add_special_tokens=True, truncation=False)["input_ids"]
+
+    @property
+    def pad_token_id(self) -> int:
+        pid = self.tokenizer.pad_token_id
+        return 0 if pid is None else int(pid)
+
+    @property
+    def device(self) -> torch.device:
+        p = next(self.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description for run records (subclasses add their own keys)."""
+        return {"class": type(self).__name__}
+
+    @abstractmethod
+    def embed(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """[B, T] token ids and mask → [B, d] sentence embeddings."""
+
+
+class FirstTokenPooler(nn.Module):
+    """Adapts an HF pooler (which reads position 0 of a sequence) to take a [B, d] CLS vector."""
+
+    def __init__(self, hf_pooler: nn.Module):
+        super().__init__()
+        self.hf_pooler = hf_pooler
+
+    def forward(self, cls: Tensor) -> Tensor:
+        return self.hf_pooler(cls.unsqueeze(1))
+
+
+class PooledEncoder(SentenceEmbedder):
+    """A plain HF encoder + pooler. `cls` without an `mlp` uses the backbone's pretrained pooler.
+
+    `template` (optional) wraps every sentence, e.g. 'This sentence : "{sentence}" means [MASK] .';
+    a literal `[MASK]` in it is replaced by the tokenizer's mask token. `first_layer` is the
+    `hidden_states` index `avg_first_last` takes as "first" (0 = embeddings, 1 = first layer).
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        pooler_name: str,
+        mlp: nn.Module | None = None,
+        *,
+        tokenizer: PreTrainedTokenizerBase,
+        first_layer: int = 0,
+        template: str | None = None,
+        name: str | None = None,
+    ):
+        super().__init__()
+        self.pooler_name = check_pooler(pooler_name)
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.first_layer = first_layer
+        self.name = name
+        if pooler_name == "cls" and mlp is None:
+            hf_pooler = getattr(backbone, "pooler", None)
+            if hf_pooler is None:
+                raise ValueError("pooler 'cls' needs an MLP: the backbone has no pretrained pooler and none was given")
+            mlp = FirstTokenPooler(hf_pooler)
+        self.mlp = mlp if pooler_name == "cls" else None
+        if template is not None and "{sentence}" not in template:
+            raise ValueError(f"template {template!r} has no '{{sentence}}' placeholder")
+        self.template = template.replace("[MASK]", tokenizer.mask_token) if template and tokenizer.mask_token else template
+        self.mask_token_id = tokenizer.mask_token_id
+        if pooler_name == "mask":
+            if self.mask_token_id is None:
+                raise ValueError("pooler 'mask' needs a tokenizer with a mask token")
+            if template is None:
+                raise ValueError("pooler 'mask' needs a prompt template containing [MASK], "
+                                 "e.g. 'This sentence : \"{sentence}\" means [MASK] .'")
+            if tokenizer.mask_token not in self.template:
+                raise ValueError(f"template {template!r} contains no mask token ({tokenizer.mask_token})")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        pooler_name: str,
+        *,
+        first_layer: int = 0,
+        template: str | None = None,
+        device: str | torch.device = "cpu",
+    ) -> PooledEncoder:
+        """Load an HF id / local folder / `packaged:minilm` with its tokenizer, in eval mode."""
+        check_pooler(pooler_name)
+        backbone, info = load_encoder(name_or_path, output_loading_info=True)
+        missing = [k for k in info.get("missing_keys", ()) if "pooler" in k]
+        if pooler_name == "cls" and missing:
+            raise ValueError(f"{name_or_path!r} has no pretrained pooler weights ({missing}); pooler 'cls' would use "
+                             "random weights: use 'cls_before_pooler' or a checkpoint with a trained MLP")
+        enc = cls(backbone, pooler_name, tokenizer=load_tokenizer(name_or_path), first_layer=first_layer,
+                  template=template, name=name_or_path)
+        return enc.to(device).eval()
+
+    def token_ids(self, sentences: Sequence[str]) -> list[list[int]]:
+        if self.template is not None:
+            sentences = [self.template.replace("{sentence}", s) for s in sentences]
+        return super().token_ids(sentences)
+
+    def describe(self) -> dict[str, Any]:
+        cfg = getattr(self.backbone, "config", None)
+        return {
+            "class": type(self).__name__,
+            "model": self.name,
+            "pooler": self.pooler_name,
+            "first_layer": self.first_layer,
+            "template": self.template,
+            "architecture": getattr(cfg, "model_type", None),
+            "hidden_size": getattr(cfg, "hidden_size", None),
+            "layers": getattr(cfg, "num_hidden_layers", None),
+        }
+
+    def embed(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        hs = needs_hidden_states(self.pooler_name)
+        out = self.backbone(**kwargs, output_hidden_states=hs, return_dict=True)
+        return pool(
+            self.pooler_name,
+            out.last_hidden_state,
+            attention_mask,
+            hidden_states=out.hidden_states if hs else None,
+            input_ids=input_ids,
+            mask_token_id=self.mask_token_id,
+            mlp=self.mlp,
+            first_layer=self.first_layer,
+        )
+
+
+def read_checkpoint_config(folder: str | Path) -> dict[str, Any]:
+    """`cse_model.json` of a checkpoint folder (method, backbone, pooler, ...)."""
+    folder = Path(folder)
+    cfg_path = folder / CHECKPOINT_CONFIG
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{folder} is not a checkpoint folder: expected {CHECKPOINT_CONFIG} (and {CHECKPOINT_WEIGHTS})")
+    if not (folder / CHECKPOINT_WEIGHTS).is_file():
+        raise FileNotFoundError(f"checkpoint {folder} has no {CHECKPOINT_WEIGHTS}")
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("method", "backbone", "pooler"):
+        if key not in cfg:
+            raise ValueError(f"{cfg_path} lacks the key {key!r}")
+    return cfg
+
+
+def _same_model(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return resolve_model_path(a) == resolve_model_path(b)
+    except (ImportError, FileNotFoundError):
+        return False
+
+
+def load_checkpoint_folder(
+    folder: str | Path,
+    device: str | torch.device = "cpu",
+    *,
+    expect_backbone: str | None = None,
+    expect_pooler: str | None = None,
+) -> SentenceEmbedder:
+    """A training run's checkpoint folder → its embedder (via `models.checkpoint.load_checkpoint`).
+
+    `expect_pooler`, when given, must equal the checkpoint's pooler. `expect_backbone`, when given and
+    named differently from the checkpoint's backbone, is loaded instead of it (e.g. a local copy) and
+    `load_checkpoint` refuses it unless its shape and weights match the recorded ones.
+    """
+    cfg = read_checkpoint_config(folder)
+    if expect_pooler is not None and expect_pooler != cfg["pooler"]:
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} evaluates with pooler {cfg['pooler']!r}, not {expect_pooler!r} (methods.md §7.2: "
+            "a checkpoint must be evaluated with its own pooler)")
+    try:
+        from models.checkpoint import load_checkpoint
+    except ImportError as e:
+        raise ImportError(f"loading checkpoint {folder} needs models.checkpoint.load_checkpoint: {e}") from e
+    if expect_backbone is not None and not _same_model(expect_backbone, cfg["backbone"]):
+        emb = load_checkpoint(Path(folder), torch.device(device), backbone_override=expect_backbone)
+    else:
+        emb = load_checkpoint(Path(folder), torch.device(device))
+    if not isinstance(emb, SentenceEmbedder):
+        raise TypeError(f"models.checkpoint.load_checkpoint returned {type(emb).__name__}, not a SentenceEmbedder")
+    return emb.eval()

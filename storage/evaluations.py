@@ -1,0 +1,78 @@
+"""The evaluation stage's storage: where its STS input comes from, and its Parquet output rows.
+
+Input: an `sts` dataset key in the data root, or a SentEval folder read with `read_senteval`.
+Output: one dataset of kind `evaluations` per evaluation (one row, schema `schemas.EVALUATIONS`),
+so the DuckDB views `evaluations` / `evaluations_all` compare any set of runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from storage import schemas
+from storage.catalog import refresh_catalog
+from storage.datasets import read_dataset, write_dataset
+from storage.hashing import sha256_files
+from storage.layout import DataRoot
+from storage.manifest import Manifest
+from storage.readers import read_senteval, senteval_root, senteval_source_files
+
+
+@dataclass(frozen=True)
+class StsInput:
+    table: pa.Table
+    origin: str  # "dataset" | "folder"
+    location: str  # dataset key or folder path
+    content_hash: str
+
+
+def load_sts_input(spec: str | None, root: DataRoot, shared_data: Path | None = None) -> StsInput:
+    """The STS table for `spec`: an existing folder (SentEval layout), else an `sts` dataset key.
+
+    `spec=None`: `<shared_data>/senteval` when it exists, else the newest ingested `sts` dataset,
+    else a FileNotFoundError saying to run the `ingest` flow.
+    """
+    if spec is None:
+        if shared_data is not None and (Path(shared_data) / "senteval").is_dir():
+            return _from_folder(Path(shared_data) / "senteval")
+        found = root.list("sts")
+        if found:
+            return _from_dataset(root, found[-1][1])
+        where = f"{Path(shared_data) / 'senteval'} does not exist and " if shared_data is not None else ""
+        raise FileNotFoundError(f"no STS data: {where}no `sts` dataset under {root.root}; run the `ingest` flow "
+                                "(or pass `sts` = a SentEval folder or an sts dataset key)")
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        return _from_folder(p)
+    m = root.find("sts", spec)
+    if m is None:
+        raise FileNotFoundError(f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {root.root}; "
+                                "run the `ingest` flow or pass an existing folder")
+    return _from_dataset(root, m)
+
+
+def _from_folder(folder: Path) -> StsInput:
+    table, _ = read_senteval(folder)
+    return StsInput(table=table, origin="folder", location=str(senteval_root(folder)),
+                    content_hash=sha256_files(senteval_source_files(folder)))
+
+
+def _from_dataset(root: DataRoot, m: Manifest) -> StsInput:
+    return StsInput(table=read_dataset(root, "sts", m.key), origin="dataset", location=m.key, content_hash=m.content_hash)
+
+
+def write_evaluation_row(root: DataRoot, row: Mapping[str, Any], *, params: Mapping[str, Any] | None = None) -> Manifest:
+    """Publish one evaluation row as dataset `evaluations/<evaluation_id>` and refresh the catalog."""
+    missing = [f.name for f in schemas.EVALUATIONS if not f.nullable and row.get(f.name) is None]
+    if missing:
+        raise ValueError(f"evaluation row lacks required fields {missing}")
+    table = pa.Table.from_pylist([{f.name: row.get(f.name) for f in schemas.EVALUATIONS}], schema=schemas.EVALUATIONS)
+    m = write_dataset(root, "evaluations", str(row["evaluation_id"]), [table], schemas.EVALUATIONS,
+                      params=dict(params or {}), inputs={"sts": str(row["sts_hash"])})
+    refresh_catalog(root)
+    return m

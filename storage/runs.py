@@ -1,0 +1,50 @@
+"""Where a training job keeps its state: resume state, best checkpoint, export, MLflow run id.
+
+    <CSE_HOME>/runs/<method>/<run_key>/
+      state/         newest resume state (trainable tensors, optimizer, scheduler, RNG, step)
+      best/          best checkpoint on STS-B dev (models.checkpoint format)
+      export/        sentence-transformers folder of the best checkpoint
+      mlflow_run_id  the MLflow run this job logs to (a resumed job continues the same run)
+
+`run_key` hashes the resolved training configuration, so rerunning the same deployment after a
+crash finds the same folder and resumes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from config.settings import get_settings
+from storage.atomic import atomic_file
+
+
+class RunDir:
+    def __init__(self, method: str, run_key: str, home: Path | None = None):
+        self.path = (home or get_settings().home) / "runs" / method / run_key
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def state(self) -> Path:
+        return self.path / "state"
+
+    @property
+    def best(self) -> Path:
+        return self.path / "best"
+
+    @property
+    def export(self) -> Path:
+        return self.path / "export"
+
+    @property
+    def _run_id_file(self) -> Path:
+        return self.path / "mlflow_run_id"
+
+    def mlflow_run_id(self) -> str | None:
+        return self._run_id_file.read_text().strip() if self._run_id_file.is_file() else None
+
+    def set_mlflow_run_id(self, run_id: str) -> None:
+        with atomic_file(self._run_id_file) as tmp:
+            tmp.write_text(run_id + "\n")
+
+    def has_state(self) -> bool:
+        return (self.state / "trainer_state.json").is_file()

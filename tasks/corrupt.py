@@ -1,0 +1,387 @@
+"""Offline replaced-token corruption of a tokens dataset (methods.md §4), sharded and cached.
+
+The key hashes the tokens' content, the generator (name or folder + its config.json), the tokenizer
+fingerprint and every setting that changes the output. Each shard of `shard_size` sentences is one
+task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
+crash computes only the missing shards; publishing links the shards into the dataset folder with
+its manifest and removes the work folder. Output rows: every input row × `variants`, in input order.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import mlflow
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+from tqdm.auto import tqdm
+
+from config.settings import get_settings
+from config.stages import CorruptConfig
+from models.corruption import Corruptor, SpecialTokens, corrupt_sequences
+from models.loading import (
+    PACKAGED_MINILM,
+    check_same_vocabulary,
+    is_random_init,
+    load_masked_lm,
+    load_tokenizer,
+    pick_device,
+    resolve_model_path,
+    vocab_fingerprint,
+)
+from storage import schemas
+from storage.atomic import write_parquet
+from storage.catalog import refresh_catalog
+from storage.datasets import DatasetRef, publish_files
+from storage.hashing import sha256_file, stable_hash
+from storage.layout import DataRoot
+from storage.manifest import Manifest
+from tasks.ingest import _logger
+from tasks.tracking import configure_mlflow, stage_run
+
+SCHEMA_VERSION = 1
+KIND = "corruption"
+
+
+class CorruptPlan(BaseModel):
+    """Everything the shard and publish tasks need; small and serialisable."""
+
+    key: str
+    tokens_key: str
+    tokens_hash: str
+    tokenizer: str
+    tokenizer_fingerprint: str | None
+    generator: dict[str, str]
+    config: CorruptConfig
+    device: str
+    precision: Literal["fp32", "bf16"]
+    sentences: int
+    part_rows: list[int]
+    special_ids: list[int]
+    cached: bool
+
+    @property
+    def n_shards(self) -> int:
+        return max(1, math.ceil(self.sentences / self.config.shard_size))
+
+    def shard_range(self, shard: int) -> tuple[int, int]:
+        if not 0 <= shard < self.n_shards:
+            raise IndexError(f"shard {shard} out of range: {self.n_shards} shards")
+        start = shard * self.config.shard_size
+        return start, min(start + self.config.shard_size, self.sentences)
+
+
+class ShardResult(BaseModel):
+    """Counts of one shard. `tokens` = non-special tokens over all variants; `seconds` = 0 when reused."""
+
+    shard: int
+    sentences: int
+    rows: int
+    tokens: int
+    masked: int
+    replaced: int
+    computed: bool
+    seconds: float
+
+
+def _root() -> DataRoot:
+    return DataRoot(get_settings().data_root)
+
+
+def shard_path(root: DataRoot, key: str, shard: int) -> Path:
+    return root.shards_dir(KIND, key) / f"shard-{shard:05d}.parquet"
+
+
+def shard_seed(seed: int, shard: int, variant: int) -> int:
+    """The RNG seed of one (shard, variant): independent of how shards are scheduled."""
+    return int(stable_hash({"seed": seed, "shard": shard, "variant": variant}), 16) & (2**63 - 1)
+
+
+def generator_identity(name: str) -> dict[str, str]:
+    """The generator as the cache key sees it: name (or resolved folder) and the hash of its config.json.
+
+    Weights are not hashed (too slow): a folder whose weights change under the same config.json needs
+    a new path.
+    """
+    if is_random_init(name):
+        return {"name": name}
+    resolved = Path(resolve_model_path(name))
+    if resolved.is_dir():
+        return {"name": name if name == PACKAGED_MINILM else str(resolved),
+                "config_sha256": sha256_file(resolved / "config.json")}
+    from transformers.utils import cached_file
+
+    try:
+        config_file = cached_file(name, "config.json")
+    except OSError as e:
+        raise ValueError(f"generator {name!r} is neither a local model folder nor an HF model available "
+                         f"online or in the local cache: {e}") from e
+    return {"name": name, "config_sha256": sha256_file(config_file)}
+
+
+def corruption_key(tokens: Manifest, config: CorruptConfig, generator: dict[str, str], precision: str) -> str:
+    return stable_hash({
+        "stage": "corruption", "input": tokens.content_hash, "generator": generator,
+        "tokenizer": tokens.params.get("tokenizer_fingerprint"), "mask_ratio": config.mask_ratio,
+        "mode": config.mode, "variants": config.variants, "seed": config.seed, "shard_size": config.shard_size,
+        "generator_dropout": config.generator_dropout, "precision": precision, "v": SCHEMA_VERSION,
+    })
+
+
+def _tokens_tokenizer(tokens: Manifest) -> str:
+    name = tokens.params.get("tokenizer")
+    if not name:
+        raise ValueError(f"tokens dataset {tokens.key} records no tokenizer in its manifest params")
+    return name
+
+
+def check_generator_vocabulary(tokens: Manifest, generator: str) -> list[int]:
+    """Refuse a generator whose vocabulary differs from the tokens'; returns the special token ids."""
+    name = _tokens_tokenizer(tokens)
+    tokenizer = load_tokenizer(name)
+    recorded = tokens.params.get("vocab_fingerprint")
+    if recorded is not None and recorded != vocab_fingerprint(tokenizer):
+        raise ValueError(f"tokenizer {name!r} no longer matches the vocabulary of tokens dataset {tokens.key}")
+    try:
+        gen_tokenizer = load_tokenizer(generator)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load the tokenizer of generator {generator!r} to check its vocabulary: {e}") from e
+    check_same_vocabulary(tokenizer, gen_tokenizer, name, generator)
+    return list(SpecialTokens.from_tokenizer(tokenizer).special)
+
+
+@task(name="corrupt-plan", cache_policy=NO_CACHE)
+def plan_corruption(tokens_key: str, config: CorruptConfig) -> CorruptPlan:
+    """Resolve the key; on a miss check the generator's vocabulary (the generator itself is not loaded)."""
+    root = _root()
+    tokens = root.require("tokens", tokens_key)
+    device = pick_device(config.device)
+    precision = "bf16" if device.type == "cuda" and config.bf16 else "fp32"
+    generator = generator_identity(config.generator)
+    key = corruption_key(tokens, config, generator, precision)
+    cached = root.find(KIND, key) is not None
+    special = [] if cached else check_generator_vocabulary(tokens, config.generator)
+    parts = tokens.paths(root.dataset_dir("tokens", tokens_key))
+    part_rows = [] if cached else [pq.ParquetFile(p).metadata.num_rows for p in parts]
+    return CorruptPlan(
+        key=key, tokens_key=tokens_key, tokens_hash=tokens.content_hash, tokenizer=_tokens_tokenizer(tokens),
+        tokenizer_fingerprint=tokens.params.get("tokenizer_fingerprint"), generator=generator, config=config,
+        device=str(device), precision=precision, sentences=tokens.rows, part_rows=part_rows, special_ids=special,
+        cached=cached,
+    )
+
+
+_CORRUPTORS: dict[tuple, Corruptor] = {}
+_CORRUPTOR_LOCK = threading.Lock()
+
+
+def _corruptor(plan: CorruptPlan) -> Corruptor:
+    """The generator of this plan, loaded once per process (shard tasks share it)."""
+    cfg = plan.config
+    cache_key = (cfg.generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode, cfg.bf16, cfg.generator_dropout)
+    with _CORRUPTOR_LOCK:
+        if cache_key not in _CORRUPTORS:
+            _CORRUPTORS.clear()
+            tokens = SpecialTokens.from_tokenizer(load_tokenizer(plan.tokenizer))
+            model = load_masked_lm(cfg.generator)
+            _CORRUPTORS[cache_key] = Corruptor(model, tokens, cfg.mask_ratio, cfg.mode, device=plan.device,
+                                               bf16=cfg.bf16, dropout=cfg.generator_dropout)
+        return _CORRUPTORS[cache_key]
+
+
+def release_generators() -> None:
+    """Drop the cached generator (frees its memory)."""
+    with _CORRUPTOR_LOCK:
+        _CORRUPTORS.clear()
+
+
+def _read_token_rows(root: DataRoot, plan: CorruptPlan, start: int, stop: int) -> pa.Table:
+    """Rows [start, stop) of the tokens dataset, reading only the parts that overlap them."""
+    tokens = root.require("tokens", plan.tokens_key)
+    if tokens.content_hash != plan.tokens_hash:
+        raise RuntimeError(f"tokens dataset {plan.tokens_key} changed since the corruption was planned")
+    pieces, offset = [], 0
+    for path, n in zip(tokens.paths(root.dataset_dir("tokens", plan.tokens_key)), plan.part_rows, strict=True):
+        lo, hi = max(start, offset), min(stop, offset + n)
+        if lo < hi:
+            pieces.append(pq.read_table(path, columns=["id", "column", "input_ids"]).slice(lo - offset, hi - lo))
+        offset += n
+    if not pieces:
+        return schemas.TOKENS.empty_table().select(["id", "column", "input_ids"])
+    return pa.concat_tables(pieces).combine_chunks()
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))
+
+
+@contextmanager
+def _dropout_rng(seed: int, device: torch.device, enabled: bool) -> Iterator[None]:
+    """Seed torch's global RNG (dropout) for one shard variant, restoring it afterwards."""
+    if not enabled:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+def _corrupt_table(tokens: pa.Table, corruptor: Corruptor, plan: CorruptPlan, shard: int) -> pa.Table:
+    """The corruption rows of one shard: each input row × variants, in input order."""
+    ids = tokens.column("input_ids")
+    flat = pc.list_flatten(ids).to_numpy()
+    offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(ids).to_numpy())]).astype(np.int64)
+    n, variants = tokens.num_rows, plan.config.variants
+    originals = _list_array(offsets, flat, pa.int32())
+    tables = []
+    bar = tqdm(total=n * variants, unit="sent", desc=f"corrupt shard {shard + 1}/{plan.n_shards}", leave=False)
+    for v in range(variants):
+        seed = shard_seed(plan.config.seed, shard, v)
+        with _dropout_rng(seed, corruptor.device, plan.config.generator_dropout):
+            out = corrupt_sequences(corruptor, flat, offsets, torch.Generator().manual_seed(seed),
+                                    plan.config.batch_size, on_batch=bar.update)
+        tables.append(pa.table({
+            "id": tokens.column("id"), "column": tokens.column("column"),
+            "variant": pa.array(np.full(n, v), pa.int16()), "input_ids": originals,
+            "corrupted_ids": _list_array(offsets, out.corrupted, pa.int32()),
+            "labels": _list_array(offsets, out.labels, pa.int8()),
+            "n_masked": pa.array(out.n_masked, pa.int16()), "n_replaced": pa.array(out.n_replaced, pa.int16()),
+        }))
+    bar.close()
+    interleave = np.arange(n * variants).reshape(variants, n).T.ravel()  # row i, variants 0..V-1, row i+1, ...
+    return pa.concat_tables(tables).take(pa.array(interleave))
+
+
+def _shard_result(shard: int, table: pa.Table, special_ids: list[int], variants: int, computed: bool,
+                  seconds: float) -> ShardResult:
+    flat = pc.list_flatten(table.column("input_ids")).to_numpy()
+    return ShardResult(
+        shard=shard, sentences=table.num_rows // variants, rows=table.num_rows,
+        tokens=int(len(flat) - np.isin(flat, special_ids).sum()),
+        masked=int(pc.sum(table.column("n_masked")).as_py() or 0),
+        replaced=int(pc.sum(table.column("n_replaced")).as_py() or 0),
+        computed=computed, seconds=seconds,
+    )
+
+
+@task(name="corrupt-shard", cache_policy=NO_CACHE)
+def corrupt_shard(plan: CorruptPlan, shard: int) -> ShardResult:
+    """Corrupt one shard into its work file; a shard file already there is reused as it is."""
+    root = _root()
+    path = shard_path(root, plan.key, shard)
+    variants = plan.config.variants
+    if path.is_file():
+        return _shard_result(shard, pq.read_table(path), plan.special_ids, variants, computed=False, seconds=0.0)
+    tokens = _read_token_rows(root, plan, *plan.shard_range(shard))
+    corruptor = _corruptor(plan)
+    t0 = time.perf_counter()
+    table = _corrupt_table(tokens, corruptor, plan, shard)
+    seconds = time.perf_counter() - t0
+    write_parquet(table, path, schemas.CORRUPTION)
+    result = _shard_result(shard, table, plan.special_ids, variants, computed=True, seconds=seconds)
+    _logger().info("corruption %s shard %d/%d: %d rows in %.1fs (%.0f sentences/s)", plan.key, shard + 1,
+                   plan.n_shards, result.rows, seconds, result.rows / max(seconds, 1e-9))
+    return result
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def corruption_stats(shards: list[ShardResult]) -> dict[str, Any]:
+    """Manifest stats: ratios over non-special tokens, overall and per shard; throughput of the computed
+    shards in corrupted sentences (rows) per second of compute."""
+    tokens, masked, replaced = (sum(getattr(s, f) for s in shards) for f in ("tokens", "masked", "replaced"))
+    computed = [s for s in shards if s.computed]
+    seconds = sum(s.seconds for s in computed)
+    return {
+        "sentences": sum(s.sentences for s in shards), "rows": sum(s.rows for s in shards),
+        "masked_ratio": _ratio(masked, tokens), "replaced_ratio": _ratio(replaced, tokens),
+        "replaced_of_masked": _ratio(replaced, masked), "shards": len(shards), "shards_computed": len(computed),
+        "compute_seconds": seconds, "sentences_per_s": _ratio(sum(s.rows for s in computed), seconds),
+        "per_shard": [
+            {"shard": s.shard, "rows": s.rows, "masked_ratio": _ratio(s.masked, s.tokens),
+             "replaced_ratio": _ratio(s.replaced, s.tokens), "computed": s.computed,
+             "sentences_per_s": _ratio(s.rows, s.seconds)}
+            for s in shards
+        ],
+    }
+
+
+def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Manifest:
+    shards = sorted(shards, key=lambda s: s.shard)
+    if [s.shard for s in shards] != list(range(plan.n_shards)):
+        raise ValueError(f"corruption {plan.key}: expected shards 0..{plan.n_shards - 1}, got {[s.shard for s in shards]}")
+    files = [shard_path(root, plan.key, s.shard) for s in shards]
+    if missing := [str(f) for f in files if not f.is_file()]:
+        raise FileNotFoundError(f"corruption {plan.key}: shard files vanished before publishing: {missing}")
+    cfg = plan.config
+    params = {
+        "generator": cfg.generator, "generator_identity": plan.generator, "tokenizer": plan.tokenizer,
+        "tokenizer_fingerprint": plan.tokenizer_fingerprint, "mask_ratio": cfg.mask_ratio, "mode": cfg.mode,
+        "variants": cfg.variants, "seed": cfg.seed, "shard_size": cfg.shard_size, "batch_size": cfg.batch_size,
+        "generator_dropout": cfg.generator_dropout, "device": plan.device, "precision": plan.precision,
+        "schema_version": SCHEMA_VERSION,
+    }
+    manifest = publish_files(root, KIND, plan.key, files, params=params,
+                             source={"kind": "tokens", "key": plan.tokens_key}, inputs={"tokens": plan.tokens_hash},
+                             stats=corruption_stats(shards))
+    shutil.rmtree(root.shards_dir(KIND, plan.key), ignore_errors=True)
+    refresh_catalog(root)
+    return manifest
+
+
+def _log_to_run(run_id: str, plan: CorruptPlan, manifest: Manifest) -> None:
+    configure_mlflow()
+    stats = manifest.stats
+    metrics = {"rows": manifest.rows, "cache_hit": float(plan.cached)}
+    keys = ("sentences", "masked_ratio", "replaced_ratio", "replaced_of_masked")
+    if not plan.cached:
+        keys += ("shards", "shards_computed", "compute_seconds", "sentences_per_s")
+        for s in stats["per_shard"]:
+            mlflow.log_metrics({"shard_masked_ratio": s["masked_ratio"], "shard_replaced_ratio": s["replaced_ratio"]},
+                               step=s["shard"], run_id=run_id)
+    metrics.update({k: float(stats[k]) for k in keys if k in stats})
+    mlflow.log_metrics(metrics, run_id=run_id)
+    client = mlflow.MlflowClient()
+    tags = {"key": plan.key, "tokens_key": plan.tokens_key, "input_hash": plan.tokens_hash,
+            "content_hash": manifest.content_hash, "generator": plan.config.generator, "precision": plan.precision}
+    for k, v in tags.items():
+        client.set_tag(run_id, k, v)
+
+
+@task(name="corrupt-publish", cache_policy=NO_CACHE)
+def publish_corruption(plan: CorruptPlan, shards: list[ShardResult], run_id: str | None = None) -> DatasetRef:
+    """Publish the finished shards as dataset `corruption/<key>` (or return the cached one) and log to
+    the MLflow run `run_id` when given."""
+    root = _root()
+    if plan.cached:
+        manifest = root.require(KIND, plan.key)
+    else:
+        manifest = _publish(root, plan, shards)
+        release_generators()
+    if run_id is not None:
+        _log_to_run(run_id, plan, manifest)
+    _logger().info("corruption %s: %d rows (%s)", plan.key, manifest.rows, "cache hit" if plan.cached else "written")
+    return DatasetRef.of(root, manifest, cache_hit=plan.cached)
+
+
+@contextmanager
+def corruption_run(tokens_key: str, config: CorruptConfig) -> Iterator[str]:
+    """The stage's MLflow run (experiment `data`, run name `corrupt`); yields its id. Fails → FAILED."""
+    with stage_run("data", "corrupt", params={"tokens_key": tokens_key, **config.model_dump()}) as run:
+        yield run.info.run_id
+
