@@ -110,8 +110,8 @@ class PrefixEncoder(nn.Module):
         x = self.rows().unsqueeze(0).expand(batch_size, -1, -1)
         x = x.view(batch_size, self.prefix_len, 2 * self.num_layers, self.num_heads, self.head_dim)
         x = self.dropout(x)
-        x = x.permute(2, 0, 3, 1, 4)
-        return PrefixKeyValues(tuple((x[2 * i], x[2 * i + 1]) for i in range(self.num_layers)), mask)
+        kv = x.permute(2, 0, 3, 1, 4).unbind(0)  # unbind: one backward, no zero-filled tensor per slot
+        return PrefixKeyValues(tuple((kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)), mask)
 
 
 def _prefix_attention(inner: str):

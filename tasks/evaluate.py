@@ -125,7 +125,8 @@ def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str
 
 def evaluation_row(result: EvalResult, *, evaluation_id: str, label: str, what: dict[str, Any], sts: StsInput,
                    mlflow_run_id: str | None) -> dict[str, Any]:
-    """The Parquet row (schema storage.schemas.EVALUATIONS) of one result."""
+    """The Parquet row (schema storage.schemas.EVALUATIONS) of one result. `what` names the evaluated
+    model (keys model or backbone, pooler, checkpoint, method); missing keys come from `result.embedder`."""
     def score(name: str) -> float | None:
         return result.tasks[name].spearman if name in result.tasks else None
 
@@ -134,7 +135,10 @@ def evaluation_row(result: EvalResult, *, evaluation_id: str, label: str, what: 
         "created": datetime.now(timezone.utc).isoformat(),
         "mode": result.mode,
         "label": label,
-        **{k: what.get(k) for k in ("model", "pooler", "checkpoint", "method")},
+        "model": what.get("model") or what.get("backbone") or result.embedder.get("model") or result.embedder.get("backbone"),
+        "pooler": what.get("pooler") or result.embedder.get("pooler"),
+        "checkpoint": what.get("checkpoint"),
+        "method": what.get("method") or result.embedder.get("method"),
         "mlflow_run_id": mlflow_run_id,
         "sts_source": f"{sts.origin}:{sts.location}",
         "sts_hash": sts.content_hash,

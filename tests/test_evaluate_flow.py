@@ -15,9 +15,10 @@ from flows.evaluate import evaluate
 from storage import schemas
 from storage.catalog import query
 from storage.datasets import write_dataset
+from storage.evaluations import load_sts_input
 from storage.layout import DataRoot
 from storage.readers import read_senteval
-from tasks.evaluate import resolve_checkpoint
+from tasks.evaluate import record_evaluation, resolve_checkpoint
 from tasks.tracking import configure_mlflow
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
@@ -107,8 +108,13 @@ def test_checkpoint_from_folder_and_from_mlflow_run(prefect_harness, shared_data
 
     from evaluation import Evaluator  # the same number in-process, as a training loop would compute it
 
-    table, _ = read_senteval(shared_data / "senteval")
-    assert Evaluator(table).run(model, "dev").dev_score == pytest.approx(local.metrics["stsb_dev"], abs=1e-9)
+    sts = load_sts_input(str(shared_data / "senteval"), DataRoot(get_settings().data_root))
+    res = Evaluator(sts.table).run(model, "dev")
+    assert res.dev_score == pytest.approx(local.metrics["stsb_dev"], abs=1e-9)
+    with mlflow.start_run(experiment_id=train_run.info.experiment_id):  # how a training flow records its own result
+        eid = record_evaluation(res, label="d2cse-tiny", sts=sts, what={"method": "d2cse", "checkpoint": str(folder)})
+    row = query(DataRoot(get_settings().data_root), f"SELECT * FROM evaluations_all WHERE evaluation_id = '{eid}'").iloc[0]
+    assert (row.model, row.pooler, row.method) == (str(tiny_bert_dir), "cls_before_pooler", "d2cse")
 
 
 def _assert_one_failed_run():
