@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from models.batching import pad_sequences
 from models.embedder import SentenceEmbedder
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -51,13 +52,7 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Right-padded input_ids and attention_mask (int64) for one batch."""
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for r, x in enumerate(ids):
-        input_ids[r, :len(x)] = torch.as_tensor(x, dtype=torch.long)
-        mask[r, :len(x)] = 1
-    return input_ids, mask
+    return pad_sequences(ids, pad_id)
 
 
 @contextlib.contextmanager
