@@ -1,6 +1,8 @@
-"""Training configuration: one typed model per training job, presets in `presets()`.
+"""Training configuration: one typed model per training job; presets per method in config/presets.py.
 
-Defaults are the D2CSE paper's unsupervised BERT-base setting (Table 7; methods.md §5):
+`model` holds the method's model hyperparameters; it is validated (and completed with defaults) by that
+method's config dataclass in `models/` (`D2CSEModelConfig`, `SimCSEConfig`, ...), the single typed source
+of those fields. The job-level defaults are the D2CSE paper's unsupervised BERT-base setting (Table 7; methods.md §5):
 bert-base-uncased, Wiki1M, batch 144, lr 0.021, masking 0.3, λ 0.005, 2 epochs, prompt length 16,
 no [CLS] prompt, generator distilbert-base-uncased. Optimisation follows the HF Trainer defaults
 all references use (methods.md §1.5): AdamW (β 0.9/0.999, ε 1e-8, no weight decay), linear decay
@@ -9,37 +11,38 @@ to 0 without warm-up, gradient clipping at 1.0, STS-B dev every 125 steps, best 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
 
 
-class D2CSEParams(_Config):
-    """Model hyperparameters of D2CSE (methods.md §1.4, §5)."""
+METHODS = ("d2cse", "simcse", "dcpcse", "diffcse", "diffaug")
+Method = Literal["d2cse", "simcse", "dcpcse", "diffcse", "diffaug"]
 
-    prefix_len: int = Field(default=16, ge=1)
-    prefix_dropout: float = 0.1
-    prefix_projection: bool = False
-    prefix_hidden: int = 512
-    cls_prompt: bool = False
-    temperature: float = 0.05
-    rtd_weight: float = Field(default=0.005, ge=0.0, description="λ of L = L_CL + λ·L_CRTD")
-    shift_positions: bool = Field(default=True, description="reference quirk: token positions start at P (methods.md §1.4 item 6)")
-    rtd_mean_over_padding: bool = Field(default=True, description="reference: RTD CE averaged over all positions incl. padding")
-    hard_negative_weight: float = 0.0
+
+class PrefixPhaseConfig(_Config):
+    """DiffAug stage 1 (methods.md §6): prefix-only tuning on NLI for a fixed number of steps, cycling the data."""
+
+    steps: int = Field(default=2000, ge=1)
+    learning_rate: float = 1e-3
+    batch_size: int = Field(default=128, ge=2)
+    schedule_over_joint_steps: bool = Field(
+        default=True, description="reference quirk: its linear decay is computed over the stage-2 step count, so it never reaches 0")
 
 
 class TrainConfig(_Config):
-    method: Literal["d2cse"] = "d2cse"
+    method: Method = "d2cse"
     preset: str = "default"
     backbone: str = "bert-base-uncased"
     supervised: bool = False
     ingest: IngestConfig = IngestConfig()
     max_length: int = 32
     corrupt: CorruptConfig = CorruptConfig()
-    model: D2CSEParams = D2CSEParams()
+    model: dict[str, Any] = Field(default_factory=dict, description="the method's model config (backbone excluded)")
+    prefix_phase: PrefixPhaseConfig | None = Field(default=None, description="DiffAug stage 1; None for every other method")
+    aux_nli_batch_size: int = Field(default=0, ge=0, description="DiffAug semi w/ aux: NLI rows batched beside each Wiki batch")
 
     batch_size: int = Field(default=144, ge=2)
     learning_rate: float = 0.021
@@ -59,10 +62,36 @@ class TrainConfig(_Config):
     test_evaluation: bool = True
 
     @model_validator(mode="after")
-    def _tokenizer_matches(self) -> TrainConfig:
+    def _check(self) -> TrainConfig:
         if self.max_length < 4:
             raise ValueError("max_length must be at least 4")
+        # Complete `model` with the method's defaults (so the resolved config, its hash and the MLflow params
+        # name every field) and reject unknown keys.
+        from models.registry import model_class
+
+        cls = model_class(self.method)
+        full = cls.config_class.from_dict({"backbone": self.backbone, **self.model}).to_dict()
+        full.pop("backbone")
+        object.__setattr__(self, "model", full)
+        phases = cls.phases
+        if "prefix" in phases and self.prefix_phase is None:
+            raise ValueError(f"method {self.method} trains a prefix phase first: set prefix_phase")
+        if "prefix" not in phases and self.prefix_phase is not None:
+            raise ValueError(f"method {self.method} has no prefix phase; prefix_phase must be null")
+        if self.aux_nli_batch_size and self.method != "diffaug":
+            raise ValueError("aux_nli_batch_size is DiffAug's auxiliary NLI batch")
         return self
+
+    @property
+    def uses_corruption(self) -> bool:
+        from models.registry import model_class
+
+        return model_class(self.method).uses_corruption
+
+    @property
+    def needs_nli(self) -> bool:
+        """NLI rows beside the main dataset (DiffAug's stage 1 and auxiliary loss)."""
+        return self.prefix_phase is not None or self.aux_nli_batch_size > 0
 
     @property
     def dataset(self) -> Literal["wiki1m", "nli"]:

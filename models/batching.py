@@ -1,8 +1,9 @@
-"""Padding token id sequences into tensors (pure torch)."""
+"""Padding token id sequences into tensors, and the training batch every method consumes (pure torch)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,3 +19,37 @@ def pad_sequences(seqs: Sequence[np.ndarray | Sequence[int]], pad_id: int, lengt
         ids[i, :k] = torch.as_tensor(np.asarray(s, dtype=np.int64))
         mask[i, :k] = 1
     return ids, mask
+
+
+@dataclass
+class TrainBatch:
+    """One training batch of `(B, n, T)` rows: n = 2 (one sentence, two dropout views) or 3 (NLI anchor,
+    entailment, contradiction). `corrupted_ids`/`rtd_labels` (1 = replaced) come from the corruption stage for
+    the methods that read it; `aux` is a second batch some methods consume beside it (DiffAug's NLI batch)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    corrupted_ids: torch.Tensor | None = None
+    rtd_labels: torch.Tensor | None = None
+    aux: TrainBatch | None = None
+
+    def to(self, device: torch.device) -> TrainBatch:
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return TrainBatch(move(self.input_ids), move(self.attention_mask), move(self.corrupted_ids), move(self.rtd_labels),
+                          None if self.aux is None else self.aux.to(device))
+
+    @property
+    def n_views(self) -> int:
+        return self.input_ids.shape[1]
+
+    @property
+    def sentences(self) -> int:
+        return self.input_ids.shape[0] * self.input_ids.shape[1] + (0 if self.aux is None else self.aux.sentences)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum()) + (0 if self.aux is None else self.aux.tokens)
+
+    def flat(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """`(B, n, T)` → `(B·n, T)`."""
+        return None if t is None else t.reshape(-1, t.shape[-1])

@@ -12,7 +12,6 @@ attribute and `embed(input_ids, attention_mask, token_type_ids=None)`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import replace
@@ -23,12 +22,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.d2cse import D2CSE, D2CSEModelConfig
+from models.method import SHAPE_KEYS, CSEModel, backbone_fingerprint, backbone_shape
+from models.registry import model_class
 
 META_FILE = "cse_model.json"
 WEIGHTS_FILE = "weights.safetensors"
 FORMAT_VERSION = 1
-_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
 class BackboneMismatchError(ValueError):
@@ -45,41 +44,25 @@ def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in frozen}
 
 
-def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
-    cfg = backbone.config
-    return {k: getattr(cfg, k, None) for k in _SHAPE_KEYS}
-
-
-def backbone_fingerprint(backbone: nn.Module) -> str:
-    """A hash of a few frozen tensors (first word-embedding rows, last layer's parameters): tells backbones apart."""
-    h = hashlib.sha256()
-    tensors = [backbone.embeddings.word_embeddings.weight[:64]]
-    tensors += [p for p in backbone.encoder.layer[-1].parameters()][-4:]
-    for t in tensors:
-        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".tmp-{path.name}")
     write(tmp)
     os.replace(tmp, path)
 
 
-def save_checkpoint(model: D2CSE, folder: str | Path, extra_meta: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(model: CSEModel, folder: str | Path, extra_meta: dict[str, Any] | None = None) -> Path:
     """Write `cse_model.json` + `weights.safetensors` into `folder` (created; existing files replaced)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = trainable_state_dict(model)
-    backbone = model.encoder.backbone
     meta = {
         "format_version": FORMAT_VERSION,
-        "method": "d2cse",
+        "method": model.method,
         "backbone": model.config.backbone,
-        "backbone_shape": backbone_shape(backbone),
-        "backbone_fingerprint": backbone_fingerprint(backbone),
+        "backbone_shape": model.pretrained_shape,
+        "backbone_fingerprint": model.pretrained_fingerprint,
         "model_config": model.config.to_dict(),
-        "pooler": "cls_before_pooler",
+        "pooler": model.evaluation_pooler,
         "embedding_dim": model.hidden_size,
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "tensors": sorted(state),
@@ -97,7 +80,7 @@ def read_checkpoint_meta(folder: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", backbone_override: str | None = None) -> D2CSE:
+def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", backbone_override: str | None = None) -> CSEModel:
     """Rebuild the model of a checkpoint folder in eval mode on `device`.
 
     `backbone_override`: another name/path of the same backbone (e.g. a local copy); it must match the
@@ -107,18 +90,17 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", back
 
     folder = Path(folder)
     meta = read_checkpoint_meta(folder)
-    if meta.get("method") != "d2cse":
-        raise ValueError(f"{folder}: unsupported method {meta.get('method')!r}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{folder}: checkpoint format {meta.get('format_version')} (this code reads {FORMAT_VERSION})")
-    config = D2CSEModelConfig.from_dict(meta["model_config"])
+    cls = model_class(meta.get("method", "?"))
+    config = cls.config_class.from_dict(meta["model_config"])
     if backbone_override is not None:
         config = replace(config, backbone=backbone_override)
 
     backbone = load_encoder(config.backbone)
     found = backbone_shape(backbone)
     expected = meta["backbone_shape"]
-    diff = {k: (expected.get(k), found.get(k)) for k in _SHAPE_KEYS if expected.get(k) != found.get(k)}
+    diff = {k: (expected.get(k), found.get(k)) for k in SHAPE_KEYS if expected.get(k) != found.get(k)}
     if diff:
         raise BackboneMismatchError(
             f"checkpoint {folder} was trained on {meta['backbone']!r}; backbone {config.backbone!r} differs in "
@@ -128,7 +110,7 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", back
             f"checkpoint {folder} was trained on {meta['backbone']!r}; backbone {config.backbone!r} has the same shape "
             "but different weights (fingerprint mismatch)")
 
-    model = D2CSE(config, backbone=backbone, tokenizer=load_tokenizer(config.backbone))
+    model = cls(config, backbone=backbone, tokenizer=load_tokenizer(config.backbone))
     state = load_file(str(folder / WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict(state, strict=False)
     not_frozen = sorted(set(missing) - frozen_parameter_names(model))

@@ -227,6 +227,16 @@ class PromptedBackbone(nn.Module):
             raise ValueError(f"position {highest} exceeds max_position_embeddings={limit} (length {length} + prefix shift {offset})")
         return pos
 
+    def check_position_ids(self, position_ids: torch.Tensor, input_ids: torch.Tensor) -> None:
+        """Explicit positions must have the ids' shape and stay inside the position table."""
+        if position_ids.shape != input_ids.shape:
+            raise ValueError(f"position_ids {tuple(position_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}")
+        if position_ids.numel():
+            low, high = int(position_ids.min()), int(position_ids.max())
+            limit = self.config.max_position_embeddings
+            if low < 0 or high >= limit:
+                raise ValueError(f"position_ids span [{low}, {high}], outside [0, max_position_embeddings={limit})")
+
     def attention_mask(self, token_mask: torch.Tensor, prefix: PrefixKeyValues, dtype: torch.dtype) -> torch.Tensor:
         """The 4-D `(B', 1, T, P+T)` mask: prefix slots visible unless `prefix.mask` says otherwise (§1.4 step 5)."""
         batch, length = token_mask.shape
@@ -251,12 +261,15 @@ class PromptedBackbone(nn.Module):
         cls_embedding: torch.Tensor | None = None,
         position0_output: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        position_ids: torch.Tensor | None = None,
     ):
         """Run the encoder on `(B', T)` ids; returns the HF output (`last_hidden_state`, `hidden_states`).
 
         `cls_embedding` (`(d,)` or `(B', d)`) replaces the word embedding at position 0 ([CLS] prompt, §5);
         `position0_output` (`(B', d)`) replaces the embedding-layer output (after LayerNorm and dropout) at
-        position 0 (conditioning, §4 step 5).
+        position 0 (conditioning, §4 step 5). `position_ids` (`(B', T)`, optional): explicit absolute positions
+        used as given instead of the default (shifted) numbering — DiffAug's template denoising places the
+        template tokens at chosen positions (§6); None keeps the default behaviour.
         """
         batch, length = input_ids.shape
         if attention_mask is None:
@@ -270,8 +283,12 @@ class PromptedBackbone(nn.Module):
         if prefix is not None and prefix.batch_size != batch:
             raise ValueError(f"prefix sample has {prefix.batch_size} rows, the input {batch}")
 
-        offset = prefix.length if (prefix is not None and self.shift_positions) else 0
-        kwargs = dict(position_ids=self.position_ids(input_ids, offset), token_type_ids=token_type_ids,
+        if position_ids is None:
+            offset = prefix.length if (prefix is not None and self.shift_positions) else 0
+            position_ids = self.position_ids(input_ids, offset)
+        else:
+            self.check_position_ids(position_ids, input_ids)
+        kwargs = dict(position_ids=position_ids, token_type_ids=token_type_ids,
                       output_hidden_states=output_hidden_states)
         if prefix is not None:
             kwargs["attention_mask"] = self.attention_mask(attention_mask, prefix, self.backbone.dtype)

@@ -1,7 +1,7 @@
 """A DuckDB catalog over the Parquet outputs: SQL over every dataset the pipeline wrote.
 
 Views (refreshed after each stage writes):
-- `<kind>` (wiki1m, nli, sts, tokens, corruption, evaluations): the newest dataset of that kind;
+- `<kind>` (wiki1m, nli, sts, tokens, corruption, evaluations, comparisons): the newest dataset of that kind;
   `<kind>_all`: every dataset of the kind with a `dataset_key` column;
 - `manifests`: one row per dataset (kind, key, rows, content hash, params, stats, created);
 - `token_lengths`: length distribution per tokens dataset and column;

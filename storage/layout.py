@@ -15,7 +15,7 @@ from pathlib import Path
 from storage.atomic import clean_temporaries
 from storage.manifest import Manifest, read_manifest_if_complete
 
-KINDS = ("wiki1m", "nli", "sts", "tokens", "corruption", "evaluations")
+KINDS = ("wiki1m", "nli", "sts", "tokens", "corruption", "evaluations", "comparisons")
 
 
 class DataRoot:

@@ -5,6 +5,7 @@
       best/          best checkpoint on STS-B dev (models.checkpoint format)
       export/        sentence-transformers folder of the best checkpoint
       mlflow_run_id  the MLflow run this job logs to (a resumed job continues the same run)
+      result.json    written last, when the job has finished: a rerun returns it instead of training again
 
 `run_key` hashes the resolved training configuration, so rerunning the same deployment after a
 crash finds the same folder and resumes.
@@ -12,7 +13,9 @@ crash finds the same folder and resumes.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from config.settings import get_settings
 from storage.atomic import atomic_file
@@ -48,3 +51,15 @@ class RunDir:
 
     def has_state(self) -> bool:
         return (self.state / "trainer_state.json").is_file()
+
+    @property
+    def _result_file(self) -> Path:
+        return self.path / "result.json"
+
+    def result(self) -> dict[str, Any] | None:
+        """The finished job's result record, or None while it has not finished."""
+        return json.loads(self._result_file.read_text()) if self._result_file.is_file() else None
+
+    def set_result(self, result: dict[str, Any]) -> None:
+        with atomic_file(self._result_file) as tmp:
+            tmp.write_text(json.dumps(result, indent=2, sort_keys=True))

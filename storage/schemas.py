@@ -88,3 +88,23 @@ EVALUATIONS = pa.schema(
         pa.field("details", pa.string(), nullable=False),  # the full result, JSON
     ]
 )
+
+
+# One comparison (flow `compare`) in long form: a value per (table, row, metric). `row_kind` says whether the
+# row is one of our runs, the papers' published number, or their difference (run − published).
+COMPARISONS = pa.schema(
+    [
+        pa.field("comparison_id", pa.string(), nullable=False),
+        pa.field("created", pa.string(), nullable=False),
+        pa.field("table", pa.string(), nullable=False),  # sts | retrieval | align_uniform | parameters
+        pa.field("row_kind", pa.string(), nullable=False),  # run | published | difference
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("method", pa.string()),
+        pa.field("backbone", pa.string()),
+        pa.field("setting", pa.string()),
+        pa.field("mlflow_run_id", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+    ]
+)

@@ -21,9 +21,9 @@ from storage.layout import DataRoot
 from storage.runs import RunDir
 from storage.training_data import load_corruption_rows, load_token_rows
 from tasks.ingest import _logger
-from tasks.tracking import ensure_experiment, flatten, git_commit, prefect_flow_run_id
+from tasks.tracking import configure_mlflow, ensure_experiment, flatten, git_commit, prefect_flow_run_id
 from tasks.train_data import TrainingRows
-from tasks.trainer import LoopConfig, Trainer, TrainingInterrupted
+from tasks.trainer import LoopConfig, Phase, Trainer, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,13 @@ class TrainResult(BaseModel):
     test_metrics: dict[str, float] = {}
 
 
-def run_key(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef) -> str:
-    return stable_hash({"config": cfg.model_dump(), "tokens": tokens.content_hash, "corruption": corruption.content_hash})
+def run_key(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> str:
+    """The job's identity: its resolved config and the content of every dataset it reads."""
+    key = {"config": cfg.model_dump(), "tokens": tokens.content_hash,
+           "corruption": corruption.content_hash if corruption is not None else None}
+    if nli_tokens is not None:
+        key["nli_tokens"] = nli_tokens.content_hash
+    return stable_hash(key)
 
 
 def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
@@ -73,21 +78,30 @@ def gpu_slot(device: torch.device):
     return concurrency(os.environ.get("CSE_GPU_SLOT", "gpu"), occupy=1)
 
 
-def _model_config(cfg: TrainConfig):
-    from models.d2cse import D2CSEModelConfig
-
-    return D2CSEModelConfig(backbone=cfg.backbone, **cfg.model.model_dump())
-
-
 def build_model(cfg: TrainConfig, device: torch.device):
-    from models.d2cse import D2CSE
+    from models.registry import build_model as build
 
-    return D2CSE(_model_config(cfg)).to(device)
+    return build(cfg.method, {"backbone": cfg.backbone, **cfg.model}).to(device)
+
+
+def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None) -> list[Phase]:
+    """One phase for every method but DiffAug: prefix-only NLI steps, then joint tuning (methods.md §6)."""
+    joint = Phase("main", rows, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)
+    if cfg.prefix_phase is None:
+        return [joint]
+    joint.name = "joint"
+    if cfg.aux_nli_batch_size:
+        joint.aux_rows, joint.aux_batch_size = nli_rows, cfg.aux_nli_batch_size
+    pp = cfg.prefix_phase
+    prefix = Phase("prefix", nli_rows, pp.batch_size, pp.learning_rate, max_steps=pp.steps, cycle=True,
+                   schedule_steps=joint.total_steps if pp.schedule_over_joint_steps else None)
+    return [prefix, joint]
 
 
 @task(name="train")
-def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef, sts: DatasetRef,
-                stop_after: int | None = None) -> TrainResult:
+def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, sts: DatasetRef,
+                nli_tokens: DatasetRef | None = None, stop_after: int | None = None,
+                extra_tags: dict[str, str] | None = None) -> TrainResult:
     """Train (or resume) one job; select on STS-B dev; test-evaluate the best checkpoint; log everything."""
     from evaluation.evaluator import Evaluator
     from models.checkpoint import load_checkpoint, save_checkpoint
@@ -100,20 +114,38 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef, st
     root = DataRoot(get_settings().data_root)
     device = pick_device(cfg.device)
     precision = resolve_precision(cfg, device)
-    run_dir = RunDir(cfg.method, run_key(cfg, tokens, corruption))
+    if cfg.uses_corruption and corruption is None:
+        raise ValueError(f"method {cfg.method} reads corrupted sentences: pass the corruption dataset")
+    if cfg.needs_nli and nli_tokens is None:
+        raise ValueError(f"{cfg.method}/{cfg.preset} also reads NLI rows: pass nli_tokens")
+    corruption = corruption if cfg.uses_corruption else None
+    nli_tokens = nli_tokens if cfg.needs_nli else None
+    run_dir = RunDir(cfg.method, run_key(cfg, tokens, corruption, nli_tokens))
     tokenizer = load_tokenizer(cfg.backbone)
 
     token_rows = load_token_rows(root, tokens.key, ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",),
                                  limit=cfg.max_train_sentences)
-    rows = TrainingRows(token_rows, load_corruption_rows(root, corruption.key, token_rows), cfg.supervised, tokenizer.pad_token_id)
+    corruption_rows = load_corruption_rows(root, corruption.key, token_rows) if corruption is not None else None
+    rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, tokenizer.pad_token_id)
+    nli_rows = None
+    if nli_tokens is not None:
+        nli_token_rows = load_token_rows(root, nli_tokens.key, ("sent0", "sent1", "hard_neg"), limit=cfg.max_train_sentences)
+        nli_rows = TrainingRows(nli_token_rows, None, True, tokenizer.pad_token_id)
     sts_input = load_sts_input(sts.key, root)
     evaluator = Evaluator(sts_input.table)
 
     tags = {"method": cfg.method, "backbone": cfg.backbone, "preset": cfg.preset, "dataset": cfg.dataset,
-            "tokens_hash": tokens.content_hash, "corruption_hash": corruption.content_hash, "git_commit": git_commit(),
-            "run_dir": str(run_dir.path)}
+            "tokens_hash": tokens.content_hash, "corruption_hash": corruption.content_hash if corruption else "none",
+            "git_commit": git_commit(), "run_dir": str(run_dir.path)}
+    if nli_tokens is not None:
+        tags["nli_tokens_hash"] = nli_tokens.content_hash
+    tags.update(extra_tags or {})
     if (fr := prefect_flow_run_id()) is not None:
         tags["prefect_flow_run_id"] = str(fr)
+
+    if (done := finished_result(run_dir)) is not None:
+        plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
+        return done
 
     with start_or_resume_run(cfg, run_dir, tags) as run:
         try:
@@ -132,7 +164,7 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef, st
                               max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=cfg.eval_steps,
                               checkpoint_steps=cfg.checkpoint_steps or cfg.eval_steps, log_steps=cfg.log_steps,
                               precision=precision, deterministic=cfg.deterministic)
-            trainer = Trainer(model, rows, loop, device, run_dir.state, save_best, evaluate_dev,
+            trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop, device, run_dir.state, save_best, evaluate_dev,
                               lambda metrics, step: mlflow.log_metrics(metrics, step=step), stop_after=stop_after)
             if trainer.step == 0 and run_dir.has_state():
                 plog.info("resuming %s from %s", run.info.run_id, run_dir.state)
@@ -162,5 +194,21 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef, st
             mlflow.end_run(status="FAILED")
             raise
     plog.info("trained %d steps; best STS-B dev %.2f at step %s", result.steps, result.best_score or float("nan"), result.best_step)
-    return TrainResult(run_id=run.info.run_id, run_dir=str(run_dir.path), best_checkpoint=str(run_dir.best), steps=result.steps,
-                       best_stsb_dev=result.best_score, resumed_from=result.resumed_from, test_metrics=test_metrics)
+    out = TrainResult(run_id=run.info.run_id, run_dir=str(run_dir.path), best_checkpoint=str(run_dir.best), steps=result.steps,
+                      best_stsb_dev=result.best_score, resumed_from=result.resumed_from, test_metrics=test_metrics)
+    run_dir.set_result(out.model_dump())
+    return out
+
+
+def finished_result(run_dir: RunDir) -> TrainResult | None:
+    """The recorded result of a finished job whose MLflow run still exists (else None: train or resume)."""
+    record = run_dir.result()
+    if record is None:
+        return None
+    configure_mlflow()
+    try:
+        mlflow.get_run(record["run_id"])
+    except mlflow.exceptions.MlflowException:
+        log.warning("finished job %s names MLflow run %s, which is gone: running it again", run_dir.path, record["run_id"])
+        return None
+    return TrainResult.model_validate(record)

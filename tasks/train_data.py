@@ -9,36 +9,17 @@ variant both views (and all epochs) share it. The choice is logged as `corruptio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from models.batching import pad_sequences
+from models.batching import TrainBatch, pad_sequences
 from storage.training_data import CorruptionRows, TokenRows
 
 
-@dataclass
-class Batch:
-    input_ids: torch.Tensor  # (B, n_views, T)
-    attention_mask: torch.Tensor  # (B, n_views, T)
-    corrupted_ids: torch.Tensor  # (B, n_views, T)
-    rtd_labels: torch.Tensor  # (B, n_views, T), 1 = replaced
-
-    def to(self, device: torch.device) -> Batch:
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.input_ids, self.attention_mask, self.corrupted_ids, self.rtd_labels)))
-
-    @property
-    def sentences(self) -> int:
-        return self.input_ids.shape[0] * self.input_ids.shape[1]
-
-    @property
-    def tokens(self) -> int:
-        return int(self.attention_mask.sum())
-
-
 class TrainingRows:
-    def __init__(self, tokens: TokenRows, corruption: CorruptionRows, supervised: bool, pad_id: int):
+    """Rows of one training dataset; `corruption` None for methods that do not read corrupted ids."""
+
+    def __init__(self, tokens: TokenRows, corruption: CorruptionRows | None, supervised: bool, pad_id: int):
         self.tokens, self.corruption, self.pad_id = tokens, corruption, pad_id
         self.view_columns = tokens.columns if supervised else (tokens.columns[0],) * 2
 
@@ -53,6 +34,8 @@ class TrainingRows:
         return (epoch * self.n_views + view) % self.corruption.variants
 
     def reuse_description(self, epochs: int) -> str:
+        if self.corruption is None:
+            return "no corruption (method does not read it)"
         needed, have = self.n_views * epochs, self.corruption.variants
         if have >= needed:
             return "fresh corruption for every view of every epoch"
@@ -60,21 +43,18 @@ class TrainingRows:
             return "one corruption per sentence, shared by all views and epochs"
         return f"{have} variants cycled over {needed} view-epochs"
 
-    def batch(self, rows: np.ndarray, epoch: int) -> Batch:
-        views_ids, views_cor, views_lab = [], [], []
+    def batch(self, rows: np.ndarray, epoch: int) -> TrainBatch:
+        views_ids = [[self.tokens.seqs[col][i] for i in rows] for col in self.view_columns]
+        length = max(len(s) for view in views_ids for s in view)
+        ids, mask = zip(*(pad_sequences(view, self.pad_id, length) for view in views_ids))
+        if self.corruption is None:
+            return TrainBatch(torch.stack(ids, 1), torch.stack(mask, 1))
+        cor, lab = [], []
         for v, col in enumerate(self.view_columns):
             var = self.variant(epoch, v)
-            views_ids.append([self.tokens.seqs[col][i] for i in rows])
-            views_cor.append([self.corruption.corrupted[(col, var)][i] for i in rows])
-            views_lab.append([self.corruption.labels[(col, var)][i] for i in rows])
-        length = max(len(s) for view in views_ids for s in view)
-        ids, mask, cor, lab = [], [], [], []
-        for v in range(self.n_views):
-            i, m = pad_sequences(views_ids[v], self.pad_id, length)
-            c, _ = pad_sequences(views_cor[v], self.pad_id, length)
-            lb, _ = pad_sequences(views_lab[v], 0, length)
-            ids.append(i), mask.append(m), cor.append(c), lab.append(lb)
-        return Batch(torch.stack(ids, 1), torch.stack(mask, 1), torch.stack(cor, 1), torch.stack(lab, 1))
+            cor.append(pad_sequences([self.corruption.corrupted[(col, var)][i] for i in rows], self.pad_id, length)[0])
+            lab.append(pad_sequences([self.corruption.labels[(col, var)][i] for i in rows], 0, length)[0])
+        return TrainBatch(torch.stack(ids, 1), torch.stack(mask, 1), torch.stack(cor, 1), torch.stack(lab, 1))
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:

@@ -1,9 +1,14 @@
 """The training loop: AdamW + linear decay, clipping, autocast, dev-set selection, resumable state.
 
 Pure PyTorch plus two callbacks (`log_metrics`, `evaluate_dev`), so MLflow and the evaluator stay
-at the seams (tasks/train.py). Resume state holds the trainable tensors, optimizer, scheduler,
-RNG states, the position in the data and the best dev score; with `deterministic=True` a killed
-and resumed run ends with the same weights as an uninterrupted one.
+at the seams (tasks/train.py). The model is a `models.method.CSEModel`; the loop calls its
+`training_step(batch, step, phase)`. A job is a list of `Phase`s run one after the other (one for
+every method but DiffAug, whose prefix-only NLI stage precedes joint tuning); each phase has its
+own data, batch size, learning rate, AdamW over `model.phase_parameters(phase)` and linear decay;
+the global step counts across phases, and dev evaluation / best-checkpoint selection span them all
+(methods.md §6 "Schedules and step counting"). Resume state holds the trainable tensors, optimizer,
+scheduler, RNG states, the position in the data and the best dev score; with `deterministic=True` a
+killed and resumed run ends with the same weights as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -31,7 +36,45 @@ class TrainingInterrupted(RuntimeError):
 
 
 @dataclass
+class Phase:
+    """One training phase. `cycle`: run exactly `max_steps` steps, cycling the rows (DiffAug stage 1);
+    otherwise `epochs` passes capped by `max_steps`. `schedule_steps`: the linear-decay horizon (default:
+    the phase's own steps). `aux_rows`: a second dataset batched beside the main one (`TrainBatch.aux`)."""
+
+    name: str
+    rows: TrainingRows
+    batch_size: int
+    learning_rate: float
+    epochs: int = 1
+    max_steps: int | None = None
+    cycle: bool = False
+    schedule_steps: int | None = None
+    aux_rows: TrainingRows | None = None
+    aux_batch_size: int = 0
+
+    def __post_init__(self):
+        if self.cycle and not self.max_steps:
+            raise ValueError(f"phase {self.name!r}: cycle=True needs max_steps")
+        if self.aux_rows is not None and self.aux_batch_size < 1:
+            raise ValueError(f"phase {self.name!r}: aux_rows need aux_batch_size >= 1")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, math.ceil(len(self.rows) / self.batch_size))
+
+    @property
+    def total_steps(self) -> int:
+        if self.cycle:
+            return int(self.max_steps)
+        total = self.steps_per_epoch * self.epochs
+        return min(total, self.max_steps) if self.max_steps else total
+
+
+@dataclass
 class LoopConfig:
+    """Settings of the whole job; `batch_size` … `max_steps` describe the single phase used when the
+    Trainer is given plain `TrainingRows` instead of a list of phases."""
+
     batch_size: int
     learning_rate: float
     epochs: int
@@ -65,7 +108,7 @@ class Trainer:
     def __init__(
         self,
         model: torch.nn.Module,
-        rows: TrainingRows,
+        data: TrainingRows | list[Phase],
         cfg: LoopConfig,
         device: torch.device,
         state_dir: Path,
@@ -74,17 +117,50 @@ class Trainer:
         log_metrics: Callable[[dict[str, float], int], None],
         stop_after: int | None = None,
     ):
-        self.model, self.rows, self.cfg, self.device = model, rows, cfg, device
+        self.model, self.cfg, self.device = model, cfg, device
         self.state_dir, self.save_best, self.evaluate_dev, self.log_metrics = state_dir, save_best, evaluate_dev, log_metrics
         self.stop_after = stop_after  # tests: simulate a kill after this many steps
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        self.steps_per_epoch = math.ceil(len(rows) / cfg.batch_size)
-        total = self.steps_per_epoch * cfg.epochs
-        self.total_steps = min(total, cfg.max_steps) if cfg.max_steps else total
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / self.total_steps))
+        if isinstance(data, TrainingRows):
+            data = [Phase("main", data, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)]
+        if not data:
+            raise ValueError("a training job needs at least one phase")
+        known = getattr(model, "phases", ("main",))
+        unknown = [p.name for p in data if p.name not in known]
+        if unknown:
+            raise ValueError(f"phases {unknown} are not phases of {type(model).__name__} {known}")
+        self.phases = data
+        self.offsets = [sum(p.total_steps for p in data[:i]) for i in range(len(data))]
+        self.total_steps = sum(p.total_steps for p in data)
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and device.type == "cuda")
         self.step, self.best_score, self.best_step = 0, None, None
+        self.phase_index = -1
+        self._orders: dict[tuple[int, int, int], object] = {}
+        self._enter_phase(0)
+
+    @property
+    def phase(self) -> Phase:
+        return self.phases[self.phase_index]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.phases[0].steps_per_epoch
+
+    def _phase_of(self, step: int) -> int:
+        return max(i for i, off in enumerate(self.offsets) if step >= off) if step < self.total_steps else len(self.phases) - 1
+
+    def _enter_phase(self, index: int) -> None:
+        """Fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) and linear decay for phase `index`."""
+        if index == self.phase_index:
+            return
+        self.phase_index = index
+        phase = self.phases[index]
+        if hasattr(self.model, "phase_parameters"):
+            self.params = list(self.model.phase_parameters(phase.name))
+        else:
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        horizon = phase.schedule_steps or phase.total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
 
     # ------------------------------------------------------------------ state
     def save_state(self) -> None:
@@ -103,13 +179,17 @@ class Trainer:
                 tmp / "optimizer.pt",
             )
             (tmp / "trainer_state.json").write_text(json.dumps(
-                {"step": self.step, "best_score": self.best_score, "best_step": self.best_step,
-                 "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch}, indent=2))
+                {"step": self.step, "best_score": self.best_score, "best_step": self.best_step, "phase": self.phase_index,
+                 "total_steps": self.total_steps, "phases": self._phase_signature()}, indent=2))
+
+    def _phase_signature(self) -> list[dict]:
+        return [{"name": p.name, "total_steps": p.total_steps, "steps_per_epoch": p.steps_per_epoch} for p in self.phases]
 
     def load_state(self) -> None:
         meta = json.loads((self.state_dir / "trainer_state.json").read_text())
-        if meta["steps_per_epoch"] != self.steps_per_epoch or meta["total_steps"] != self.total_steps:
+        if meta.get("phases") != self._phase_signature() or meta["total_steps"] != self.total_steps:
             raise ValueError(f"resume state in {self.state_dir} belongs to another data size or schedule")
+        self._enter_phase(meta["phase"])
         missing, unexpected = self.model.load_state_dict(load_file(str(self.state_dir / "trainable.safetensors")), strict=False)
         if unexpected:
             raise ValueError(f"resume state has tensors the model does not: {unexpected[:5]}")
@@ -132,7 +212,7 @@ class Trainer:
     def _train_step(self, batch) -> dict[str, float]:
         self.model.train()
         with self._autocast():
-            out = self.model(batch.input_ids, batch.attention_mask, batch.corrupted_ids, batch.rtd_labels)
+            out = self.model.training_step(batch, step=self.step, phase=self.phase.name)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
         self.scaler.unscale_(self.optimizer)
@@ -140,9 +220,29 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        values = (out.loss, out.contrastive_loss, out.rtd_loss, out.rtd_accuracy, grad_norm)
-        names = ("loss", "loss_contrastive", "loss_rtd", "rtd_accuracy", "grad_norm")
-        return {n: float(v.detach()) for n, v in zip(names, values)}
+        values = {"loss": out.loss, **out.metrics, "grad_norm": grad_norm}
+        return {n: float(v.detach()) for n, v in values.items()}
+
+    def _order(self, n: int, seed: int, epoch: int):
+        key = (n, seed, epoch)
+        if key not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.clear()
+            self._orders[key] = epoch_order(n, seed, epoch)
+        return self._orders[key]
+
+    def _batch(self, phase: Phase, phase_step: int):
+        """The batch of in-phase step `phase_step`: a pure function of (seed, phase, step), so resume sees the same."""
+        epoch, b = divmod(phase_step, phase.steps_per_epoch)
+        seed = self.cfg.seed + 7919 * self.phase_index
+        idx = self._order(len(phase.rows), seed, epoch)[b * phase.batch_size:(b + 1) * phase.batch_size]
+        batch = phase.rows.batch(idx, epoch)
+        if phase.aux_rows is not None:
+            aux_spe = max(1, math.ceil(len(phase.aux_rows) / phase.aux_batch_size))
+            ae, ab = divmod(phase_step, aux_spe)
+            aux_idx = self._order(len(phase.aux_rows), seed + 1, ae)[ab * phase.aux_batch_size:(ab + 1) * phase.aux_batch_size]
+            batch.aux = phase.aux_rows.batch(aux_idx, ae)
+        return batch, epoch, b
 
     def _maybe_evaluate(self) -> None:
         score = self.evaluate_dev(self.model)
@@ -164,35 +264,33 @@ class Trainer:
         window_t, window_sent, window_tok = time.perf_counter(), 0, 0
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train")
         while self.step < self.total_steps:
-            epoch, in_epoch = divmod(self.step, self.steps_per_epoch)
-            order = epoch_order(len(self.rows), self.cfg.seed, epoch)
-            for b in range(in_epoch, self.steps_per_epoch):
-                if self.step >= self.total_steps:
-                    break
-                idx = order[b * self.cfg.batch_size:(b + 1) * self.cfg.batch_size]
-                batch = self.rows.batch(idx, epoch).to(self.device)
-                metrics = self._train_step(batch)
-                self.step += 1
-                sentences += batch.sentences
-                window_sent += batch.sentences
-                window_tok += batch.tokens
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
-                if self.step % self.cfg.log_steps == 0 or self.step == self.total_steps:
-                    dt = max(time.perf_counter() - window_t, 1e-9)
-                    metrics.update(learning_rate=self.scheduler.get_last_lr()[0], epoch=epoch + (b + 1) / self.steps_per_epoch,
-                                   sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt)
-                    if self.device.type == "cuda":
-                        metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-                    self.log_metrics(metrics, self.step)
-                    window_t, window_sent, window_tok = time.perf_counter(), 0, 0
-                if self.step % self.cfg.eval_steps == 0:
-                    self._maybe_evaluate()
-                if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:
-                    self.save_state()
-                if self.stop_after is not None and self.step >= self.stop_after:
-                    bar.close()
-                    raise TrainingInterrupted(f"stopped after step {self.step} (stop_after)")
+            self._enter_phase(self._phase_of(self.step))
+            phase = self.phase
+            phase_step = self.step - self.offsets[self.phase_index]
+            batch, epoch, b = self._batch(phase, phase_step)
+            batch = batch.to(self.device)
+            metrics = self._train_step(batch)
+            self.step += 1
+            sentences += batch.sentences
+            window_sent += batch.sentences
+            window_tok += batch.tokens
+            bar.update(1)
+            bar.set_postfix(phase=phase.name, loss=f"{metrics['loss']:.4f}", refresh=False)
+            if self.step % self.cfg.log_steps == 0 or self.step == self.total_steps:
+                dt = max(time.perf_counter() - window_t, 1e-9)
+                metrics.update(learning_rate=self.scheduler.get_last_lr()[0], epoch=epoch + (b + 1) / phase.steps_per_epoch,
+                               phase=float(self.phase_index), sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt)
+                if self.device.type == "cuda":
+                    metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                self.log_metrics(metrics, self.step)
+                window_t, window_sent, window_tok = time.perf_counter(), 0, 0
+            if self.step % self.cfg.eval_steps == 0:
+                self._maybe_evaluate()
+            if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:
+                self.save_state()
+            if self.stop_after is not None and self.step >= self.stop_after:
+                bar.close()
+                raise TrainingInterrupted(f"stopped after step {self.step} (stop_after)")
         bar.close()
         if self.best_score is None:  # a run shorter than eval_steps still yields a selected checkpoint
             self._maybe_evaluate()

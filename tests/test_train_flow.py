@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flows.train_d2cse import train_d2cse
+from flows.train import train_d2cse
 from models.checkpoint import load_checkpoint
 from tasks.tracking import configure_mlflow
 from tasks.trainer import TrainingInterrupted

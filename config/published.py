@@ -1,0 +1,109 @@
+"""Published numbers of the four papers (methods.md §9), for side-by-side comparison with our runs.
+
+STS: Spearman ×100, STS12–16 "all", STS-B / SICK-R test, Avg. over the seven. Keys: (method, backbone, setting)
+with backbone `bert-base` / `bert-large` / `roberta-base` / `roberta-large` and setting `unsup` / `sup` /
+`semi` / `semi-aux`. Where a paper re-ran another method, the original paper's row is the reference and the
+re-run is kept under `reruns`.
+"""
+
+from __future__ import annotations
+
+from storage.readers import SEVEN_TASKS
+
+
+def _sts(source: str, *scores: float) -> dict[str, float | str]:
+    if len(scores) != 8:
+        raise ValueError(f"{source}: 7 tasks + avg expected, got {len(scores)} numbers")
+    return {"source": source, **dict(zip((*SEVEN_TASKS, "sts_avg"), scores))}
+
+
+STS: dict[tuple[str, str, str], dict[str, float | str]] = {
+    # §9.1 unsupervised (Wiki1M)
+    ("simcse", "bert-base", "unsup"): _sts("SimCSE paper", 68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25),
+    ("dcpcse", "bert-base", "unsup"): _sts("DCPCSE paper", 73.03, 85.18, 76.70, 84.19, 79.69, 80.62, 70.00, 78.49),
+    ("diffcse", "bert-base", "unsup"): _sts("DiffCSE paper", 72.28, 84.43, 76.47, 83.90, 80.54, 80.59, 71.23, 78.49),
+    ("d2cse", "bert-base", "unsup"): _sts("D2CSE paper", 73.42, 84.34, 77.43, 84.18, 81.16, 81.97, 70.61, 79.02),
+    ("simcse", "bert-large", "unsup"): _sts("SimCSE paper", 70.88, 84.16, 76.43, 84.50, 79.76, 79.26, 73.88, 78.41),
+    ("dcpcse", "bert-large", "unsup"): _sts("DCPCSE paper", 73.34, 85.90, 77.10, 85.26, 80.08, 80.96, 73.28, 79.42),
+    ("d2cse", "bert-large", "unsup"): _sts("D2CSE paper", 74.56, 86.53, 77.61, 85.88, 80.64, 82.61, 72.11, 79.99),
+    ("simcse", "roberta-base", "unsup"): _sts("SimCSE paper", 70.16, 81.77, 73.24, 81.36, 80.65, 80.22, 68.56, 76.57),
+    ("dcpcse", "roberta-base", "unsup"): _sts("DCPCSE paper", 70.57, 81.91, 74.60, 82.90, 80.96, 82.84, 71.70, 77.93),
+    ("diffcse", "roberta-base", "unsup"): _sts("DiffCSE paper", 70.05, 83.43, 75.49, 82.81, 82.12, 82.38, 71.19, 78.21),
+    ("d2cse", "roberta-base", "unsup"): _sts("D2CSE paper", 70.53, 83.22, 75.61, 83.64, 82.53, 83.08, 72.54, 78.74),
+    # §9.2 supervised (NLI) and semi-supervised
+    ("simcse", "bert-base", "sup"): _sts("SimCSE paper", 75.30, 84.67, 80.19, 85.40, 80.82, 84.25, 80.39, 81.57),
+    ("dcpcse", "bert-base", "sup"): _sts("DCPCSE paper", 75.58, 84.33, 79.67, 85.79, 81.24, 84.25, 80.79, 81.65),
+    ("diffcse", "bert-base", "sup"): _sts("D2CSE paper (built)", 76.79, 82.41, 79.18, 85.77, 82.09, 83.91, 79.74, 81.41),
+    ("d2cse", "bert-base", "sup"): _sts("D2CSE paper", 75.08, 84.34, 79.80, 86.35, 81.75, 83.93, 79.38, 81.52),
+    ("diffaug", "bert-base", "sup"): _sts("DiffAug paper (3 runs)", 76.92, 85.17, 80.81, 86.91, 82.52, 84.32, 80.27, 82.42),
+    ("simcse", "bert-large", "sup"): _sts("SimCSE paper", 75.78, 86.33, 80.44, 86.06, 80.86, 84.87, 81.14, 82.21),
+    ("dcpcse", "bert-large", "sup"): _sts("DCPCSE paper", 77.97, 86.54, 81.04, 86.33, 81.81, 85.24, 81.31, 82.89),
+    ("simcse", "roberta-base", "sup"): _sts("SimCSE paper", 76.53, 85.21, 80.95, 86.03, 82.57, 85.83, 80.50, 82.52),
+    ("dcpcse", "roberta-base", "sup"): _sts("DCPCSE paper", 76.75, 85.86, 80.98, 86.51, 83.51, 86.58, 80.41, 82.94),
+    ("diffcse", "roberta-base", "sup"): _sts("D2CSE paper (built)", 76.37, 85.59, 80.65, 85.34, 83.44, 85.79, 77.99, 82.17),
+    ("d2cse", "roberta-base", "sup"): _sts("D2CSE paper", 75.65, 87.26, 81.39, 86.31, 84.46, 86.17, 78.68, 82.85),
+    ("simcse", "roberta-large", "sup"): _sts("SimCSE paper", 77.46, 87.27, 82.36, 86.66, 83.93, 86.70, 81.95, 83.76),
+    ("dcpcse", "roberta-large", "sup"): _sts("DCPCSE paper", 79.14, 88.64, 83.73, 87.33, 84.57, 87.84, 82.07, 84.76),
+    ("diffaug", "bert-base", "semi"): _sts("DiffAug paper (3 runs)", 75.28, 85.20, 78.57, 85.20, 81.01, 82.42, 73.24, 80.13),
+    ("diffaug", "bert-base", "semi-aux"): _sts("DiffAug paper (3 runs)", 73.46, 85.61, 78.93, 85.82, 80.74, 82.70, 77.00, 80.61),
+}
+
+RERUNS: dict[tuple[str, str, str], dict[str, float | str]] = {
+    ("simcse", "bert-base", "unsup"): _sts("DiffCSE re-run", 70.82, 82.24, 73.25, 81.38, 77.06, 77.24, 71.16, 76.16),
+    ("simcse", "roberta-base", "unsup"): _sts("DiffCSE re-run", 68.60, 81.36, 73.16, 81.61, 80.76, 80.58, 68.83, 76.41),
+    ("dcpcse", "bert-base", "sup"): _sts("D2CSE re-run", 74.45, 84.08, 79.06, 85.96, 81.12, 83.83, 80.47, 81.28),
+    ("dcpcse", "roberta-base", "sup"): _sts("D2CSE re-run", 74.71, 85.96, 80.42, 86.13, 83.19, 85.76, 79.70, 82.27),
+}
+
+# §9.4 retrieval on STS-B test (D2CSE paper: R@1/3/5; DiffCSE paper: R@1/5/10).
+RETRIEVAL: dict[tuple[str, str, str], dict[str, float | str]] = {
+    ("dcpcse", "bert-base", "unsup"): {"source": "D2CSE paper (re-trained)", "retrieval_r1": 90.21, "retrieval_r3": 96.91, "retrieval_r5": 98.97},
+    ("diffcse", "bert-base", "unsup"): {"source": "D2CSE paper (released)", "retrieval_r1": 89.69, "retrieval_r3": 97.42, "retrieval_r5": 98.97},
+    ("d2cse", "bert-base", "unsup"): {"source": "D2CSE paper", "retrieval_r1": 91.24, "retrieval_r3": 96.91, "retrieval_r5": 98.97},
+    ("dcpcse", "bert-base", "sup"): {"source": "D2CSE paper (re-trained)", "retrieval_r1": 92.78, "retrieval_r3": 97.94, "retrieval_r5": 98.45},
+    ("diffcse", "bert-base", "sup"): {"source": "D2CSE paper (built)", "retrieval_r1": 91.24, "retrieval_r3": 97.42, "retrieval_r5": 98.45},
+    ("d2cse", "bert-base", "sup"): {"source": "D2CSE paper", "retrieval_r1": 92.78, "retrieval_r3": 98.45, "retrieval_r5": 99.48},
+    ("simcse", "bert-base", "unsup"): {"source": "DiffCSE paper", "retrieval_r1": 77.84, "retrieval_r5": 92.78, "retrieval_r10": 95.88},
+}
+
+# §9.5 alignment / uniformity on STS-B test (lower is better).
+ALIGN_UNIFORM: dict[tuple[str, str, str], dict[str, float | str]] = {
+    ("simcse", "bert-base", "unsup"): {"source": "DiffCSE paper", "alignment": 0.177, "uniformity": -2.313},
+    ("dcpcse", "bert-base", "unsup"): {"source": "D2CSE paper", "alignment": 0.0842, "uniformity": -1.5074},
+    ("diffcse", "bert-base", "unsup"): {"source": "D2CSE paper", "alignment": 0.0838, "uniformity": -1.4593},
+    ("d2cse", "bert-base", "unsup"): {"source": "D2CSE paper", "alignment": 0.062, "uniformity": -1.2627},
+    ("simcse", "bert-base", "sup"): {"source": "D2CSE paper", "alignment": 0.0898, "uniformity": -1.7635},
+    ("dcpcse", "bert-base", "sup"): {"source": "D2CSE paper", "alignment": 0.0451, "uniformity": -1.4019},
+    ("diffcse", "bert-base", "sup"): {"source": "D2CSE paper", "alignment": 0.0470, "uniformity": -1.2857},
+    ("d2cse", "bert-base", "sup"): {"source": "D2CSE paper ([CLS] prompt)", "alignment": 0.0862, "uniformity": -2.1093},
+}
+
+# Trainable parameters at training time, BERT-base (methods.md §1.4 arithmetic; papers quote the rounded values).
+PARAMETERS: dict[tuple[str, str], dict[str, float | str]] = {
+    ("d2cse", "bert-base"): {"source": "methods.md §1.4 (paper: 2.6M)", "trainable_parameters": 294_912 + 2_362_368 + 1_538},
+    ("dcpcse", "bert-base"): {"source": "methods.md §1.4", "trainable_parameters": 294_912 + 590_592},
+    ("diffcse", "bert-base"): {"source": "DiffCSE paper (≈220M)", "trainable_parameters": 220_000_000},
+}
+
+# §9.6 D2CSE ablation (Table 6), avg of 7 STS: variant → {(setting, cls_prompt): avg}.
+D2CSE_ABLATION: dict[str, dict[tuple[str, bool], float]] = {
+    "a": {("unsup", True): 78.22, ("unsup", False): 78.22, ("sup", True): 81.23, ("sup", False): 81.21},
+    "b": {("unsup", True): 78.02, ("unsup", False): 78.38, ("sup", True): 81.32, ("sup", False): 81.18},
+    "c": {("unsup", True): 78.74, ("unsup", False): 78.56, ("sup", True): 81.36, ("sup", False): 81.23},
+    "d": {("unsup", True): 78.83, ("unsup", False): 79.02, ("sup", True): 81.52, ("sup", False): 81.25},
+}
+
+
+def backbone_family(backbone: str) -> str | None:
+    """`bert-base-uncased` → `bert-base`; None for backbones no paper reports (e.g. the packaged MiniLM)."""
+    name = backbone.rstrip("/").split("/")[-1].lower()
+    for fam in ("bert-base", "bert-large", "roberta-base", "roberta-large"):
+        if name.startswith(fam):
+            return fam
+    return None
+
+
+def setting_of(method: str, preset: str, supervised: bool) -> str:
+    if method == "diffaug" and not supervised:
+        return "semi-aux" if "aux" in preset else "semi"
+    return "sup" if supervised else "unsup"

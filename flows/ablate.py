@@ -1,0 +1,66 @@
+"""Flow `ablate-d2cse`: the D2CSE paper's Table 6 matrix, variants (a)–(d) × [CLS] prompt on/off, a run per cell.
+
+(a) prompts on the encoder only; h conditions the frozen PLM as discriminator (no prompts there);
+(b) as (a) with a trainable copy of the PLM as discriminator;
+(c) shared prompts on encoder and discriminator, no conditional input;
+(d) shared prompts + conditional input (= D2CSE).
+Every cell is a child run of one MLflow parent (flows/children.py); the result is the matrix of STS averages
+beside the published Table 6 (methods.md §9.6), logged to the parent and as Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from config import published
+from config.presets import deep_merge, resolve_train_config
+from flows.children import Child, ChildResult, Dispatch, Group, publish_table, run_children
+
+VARIANTS: dict[str, dict[str, bool]] = {
+    "a": {"discriminator_prompts": False, "condition_discriminator": True, "train_discriminator": False},
+    "b": {"discriminator_prompts": False, "condition_discriminator": True, "train_discriminator": True},
+    "c": {"discriminator_prompts": True, "condition_discriminator": False, "train_discriminator": False},
+    "d": {"discriminator_prompts": True, "condition_discriminator": True, "train_discriminator": False},
+}
+
+
+def ablation_children(preset: str, overrides: dict[str, Any] | None, variants: list[str], cls_prompt: list[bool]) -> list[Child]:
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown ablation variants {unknown}; known: {sorted(VARIANTS)}")
+    return [Child(label=f"{v}-{'cls-prompt' if c else 'static-cls'}", method="d2cse", preset=preset,
+                  overrides=deep_merge(overrides or {}, {"model": {**VARIANTS[v], "cls_prompt": c}}))
+            for v in variants for c in cls_prompt]
+
+
+def ablation_table(results: list[ChildResult], setting: str) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        variant, cls = r.label.split("-", 1)
+        pub = published.D2CSE_ABLATION[variant].get((setting, cls == "cls-prompt"))
+        ours = r.metrics.get("sts_avg")
+        rows.append({"variant": variant, "cls": cls, "state": r.state, "sts_avg": ours, "best_stsb_dev": r.best_stsb_dev,
+                     "published_avg": pub, "difference": None if ours is None or pub is None else round(ours - pub, 2),
+                     "run_id": r.run_id})
+    return rows
+
+
+@flow(name="ablate-d2cse", log_prints=True)
+def ablate_d2cse(preset: str = "default", overrides: dict[str, Any] | None = None, variants: list[str] | None = None,
+                 cls_prompt: list[bool] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> list[dict]:
+    variants = variants or list(VARIANTS)
+    cls_prompt = [True, False] if cls_prompt is None else cls_prompt
+    cfg = resolve_train_config(preset, overrides, method="d2cse")
+    children = ablation_children(preset, overrides, variants, cls_prompt)
+    group = Group("ablate", "d2cse", {"preset": preset, "overrides": overrides or {}, "variants": variants, "cls_prompt": cls_prompt})
+    results = run_children(group, children, dispatch=dispatch, deployment=deployment)
+    setting = "sup" if cfg.supervised else "unsup"
+    rows = ablation_table(results, setting)
+    md = publish_table(group, rows, f"D2CSE ablation ({setting}, preset {preset}) vs paper Table 6", "ablation")
+    print(md)
+    failed = [r.label for r in results if r.state != "COMPLETED"]
+    if failed:
+        raise RuntimeError(f"ablation cells failed: {failed} (rerun the flow: finished cells are not trained again)")
+    return rows

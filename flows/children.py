@@ -1,0 +1,172 @@
+"""Fan a set of training jobs out as children of one parent (ablate-d2cse, seeds, sweep).
+
+The parent opens an MLflow run (in the method's experiment) and gives every child the tags
+`mlflow.parentRunId` (MLflow nests the child under it), `cse.group` and `cse.child`. Results are read back
+from MLflow by those tags, so children may run anywhere that logs to the same tracking server.
+
+Dispatch:
+- `deployment` (default for the deployments): each child is a run of the deployment `train-<method>/<name>`,
+  submitted all at once, so the children spread over the work pool's workers; GPU jobs queue on the `gpu`
+  global concurrency limit (tasks/train.py), never sharing a GPU. The parent waits for all of them.
+- `inline`: each child runs as a subflow in this process, one after the other (tests, a single machine).
+
+A child that already finished (same config and data) is not trained again: its job folder holds the result
+(tasks/train.py `finished_result`), so rerunning a parent after a crash redoes only unfinished children. The
+group id is a hash of the parent's flow and parameters, so the rerun finds the same MLflow parent run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+import mlflow
+from pydantic import BaseModel
+
+from storage.hashing import stable_hash
+from tasks.tracking import ensure_experiment, flatten, prefect_flow_run_id
+
+Dispatch = Literal["deployment", "inline"]
+_FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+class Child(BaseModel):
+    """One training job: a preset of `method` with overrides; `label` names it in tables."""
+
+    label: str
+    method: str
+    preset: str
+    overrides: dict[str, Any] = {}
+
+
+class ChildResult(BaseModel):
+    label: str
+    state: str  # COMPLETED | FAILED | CRASHED | CANCELLED
+    run_id: str | None = None
+    best_stsb_dev: float | None = None
+    metrics: dict[str, float] = {}
+    error: str | None = None
+
+
+class Group:
+    """The parent MLflow run of a set of children (found again when the parent flow is rerun)."""
+
+    def __init__(self, kind: str, method: str, params: dict[str, Any]):
+        self.kind, self.method = kind, method
+        self.id = stable_hash({"kind": kind, "method": method, "params": params})[:16]
+        exp_id = ensure_experiment(method)
+        found = mlflow.search_runs([exp_id], filter_string=f"tags.`cse.group` = '{self.id}' and tags.`cse.parent` = 'true'",
+                                   output_format="list", max_results=1)
+        if found:
+            self.run_id = found[0].info.run_id
+        else:
+            tags = {"cse.group": self.id, "cse.parent": "true", "cse.kind": kind, "method": method}
+            if (fr := prefect_flow_run_id()) is not None:
+                tags["prefect_flow_run_id"] = str(fr)
+            with mlflow.start_run(experiment_id=exp_id, run_name=f"{kind}-{method}-{self.id[:6]}", tags=tags) as run:
+                mlflow.log_params(flatten(params))
+            self.run_id = run.info.run_id
+
+    def child_tags(self, child: Child) -> dict[str, str]:
+        return {"mlflow.parentRunId": self.run_id, "cse.group": self.id, "cse.child": child.label, "cse.kind": self.kind}
+
+    def log(self, metrics: dict[str, float] | None = None, artifacts: dict[str, str] | None = None,
+            tags: dict[str, str] | None = None) -> None:
+        """Log to the parent run (reopened), which ends FINISHED."""
+        with mlflow.start_run(run_id=self.run_id):
+            if metrics:
+                mlflow.log_metrics(metrics)
+            for name, text in (artifacts or {}).items():
+                mlflow.log_text(text, name)
+            if tags:
+                mlflow.set_tags(tags)
+
+    def read(self, child: Child, state: str, error: str | None = None) -> ChildResult:
+        """The child's newest MLflow run with its metrics (`state` from the orchestrator)."""
+        exp_id = ensure_experiment(child.method)
+        runs = mlflow.search_runs([exp_id], filter_string=f"tags.`cse.group` = '{self.id}' and tags.`cse.child` = '{child.label}'",
+                                  order_by=["attributes.start_time DESC"], output_format="list", max_results=1)
+        if not runs:
+            return ChildResult(label=child.label, state=state if state != "COMPLETED" else "FAILED",
+                               error=error or "no MLflow run found for this child")
+        run = runs[0]
+        metrics = dict(run.data.metrics)
+        return ChildResult(label=child.label, state=state, run_id=run.info.run_id, best_stsb_dev=metrics.get("best_stsb_dev"),
+                           metrics=metrics, error=error)
+
+
+def run_children(group: Group, children: list[Child], dispatch: Dispatch = "deployment",
+                 deployment: str = "default", poll_seconds: float = 5.0) -> list[ChildResult]:
+    """Run every child and return their results in order; a failed child is reported, not raised."""
+    labels = [c.label for c in children]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"child labels must be unique: {labels}")
+    if dispatch == "inline":
+        return [_run_inline(group, c) for c in children]
+    if dispatch == "deployment":
+        return _run_deployments(group, children, deployment, poll_seconds)
+    raise ValueError(f"dispatch must be 'deployment' or 'inline', not {dispatch!r}")
+
+
+def _run_inline(group: Group, child: Child) -> ChildResult:
+    from flows.train import TRAIN_FLOWS
+
+    try:
+        TRAIN_FLOWS[child.method](preset=child.preset, overrides=child.overrides, tags=group.child_tags(child))
+    except Exception as exc:  # noqa: BLE001 - one failed child must not stop the others
+        return group.read(child, "FAILED", error=f"{type(exc).__name__}: {exc}")
+    return group.read(child, "COMPLETED")
+
+
+def _parameters(group: Group, child: Child) -> dict[str, Any]:
+    return {"preset": child.preset, "overrides": child.overrides, "tags": group.child_tags(child)}
+
+
+def _run_deployments(group: Group, children: list[Child], deployment: str, poll_seconds: float) -> list[ChildResult]:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    runs = [run_deployment(name=f"train-{c.method}/{deployment}", parameters=_parameters(group, c), timeout=0,
+                           as_subflow=True, tags=["child", group.kind]) for c in children]
+    with get_client(sync_client=True) as client:
+        states = _wait(lambda rid: client.read_flow_run(rid), runs, poll_seconds)
+    return [group.read(c, states[r.id][0], states[r.id][1]) for c, r in zip(children, runs)]
+
+
+def _wait(read, runs, poll_seconds: float) -> dict:
+    """Poll until every flow run is final; returns {id: (STATE, message)}."""
+    pending = {r.id for r in runs}
+    states: dict = {}
+    while pending:
+        for rid in list(pending):
+            fr = read(rid)
+            if fr.state is not None and fr.state.type.value in _FINAL:
+                msg = None if fr.state.type.value == "COMPLETED" else (fr.state.message or fr.state.name)
+                states[rid] = (fr.state.type.value, msg)
+                pending.discard(rid)
+        if pending:
+            time.sleep(poll_seconds)
+    return states
+
+
+def table_markdown(rows: list[dict[str, Any]], title: str) -> str:
+    if not rows:
+        return f"### {title}\n\n(no rows)\n"
+    cols = list(rows[0])
+    fmt = lambda v: "–" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = [f"### {title}\n", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def publish_table(group: Group, rows: list[dict[str, Any]], title: str, key: str) -> str:
+    """The table as markdown on the MLflow parent and as Prefect table + markdown artifacts."""
+    md = table_markdown(rows, title)
+    group.log(artifacts={f"{key}.md": md, f"{key}.json": json.dumps(rows, indent=2, default=str)})
+    if prefect_flow_run_id() is not None:
+        from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+        create_table_artifact(table=rows, key=key, description=title)
+        create_markdown_artifact(markdown=md, key=f"{key}-md", description=title)
+    return md

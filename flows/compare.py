@@ -1,0 +1,33 @@
+"""Flow `compare`: a table of chosen runs beside the papers' published numbers, with the difference per task.
+
+    prefect deployment run compare/default                                   # every finished run
+    prefect deployment run compare/default -p 'methods=["d2cse","dcpcse"]'   # by method
+    prefect deployment run compare/default -p 'tags={"preset": "smoke"}'     # by MLflow tag
+    prefect deployment run compare/default -p group=<cse.group of a sweep/seeds/ablation>
+
+Outputs: a Prefect table + markdown artifact, an MLflow run in experiment `compare` (comparison.md / .csv),
+and the Parquet dataset `comparisons/<id>` (DuckDB view `comparisons`). Tables: STS, retrieval,
+alignment/uniformity and trainable parameters (methods.md §9).
+"""
+
+from __future__ import annotations
+
+from prefect import flow, task
+
+from tasks.compare import ComparisonSummary, record_comparison, select_runs
+
+
+@task(name="compare-runs")
+def compare_task(selection: dict) -> ComparisonSummary:
+    runs = select_runs(**selection)
+    return record_comparison(runs, selection)
+
+
+@flow(name="compare", log_prints=True)
+def compare(methods: list[str] | None = None, run_ids: list[str] | None = None, tags: dict[str, str] | None = None,
+            experiments: list[str] | None = None, group: str | None = None, latest_per_label: bool = True) -> ComparisonSummary:
+    selection = {"methods": methods, "run_ids": run_ids, "tags": tags, "experiments": experiments, "group": group,
+                 "latest_per_label": latest_per_label}
+    summary = compare_task({k: v for k, v in selection.items() if v is not None})
+    print(f"comparison {summary.comparison_id}: {summary.runs} runs (MLflow run {summary.mlflow_run_id})\n\n{summary.markdown}")
+    return summary

@@ -1,0 +1,51 @@
+"""Flow `seeds`: n seeds of one preset as child runs, reported as mean ± std per task (test metrics).
+
+The papers report means over several runs (DCPCSE: 10, DiffAug: 3 or 15); selection of each seed's checkpoint
+stays on STS-B dev. The summary table goes to the MLflow parent run (metrics `<task>_mean` / `<task>_std`) and
+to Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from prefect import flow
+
+from config.presets import deep_merge, resolve_train_config
+from flows.children import Child, ChildResult, Dispatch, Group, publish_table, run_children
+from storage.readers import SEVEN_TASKS
+
+SUMMARY_METRICS = (*SEVEN_TASKS, "sts_avg", "best_stsb_dev", "retrieval_r1", "alignment", "uniformity")
+
+
+def seed_summary(results: list[ChildResult], metrics: tuple[str, ...] = SUMMARY_METRICS) -> list[dict[str, Any]]:
+    """One row per metric: mean, sample std (0 for one run), n, min, max over the completed seeds."""
+    done = [r for r in results if r.state == "COMPLETED"]
+    rows = []
+    for m in metrics:
+        values = [r.metrics[m] for r in done if m in r.metrics]
+        if not values:
+            continue
+        rows.append({"metric": m, "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                     "n": len(values), "min": min(values), "max": max(values)})
+    return rows
+
+
+@flow(name="seeds", log_prints=True)
+def seeds(method: str = "d2cse", preset: str = "default", n: int = 5, seed_list: list[int] | None = None,
+          overrides: dict[str, Any] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> list[dict]:
+    seed_list = seed_list or [42 + i for i in range(n)]
+    resolve_train_config(preset, overrides, method=method)  # fail fast on a bad preset/override
+    children = [Child(label=f"seed-{s}", method=method, preset=preset, overrides=deep_merge(overrides or {}, {"seed": s}))
+                for s in seed_list]
+    group = Group("seeds", method, {"preset": preset, "overrides": overrides or {}, "seeds": seed_list})
+    results = run_children(group, children, dispatch=dispatch, deployment=deployment)
+    rows = seed_summary(results)
+    group.log(metrics={f"{r['metric']}_mean": r["mean"] for r in rows} | {f"{r['metric']}_std": r["std"] for r in rows})
+    md = publish_table(group, rows, f"{method}/{preset}: mean ± std over seeds {seed_list}", "seeds")
+    print(md)
+    failed = [r.label for r in results if r.state != "COMPLETED"]
+    if failed:
+        raise RuntimeError(f"seeds failed: {failed} (rerun the flow: finished seeds are not trained again)")
+    return rows

@@ -1,0 +1,94 @@
+"""Flow `sweep`: a hyperparameter grid, or the D2CSE appendix's two-step learning-rate search.
+
+Selection uses STS-B dev only (each child's best dev score), never test. Children are dispatched as deployment
+runs so they spread over the work pool; GPU jobs queue on the `gpu` concurrency limit (flows/children.py).
+
+- `strategy="grid"`: `grid` maps dotted config paths to value lists (`{"learning_rate": [0.01, 0.02],
+  "model.prefix_len": [12, 16]}`); every combination is a child.
+- `strategy="lr-two-step"` (D2CSE appendix): a coarse grid of learning rates (default 0.01 … 0.09 by 0.01), then
+  a fine grid from the best to the second-best coarse value by `fine_step` (default 0.001), endpoints excluded.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Literal
+
+from prefect import flow
+
+from config.presets import deep_merge, resolve_train_config
+from flows.children import Child, ChildResult, Dispatch, Group, publish_table, run_children
+
+COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]
+
+
+def nested(path: str, value: Any) -> dict[str, Any]:
+    """`"model.prefix_len", 12` → `{"model": {"prefix_len": 12}}`."""
+    out: Any = value
+    for part in reversed(path.split(".")):
+        out = {part: out}
+    return out
+
+
+def grid_children(method: str, preset: str, overrides: dict[str, Any] | None, grid: dict[str, list[Any]],
+                  prefix: str = "") -> list[Child]:
+    if not grid or any(not v for v in grid.values()):
+        raise ValueError(f"grid needs at least one value per key, got {grid}")
+    keys = list(grid)
+    children = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        ovr = dict(overrides or {})
+        for k, v in zip(keys, combo):
+            ovr = deep_merge(ovr, nested(k, v))
+        label = prefix + ",".join(f"{k}={v}" for k, v in zip(keys, combo))
+        children.append(Child(label=label, method=method, preset=preset, overrides=ovr))
+    return children
+
+
+def fine_grid(results: list[tuple[float, float]], step: float) -> list[float]:
+    """Values strictly between the best and second-best (lr, dev) pairs, every `step`."""
+    ranked = sorted((r for r in results if r[1] is not None), key=lambda r: r[1], reverse=True)
+    if len(ranked) < 2:
+        raise ValueError("the fine step needs at least two coarse results with a dev score")
+    lo, hi = sorted((ranked[0][0], ranked[1][0]))
+    n = round((hi - lo) / step)
+    return [round(lo + i * step, 6) for i in range(1, n)]
+
+
+def selection_rows(children: list[Child], results: list[ChildResult], stage: str) -> list[dict[str, Any]]:
+    return [{"stage": stage, "child": c.label, "state": r.state, "best_stsb_dev": r.best_stsb_dev, "run_id": r.run_id}
+            for c, r in zip(children, results)]
+
+
+@flow(name="sweep", log_prints=True)
+def sweep(method: str = "d2cse", preset: str = "default", strategy: Literal["grid", "lr-two-step"] = "lr-two-step",
+          grid: dict[str, list[Any]] | None = None, coarse: list[float] | None = None, fine_step: float = 0.001,
+          overrides: dict[str, Any] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> dict:
+    resolve_train_config(preset, overrides, method=method)  # fail fast
+    params = {"preset": preset, "strategy": strategy, "grid": grid, "coarse": coarse, "fine_step": fine_step,
+              "overrides": overrides or {}}
+    group = Group("sweep", method, params)
+    if strategy == "grid":
+        children = grid_children(method, preset, overrides, grid or {})
+        results = run_children(group, children, dispatch=dispatch, deployment=deployment)
+        rows = selection_rows(children, results, "grid")
+    elif strategy == "lr-two-step":
+        coarse_children = grid_children(method, preset, overrides, {"learning_rate": coarse or COARSE_LR}, prefix="coarse:")
+        coarse_results = run_children(group, coarse_children, dispatch=dispatch, deployment=deployment)
+        lrs = [(c.overrides["learning_rate"], r.best_stsb_dev) for c, r in zip(coarse_children, coarse_results)]
+        fine = fine_grid(lrs, fine_step)
+        rows = selection_rows(coarse_children, coarse_results, "coarse")
+        if fine:
+            fine_children = grid_children(method, preset, overrides, {"learning_rate": fine}, prefix="fine:")
+            fine_results = run_children(group, fine_children, dispatch=dispatch, deployment=deployment)
+            rows += selection_rows(fine_children, fine_results, "fine")
+    else:
+        raise ValueError(f"strategy must be 'grid' or 'lr-two-step', not {strategy!r}")
+    scored = [r for r in rows if r["best_stsb_dev"] is not None]
+    if not scored:
+        raise RuntimeError("no child of the sweep produced a dev score")
+    best = max(scored, key=lambda r: r["best_stsb_dev"])
+    group.log(metrics={"best_stsb_dev": best["best_stsb_dev"]}, tags={"best_child": best["child"], "best_run_id": str(best["run_id"])})
+    md = publish_table(group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep")
+    print(md)
+    return {"best": best, "children": rows, "group": group.id}

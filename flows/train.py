@@ -1,0 +1,64 @@
+"""Training flows, one per method: ingest → tokenise → (corrupt) → train → evaluate, each stage cached by its inputs.
+
+`train-<method>` flows (train-d2cse, train-simcse, train-dcpcse, train-diffcse, train-diffaug) take a preset of
+config/presets.py and `overrides` (a nested dict merged into it), so any field changes per deployment or run:
+    prefect deployment run train-d2cse/default -p 'overrides={"learning_rate": 0.03, "model": {"prefix_len": 12}}'
+Only the stages a method needs run: the corruption stage for D2CSE and DiffCSE, NLI tokens for DiffAug's prefix
+phase and auxiliary loss. `tags` are added to the MLflow run (sweeps use them to nest children under a parent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from config.presets import resolve_train_config
+from config.training import TrainConfig
+from flows.corrupt import corrupt
+from flows.tokenize import prepare_tokens
+from storage.readers import SEVEN_TASKS
+from tasks.ingest import ingest_dataset
+from tasks.train import TrainResult, train_model
+
+
+def sts_table_text(metrics: dict[str, float]) -> str:
+    head = "| " + " | ".join(t.upper().replace("SICKR", "SICK-R").replace("STSB", "STS-B") for t in SEVEN_TASKS) + " | Avg. |"
+    row = "| " + " | ".join(f"{metrics[t]:.2f}" for t in SEVEN_TASKS) + f" | {metrics['sts_avg']:.2f} |"
+    return "\n".join([head, "|" + "---|" * (len(SEVEN_TASKS) + 1), row])
+
+
+def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str, str] | None = None) -> TrainResult:
+    """The stages of one training job, inside whichever flow calls it."""
+    tokens = prepare_tokens(cfg.dataset, cfg.ingest, cfg.tokenize_config())
+    nli_tokens = None
+    if cfg.needs_nli:
+        nli_tokens = tokens if cfg.dataset == "nli" else prepare_tokens("nli", cfg.ingest, cfg.tokenize_config())
+    sts = ingest_dataset("sts", cfg.ingest)
+    corruption = corrupt(tokens_key=tokens.key, config=cfg.corrupt) if cfg.uses_corruption else None
+    result = train_model(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=tags)
+    print(f"{cfg.method}/{cfg.preset}: MLflow run {result.run_id}, {result.steps} steps, best STS-B dev "
+          f"{result.best_stsb_dev:.2f}" + (f" (resumed from step {result.resumed_from})" if result.resumed_from is not None else ""))
+    if result.test_metrics:
+        print("\n" + sts_table_text(result.test_metrics))
+    return result
+
+
+def _train_flow(method: str):
+    @flow(name=f"train-{method}", log_prints=True)
+    def train(preset: str = "default", overrides: dict[str, Any] | None = None, stop_after: int | None = None,
+              tags: dict[str, str] | None = None) -> TrainResult:
+        """Train one job of this method (`stop_after` interrupts after that many steps: resume tests)."""
+        return run_training(resolve_train_config(preset, overrides, method=method), stop_after, tags)
+
+    train.__name__ = train.__qualname__ = f"train_{method}"
+    return train
+
+
+train_d2cse = _train_flow("d2cse")
+train_simcse = _train_flow("simcse")
+train_dcpcse = _train_flow("dcpcse")
+train_diffcse = _train_flow("diffcse")
+train_diffaug = _train_flow("diffaug")
+TRAIN_FLOWS = {"d2cse": train_d2cse, "simcse": train_simcse, "dcpcse": train_dcpcse, "diffcse": train_diffcse,
+               "diffaug": train_diffaug}

@@ -1,0 +1,389 @@
+"""DCPCSE: deep continuous prompts on a frozen PLM, SimCSE loss, optional MLM auxiliary (methods.md §3).
+
+Architecture (§3, §1.4): the pretrained encoder is frozen (`requires_grad=False`) but stays in train mode
+during training, so its dropout still makes the two contrastive views (§1.4 item 7, §10.6). Trainable: the
+prefix table (`PrefixEncoder`, no reparametrisation by default, P = 16, prefix dropout 0.1, N(0,
+initializer_range) init), SimCSE's `cls` MLP (`Linear(d, d) + tanh`), and — with `mlm=True` — the LM head.
+Token positions are shifted by P under the prefix as in the HF 4.x references (§1.4 item 6;
+`shift_positions=False` turns the quirk off).
+
+Per step: one prefix sample (fresh dropout) is drawn for the `B·n` flattened rows; the frozen PLM with that
+prefix encodes them; CLS → MLP → contrastive loss (§1.2: `B×B` unsup, `B×2B` sup with every in-batch hard
+negative). With `mlm=True` (§3 "MLM auxiliary", the RoBERTa-unsup setting):
+
+- each flattened row is masked independently (`mask_tokens`: 15 % of the non-special, non-pad tokens; of
+  those 80 % → mask token, 10 % → a uniform random id over the whole vocabulary, 10 % unchanged; labels
+  −100 elsewhere), so the two views of a sentence get different masks;
+- the masked ids run through the same frozen encoder with the SAME prefix sample and the same
+  prefix-extended mask; the LM head maps the token outputs to vocabulary logits; the loss is the
+  cross-entropy mean over the masked positions;
+- `loss = L_CL + λ_t · L_MLM`, `λ_t = mlm_weight · mlm_decay^(step / mlm_decay_steps)` (continuous exponent,
+  `step` = completed optimiser steps; `mlm_weight_at`).
+
+The LM head is trainable and not tied to the frozen input embeddings (§3, §10.7). It is loaded from the
+pretrained checkpoint's MLM head (BERT: `cls.predictions`; RoBERTa: `lm_head`) through
+`models.loading.load_masked_lm`; a checkpoint without MLM head weights (e.g. the packaged MiniLM, a bare
+`BertModel`) is refused unless `mlm_head_random_init=True`.
+
+Evaluation embedding (§3, §1.3): prefix always applied (dropout off in eval mode); `mlp_only_train=True`
+(unsup) → CLS before the MLP (`cls_before_pooler`), False (sup) → CLS → MLP (`cls`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+from models.batching import TrainBatch
+from models.heads import SimCSEPoolerMLP
+from models.losses import contrastive_loss
+from models.method import CSEModel, MethodConfig, StepOutput, drop_pooler, load_backbone
+from models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
+
+IGNORE_INDEX = -100
+
+
+# ------------------------------------------------------------------------------------------------ config
+@dataclass(frozen=True)
+class DCPCSEConfig(MethodConfig):
+    """Model hyperparameters (defaults: DCPCSE unsupervised BERT-base, methods.md §3 and §1.4).
+
+    Paper settings (§3 tables): unsup BERT-base P=16, BERT-large P=10, RoBERTa-base P=14 with `mlm=True`;
+    supervised runs use `mlp_only_train=False` (evaluate `cls` with the MLP) and P = 10–12.
+
+    `shift_positions`: reproduce the HF 4.x position shift under the prefix (§1.4 item 6, §10.5).
+    `mlm_*`: the MLM auxiliary of §3 (λ_t = `mlm_weight · mlm_decay^(step / mlm_decay_steps)`).
+    `mlm_head_random_init`: allow a freshly initialised LM head when `backbone` has no MLM head weights
+    (otherwise such a backbone is refused with `mlm=True`); a backbone with a head always loads it.
+    """
+
+    prefix_len: int = 16
+    prefix_dropout: float = 0.1
+    prefix_projection: bool = False
+    prefix_hidden: int = 512
+    shift_positions: bool = True
+    temperature: float = 0.05
+    mlp_only_train: bool = True
+    hard_negative_weight: float = 0.0
+    mlm: bool = False
+    mlm_probability: float = 0.15
+    mlm_weight: float = 0.1
+    mlm_decay: float = 0.95
+    mlm_decay_steps: int = 100
+    mlm_head_random_init: bool = False
+
+    def __post_init__(self):
+        if self.prefix_len < 1:
+            raise ValueError(f"prefix_len must be >= 1, got {self.prefix_len}")
+        if not 0.0 <= self.prefix_dropout < 1.0:
+            raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
+        if self.prefix_hidden < 1:
+            raise ValueError(f"prefix_hidden must be >= 1, got {self.prefix_hidden}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.mlm_weight < 0:
+            raise ValueError(f"mlm_weight must be >= 0, got {self.mlm_weight}")
+        if not 0.0 < self.mlm_decay <= 1.0:
+            raise ValueError(f"mlm_decay must be in (0, 1], got {self.mlm_decay}")
+        if self.mlm_decay_steps < 1:
+            raise ValueError(f"mlm_decay_steps must be >= 1, got {self.mlm_decay_steps}")
+
+
+# ------------------------------------------------------------------------------------------------ MLM pieces
+def mlm_weight_at(step: int, weight: float = 0.1, decay: float = 0.95, decay_steps: int = 100) -> float:
+    """λ_t = weight · decay^(step / decay_steps), continuous exponent; `step` = completed optimiser steps (§3)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return weight * decay ** (step / decay_steps)
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    special_token_ids: torch.Tensor,
+    mask_token_id: int,
+    vocab_size: int,
+    probability: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT-style masking of `(N, T)` rows, each position independently (§3 "MLM auxiliary").
+
+    Candidates are real tokens (`attention_mask == 1`) whose id is not in `special_token_ids`; each is
+    selected with `probability`. Of the selected: 80 % → `mask_token_id`, 10 % → a uniform random id in
+    `[0, vocab_size)`, 10 % unchanged. Returns `(masked_ids, labels)`, labels = original id at selected
+    positions and −100 elsewhere. `generator` must live on the ids' device.
+    """
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+    device = input_ids.device
+
+    def uniform() -> torch.Tensor:
+        return torch.rand(input_ids.shape, generator=generator, device=device)
+
+    special = torch.isin(input_ids, special_token_ids.to(device))
+    candidate = attention_mask.bool() & ~special
+    selected = candidate & (uniform() < probability)
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    to_mask = selected & (uniform() < 0.8)
+    to_random = selected & ~to_mask & (uniform() < 0.5)  # half of the remaining 20 %
+    random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator, device=device, dtype=input_ids.dtype)
+    masked = torch.where(to_mask, torch.full_like(input_ids, mask_token_id), input_ids)
+    masked = torch.where(to_random, random_ids, masked)
+    return masked, labels
+
+
+class MaskedLMHead(nn.Module):
+    """A pretrained PLM's MLM head as one trainable module: dense → activation → LayerNorm → decoder (§3).
+
+    Same function as BERT's `BertLMPredictionHead` (`cls.predictions`) and RoBERTa's `RobertaLMHead`
+    (`lm_head`). The decoder weight is a copy, not tied to the frozen input embeddings (§3, §10.7), and its
+    bias is the checkpoint's output bias, held once (no shared tensors, so checkpoints save it plainly).
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, activation: nn.Module, layer_norm_eps: float = 1e-12,
+                 init_std: float = 0.02):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = activation
+        self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.decoder = nn.Linear(hidden_size, vocab_size)
+        for linear in (self.dense, self.decoder):  # a fresh head gets the backbone's `_init_weights` init
+            nn.init.normal_(linear.weight, mean=0.0, std=init_std)
+            nn.init.zeros_(linear.bias)
+
+    @classmethod
+    def fresh(cls, config, input_embeddings: torch.Tensor | None = None) -> MaskedLMHead:
+        """A newly initialised head for an HF encoder config (only with `mlm_head_random_init=True`).
+
+        Dense/decoder N(0, initializer_range), zero biases, LayerNorm (1, 0). `input_embeddings` (`(V, d)`), when
+        given, is copied into the decoder weight: the starting point an HF masked LM built on a head-less
+        checkpoint has (its decoder is tied to the input embeddings), here as an untied trainable copy.
+        """
+        head = cls(config.hidden_size, config.vocab_size, ACT2FN[config.hidden_act],
+                   layer_norm_eps=getattr(config, "layer_norm_eps", 1e-12),
+                   init_std=getattr(config, "initializer_range", 0.02))
+        if input_embeddings is not None:
+            with torch.no_grad():
+                head.decoder.weight.copy_(input_embeddings)
+        return head
+
+    @classmethod
+    def from_hf_head(cls, head: nn.Module) -> MaskedLMHead:
+        """Copy the weights of a `BertLMPredictionHead` or a `RobertaLMHead` (checkpoint values preserved)."""
+        if hasattr(head, "transform"):  # BERT family: transform.{dense, transform_act_fn, LayerNorm}
+            dense, act, norm = head.transform.dense, head.transform.transform_act_fn, head.transform.LayerNorm
+        elif hasattr(head, "dense") and hasattr(head, "layer_norm"):  # RoBERTa family (gelu hard-coded there)
+            dense, act, norm = head.dense, ACT2FN["gelu"], head.layer_norm
+        else:
+            raise TypeError(f"unsupported MLM head {type(head).__name__}: expected a BERT or RoBERTa LM head")
+        if isinstance(act, str):
+            act = ACT2FN[act]
+        bias = head.bias if getattr(head, "bias", None) is not None else head.decoder.bias
+        hidden, vocab = dense.in_features, head.decoder.out_features
+        new = cls(hidden, vocab, copy.deepcopy(act), layer_norm_eps=norm.eps)
+        with torch.no_grad():
+            new.dense.weight.copy_(dense.weight)
+            new.dense.bias.copy_(dense.bias)
+            new.layer_norm.weight.copy_(norm.weight)
+            new.layer_norm.bias.copy_(norm.bias)
+            new.decoder.weight.copy_(head.decoder.weight)
+            new.decoder.bias.copy_(bias)
+        return new
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(self.activation(self.dense(hidden_states))))
+
+
+def _hf_mlm_head(masked_lm: nn.Module) -> tuple[nn.Module, str]:
+    """The MLM head submodule of an HF masked LM and its state-dict prefix."""
+    if hasattr(masked_lm, "cls") and hasattr(masked_lm.cls, "predictions"):
+        return masked_lm.cls.predictions, "cls.predictions."
+    if hasattr(masked_lm, "lm_head"):
+        return masked_lm.lm_head, "lm_head."
+    raise TypeError(f"{type(masked_lm).__name__} has no BERT (`cls.predictions`) or RoBERTa (`lm_head`) MLM head")
+
+
+def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys=()) -> MaskedLMHead:
+    """The trainable copy of a masked LM's head. `missing_keys` (from `output_loading_info`) naming head
+    weights other than the (tied) decoder means the checkpoint had no MLM head: `ValueError`."""
+    head, prefix = _hf_mlm_head(masked_lm)
+    tied = (prefix + "decoder.weight", prefix + "decoder.bias")
+    absent = sorted(k for k in missing_keys if k.startswith(prefix) and k not in tied)
+    if absent:
+        raise ValueError(f"the checkpoint has no MLM head weights (missing {absent}); DCPCSE's MLM auxiliary "
+                         "loads the pretrained head (methods.md §3). Use a checkpoint with its MLM head "
+                         "(e.g. bert-base-uncased, roberta-base) or set mlm_head_random_init=True for a fresh head")
+    return MaskedLMHead.from_hf_head(head)
+
+
+def load_mlm_head(config: DCPCSEConfig, backbone: nn.Module) -> MaskedLMHead:
+    """The pretrained MLM head of `config.backbone` (§3), or — if it has none and `mlm_head_random_init` allows
+    it — a fresh head whose decoder starts from a copy of `backbone`'s input embeddings (`MaskedLMHead.fresh`)."""
+    from models.loading import load_masked_lm
+
+    backbone_config = backbone.config
+
+    masked_lm, info = load_masked_lm(config.backbone, output_loading_info=True)
+    try:
+        head = mlm_head_from_masked_lm(masked_lm, info.get("missing_keys", ()))
+    except ValueError as e:
+        if not config.mlm_head_random_init:
+            raise ValueError(f"{config.backbone!r}: {e}") from e
+        return MaskedLMHead.fresh(backbone_config, backbone.embeddings.word_embeddings.weight.detach())
+    if head.decoder.out_features != backbone_config.vocab_size or head.dense.in_features != backbone_config.hidden_size:
+        raise ValueError(f"{config.backbone!r}: MLM head shape (d={head.dense.in_features}, V={head.decoder.out_features}) "
+                         f"does not fit the backbone (d={backbone_config.hidden_size}, V={backbone_config.vocab_size})")
+    return head
+
+
+# ------------------------------------------------------------------------------------------------ model
+@dataclass
+class DCPCSEOutput:
+    """Losses of one training forward; `z` is the `(B, n, d)` MLP output."""
+
+    loss: torch.Tensor
+    contrastive_loss: torch.Tensor
+    mlm_loss: torch.Tensor | None
+    mlm_weight: float
+    z: torch.Tensor
+
+
+class DCPCSE(CSEModel):
+    """Frozen PLM + deep prefix prompts + SimCSE `cls` MLP (+ trainable LM head with `mlm=True`) (methods.md §3).
+
+    `backbone`: an already built HF encoder (else loaded from `config.backbone`); `tokenizer`: attached for
+    evaluation and needed for MLM masking (special/mask ids); `mlm_head`: an already built module mapping
+    `(N, T, d)` token states to `(N, T, V)` logits, used instead of loading the pretrained head (tests).
+    """
+
+    method = "dcpcse"
+    config_class = DCPCSEConfig
+
+    def __init__(self, config: DCPCSEConfig, backbone: nn.Module | None = None, tokenizer=None,
+                 mlm_head: nn.Module | None = None):
+        super().__init__()
+        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.remember_backbone(backbone)
+        drop_pooler(backbone)
+        backbone.requires_grad_(False)
+        bcfg = backbone.config
+        d = bcfg.hidden_size
+        init_std = getattr(bcfg, "initializer_range", 0.02)
+
+        prompts = PrefixEncoder(config.prefix_len, bcfg.num_hidden_layers, d, bcfg.num_attention_heads,
+                                dropout=config.prefix_dropout, projection=config.prefix_projection,
+                                projection_hidden=config.prefix_hidden, init_std=init_std)
+        self.encoder = PromptedBackbone(backbone, prompts, shift_positions=config.shift_positions)
+        self.mlp = SimCSEPoolerMLP(d, init_std=init_std)
+
+        self.lm_head: nn.Module | None = None
+        self.mask_token_id: int | None = None
+        self.register_buffer("special_token_ids", torch.zeros(0, dtype=torch.long), persistent=False)
+        if config.mlm:
+            self.lm_head = mlm_head if mlm_head is not None else load_mlm_head(config, backbone)
+            self.lm_head.requires_grad_(True)
+            if tokenizer is not None:
+                self.mask_token_id = tokenizer.mask_token_id
+                specials = sorted(set(tokenizer.all_special_ids) | {i for i in (tokenizer.pad_token_id,) if i is not None})
+                self.special_token_ids = torch.tensor(specials, dtype=torch.long)
+
+    # --------------------------------------------------------------------------------- properties
+    @property
+    def prompts(self) -> PrefixEncoder:
+        return self.encoder.prefix_encoder
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder.backbone
+
+    @property
+    def evaluation_pooler(self) -> str:
+        return "cls_before_pooler" if self.config.mlp_only_train else "cls"
+
+    # --------------------------------------------------------------------------------- passes
+    def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                   prefix: PrefixKeyValues | None = None) -> torch.Tensor:
+        """Last-layer CLS state of `(B', T)` rows with prompts (a fresh prefix sample unless given): `(B', d)`."""
+        if prefix is None:
+            prefix = self.prompts(input_ids.shape[0])
+        return self.encoder(input_ids, attention_mask, token_type_ids, prefix=prefix).last_hidden_state[:, 0]
+
+    def mask_for_mlm(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(masked_ids, labels)` of `(N, T)` rows, each row masked independently (§3; see `mask_tokens`).
+
+        Excluded: padding and the tokenizer's special ids; random replacements are uniform over the backbone's
+        `vocab_size` (= `len(tokenizer)` of the reference collator for the paper's backbones).
+        """
+        if self.mask_token_id is None:
+            raise ValueError("MLM masking needs the tokenizer's mask and special-token ids: build DCPCSE with a tokenizer")
+        return mask_tokens(input_ids, attention_mask, self.special_token_ids, self.mask_token_id,
+                           self.backbone.config.vocab_size, self.config.mlm_probability, generator=generator)
+
+    def mlm_loss(self, masked_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                 prefix: PrefixKeyValues, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Cross-entropy mean over the masked positions of the LM head on the prompted encoder's token states.
+
+        Only the masked positions go through the head (the same loss and gradients as running it on every
+        token, without the `(N, T, V)` logits). No masked position at all → a zero loss.
+        """
+        if self.lm_head is None:
+            raise ValueError("this DCPCSE model was built with mlm=False")
+        states = self.encoder(masked_ids, attention_mask, token_type_ids, prefix=prefix).last_hidden_state
+        selected = labels != IGNORE_INDEX
+        logits = self.lm_head(states[selected].unsqueeze(0)).squeeze(0)  # heads expect (N, T, d)
+        if logits.shape[0] == 0:
+            return logits.sum() * 0.0
+        return F.cross_entropy(logits.float(), labels[selected])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step: int = 0,
+                token_type_ids: torch.Tensor | None = None) -> DCPCSEOutput:
+        """One training forward on `(B, n, T)` rows, n = 2 (unsup, two dropout views) or 3 (sup, hard negative)."""
+        if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
+            raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+        batch, n, length = input_ids.shape
+        rows = batch * n
+        ids, mask = input_ids.reshape(rows, length), attention_mask.reshape(rows, length)
+        types = None if token_type_ids is None else token_type_ids.reshape(rows, length)
+
+        prefix = self.prompts(rows)  # one dropout sample, shared by the contrastive and the MLM pass
+        z = self.mlp(self.encode_cls(ids, mask, types, prefix=prefix)).view(batch, n, -1)
+        l_cl = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None,
+                                temperature=self.config.temperature, hard_negative_weight=self.config.hard_negative_weight)
+        if not self.config.mlm:
+            return DCPCSEOutput(loss=l_cl, contrastive_loss=l_cl, mlm_loss=None, mlm_weight=0.0, z=z)
+
+        masked_ids, labels = self.mask_for_mlm(ids, mask)
+        l_mlm = self.mlm_loss(masked_ids, mask, labels, prefix, types)
+        weight = mlm_weight_at(step, self.config.mlm_weight, self.config.mlm_decay, self.config.mlm_decay_steps)
+        return DCPCSEOutput(loss=l_cl + weight * l_mlm, contrastive_loss=l_cl, mlm_loss=l_mlm, mlm_weight=weight, z=z)
+
+    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
+        out = self(batch.input_ids, batch.attention_mask, step=step)
+        metrics = {"loss_contrastive": out.contrastive_loss.detach()}
+        if out.mlm_loss is not None:
+            metrics["loss_mlm"] = out.mlm_loss.detach()
+            metrics["mlm_weight"] = torch.tensor(out.mlm_weight)
+        return StepOutput(out.loss, metrics)
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Evaluation embedding `(B, d)` with prompts on: CLS (unsup) or CLS → MLP (sup) (§1.3, §3)."""
+        cls = self.encode_cls(input_ids, attention_mask, token_type_ids)
+        return cls if self.config.mlp_only_train else self.mlp(cls)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "prefix_len": self.config.prefix_len, "prefix_projection": self.config.prefix_projection,
+                "mlp_only_train": self.config.mlp_only_train, "mlm": self.config.mlm,
+                "trainable_parameters": self.trainable_parameter_count()}

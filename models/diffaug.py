@@ -1,0 +1,410 @@
+"""DiffAug: two prefix modules as a differentiable augmentation, two-stage training (methods.md §6).
+
+Model (BERT family; the LM is fully fine-tuned in the joint stage, so this is not a frozen-backbone method):
+
+- Hard prompt (PromptBERT template "00", §6): training rows arrive from the tokenisation stage as
+  `[CLS] sentence [SEP]`; `wrap_rows` strips the special tokens, cuts the sentence to `max_sentence_tokens`
+  (32) and wraps it in the template ids `enc_bs = [CLS] this sentence of "` and `enc_es = " means [MASK] . [SEP]`
+  (5 + 5 ids for BERT). Evaluation (`token_ids`) tokenises the string `This sentence of "<s>" means[MASK].`
+  normally, with special tokens and without truncation, as the reference `evaluation.py` does.
+- Sentence vector = last hidden state at the template's `[MASK]` token (§1.3 "`[MASK]` pooling").
+- Prefixes (§1.4, §6, §10.16): ONE `PrefixEncoder` with `prefix_len = 16` slots and reparametrisation
+  (`Embedding(16, d) → Linear(d, h_p = d) → tanh → Linear(d, 2·L·d)`), prefix dropout 0.1. The "two prefix
+  modules" are its halves: module A = slots 0–7, module B = slots 8–15; they have their own embedding rows
+  but share the reparametrisation MLP [code]. All 16 K/V slots are passed to every layer; a per-row
+  visibility mask selects the module (A rows `[1×8, 0×8]`, B rows `[0×8, 1×8]`). Since 16 slots are passed,
+  token positions are shifted by 16, not 8 (§1.4 item 6, §10.16; `shift_positions`).
+  Roles: anchor / premise / first view → A; positive / entailment / contradiction / second view → B.
+  Inference: all 16 slots visible.
+- SimCSE MLP `Linear(d, d) + tanh` on the (denoised) `[MASK]` vector in training, in both stages
+  (`mlp_train` of the reference); never at evaluation (`mlp_eval` false).
+- NLI classifier `Linear(3d, 2)` on `[u, v, |u − v|]` (`sup_label_num = 2`).
+
+Phases (`phases = ("prefix", "joint")`):
+
+- "prefix" (stage 1): `(B, 3, T)` NLI triplets. (premise, entailment) → label 1, (premise, contradiction) →
+  label 0; cross-entropy averaged over the 2B rows; no template denoising. Only the prefix encoder and the
+  classifier are stepped (`phase_parameters("prefix")`). The reference lets the LM (and the MLP) receive
+  gradients it never steps (§6, §10.18); those gradients influence nothing but the reference's fp16 clipping
+  quirk, which the trainer here does not reproduce (it clips over the phase's parameters only), so this
+  implementation does not compute them: during the stage-1 forward every parameter outside the phase is
+  temporarily excluded from autograd. The LM still runs in train mode (its dropout is active).
+- "joint" (stage 2): everything (LM, prefix encoder, MLP, classifier) is stepped.
+  `(B, 2, T)` unsupervised rows (Wiki sentence twice; view 1 with A, view 2 with B, plus dropout): contrastive
+  loss §1.2 without hard negatives, plus — when `aux_weight` α > 0 — the stage-1 cross-entropy on the NLI
+  batch `batch.aux` (`(B', 3, T')`, same A/B assignment): `L = L_CL + α·L_CE`. The reference encodes the
+  auxiliary rows in the same forward pass as the main rows, and so does this implementation. With α = 0 an
+  attached `aux` batch is ignored (the reference's `use_aux_loss` off).
+  `(B, 3, T)` supervised triplets: anchor with A, positive and hard negative with B; contrastive loss with
+  every in-batch hard negative, no hard-negative weight (DiffAug has none, §1.2).
+
+Template denoising (PromptBERT; joint stage only, `denoise`, §6 and §10.17): for each module the bare
+template (`enc_bs + enc_es`, 10 ids) is encoded `denoise_copies` (128) times with explicit position ids —
+`base + j` for the `enc_bs` ids and `base + j + i` for the `enc_es` ids of copy `i` (a simulated sentence of
+`i` tokens), `base` = the first position of a prefixed row (16 for BERT with the shift) — and `δ[i]` is the
+`[MASK]` state of copy `i`. The reference passes only the module's 8 slots there; here all 16 slots are
+passed with the module's half-mask, which is the same computation (masked slots get exactly zero attention
+weight). δ is computed with gradients and with dropout active (train mode), and each training vector of the
+main batch subtracts `δ_A[k]` (first view / anchor) or `δ_B[k]` (second view, positive, hard negative)
+before the MLP. Index quirk [code]: the reference takes `k = (attended slots incl. the visible prefix half) −
+template length = sentence_length + prefix_len/2` (off by 8, the prefix mask is counted as tokens);
+`denoise_index_quirk=True` (default) reproduces it, False uses the intended `k = sentence_length`. The
+auxiliary NLI rows are not denoised (the reference splits them off before the subtraction). At inference
+there is neither denoising nor MLP.
+
+Not reproduced (trainer matters, see §6 "Schedules"): the stage-1 clipping over all parameters, the
+stage-1 scheduler sized by stage 2, multi-GPU gathering of negatives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.batching import TrainBatch
+from models.heads import SimCSEPoolerMLP
+from models.losses import contrastive_loss
+from models.method import CSEModel, MethodConfig, StepOutput, drop_pooler, load_backbone
+from models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
+
+SENTENCE_PLACEHOLDER = "{sentence}"
+MASK_PLACEHOLDER = "[MASK]"
+
+
+@dataclass(frozen=True)
+class DiffAugConfig(MethodConfig):
+    """Model hyperparameters (defaults: DiffAug BERT-base, methods.md §6 and §1.4).
+
+    `template`: the hard prompt with a `{sentence}` placeholder and a literal `[MASK]` (replaced by the
+    tokenizer's mask token); the default is PromptBERT's template "00" as DiffAug uses it.
+    `prefix_hidden`: `h_p` of the reparametrisation MLP; None = the hidden size d (DiffAug always uses d).
+    `aux_weight`: α of the joint-stage auxiliary NLI cross-entropy (0 = off; the "semi w/ aux" preset uses 1e-3).
+    `denoise_index_quirk`: reproduce the reference's off-by-`prefix_len/2` δ index (§10.17).
+    """
+
+    prefix_len: int = 16
+    prefix_dropout: float = 0.1
+    prefix_hidden: int | None = None
+    template: str = 'This sentence of "{sentence}" means[MASK].'
+    max_sentence_tokens: int = 32
+    temperature: float = 0.05
+    aux_weight: float = 0.0
+    denoise: bool = True
+    denoise_copies: int = 128
+    denoise_index_quirk: bool = True
+    shift_positions: bool = True
+
+    def __post_init__(self):
+        if self.prefix_len < 2 or self.prefix_len % 2:
+            raise ValueError(f"prefix_len must be an even number >= 2 (two modules = two halves), got {self.prefix_len}")
+        if not 0.0 <= self.prefix_dropout < 1.0:
+            raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
+        if self.prefix_hidden is not None and self.prefix_hidden < 1:
+            raise ValueError(f"prefix_hidden must be >= 1 or None (= hidden size), got {self.prefix_hidden}")
+        if self.template.count(SENTENCE_PLACEHOLDER) != 1:
+            raise ValueError(f"template {self.template!r} must contain {SENTENCE_PLACEHOLDER!r} exactly once")
+        if self.template.count(MASK_PLACEHOLDER) != 1:
+            raise ValueError(f"template {self.template!r} must contain {MASK_PLACEHOLDER!r} exactly once")
+        if self.max_sentence_tokens < 1:
+            raise ValueError(f"max_sentence_tokens must be >= 1, got {self.max_sentence_tokens}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if self.aux_weight < 0:
+            raise ValueError(f"aux_weight must be >= 0, got {self.aux_weight}")
+        if self.denoise_copies < 1:
+            raise ValueError(f"denoise_copies must be >= 1, got {self.denoise_copies}")
+        if self.denoise and self.denoise_copies <= self.max_denoise_index:
+            raise ValueError(f"denoise_copies={self.denoise_copies} is too small: the δ index reaches {self.max_denoise_index} "
+                             f"(max_sentence_tokens {self.max_sentence_tokens}"
+                             + (f" + prefix_len/2 = {self.prefix_len // 2} from the index quirk)" if self.denoise_index_quirk else ")"))
+
+    @property
+    def module_len(self) -> int:
+        """Slots per prefix module (the paper's l = 8)."""
+        return self.prefix_len // 2
+
+    @property
+    def max_denoise_index(self) -> int:
+        return self.max_sentence_tokens + (self.module_len if self.denoise_index_quirk else 0)
+
+
+class DiffAug(CSEModel):
+    """PLM + one 16-slot reparametrised prefix encoder (two halves = two modules) + SimCSE MLP + NLI classifier.
+
+    See the module docstring (methods.md §6). `backbone`: an already built HF encoder (else loaded from
+    `config.backbone`); `tokenizer`: needed for the template ids (loaded from `config.backbone` if not given).
+    """
+
+    method = "diffaug"
+    config_class = DiffAugConfig
+    phases = ("prefix", "joint")
+    evaluation_pooler = "mask"
+
+    def __init__(self, config: DiffAugConfig, backbone: nn.Module | None = None, tokenizer=None):
+        super().__init__()
+        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
+        if tokenizer is None:
+            from models.loading import load_tokenizer
+
+            tokenizer = load_tokenizer(config.backbone)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.remember_backbone(backbone)
+        drop_pooler(backbone)
+        backbone.requires_grad_(True)  # DiffAug fine-tunes the whole LM in the joint stage (§6)
+        bcfg = backbone.config
+        d = bcfg.hidden_size
+        init_std = getattr(bcfg, "initializer_range", 0.02)
+
+        prompts = PrefixEncoder(config.prefix_len, bcfg.num_hidden_layers, d, bcfg.num_attention_heads,
+                                dropout=config.prefix_dropout, projection=True,
+                                projection_hidden=config.prefix_hidden or d, init_std=init_std)
+        self.encoder = PromptedBackbone(backbone, prompts, shift_positions=config.shift_positions)
+        self.mlp = SimCSEPoolerMLP(d, init_std=init_std)
+        # The reference creates `sup_classifier` before `init_weights()`: N(0, initializer_range), zero bias.
+        self.classifier = nn.Linear(3 * d, 2)
+        nn.init.normal_(self.classifier.weight, mean=0.0, std=init_std)
+        nn.init.zeros_(self.classifier.bias)
+
+        self._build_template(tokenizer)
+
+    # --------------------------------------------------------------------------------- template
+    def _build_template(self, tokenizer) -> None:
+        """Template ids (`enc_bs`, `enc_es`), the evaluation strings and the constant denoising inputs."""
+        for name in ("cls_token_id", "sep_token_id", "mask_token_id"):
+            if getattr(tokenizer, name, None) is None:
+                raise ValueError(f"DiffAug's prompt template needs a tokenizer with a {name[:-3]} (got none)")
+        self.cls_token_id, self.sep_token_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
+        self.mask_token_id = int(tokenizer.mask_token_id)
+        head, tail = self.config.template.replace(MASK_PLACEHOLDER, tokenizer.mask_token).split(SENTENCE_PLACEHOLDER)
+        self.eval_head, self.eval_tail = head, tail
+        # Reference `get_encoded_bs_and_es`: both halves tokenised without special tokens, [CLS] / [SEP] added
+        enc_bs = [self.cls_token_id] + tokenizer.encode(head, add_special_tokens=False)
+        enc_es = tokenizer.encode(tail, add_special_tokens=False) + [self.sep_token_id]
+        in_bs, in_es = enc_bs.count(self.mask_token_id), enc_es.count(self.mask_token_id)
+        if in_bs + in_es != 1:
+            raise ValueError(f"template {self.config.template!r} tokenises to {in_bs + in_es} mask tokens, expected 1")
+        # [MASK] index: fixed inside enc_bs, or `len(enc_bs) + sentence_length + j` inside enc_es
+        self.mask_in_head = in_bs == 1
+        self.mask_offset = enc_bs.index(self.mask_token_id) if self.mask_in_head else enc_es.index(self.mask_token_id)
+        self.enc_bs, self.enc_es = enc_bs, enc_es
+        self.register_buffer("bs_ids", torch.tensor(enc_bs, dtype=torch.long), persistent=False)
+        self.register_buffer("es_ids", torch.tensor(enc_es, dtype=torch.long), persistent=False)
+
+        limit = self.encoder.config.max_position_embeddings
+        shift = self.config.prefix_len if self.config.shift_positions else 0
+        longest = len(enc_bs) + self.config.max_sentence_tokens + len(enc_es)
+        self.encoder.position_ids(torch.full((1, longest), self.cls_token_id), shift)  # raises if the longest row does not fit
+        # Denoising inputs (§6): the bare template repeated `denoise_copies` times; copy i places enc_es as if
+        # a sentence of i tokens stood between enc_bs and enc_es.
+        copies = self.config.denoise_copies
+        template = torch.tensor(enc_bs + enc_es, dtype=torch.long).unsqueeze(0).repeat(copies, 1)
+        positions = self.encoder.position_ids(template, shift).clone()
+        positions[:, len(enc_bs):] += torch.arange(copies).unsqueeze(1)
+        if self.config.denoise and int(positions.max()) >= limit:
+            raise ValueError(f"template denoising with {copies} copies reaches position {int(positions.max())} >= "
+                             f"max_position_embeddings={limit}; lower denoise_copies")
+        self.register_buffer("denoise_ids", template, persistent=False)
+        self.register_buffer("denoise_positions", positions, persistent=False)
+        self.denoise_mask_index = self.mask_offset if self.mask_in_head else len(enc_bs) + self.mask_offset
+
+    def token_ids(self, sentences: Sequence[str]) -> list[list[int]]:
+        """Evaluation input: `This sentence of "<s>" means[MASK].` tokenised normally, no truncation (§6)."""
+        texts = [(self.eval_head + s + self.eval_tail).strip() for s in sentences]
+        return self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+
+    def wrap_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(R, T)` rows `[CLS] sentence [SEP]` (right-padded) → templated training rows (§6 "Training").
+
+        Returns `(ids, mask, lengths, mask_positions)`: the `(R, W)` ids `enc_bs + sentence[:max_sentence_tokens]
+        + enc_es` right-padded with the tokenizer's pad id, their mask, the kept sentence lengths `(R,)` and the
+        index of the template's [MASK] in every row `(R,)`.
+        """
+        if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+            raise ValueError(f"rows must be (R, T) ids and mask of equal shape, got {tuple(input_ids.shape)} / "
+                             f"{tuple(attention_mask.shape)}")
+        rows, width = input_ids.shape
+        device = input_ids.device
+        n_tokens = attention_mask.long().sum(-1)
+        if rows and bool((n_tokens < 2).any()):
+            raise ValueError("every training row must hold at least [CLS] and [SEP]")
+        last = input_ids.gather(1, (n_tokens - 1).clamp_min(0).unsqueeze(1)).squeeze(1)
+        if rows and (bool((input_ids[:, 0] != self.cls_token_id).any()) or bool((last != self.sep_token_id).any())):
+            raise ValueError(f"training rows must be `[CLS] sentence [SEP]` (ids {self.cls_token_id} … {self.sep_token_id}) "
+                             "as the tokenisation stage writes them")
+        lengths = (n_tokens - 2).clamp(max=self.config.max_sentence_tokens)
+        nb, ne = len(self.enc_bs), len(self.enc_es)
+        out_width = nb + (int(lengths.max()) if rows else 0) + ne
+        pos = torch.arange(out_width, device=device).unsqueeze(0)
+        k = lengths.unsqueeze(1)
+        sentence = input_ids.gather(1, (pos - nb + 1).clamp(0, width - 1).expand(rows, out_width))
+        head = self.bs_ids[pos.clamp(max=nb - 1)].expand(rows, out_width)
+        tail = self.es_ids[(pos - nb - k).clamp(0, ne - 1)]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.where(pos < nb, head, torch.where(pos < nb + k, sentence, torch.where(pos < nb + k + ne, tail, pad)))
+        mask = (pos < nb + k + ne).long().expand(rows, out_width).contiguous()
+        mask_positions = torch.full_like(lengths, self.mask_offset) if self.mask_in_head else nb + lengths + self.mask_offset
+        return ids, mask, lengths, mask_positions
+
+    # --------------------------------------------------------------------------------- prefixes
+    @property
+    def prompts(self) -> PrefixEncoder:
+        return self.encoder.prefix_encoder
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder.backbone
+
+    def module_visibility(self, modules: torch.Tensor) -> torch.Tensor:
+        """`(R,)` module per row (0 = A, 1 = B) → `(R, P)` prefix visibility: A `[1×P/2, 0×P/2]`, B the reverse."""
+        half = torch.arange(self.config.prefix_len, device=modules.device) >= self.config.module_len
+        return (half.unsqueeze(0) == modules.bool().unsqueeze(1)).long()
+
+    def prefix_sample(self, modules: torch.Tensor | None, rows: int) -> PrefixKeyValues:
+        """A prefix sample for `rows` rows; `modules` None = all slots visible (inference)."""
+        return self.prompts(rows, mask=None if modules is None else self.module_visibility(modules))
+
+    @staticmethod
+    def view_modules(batch: int, n_views: int, device: torch.device) -> torch.Tensor:
+        """Module of every row of a flattened `(B, n)` batch: view 0 → A (0), the others → B (1)."""
+        return (torch.arange(n_views, device=device) > 0).long().repeat(batch)
+
+    # --------------------------------------------------------------------------------- passes
+    def mask_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(R, T)` tokenisation-stage rows → (`(R, d)` [MASK] states with each row's module, `(R,)` sentence lengths)."""
+        ids, mask, lengths, mask_pos = self.wrap_rows(input_ids, attention_mask)
+        out = self.encoder(ids, mask, prefix=self.prefix_sample(modules, ids.shape[0]))
+        states = out.last_hidden_state[torch.arange(ids.shape[0], device=ids.device), mask_pos]
+        return states, lengths
+
+    def template_deltas(self) -> torch.Tensor:
+        """`(2, denoise_copies, d)`: δ_A and δ_B, the [MASK] states of the bare template per module (§6)."""
+        copies = self.config.denoise_copies
+        ids = self.denoise_ids.repeat(2, 1)
+        modules = torch.arange(2, device=ids.device).repeat_interleave(copies)
+        out = self.encoder(ids, torch.ones_like(ids), prefix=self.prefix_sample(modules, ids.shape[0]),
+                           position_ids=self.denoise_positions.repeat(2, 1))
+        return out.last_hidden_state[:, self.denoise_mask_index].view(2, copies, -1)
+
+    def denoise(self, states: torch.Tensor, lengths: torch.Tensor, modules: torch.Tensor) -> torch.Tensor:
+        """Subtract `δ_module[k]` from every row, `k` = sentence length (+ prefix_len/2 with the index quirk)."""
+        index = lengths + (self.config.module_len if self.config.denoise_index_quirk else 0)
+        deltas = self.template_deltas()
+        return states - deltas[modules, index].to(states.dtype)
+
+    def nli_loss(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(B, 3, d)` (premise, entailment, contradiction) → (CE over the 2B pairs, accuracy) (§6 stage 1)."""
+        u, pos, neg = z[:, 0], z[:, 1], z[:, 2]
+        feats = torch.cat([torch.cat([u, pos, (u - pos).abs()], dim=1), torch.cat([u, neg, (u - neg).abs()], dim=1)], dim=0)
+        batch = z.shape[0]
+        labels = torch.cat([torch.ones(batch, dtype=torch.long, device=z.device), torch.zeros(batch, dtype=torch.long, device=z.device)])
+        logits = self.classifier(feats)
+        loss = F.cross_entropy(logits.float(), labels)
+        with torch.no_grad():
+            accuracy = (logits.argmax(-1) == labels).float().mean()
+        return loss, accuracy
+
+    @contextmanager
+    def _gradients_only_for(self, params: Sequence[nn.Parameter]) -> Iterator[None]:
+        """Exclude every other trainable parameter from autograd while active (stage 1, see module docstring)."""
+        keep = {id(p) for p in params}
+        excluded = [p for p in self.parameters() if p.requires_grad and id(p) not in keep]
+        for p in excluded:
+            p.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for p in excluded:
+                p.requires_grad_(True)
+
+    def phase_parameters(self, phase: str) -> list[nn.Parameter]:
+        """"prefix": the prefix encoder and the NLI classifier; "joint": every parameter (§6)."""
+        params = super().phase_parameters(phase)
+        if phase == "prefix":
+            return [*self.prompts.parameters(), *self.classifier.parameters()]
+        return params
+
+    @staticmethod
+    def _check_views(ids: torch.Tensor, mask: torch.Tensor, allowed: tuple[int, ...], what: str) -> None:
+        if ids.dim() != 3 or ids.shape[1] not in allowed:
+            raise ValueError(f"{what} must be (B, {'|'.join(map(str, allowed))}, T), got {tuple(ids.shape)}")
+        if mask.shape != ids.shape:
+            raise ValueError(f"{what}: attention_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
+
+    def prefix_stage_step(self, batch: TrainBatch) -> StepOutput:
+        """Stage 1: NLI cross-entropy with the MLP, no denoising; gradients only for prefix encoder + classifier."""
+        self._check_views(batch.input_ids, batch.attention_mask, (3,), "stage-1 (prefix) input_ids")
+        if batch.aux is not None:
+            raise ValueError("the prefix stage takes NLI triplets as its main batch, not an aux batch")
+        b, n, _ = batch.input_ids.shape
+        with self._gradients_only_for(self.phase_parameters("prefix")):
+            modules = self.view_modules(b, n, batch.input_ids.device)
+            states, _ = self.mask_states(batch.flat(batch.input_ids), batch.flat(batch.attention_mask), modules)
+            loss, accuracy = self.nli_loss(self.mlp(states).view(b, n, -1))
+        return StepOutput(loss, {"loss_nli": loss.detach(), "nli_accuracy": accuracy})
+
+    def joint_stage_step(self, batch: TrainBatch) -> StepOutput:
+        """Stage 2: contrastive loss (+ α·NLI CE on `batch.aux` when α > 0), template denoising on the main rows."""
+        self._check_views(batch.input_ids, batch.attention_mask, (2, 3), "joint-stage input_ids")
+        b, n, t = batch.input_ids.shape
+        device = batch.input_ids.device
+        ids, mask = batch.flat(batch.input_ids), batch.flat(batch.attention_mask)
+        modules = self.view_modules(b, n, device)
+        aux = batch.aux if self.config.aux_weight > 0 else None
+        if self.config.aux_weight > 0 and aux is None:
+            raise ValueError(f"aux_weight={self.config.aux_weight} needs an NLI batch in `batch.aux`")
+        if aux is not None:
+            # one forward for main and auxiliary rows, as the reference (rows are right-padded to one length)
+            self._check_views(aux.input_ids, aux.attention_mask, (3,), "aux input_ids")
+            ab, an, at = aux.input_ids.shape
+            width = max(t, at)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            ids = torch.cat([F.pad(ids, (0, width - t), value=pad), F.pad(aux.flat(aux.input_ids), (0, width - at), value=pad)])
+            mask = torch.cat([F.pad(mask, (0, width - t)), F.pad(aux.flat(aux.attention_mask), (0, width - at))])
+            modules = torch.cat([modules, self.view_modules(ab, an, device)])
+        states, lengths = self.mask_states(ids, mask, modules)
+        rows = b * n
+        main = states[:rows]
+        if self.config.denoise:
+            main = self.denoise(main, lengths[:rows], modules[:rows])
+        z = self.mlp(main).view(b, n, -1)
+        l_cl = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None, temperature=self.config.temperature)
+        metrics = {"loss_contrastive": l_cl.detach()}
+        loss = l_cl
+        if aux is not None:
+            l_nli, accuracy = self.nli_loss(self.mlp(states[rows:]).view(ab, an, -1))
+            loss = l_cl + self.config.aux_weight * l_nli
+            metrics.update(loss_nli=l_nli.detach(), nli_accuracy=accuracy)
+        return StepOutput(loss, metrics)
+
+    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "joint") -> StepOutput:
+        if phase == "prefix":
+            return self.prefix_stage_step(batch)
+        if phase == "joint":
+            return self.joint_stage_step(batch)
+        raise ValueError(f"{self.method} has phases {self.phases}, not {phase!r}")
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Evaluation embedding `(B, d)`: raw [MASK] state with all 16 prefix slots visible, no MLP, no denoising.
+
+        Rows come from `token_ids` (the evaluation template); the state is read at the last attended mask token
+        of each row (the template's, even if a sentence spells out a mask token itself).
+        """
+        out = self.encoder(input_ids, attention_mask, token_type_ids, prefix=self.prefix_sample(None, input_ids.shape[0]))
+        is_mask = (input_ids == self.mask_token_id) & attention_mask.bool()
+        has = is_mask.any(dim=1)
+        if not bool(has.all()):
+            raise ValueError(f"{int((~has).sum())} of {len(has)} rows contain no mask token (id {self.mask_token_id}); "
+                             "DiffAug rows must be made by `token_ids` (the prompt template)")
+        last = input_ids.shape[1] - 1 - is_mask.flip(1).to(torch.int8).argmax(dim=1)
+        return out.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), last]
+
+    def describe(self) -> dict:
+        return {**super().describe(), "prefix_len": self.config.prefix_len, "template": self.config.template,
+                "denoise": self.config.denoise, "denoise_index_quirk": self.config.denoise_index_quirk,
+                "aux_weight": self.config.aux_weight}

@@ -1,0 +1,113 @@
+"""DiffCSE: SimCSE + conditional replaced-token detection with a trainable encoder and discriminator (methods.md §4).
+
+Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `models.d2cse.ConditionalRTDModel`):
+1. the trainable encoder f (the full backbone, no prompts, pretrained pooler removed) encodes the rows;
+   CLS → BN-MLP → `h`, the contrastive vector and, not detached, the conditioning vector (`before_mlp` = false);
+2. contrastive loss on `h` (§1.2; with the contradiction column as hard negatives when n = 3);
+3. the discriminator D — a second, trainable copy of the pretrained backbone made when the model is built —
+   reads the corrupted ids with its embedding-layer output at position 0 replaced by `h` (§4 step 5, §10.3);
+   `RTDHead` on D's last hidden states gives the RTD logits; the loss is the mean over all positions,
+   padding included (§10.2), or over real tokens with `rtd_mean_over_padding=False`;
+4. `L = L_CL + λ·L_RTD`, λ = 0.005, τ = 0.05.
+
+The corrupted ids and their labels come precomputed from the corruption stage (`TrainBatch.corrupted_ids` /
+`rtd_labels`; the fixed DistilBERT generator of §4 steps 2–4 runs offline, not in this model).
+
+Supervised DiffCSE (D2CSE's Table 8 construction, §4 last paragraph): `(B, 3, T)` rows, hard-negative
+contrastive loss, conditional RTD on all three sentences.
+
+Evaluation embedding: CLS before the pooler of the encoder (§1.3); D, the RTD head and the BN-MLP are unused.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.d2cse import ConditionalRTDModel, check_objective
+from models.heads import ProjectionMLP, RTDHead
+from models.method import MethodConfig, drop_pooler, load_backbone
+from models.prefix import PromptedBackbone
+
+
+@dataclass(frozen=True)
+class DiffCSEConfig(MethodConfig):
+    """Model hyperparameters (defaults: DiffCSE BERT-base for STS, methods.md §4 and paper Table 12).
+
+    The learning rate (7e-6) and masking ratio (0.30) belong to the training and corruption stages.
+    """
+
+    temperature: float = 0.05
+    rtd_weight: float = 0.005
+    hard_negative_weight: float = 0.0
+    rtd_mean_over_padding: bool = True
+
+    def __post_init__(self):
+        check_objective(self.temperature, self.rtd_weight)
+
+
+class DiffCSE(ConditionalRTDModel):
+    """Trainable encoder + BN-MLP + trainable conditional discriminator (a copy of the pretrained backbone) + RTD head.
+
+    `backbone`: an already built HF encoder (else loaded from `config.backbone`); it becomes the encoder and is
+    fine-tuned in place. `tokenizer`: attached for evaluation (loaded from `config.backbone` when the backbone
+    is loaded here).
+    """
+
+    method = "diffcse"
+    config_class = DiffCSEConfig
+
+    def __init__(self, config: DiffCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
+        super().__init__()
+        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.remember_backbone(backbone)
+        drop_pooler(backbone)
+        backbone.requires_grad_(True)
+        bcfg = backbone.config
+        d = bcfg.hidden_size
+        init_std = getattr(bcfg, "initializer_range", 0.02)
+
+        self.encoder = backbone
+        self.projection = ProjectionMLP(d, init_std=init_std)
+        # D: the pretrained weights as loaded (before any update), in storage of its own; without prompts the
+        # wrapper runs the plain model and provides the position-0 conditioning.
+        self.discriminator = PromptedBackbone(copy.deepcopy(backbone), None, shift_positions=False)
+        self.rtd_head = RTDHead(d)
+
+    # --------------------------------------------------------------------------------- properties
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder
+
+    # --------------------------------------------------------------------------------- passes
+    def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Last-layer CLS state of the encoder on `(B', T)` rows: `(B', d)`."""
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True)
+        return out.last_hidden_state[:, 0]
+
+    def discriminate(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor | None,
+                     token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """RTD logits `(B', T, 2)` of D on corrupted ids; D's embedding output at position 0 is `h` if given."""
+        out = self.discriminator(corrupted_ids, attention_mask, token_type_ids, prefix=False, position0_output=h)
+        return self.rtd_head(out.last_hidden_state)
+
+    def encode_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    token_type_ids: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        return self.encode_cls(input_ids, attention_mask, token_type_ids), None
+
+    def discriminate_rows(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor,
+                          token_type_ids: torch.Tensor | None, context: None) -> torch.Tensor:
+        return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Evaluation embedding `(B, d)`: the encoder's CLS state before any pooler (§1.3, §4)."""
+        return self.encode_cls(input_ids, attention_mask, token_type_ids)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "rtd_weight": self.config.rtd_weight, "temperature": self.config.temperature}

@@ -1,0 +1,131 @@
+"""What every training method is: a `SentenceEmbedder` that also computes its training loss.
+
+A method is one module in `models/` holding a config dataclass (a `MethodConfig`) and a model class (a
+`CSEModel`), registered in `models.registry`. The trainer (tasks/trainer.py) knows nothing else about it:
+
+- `training_step(batch, step, phase)` → `StepOutput(loss, metrics)` on a `TrainBatch` of `(B, n, T)` rows;
+  `step` is the number of completed optimiser steps (schedules such as DCPCSE's MLM weight read it);
+- `phases` names the training phases in order (DiffAug: "prefix" then "joint"; everyone else: "main") and
+  `phase_parameters(phase)` the tensors the optimiser of that phase steps;
+- `embed` (from `SentenceEmbedder`) is the evaluation embedding; `evaluation_pooler` names it;
+- `backbone` is the pretrained encoder as loaded; its shape and `pretrained_fingerprint` (taken when the
+  model is built, before any update) let a checkpoint refuse a different backbone at load time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import abstractmethod
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from models.batching import TrainBatch
+from models.embedder import SentenceEmbedder
+
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Base of every method's model config: the backbone name/path plus the method's own fields."""
+
+    backbone: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} keys {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class StepOutput:
+    """One training forward: the loss to minimise and detached scalar metrics for logging."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
+    cfg = backbone.config
+    return {k: getattr(cfg, k, None) for k in SHAPE_KEYS}
+
+
+def backbone_fingerprint(backbone: nn.Module) -> str:
+    """A hash of a few pretrained tensors (first word-embedding rows, last layer's parameters)."""
+    h = hashlib.sha256()
+    tensors = [backbone.embeddings.word_embeddings.weight[:64]]
+    tensors += [p for p in backbone.encoder.layer[-1].parameters()][-4:]
+    for t in tensors:
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def drop_pooler(backbone: nn.Module) -> None:
+    """No method evaluates with the pretrained pooler (§1.3), so it is removed and never run."""
+    if getattr(backbone, "pooler", None) is not None:
+        backbone.pooler = None
+
+
+def load_backbone(config: MethodConfig, backbone: nn.Module | None, tokenizer):
+    """The given backbone/tokenizer, or both loaded from `config.backbone` (HF id, folder, `packaged:`)."""
+    if backbone is None:
+        from models.loading import load_encoder, load_tokenizer
+
+        backbone = load_encoder(config.backbone)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.backbone)
+    return backbone, tokenizer
+
+
+class CSEModel(SentenceEmbedder):
+    """Base class of the trainable methods (see the module docstring for the contract)."""
+
+    method: ClassVar[str]
+    config_class: ClassVar[type[MethodConfig]]
+    uses_corruption: ClassVar[bool] = False  # reads the corruption stage's corrupted ids
+    phases: ClassVar[tuple[str, ...]] = ("main",)
+    config: MethodConfig
+
+    def remember_backbone(self, backbone: nn.Module) -> None:
+        """Call in `__init__` with the freshly loaded backbone, before anything can update it."""
+        self.pretrained_shape = backbone_shape(backbone)
+        self.pretrained_fingerprint = backbone_fingerprint(backbone)
+
+    @property
+    @abstractmethod
+    def backbone(self) -> nn.Module:
+        """The (possibly fine-tuned) pretrained encoder."""
+
+    @property
+    def hidden_size(self) -> int:
+        return self.backbone.config.hidden_size
+
+    @property
+    @abstractmethod
+    def evaluation_pooler(self) -> str:
+        """Name of the evaluation embedding (`cls_before_pooler`, `cls`, `mask`, ...)."""
+
+    def phase_parameters(self, phase: str) -> list[nn.Parameter]:
+        """The tensors the optimiser of `phase` steps (default: every trainable tensor)."""
+        if phase not in self.phases:
+            raise ValueError(f"{self.method} has phases {self.phases}, not {phase!r}")
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def trainable_parameter_count(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    @abstractmethod
+    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
+        """Loss of one batch in train mode."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"class": type(self).__name__, "method": self.method, "backbone": self.config.backbone,
+                "pooler": self.evaluation_pooler}

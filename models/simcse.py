@@ -1,0 +1,112 @@
+"""SimCSE: full fine-tuning of the PLM with the in-batch contrastive loss (methods.md §2).
+
+Per step (§1.1, §1.2, §2): the `(B, n, T)` rows are flattened row-major to `(B·n, T)` and encoded in one
+forward pass of the backbone in train mode (its dropout, p = 0.1, is the only augmentation of the
+unsupervised setting: the two copies of a sentence differ only by dropout noise). The last-layer state at
+position 0 goes through SimCSE's `cls` MLP (`Linear(d, d) + tanh`, newly initialised; the pretrained pooler
+is dropped, §1.3) and the contrastive loss of §1.2 is taken on the reshaped `(B, n, d)` vectors:
+unsupervised `B×B` logits (n = 2), supervised `B×2B` with every in-batch hard negative (n = 3).
+
+Evaluation embedding (§1.3 table): `mlp_only_train=True` (unsupervised reference) evaluates the CLS state
+before the MLP (`cls_before_pooler`); `mlp_only_train=False` (supervised reference) keeps the MLP (`cls`).
+
+Every backbone tensor is trainable (the optional MLM auxiliary of the SimCSE code is not part of the STS
+configurations, §2, and is not implemented here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.batching import TrainBatch
+from models.heads import SimCSEPoolerMLP
+from models.losses import contrastive_loss
+from models.method import CSEModel, MethodConfig, StepOutput, drop_pooler, load_backbone
+
+
+@dataclass(frozen=True)
+class SimCSEConfig(MethodConfig):
+    """Model hyperparameters (defaults: unsupervised SimCSE, methods.md §2 and §1.2/§1.3).
+
+    `mlp_only_train`: True = MLP in training only, evaluate `cls_before_pooler` (unsup); False = evaluate
+    `cls` with the trained MLP (sup). `hard_negative_weight`: added to the logit of each anchor's own hard
+    negative (§1.2; 0 = weight 1, all reported runs).
+    """
+
+    temperature: float = 0.05
+    mlp_only_train: bool = True
+    hard_negative_weight: float = 0.0
+
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+
+
+class SimCSE(CSEModel):
+    """Fully fine-tuned PLM + SimCSE `cls` MLP (methods.md §2).
+
+    `backbone`: an already built HF encoder (else loaded from `config.backbone`); `tokenizer`: attached for
+    evaluation (loaded from `config.backbone` when the backbone is loaded here).
+    """
+
+    method = "simcse"
+    config_class = SimCSEConfig
+
+    def __init__(self, config: SimCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
+        super().__init__()
+        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.remember_backbone(backbone)
+        drop_pooler(backbone)
+        backbone.requires_grad_(True)  # full fine-tuning (§2)
+        self.encoder = backbone
+        bcfg = backbone.config
+        self.mlp = SimCSEPoolerMLP(bcfg.hidden_size, init_std=getattr(bcfg, "initializer_range", 0.02))
+
+    # --------------------------------------------------------------------------------- properties
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder
+
+    @property
+    def evaluation_pooler(self) -> str:
+        return "cls_before_pooler" if self.config.mlp_only_train else "cls"
+
+    # --------------------------------------------------------------------------------- passes
+    def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Last-layer state at position 0 of `(B', T)` rows: `(B', d)` (before the MLP)."""
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           return_dict=True)
+        return out.last_hidden_state[:, 0]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contrastive loss of `(B, n, T)` rows (n = 2 unsup, 3 sup) and the `(B, n, d)` MLP outputs (§1.1, §1.2)."""
+        if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
+            raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+        batch, n, length = input_ids.shape
+        cls = self.encode_cls(input_ids.reshape(-1, length), attention_mask.reshape(-1, length))
+        z = self.mlp(cls).view(batch, n, -1)
+        loss = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None, temperature=self.config.temperature,
+                                hard_negative_weight=self.config.hard_negative_weight)
+        return loss, z
+
+    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
+        loss, _ = self(batch.input_ids, batch.attention_mask)
+        return StepOutput(loss, {"loss_contrastive": loss.detach()})
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Evaluation embedding `(B, d)`: CLS before the MLP (unsup) or CLS → MLP (sup) (§1.3, §2)."""
+        cls = self.encode_cls(input_ids, attention_mask, token_type_ids)
+        return cls if self.config.mlp_only_train else self.mlp(cls)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "mlp_only_train": self.config.mlp_only_train,
+                "temperature": self.config.temperature, "trainable_parameters": self.trainable_parameter_count()}

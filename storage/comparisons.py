@@ -1,0 +1,23 @@
+"""The compare flow's Parquet output: one `comparisons/<comparison_id>` dataset per comparison (schema
+`schemas.COMPARISONS`, long form), so DuckDB's `comparisons` / `comparisons_all` views pivot any of them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from storage import schemas
+from storage.catalog import refresh_catalog
+from storage.datasets import write_dataset
+from storage.layout import DataRoot
+from storage.manifest import Manifest
+
+
+def write_comparison(root: DataRoot, comparison_id: str, rows: Sequence[Mapping[str, Any]],
+                     params: Mapping[str, Any] | None = None) -> Manifest:
+    table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schemas.COMPARISONS} for r in rows], schema=schemas.COMPARISONS)
+    m = write_dataset(root, "comparisons", comparison_id, [table], schemas.COMPARISONS, params=dict(params or {}), inputs={})
+    refresh_catalog(root)
+    return m

@@ -1,0 +1,222 @@
+"""Compare stage: chosen training runs beside the papers' published numbers (config/published.py).
+
+`select_runs` reads finished, test-evaluated training runs from MLflow (by method, tags, experiment, parent
+group or run id); `build_comparison` turns them into long-form rows of four tables — STS (7 tasks + avg),
+retrieval, alignment/uniformity, trainable parameters — each run followed by the published row of the same
+method, backbone and setting and by their difference (run − published). A run on a backbone no paper reports
+(the packaged MiniLM of the smoke presets) is compared with the BERT-base row of its method and setting, and
+the published row's `source` says so. `record_comparison` writes the Parquet dataset, the MLflow artifacts
+(markdown + CSV) and the Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import mlflow
+from pydantic import BaseModel
+
+from config import published
+from config.settings import get_settings
+from storage.comparisons import write_comparison
+from storage.hashing import stable_hash
+from storage.layout import DataRoot
+from storage.readers import SEVEN_TASKS
+from tasks.tracking import configure_mlflow, ensure_experiment
+
+TABLES: dict[str, tuple[str, ...]] = {
+    "sts": (*SEVEN_TASKS, "sts_avg"),
+    "retrieval": ("retrieval_r1", "retrieval_r3", "retrieval_r5", "retrieval_r10"),
+    "align_uniform": ("alignment", "uniformity", "sts_avg"),
+    "parameters": ("trainable_parameters",),
+}
+_SOURCES = {"sts": published.STS, "retrieval": published.RETRIEVAL, "align_uniform": published.ALIGN_UNIFORM}
+
+
+class RunRecord(BaseModel):
+    run_id: str
+    label: str
+    method: str
+    backbone: str
+    preset: str
+    supervised: bool
+    metrics: dict[str, float]
+
+    @property
+    def setting(self) -> str:
+        return published.setting_of(self.method, self.preset, self.supervised)
+
+
+def select_runs(methods: list[str] | None = None, run_ids: list[str] | None = None, tags: dict[str, str] | None = None,
+                experiments: list[str] | None = None, group: str | None = None, latest_per_label: bool = True) -> list[RunRecord]:
+    """Finished training runs with test STS metrics, oldest first; parent runs (sweeps, seeds) are skipped."""
+    from config.training import METHODS
+
+    configure_mlflow()
+    if run_ids:
+        runs = [mlflow.get_run(r) for r in run_ids]
+    else:
+        names = experiments or list(methods or METHODS)
+        exp_ids = [e.experiment_id for n in names if (e := mlflow.get_experiment_by_name(n)) is not None]
+        if not exp_ids:
+            return []
+        clauses = ["attributes.status = 'FINISHED'"]
+        clauses += [f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()]
+        if group:
+            clauses.append(f"tags.`cse.group` = '{group}'")
+        runs = mlflow.search_runs(exp_ids, filter_string=" and ".join(clauses), order_by=["attributes.start_time ASC"],
+                                  output_format="list", max_results=5000)
+    records = []
+    for run in runs:
+        t, p, m = run.data.tags, run.data.params, run.data.metrics
+        if t.get("cse.parent") == "true" or "sts_avg" not in m or "method" not in t:
+            continue
+        if methods and t["method"] not in methods:
+            continue
+        label = t.get("cse.child") or run.info.run_name or run.info.run_id
+        records.append(RunRecord(run_id=run.info.run_id, label=label, method=t["method"], backbone=t.get("backbone", "?"),
+                                 preset=t.get("preset", "?"), supervised=p.get("supervised", "False") == "True",
+                                 metrics={**m, **({"trainable_parameters": float(p["trainable_parameters"])}
+                                                  if "trainable_parameters" in p else {})}))
+    if latest_per_label:
+        newest: dict[str, RunRecord] = {}
+        for r in records:
+            newest[r.label] = r
+        records = list(newest.values())
+    return records
+
+
+def _published_row(table: str, run: RunRecord) -> tuple[dict[str, Any] | None, str]:
+    """The published numbers for this run's table row, and the backbone family they belong to."""
+    family = published.backbone_family(run.backbone)
+    ref_family = family or "bert-base"
+    if table == "parameters":
+        row = published.PARAMETERS.get((run.method, ref_family))
+    else:
+        row = _SOURCES[table].get((run.method, ref_family, run.setting))
+    if row is not None and family is None:
+        row = {**row, "source": f"{row['source']}; reference BERT-base (no published numbers for {run.backbone})"}
+    return row, ref_family
+
+
+def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
+    """Long-form rows (schema `storage.schemas.COMPARISONS` minus id/created) for every table."""
+    rows: list[dict[str, Any]] = []
+    for table, metrics in TABLES.items():
+        for run in runs:
+            common = {"table": table, "label": run.label, "method": run.method, "backbone": run.backbone,
+                      "setting": run.setting, "mlflow_run_id": run.run_id}
+            ours = {k: run.metrics.get(k) for k in metrics}
+            if all(v is None for v in ours.values()):
+                continue
+            rows += [{**common, "row_kind": "run", "source": "this project", "metric": k, "value": v} for k, v in ours.items()]
+            pub, fam = _published_row(table, run)
+            if pub is None:
+                continue
+            rows += [{**common, "row_kind": "published", "source": pub["source"], "metric": k, "value": pub.get(k)}
+                     for k in metrics]
+            rows += [{**common, "row_kind": "difference", "source": f"run − published ({fam})", "metric": k,
+                      "value": None if ours[k] is None or pub.get(k) is None else round(ours[k] - float(pub[k]), 4)}
+                     for k in metrics]
+    return rows
+
+
+def wide_tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per table, one dict per (label, row_kind) with a column per metric, in row order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for table, metrics in TABLES.items():
+        seen: dict[tuple, dict[str, Any]] = {}
+        for r in rows:
+            if r["table"] != table:
+                continue
+            key = (r["mlflow_run_id"], r["row_kind"])
+            row = seen.setdefault(key, {"label": r["label"], "row": r["row_kind"], "method": r["method"],
+                                        "backbone": r["backbone"], "setting": r["setting"], "source": r["source"],
+                                        **{m: None for m in metrics}})
+            row[r["metric"]] = r["value"]
+        if seen:
+            out[table] = list(seen.values())
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, (int, float)):
+        if abs(v) >= 10_000:
+            return f"{v:,.0f}"
+        return f"{v:.4f}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)
+
+
+def render_markdown(tables: dict[str, list[dict[str, Any]]]) -> str:
+    parts = []
+    titles = {"sts": "STS (Spearman ×100, test)", "retrieval": "Retrieval (STS-B test)",
+              "align_uniform": "Alignment / uniformity (STS-B test, lower is better)", "parameters": "Trainable parameters"}
+    for table, rows in tables.items():
+        cols = ["label", "row", *TABLES[table], "source"]
+        parts.append(f"### {titles[table]}\n")
+        parts.append("| " + " | ".join(cols) + " |")
+        parts.append("|" + "---|" * len(cols))
+        for r in rows:
+            parts.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def render_csv(tables: dict[str, list[dict[str, Any]]]) -> str:
+    buf = io.StringIO()
+    fields = ["table", "label", "row", "method", "backbone", "setting", "source",
+              *dict.fromkeys(m for ms in TABLES.values() for m in ms)]
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    w.writeheader()
+    for table, rows in tables.items():
+        for r in rows:
+            w.writerow({"table": table, **r})
+    return buf.getvalue()
+
+
+class ComparisonSummary(BaseModel):
+    comparison_id: str
+    runs: int
+    mlflow_run_id: str
+    markdown: str
+
+
+def record_comparison(runs: list[RunRecord], selection: dict[str, Any]) -> ComparisonSummary:
+    """Parquet dataset + MLflow run (experiment `compare`) with markdown/CSV + Prefect table/markdown artifacts."""
+    if not runs:
+        raise ValueError(f"no finished, test-evaluated training runs match {json.dumps(selection)}")
+    rows = build_comparison(runs)
+    tables = wide_tables(rows)
+    markdown = render_markdown(tables)
+    comparison_id = stable_hash({"runs": [r.run_id for r in runs], "selection": selection})[:16]
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    root = DataRoot(get_settings().data_root)
+    write_comparison(root, comparison_id, [{**r, "comparison_id": comparison_id, "created": created} for r in rows],
+                     params=selection)
+    exp_id = ensure_experiment("compare")
+    with mlflow.start_run(experiment_id=exp_id, run_name=f"compare-{comparison_id[:6]}",
+                          tags={"cse.comparison_id": comparison_id}) as run:
+        mlflow.log_dict(selection, "selection.json")
+        mlflow.log_text(markdown, "comparison.md")
+        mlflow.log_text(render_csv(tables), "comparison.csv")
+        mlflow.log_metric("runs", len(runs))
+    _prefect_artifacts(comparison_id, tables, markdown)
+    return ComparisonSummary(comparison_id=comparison_id, runs=len(runs), mlflow_run_id=run.info.run_id, markdown=markdown)
+
+
+def _prefect_artifacts(comparison_id: str, tables: dict[str, list[dict[str, Any]]], markdown: str) -> None:
+    from tasks.tracking import prefect_flow_run_id
+
+    if prefect_flow_run_id() is None:
+        return
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    if "sts" in tables:
+        create_table_artifact(table=tables["sts"], key="comparison-sts", description=f"comparison {comparison_id}: STS vs published")
+    create_markdown_artifact(markdown=markdown, key="comparison", description=f"comparison {comparison_id}")
