@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test main clean
+.PHONY: setup test main smoke-all clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,9 @@ test: setup
 
 main: setup
 	bash scripts/main_job.sh
+
+smoke-all: setup
+	bash scripts/smoke_all.sh
 
 clean:
 	rm -rf .cse

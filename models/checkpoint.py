@@ -1,10 +1,12 @@
-"""Small checkpoints of a prompt-tuned model: trainable tensors only, the frozen backbone by reference.
+"""Checkpoints of any method: trainable tensors only, the frozen backbone by reference.
 
 A checkpoint folder holds
-  `cse_model.json`       method, backbone name/path, the backbone's shape and a weight fingerprint, the full
-                         model config, the evaluation pooler and caller metadata;
+  `cse_model.json`       method, backbone name/path, the pretrained backbone's shape and weight fingerprint, the
+                         full model config, the evaluation pooler and caller metadata;
   `weights.safetensors`  every trainable parameter plus the persistent buffers outside the frozen parameters
-                         (BatchNorm running statistics) — a few MB for BERT-base.
+                         (BatchNorm running statistics), minus the model's `not_for_inference` prefixes — a few MB
+                         for the prompt methods (D2CSE, DCPCSE) on BERT-base, one encoder (~440 MB) for the
+                         fine-tuning methods (SimCSE, DiffCSE without its discriminator, DiffAug).
 `load_checkpoint` rebuilds the backbone from its name/path (`models.loading.load_encoder`), refuses one whose
 shape or weights differ, and returns the model in eval mode (the evaluable-model contract: `tokenizer`
 attribute and `embed(input_ids, attention_mask, token_type_ids=None)`).
@@ -54,7 +56,8 @@ def save_checkpoint(model: CSEModel, folder: str | Path, extra_meta: dict[str, A
     """Write `cse_model.json` + `weights.safetensors` into `folder` (created; existing files replaced)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = trainable_state_dict(model)
+    skip = tuple(getattr(model, "not_for_inference", ()))
+    state = {k: v for k, v in trainable_state_dict(model).items() if not k.startswith(skip)} if skip else trainable_state_dict(model)
     meta = {
         "format_version": FORMAT_VERSION,
         "method": model.method,
@@ -66,6 +69,7 @@ def save_checkpoint(model: CSEModel, folder: str | Path, extra_meta: dict[str, A
         "embedding_dim": model.hidden_size,
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "tensors": sorted(state),
+        "not_for_inference": list(skip),
         "meta": dict(extra_meta or {}),
     }
     _atomic_write(folder / WEIGHTS_FILE, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
@@ -113,7 +117,8 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", back
     model = cls(config, backbone=backbone, tokenizer=load_tokenizer(config.backbone))
     state = load_file(str(folder / WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    not_frozen = sorted(set(missing) - frozen_parameter_names(model))
+    skipped = tuple(meta.get("not_for_inference", ()))
+    not_frozen = sorted(k for k in set(missing) - frozen_parameter_names(model) if not (skipped and k.startswith(skipped)))
     if unexpected or not_frozen:
         raise ValueError(f"{folder}: weights do not fit the model (unexpected {unexpected[:5]}, missing {not_frozen[:5]})")
     return model.to(device).eval()

@@ -1,6 +1,6 @@
 """DiffCSE: SimCSE + conditional replaced-token detection with a trainable encoder and discriminator (methods.md §4).
 
-Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `models.d2cse.ConditionalRTDModel`):
+Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `models.crtd.ConditionalRTDModel`):
 1. the trainable encoder f (the full backbone, no prompts, pretrained pooler removed) encodes the rows;
    CLS → BN-MLP → `h`, the contrastive vector and, not detached, the conditioning vector (`before_mlp` = false);
 2. contrastive loss on `h` (§1.2; with the contradiction column as hard negatives when n = 3);
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.d2cse import ConditionalRTDModel, check_objective
+from models.crtd import ConditionalRTDModel, check_objective
 from models.heads import ProjectionMLP, RTDHead
 from models.method import MethodConfig, drop_pooler, load_backbone
 from models.prefix import PromptedBackbone

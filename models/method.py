@@ -92,6 +92,9 @@ class CSEModel(SentenceEmbedder):
     config_class: ClassVar[type[MethodConfig]]
     uses_corruption: ClassVar[bool] = False  # reads the corruption stage's corrupted ids
     phases: ClassVar[tuple[str, ...]] = ("main",)
+    # State-dict prefixes the evaluation embedding never reads (a trainable discriminator, RTD head): left out of
+    # saved checkpoints (resume state keeps them), so a DiffCSE checkpoint holds one encoder, not two.
+    not_for_inference: ClassVar[tuple[str, ...]] = ()
     config: MethodConfig
 
     def remember_backbone(self, backbone: nn.Module) -> None:

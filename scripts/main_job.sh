@@ -9,15 +9,7 @@ source scripts/env.sh
 
 bash scripts/services.sh up
 
-run() {  # run a deployment through the worker and fail if it does not complete
-  echo "==> prefect deployment run $*"
-  prefect deployment run "$@" --watch --watch-timeout "${CSE_WATCH_TIMEOUT:-3600}" >"$CSE_HOME/run/last_run.log" 2>&1 || {
-    tail -n 40 "$CSE_HOME/run/last_run.log" >&2
-    echo "deployment run $1 failed; worker log: $CSE_HOME/run/worker.log" >&2
-    exit 1
-  }
-  tail -n 1 "$CSE_HOME/run/last_run.log"
-}
+source scripts/run_deployment.sh
 
 run ingest/default
 run train-d2cse/smoke

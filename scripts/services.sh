@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Start/stop the embedded single-machine services: Prefect server (SQLite) and one process worker.
+# The worker runs up to $CSE_WORKER_LIMIT flow runs at once (default 2: an experiment parent — ablate, seeds,
+# sweep — occupies one slot while its children run in the other).
 # Usage: scripts/services.sh up|down|status       (sourced settings come from scripts/env.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +34,7 @@ up() {
   prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit 1 >/dev/null
   prefect --no-prompt deploy --all >"$CSE_HOME/run/deploy.log" 2>&1 || { cat "$CSE_HOME/run/deploy.log" >&2; exit 1; }
   if ! running worker; then
-    setsid prefect worker start --pool local --limit "${CSE_WORKER_LIMIT:-1}" \
+    setsid prefect worker start --pool local --limit "${CSE_WORKER_LIMIT:-2}" \
       >"$CSE_HOME/run/worker.log" 2>&1 < /dev/null &
     echo $! >"$(pidfile worker)"
   fi
