@@ -1,8 +1,22 @@
 """Flow `corrupt`: offline replaced-token corruption of a tokens dataset, one task per shard.
 
 Without `tokens_key` the flow first ingests and tokenises `dataset` (cache hits when done), so
-`corrupt/default` runs on its own. Shards run one at a time by default (one generator, one
-device); another task runner (Dask, Ray) spreads them: `corrupt.with_options(task_runner=...)`.
+`corrupt/default` runs on its own.
+
+Where the shards run is read from the environment when the flow runs (config/settings.py):
+- default (`CSE_TASK_RUNNER` unset or `local`): the flow's own task runner, one shard at a time
+  (one generator, one device); `corrupt.with_options(task_runner=...)` replaces it;
+- `CSE_TASK_RUNNER=dask-local` (`CSE_DASK_WORKERS`, `CSE_DASK_THREADS_PER_WORKER`): a temporary
+  Dask `LocalCluster` of worker processes, closed when the shards are done;
+- `CSE_DASK_ADDRESS=tcp://host:8786`: the running Dask scheduler there (prefect-dask's `DaskTaskRunner`).
+Planning and publishing always run in the flow's process; only the shard tasks go to Dask.
+
+Shared filesystem assumption: every Dask worker reads the tokens and writes its shard files under
+the flow's data root, at the same path (the plan carries it), and must load the generator (a local
+folder at the same path, or an HF id in its cache); workers import this project and reach the
+Prefect API like the flow does. Each worker process loads the generator once. A shard's bytes
+depend only on the plan and its number, so the published dataset is byte for byte the same
+whichever runner computed it.
 """
 
 from __future__ import annotations
@@ -12,10 +26,23 @@ from typing import Literal
 from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from config.settings import shard_task_runner
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig
 from flows.tokenize import prepare_tokens
 from storage.datasets import DatasetRef
-from tasks.corrupt import corrupt_shard, corruption_run, plan_corruption, publish_corruption
+from tasks.corrupt import CorruptPlan, ShardResult, corrupt_shard, corruption_run, plan_corruption, publish_corruption
+
+
+def run_shards(plan: CorruptPlan) -> list[ShardResult]:
+    """Corrupt every shard of `plan` with the configured task runner (the flow's own when local)."""
+    if plan.cached:
+        return []
+    shards = list(range(plan.n_shards))
+    runner = shard_task_runner()
+    if runner is None:
+        return corrupt_shard.map(unmapped(plan), shards).result()
+    with runner:
+        return runner.map(corrupt_shard, {"plan": unmapped(plan), "shard": shards}).result()
 
 
 @flow(name="corrupt", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
@@ -30,7 +57,7 @@ def corrupt(
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config).key
     with corruption_run(tokens_key, config) as run_id:
         plan = plan_corruption(tokens_key, config)
-        shards = [] if plan.cached else corrupt_shard.map(unmapped(plan), list(range(plan.n_shards))).result()
+        shards = run_shards(plan)
         ref = publish_corruption(plan, shards, run_id)
     print(f"corruption {ref.rows:,d} rows  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
     return ref

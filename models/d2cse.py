@@ -26,24 +26,19 @@ from torch import nn
 
 from models.crtd import ConditionalRTDModel, CRTDOutput, check_objective
 from models.heads import ProjectionMLP, RTDHead
-from models.method import MethodConfig, drop_pooler, load_backbone
-from models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
+from models.method import PromptConfig
+from models.prefix import PrefixKeyValues, PromptedBackbone, PromptedModel, prompted_backbone
 
 D2CSEOutput = CRTDOutput  # the name D2CSE's callers know
 
 
 @dataclass(frozen=True)
-class D2CSEModelConfig(MethodConfig):
+class D2CSEModelConfig(PromptConfig):
     """Model hyperparameters (defaults: D2CSE unsupervised BERT-base, methods.md §5 Table 7 and §1.4)."""
 
-    prefix_len: int = 16
-    prefix_dropout: float = 0.1
-    prefix_projection: bool = False
-    prefix_hidden: int = 512
     cls_prompt: bool = False
     temperature: float = 0.05
     rtd_weight: float = 0.005
-    shift_positions: bool = True
     rtd_mean_over_padding: bool = True
     hard_negative_weight: float = 0.0
     discriminator_prompts: bool = True
@@ -52,10 +47,7 @@ class D2CSEModelConfig(MethodConfig):
     discriminator_reuses_prefix_sample: bool = False
 
     def __post_init__(self):
-        if self.prefix_len < 1:
-            raise ValueError(f"prefix_len must be >= 1, got {self.prefix_len}")
-        if not 0.0 <= self.prefix_dropout < 1.0:
-            raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
+        self.check_prompts()
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_reuses_prefix_sample and not self.discriminator_prompts:
             raise ValueError("discriminator_reuses_prefix_sample needs discriminator_prompts=True")
@@ -63,7 +55,7 @@ class D2CSEModelConfig(MethodConfig):
 
 
 
-class D2CSE(ConditionalRTDModel):
+class D2CSE(PromptedModel, ConditionalRTDModel):
     """Frozen PLM + shared prompt module + BN-MLP + RTD head (+ optional [CLS] prompt) (methods.md §5).
 
     A `models.embedder.SentenceEmbedder`: `embed` is the evaluation embedding, `tokenizer` its tokenizer.
@@ -76,25 +68,18 @@ class D2CSE(ConditionalRTDModel):
     def __init__(self, config: D2CSEModelConfig, backbone: nn.Module | None = None, tokenizer=None,
                  cls_token_id: int | None = None):
         super().__init__()
-        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
-        self.config = config
-        self.tokenizer = tokenizer
-        self.remember_backbone(backbone)
-        drop_pooler(backbone)
-        backbone.requires_grad_(False)
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
         bcfg = backbone.config
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)
 
-        prompts = PrefixEncoder(config.prefix_len, bcfg.num_hidden_layers, d, bcfg.num_attention_heads,
-                                dropout=config.prefix_dropout, projection=config.prefix_projection,
-                                projection_hidden=config.prefix_hidden, init_std=init_std)
-        self.encoder = PromptedBackbone(backbone, prompts, shift_positions=config.shift_positions)
+        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, config.prefix_projection,
+                                         config.prefix_hidden, config.shift_positions)
 
         self.cls_prompt: nn.Parameter | None = None
         if config.cls_prompt:
             if cls_token_id is None:
-                cls_token_id = getattr(tokenizer, "cls_token_id", None)
+                cls_token_id = getattr(self.tokenizer, "cls_token_id", None)
             if cls_token_id is None:
                 raise ValueError("cls_prompt=True needs the [CLS] id (pass a tokenizer or cls_token_id)")
             row = backbone.embeddings.word_embeddings.weight[cls_token_id]
@@ -112,13 +97,6 @@ class D2CSE(ConditionalRTDModel):
     config_class = D2CSEModelConfig
 
     # --------------------------------------------------------------------------------- properties
-    @property
-    def prompts(self) -> PrefixEncoder:
-        return self.encoder.prefix_encoder
-
-    @property
-    def backbone(self) -> nn.Module:
-        return self.encoder.backbone
 
     # --------------------------------------------------------------------------------- passes
     def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,

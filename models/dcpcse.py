@@ -42,15 +42,15 @@ from transformers.activations import ACT2FN
 from models.batching import TrainBatch
 from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
-from models.method import CSEModel, MethodConfig, StepOutput, drop_pooler, load_backbone
-from models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
+from models.method import CSEModel, PromptConfig, StepOutput
+from models.prefix import PrefixKeyValues, PromptedModel, prompted_backbone
 
 IGNORE_INDEX = -100
 
 
 # ------------------------------------------------------------------------------------------------ config
 @dataclass(frozen=True)
-class DCPCSEConfig(MethodConfig):
+class DCPCSEConfig(PromptConfig):
     """Model hyperparameters (defaults: DCPCSE unsupervised BERT-base, methods.md §3 and §1.4).
 
     Paper settings (§3 tables): unsup BERT-base P=16, BERT-large P=10, RoBERTa-base P=14 with `mlm=True`;
@@ -62,11 +62,6 @@ class DCPCSEConfig(MethodConfig):
     (otherwise such a backbone is refused with `mlm=True`); a backbone with a head always loads it.
     """
 
-    prefix_len: int = 16
-    prefix_dropout: float = 0.1
-    prefix_projection: bool = False
-    prefix_hidden: int = 512
-    shift_positions: bool = True
     temperature: float = 0.05
     mlp_only_train: bool = True
     hard_negative_weight: float = 0.0
@@ -78,12 +73,7 @@ class DCPCSEConfig(MethodConfig):
     mlm_head_random_init: bool = False
 
     def __post_init__(self):
-        if self.prefix_len < 1:
-            raise ValueError(f"prefix_len must be >= 1, got {self.prefix_len}")
-        if not 0.0 <= self.prefix_dropout < 1.0:
-            raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
-        if self.prefix_hidden < 1:
-            raise ValueError(f"prefix_hidden must be >= 1, got {self.prefix_hidden}")
+        self.check_prompts()
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
         if not 0.0 < self.mlm_probability < 1.0:
@@ -255,7 +245,7 @@ class DCPCSEOutput:
     z: torch.Tensor
 
 
-class DCPCSE(CSEModel):
+class DCPCSE(PromptedModel, CSEModel):
     """Frozen PLM + deep prefix prompts + SimCSE `cls` MLP (+ trainable LM head with `mlm=True`) (methods.md §3).
 
     `backbone`: an already built HF encoder (else loaded from `config.backbone`); `tokenizer`: attached for
@@ -269,20 +259,13 @@ class DCPCSE(CSEModel):
     def __init__(self, config: DCPCSEConfig, backbone: nn.Module | None = None, tokenizer=None,
                  mlm_head: nn.Module | None = None):
         super().__init__()
-        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
-        self.config = config
-        self.tokenizer = tokenizer
-        self.remember_backbone(backbone)
-        drop_pooler(backbone)
-        backbone.requires_grad_(False)
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
         bcfg = backbone.config
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)
 
-        prompts = PrefixEncoder(config.prefix_len, bcfg.num_hidden_layers, d, bcfg.num_attention_heads,
-                                dropout=config.prefix_dropout, projection=config.prefix_projection,
-                                projection_hidden=config.prefix_hidden, init_std=init_std)
-        self.encoder = PromptedBackbone(backbone, prompts, shift_positions=config.shift_positions)
+        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, config.prefix_projection,
+                                         config.prefix_hidden, config.shift_positions)
         self.mlp = SimCSEPoolerMLP(d, init_std=init_std)
 
         self.lm_head: nn.Module | None = None
@@ -291,19 +274,12 @@ class DCPCSE(CSEModel):
         if config.mlm:
             self.lm_head = mlm_head if mlm_head is not None else load_mlm_head(config, backbone)
             self.lm_head.requires_grad_(True)
-            if tokenizer is not None:
-                self.mask_token_id = tokenizer.mask_token_id
-                specials = sorted(set(tokenizer.all_special_ids) | {i for i in (tokenizer.pad_token_id,) if i is not None})
+            if self.tokenizer is not None:
+                self.mask_token_id = self.tokenizer.mask_token_id
+                specials = sorted(set(self.tokenizer.all_special_ids) | {i for i in (self.tokenizer.pad_token_id,) if i is not None})
                 self.special_token_ids = torch.tensor(specials, dtype=torch.long)
 
     # --------------------------------------------------------------------------------- properties
-    @property
-    def prompts(self) -> PrefixEncoder:
-        return self.encoder.prefix_encoder
-
-    @property
-    def backbone(self) -> nn.Module:
-        return self.encoder.backbone
 
     @property
     def evaluation_pooler(self) -> str:

@@ -69,8 +69,8 @@ from torch import nn
 from models.batching import TrainBatch
 from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
-from models.method import CSEModel, MethodConfig, StepOutput, drop_pooler, load_backbone
-from models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
+from models.method import CSEModel, MethodConfig, StepOutput
+from models.prefix import PrefixKeyValues, PromptedModel, prompted_backbone
 
 SENTENCE_PLACEHOLDER = "{sentence}"
 MASK_PLACEHOLDER = "[MASK]"
@@ -133,7 +133,7 @@ class DiffAugConfig(MethodConfig):
         return self.max_sentence_tokens + (self.module_len if self.denoise_index_quirk else 0)
 
 
-class DiffAug(CSEModel):
+class DiffAug(PromptedModel, CSEModel):
     """PLM + one 16-slot reparametrised prefix encoder (two halves = two modules) + SimCSE MLP + NLI classifier.
 
     See the module docstring (methods.md §6). `backbone`: an already built HF encoder (else loaded from
@@ -147,24 +147,18 @@ class DiffAug(CSEModel):
 
     def __init__(self, config: DiffAugConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()
-        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
-        if tokenizer is None:
+        if tokenizer is None:  # the template ids need it even when a backbone is passed in
             from models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(config.backbone)
-        self.config = config
-        self.tokenizer = tokenizer
-        self.remember_backbone(backbone)
-        drop_pooler(backbone)
-        backbone.requires_grad_(True)  # DiffAug fine-tunes the whole LM in the joint stage (§6)
+        # DiffAug fine-tunes the whole LM in the joint stage (§6)
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)
         bcfg = backbone.config
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)
 
-        prompts = PrefixEncoder(config.prefix_len, bcfg.num_hidden_layers, d, bcfg.num_attention_heads,
-                                dropout=config.prefix_dropout, projection=True,
-                                projection_hidden=config.prefix_hidden or d, init_std=init_std)
-        self.encoder = PromptedBackbone(backbone, prompts, shift_positions=config.shift_positions)
+        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, projection=True,
+                                         projection_hidden=config.prefix_hidden or d, shift_positions=config.shift_positions)
         self.mlp = SimCSEPoolerMLP(d, init_std=init_std)
         # The reference creates `sup_classifier` before `init_weights()`: N(0, initializer_range), zero bias.
         self.classifier = nn.Linear(3 * d, 2)
@@ -252,13 +246,6 @@ class DiffAug(CSEModel):
         return ids, mask, lengths, mask_positions
 
     # --------------------------------------------------------------------------------- prefixes
-    @property
-    def prompts(self) -> PrefixEncoder:
-        return self.encoder.prefix_encoder
-
-    @property
-    def backbone(self) -> nn.Module:
-        return self.encoder.backbone
 
     def module_visibility(self, modules: torch.Tensor) -> torch.Tensor:
         """`(R,)` module per row (0 = A, 1 = B) → `(R, P)` prefix visibility: A `[1×P/2, 0×P/2]`, B the reverse."""

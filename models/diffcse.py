@@ -29,7 +29,7 @@ from torch import nn
 
 from models.crtd import ConditionalRTDModel, check_objective
 from models.heads import ProjectionMLP, RTDHead
-from models.method import MethodConfig, drop_pooler, load_backbone
+from models.method import MethodConfig
 from models.prefix import PromptedBackbone
 
 
@@ -62,12 +62,7 @@ class DiffCSE(ConditionalRTDModel):
 
     def __init__(self, config: DiffCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()
-        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
-        self.config = config
-        self.tokenizer = tokenizer
-        self.remember_backbone(backbone)
-        drop_pooler(backbone)
-        backbone.requires_grad_(True)
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)
         bcfg = backbone.config
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)

@@ -46,6 +46,26 @@ class MethodConfig:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class PromptConfig(MethodConfig):
+    """The deep-prompt fields of the frozen-PLM methods (D2CSE, DCPCSE; methods.md §1.4): P, prefix dropout,
+    optional reparametrisation (`prefix_projection`, hidden `prefix_hidden`) and the reference position shift."""
+
+    prefix_len: int = 16
+    prefix_dropout: float = 0.1
+    prefix_projection: bool = False
+    prefix_hidden: int = 512
+    shift_positions: bool = True
+
+    def check_prompts(self) -> None:
+        if self.prefix_len < 1:
+            raise ValueError(f"prefix_len must be >= 1, got {self.prefix_len}")
+        if not 0.0 <= self.prefix_dropout < 1.0:
+            raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
+        if self.prefix_hidden < 1:
+            raise ValueError(f"prefix_hidden must be >= 1, got {self.prefix_hidden}")
+
+
 @dataclass
 class StepOutput:
     """One training forward: the loss to minimise and detached scalar metrics for logging."""
@@ -96,6 +116,17 @@ class CSEModel(SentenceEmbedder):
     # saved checkpoints (resume state keeps them), so a DiffCSE checkpoint holds one encoder, not two.
     not_for_inference: ClassVar[tuple[str, ...]] = ()
     config: MethodConfig
+
+    def attach_backbone(self, config: MethodConfig, backbone: nn.Module | None, tokenizer, trainable: bool) -> nn.Module:
+        """Common construction: load the backbone/tokenizer if not given, set `config`/`tokenizer`, record the
+        pretrained shape and fingerprint, drop the pretrained pooler, freeze it or not. Returns the backbone."""
+        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.remember_backbone(backbone)
+        drop_pooler(backbone)
+        backbone.requires_grad_(trainable)
+        return backbone
 
     def remember_backbone(self, backbone: nn.Module) -> None:
         """Call in `__init__` with the freshly loaded backbone, before anything can update it."""

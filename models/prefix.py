@@ -308,3 +308,27 @@ class PromptedBackbone(nn.Module):
             raise ValueError(f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}")
         with _replace_position0_output(self.backbone.embeddings, position0_output):
             return self.backbone(**kwargs)
+
+
+def prompted_backbone(backbone: nn.Module, prefix_len: int, dropout: float = 0.1, projection: bool = False,
+                      projection_hidden: int | None = None, shift_positions: bool = True) -> PromptedBackbone:
+    """`backbone` with a fresh `PrefixEncoder` sized for it (N(0, initializer_range) init, §1.4)."""
+    cfg = backbone.config
+    prompts = PrefixEncoder(prefix_len, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, dropout=dropout,
+                            projection=projection, projection_hidden=projection_hidden or cfg.hidden_size,
+                            init_std=getattr(cfg, "initializer_range", 0.02))
+    return PromptedBackbone(backbone, prompts, shift_positions=shift_positions)
+
+
+class PromptedModel:
+    """Mixin for methods whose `self.encoder` is a `PromptedBackbone`: the `prompts` and `backbone` accessors."""
+
+    encoder: PromptedBackbone
+
+    @property
+    def prompts(self) -> PrefixEncoder:
+        return self.encoder.prefix_encoder
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder.backbone

@@ -24,7 +24,7 @@ from torch import nn
 from models.batching import TrainBatch
 from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
-from models.method import CSEModel, MethodConfig, StepOutput, drop_pooler, load_backbone
+from models.method import CSEModel, MethodConfig, StepOutput
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,7 @@ class SimCSE(CSEModel):
 
     def __init__(self, config: SimCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()
-        backbone, tokenizer = load_backbone(config, backbone, tokenizer)
-        self.config = config
-        self.tokenizer = tokenizer
-        self.remember_backbone(backbone)
-        drop_pooler(backbone)
-        backbone.requires_grad_(True)  # full fine-tuning (§2)
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)  # full fine-tuning (§2)
         self.encoder = backbone
         bcfg = backbone.config
         self.mlp = SimCSEPoolerMLP(bcfg.hidden_size, init_std=getattr(bcfg, "initializer_range", 0.02))

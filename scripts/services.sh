@@ -19,6 +19,16 @@ wait_for_api() {
   return 1
 }
 
+retry() {  # retry NAME CMD...: a just-started server may still be migrating its database
+  local name="$1"; shift
+  for i in 1 2 3 4 5; do
+    if "$@" >"$CSE_HOME/run/setup.log" 2>&1; then return 0; fi
+    sleep $((i * 2))
+  done
+  echo "could not set up $name:" >&2; cat "$CSE_HOME/run/setup.log" >&2
+  return 1
+}
+
 up() {
   mkdir -p "$CSE_HOME/run"
   if ! running server; then
@@ -28,10 +38,10 @@ up() {
   fi
   wait_for_api
   for pool in local gpu; do
-    prefect work-pool inspect "$pool" >/dev/null 2>&1 || prefect work-pool create "$pool" --type process >/dev/null
+    retry "work pool $pool" sh -c "prefect work-pool inspect $pool >/dev/null 2>&1 || prefect work-pool create $pool --type process"
   done
   # one training job per GPU slot at a time (tasks/train.py occupies it while training on CUDA)
-  prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit 1 >/dev/null
+  retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
   prefect --no-prompt deploy --all >"$CSE_HOME/run/deploy.log" 2>&1 || { cat "$CSE_HOME/run/deploy.log" >&2; exit 1; }
   if ! running worker; then
     setsid prefect worker start --pool local --limit "${CSE_WORKER_LIMIT:-2}" \

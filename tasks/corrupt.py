@@ -5,6 +5,11 @@ fingerprint and every setting that changes the output. Each shard of `shard_size
 task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
 crash computes only the missing shards; publishing links the shards into the dataset folder with
 its manifest and removes the work folder. Output rows: every input row × `variants`, in input order.
+
+A shard's bytes depend only on the plan and the shard number (its seeds come from `shard_seed`), so
+shards may run in any order, in any process, on any machine (flows/corrupt.py hands them to Dask
+when one is configured). The plan carries the data root: a shard task reads and writes there, not
+under its own process's `CSE_DATA_ROOT`.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class CorruptPlan(BaseModel):
     """Everything the shard and publish tasks need; small and serialisable."""
 
     key: str
+    data_root: str
     tokens_key: str
     tokens_hash: str
     tokenizer: str
@@ -82,6 +88,14 @@ class CorruptPlan(BaseModel):
             raise IndexError(f"shard {shard} out of range: {self.n_shards} shards")
         start = shard * self.config.shard_size
         return start, min(start + self.config.shard_size, self.sentences)
+
+    def root(self) -> DataRoot:
+        """The data root the plan was made in; a worker that does not see it fails saying so."""
+        path = Path(self.data_root)
+        if not path.is_dir():
+            raise FileNotFoundError(f"data root {path} of corruption {self.key} is not visible here: every "
+                                    "worker must see the flow's data root at the same path (a shared filesystem)")
+        return DataRoot(path)
 
 
 class ShardResult(BaseModel):
@@ -177,7 +191,7 @@ def plan_corruption(tokens_key: str, config: CorruptConfig) -> CorruptPlan:
     parts = tokens.paths(root.dataset_dir("tokens", tokens_key))
     part_rows = [] if cached else [pq.ParquetFile(p).metadata.num_rows for p in parts]
     return CorruptPlan(
-        key=key, tokens_key=tokens_key, tokens_hash=tokens.content_hash, tokenizer=_tokens_tokenizer(tokens),
+        key=key, data_root=str(root.root), tokens_key=tokens_key, tokens_hash=tokens.content_hash, tokenizer=_tokens_tokenizer(tokens),
         tokenizer_fingerprint=tokens.params.get("tokenizer_fingerprint"), generator=generator, config=config,
         device=str(device), precision=precision, sentences=tokens.rows, part_rows=part_rows, special_ids=special,
         cached=cached,
@@ -279,8 +293,11 @@ def _shard_result(shard: int, table: pa.Table, special_ids: list[int], variants:
 
 @task(name="corrupt-shard", cache_policy=NO_CACHE)
 def corrupt_shard(plan: CorruptPlan, shard: int) -> ShardResult:
-    """Corrupt one shard into its work file; a shard file already there is reused as it is."""
-    root = _root()
+    """Corrupt one shard into its work file; a shard file already there is reused as it is.
+
+    Runs in the flow's process or on a Dask worker: it reads the tokens and writes under `plan.data_root`.
+    """
+    root = plan.root()
     path = shard_path(root, plan.key, shard)
     variants = plan.config.variants
     if path.is_file():

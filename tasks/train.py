@@ -139,6 +139,8 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
             "git_commit": git_commit(), "run_dir": str(run_dir.path)}
     if nli_tokens is not None:
         tags["nli_tokens_hash"] = nli_tokens.content_hash
+    if worker := os.environ.get("CSE_WORKER_NAME"):  # set per worker by scripts/team.sh
+        tags["worker"] = worker
     tags.update(extra_tags or {})
     if (fr := prefect_flow_run_id()) is not None:
         tags["prefect_flow_run_id"] = str(fr)

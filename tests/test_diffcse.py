@@ -12,6 +12,7 @@ from models.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
 from models.diffcse import DiffCSE, DiffCSEConfig
 from models.losses import contrastive_loss, rtd_loss
 from models.method import backbone_fingerprint
+from tests.batches import corrupted_views
 
 B, T, D = 4, 9, 32
 
@@ -26,18 +27,7 @@ def make_model(tiny_bert_dir):
 
 
 def _views(tokenizer, n: int = 2, seed: int = 0):
-    """(B, n, T) ids and mask of real sentences (one padded), plus a corruption per view at random inner spots."""
-    sentences = ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"]
-    enc = tokenizer(sentences, padding="max_length", max_length=T, truncation=True, return_tensors="pt")
-    ids = enc["input_ids"].unsqueeze(1).repeat(1, n, 1)
-    mask = enc["attention_mask"].unsqueeze(1).repeat(1, n, 1)
-    g = torch.Generator().manual_seed(seed)
-    corrupted = ids.clone()
-    inner = (mask == 1) & (ids != tokenizer.cls_token_id) & (ids != tokenizer.sep_token_id)
-    pick = inner & (torch.rand(ids.shape, generator=g) < 0.4)
-    corrupted[pick] = torch.randint(2000, 3000, (int(pick.sum()),), generator=g)
-    labels = (corrupted != ids).long() * mask
-    return ids, mask, corrupted, labels
+    return corrupted_views(tokenizer, n=n, seed=seed, length=T)
 
 
 def _pretrained(tiny_bert_dir) -> dict[str, torch.Tensor]:
