@@ -119,6 +119,8 @@ def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
                 continue
             rows += [{**common, "row_kind": "published", "source": pub["source"], "metric": k, "value": pub.get(k)}
                      for k in metrics]
+            if table == "parameters" and published.backbone_family(run.backbone) is None:
+                continue  # a parameter count of another backbone size: shown, but a difference would mean nothing
             rows += [{**common, "row_kind": "difference", "source": f"run − published ({fam})", "metric": k,
                       "value": None if ours[k] is None or pub.get(k) is None else round(ours[k] - float(pub[k]), 4)}
                      for k in metrics]
