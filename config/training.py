@@ -7,6 +7,11 @@ bert-base-uncased, Wiki1M, batch 144, lr 0.021, masking 0.3, λ 0.005, 2 epochs,
 no [CLS] prompt, generator distilbert-base-uncased. Optimisation follows the HF Trainer defaults
 all references use (methods.md §1.5): AdamW (β 0.9/0.999, ε 1e-8, no weight decay), linear decay
 to 0 without warm-up, gradient clipping at 1.0, STS-B dev every 125 steps, best checkpoint kept.
+
+Distributed training (`nproc_per_node` × `nnodes` > 1): the `train` task launches torchrun
+(tasks/distributed_train.py); `batch_size` stays the global batch, split over the ranks, and a step computes
+what one process computes on the whole batch (models/distributed.py). These launch fields are left out of the
+job's identity (`LAUNCH_FIELDS`), so a job resumes on another number of GPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
 
 
 METHODS = ("d2cse", "simcse", "dcpcse", "diffcse", "diffaug")
+# How many processes train a job, not what they compute: excluded from the run key (tasks.train.run_key).
+LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
 Method = Literal["d2cse", "simcse", "dcpcse", "diffcse", "diffaug"]
 
 
@@ -60,6 +67,10 @@ class TrainConfig(_Config):
     log_steps: int = Field(default=10, ge=1)
     system_metrics: bool = True
     test_evaluation: bool = True
+    nproc_per_node: int = Field(default=1, ge=1, description="training processes (one per GPU) on each node; > 1 "
+                                "launches torchrun (tasks/distributed_train.py); batch sizes stay global")
+    nnodes: int = Field(default=1, ge=1, description="nodes of a multi-node job: rendezvous at $CSE_RDZV_ENDPOINT "
+                        "(host:port); the task runs node 0's torchrun and logs the command the other nodes run")
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -80,7 +91,22 @@ class TrainConfig(_Config):
             raise ValueError(f"method {self.method} has no prefix phase; prefix_phase must be null")
         if self.aux_nli_batch_size and self.method != "diffaug":
             raise ValueError("aux_nli_batch_size is DiffAug's auxiliary NLI batch")
+        world = self.world_size
+        batches = {"batch_size": self.batch_size, "aux_nli_batch_size": self.aux_nli_batch_size or world,
+                   "prefix_phase.batch_size": self.prefix_phase.batch_size if self.prefix_phase else world}
+        small = {k: v for k, v in batches.items() if v < world}
+        if small:
+            raise ValueError(f"global batch sizes {small} are smaller than the {world} training processes")
         return self
+
+    @property
+    def world_size(self) -> int:
+        """Training processes of the job (`nproc_per_node × nnodes`)."""
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
 
     @property
     def uses_corruption(self) -> bool:

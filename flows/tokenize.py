@@ -1,4 +1,11 @@
-"""Flow `tokenize`: ingest one training corpus (cache hit when done) and pre-tokenise it."""
+"""Flow `tokenize`: ingest one training corpus (cache hit when done) and pre-tokenise it.
+
+Tokenisation runs in this process by default. With a Dask task runner configured (config/settings.py:
+`CSE_TASK_RUNNER=dask-local`, or `CSE_DASK_ADDRESS=tcp://host:8786`) each part of `batch_size` source
+rows is a `tokenize-shard` task on the Dask workers, and the published dataset is byte for byte the
+local one. Shared filesystem assumption: the workers read the ingested source and write their shard
+files under the flow's data root, at the same path, and load the same tokenizer.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from models import distributed
+
 
 def cosine_logits(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
     """`S[i, j] = cos(a_i, b_j) / τ`, computed in float32 (eps 1e-8 as nn.CosineSimilarity)."""
@@ -22,7 +24,15 @@ def contrastive_loss(
 
     Unsupervised: logits `B×B`. Supervised (`z3` = hard negatives): `B×2B`, every hard negative of the batch is
     a negative for every anchor; `hard_negative_weight` is added to the logit at `(i, B+i)` only (0 = weight 1).
+
+    Distributed training (torch.distributed initialised, world > 1): `z1`/`z2`/`z3` are the rank's slice; they are
+    all-gathered (the local slice keeps its gradient) and every rank computes the loss of the global batch with
+    global targets, so its backward gives the full gradient of its own rows (`models.distributed`).
     """
+    if distributed.is_distributed():
+        views = [z1, z2] if z3 is None else [z1, z2, z3]
+        views = distributed.gather_with_local_grad(torch.stack(views, dim=1)).unbind(1)
+        z1, z2, z3 = views[0], views[1], (views[2] if z3 is not None else None)
     logits = cosine_logits(z1, z2, temperature)
     if z3 is not None:
         hard = cosine_logits(z1, z3, temperature)
@@ -43,12 +53,17 @@ def rtd_loss(
 
     Reference (DiffCSE code): mean over all N·T positions, padding included (pads carry label 0).
     `mean_over_padding=False`: mean over non-pad positions only.
+    Distributed training: the mean over the positions of the global batch (`models.distributed.global_mean`).
     """
     labels = labels.long() * attention_mask.long()
     per_token = F.cross_entropy(logits.reshape(-1, 2).float(), labels.reshape(-1), reduction="none")
     if mean_over_padding:
+        if distributed.is_distributed():
+            return distributed.global_mean(per_token.sum(), per_token.numel())
         return per_token.mean()
     keep = attention_mask.reshape(-1).to(per_token.dtype)
+    if distributed.is_distributed():
+        return distributed.global_mean((per_token * keep).sum(), keep.sum())
     return (per_token * keep).sum() / keep.sum().clamp_min(1.0)
 
 
@@ -56,4 +71,21 @@ def rtd_accuracy(logits: torch.Tensor, labels: torch.Tensor, attention_mask: tor
     """Share of non-pad positions whose argmax matches the label (DiffCSE's `electra_acc`)."""
     keep = attention_mask.bool()
     correct = (logits.argmax(-1) == labels.long()) & keep
+    if distributed.is_distributed():
+        return distributed.global_ratio(correct.sum(), keep.sum())
     return correct.sum().float() / keep.sum().clamp_min(1).float()
+
+
+def cross_entropy_mean(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """`F.cross_entropy(logits.float(), labels)` (mean over the labelled rows); no rows → a zero loss on the graph.
+
+    Distributed training: the mean over the labelled rows of the global batch (`models.distributed.global_mean`),
+    so a classification or MLM term (DiffAug's NLI CE, DCPCSE's MLM loss) equals the single-process one. Every rank
+    must call it, also one without labelled rows.
+    """
+    if not distributed.is_distributed():
+        if logits.shape[0] == 0:
+            return logits.sum() * 0.0
+        return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index)
+    per_row = F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="none")
+    return distributed.global_mean(per_row.sum(), (labels != ignore_index).sum())

@@ -42,7 +42,7 @@
 # | CSE_MLFLOW_LISTEN / CSE_MLFLOW_HOST / CSE_MLFLOW_PORT | 127.0.0.1 / $CSE_MLFLOW_LISTEN / 5000 |
 # | CSE_MLFLOW_WORKERS | 2 (server processes) |
 # | CSE_MLFLOW_ARTIFACTS_DESTINATION | $CSE_TEAM_HOME/mlartifacts |
-# | MLFLOW_BACKEND_STORE_URI | postgresql://$CSE_PG_USER:<password>@$CSE_PG_HOST:$CSE_PG_PORT/$CSE_PG_MLFLOW_DB |
+# | MLFLOW_BACKEND_STORE_URI | postgresql+psycopg://$CSE_PG_USER:<password>@$CSE_PG_HOST:$CSE_PG_PORT/$CSE_PG_MLFLOW_DB |
 # | MLFLOW_TRACKING_URI | http://$CSE_MLFLOW_HOST:$CSE_MLFLOW_PORT (what workers and clients use) |
 # | CSE_WORKERS | number of words in CSE_WORKER_GPUS, else 2 |
 # | CSE_WORKER_NAMES | "$CSE_WORKER_PREFIX-1 … -N" |
@@ -94,7 +94,7 @@ valid_name() { [[ "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "not a plain SQL id
 
 # --- processes: a pid file holds "PID START_TIME", so a recycled pid is never taken for ours -------------
 pidfile() { echo "$RUN/$1.pid"; }
-start_time() { awk '{print $22}' "/proc/$1/stat" 2>/dev/null; }
+start_time() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $20}'; }  # field 22, after "(comm)"
 svc_pid() {  # the pid of a running service started by this script, else nothing
   local f; f="$(pidfile "$1")"
   [ -f "$f" ] || return 1
@@ -253,7 +253,7 @@ mlflow_up() {
     load_password
     # the backend URI holds the password: passed in the environment (mlflow's --backend-store-uri reads
     # MLFLOW_BACKEND_STORE_URI), never on the command line
-    MLFLOW_BACKEND_STORE_URI="${MLFLOW_BACKEND_STORE_URI:-postgresql://$CSE_PG_USER:$PG_PASSWORD@$CSE_PG_HOST:$CSE_PG_PORT/$CSE_PG_MLFLOW_DB}" \
+    MLFLOW_BACKEND_STORE_URI="${MLFLOW_BACKEND_STORE_URI:-postgresql+psycopg://$CSE_PG_USER:$PG_PASSWORD@$CSE_PG_HOST:$CSE_PG_PORT/$CSE_PG_MLFLOW_DB}" \
       setsid mlflow server --host "$CSE_MLFLOW_LISTEN" --port "$CSE_MLFLOW_PORT" --workers "$CSE_MLFLOW_WORKERS" \
       --artifacts-destination "$CSE_MLFLOW_ARTIFACTS_DESTINATION" >"$RUN/mlflow.log" 2>&1 </dev/null &
     record mlflow $!

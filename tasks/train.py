@@ -1,4 +1,9 @@
-"""Training stage: one Prefect task per training job, one MLflow run per job (resumed jobs continue it)."""
+"""Training stage: one Prefect task per training job, one MLflow run per job (resumed jobs continue it).
+
+A job with `nproc_per_node × nnodes` > 1 trains under torchrun (tasks/distributed_train.py: every rank runs `fit`
+on its slice of each global batch, rank 0 logs into this job's MLflow run); the task waits for it and then does
+the rest (test evaluation, artifacts, export) as for a single-process job.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from prefect import task
 from pydantic import BaseModel
 
 from config.settings import get_settings
-from config.training import TrainConfig
+from config.training import LAUNCH_FIELDS, TrainConfig
 from models.loading import load_tokenizer, pick_device
 from storage.datasets import DatasetRef
 from storage.hashing import stable_hash
@@ -23,7 +28,7 @@ from storage.training_data import load_corruption_rows, load_token_rows
 from tasks.ingest import _logger
 from tasks.tracking import configure_mlflow, ensure_experiment, flatten, git_commit, prefect_flow_run_id
 from tasks.train_data import TrainingRows
-from tasks.trainer import LoopConfig, Phase, Trainer, TrainingInterrupted
+from tasks.trainer import LoopConfig, LoopResult, Phase, Trainer, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +44,8 @@ class TrainResult(BaseModel):
 
 
 def run_key(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> str:
-    """The job's identity: its resolved config and the content of every dataset it reads."""
-    key = {"config": cfg.model_dump(), "tokens": tokens.content_hash,
+    """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
+    key = {"config": cfg.model_dump(exclude=set(LAUNCH_FIELDS)), "tokens": tokens.content_hash,
            "corruption": corruption.content_hash if corruption is not None else None}
     if nli_tokens is not None:
         key["nli_tokens"] = nli_tokens.content_hash
@@ -68,14 +73,14 @@ def start_or_resume_run(cfg: TrainConfig, run_dir: RunDir, tags: dict[str, str])
     return run
 
 
-def gpu_slot(device: torch.device):
-    """Hold one slot of the Prefect global concurrency limit `$CSE_GPU_SLOT` (default `gpu`) while
-    training on CUDA, so two jobs never share a GPU unless the limit allows it."""
+def gpu_slot(device: torch.device, occupy: int = 1):
+    """Hold `occupy` slots (one per GPU) of the Prefect global concurrency limit `$CSE_GPU_SLOT` (default `gpu`)
+    while training on CUDA, so two jobs never share a GPU unless the limit allows it."""
     if device.type != "cuda" or not prefect_flow_run_id():
         return contextlib.nullcontext()
     from prefect.concurrency.sync import concurrency
 
-    return concurrency(os.environ.get("CSE_GPU_SLOT", "gpu"), occupy=1)
+    return concurrency(os.environ.get("CSE_GPU_SLOT", "gpu"), occupy=occupy)
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
@@ -98,13 +103,57 @@ def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows
     return [prefix, joint]
 
 
+def load_training_rows(cfg: TrainConfig, root: DataRoot, tokens: DatasetRef, corruption: DatasetRef | None,
+                       nli_tokens: DatasetRef | None, pad_id: int) -> tuple[TrainingRows, TrainingRows | None]:
+    """The job's training rows and, for DiffAug, its NLI rows."""
+    token_rows = load_token_rows(root, tokens.key, ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",),
+                                 limit=cfg.max_train_sentences)
+    corruption_rows = load_corruption_rows(root, corruption.key, token_rows) if corruption is not None else None
+    rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, pad_id)
+    nli_rows = None
+    if nli_tokens is not None:
+        nli_token_rows = load_token_rows(root, nli_tokens.key, ("sent0", "sent1", "hard_neg"), limit=cfg.max_train_sentences)
+        nli_rows = TrainingRows(nli_token_rows, None, True, pad_id)
+    return rows, nli_rows
+
+
+def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run_dir: RunDir, run_id: str,
+        device: torch.device, precision: str, evaluator, log_params, log_metrics, stop_after: int | None = None,
+        hold_gpu_slot: bool = True) -> LoopResult:
+    """Build the model and run the training loop: the single-process job, or one rank of a distributed job
+    (tasks/distributed_train.py; only rank 0 calls the callbacks, so `evaluator` may be None elsewhere)."""
+    from models.checkpoint import save_checkpoint
+
+    model = build_model(cfg, device)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log_params({"trainable_parameters": n_trainable, "resolved_precision": precision, "resolved_device": str(device),
+                "train_rows": len(rows), "corruption_reuse": rows.reuse_description(cfg.epochs)})
+
+    def save_best(m, step, score):
+        save_checkpoint(m, run_dir.best, extra_meta={"step": step, "stsb_dev": score, "run_id": run_id})
+
+    def evaluate_dev(m) -> float:
+        return evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size).metrics()["stsb_dev"]
+
+    loop = LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
+                      max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=cfg.eval_steps,
+                      checkpoint_steps=cfg.checkpoint_steps or cfg.eval_steps, log_steps=cfg.log_steps,
+                      precision=precision, deterministic=cfg.deterministic)
+    trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop, device, run_dir.state, save_best, evaluate_dev,
+                      log_metrics, stop_after=stop_after)
+    if trainer.step == 0 and run_dir.has_state():
+        _logger().info("resuming %s from %s", run_id, run_dir.state)
+    with gpu_slot(device) if hold_gpu_slot else contextlib.nullcontext():
+        return trainer.run()
+
+
 @task(name="train")
 def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, sts: DatasetRef,
                 nli_tokens: DatasetRef | None = None, stop_after: int | None = None,
                 extra_tags: dict[str, str] | None = None) -> TrainResult:
     """Train (or resume) one job; select on STS-B dev; test-evaluate the best checkpoint; log everything."""
     from evaluation.evaluator import Evaluator
-    from models.checkpoint import load_checkpoint, save_checkpoint
+    from models.checkpoint import load_checkpoint
     from models.st_export import export_sentence_transformer
     from tasks.model_export import log_encoder_model
     from storage.evaluations import load_sts_input
@@ -123,14 +172,8 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
     run_dir = RunDir(cfg.method, run_key(cfg, tokens, corruption, nli_tokens))
     tokenizer = load_tokenizer(cfg.backbone)
 
-    token_rows = load_token_rows(root, tokens.key, ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",),
-                                 limit=cfg.max_train_sentences)
-    corruption_rows = load_corruption_rows(root, corruption.key, token_rows) if corruption is not None else None
-    rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, tokenizer.pad_token_id)
-    nli_rows = None
-    if nli_tokens is not None:
-        nli_token_rows = load_token_rows(root, nli_tokens.key, ("sent0", "sent1", "hard_neg"), limit=cfg.max_train_sentences)
-        nli_rows = TrainingRows(nli_token_rows, None, True, tokenizer.pad_token_id)
+    if not cfg.distributed:  # (the ranks of a distributed job load their own)
+        rows, nli_rows = load_training_rows(cfg, root, tokens, corruption, nli_tokens, tokenizer.pad_token_id)
     sts_input = load_sts_input(sts.key, root)
     evaluator = Evaluator(sts_input.table)
 
@@ -151,27 +194,13 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
 
     with start_or_resume_run(cfg, run_dir, tags) as run:
         try:
-            model = build_model(cfg, device)
-            n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            mlflow.log_params({"trainable_parameters": n_trainable, "resolved_precision": precision, "resolved_device": str(device),
-                               "train_rows": len(rows), "corruption_reuse": rows.reuse_description(cfg.epochs)})
+            if cfg.distributed:
+                from tasks.distributed_train import launch
 
-            def save_best(m, step, score):
-                save_checkpoint(m, run_dir.best, extra_meta={"step": step, "stsb_dev": score, "run_id": run.info.run_id})
-
-            def evaluate_dev(m) -> float:
-                return evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size).metrics()["stsb_dev"]
-
-            loop = LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
-                              max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=cfg.eval_steps,
-                              checkpoint_steps=cfg.checkpoint_steps or cfg.eval_steps, log_steps=cfg.log_steps,
-                              precision=precision, deterministic=cfg.deterministic)
-            trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop, device, run_dir.state, save_best, evaluate_dev,
-                              lambda metrics, step: mlflow.log_metrics(metrics, step=step), stop_after=stop_after)
-            if trainer.step == 0 and run_dir.has_state():
-                plog.info("resuming %s from %s", run.info.run_id, run_dir.state)
-            with gpu_slot(device):
-                result = trainer.run()
+                result = launch(cfg, tokens, corruption, nli_tokens, sts, run_dir, run.info.run_id, device, precision, stop_after)
+            else:
+                result = fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator, mlflow.log_params,
+                             lambda metrics, step: mlflow.log_metrics(metrics, step=step), stop_after=stop_after)
             mlflow.log_metrics({"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s})
             if result.resumed_from is not None:
                 mlflow.set_tag("resumed_from_step", str(result.resumed_from))

@@ -9,6 +9,15 @@ the global step counts across phases, and dev evaluation / best-checkpoint selec
 (methods.md §6 "Schedules and step counting"). Resume state holds the trainable tensors, optimizer,
 scheduler, RNG states, the position in the data and the best dev score; with `deterministic=True` a
 killed and resumed run ends with the same weights as an uninterrupted one.
+
+Distributed (torch.distributed initialised with world > 1, e.g. under torchrun: tasks/distributed_train.py):
+the batch size stays the global batch; every rank draws the same global batch (same seed and order) and
+trains on its contiguous slice (`models.distributed.shard_batch`). The losses compute the global-batch
+objective (models/distributed.py), BatchNorm layers use global statistics, and the gradients are SUMMED over
+ranks before clipping, so a step equals the single-process step on the concatenated batch. Dropout draws
+differ by rank (rank r > 0 seeds its RNG from (seed, r)). Only rank 0 evaluates, saves the best checkpoint,
+writes the resume state (with every rank's RNG state) and logs; the others wait at a barrier. Resume works
+with the same or another world size (the schedule depends only on the global batch).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from models import distributed
 from models.checkpoint import trainable_state_dict
 from storage.atomic import atomic_dir
 from tasks.train_data import TrainingRows, epoch_order
@@ -129,6 +139,10 @@ class Trainer:
         if unknown:
             raise ValueError(f"phases {unknown} are not phases of {type(model).__name__} {known}")
         self.phases = data
+        self.world, self.rank = distributed.world(), distributed.rank()
+        if self.world > 1:
+            self._check_shardable()
+            distributed.convert_batchnorm(model)  # BatchNorm statistics over the global batch
         self.offsets = [sum(p.total_steps for p in data[:i]) for i in range(len(data))]
         self.total_steps = sum(p.total_steps for p in data)
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and device.type == "cuda")
@@ -136,6 +150,41 @@ class Trainer:
         self.phase_index = -1
         self._orders: dict[tuple[int, int, int], object] = {}
         self._enter_phase(0)
+
+    def _check_shardable(self) -> None:
+        """Every rank needs at least one row of every batch (the last batch of an epoch may be short)."""
+        for p in self.phases:
+            sizes = [(p.batch_size, len(p.rows))] + ([(p.aux_batch_size, len(p.aux_rows))] if p.aux_rows is not None else [])
+            for bs, n in sizes:
+                last = n - (max(1, math.ceil(n / bs)) - 1) * bs
+                if min(bs, last) < self.world:
+                    raise ValueError(f"phase {p.name!r}: a batch of {min(bs, last)} rows ({n} rows, batch size {bs}) cannot "
+                                     f"be split over {self.world} ranks")
+
+    def _shard(self, batch):
+        return distributed.shard_batch(batch, self.rank, self.world)
+
+    def _main_only(self, fn) -> None:
+        """Run `fn` on rank 0 only (per-process losses, no collectives); the other ranks wait."""
+        if self.rank == 0:
+            with distributed.local_only():
+                fn()
+        distributed.barrier()
+
+    def _rng_state(self) -> dict:
+        return {
+            "rng_torch": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "rng_numpy": np.random.get_state(),
+            "rng_python": random.getstate(),
+        }
+
+    def _set_rng_state(self, st: dict) -> None:
+        torch.set_rng_state(st["rng_torch"])
+        if st["rng_cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(st["rng_cuda"])
+        np.random.set_state(st["rng_numpy"])
+        random.setstate(st["rng_python"])
 
     @property
     def phase(self) -> Phase:
@@ -164,6 +213,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def save_state(self) -> None:
+        if self.world > 1:  # every rank's RNG state goes into rank 0's file
+            ranks_rng = distributed.all_gather_object(self._rng_state())
+            if self.rank == 0:
+                self._write_state({"rng_ranks": ranks_rng, "world": self.world})
+            distributed.barrier()
+            return
+        self._write_state({})
+
+    def _write_state(self, extra: dict) -> None:
         with atomic_dir(self.state_dir) as tmp:
             save_file(trainable_state_dict(self.model), str(tmp / "trainable.safetensors"))
             torch.save(
@@ -171,10 +229,8 @@ class Trainer:
                     "optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(),
                     "scaler": self.scaler.state_dict(),
-                    "rng_torch": torch.get_rng_state(),
-                    "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                    "rng_numpy": np.random.get_state(),
-                    "rng_python": random.getstate(),
+                    **self._rng_state(),
+                    **extra,
                 },
                 tmp / "optimizer.pt",
             )
@@ -193,15 +249,17 @@ class Trainer:
         missing, unexpected = self.model.load_state_dict(load_file(str(self.state_dir / "trainable.safetensors")), strict=False)
         if unexpected:
             raise ValueError(f"resume state has tensors the model does not: {unexpected[:5]}")
-        st = torch.load(self.state_dir / "optimizer.pt", weights_only=False)
+        st = torch.load(self.state_dir / "optimizer.pt", weights_only=False, map_location="cpu" if self.world > 1 else None)
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.scaler.load_state_dict(st["scaler"])
-        torch.set_rng_state(st["rng_torch"])
-        if st["rng_cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(st["rng_cuda"])
-        np.random.set_state(st["rng_numpy"])
-        random.setstate(st["rng_python"])
+        ranks_rng = st.get("rng_ranks")
+        if ranks_rng is not None and len(ranks_rng) == self.world:
+            self._set_rng_state(ranks_rng[self.rank])
+        elif self.rank == 0:
+            self._set_rng_state(st)
+        else:  # resumed with another world size: a fresh stream of this rank's own
+            set_seed(distributed.rank_seed(self.cfg.seed, self.rank, salt=1 + meta["step"]))
         self.step, self.best_score, self.best_step = meta["step"], meta["best_score"], meta["best_step"]
 
     # ------------------------------------------------------------------ loop
@@ -215,6 +273,9 @@ class Trainer:
             out = self.model.training_step(batch, step=self.step, phase=self.phase.name)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
+        if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
+            distributed.all_reduce_gradients(self.params)
+            distributed.check_replicated(out.loss, f"{self.phase.name}-phase loss of {type(self.model).__name__}")
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
@@ -259,21 +320,27 @@ class Trainer:
             self.load_state()
             resumed = self.step
         else:
-            set_seed(self.cfg.seed)
+            set_seed(distributed.rank_seed(self.cfg.seed, self.rank))
+        if self.world > 1:
+            steps = distributed.all_gather_object(self.step)
+            if len(set(steps)) != 1:
+                raise RuntimeError(f"ranks start at different steps {steps}: the resume state must be visible to every rank")
+            distributed.broadcast_module(self.model)  # identical starting weights and buffers on every rank
         t0, sentences = time.perf_counter(), 0
         window_t, window_sent, window_tok = time.perf_counter(), 0, 0
-        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train")
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=self.rank != 0)
         while self.step < self.total_steps:
             self._enter_phase(self._phase_of(self.step))
             phase = self.phase
             phase_step = self.step - self.offsets[self.phase_index]
             batch, epoch, b = self._batch(phase, phase_step)
-            batch = batch.to(self.device)
+            n_sentences, n_tokens = batch.sentences, batch.tokens  # of the global batch
+            batch = self._shard(batch).to(self.device)
             metrics = self._train_step(batch)
             self.step += 1
-            sentences += batch.sentences
-            window_sent += batch.sentences
-            window_tok += batch.tokens
+            sentences += n_sentences
+            window_sent += n_sentences
+            window_tok += n_tokens
             bar.update(1)
             bar.set_postfix(phase=phase.name, loss=f"{metrics['loss']:.4f}", refresh=False)
             if self.step % self.cfg.log_steps == 0 or self.step == self.total_steps:
@@ -282,17 +349,24 @@ class Trainer:
                                phase=float(self.phase_index), sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt)
                 if self.device.type == "cuda":
                     metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-                self.log_metrics(metrics, self.step)
+                if self.rank == 0:
+                    self.log_metrics(metrics, self.step)
                 window_t, window_sent, window_tok = time.perf_counter(), 0, 0
             if self.step % self.cfg.eval_steps == 0:
-                self._maybe_evaluate()
+                self._main_only(self._maybe_evaluate)
             if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:
                 self.save_state()
             if self.stop_after is not None and self.step >= self.stop_after:
                 bar.close()
                 raise TrainingInterrupted(f"stopped after step {self.step} (stop_after)")
         bar.close()
-        if self.best_score is None:  # a run shorter than eval_steps still yields a selected checkpoint
+        if self.best_score is None and self.world == 1:  # a run shorter than eval_steps still yields a selected checkpoint
             self._maybe_evaluate()
+        if self.world > 1:
+            if self.rank == 0 and self.best_score is None:
+                self._main_only(self._maybe_evaluate)
+            else:
+                distributed.barrier()
+            self.best_score, self.best_step = distributed.broadcast_object((self.best_score, self.best_step))
         seconds = time.perf_counter() - t0
         return LoopResult(self.step, self.best_score, self.best_step, resumed, seconds, sentences / max(seconds, 1e-9))

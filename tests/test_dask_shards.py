@@ -1,7 +1,9 @@
-"""Corruption shards on Dask (prefect-dask's DaskTaskRunner) match the local run byte for byte.
+"""Tokenisation and corruption shards on Dask (prefect-dask's DaskTaskRunner) match the local run byte for byte.
 
-The `corrupt` flow runs twice on the shared Wiki1M sample, each time into its own data root: once with
-the default local runner, once with `CSE_DASK_ADDRESS` pointing at a two-process `LocalCluster`.
+The `corrupt` flow (ingest → tokenise → corrupt) runs twice on the head of the shared Wiki1M sample,
+each time into its own data root: once with the default local runner, once with `CSE_DASK_ADDRESS`
+pointing at a two-process `LocalCluster`, where both the tokenisation parts and the corruption shards
+are Prefect tasks run by the Dask workers.
 """
 
 from __future__ import annotations
@@ -12,40 +14,52 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_dask import DaskTaskRunner
 
 from config.settings import ShardRunnerSettings, get_settings, shard_runner_settings, shard_task_runner
-from config.stages import CorruptConfig, TokenizeConfig
+from config.stages import CorruptConfig, TokenizeConfig, WikiSource
 from flows.corrupt import corrupt
 from storage.layout import DataRoot
 
-SHARD_SIZE = 4_000  # the 11,913-sentence sample → 3 shards
+SENTENCES = 1_200
+SHARD_SIZE = 350  # → 4 corruption shards, the last one short
+TOKENIZE = TokenizeConfig(tokenizer="packaged:minilm", batch_size=500)  # → 3 tokens parts, the last one short
+
+
+def _files(root: DataRoot, kind: str, key: str) -> list[bytes]:
+    return [p.read_bytes() for p in root.require(kind, key).paths(root.dataset_dir(kind, key))]
 
 
 def _run_corrupt(monkeypatch, data_root, ingest_config, config):
     monkeypatch.setenv("CSE_DATA_ROOT", str(data_root))
-    ref = corrupt(None, config, "wiki1m", ingest_config, TokenizeConfig(tokenizer="packaged:minilm"))
+    ref = corrupt(None, config, "wiki1m", ingest_config, TOKENIZE)
     root = DataRoot(get_settings().data_root)
     manifest = root.require("corruption", ref.key)
-    return ref, manifest, [p.read_bytes() for p in manifest.paths(root.dataset_dir("corruption", ref.key))]
+    tokens = root.require("tokens", manifest.source["key"])
+    assert not root.shards_dir("tokens", tokens.key).exists() and not root.shards_dir("corruption", ref.key).exists()
+    return ref, manifest, tokens, _files(root, "corruption", ref.key), _files(root, "tokens", tokens.key)
 
 
-def test_dask_shards_match_the_local_run_byte_for_byte(prefect_harness, monkeypatch, isolated_home,
-                                                        tiny_generator_dir, local_ingest_config):
+def test_dask_shards_match_the_local_run_byte_for_byte(prefect_harness, monkeypatch, isolated_home, tmp_path,
+                                                        shared_data, tiny_generator_dir, local_ingest_config):
+    head = tmp_path / "wiki1m_head.txt"
+    lines = (shared_data / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    head.write_text("".join(lines[:SENTENCES]), encoding="utf-8")
+    ingest_config = local_ingest_config.model_copy(update={"wiki": WikiSource(path=str(head))})
     config = CorruptConfig(generator=str(tiny_generator_dir), shard_size=SHARD_SIZE, batch_size=128, device="cpu")
     monkeypatch.delenv("CSE_TASK_RUNNER", raising=False)
     monkeypatch.delenv("CSE_DASK_ADDRESS", raising=False)
     assert shard_task_runner() is None
 
-    local_ref, local_manifest, local_parts = _run_corrupt(monkeypatch, isolated_home / "data-local",
-                                                          local_ingest_config, config)
-    assert not local_ref.cache_hit and len(local_parts) >= 3
-    assert local_manifest.stats["shards_computed"] == len(local_parts)
+    local_ref, local_manifest, local_tokens, local_parts, local_token_parts = _run_corrupt(
+        monkeypatch, isolated_home / "data-local", ingest_config, config)
+    assert not local_ref.cache_hit and local_ref.rows == SENTENCES and len(local_parts) == 4
+    assert local_manifest.stats["shards_computed"] == len(local_parts) and len(local_token_parts) == 3
 
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         monkeypatch.setenv("CSE_DASK_ADDRESS", cluster.scheduler_address)
         assert isinstance(shard_task_runner(), DaskTaskRunner)
         with get_task_stream(client) as stream:
-            dask_ref, dask_manifest, dask_parts = _run_corrupt(monkeypatch, isolated_home / "data-dask",
-                                                               local_ingest_config, config)
+            dask_ref, dask_manifest, dask_tokens, dask_parts, dask_token_parts = _run_corrupt(
+                monkeypatch, isolated_home / "data-dask", ingest_config, config)
         workers = set(cluster.scheduler_info["workers"])
         generators_loaded = client.run(lambda: len(__import__("tasks.corrupt").corrupt._CORRUPTORS))
 
@@ -55,11 +69,15 @@ def test_dask_shards_match_the_local_run_byte_for_byte(prefect_harness, monkeypa
     for i, (a, b) in enumerate(zip(local_parts, dask_parts, strict=True)):
         assert a == b, f"shard {i} differs between the local and the Dask run"
     assert dask_ref.content_hash == local_ref.content_hash
+    assert dask_token_parts == local_token_parts
+    assert (dask_tokens.key, dask_tokens.content_hash, dask_tokens.stats) == \
+        (local_tokens.key, local_tokens.content_hash, local_tokens.stats)
 
-    # every shard task ran on a Dask worker process (which loaded the generator), none in this process
-    ran = [r for r in stream.data if "corrupt" in str(r["key"])]
-    assert len(ran) == len(dask_parts), [r["key"] for r in stream.data]
-    assert {r["worker"] for r in ran} <= workers
+    # every shard task (tokens parts, then corruption shards) ran on a Dask worker process, none here
+    keys = [str(r["key"]) for r in stream.data]
+    assert sum("corrupt" in k for k in keys) == len(dask_parts), keys
+    assert sum("tokenize" in k for k in keys) == len(dask_token_parts), keys
+    assert len(keys) == len(dask_parts) + len(dask_token_parts) and {r["worker"] for r in stream.data} <= workers
     assert sum(generators_loaded.values()) >= 1
 
 
