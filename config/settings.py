@@ -48,16 +48,17 @@ class Settings:
     shard_runner: ShardRunnerSettings = ShardRunnerSettings()
 
 
-def _positive_int(name: str) -> int | None:
+def env_int(name: str, minimum: int = 1) -> int | None:
+    """The integer in environment variable `name` (None when unset or empty); below `minimum` is an error."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
     return value
 
 
@@ -74,8 +75,8 @@ def shard_runner_settings() -> ShardRunnerSettings:
     return ShardRunnerSettings(
         kind=kind,  # type: ignore[arg-type]
         dask_address=address,
-        dask_workers=_positive_int("CSE_DASK_WORKERS"),
-        dask_threads_per_worker=_positive_int("CSE_DASK_THREADS_PER_WORKER") or 1,
+        dask_workers=env_int("CSE_DASK_WORKERS"),
+        dask_threads_per_worker=env_int("CSE_DASK_THREADS_PER_WORKER") or 1,
     )
 
 

@@ -16,7 +16,7 @@ from prefect import flow
 
 from config import published
 from config.presets import deep_merge, resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, publish_table, run_children
+from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
 
 VARIANTS: dict[str, dict[str, bool]] = {
     "a": {"discriminator_prompts": False, "condition_discriminator": True, "train_discriminator": False},
@@ -60,7 +60,5 @@ def ablate_d2cse(preset: str = "default", overrides: dict[str, Any] | None = Non
     rows = ablation_table(results, setting)
     md = publish_table(group, rows, f"D2CSE ablation ({setting}, preset {preset}) vs paper Table 6", "ablation")
     print(md)
-    failed = [r.label for r in results if r.state != "COMPLETED"]
-    if failed:
-        raise RuntimeError(f"ablation cells failed: {failed} (rerun the flow: finished cells are not trained again)")
+    raise_for_failures(results, "ablation cells")
     return rows

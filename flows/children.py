@@ -170,3 +170,13 @@ def publish_table(group: Group, rows: list[dict[str, Any]], title: str, key: str
         create_table_artifact(table=rows, key=key, description=title)
         create_markdown_artifact(markdown=md, key=f"{key}-md", description=title)
     return md
+
+
+def raise_for_failures(results: list[ChildResult], what: str) -> None:
+    """After the table is published: fail the parent when a child failed, naming them (a rerun of the parent
+    trains only those: finished children are found again and not trained twice)."""
+    failed = [r.label for r in results if r.state != "COMPLETED"]
+    if failed:
+        errors = "; ".join(f"{r.label}: {r.error}" for r in results if r.state != "COMPLETED" and r.error)
+        raise RuntimeError(f"{what} failed: {failed} ({errors}). Run the flow again: finished children are not "
+                           "trained again")

@@ -30,7 +30,15 @@ from config.settings import shard_task_runner
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig
 from flows.tokenize import prepare_tokens
 from storage.datasets import DatasetRef
-from tasks.corrupt import CorruptPlan, ShardResult, corrupt_shard, corruption_run, plan_corruption, publish_corruption
+from tasks.corrupt import (
+    CorruptPlan,
+    ShardResult,
+    building,
+    corrupt_shard,
+    corruption_run,
+    plan_corruption,
+    publish_corruption,
+)
 
 
 def run_shards(plan: CorruptPlan) -> list[ShardResult]:
@@ -57,7 +65,10 @@ def corrupt(
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config).key
     with corruption_run(tokens_key, config) as run_id:
         plan = plan_corruption(tokens_key, config)
-        shards = run_shards(plan)
-        ref = publish_corruption(plan, shards, run_id)
+        with building(plan):
+            if not plan.cached:  # planned again under the lock: another flow may have published it meanwhile
+                plan = plan_corruption(tokens_key, config)
+            shards = run_shards(plan)
+            ref = publish_corruption(plan, shards, run_id)
     print(f"corruption {ref.rows:,d} rows  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
     return ref

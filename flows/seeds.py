@@ -13,7 +13,7 @@ from typing import Any
 from prefect import flow
 
 from config.presets import deep_merge, resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, publish_table, run_children
+from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
 from storage.readers import SEVEN_TASKS
 
 SUMMARY_METRICS = (*SEVEN_TASKS, "sts_avg", "best_stsb_dev", "retrieval_r1", "alignment", "uniformity")
@@ -45,7 +45,5 @@ def seeds(method: str = "d2cse", preset: str = "default", n: int = 5, seed_list:
     group.log(metrics={f"{r['metric']}_mean": r["mean"] for r in rows} | {f"{r['metric']}_std": r["std"] for r in rows})
     md = publish_table(group, rows, f"{method}/{preset}: mean ± std over seeds {seed_list}", "seeds")
     print(md)
-    failed = [r.label for r in results if r.state != "COMPLETED"]
-    if failed:
-        raise RuntimeError(f"seeds failed: {failed} (rerun the flow: finished seeds are not trained again)")
+    raise_for_failures(results, "seeds")
     return rows

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from prefect import flow
 
 from config.presets import deep_merge, resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, publish_table, run_children
+from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
 
 COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]
 
@@ -75,12 +75,14 @@ def sweep(method: str = "d2cse", preset: str = "default", strategy: Literal["gri
     elif strategy == "lr-two-step":
         coarse_children = grid_children(method, preset, overrides, {"learning_rate": coarse or COARSE_LR}, prefix="coarse:")
         coarse_results = run_children(group, coarse_children, dispatch=dispatch, deployment=deployment)
+        results = list(coarse_results)
         lrs = [(c.overrides["learning_rate"], r.best_stsb_dev) for c, r in zip(coarse_children, coarse_results)]
         fine = fine_grid(lrs, fine_step)
         rows = selection_rows(coarse_children, coarse_results, "coarse")
         if fine:
             fine_children = grid_children(method, preset, overrides, {"learning_rate": fine}, prefix="fine:")
             fine_results = run_children(group, fine_children, dispatch=dispatch, deployment=deployment)
+            results += fine_results
             rows += selection_rows(fine_children, fine_results, "fine")
     else:
         raise ValueError(f"strategy must be 'grid' or 'lr-two-step', not {strategy!r}")
@@ -91,4 +93,5 @@ def sweep(method: str = "d2cse", preset: str = "default", strategy: Literal["gri
     group.log(metrics={"best_stsb_dev": best["best_stsb_dev"]}, tags={"best_child": best["child"], "best_run_id": str(best["run_id"])})
     md = publish_table(group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep")
     print(md)
+    raise_for_failures(results, "sweep children")
     return {"best": best, "children": rows, "group": group.id}

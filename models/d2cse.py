@@ -27,7 +27,7 @@ from torch import nn
 from models.crtd import ConditionalRTDModel, CRTDOutput, check_objective
 from models.heads import ProjectionMLP, RTDHead
 from models.method import PromptConfig
-from models.prefix import PrefixKeyValues, PromptedBackbone, PromptedModel, prompted_backbone
+from models.prefix import PrefixKeyValues, PromptedBackbone, PromptedModel
 
 D2CSEOutput = CRTDOutput  # the name D2CSE's callers know
 
@@ -68,13 +68,9 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
     def __init__(self, config: D2CSEModelConfig, backbone: nn.Module | None = None, tokenizer=None,
                  cls_token_id: int | None = None):
         super().__init__()
-        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
-        bcfg = backbone.config
+        bcfg = self.attach_prompted_backbone(config, backbone, tokenizer)
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)
-
-        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, config.prefix_projection,
-                                         config.prefix_hidden, config.shift_positions)
 
         self.cls_prompt: nn.Parameter | None = None
         if config.cls_prompt:
@@ -82,7 +78,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
                 cls_token_id = getattr(self.tokenizer, "cls_token_id", None)
             if cls_token_id is None:
                 raise ValueError("cls_prompt=True needs the [CLS] id (pass a tokenizer or cls_token_id)")
-            row = backbone.embeddings.word_embeddings.weight[cls_token_id]
+            row = self.backbone.embeddings.word_embeddings.weight[cls_token_id]
             self.cls_prompt = nn.Parameter(row.detach().clone().float())
 
         self.projection = ProjectionMLP(d, init_std=init_std)
@@ -90,7 +86,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
 
         self.discriminator: PromptedBackbone | None = None
         if config.train_discriminator:
-            copy_ = copy.deepcopy(backbone).requires_grad_(True)
+            copy_ = copy.deepcopy(self.backbone).requires_grad_(True)
             self.discriminator = PromptedBackbone(copy_, None, shift_positions=config.shift_positions)
 
     method = "d2cse"

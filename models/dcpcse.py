@@ -43,7 +43,7 @@ from models.batching import TrainBatch
 from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
 from models.method import CSEModel, PromptConfig, StepOutput
-from models.prefix import PrefixKeyValues, PromptedModel, prompted_backbone
+from models.prefix import PrefixKeyValues, PromptedModel
 
 IGNORE_INDEX = -100
 
@@ -259,20 +259,16 @@ class DCPCSE(PromptedModel, CSEModel):
     def __init__(self, config: DCPCSEConfig, backbone: nn.Module | None = None, tokenizer=None,
                  mlm_head: nn.Module | None = None):
         super().__init__()
-        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
-        bcfg = backbone.config
+        bcfg = self.attach_prompted_backbone(config, backbone, tokenizer)
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)
-
-        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, config.prefix_projection,
-                                         config.prefix_hidden, config.shift_positions)
         self.mlp = SimCSEPoolerMLP(d, init_std=init_std)
 
         self.lm_head: nn.Module | None = None
         self.mask_token_id: int | None = None
         self.register_buffer("special_token_ids", torch.zeros(0, dtype=torch.long), persistent=False)
         if config.mlm:
-            self.lm_head = mlm_head if mlm_head is not None else load_mlm_head(config, backbone)
+            self.lm_head = mlm_head if mlm_head is not None else load_mlm_head(config, self.backbone)
             self.lm_head.requires_grad_(True)
             if self.tokenizer is not None:
                 self.mask_token_id = self.tokenizer.mask_token_id

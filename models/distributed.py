@@ -177,14 +177,8 @@ class _SumLocalGrad(torch.autograd.Function):
         return grad
 
 
-class _SumSumGrad(torch.autograd.Function):
+class _SumSumGrad(_SumLocalGrad):
     """Σ over ranks in the forward and in the backward (the result feeds per-rank paths, e.g. BN statistics)."""
-
-    @staticmethod
-    def forward(ctx, t):
-        out = t.detach().clone()
-        dist.all_reduce(out)
-        return out
 
     @staticmethod
     def backward(ctx, grad):

@@ -325,6 +325,14 @@ class PromptedModel:
 
     encoder: PromptedBackbone
 
+    def attach_prompted_backbone(self, config, backbone: nn.Module | None, tokenizer):
+        """Attach the frozen backbone (`CSEModel.attach_backbone`) and wrap it with the deep prompts of a
+        `PromptConfig` as `self.encoder`; returns the backbone's config."""
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
+        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, config.prefix_projection,
+                                         config.prefix_hidden, config.shift_positions)
+        return backbone.config
+
     @property
     def prompts(self) -> PrefixEncoder:
         return self.encoder.prefix_encoder

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The team stack: PostgreSQL, a Prefect server and an MLflow tracking server on it, N process workers.
 #
-# Usage: scripts/team.sh up|down|status
+# Usage: scripts/team.sh up|down|status|restart-postgres
 #
 # `up` is idempotent (what runs already is kept) and starts, in order, the services named in
 # $CSE_TEAM_SERVICES (default: all of them; a GPU host that only adds workers to a stack running
@@ -16,7 +16,7 @@
 #             usual AWS_* / MLFLOW_S3_ENDPOINT_URL variables)
 #   workers   $CSE_WORKERS process workers on $CSE_WORKER_POOL, each with its own name (also in the env
 #             as CSE_WORKER_NAME, which tasks/train.py records as the MLflow tag `worker`) and, with
-#             CSE_WORKER_GPUS="0 1 …", its own CUDA_VISIBLE_DEVICES
+#             CSE_WORKER_GPUS="0 1 …", its own CUDA_VISIBLE_DEVICES and GPU concurrency limit
 # `down` stops what this script started (process groups and their descendants, postgres via pg_ctl);
 # `status` lists the services.
 #
@@ -48,7 +48,7 @@
 # | CSE_WORKER_NAMES | "$CSE_WORKER_PREFIX-1 … -N" |
 # | CSE_WORKER_PREFIX | `hostname -s` |
 # | CSE_WORKER_POOL / CSE_WORKER_LIMIT | local / 2 (an experiment parent holds one slot while its children run) |
-# | CSE_WORKER_GPUS | (none) one CUDA device per worker, e.g. "0 1 2 3" |
+# | CSE_WORKER_GPUS | (none) one GPU set per worker, e.g. "0 1 2 3" (a GPU each) or "0,1 2,3" (two each): the worker's CUDA_VISIBLE_DEVICES, and its own concurrency limit gpu-<name> with a slot per GPU (CSE_GPU_SLOT) |
 # | CSE_START_TIMEOUT | 180 seconds per service |
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -138,7 +138,7 @@ wait_http() {  # wait_http URL NAME LOG
 }
 retry() {  # retry NAME CMD...: a just-started server may still be settling
   local name="$1"; shift
-  for i in 1 2 3 4 5; do
+  local i; for i in 1 2 3 4 5; do
     if "$@" >"$RUN/setup.log" 2>&1; then return 0; fi
     sleep $((i * 2))
   done
@@ -149,8 +149,12 @@ retry() {  # retry NAME CMD...: a just-started server may still be settling
 # --- PostgreSQL --------------------------------------------------------------------------------------------
 pg_bin() {
   if [ -n "${CSE_PG_BIN:-}" ]; then echo "$CSE_PG_BIN"; return; fi
-  local ctl; ctl="$(command -v pg_ctl)" || die "pg_ctl not found: install PostgreSQL or set CSE_PG_BIN"
-  dirname "$(readlink -f "$ctl")"
+  local ctl
+  if ctl="$(command -v pg_ctl)"; then dirname "$(readlink -f "$ctl")"; return; fi
+  # Debian's postgresql package keeps its binaries off PATH, under /usr/lib/postgresql/<version>/bin
+  ctl="$(ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1)"
+  [ -n "$ctl" ] || die "pg_ctl not found: install PostgreSQL or set CSE_PG_BIN"
+  dirname "$ctl"
 }
 as_pg() {  # postgres, initdb and pg_ctl refuse to run as root
   if [ "$(id -u)" = 0 ]; then runuser -u "$CSE_PG_OS_USER" -- "$@"; else "$@"; fi
@@ -243,6 +247,7 @@ prefect_up() {
     retry "work pool $pool" sh -c "prefect work-pool inspect '$pool' >/dev/null 2>&1 || prefect work-pool create '$pool' --type process"
   done
   retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
+  retry "crashed-run automation" python -m flows.automations
   prefect --no-prompt deploy --all >"$RUN/deploy.log" 2>&1 || { cat "$RUN/deploy.log" >&2; die "prefect deploy failed"; }
   echo "Prefect: $PREFECT_API_URL on PostgreSQL database $CSE_PG_PREFECT_DB (log: $RUN/prefect.log)"
 }
@@ -269,7 +274,7 @@ mlflow_up() {
 # --- workers --------------------------------------------------------------------------------------------------
 worker_names() {
   if [ -n "${CSE_WORKER_NAMES:-}" ]; then echo "$CSE_WORKER_NAMES"; return; fi
-  local gpus n i; read -r -a gpus <<<"${CSE_WORKER_GPUS//,/ }"
+  local gpus n i; read -r -a gpus <<<"$CSE_WORKER_GPUS"
   n="${CSE_WORKERS:-${#gpus[@]}}"
   [ "$n" -gt 0 ] 2>/dev/null || n=2
   for i in $(seq 1 "$n"); do printf '%s ' "${CSE_WORKER_PREFIX:-$(hostname -s)}-$i"; done
@@ -278,13 +283,23 @@ worker_names() {
 workers_up() {
   local names gpus i=0 name
   read -r -a names <<<"$(worker_names)"
-  read -r -a gpus <<<"${CSE_WORKER_GPUS//,/ }"
+  read -r -a gpus <<<"$CSE_WORKER_GPUS"
   for name in "${names[@]}"; do
     [[ "$name" =~ ^[A-Za-z0-9_.-]+$ ]] || die "bad worker name: $name"
     if ! running "worker-$name"; then
+      local set="" slot="${CSE_GPU_SLOT:-gpu}"
+      if [ "${#gpus[@]}" -gt 0 ]; then
+        # this worker's GPU set and its own concurrency limit (one slot per GPU): its training jobs queue
+        # on it, so two jobs never share one of its GPUs, whatever the worker's flow-run limit
+        set="${gpus[$((i % ${#gpus[@]}))]}"
+        [[ "$set" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "bad GPU set in CSE_WORKER_GPUS: $set"
+        slot="gpu-$name"
+        local n_gpus; n_gpus="$(tr ',' '\n' <<<"$set" | wc -l)"
+        retry "concurrency limit $slot" sh -c "prefect global-concurrency-limit inspect '$slot' >/dev/null 2>&1 || prefect global-concurrency-limit create '$slot' --limit $n_gpus"
+      fi
       (
-        export CSE_WORKER_NAME="$name"
-        if [ "${#gpus[@]}" -gt 0 ]; then export CUDA_VISIBLE_DEVICES="${gpus[$((i % ${#gpus[@]}))]}"; fi
+        export CSE_WORKER_NAME="$name" CSE_GPU_SLOT="$slot"
+        if [ -n "$set" ]; then export CUDA_VISIBLE_DEVICES="$set"; fi
         exec setsid prefect worker start --pool "$CSE_WORKER_POOL" --name "$name" --limit "$CSE_WORKER_LIMIT" --type process
       ) >"$RUN/worker-$name.log" 2>&1 </dev/null &
       record "worker-$name" $!
@@ -340,5 +355,6 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  restart-postgres) pg_down; pg_up ;;  # maintenance: the servers reconnect, running sweeps go on or resume
+  *) echo "usage: $0 up|down|status|restart-postgres" >&2; exit 2 ;;
 esac

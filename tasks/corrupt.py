@@ -397,6 +397,14 @@ def publish_corruption(plan: CorruptPlan, shards: list[ShardResult], run_id: str
 
 
 @contextmanager
+def building(plan: CorruptPlan) -> Iterator[None]:
+    """Hold the corruption's build lock (`DataRoot.building`) from planning to publishing: concurrent flows
+    that need the same corruption compute it once."""
+    with plan.root().building(KIND, plan.key):
+        yield
+
+
+@contextmanager
 def corruption_run(tokens_key: str, config: CorruptConfig) -> Iterator[str]:
     """The stage's MLflow run (experiment `data`, run name `corrupt`); yields its id. Fails → FAILED."""
     with stage_run("data", "corrupt", params={"tokens_key": tokens_key, **config.model_dump()}) as run:

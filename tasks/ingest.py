@@ -52,21 +52,22 @@ def ingest_dataset(dataset: str, config: IngestConfig) -> DatasetRef:
         key = ingest_key(dataset, src.content_hash)
         mlflow.set_tags({"dataset": dataset, "source_origin": src.origin, "source_location": src.location,
                          "source_hash": src.content_hash, "key": key})
-        manifest = root.find(dataset, key)
-        hit = manifest is not None
-        if not hit:
-            table, stats = read_source(src)
-            if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
-                raise ValueError(f"{src.path}: {table.num_rows} rows, expected {exp}")
-            if stats.empty:
-                log.warning("%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.path, stats.empty)
-            parts = (table.slice(i, PART_ROWS) for i in range(0, max(table.num_rows, 1), PART_ROWS))
-            manifest = write_dataset(
-                root, dataset, key, parts, _SCHEMAS[dataset],
-                params={"dataset": dataset, "schema_version": SCHEMA_VERSION},
-                source=src.describe(), inputs={"source": src.content_hash}, stats=stats.as_dict(),
-            )
-            refresh_catalog(root)
+        with root.building(dataset, key):  # concurrent flows ingest a source once
+            manifest = root.find(dataset, key)
+            hit = manifest is not None
+            if not hit:
+                table, stats = read_source(src)
+                if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
+                    raise ValueError(f"{src.path}: {table.num_rows} rows, expected {exp}")
+                if stats.empty:
+                    log.warning("%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.path, stats.empty)
+                parts = (table.slice(i, PART_ROWS) for i in range(0, max(table.num_rows, 1), PART_ROWS))
+                manifest = write_dataset(
+                    root, dataset, key, parts, _SCHEMAS[dataset],
+                    params={"dataset": dataset, "schema_version": SCHEMA_VERSION},
+                    source=src.describe(), inputs={"source": src.content_hash}, stats=stats.as_dict(),
+                )
+                refresh_catalog(root)
         seconds = time.perf_counter() - t0
         st = manifest.stats
         mlflow.log_metrics({

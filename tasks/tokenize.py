@@ -208,37 +208,38 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig) -> DatasetRef:
         tfp = tokenizer_fingerprint(tokenizer)
         key = tokens_key(source.content_hash, tfp, config.max_length)
         mlflow.set_tags({"key": key, "input_hash": source.content_hash, "tokenizer_fingerprint": tfp})
-        manifest = root.find("tokens", key)
-        hit = manifest is not None
-        if not hit:
-            columns = schemas.TEXT_COLUMNS[source.kind]
-            tokens_params = {
-                "tokenizer": config.tokenizer, "tokenizer_fingerprint": tfp,
-                "vocab_fingerprint": vocab_fingerprint(tokenizer), "max_length": config.max_length,
-                "source_kind": source.kind, "columns": list(columns), "schema_version": SCHEMA_VERSION,
-            }
-            runner = shard_task_runner() if source.rows else None
-            if runner is None:  # local: every part in this process
-                table = read_dataset(root, source.kind, source.key)
-                parts = list(_token_parts(table, columns, tokenizer, config))
-                lengths = np.concatenate([p.column("length").to_numpy() for p in parts]) if parts else np.zeros(0)
-                stats = _length_stats(int(lengths.size), int((lengths >= config.max_length).sum()),
-                                      int(lengths.astype(np.int64).sum()), int(lengths.max()) if lengths.size else 0)
-                manifest = write_dataset(
-                    root, "tokens", key, parts, schemas.TOKENS, params=tokens_params,
-                    source={"kind": source.kind, "key": source.key}, inputs={source.kind: source.content_hash},
-                    stats=stats,
-                )
-            else:  # Dask: one tokenize-shard task per part
-                source_manifest = root.require(source.kind, source.key)
-                plan = TokenizePlan(
-                    key=key, data_root=str(root.root), source=source, config=config, tokenizer_fingerprint=tfp,
-                    columns=list(columns),
-                    part_rows=[pq.ParquetFile(p).metadata.num_rows
-                               for p in source_manifest.paths(root.dataset_dir(source.kind, source.key))],
-                )
-                manifest = _tokenize_on_runner(runner, root, plan, tokens_params)
-            refresh_catalog(root)
+        with root.building("tokens", key):  # concurrent flows tokenise a dataset once
+            manifest = root.find("tokens", key)
+            hit = manifest is not None
+            if not hit:
+                columns = schemas.TEXT_COLUMNS[source.kind]
+                tokens_params = {
+                    "tokenizer": config.tokenizer, "tokenizer_fingerprint": tfp,
+                    "vocab_fingerprint": vocab_fingerprint(tokenizer), "max_length": config.max_length,
+                    "source_kind": source.kind, "columns": list(columns), "schema_version": SCHEMA_VERSION,
+                }
+                runner = shard_task_runner() if source.rows else None
+                if runner is None:  # local: every part in this process
+                    table = read_dataset(root, source.kind, source.key)
+                    parts = list(_token_parts(table, columns, tokenizer, config))
+                    lengths = np.concatenate([p.column("length").to_numpy() for p in parts]) if parts else np.zeros(0)
+                    stats = _length_stats(int(lengths.size), int((lengths >= config.max_length).sum()),
+                                          int(lengths.astype(np.int64).sum()), int(lengths.max()) if lengths.size else 0)
+                    manifest = write_dataset(
+                        root, "tokens", key, parts, schemas.TOKENS, params=tokens_params,
+                        source={"kind": source.kind, "key": source.key}, inputs={source.kind: source.content_hash},
+                        stats=stats,
+                    )
+                else:  # Dask: one tokenize-shard task per part
+                    source_manifest = root.require(source.kind, source.key)
+                    plan = TokenizePlan(
+                        key=key, data_root=str(root.root), source=source, config=config, tokenizer_fingerprint=tfp,
+                        columns=list(columns),
+                        part_rows=[pq.ParquetFile(p).metadata.num_rows
+                                   for p in source_manifest.paths(root.dataset_dir(source.kind, source.key))],
+                    )
+                    manifest = _tokenize_on_runner(runner, root, plan, tokens_params)
+                refresh_catalog(root)
         seconds = time.perf_counter() - t0
         mlflow.log_metrics({"rows": manifest.rows, "cache_hit": float(hit), "seconds": seconds,
                             "sentences_per_s": manifest.rows / max(seconds, 1e-9),

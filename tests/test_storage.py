@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 import pytest
 
@@ -87,3 +89,22 @@ def test_catalog_views(tmp_path):
     assert query(root, "select count(*) n from manifests").n[0] == 3
     lengths = query(root, "select length, n from token_lengths order by length")
     assert lengths.to_dict("list") == {"length": [2, 3], "n": [1, 2]}
+
+
+def test_building_lock_admits_one_builder_per_dataset(tmp_path):
+    """Two builders of the same dataset (two flows of a sweep): the second waits until the first releases."""
+    root = DataRoot(tmp_path)
+    entered = threading.Event()
+
+    def second_builder():
+        with root.building("tokens", "k1"):
+            entered.set()
+
+    with root.building("tokens", "k1"):
+        t = threading.Thread(target=second_builder)
+        t.start()
+        assert not entered.wait(0.5)
+        with root.building("tokens", "k2"), root.building("corruption", "k1"):  # other datasets are not blocked
+            assert not entered.is_set()
+    assert entered.wait(10)
+    t.join(10)

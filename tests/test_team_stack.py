@@ -4,7 +4,17 @@ runs fans out to both workers.
 
 Checks: every child flow run COMPLETED; both workers trained children (the MLflow tag `worker`, from
 CSE_WORKER_NAME); MLflow holds the parent and its children (nested by `mlflow.parentRunId`); both servers really
-store in PostgreSQL; the servers listen on 127.0.0.1 only; the password file is private. Everything the stack
+store in PostgreSQL; the servers listen on 127.0.0.1 only; the password file is private; each worker got its GPU
+set and its own GPU concurrency limit (CSE_WORKER_GPUS; on this CPU machine the devices are only named).
+
+A worker killed during training (SIGKILL to every process of both workers, the flow-run process included): the
+flow run ends CRASHED (missed heartbeats, the automation of flows/automations.py), `team.sh up` starts the
+workers again, and running the deployment again resumes the job from its last checkpoint in the same MLflow run.
+
+PostgreSQL is restarted (`team.sh restart-postgres`) as soon as the first child has completed: the sweep either
+goes on to the end or fails with an error, and then a second run of the same sweep completes; either way no
+finished child is trained again (every child's `train_seconds` was logged once) and MLflow holds one parent and
+one run per child. Everything the stack
 started is stopped in `finally` (team.sh down, then any survivor of the recorded process trees is killed and
 the test fails). Ports are free loopback ports (never 4200 or 5000); PREFECT_HOME, PREFECT_API_URL, CSE_HOME and
 MLFLOW_TRACKING_URI are this test's own. A few minutes on 2 CPU cores.
@@ -20,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,8 +45,10 @@ pytestmark = pytest.mark.slow
 
 TEAM_SH = REPO_ROOT / "scripts" / "team.sh"
 WORKERS = ("cse-team-w1", "cse-team-w2")
+GPU_SETS = ("0", "1,2")  # CSE_WORKER_GPUS: one GPU for the first worker, two for the second
 RESERVED_PORTS = {4200, 5000}  # another Prefect / MLflow may use the defaults on this machine
 GRID = [0.01, 0.02, 0.03, 0.04]  # four children
+KILL_JOB_STEPS = 1500  # the training job whose worker is killed (checkpoint every 10 steps)
 UP_TIMEOUT, SWEEP_TIMEOUT = 300, 480
 
 
@@ -64,7 +77,7 @@ class TeamStack:
         self.log: list[str] = []
 
     def sh(self, action: str, timeout: float) -> subprocess.CompletedProcess:
-        p = subprocess.run(["bash", str(TEAM_SH), action], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True,
+        p = subprocess.run(["bash", str(TEAM_SH), action], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, check=False,
                            timeout=timeout, start_new_session=True)
         self.log.append(f"$ team.sh {action} → {p.returncode}\n{p.stdout}{p.stderr}")
         return p
@@ -158,6 +171,61 @@ def _child_flow_runs(api: str) -> list[dict]:
     return r.json()
 
 
+def _gpu_limits(api: str) -> dict[str, int]:
+    r = httpx.post(f"{api}/v2/concurrency_limits/filter", json={"limit": 200}, timeout=30)
+    r.raise_for_status()
+    return {c["name"]: c["limit"] for c in r.json() if c["name"].startswith("gpu")}
+
+
+class PostgresRestart(threading.Thread):
+    """Restarts PostgreSQL through team.sh once the first child flow run is COMPLETED; records which children had
+    completed by then and the restart's result."""
+
+    def __init__(self, stack: TeamStack, api: str):
+        super().__init__(daemon=True)
+        self.stack, self.api = stack, api
+        self.stop = threading.Event()
+        self.completed_before: set[str] = set()
+        self.result: subprocess.CompletedProcess | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(2.0):
+            try:
+                done = [c for c in _child_flow_runs(self.api) if c["state_type"] == "COMPLETED"]
+            except httpx.HTTPError:
+                continue
+            if done:
+                self.completed_before = {c["parameters"]["tags"]["cse.child"] for c in done}
+                self.result = self.stack.sh("restart-postgres", timeout=240)
+                return
+
+
+def _flow_run(api: str, flow_run_id: str) -> dict:
+    r = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def _flow_run_id(cli_stdout: str) -> str:
+    """The UUID `prefect deployment run` prints."""
+    return next(line.split("UUID:")[1].strip() for line in cli_stdout.splitlines() if "UUID:" in line)
+
+
+def _kill_workers(stack: TeamStack) -> list[int]:
+    """SIGKILL every worker process and its descendants (flow runs), as a lost machine would."""
+    victims: list[psutil.Process] = []
+    for root in stack.roots():
+        if "worker" in _cmd(root):
+            victims += [root, *_children(root)]
+    for p in victims:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=20)
+    return [p.pid for p in victims]
+
+
 def _pg_count(port: int, password: str, db: str, sql: str) -> int:
     import psycopg
 
@@ -178,6 +246,7 @@ def team_env(tmp_path, tiny_bert_dir, shared_data):
         "CSE_HOME": str(tmp_path / "cse"), "CSE_TEAM_HOME": str(tmp_path / "team"), "CSE_PG_DATA": str(pgdata),
         "CSE_PG_PORT": str(pg), "CSE_PREFECT_PORT": str(prefect_port), "CSE_MLFLOW_PORT": str(mlflow_port),
         "CSE_MLFLOW_WORKERS": "1", "CSE_WORKER_NAMES": " ".join(WORKERS), "CSE_WORKER_LIMIT": "2",
+        "CSE_WORKER_GPUS": " ".join(GPU_SETS),
         "CSE_SOURCE_MIRROR": "", "CSE_START_TIMEOUT": "240",
         "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
         "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
@@ -218,19 +287,41 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         assert pw_file.stat().st_mode & 0o777 == 0o600
         password = pw_file.read_text().strip()
 
-        run = subprocess.run(
-            [str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect"), "deployment", "run", "sweep/smoke", "--params", json.dumps(params),
-             "--watch", "--watch-timeout", str(SWEEP_TIMEOUT)],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT + 60)
-        t_sweep = time.monotonic() - t0 - t_up
+        # each worker has its GPU set's concurrency limit, one slot per GPU
+        assert {f"gpu-{w}": len(g.split(",")) for w, g in zip(WORKERS, GPU_SETS)}.items() <= _gpu_limits(api).items()
+
+        def sweep() -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect"), "deployment", "run", "sweep/smoke", "--params",
+                 json.dumps(params), "--watch", "--watch-timeout", str(SWEEP_TIMEOUT)],
+                cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=SWEEP_TIMEOUT + 60)
+
+        restart = PostgresRestart(stack, api)
+        restart.start()
+        run = sweep()
+        restart.stop.set()
+        restart.join(timeout=300)
         logs = {w: (Path(env["CSE_TEAM_HOME"]) / "run" / f"worker-{w}.log") for w in WORKERS}
         tail = "\n".join(f"--- {w}\n" + p.read_text()[-4000:] for w, p in logs.items() if p.exists())
+        assert restart.result is not None and restart.result.returncode == 0, "\n".join(stack.log) + tail
+        assert restart.completed_before, "PostgreSQL was not restarted during the sweep"
+        survived = run.returncode == 0 and "Completed" in run.stdout
+        if not survived:  # failed with an error: the same sweep again finishes what is left
+            failed = _flow_run(api, _flow_run_id(run.stdout))
+            message = (failed.get("state") or {}).get("message")
+            print(f"sweep {failed['state_type']} after the PostgreSQL restart: {message}")
+            assert failed["state_type"] in {"FAILED", "CRASHED"} and message, failed.get("state")
+            run = sweep()
+        t_sweep = time.monotonic() - t0 - t_up
         assert run.returncode == 0 and "Completed" in run.stdout, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}\n{tail}"
 
-        # every child flow run completed
+        # every child completed (in the last sweep run)
         children = _child_flow_runs(api)
-        assert len(children) == len(GRID), [c["name"] for c in children]
-        assert {c["state_type"] for c in children} == {"COMPLETED"}, \
+        last = {}
+        for c in sorted(children, key=lambda c: c["created"]):
+            last[c["parameters"]["tags"]["cse.child"]] = c
+        assert len(last) == len(GRID) and (len(children) == len(GRID) or not survived), [c["name"] for c in children]
+        assert {c["state_type"] for c in last.values()} == {"COMPLETED"}, \
             [(c["name"], c["state_type"], (c.get("state") or {}).get("message")) for c in children] + [tail]
 
         # MLflow (the tracking server on PostgreSQL) holds the parent and its children, trained on both workers
@@ -242,6 +333,9 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         kids = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
         assert sorted(k.data.tags["cse.child"] for k in kids) == sorted(f"learning_rate={lr}" for lr in GRID)
         assert all(k.info.status == "FINISHED" and "best_stsb_dev" in k.data.metrics for k in kids)
+        # no child was trained twice, in particular none that had finished before the restart
+        trained = {k.data.tags["cse.child"]: len(client.get_metric_history(k.info.run_id, "train_seconds")) for k in kids}
+        assert set(trained.values()) == {1}, (trained, restart.completed_before)
         workers = {k.data.tags.get("worker") for k in kids}
         assert workers == set(WORKERS), workers
         assert parent.data.metrics["best_stsb_dev"] == max(k.data.metrics["best_stsb_dev"] for k in kids)
@@ -252,7 +346,45 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         assert _pg_count(port, password, "mlflow", "SELECT count(*) FROM runs") >= 1 + len(GRID)
         assert _pg_count(port, password, "prefect", "SELECT count(*) FROM flow_run WHERE state_type = 'COMPLETED'") \
             >= 1 + len(GRID)
-        print(f"team stack up in {t_up:.0f}s, sweep of {len(GRID)} children in {t_sweep:.0f}s on {sorted(workers)}")
+        # a worker killed mid-training: CRASHED, then the rerun resumes from the last checkpoint
+        t_kill = time.monotonic()
+        runs_dir = Path(env["CSE_HOME"]) / "runs" / "d2cse"
+        before = set(runs_dir.iterdir())
+        job = {**overrides, "max_steps": KILL_JOB_STEPS, "eval_steps": KILL_JOB_STEPS, "checkpoint_steps": 10,
+               "learning_rate": 0.05}
+        job_params = json.dumps({"preset": "smoke", "overrides": job})
+        prefect = str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect")
+        started = subprocess.run([prefect, "deployment", "run", "train-d2cse/smoke", "--params", job_params],
+                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=120)
+        assert started.returncode == 0, started.stdout + started.stderr
+        job_run = _flow_run_id(started.stdout)
+        deadline = time.monotonic() + 300
+        while not any((d / "state").is_dir() for d in set(runs_dir.iterdir()) - before):
+            assert time.monotonic() < deadline, "no checkpoint of the job within 300 s"
+            assert _flow_run(api, job_run)["state_type"] in {"SCHEDULED", "PENDING", "RUNNING"}, _flow_run(api, job_run)
+            time.sleep(0.5)
+        killed = _kill_workers(stack)
+        assert killed
+        while (state := _flow_run(api, job_run))["state_type"] != "CRASHED":
+            assert state["state_type"] == "RUNNING" and time.monotonic() < deadline + 300, state.get("state")
+            time.sleep(3)
+        t_crashed = time.monotonic() - t_kill
+        up = stack.sh("up", timeout=UP_TIMEOUT)  # starts the killed workers again
+        assert up.returncode == 0, "\n".join(stack.log)
+        rerun = subprocess.run([prefect, "deployment", "run", "train-d2cse/smoke", "--params", job_params, "--watch",
+                                "--watch-timeout", str(SWEEP_TIMEOUT)],
+                               cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=SWEEP_TIMEOUT + 60)
+        assert rerun.returncode == 0 and "Completed" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+        jobs = client.search_runs([exp.experiment_id], f"params.max_steps = '{KILL_JOB_STEPS}'")
+        assert len(jobs) == 1 and jobs[0].info.status == "FINISHED", [(j.info.run_id, j.info.status) for j in jobs]
+        resumed = int(jobs[0].data.tags["resumed_from_step"])
+        assert 0 < resumed < KILL_JOB_STEPS  # from the checkpoint written before the kill, not from scratch
+        assert jobs[0].data.tags["prefect_flow_run_id"] == job_run  # the killed run's MLflow run, continued
+
+        print(f"team stack up in {t_up:.0f}s, sweep of {len(GRID)} children in {t_sweep:.0f}s on {sorted(workers)}; "
+              f"PostgreSQL restarted after {sorted(restart.completed_before)}, sweep "
+              f"{'went on' if survived else 'failed and was rerun'}; killed worker's run CRASHED after {t_crashed:.0f}s, "
+              f"resumed from step {resumed}")
     finally:
         survivors = stack.down()
         print("\n".join(stack.log)[-3000:])
