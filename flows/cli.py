@@ -2,6 +2,8 @@
 
     cse report            datasets (and evaluations, when any) in the data root
     cse sql "SELECT ..."  any SQL over the DuckDB catalog
+    cse deliver-metrics DIR ...  send the metrics a training job spooled while MLflow was unreachable
+                          (DIR = its job folder, $CSE_HOME/runs/<method>/<key>) to its MLflow run
 """
 
 from __future__ import annotations
@@ -38,13 +40,34 @@ def report(root: DataRoot) -> None:
                            "FROM evaluations_all WHERE mode = 'test' ORDER BY created"))
 
 
+def deliver_metrics(run_dirs: list[str]) -> int:
+    """Deliver the spool of every job folder; exit status 1 when one could not be delivered."""
+    from storage.runs import RunDir
+    from tasks.tracking import SpoolNotDelivered, deliver_spool
+
+    status = 0
+    for path in run_dirs:
+        try:
+            n = deliver_spool(RunDir.at(path))
+        except (SpoolNotDelivered, FileNotFoundError, ValueError) as e:
+            print(f"{path}: not delivered: {e}", file=sys.stderr)
+            status = 1
+        else:
+            print(f"{path}: delivered {n} metric values" if n else f"{path}: nothing to deliver")
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cse", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("report", help="datasets and evaluations in the data root")
     q = sub.add_parser("sql", help="run SQL over the DuckDB catalog")
     q.add_argument("sql")
+    d = sub.add_parser("deliver-metrics", help="deliver metrics spooled while the MLflow server was unreachable")
+    d.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)")
     args = p.parse_args(argv)
+    if args.cmd == "deliver-metrics":
+        return deliver_metrics(args.run_dirs)
     root = DataRoot(get_settings().data_root)
     if args.cmd == "report":
         report(root)

@@ -5,6 +5,7 @@
       best/          best checkpoint on STS-B dev (models.checkpoint format)
       export/        sentence-transformers folder of the best checkpoint
       mlflow_run_id  the MLflow run this job logs to (a resumed job continues the same run)
+      mlflow_spool.jsonl  metrics/params the MLflow server did not take yet (storage/spool.py; absent when none)
       result.json    written last, when the job has finished: a rerun returns it instead of training again
 
 `run_key` hashes the resolved training configuration, so rerunning the same deployment after a
@@ -25,6 +26,14 @@ class RunDir:
     def __init__(self, method: str, run_key: str, home: Path | None = None):
         self.path = (home or get_settings().home) / "runs" / method / run_key
         self.path.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def at(cls, path: str | Path) -> RunDir:
+        """The existing job folder `path` (= <home>/runs/<method>/<run key>)."""
+        path = Path(path).expanduser().resolve()
+        if not path.is_dir():
+            raise FileNotFoundError(f"no job folder at {path}")
+        return cls(path.parent.name, path.name, home=path.parents[2])
 
     @property
     def state(self) -> Path:
@@ -48,6 +57,11 @@ class RunDir:
     def set_mlflow_run_id(self, run_id: str) -> None:
         with atomic_file(self._run_id_file) as tmp:
             tmp.write_text(run_id + "\n")
+
+    @property
+    def metrics_spool(self) -> Path:
+        """The JSONL spool of tracking batches not delivered to MLflow yet (storage/spool.py)."""
+        return self.path / "mlflow_spool.jsonl"
 
     def has_state(self) -> bool:
         return (self.state / "trainer_state.json").is_file()

@@ -34,7 +34,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -141,28 +140,25 @@ def _run(cmd: list[str]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ one rank
-def _mlflow_callbacks(run_id: str):
-    """Rank 0's `log_params` / `log_metrics`: into the job's run through the client (the run's status is left alone)."""
+def _mlflow_callbacks(run_id: str, run_dir: RunDir):
+    """Rank 0's `log_params` / `log_metrics`: into the job's run through the client (the run's status is left alone),
+    via `ResilientMetricLogger` (an unreachable server spools into the job's folder; the launching task flushes)."""
     import mlflow
-    from mlflow.entities import Metric, Param
 
-    from tasks.tracking import configure_mlflow
+    from tasks.tracking import ResilientMetricLogger, configure_mlflow
 
     configure_mlflow()
     client = mlflow.tracking.MlflowClient()
     client.set_tag(run_id, "world_size", str(distributed.world()))
+    metrics_log = ResilientMetricLogger(run_id, run_dir, client=client)
 
     def log_params(params: dict) -> None:
         try:
-            client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+            metrics_log.log_params(params)
         except mlflow.exceptions.MlflowException as e:  # a resumed run that logged other values before
             log.warning("params not logged (%s): %s", e, params)
 
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        now = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
-
-    return log_params, log_metrics
+    return log_params, metrics_log.log_metrics
 
 
 def train_rank(job: DistributedJob, device: torch.device) -> LoopResult:
@@ -181,7 +177,7 @@ def train_rank(job: DistributedJob, device: torch.device) -> LoopResult:
     evaluator, log_params, log_metrics = None, (lambda params: None), (lambda metrics, step: None)
     if distributed.is_main():
         evaluator = Evaluator(load_sts_input(job.sts.key, root).table)
-        log_params, log_metrics = _mlflow_callbacks(job.run_id)
+        log_params, log_metrics = _mlflow_callbacks(job.run_id, job.run_folder())
     return fit(cfg, rows, nli_rows, job.run_folder(), job.run_id, device, job.precision, evaluator, log_params, log_metrics,
                stop_after=job.stop_after, hold_gpu_slot=False)  # the launching task holds the GPU slots
 

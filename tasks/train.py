@@ -26,7 +26,14 @@ from storage.layout import DataRoot
 from storage.runs import RunDir
 from storage.training_data import load_corruption_rows, load_token_rows
 from tasks.ingest import _logger
-from tasks.tracking import configure_mlflow, ensure_experiment, flatten, git_commit, prefect_flow_run_id
+from tasks.tracking import (
+    ResilientMetricLogger,
+    configure_mlflow,
+    ensure_experiment,
+    flatten,
+    git_commit,
+    prefect_flow_run_id,
+)
 from tasks.train_data import TrainingRows
 from tasks.trainer import LoopConfig, LoopResult, Phase, Trainer, TrainingInterrupted
 
@@ -193,14 +200,20 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
         return done
 
     with start_or_resume_run(cfg, run_dir, tags) as run:
+        # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
+        metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
         try:
-            if cfg.distributed:
-                from tasks.distributed_train import launch
+            try:
+                if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
+                    from tasks.distributed_train import launch
 
-                result = launch(cfg, tokens, corruption, nli_tokens, sts, run_dir, run.info.run_id, device, precision, stop_after)
-            else:
-                result = fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator, mlflow.log_params,
-                             lambda metrics, step: mlflow.log_metrics(metrics, step=step), stop_after=stop_after)
+                    result = launch(cfg, tokens, corruption, nli_tokens, sts, run_dir, run.info.run_id, device, precision,
+                                    stop_after)
+                else:
+                    result = fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator,
+                                 metrics_log.log_params, metrics_log.log_metrics, stop_after=stop_after)
+            finally:
+                metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
             mlflow.log_metrics({"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s})
             if result.resumed_from is not None:
                 mlflow.set_tag("resumed_from_step", str(result.resumed_from))
