@@ -31,6 +31,15 @@ class DataRoot:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
 
+    @classmethod
+    def visible(cls, path: str | Path, what: str) -> DataRoot:
+        """The data root at `path` as a shard task on another worker sees it; a worker that does not see it
+        (no shared filesystem) fails naming `what` it was building."""
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"data root {path} of {what} is not visible here: every worker must see the "
+                                    "flow's data root at the same path (a shared filesystem)")
+        return cls(path)
+
     def __repr__(self) -> str:
         return f"DataRoot({str(self.root)!r})"
 

@@ -91,11 +91,7 @@ class CorruptPlan(BaseModel):
 
     def root(self) -> DataRoot:
         """The data root the plan was made in; a worker that does not see it fails saying so."""
-        path = Path(self.data_root)
-        if not path.is_dir():
-            raise FileNotFoundError(f"data root {path} of corruption {self.key} is not visible here: every "
-                                    "worker must see the flow's data root at the same path (a shared filesystem)")
-        return DataRoot(path)
+        return DataRoot.visible(self.data_root, f"corruption {self.key}")
 
 
 class ShardResult(BaseModel):

@@ -112,11 +112,7 @@ class TokenizePlan(BaseModel):
         return start, min(start + self.config.batch_size, self.source.rows)
 
     def root(self) -> DataRoot:
-        path = Path(self.data_root)
-        if not path.is_dir():
-            raise FileNotFoundError(f"data root {path} of tokens {self.key} is not visible here: every worker "
-                                    "must see the flow's data root at the same path (a shared filesystem)")
-        return DataRoot(path)
+        return DataRoot.visible(self.data_root, f"tokens {self.key}")
 
 
 class TokenShardResult(BaseModel):

@@ -119,12 +119,7 @@ class TeamStack:
         except subprocess.TimeoutExpired:
             self.log.append("team.sh down timed out")
         survivors = [p for p in started if _alive(p)]
-        for p in survivors:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(survivors, timeout=10)
+        _sigkill(survivors)
         return [f"{p.pid} {_cmd(p)}" for p in survivors]
 
 
@@ -217,13 +212,17 @@ def _kill_workers(stack: TeamStack) -> list[int]:
     for root in stack.roots():
         if "worker" in _cmd(root):
             victims += [root, *_children(root)]
-    for p in victims:
+    _sigkill(victims)
+    return [p.pid for p in victims]
+
+
+def _sigkill(processes: list[psutil.Process]) -> None:
+    for p in processes:
         try:
             p.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
-    psutil.wait_procs(victims, timeout=20)
-    return [p.pid for p in victims]
+    psutil.wait_procs(processes, timeout=20)
 
 
 def _pg_count(port: int, password: str, db: str, sql: str) -> int:
