@@ -22,6 +22,7 @@ import time
 from typing import Any, Literal
 
 import mlflow
+from mlflow.entities import Metric
 from pydantic import BaseModel
 
 from storage.hashing import stable_hash
@@ -73,14 +74,14 @@ class Group:
 
     def log(self, metrics: dict[str, float] | None = None, artifacts: dict[str, str] | None = None,
             tags: dict[str, str] | None = None) -> None:
-        """Log to the parent run (reopened), which ends FINISHED."""
-        with mlflow.start_run(run_id=self.run_id):
-            if metrics:
-                mlflow.log_metrics(metrics)
-            for name, text in (artifacts or {}).items():
-                mlflow.log_text(text, name)
-            if tags:
-                mlflow.set_tags(tags)
+        """Log to the parent run through the client (no fluent active-run or active-experiment state involved)."""
+        client = mlflow.MlflowClient()
+        if metrics:
+            client.log_batch(self.run_id, metrics=[Metric(k, float(v), int(time.time() * 1000), 0) for k, v in metrics.items()])
+        for name, text in (artifacts or {}).items():
+            client.log_text(self.run_id, text, name)
+        for key, value in (tags or {}).items():
+            client.set_tag(self.run_id, key, value)
 
     def read(self, child: Child, state: str, error: str | None = None) -> ChildResult:
         """The child's newest MLflow run with its metrics (`state` from the orchestrator)."""

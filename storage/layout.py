@@ -11,18 +11,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import logging
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from storage.atomic import clean_temporaries
+from storage.locks import exclusive
 from storage.manifest import Manifest, read_manifest_if_complete
-
-log = logging.getLogger(__name__)
 
 KINDS = ("wiki1m", "nli", "sts", "tokens", "corruption", "evaluations", "comparisons")
 
@@ -64,26 +57,11 @@ class DataRoot:
         a crash there until the dataset is published. It has no manifest, so it is never a dataset."""
         return self.kind_dir(kind) / f"{key}.shards"
 
-    @contextlib.contextmanager
-    def building(self, kind: str, key: str) -> Iterator[None]:
-        """Hold the dataset's build lock: concurrent flows that need the same dataset (the children of a sweep
-        on several workers) build it once; the others wait here and then find it complete. An advisory
-        `flock` on `<key>.lock` beside the dataset, released by the kernel when its holder dies (the data root
-        must be on a filesystem with working flock: local disks, NFSv4, most cluster filesystems)."""
-        path = self.kind_dir(kind) / f"{key}.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                t0 = time.monotonic()
-                log.info("%s/%s is being built by another process; waiting for it", kind, key)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                log.info("%s/%s: waited %.1fs", kind, key, time.monotonic() - t0)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+    def building(self, kind: str, key: str):
+        """The dataset's build lock (`storage.locks.exclusive` on `<key>.lock` beside it): concurrent flows that
+        need the same dataset (the children of a sweep on several workers) build it once; the others wait here
+        and then find it complete."""
+        return exclusive(self.kind_dir(kind) / f"{key}.lock", f"dataset {kind}/{key}")
 
     def find(self, kind: str, key: str) -> Manifest | None:
         """The manifest of a complete dataset with this key, or None (a cache miss)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import get_settings
+from storage.locks import exclusive
 from storage.atomic import atomic_file
 
 
@@ -26,6 +27,11 @@ class RunDir:
     def __init__(self, method: str, run_key: str, home: Path | None = None):
         self.path = (home or get_settings().home) / "runs" / method / run_key
         self.path.mkdir(parents=True, exist_ok=True)
+
+    def exclusive(self):
+        """The job's lock: one process trains (or finishes) a job at a time; a second flow of the same job (a
+        rerun started while the first still runs) waits, then resumes or finds the result."""
+        return exclusive(self.path.parent / f"{self.path.name}.lock", f"training job {self.path}")
 
     @classmethod
     def at(cls, path: str | Path) -> RunDir:

@@ -195,53 +195,54 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
     if (fr := prefect_flow_run_id()) is not None:
         tags["prefect_flow_run_id"] = str(fr)
 
-    if (done := finished_result(run_dir)) is not None:
-        plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
-        return done
+    with run_dir.exclusive():  # a second flow of the same job waits, then resumes or returns the result
+        if (done := finished_result(run_dir)) is not None:
+            plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
+            return done
 
-    with start_or_resume_run(cfg, run_dir, tags) as run:
-        # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
-        metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
-        try:
+        with start_or_resume_run(cfg, run_dir, tags) as run:
+            # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
+            metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
             try:
-                if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
-                    from tasks.distributed_train import launch
+                try:
+                    if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
+                        from tasks.distributed_train import launch
 
-                    result = launch(cfg, tokens, corruption, nli_tokens, sts, run_dir, run.info.run_id, device, precision,
-                                    stop_after)
-                else:
-                    result = fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator,
-                                 metrics_log.log_params, metrics_log.log_metrics, stop_after=stop_after)
-            finally:
-                metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
-            mlflow.log_metrics({"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s})
-            if result.resumed_from is not None:
-                mlflow.set_tag("resumed_from_step", str(result.resumed_from))
+                        result = launch(cfg, tokens, corruption, nli_tokens, sts, run_dir, run.info.run_id, device, precision,
+                                        stop_after)
+                    else:
+                        result = fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator,
+                                     metrics_log.log_params, metrics_log.log_metrics, stop_after=stop_after)
+                finally:
+                    metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
+                mlflow.log_metrics({"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s})
+                if result.resumed_from is not None:
+                    mlflow.set_tag("resumed_from_step", str(result.resumed_from))
 
-            test_metrics: dict[str, float] = {}
-            if cfg.test_evaluation:
-                best = load_checkpoint(run_dir.best, device=device)
-                res = evaluator.run(best, mode="test", batch_size=cfg.eval_batch_size)
-                record_evaluation(res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input,
-                                  what={"method": cfg.method, "checkpoint": str(run_dir.best), "run_id": run.info.run_id,
-                                        "backbone": cfg.backbone})
-                test_metrics = res.metrics()
-            mlflow.log_artifacts(str(run_dir.best), artifact_path="checkpoint")
-            mlflow.log_text(json.dumps(cfg.model_dump(), indent=2), "config.json")
-            log_encoder_model(run_dir.best)
-            export_sentence_transformer(run_dir.best, run_dir.export)
-            mlflow.log_artifacts(str(run_dir.export), artifact_path="sentence-transformers")
-        except (KeyboardInterrupt, TrainingInterrupted):
-            mlflow.end_run(status="KILLED")
-            raise
-        except BaseException:
-            mlflow.end_run(status="FAILED")
-            raise
-    plog.info("trained %d steps; best STS-B dev %.2f at step %s", result.steps, result.best_score or float("nan"), result.best_step)
-    out = TrainResult(run_id=run.info.run_id, run_dir=str(run_dir.path), best_checkpoint=str(run_dir.best), steps=result.steps,
-                      best_stsb_dev=result.best_score, resumed_from=result.resumed_from, test_metrics=test_metrics)
-    run_dir.set_result(out.model_dump())
-    return out
+                test_metrics: dict[str, float] = {}
+                if cfg.test_evaluation:
+                    best = load_checkpoint(run_dir.best, device=device)
+                    res = evaluator.run(best, mode="test", batch_size=cfg.eval_batch_size)
+                    record_evaluation(res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input,
+                                      what={"method": cfg.method, "checkpoint": str(run_dir.best), "run_id": run.info.run_id,
+                                            "backbone": cfg.backbone})
+                    test_metrics = res.metrics()
+                mlflow.log_artifacts(str(run_dir.best), artifact_path="checkpoint")
+                mlflow.log_text(json.dumps(cfg.model_dump(), indent=2), "config.json")
+                log_encoder_model(run_dir.best)
+                export_sentence_transformer(run_dir.best, run_dir.export)
+                mlflow.log_artifacts(str(run_dir.export), artifact_path="sentence-transformers")
+            except (KeyboardInterrupt, TrainingInterrupted):
+                mlflow.end_run(status="KILLED")
+                raise
+            except BaseException:
+                mlflow.end_run(status="FAILED")
+                raise
+        plog.info("trained %d steps; best STS-B dev %.2f at step %s", result.steps, result.best_score or float("nan"), result.best_step)
+        out = TrainResult(run_id=run.info.run_id, run_dir=str(run_dir.path), best_checkpoint=str(run_dir.best), steps=result.steps,
+                          best_stsb_dev=result.best_score, resumed_from=result.resumed_from, test_metrics=test_metrics)
+        run_dir.set_result(out.model_dump())
+        return out
 
 
 def finished_result(run_dir: RunDir) -> TrainResult | None:

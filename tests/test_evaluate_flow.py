@@ -19,7 +19,7 @@ from storage.evaluations import load_sts_input
 from storage.layout import DataRoot
 from storage.readers import read_senteval
 from tasks.evaluate import record_evaluation, resolve_checkpoint
-from tasks.tracking import configure_mlflow
+from tasks.tracking import configure_mlflow, ensure_experiment
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
@@ -95,8 +95,8 @@ def test_checkpoint_from_folder_and_from_mlflow_run(prefect_harness, shared_data
     folder, model = _d2cse_checkpoint(tiny_bert_dir, tmp_path / "best")
     local = evaluate(EvalConfig(checkpoint=str(folder), mode="dev", progress=False))
     configure_mlflow()
-    mlflow.set_experiment("d2cse-test")
-    with mlflow.start_run() as train_run:
+    # (no mlflow.set_experiment: it sets process-wide state that later tests would inherit)
+    with mlflow.start_run(experiment_id=ensure_experiment("d2cse-test")) as train_run:
         mlflow.log_artifacts(str(folder), artifact_path="checkpoint")
     remote = evaluate(EvalConfig(checkpoint=f"runs:/{train_run.info.run_id}", pooler="cls_before_pooler", mode="dev",
                                  progress=False))

@@ -108,3 +108,25 @@ def test_building_lock_admits_one_builder_per_dataset(tmp_path):
             assert not entered.is_set()
     assert entered.wait(10)
     t.join(10)
+
+
+def test_training_job_lock_admits_one_process_per_job(tmp_path):
+    """A second flow of the same training job waits until the first is done with it."""
+    from storage.runs import RunDir
+
+    job, other = RunDir("d2cse", "key1", home=tmp_path), RunDir("d2cse", "key2", home=tmp_path)
+    entered = threading.Event()
+
+    def second_flow():
+        with RunDir("d2cse", "key1", home=tmp_path).exclusive():
+            entered.set()
+
+    with job.exclusive():
+        t = threading.Thread(target=second_flow)
+        t.start()
+        assert not entered.wait(0.5)
+        with other.exclusive():
+            assert not entered.is_set()
+    assert entered.wait(10)
+    t.join(10)
+    assert not (job.path / "key1.lock").exists()  # the lock lives beside the job folder, not in it
