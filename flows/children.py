@@ -50,6 +50,13 @@ class ChildResult(BaseModel):
     error: str | None = None
 
 
+def member_tag(group_id: str) -> str:
+    """The tag that makes a training run a member of a group, valued with its child label. A job can belong to
+    several groups: one whose result is reused (the same job already finished for another experiment, e.g. an
+    ablation cell that equals a seed) gets the tag of each group that asked for it (tasks/train.py)."""
+    return f"cse.member.{group_id}"
+
+
 class Group:
     """The parent MLflow run of a set of children (found again when the parent flow is rerun)."""
 
@@ -70,7 +77,8 @@ class Group:
             self.run_id = run.info.run_id
 
     def child_tags(self, child: Child) -> dict[str, str]:
-        return {"mlflow.parentRunId": self.run_id, "cse.group": self.id, "cse.child": child.label, "cse.kind": self.kind}
+        return {"mlflow.parentRunId": self.run_id, "cse.group": self.id, "cse.child": child.label, "cse.kind": self.kind,
+                member_tag(self.id): child.label}
 
     def log(self, metrics: dict[str, float] | None = None, artifacts: dict[str, str] | None = None,
             tags: dict[str, str] | None = None) -> None:
@@ -86,7 +94,7 @@ class Group:
     def read(self, child: Child, state: str, error: str | None = None) -> ChildResult:
         """The child's newest MLflow run with its metrics (`state` from the orchestrator)."""
         exp_id = ensure_experiment(child.method)
-        runs = mlflow.search_runs([exp_id], filter_string=f"tags.`cse.group` = '{self.id}' and tags.`cse.child` = '{child.label}'",
+        runs = mlflow.search_runs([exp_id], filter_string=f"tags.`{member_tag(self.id)}` = '{child.label}'",
                                   order_by=["attributes.start_time DESC"], output_format="list", max_results=1)
         if not runs:
             return ChildResult(label=child.label, state=state if state != "COMPLETED" else "FAILED",

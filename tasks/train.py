@@ -198,6 +198,9 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
     with run_dir.exclusive():  # a second flow of the same job waits, then resumes or returns the result
         if (done := finished_result(run_dir)) is not None:
             plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
+            for key, value in (extra_tags or {}).items():  # membership of the experiment that asked again for it
+                if key.startswith("cse.member."):
+                    mlflow.MlflowClient().set_tag(done.run_id, key, value)
             return done
 
         with start_or_resume_run(cfg, run_dir, tags) as run:
