@@ -18,6 +18,7 @@ Nothing here holds credentials: a team deployment sets the variables (or Prefect
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,18 @@ class Settings:
     mlflow_tracking_uri: str
     mlflow_artifact_root: Path
     shard_runner: ShardRunnerSettings = ShardRunnerSettings()
+
+
+_URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@:\s'\"]*):(?P<secret>[^/@\s'\"]+)@")
+_SECRET_PARAM = re.compile(r"(?i)(?P<name>\b(?:password|passwd|pwd|secret|token|api_key|apikey|access_key)=)(?P<secret>[^&\s'\"]+)")
+
+
+def redact(text: object) -> str:
+    """`text` with every credential in it masked: the password of `scheme://user:password@host` URIs (MLflow
+    tracking URI, Prefect API URL, PostgreSQL DSN) and `password=`/`token=`-style parameters (query strings,
+    libpq key=value DSNs). Use it on every URI or error message the project prints or logs."""
+    out = _URI_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+    return _SECRET_PARAM.sub(lambda m: f"{m['name']}***", out)
 
 
 def env_int(name: str, minimum: int = 1) -> int | None:

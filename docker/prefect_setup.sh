@@ -16,4 +16,4 @@ prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 \
   || prefect global-concurrency-limit create gpu --limit "${CSE_GPU_SLOTS:-1}" \
   || prefect global-concurrency-limit inspect gpu >/dev/null
 prefect --no-prompt deploy --all
-echo "prefect-setup: pools, concurrency limit gpu and deployments registered at $PREFECT_API_URL"
+echo "prefect-setup: pools, concurrency limit gpu and deployments registered at $(printf '%s' "$PREFECT_API_URL" | sed -E 's#(://[^/@:[:space:]]*):[^/@[:space:]]+@#\1:***@#g')"

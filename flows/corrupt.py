@@ -60,14 +60,16 @@ def corrupt(
     dataset: Literal["wiki1m", "nli"] = "wiki1m",
     ingest_config: IngestConfig = IngestConfig(),
     tokenize_config: TokenizeConfig = TokenizeConfig(),
+    verify: bool = False,
 ) -> DatasetRef:
+    """`verify`: a cache hit also checks the content hash of every file it reuses (the training flows set it)."""
     if tokens_key is None:
-        tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config).key
+        tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key
     with corruption_run(tokens_key, config) as run_id:
-        plan = plan_corruption(tokens_key, config)
+        plan = plan_corruption(tokens_key, config, verify=verify)
         with building(plan):
             if not plan.cached:  # planned again under the lock: another flow may have published it meanwhile
-                plan = plan_corruption(tokens_key, config)
+                plan = plan_corruption(tokens_key, config, verify=verify, locked=True)
             shards = run_shards(plan)
             ref = publish_corruption(plan, shards, run_id)
     print(f"corruption {ref.rows:,d} rows  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")

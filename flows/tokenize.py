@@ -19,10 +19,12 @@ from tasks.ingest import ingest_dataset
 from tasks.tokenize import tokenize_dataset
 
 
-def prepare_tokens(dataset: Literal["wiki1m", "nli"], ingest_config: IngestConfig, tokenize_config: TokenizeConfig) -> DatasetRef:
-    """Ingest → tokenise, both cached: the building block of every training flow."""
-    source = ingest_dataset(dataset, ingest_config)
-    return tokenize_dataset(source, tokenize_config)
+def prepare_tokens(dataset: Literal["wiki1m", "nli"], ingest_config: IngestConfig, tokenize_config: TokenizeConfig,
+                   verify: bool = False) -> DatasetRef:
+    """Ingest → tokenise, both cached: the building block of every training flow. `verify`: cache hits also check
+    content hashes (training always asks for it)."""
+    source = ingest_dataset(dataset, ingest_config, verify=verify)
+    return tokenize_dataset(source, tokenize_config, verify=verify)
 
 
 @flow(name="tokenize", log_prints=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,76 @@ FORMAT_VERSION = 1
 
 class BackboneMismatchError(ValueError):
     """The backbone found at load time is not the one the checkpoint was trained on."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder or one of its files is missing or damaged; the message names the file and what is wrong."""
+
+
+_REQUIRED_META = ("format_version", "method", "backbone", "backbone_shape", "backbone_fingerprint", "model_config")
+_SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors library's own limit
+
+
+def _check_safetensors(path: Path) -> list[str]:
+    """The tensor names in a safetensors file, after checking its layout (header length, header JSON, every tensor's
+    byte range inside the file, nothing missing at the end) without reading the data."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (every checkpoint holds its weights there)")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path}: not a safetensors file: {size} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > _SAFETENSORS_MAX_HEADER or 8 + n > size:
+            raise CheckpointError(f"{path}: truncated or not a safetensors file: its header claims {n:,d} bytes, the "
+                                  f"file has {size:,d}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path}: damaged safetensors header (not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: damaged safetensors header (a {type(header).__name__}, not an object)")
+    data_len, names = size - 8 - n, []
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            lo, hi = info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise CheckpointError(f"{path}: damaged safetensors header: tensor {name!r} has no data_offsets") from None
+        if not 0 <= lo <= hi <= data_len:
+            raise CheckpointError(f"{path}: truncated: tensor {name!r} needs bytes {lo:,d}-{hi:,d} of the data, the file "
+                                  f"holds {data_len:,d}")
+        end = max(end, hi)
+        names.append(name)
+    if end != data_len:
+        raise CheckpointError(f"{path}: damaged: {data_len:,d} data bytes, the header describes {end:,d}")
+    return names
+
+
+def validate_checkpoint(folder: str | Path) -> dict[str, Any]:
+    """Check a checkpoint folder before anything is loaded (no backbone, no tensor data): the folder,
+    `cse_model.json` (JSON, required keys, format) and `weights.safetensors` (layout, and the tensors the metadata
+    lists). Returns the metadata; raises `CheckpointError` / `FileNotFoundError` naming the file and what is wrong."""
+    folder = Path(folder)
+    if not str(folder).strip() or not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist (expected a folder holding {META_FILE} "
+                                f"and {WEIGHTS_FILE})")
+    meta = read_checkpoint_meta(folder)
+    path = folder / META_FILE
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found a {type(meta).__name__}")
+    if missing := [k for k in _REQUIRED_META if k not in meta]:
+        raise CheckpointError(f"{path}: lacks the keys {missing} (not a checkpoint written by this project?)")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {meta.get('format_version')} (this code reads {FORMAT_VERSION})")
+    names = set(_check_safetensors(folder / WEIGHTS_FILE))
+    if absent := sorted(set(meta.get("tensors", ())) - names):
+        raise CheckpointError(f"{folder / WEIGHTS_FILE}: lacks tensors that {META_FILE} lists: {absent[:5]}")
+    return meta
 
 
 def frozen_parameter_names(model: nn.Module) -> set[str]:
@@ -81,7 +152,12 @@ def read_checkpoint_meta(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / META_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a checkpoint: {path} is missing")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: damaged: not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: damaged: not valid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
 
 
 def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", backbone_override: str | None = None) -> CSEModel:
@@ -93,9 +169,7 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", back
     from models.loading import load_encoder, load_tokenizer
 
     folder = Path(folder)
-    meta = read_checkpoint_meta(folder)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{folder}: checkpoint format {meta.get('format_version')} (this code reads {FORMAT_VERSION})")
+    meta = validate_checkpoint(folder)  # before the backbone is loaded: a damaged file is named at once
     cls = model_class(meta.get("method", "?"))
     config = cls.config_class.from_dict(meta["model_config"])
     if backbone_override is not None:

@@ -179,7 +179,9 @@ def read_checkpoint_config(folder: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{folder} is not a checkpoint folder: expected {CHECKPOINT_CONFIG} (and {CHECKPOINT_WEIGHTS})")
     if not (folder / CHECKPOINT_WEIGHTS).is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no {CHECKPOINT_WEIGHTS}")
-    cfg = json.loads(cfg_path.read_text())
+    from models.checkpoint import validate_checkpoint  # (lazily: models.checkpoint imports the model classes)
+
+    cfg = validate_checkpoint(folder)  # JSON and the safetensors layout, before anything is loaded; errors name the file
     for key in ("method", "backbone", "pooler"):
         if key not in cfg:
             raise ValueError(f"{cfg_path} lacks the key {key!r}")

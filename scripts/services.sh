@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
+redact() { printf '%s' "$1" | sed -E 's#(://[^/@:[:space:]]*):[^/@[:space:]]+@#\1:***@#g'; }  # mask the password of user:password@ URIs
 pidfile() { echo "$CSE_HOME/run/$1.pid"; }
 running() { [ -f "$(pidfile "$1")" ] && kill -0 "$(cat "$(pidfile "$1")")" 2>/dev/null; }
 
@@ -15,7 +16,7 @@ wait_for_api() {
     if curl -fsS "$PREFECT_API_URL/health" >/dev/null 2>&1; then return 0; fi
     sleep 1
   done
-  echo "Prefect server did not answer at $PREFECT_API_URL (log: $CSE_HOME/run/server.log)" >&2
+  echo "Prefect server did not answer at $(redact "$PREFECT_API_URL") (log: $CSE_HOME/run/server.log)" >&2
   return 1
 }
 

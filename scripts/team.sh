@@ -89,6 +89,7 @@ RUN="$CSE_TEAM_HOME/run"
 mkdir -p "$RUN"
 
 die() { echo "team.sh: $*" >&2; exit 1; }
+redact() { printf '%s' "$1" | sed -E 's#(://[^/@:[:space:]]*):[^/@[:space:]]+@#\1:***@#g'; }  # mask the password of user:password@ URIs
 has() { case " $CSE_TEAM_SERVICES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 valid_name() { [[ "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "not a plain SQL identifier: $1"; }
 
@@ -249,7 +250,7 @@ prefect_up() {
   retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
   retry "crashed-run automation" python -m flows.automations
   prefect --no-prompt deploy --all >"$RUN/deploy.log" 2>&1 || { cat "$RUN/deploy.log" >&2; die "prefect deploy failed"; }
-  echo "Prefect: $PREFECT_API_URL on PostgreSQL database $CSE_PG_PREFECT_DB (log: $RUN/prefect.log)"
+  echo "Prefect: $(redact "$PREFECT_API_URL") on PostgreSQL database $CSE_PG_PREFECT_DB (log: $RUN/prefect.log)"
 }
 
 # --- MLflow tracking server ---------------------------------------------------------------------------------
@@ -266,7 +267,7 @@ mlflow_up() {
   wait_http "http://$CSE_MLFLOW_HOST:$CSE_MLFLOW_PORT/health" mlflow "$RUN/mlflow.log"
   case "$MLFLOW_TRACKING_URI" in
     http://*|https://*) ;;
-    *) echo "team.sh: warning: MLFLOW_TRACKING_URI=$MLFLOW_TRACKING_URI does not point at the tracking server" >&2 ;;
+    *) echo "team.sh: warning: MLFLOW_TRACKING_URI=$(redact "$MLFLOW_TRACKING_URI") does not point at the tracking server" >&2 ;;
   esac
   echo "MLflow: http://$CSE_MLFLOW_HOST:$CSE_MLFLOW_PORT on PostgreSQL database $CSE_PG_MLFLOW_DB, artifacts in $CSE_MLFLOW_ARTIFACTS_DESTINATION"
 }

@@ -1,7 +1,8 @@
 """Atomic writes: build under a temporary name in the same folder, then rename.
 
 A killed stage therefore never leaves a file or folder that looks complete; leftovers carry a
-`.tmp-` prefix and are removed by `clean_temporaries`.
+`.tmp-<name>-<pid>-<hex>` name. The next run of the stage removes those of dead writers under the dataset's build
+lock (`DataRoot.clean_stale`); `clean_temporaries` removes every leftover below a folder.
 """
 
 from __future__ import annotations
@@ -70,6 +71,36 @@ def write_json(obj: Any, path: str | Path) -> Path:
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
     return Path(path)
+
+
+def temporary_owner(path: str | Path) -> tuple[str, int] | None:
+    """(final name, writer pid) of a `.tmp-<name>-<pid>-<hex>` leftover of `atomic_file`/`atomic_dir`; None for
+    another name."""
+    name = Path(path).name
+    if not name.startswith(TMP_PREFIX):
+        return None
+    parts = name[len(TMP_PREFIX):].rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (a process of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_path(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
 
 
 def clean_temporaries(folder: str | Path) -> int:

@@ -5,7 +5,9 @@ Views (refreshed after each stage writes):
   `<kind>_all`: every dataset of the kind with a `dataset_key` column;
 - `manifests`: one row per dataset (kind, key, rows, content hash, params, stats, created);
 - `token_lengths`: length distribution per tokens dataset and column;
-- `corruption_stats`: masked / replaced ratios per corruption dataset.
+- `corruption_stats`: masked / replaced ratios per corruption dataset;
+- `damaged_datasets`: datasets left out because they failed the cheap check of `storage.integrity` (kind, key,
+  file, reason). One damaged dataset never breaks the catalog: the others stay queryable.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 
+from storage.integrity import Problem, check_dataset
 from storage.layout import KINDS, DataRoot
 
 log = logging.getLogger(__name__)
@@ -26,13 +29,37 @@ def _sql_list(paths: list[Path]) -> str:
     return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
 
 
-def _statements(root: DataRoot) -> list[str]:
+def _q(v) -> str:
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def intact_datasets(root: DataRoot, kind: str) -> tuple[list, list[Problem]]:
+    """The kind's datasets that pass the cheap check (oldest first), and the problems of the others."""
+    problems: list[Problem] = []
+    good = []
+    listed = {folder for folder, _ in root.list(kind)}
+    for folder in root.dataset_dirs(kind):
+        if folder not in listed:  # an unreadable manifest, or a listed file missing
+            problems += check_dataset(folder, kind, folder.name) or [Problem(kind, folder.name, str(folder), "incomplete")]
+    for folder, m in root.list(kind):
+        found = check_dataset(folder, kind, folder.name)
+        if found:
+            problems += found
+        else:
+            good.append((folder, m))
+    return good, problems
+
+
+def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
     stmts = ["CREATE OR REPLACE TABLE manifests (kind VARCHAR, key VARCHAR, rows BIGINT, content_hash VARCHAR, "
              "created VARCHAR, path VARCHAR, params JSON, stats JSON, source JSON)"]
     present = set()
+    damaged: list[Problem] = []
     for kind in KINDS:
-        datasets = root.list(kind)
+        datasets, problems = intact_datasets(root, kind)
+        damaged += problems
         if not datasets:
+            stmts += [f"DROP VIEW IF EXISTS {kind}", f"DROP VIEW IF EXISTS {kind}_all"]
             continue
         present.add(kind)
         for folder, m in datasets:
@@ -49,6 +76,9 @@ def _statements(root: DataRoot) -> list[str]:
             f"SELECT '{m.key}' AS dataset_key, * FROM read_parquet({_sql_list(m.paths(d))})" for d, m in datasets
         )
         stmts.append(f"CREATE OR REPLACE VIEW {kind}_all AS {union}")
+    stmts.append("CREATE OR REPLACE TABLE damaged_datasets (kind VARCHAR, key VARCHAR, file VARCHAR, reason VARCHAR)")
+    stmts += [f"INSERT INTO damaged_datasets VALUES ({_q(p.kind)}, {_q(p.key)}, {_q(p.file)}, {_q(p.reason)})"
+              for p in damaged]
     if "tokens" in present:
         stmts.append(
             "CREATE OR REPLACE VIEW token_lengths AS SELECT dataset_key, \"column\", length, count(*) AS n "
@@ -61,14 +91,26 @@ def _statements(root: DataRoot) -> list[str]:
             "sum(n_replaced) / sum(len(input_ids) - 2) AS replaced_ratio "
             "FROM corruption_all GROUP BY ALL ORDER BY ALL"
         )
-    return stmts
+    else:
+        stmts.append("DROP VIEW IF EXISTS corruption_stats")
+    if "tokens" not in present:
+        stmts.append("DROP VIEW IF EXISTS token_lengths")
+    return stmts, damaged
 
 
 def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
     """Rebuild the catalog's views. The file is single-writer: a busy catalog is retried, then skipped
-    with a warning (the data itself is unaffected; the next stage refreshes it)."""
+    with a warning (the data itself is unaffected; the next stage refreshes it). Damaged datasets are left out
+    and named (a warning, and the table `damaged_datasets`); any other catalog error is a warning too: refreshing
+    the catalog never fails the stage that wrote a dataset."""
     root.root.mkdir(parents=True, exist_ok=True)
-    stmts = _statements(root)
+    try:
+        stmts, damaged = _statements(root)
+    except Exception as e:  # noqa: BLE001 - the catalog is a convenience; the stage's data is already published
+        log.warning("DuckDB catalog %s not refreshed: %s: %s", root.catalog_path, type(e).__name__, e)
+        return None
+    for p in damaged:
+        log.warning("catalog: left out damaged dataset %s (`cse verify` checks the data root)", p)
     for attempt in range(attempts):
         try:
             with duckdb.connect(str(root.catalog_path)) as con:
@@ -77,11 +119,17 @@ def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
                     con.execute(s)
                 con.execute("COMMIT")
             return root.catalog_path
-        except duckdb.IOException as e:  # locked by another process
+        except duckdb.IOException as e:  # locked by another process (or a file DuckDB cannot read)
+            if "lock" not in str(e).lower():
+                log.warning("DuckDB catalog %s not refreshed: %s", root.catalog_path, e)
+                return None
             if attempt == attempts - 1:
-                log.warning("DuckDB catalog %s busy (%s); not refreshed this time", root.catalog_path, e)
+                log.warning("DuckDB catalog %s busy or unreadable (%s); not refreshed this time", root.catalog_path, e)
                 return None
             time.sleep(0.5 * (attempt + 1))
+        except duckdb.Error as e:  # e.g. a Parquet file that passed the cheap check but DuckDB cannot bind
+            log.warning("DuckDB catalog %s not refreshed: %s", root.catalog_path, e)
+            return None
     return None
 
 
@@ -89,3 +137,12 @@ def query(root: DataRoot, sql: str):
     """Run SQL against the catalog read-only; returns a pandas DataFrame."""
     with duckdb.connect(str(root.catalog_path), read_only=True) as con:
         return con.execute(sql).df()
+
+
+def damaged(root: DataRoot) -> list[Problem]:
+    """The damaged datasets the last refresh left out (none when the catalog has no such table yet)."""
+    try:
+        df = query(root, "SELECT kind, key, file, reason FROM damaged_datasets ORDER BY kind, key")
+    except duckdb.Error:
+        return []
+    return [Problem(*row) for row in df.itertuples(index=False)]

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from storage.atomic import atomic_dir, write_parquet
 from storage.layout import DataRoot
-from storage.manifest import Manifest, content_hash_of
+from storage.manifest import Manifest, file_facts
 
 
 def part_name(i: int) -> str:
@@ -49,8 +49,8 @@ def write_dataset(
             kind=kind,
             key=key,
             rows=rows,
-            content_hash=content_hash_of(tmp, files),
             files=files,
+            **file_facts(tmp, files),
             params=dict(params or {}),
             source=dict(source or {}),
             inputs=dict(inputs or {}),
@@ -89,7 +89,7 @@ def publish_files(
                 shutil.copyfile(f, target)
             names.append(target.name)
             rows += pq.ParquetFile(target).metadata.num_rows
-        m = Manifest(kind=kind, key=key, rows=rows, content_hash=content_hash_of(tmp, names), files=names,
+        m = Manifest(kind=kind, key=key, rows=rows, files=names, **file_facts(tmp, names),
                      params=dict(params or {}), source=dict(source or {}), inputs=dict(inputs or {}),
                      stats=dict(stats or {}))
         m.write(tmp)

@@ -63,6 +63,7 @@ def _from_folder(folder: Path) -> StsInput:
 
 
 def _from_dataset(root: DataRoot, m: Manifest) -> StsInput:
+    root.verify("sts", m.key, full=True)  # scores must come from intact data: a damaged dataset is named (DatasetDamaged)
     return StsInput(table=read_dataset(root, "sts", m.key), origin="dataset", location=m.key, content_hash=m.content_hash)
 
 

@@ -21,9 +21,14 @@ def sha256_file(path: str | Path) -> str:
 
 def sha256_files(paths: Iterable[str | Path]) -> str:
     """One hash over several files, order-sensitive, names excluded (content only)."""
+    return combine_hashes(sha256_file(p) for p in paths)
+
+
+def combine_hashes(digests: Iterable[str]) -> str:
+    """The hash `sha256_files` gives for files with these sha256 hex digests, in order."""
     h = hashlib.sha256()
-    for p in paths:
-        h.update(sha256_file(p).encode())
+    for d in digests:
+        h.update(d.encode())
     return h.hexdigest()
 
 

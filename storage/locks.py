@@ -32,3 +32,23 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def try_exclusive(path: Path) -> Iterator[bool]:
+    """Try to take the exclusive `flock` on `path` without waiting: yields True while held, False when another
+    process (or another descriptor of this one) holds it. A missing lock file is not created: yields True."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

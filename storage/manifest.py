@@ -15,9 +15,17 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from storage.atomic import write_json
-from storage.hashing import sha256_files
+from storage.hashing import combine_hashes, sha256_file, sha256_files
 
 MANIFEST_NAME = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A manifest that exists but cannot be read (damaged JSON, wrong fields); names the file."""
+
+    def __init__(self, path: str | Path, message: str):
+        self.path = str(path)
+        super().__init__(f"{path}: {message}")
 
 
 class Manifest(BaseModel):
@@ -30,6 +38,10 @@ class Manifest(BaseModel):
     source: dict[str, Any] = Field(default_factory=dict)
     inputs: dict[str, str] = Field(default_factory=dict, description="input name -> content hash")
     stats: dict[str, Any] = Field(default_factory=dict)
+    # Per part file, for verifying a cache hit (storage/integrity.py); empty in manifests written before they existed.
+    file_sizes: dict[str, int] = Field(default_factory=dict, description="file -> size in bytes")
+    file_rows: dict[str, int] = Field(default_factory=dict, description="file -> rows")
+    file_hashes: dict[str, str] = Field(default_factory=dict, description="file -> sha256")
     created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     schema_version: int = 1
 
@@ -43,6 +55,8 @@ class Manifest(BaseModel):
             return cls.model_validate(json.loads(path.read_text()))
         except FileNotFoundError:
             raise FileNotFoundError(f"no manifest at {path}: the dataset is missing or incomplete") from None
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and pydantic's ValidationError are ValueErrors
+            raise ManifestError(path, f"unreadable manifest ({type(e).__name__}: {str(e).splitlines()[0]})") from None
 
     def paths(self, folder: str | Path) -> list[Path]:
         return [Path(folder) / f for f in self.files]
@@ -61,3 +75,18 @@ def read_manifest_if_complete(folder: str | Path) -> Manifest | None:
 
 def content_hash_of(folder: str | Path, files: list[str]) -> str:
     return sha256_files(Path(folder) / f for f in files)
+
+
+def file_facts(folder: str | Path, files: list[str]) -> dict[str, dict]:
+    """What a manifest records per part file: size, rows (Parquet footer) and sha256."""
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    sizes, rows, hashes = {}, {}, {}
+    for f in files:
+        p = folder / f
+        sizes[f] = p.stat().st_size
+        rows[f] = pq.ParquetFile(p).metadata.num_rows
+        hashes[f] = sha256_file(p)
+    return {"file_sizes": sizes, "file_rows": rows, "file_hashes": hashes,
+            "content_hash": combine_hashes([hashes[f] for f in files])}

@@ -2,12 +2,18 @@
 
 Every parser reads strict UTF-8 line by line; a malformed line raises `DataFormatError` naming the
 file and the 1-based line number. Empty sentences are kept and counted, never dropped silently.
+
+One rule for every text source (`iter_lines`): a UTF-8 byte-order mark at the start of a file is stripped and
+counted (`bom`); lines with control characters (C0 but tab, DEL, C1: NUL bytes, a stray carriage return, U+0092)
+and lines longer than `max_line_chars` are counted (`control_lines`, `long_lines`, the first ones named in
+`examples`), and with `strict` they are errors naming file and line.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,15 +45,32 @@ class DataFormatError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+MAX_LINE_CHARS = 10_000  # default limit of `long_lines` (the real sources' longest line: 1,203 characters)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 except tab and line feed, DEL, C1
+_EXAMPLES = 10  # file:line examples kept per kind of finding
+
+
 @dataclass
 class ReadStats:
     rows: int = 0
     empty: int = 0  # rows with at least one empty sentence (kept)
     skipped: int = 0  # rows skipped by the format's own rule (e.g. unscored STS pairs)
     details: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)  # finding -> the first "file:line: what"
+    strict: bool = False  # control characters and over-long lines are errors
+    max_line_chars: int = MAX_LINE_CHARS
 
-    def as_dict(self) -> dict[str, int]:
-        return {"rows": self.rows, "empty": self.empty, "skipped": self.skipped, **self.details}
+    def count(self, finding: str, path: str | Path, line: int, what: str) -> None:
+        self.details[finding] = self.details.get(finding, 0) + 1
+        ex = self.examples.setdefault(finding, [])
+        if len(ex) < _EXAMPLES:
+            ex.append(f"{path}:{line}: {what}")
+
+    def as_dict(self) -> dict:
+        out = {"rows": self.rows, "empty": self.empty, "skipped": self.skipped, **self.details}
+        if self.examples:
+            out["examples"] = {k: list(v) for k, v in self.examples.items()}
+        return out
 
 
 def require_file(path: str | Path, what: str) -> Path:
@@ -57,15 +80,38 @@ def require_file(path: str | Path, what: str) -> Path:
     return p
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """(line number, text without the line break), decoding strict UTF-8 per line."""
+def iter_lines(path: str | Path, stats: ReadStats | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text without the line break), decoding strict UTF-8 per line.
+
+    A byte-order mark at the start of the file is stripped (and counted as `bom` in `stats`). With `stats`,
+    control characters and lines over `stats.max_line_chars` are counted, or raise when `stats.strict`."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataFormatError(path, n, f"invalid UTF-8 at byte {e.start}: {raw[max(0, e.start - 10):e.end + 10]!r}") from None
-            yield n, text.rstrip("\r\n")
+            text = text.rstrip("\r\n")
+            if n == 1 and text.startswith("\ufeff"):
+                text = text[1:]
+                if stats is not None:
+                    stats.count("bom", path, 1, "byte-order mark stripped")
+            if stats is not None:
+                _check_line(path, n, text, stats)
+            yield n, text
+
+
+def _check_line(path: str | Path, n: int, text: str, stats: ReadStats) -> None:
+    if (m := _CONTROL.search(text)) is not None:
+        what = f"control character U+{ord(m.group()):04X} at column {m.start() + 1}"
+        if stats.strict:
+            raise DataFormatError(path, n, f"{what} (strict: control characters are errors)")
+        stats.count("control_lines", path, n, what)
+    if len(text) > stats.max_line_chars:
+        what = f"{len(text):,d} characters, over max_line_chars {stats.max_line_chars:,d}"
+        if stats.strict:
+            raise DataFormatError(path, n, f"{what} (strict: over-long lines are errors)")
+        stats.count("long_lines", path, n, what)
 
 
 def _senteval_words(s: str) -> str:
@@ -86,12 +132,13 @@ def _score(path: Path, line: int, raw: str) -> float:
 # ---------------------------------------------------------------- training text
 
 
-def read_wiki1m(path: str | Path) -> tuple[pa.Table, ReadStats]:
-    """One sentence a line (HF `text` loader semantics: the line break is removed, nothing else)."""
+def read_wiki1m(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Table, ReadStats]:
+    """One sentence a line (HF `text` loader semantics: the line break is removed, nothing else; a leading
+    byte-order mark is stripped). `stats` carries the strictness settings in and the counts out."""
     path = require_file(path, "Wiki1M text file (one sentence a line)")
     texts: list[str] = []
-    st = ReadStats()
-    for _, line in iter_lines(path):
+    st = stats if stats is not None else ReadStats()
+    for _, line in iter_lines(path, st):
         texts.append(line)
         if not line.strip():
             st.empty += 1
@@ -103,12 +150,12 @@ def read_wiki1m(path: str | Path) -> tuple[pa.Table, ReadStats]:
 NLI_HEADER = ["sent0", "sent1", "hard_neg"]
 
 
-def read_nli(path: str | Path) -> tuple[pa.Table, ReadStats]:
+def read_nli(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Table, ReadStats]:
     """SimCSE's NLI CSV: header `sent0,sent1,hard_neg`, standard CSV quoting."""
     path = require_file(path, "NLI triplet CSV (sent0,sent1,hard_neg)")
     cols: dict[str, list[str]] = {c: [] for c in NLI_HEADER}
-    st = ReadStats()
-    text = "\n".join(line for _, line in iter_lines(path))  # strict UTF-8 with line numbers first
+    st = stats if stats is not None else ReadStats()
+    text = "\n".join(line for _, line in iter_lines(path, st))  # strict UTF-8 with line numbers first
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None:
@@ -178,8 +225,8 @@ class _Rows:
 def _read_sts_subset(folder: Path, task: str, subset: str, rows: _Rows, st: ReadStats) -> None:
     inp = require_file(folder / f"STS.input.{subset}.txt", f"{task} input of subset {subset}")
     gs = require_file(folder / f"STS.gs.{subset}.txt", f"{task} gold scores of subset {subset}")
-    pairs = list(iter_lines(inp))
-    golds = list(iter_lines(gs))
+    pairs = list(iter_lines(inp, st))
+    golds = list(iter_lines(gs, st))
     if len(pairs) != len(golds):
         raise DataFormatError(gs, None, f"{len(golds)} gold lines but {len(pairs)} input lines in {inp.name}")
     n = 0
@@ -200,7 +247,7 @@ def _read_sts_subset(folder: Path, task: str, subset: str, rows: _Rows, st: Read
 
 def _read_stsb(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
     n = 0
-    for ln, line in iter_lines(path):
+    for ln, line in iter_lines(path, st):
         parts = line.strip().split("\t")
         if len(parts) < 7:
             raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected >= 7 (genre, file, year, id, score, s1, s2)")
@@ -212,11 +259,18 @@ def _read_stsb(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
     st.details[f"stsb/{split}"] = n
 
 
+SICK_HEADER = ("pair_ID", "sentence_A", "sentence_B", "relatedness_score")
+
+
 def _read_sick(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
     n = 0
-    for ln, line in iter_lines(path):
-        if ln == 1:
-            continue  # header
+    for ln, line in iter_lines(path, st):
+        if ln == 1:  # the header is checked, not skipped: a file without it would silently lose its first pair
+            found = tuple(line.strip().split("\t")[:4])
+            if found != SICK_HEADER:
+                raise DataFormatError(path, 1, f"expected the SICK header ({', '.join(SICK_HEADER)}, ...), found "
+                                               f"{line[:80]!r} (a file without its header line?)")
+            continue
         parts = line.strip().split("\t")
         if len(parts) < 4:
             raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected >= 4 (pair_ID, A, B, score)")
@@ -228,10 +282,10 @@ def _read_sick(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
     st.details[f"sickr/{split}"] = n
 
 
-def read_senteval(path: str | Path) -> tuple[pa.Table, ReadStats]:
+def read_senteval(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Table, ReadStats]:
     """All STS pairs: STS12–16 (test), STS-B train/dev/test, SICK-R train/dev(trial)/test."""
     root = senteval_root(path)
-    rows, st = _Rows(), ReadStats()
+    rows, st = _Rows(), (stats if stats is not None else ReadStats())
     for task, subsets in STS_SUBSETS.items():
         folder = root / "STS" / STS_DIRS[task]
         if not folder.is_dir():
@@ -244,6 +298,32 @@ def read_senteval(path: str | Path) -> tuple[pa.Table, ReadStats]:
         _read_sick(require_file(root / "SICK" / name, f"SICK {split} split"), split, rows, st)
     st.rows = len(rows.task)
     return rows.table(), st
+
+
+# The scored pairs of every SentEval STS file set, as ../shared/data/README.md and the papers count them.
+SENTEVAL_EXPECTED_ROWS: dict[str, int] = {
+    "sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186,
+    "stsb/train": 5749, "stsb/dev": 1500, "stsb/test": 1379,
+    "sickr/train": 4500, "sickr/dev": 500, "sickr/test": 4927,
+}
+
+
+def check_senteval_counts(path: str | Path, stats: ReadStats, expected: dict[str, int]) -> None:
+    """Compare what `read_senteval` counted (`stats.details`) with `expected` ("sts12" … per task, "stsb/dev" …
+    per split); a difference raises `DataFormatError` naming the file (or the task's folder)."""
+    root = senteval_root(path)
+    for name, want in expected.items():
+        if "/" in name:
+            task, split = name.split("/", 1)
+            found = stats.details.get(name, 0)
+            files = STSB_FILES if task == "stsb" else SICK_FILES
+            where = root / ("STS/STSBenchmark" if task == "stsb" else "SICK") / files.get(split, "?")
+        else:
+            found = sum(v for k, v in stats.details.items() if k.startswith(f"{name}/"))
+            where = root / "STS" / STS_DIRS.get(name, name)
+        if found != want:
+            raise DataFormatError(where, None, f"{found:,d} scored pairs of {name}, expected {want:,d} "
+                                                "(a truncated or different file?)")
 
 
 def senteval_source_files(path: str | Path) -> list[Path]:

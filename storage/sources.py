@@ -56,6 +56,8 @@ def resolve_source(root: DataRoot, dataset: str, path: str | None, url: str, *, 
     return ResolvedSource(dataset=dataset, path=p, origin=origin, location=location, content_hash=digest)
 
 
-def read_source(src: ResolvedSource) -> tuple[pa.Table, ReadStats]:
+def read_source(src: ResolvedSource, *, strict: bool = False,
+                max_line_chars: int = readers.MAX_LINE_CHARS) -> tuple[pa.Table, ReadStats]:
+    """Parse the source; `strict` turns control characters and lines over `max_line_chars` into errors."""
     reader = {"wiki1m": readers.read_wiki1m, "nli": readers.read_nli, "sts": readers.read_senteval}[src.dataset]
-    return reader(src.path)
+    return reader(src.path, ReadStats(strict=strict, max_line_chars=max_line_chars))

@@ -15,8 +15,9 @@ from storage.catalog import refresh_catalog
 from storage.datasets import DatasetRef, write_dataset
 from storage.hashing import stable_hash
 from storage.layout import DataRoot
+from storage.readers import check_senteval_counts
 from storage.sources import read_source, resolve_source
-from tasks.tracking import stage_run
+from tasks.tracking import log_quarantine, stage_run
 
 SCHEMA_VERSION = 1
 PART_ROWS = 250_000
@@ -40,9 +41,13 @@ def _expected(dataset: str, config: IngestConfig) -> int | None:
     return {"wiki1m": config.wiki.expected_lines, "nli": config.nli.expected_rows}.get(dataset)
 
 
+_FINDINGS = ("bom", "control_lines", "long_lines")
+
+
 @task(name="ingest-dataset", retries=0)
-def ingest_dataset(dataset: str, config: IngestConfig) -> DatasetRef:
-    """Ingest one source. Same source content → the existing dataset (a cache hit)."""
+def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> DatasetRef:
+    """Ingest one source. Same source content → the existing dataset (a cache hit), verified first (content hashes
+    too with `verify` or `config.verify`); a damaged one is quarantined and rebuilt."""
     log = _logger()
     root = DataRoot(get_settings().data_root)
     src_cfg = {"wiki1m": config.wiki, "nli": config.nli, "sts": config.senteval}[dataset]
@@ -53,14 +58,22 @@ def ingest_dataset(dataset: str, config: IngestConfig) -> DatasetRef:
         mlflow.set_tags({"dataset": dataset, "source_origin": src.origin, "source_location": src.location,
                          "source_hash": src.content_hash, "key": key})
         with root.building(dataset, key):  # concurrent flows ingest a source once
-            manifest = root.find(dataset, key)
+            manifest, quarantined = root.reuse(dataset, key, full=verify or config.verify)
+            if quarantined is not None:
+                log_quarantine(quarantined, log)
             hit = manifest is not None
             if not hit:
-                table, stats = read_source(src)
+                table, stats = read_source(src, strict=config.strict, max_line_chars=config.max_line_chars)
                 if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
                     raise ValueError(f"{src.path}: {table.num_rows} rows, expected {exp}")
+                if dataset == "sts" and config.senteval.expected_rows:
+                    check_senteval_counts(src.path, stats, config.senteval.expected_rows)
                 if stats.empty:
                     log.warning("%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.path, stats.empty)
+                for finding in _FINDINGS:
+                    if n := stats.details.get(finding):
+                        log.warning("%s: %d x %s (first: %s)%s", src.path, n, finding, stats.examples[finding][0],
+                                    "" if finding == "bom" else "; strict: true makes them errors")
                 parts = (table.slice(i, PART_ROWS) for i in range(0, max(table.num_rows, 1), PART_ROWS))
                 manifest = write_dataset(
                     root, dataset, key, parts, _SCHEMAS[dataset],
@@ -72,8 +85,11 @@ def ingest_dataset(dataset: str, config: IngestConfig) -> DatasetRef:
         st = manifest.stats
         mlflow.log_metrics({
             "rows": manifest.rows, "empty": st.get("empty", 0), "skipped": st.get("skipped", 0),
+            **{f: float(st.get(f, 0)) for f in _FINDINGS},
             "cache_hit": float(hit), "seconds": seconds, "rows_per_s": manifest.rows / max(seconds, 1e-9),
         })
         mlflow.set_tag("content_hash", manifest.content_hash)
+        if st.get("examples"):
+            mlflow.log_dict(st["examples"], "source_findings.json")
         log.info("%s: %d rows, key %s (%s) in %.1fs", dataset, manifest.rows, key, "cache hit" if hit else "written", seconds)
     return DatasetRef.of(root, manifest, cache_hit=hit)

@@ -38,7 +38,7 @@ from storage.hashing import stable_hash
 from storage.layout import DataRoot
 from storage.manifest import Manifest
 from tasks.ingest import _logger
-from tasks.tracking import stage_run
+from tasks.tracking import log_quarantine, stage_run
 
 SCHEMA_VERSION = 1
 
@@ -191,8 +191,9 @@ def _tokenize_on_runner(runner, root: DataRoot, plan: TokenizePlan, params: dict
 
 
 @task(name="tokenize-dataset")
-def tokenize_dataset(source: DatasetRef, config: TokenizeConfig) -> DatasetRef:
-    """Tokenise every text column of an ingested dataset (`wiki1m` or `nli`)."""
+def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = False) -> DatasetRef:
+    """Tokenise every text column of an ingested dataset (`wiki1m` or `nli`). A cache hit is verified first (content
+    hashes too with `verify` or `config.verify`); a damaged one is quarantined and rebuilt."""
     log = _logger()
     if source.kind not in schemas.TEXT_COLUMNS:
         raise ValueError(f"cannot tokenise dataset kind {source.kind!r}; expected one of {list(schemas.TEXT_COLUMNS)}")
@@ -205,7 +206,9 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig) -> DatasetRef:
         key = tokens_key(source.content_hash, tfp, config.max_length)
         mlflow.set_tags({"key": key, "input_hash": source.content_hash, "tokenizer_fingerprint": tfp})
         with root.building("tokens", key):  # concurrent flows tokenise a dataset once
-            manifest = root.find("tokens", key)
+            manifest, quarantined = root.reuse("tokens", key, full=verify or config.verify)
+            if quarantined is not None:
+                log_quarantine(quarantined, log)
             hit = manifest is not None
             if not hit:
                 columns = schemas.TEXT_COLUMNS[source.kind]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -32,7 +33,7 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from config.settings import REPO_ROOT, get_settings
+from config.settings import REPO_ROOT, get_settings, redact
 from storage.runs import RunDir
 from storage.spool import (
     SpoolRecord,
@@ -102,6 +103,59 @@ def prefect_flow_run_id() -> str | None:
         return None
 
 
+OWNER_TAG = "cse.owner"  # host:pid:process start time of the process running a stage run
+ORPHAN_TAG = "cse.orphaned"  # on a stage run closed as KILLED because its process is gone
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot, /proc/<pid>/stat field 22); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def process_owner() -> str:
+    """This process as a stage run's owner: `host:pid:start` (the start time tells a reused pid apart)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid()) or '?'}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the process named by an `owner` tag still runs; None when it ran on another machine (unknown)."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    found = _process_start(int(pid))
+    return found is not None and (start in ("", "?") or found == start)
+
+
+def close_orphaned_runs(experiment_id: str, run_name: str, closed_by: str | None = None) -> list[str]:
+    """Mark KILLED the RUNNING runs named `run_name` whose owner process (same machine) is dead: a stage killed
+    with SIGKILL cannot end its own run. Runs of live processes, and of other machines, are left alone.
+    Returns the ids of the runs closed."""
+    client = mlflow.MlflowClient()
+    try:
+        runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=500)
+    except MlflowException as e:
+        log.warning("could not look for orphaned %s runs: %s", run_name, redact(e))
+        return []
+    closed = []
+    for r in runs:
+        owner = r.data.tags.get(OWNER_TAG)
+        if r.info.run_name != run_name or owner is None or owner_alive(owner) is not False:
+            continue
+        client.set_tag(r.info.run_id, ORPHAN_TAG, f"process {owner} is gone (killed); closed"
+                       + (f" by run {closed_by}" if closed_by else ""))
+        client.set_terminated(r.info.run_id, status="KILLED")
+        closed.append(r.info.run_id)
+    if closed:
+        log.warning("marked %d orphaned %s run(s) KILLED (their process was killed): %s", len(closed), run_name,
+                    ", ".join(closed))
+    return closed
+
+
 @contextmanager
 def stage_run(
     experiment: str,
@@ -110,14 +164,17 @@ def stage_run(
     tags: Mapping[str, str] | None = None,
     nested: bool = False,
 ) -> Iterator[mlflow.ActiveRun]:
-    """An MLflow run around one stage. An exception ends the run FAILED and propagates."""
+    """An MLflow run around one stage. An exception ends the run FAILED and propagates. Runs of the same stage
+    left RUNNING by a killed process are marked KILLED first (`close_orphaned_runs`)."""
     exp_id = ensure_experiment(experiment)
-    base_tags = {"git_commit": git_commit()}
+    base_tags = {"git_commit": git_commit(), OWNER_TAG: process_owner()}
     if (fr := prefect_flow_run_id()) is not None:
         base_tags["prefect_flow_run_id"] = str(fr)
     base_tags.update(tags or {})
     run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=base_tags, nested=nested)
     try:
+        if orphans := close_orphaned_runs(exp_id, run_name, closed_by=run.info.run_id):
+            mlflow.set_tag("closed_orphaned_runs", ",".join(orphans))
         if params:
             mlflow.log_params(flatten(params))
         yield run
@@ -126,6 +183,20 @@ def stage_run(
         raise
     else:
         mlflow.end_run(status="FINISHED")
+
+
+def log_quarantine(record, logger: logging.Logger | logging.LoggerAdapter | None = None, run_id: str | None = None) -> None:
+    """Record in the stage's MLflow run (the active one, or `run_id`) that a damaged dataset was moved aside
+    (`storage.integrity.Quarantined`): tags `quarantined` / `quarantine_reason` and the artifact `quarantine.json`."""
+    from dataclasses import asdict
+
+    (logger or log).warning("dataset %s/%s was damaged (%s): quarantined at %s and rebuilt", record.kind, record.key,
+                            record.summary(), record.moved_to)
+    client = mlflow.MlflowClient()
+    run_id = run_id or mlflow.active_run().info.run_id
+    client.set_tag(run_id, "quarantined", record.moved_to)
+    client.set_tag(run_id, "quarantine_reason", record.summary()[:5000])
+    client.log_dict(run_id, asdict(record), "quarantine.json")
 
 
 # ------------------------------------------------------------------------------------------------ outage-tolerant logging
@@ -251,7 +322,8 @@ class ResilientMetricLogger:
 
     @property
     def tracking_uri(self) -> str:
-        return str(self.client.tracking_uri)
+        """The tracking server as printed in messages (credentials masked)."""
+        return redact(self.client.tracking_uri)
 
     # ------------------------------------------------------------------ the callbacks
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -352,7 +424,7 @@ class ResilientMetricLogger:
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    text = redact(f"{type(exc).__name__}: {exc}")
     return text if len(text) <= limit else text[:limit] + "…"
 
 

@@ -1,0 +1,166 @@
+"""Verifying published datasets, and moving damaged ones aside (never deleting them).
+
+A cache hit reuses a dataset only after `check_dataset` found it intact:
+- always (cheap): the manifest reads, every listed file exists with the size and Parquet row count the manifest
+  records, the rows add up, and no `damaged.json` marker (left by `cse verify`) is in the folder;
+- with `full=True` (`verify: true`, `cse verify`, and always before training): the sha256 of every file against
+  the manifest's per-file hashes and its content hash.
+A damaged dataset is quarantined: its folder is moved to `<data_root>/quarantine/<kind>/<key>-<UTC time>/` with a
+`quarantine.json` saying what was wrong, and the stage rebuilds it under the same key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from storage.atomic import write_json
+from storage.hashing import combine_hashes, sha256_file
+from storage.manifest import MANIFEST_NAME, Manifest, ManifestError
+
+log = logging.getLogger(__name__)
+
+DAMAGED_MARKER = "damaged.json"  # written into a dataset folder by `cse verify`: the next stage run rebuilds it
+QUARANTINE_DIR = "quarantine"
+QUARANTINE_RECORD = "quarantine.json"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a published dataset: which dataset, which file, what."""
+
+    kind: str
+    key: str
+    file: str  # the damaged file's path (the manifest or the folder when no single file is to blame)
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.key}: {self.file}: {self.reason}"
+
+
+class DatasetDamaged(RuntimeError):
+    """A dataset failed verification; the message names its kind, key and the damaged files."""
+
+    def __init__(self, problems: list[Problem], quarantined: Path | None = None):
+        self.problems, self.quarantined = problems, quarantined
+        p = problems[0]
+        msg = f"dataset {p.kind}/{p.key} is damaged: " + "; ".join(f"{q.file}: {q.reason}" for q in problems)
+        if quarantined is not None:
+            msg += f" (moved to {quarantined}; run the stage again to rebuild it)"
+        super().__init__(msg)
+
+
+@dataclass
+class Quarantined:
+    """What a stage logs when it moved a damaged dataset aside before rebuilding it."""
+
+    kind: str
+    key: str
+    moved_to: str
+    problems: list[dict] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return "; ".join(f"{p['file']}: {p['reason']}" for p in self.problems)
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,d}"
+
+
+def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False) -> list[Problem]:
+    """Everything wrong with the published dataset in `folder` ([] when intact). See the module docstring."""
+    folder = Path(folder)
+    mpath = folder / MANIFEST_NAME
+    problems: list[Problem] = []
+
+    def bad(file: Path | str, reason: str) -> None:
+        problems.append(Problem(kind, key, str(file), reason))
+
+    if not mpath.is_file():
+        bad(mpath, "manifest missing: the folder is not a complete dataset")
+        return problems
+    try:
+        m = Manifest.read(folder)
+    except ManifestError as e:
+        bad(mpath, str(e).removeprefix(f"{mpath}: "))
+        return problems
+    if (marker := folder / DAMAGED_MARKER).is_file():
+        try:
+            found = json.loads(marker.read_text()).get("problems", [])
+            for p in found:
+                bad(p.get("file", marker), f"{p.get('reason', 'marked damaged')} (found by `cse verify`)")
+        except (ValueError, OSError):
+            found = []
+        if not found:
+            bad(marker, "marked damaged by `cse verify`")
+    if (m.kind, m.key) != (kind, key):
+        bad(mpath, f"manifest says {m.kind}/{m.key}, the folder is {kind}/{key}")
+    total, readable = 0, True
+    for name in m.files:
+        p = folder / name
+        if not p.is_file():
+            bad(p, "missing")
+            readable = False
+            continue
+        size = p.stat().st_size
+        if name in m.file_sizes and size != m.file_sizes[name]:
+            bad(p, f"{_fmt(size)} bytes, the manifest records {_fmt(m.file_sizes[name])} (truncated or overwritten)")
+        try:
+            rows = pq.ParquetFile(p).metadata.num_rows
+        except Exception as e:  # ArrowInvalid, OSError: a truncated or garbage file
+            bad(p, f"unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            readable = False
+            continue
+        if name in m.file_rows and rows != m.file_rows[name]:
+            bad(p, f"{_fmt(rows)} rows, the manifest records {_fmt(m.file_rows[name])}")
+        total += rows
+    if readable and total != m.rows:
+        bad(mpath, f"the files hold {_fmt(total)} rows, the manifest records {_fmt(m.rows)}")
+    if full and not problems:
+        digests = [sha256_file(folder / name) for name in m.files]
+        per_file = [(name, d) for name, d in zip(m.files, digests) if name in m.file_hashes and d != m.file_hashes[name]]
+        for name, d in per_file:
+            bad(folder / name, f"content hash {d[:12]}… differs from the manifest's {m.file_hashes[name][:12]}…")
+        if not per_file and combine_hashes(digests) != m.content_hash:
+            if m.file_hashes:  # every file matches its own hash: the manifest's content hash was changed
+                bad(mpath, f"content hash {m.content_hash[:12]}… does not match its own per-file hashes")
+            else:  # an older manifest without per-file hashes: name every file
+                bad(folder / m.files[0] if len(m.files) == 1 else folder,
+                    f"content hash differs from the manifest's {m.content_hash[:12]}… (files: {', '.join(m.files)}; "
+                    "this manifest records no per-file hashes)")
+    return problems
+
+
+def mark_damaged(folder: str | Path, problems: list[Problem]) -> Path:
+    """Leave a `damaged.json` marker in the dataset folder: the next stage run that needs it quarantines and
+    rebuilds it (the files themselves are not touched)."""
+    return write_json({"problems": [asdict(p) for p in problems],
+                       "found": datetime.now(timezone.utc).isoformat()}, Path(folder) / DAMAGED_MARKER)
+
+
+def quarantine_path(data_root: Path, kind: str, key: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    return data_root / QUARANTINE_DIR / kind / f"{key}-{stamp}"
+
+
+def quarantine(data_root: str | Path, folder: str | Path, kind: str, key: str, problems: list[Problem]) -> Quarantined | None:
+    """Move a damaged dataset folder to the quarantine (one rename, nothing deleted) and record why there.
+    None when the folder is already gone (another process moved it)."""
+    folder = Path(folder)
+    dest = quarantine_path(Path(data_root), kind, key)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(folder, dest)
+    except FileNotFoundError:
+        return None
+    record = Quarantined(kind=kind, key=key, moved_to=str(dest), problems=[asdict(p) for p in problems])
+    write_json({**asdict(record), "from": str(folder), "when": datetime.now(timezone.utc).isoformat(),
+                "pid": os.getpid()}, dest / QUARANTINE_RECORD)
+    log.warning("dataset %s/%s is damaged (%s): moved to %s; it is rebuilt", kind, key, record.summary(), dest)
+    return record
