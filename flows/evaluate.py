@@ -1,4 +1,5 @@
-"""Flow `evaluate`: score an encoder or a training checkpoint on STS (dev or the seven test tasks)."""
+"""Flow `evaluate`: score an encoder or a training checkpoint on STS (dev or the seven test tasks) or, with
+`mode: transfer`, on SentEval's seven transfer tasks (deployment `evaluate/transfer`)."""
 
 from __future__ import annotations
 

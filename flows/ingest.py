@@ -1,4 +1,5 @@
-"""Flow `ingest`: Wiki1M, NLI and SentEval STS sources → Parquet datasets (cached by source hash)."""
+"""Flow `ingest`: Wiki1M, NLI, SentEval STS and (dataset `transfer`) SentEval's transfer tasks → Parquet datasets
+(cached by source hash)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from prefect import flow
 from config.stages import IngestConfig
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
+from tasks.transfer_data import ingest_transfer
 
 
 @flow(name="ingest", log_prints=True)
 def ingest(config: IngestConfig = IngestConfig()) -> dict[str, DatasetRef]:
-    refs = {name: ingest_dataset(name, config) for name in config.datasets}
+    refs = {name: ingest_transfer(config) if name == "transfer" else ingest_dataset(name, config) for name in config.datasets}
     for name, ref in refs.items():
         print(f"{name:7s} {ref.rows:>9,d} rows  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
     return refs

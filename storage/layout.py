@@ -7,17 +7,23 @@
       datasets/<kind>/<key>.shards/         finished shards of a dataset still being built
       datasets/<kind>/<key>.lock            held (flock) by the one process building the dataset
       catalog.duckdb                        DuckDB views over the Parquet outputs
+      quarantine/<kind>/<key>-<time>/       damaged datasets moved aside (never deleted), with quarantine.json
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
-from storage.atomic import clean_temporaries
-from storage.locks import exclusive
-from storage.manifest import Manifest, read_manifest_if_complete
+from storage.atomic import TMP_PREFIX, clean_temporaries, process_alive, remove_path, temporary_owner
+from storage.locks import exclusive, try_exclusive
+from storage.manifest import Manifest, ManifestError, read_manifest_if_complete
 
-KINDS = ("wiki1m", "nli", "sts", "tokens", "corruption", "evaluations", "comparisons")
+log = logging.getLogger(__name__)
+
+KINDS = ("wiki1m", "nli", "sts", "transfer", "tokens", "corruption", "evaluations", "comparisons")
 
 
 class DataRoot:
@@ -57,15 +63,94 @@ class DataRoot:
         a crash there until the dataset is published. It has no manifest, so it is never a dataset."""
         return self.kind_dir(kind) / f"{key}.shards"
 
-    def building(self, kind: str, key: str):
+    def lock_path(self, kind: str, key: str) -> Path:
+        return self.kind_dir(kind) / f"{key}.lock"
+
+    @contextlib.contextmanager
+    def building(self, kind: str, key: str) -> Iterator[None]:
         """The dataset's build lock (`storage.locks.exclusive` on `<key>.lock` beside it): concurrent flows that
         need the same dataset (the children of a sweep on several workers) build it once; the others wait here
-        and then find it complete."""
-        return exclusive(self.kind_dir(kind) / f"{key}.lock", f"dataset {kind}/{key}")
+        and then find it complete. Once held, the leftovers of killed builders of the kind are removed
+        (`clean_stale`)."""
+        with exclusive(self.lock_path(kind, key), f"dataset {kind}/{key}"):
+            self.clean_stale(kind, key)
+            yield
+
+    def clean_stale(self, kind: str, held_key: str | None = None) -> list[Path]:
+        """Remove the `.tmp-*` leftovers of killed writers of this kind (dataset folders being built, shard files):
+        those of `held_key`, whose build lock the caller holds, and those of any other key whose build lock is free
+        and whose writer process is dead. A live writer's temporaries are never touched (it holds the lock)."""
+        d = self.kind_dir(kind)
+        if not d.is_dir():
+            return []
+        candidates: list[tuple[str, Path]] = []  # (key, leftover)
+        for p in d.iterdir():
+            if p.name.startswith(TMP_PREFIX) and (owner := temporary_owner(p)) is not None:
+                candidates.append((owner[0], p))
+            elif p.name.endswith(".shards") and p.is_dir():
+                key = p.name[: -len(".shards")]
+                candidates += [(key, q) for q in p.iterdir() if q.name.startswith(TMP_PREFIX)]
+        removed: list[Path] = []
+        for key, p in sorted(candidates, key=lambda kp: kp[0]):
+            if key != held_key:
+                owner = temporary_owner(p)
+                if owner is None or process_alive(owner[1]):
+                    continue
+                with try_exclusive(self.lock_path(kind, key)) as free:
+                    if not free:
+                        continue
+                    remove_path(p)
+            else:
+                remove_path(p)
+            removed.append(p)
+        if removed:
+            log.warning("removed %d leftover temporaries of killed %s builds: %s", len(removed), kind,
+                        ", ".join(str(p) for p in removed))
+        return removed
 
     def find(self, kind: str, key: str) -> Manifest | None:
-        """The manifest of a complete dataset with this key, or None (a cache miss)."""
-        return read_manifest_if_complete(self.dataset_dir(kind, key))
+        """The manifest of a complete dataset with this key, or None (a cache miss). Not verified: stages reuse a
+        dataset through `reuse`, which checks it first."""
+        try:
+            return read_manifest_if_complete(self.dataset_dir(kind, key))
+        except ManifestError:
+            return None
+
+    def reuse(self, kind: str, key: str, *, full: bool = False, quarantine: bool = True):
+        """A cache hit that verifies what it reuses: `(manifest, None)` for an intact dataset, `(None, None)` when
+        there is none, and `(None, Quarantined)` when one was there but damaged (`storage.integrity.check_dataset`;
+        `full` adds the content hashes): it is moved to the quarantine, so the caller rebuilds it. Call it holding
+        the dataset's build lock (`building`). With `quarantine=False` a damaged dataset is only reported as a miss."""
+        from storage.integrity import check_dataset
+        from storage.integrity import quarantine as move_aside
+
+        folder = self.dataset_dir(kind, key)
+        if not folder.exists():
+            return None, None
+        problems = check_dataset(folder, kind, key, full=full)
+        if not problems:
+            return Manifest.read(folder), None
+        if not quarantine:
+            return None, None
+        return None, move_aside(self.root, folder, kind, key, problems)
+
+    def verify(self, kind: str, key: str, full: bool = True) -> Manifest:
+        """The manifest of an intact dataset; `storage.integrity.DatasetDamaged` naming the file otherwise."""
+        from storage.integrity import DatasetDamaged, check_dataset
+
+        m = self.require(kind, key)
+        if problems := check_dataset(self.dataset_dir(kind, key), kind, key, full=full):
+            raise DatasetDamaged(problems)
+        return m
+
+    def dataset_dirs(self, kind: str) -> list[Path]:
+        """Every dataset folder of a kind, complete or not (not the `.tmp-*` builds and `.shards` work folders):
+        a folder there without a readable manifest is damaged, since only complete datasets are ever published."""
+        d = self.kind_dir(kind)
+        if not d.is_dir():
+            return []
+        return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX)
+                      and not p.name.endswith(".shards"))
 
     def require(self, kind: str, key: str) -> Manifest:
         m = self.find(kind, key)
@@ -81,7 +166,14 @@ class DataRoot:
         found = []
         if d.is_dir():
             for sub in d.iterdir():
-                if sub.is_dir() and (m := read_manifest_if_complete(sub)) is not None:
+                if not sub.is_dir() or sub.name.startswith(TMP_PREFIX):
+                    continue
+                try:
+                    m = read_manifest_if_complete(sub)
+                except ManifestError as e:  # damaged: skipped here, reported by `cse verify` and the catalog
+                    log.warning("skipping dataset folder %s: %s", sub, e)
+                    continue
+                if m is not None:
                     found.append((sub, m))
         return sorted(found, key=lambda pm: pm[1].created)
 

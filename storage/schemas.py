@@ -60,8 +60,9 @@ CORRUPTION = pa.schema(
     ]
 )
 
-# One row per evaluation (dataset kind "evaluations", one dataset per evaluation). Scores are
-# Spearman ×100 (null when not computed in that mode); `details` holds the full result as JSON.
+# One row per evaluation (dataset kind "evaluations", one dataset per evaluation). STS scores are
+# Spearman ×100, transfer scores accuracy ×100 (null when not computed in that mode); `details` holds the full
+# result as JSON.
 EVALUATIONS = pa.schema(
     [
         pa.field("evaluation_id", pa.string(), nullable=False),
@@ -83,6 +84,11 @@ EVALUATIONS = pa.schema(
         *[pa.field(f"retrieval_r{k}", pa.float64()) for k in (1, 3, 5, 10)],
         pa.field("alignment", pa.float64()),
         pa.field("uniformity", pa.float64()),
+        # mode "transfer": SentEval transfer accuracies ×100 (null otherwise); sts_source / sts_hash then name the
+        # transfer input (`transfer:<origin>:<location>`, hash of its files)
+        *[pa.field(t, pa.float64()) for t in ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc", "transfer_avg")],
+        pa.field("mrpc_f1", pa.float64()),
+        pa.field("transfer_devacc_avg", pa.float64()),
         pa.field("sentences", pa.int64(), nullable=False),
         pa.field("seconds", pa.float64(), nullable=False),
         pa.field("details", pa.string(), nullable=False),  # the full result, JSON
@@ -96,7 +102,7 @@ COMPARISONS = pa.schema(
     [
         pa.field("comparison_id", pa.string(), nullable=False),
         pa.field("created", pa.string(), nullable=False),
-        pa.field("table", pa.string(), nullable=False),  # sts | retrieval | align_uniform | parameters
+        pa.field("table", pa.string(), nullable=False),  # sts | retrieval | align_uniform | parameters | transfer
         pa.field("row_kind", pa.string(), nullable=False),  # run | published | difference
         pa.field("label", pa.string(), nullable=False),
         pa.field("method", pa.string()),

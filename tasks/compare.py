@@ -1,8 +1,9 @@
 """Compare stage: chosen training runs beside the papers' published numbers (config/published.py).
 
 `select_runs` reads finished, test-evaluated training runs from MLflow (by method, tags, experiment, parent
-group or run id); `build_comparison` turns them into long-form rows of four tables — STS (7 tasks + avg),
-retrieval, alignment/uniformity, trainable parameters — each run followed by the published row of the same
+group or run id); `build_comparison` turns them into long-form rows of five tables — STS (7 tasks + avg),
+retrieval, alignment/uniformity, trainable parameters, and the SentEval transfer tasks (runs that were
+test-evaluated on them: `transfer_evaluation`) — each run followed by the published row of the same
 method, backbone and setting and by their difference (run − published). A run on a backbone no paper reports
 (the packaged MiniLM of the smoke presets) is compared with the BERT-base row of its method and setting, and
 the published row's `source` says so. `record_comparison` writes the Parquet dataset, the MLflow artifacts
@@ -33,8 +34,10 @@ TABLES: dict[str, tuple[str, ...]] = {
     "retrieval": ("retrieval_r1", "retrieval_r3", "retrieval_r5", "retrieval_r10"),
     "align_uniform": ("alignment", "uniformity", "sts_avg"),
     "parameters": ("trainable_parameters",),
+    "transfer": (*published.TRANSFER_TASKS, "transfer_avg"),
 }
-_SOURCES = {"sts": published.STS, "retrieval": published.RETRIEVAL, "align_uniform": published.ALIGN_UNIFORM}
+_SOURCES = {"sts": published.STS, "retrieval": published.RETRIEVAL, "align_uniform": published.ALIGN_UNIFORM,
+            "transfer": published.TRANSFER}
 
 
 class RunRecord(BaseModel):
@@ -158,7 +161,8 @@ def _fmt(v: Any) -> str:
 def render_markdown(tables: dict[str, list[dict[str, Any]]]) -> str:
     parts = []
     titles = {"sts": "STS (Spearman ×100, test)", "retrieval": "Retrieval (STS-B test)",
-              "align_uniform": "Alignment / uniformity (STS-B test, lower is better)", "parameters": "Trainable parameters"}
+              "align_uniform": "Alignment / uniformity (STS-B test, lower is better)", "parameters": "Trainable parameters",
+              "transfer": "SentEval transfer tasks (accuracy ×100, test; DiffCSE Table 2)"}
     for table, rows in tables.items():
         cols = ["label", "row", *TABLES[table], "source"]
         parts.append(f"### {titles[table]}\n")
@@ -221,4 +225,7 @@ def _prefect_artifacts(comparison_id: str, tables: dict[str, list[dict[str, Any]
 
     if "sts" in tables:
         create_table_artifact(table=tables["sts"], key="comparison-sts", description=f"comparison {comparison_id}: STS vs published")
+    if "transfer" in tables:
+        create_table_artifact(table=tables["transfer"], key="comparison-transfer",
+                              description=f"comparison {comparison_id}: transfer tasks vs published")
     create_markdown_artifact(markdown=markdown, key="comparison", description=f"comparison {comparison_id}")

@@ -1,0 +1,280 @@
+"""Readers of SentEval's seven transfer (classification) tasks, exactly as SentEval's loaders read them.
+
+Layout (SentEval's `data/downstream`; the local mirror is `../shared/data/senteval/downstream`):
+
+| task | files | SentEval's reading rule |
+|---|---|---|
+| MR | `MR/rt-polarity.{pos,neg}` | latin-1, `f.read().splitlines()`, every line kept (blank ones too), label pos 1 / neg 0 |
+| CR | `CR/custrev.{pos,neg}` | the same (2 + 2 blank lines are kept: SentEval's N counts them) |
+| SUBJ | `SUBJ/subj.{objective,subjective}` | the same; objective = 1, subjective = 0 (SentEval passes objective as "pos") |
+| MPQA | `MPQA/mpqa.{pos,neg}` | the same (1 + 2 blank lines kept) |
+| SST-2 | `SST/binary/sentiment-{train,dev,test}` | UTF-8, `sentence<TAB>label` a line |
+| TREC | `TREC/train_5500.label`, `TREC/TREC_10.label` | latin-1, `COARSE:fine question`; label = the coarse class (ABBR 0, DESC 1, ENTY 2, HUM 3, LOC 4, NUM 5) |
+| MRPC | `MRPC/msr_paraphrase_{train,test}.txt` | UTF-8, tab-separated `Quality, #1 ID, #2 ID, #1 String, #2 String`; the first line is the header (it starts with a BOM) and is skipped |
+
+Every sentence is whitespace-split and re-joined with single spaces (SentEval's `split()` followed by the
+batcher's `' '.join`), so a blank line becomes the empty sentence. Rows: one per example, in file order
+(pos file first, then neg, as SentEval concatenates them), `example_index` counting from 0 within (task, split);
+the cross-validated tasks (MR, CR, SUBJ, MPQA) have the single split `all`. A malformed line raises
+`storage.readers.DataFormatError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from storage.readers import DataFormatError, ReadStats, require_file
+
+TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
+TASK_DIRS = {"mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST/binary", "trec": "TREC", "mrpc": "MRPC"}
+BINARY_FILES = {  # (label-1 file, label-0 file)
+    "mr": ("rt-polarity.pos", "rt-polarity.neg"),
+    "cr": ("custrev.pos", "custrev.neg"),
+    "subj": ("subj.objective", "subj.subjective"),
+    "mpqa": ("mpqa.pos", "mpqa.neg"),
+}
+SST_FILES = {"train": "sentiment-train", "dev": "sentiment-dev", "test": "sentiment-test"}
+TREC_FILES = {"train": "train_5500.label", "test": "TREC_10.label"}
+MRPC_FILES = {"train": "msr_paraphrase_train.txt", "test": "msr_paraphrase_test.txt"}
+TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
+NCLASSES = {"mr": 2, "cr": 2, "subj": 2, "mpqa": 2, "sst2": 2, "trec": 6, "mrpc": 2}
+SPLITS = {t: ("all",) for t in BINARY_FILES} | {"sst2": tuple(SST_FILES), "trec": tuple(TREC_FILES), "mrpc": tuple(MRPC_FILES)}
+
+# SentEval's task sizes (../shared/data/README.md): (task, split) → examples.
+EXPECTED_COUNTS: dict[tuple[str, str], int] = {
+    ("mr", "all"): 10_662, ("cr", "all"): 3_775, ("subj", "all"): 10_000, ("mpqa", "all"): 10_606,
+    ("sst2", "train"): 67_349, ("sst2", "dev"): 872, ("sst2", "test"): 1_821,
+    ("trec", "train"): 5_452, ("trec", "test"): 500,
+    ("mrpc", "train"): 4_076, ("mrpc", "test"): 1_725,
+}
+
+TRANSFER = pa.schema(
+    [
+        pa.field("task", pa.string(), nullable=False),  # mr, cr, subj, mpqa, sst2, trec, mrpc
+        pa.field("split", pa.string(), nullable=False),  # all (cross-validated tasks) | train | dev | test
+        pa.field("example_index", pa.int32(), nullable=False),  # file order within (task, split), from 0
+        pa.field("sentence1", pa.string(), nullable=False),
+        pa.field("sentence2", pa.string()),  # MRPC's second sentence; null elsewhere
+        pa.field("label", pa.int8(), nullable=False),
+        pa.field("file", pa.string(), nullable=False),  # source file, relative to the downstream folder
+        pa.field("line", pa.int32(), nullable=False),  # 1-based line in that file
+    ]
+)
+
+
+class CountMismatchError(ValueError):
+    """A task's example count differs from SentEval's."""
+
+
+def transfer_root(path: str | Path) -> Path:
+    """Accept the downstream folder itself, or a folder holding `downstream/` (or SentEval's `data/downstream`)."""
+    p = Path(path)
+    for cand in (p, p / "downstream", p / "data" / "downstream", p / "SentEval" / "data" / "downstream"):
+        if all((cand / d).is_dir() for d in TASK_DIRS.values()):
+            return cand
+    missing = [d for d in TASK_DIRS.values() if not (p / "downstream" / d).is_dir() and not (p / d).is_dir()]
+    raise FileNotFoundError(f"missing SentEval transfer data: expected folders {', '.join(TASK_DIRS.values())} under {p} "
+                            f"(or {p}/downstream); not found: {', '.join(missing)}")
+
+
+def _words(s: str) -> str:
+    return " ".join(s.split())
+
+
+def _decode(path: Path, encoding: str) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise DataFormatError(path, line, f"invalid {encoding} at byte {e.start}: {raw[max(0, e.start - 10):e.end + 10]!r}") from None
+
+
+def _lines_by_iteration(text: str) -> list[str]:
+    """Lines as `for line in open(...)` yields them (split on \\n only; the last line may lack it)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+@dataclass
+class _Rows:
+    cols: dict[str, list] = field(default_factory=lambda: {f.name: [] for f in TRANSFER})
+
+    def add(self, task: str, split: str, idx: int, s1: str, s2: str | None, label: int, file: str, line: int) -> None:
+        for k, v in zip(("task", "split", "example_index", "sentence1", "sentence2", "label", "file", "line"),
+                        (task, split, idx, s1, s2, label, file, line)):
+            self.cols[k].append(v)
+
+    def table(self) -> pa.Table:
+        return pa.table({f.name: pa.array(self.cols[f.name], f.type) for f in TRANSFER}, schema=TRANSFER)
+
+
+def _read_binary(root: Path, task: str, rows: _Rows, st: ReadStats) -> None:
+    idx = 0
+    for label, name in zip((1, 0), BINARY_FILES[task]):
+        path = require_file(root / TASK_DIRS[task] / name, f"{task.upper()} file")
+        rel = f"{TASK_DIRS[task]}/{name}"
+        for ln, line in enumerate(_decode(path, "latin-1").splitlines(), start=1):  # SentEval: f.read().splitlines()
+            s = _words(line)
+            if not s:
+                st.empty += 1
+            rows.add(task, "all", idx, s, None, label, rel, ln)
+            idx += 1
+
+
+def _read_sst(root: Path, rows: _Rows, st: ReadStats) -> None:
+    for split, name in SST_FILES.items():
+        path = require_file(root / TASK_DIRS["sst2"] / name, f"SST-2 {split} file")
+        rel = f"{TASK_DIRS['sst2']}/{name}"
+        idx = 0
+        for ln, line in enumerate(_lines_by_iteration(_decode(path, "utf-8")), start=1):
+            parts = line.strip().split("\t")
+            if len(parts) != 2:
+                raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected 2 (sentence, label)")
+            if parts[1] not in ("0", "1"):
+                raise DataFormatError(path, ln, f"label {parts[1]!r} is not 0 or 1")
+            s = _words(parts[0])
+            if not s:
+                st.empty += 1
+            rows.add("sst2", split, idx, s, None, int(parts[1]), rel, ln)
+            idx += 1
+
+
+def _read_trec(root: Path, rows: _Rows, st: ReadStats) -> None:
+    for split, name in TREC_FILES.items():
+        path = require_file(root / "TREC" / name, f"TREC {split} file")
+        rel = f"TREC/{name}"
+        idx = 0
+        for ln, line in enumerate(_lines_by_iteration(_decode(path, "latin-1")), start=1):
+            target, sep, rest = line.strip().partition(":")
+            if not sep:
+                raise DataFormatError(path, ln, "no ':' after the coarse label (expected `COARSE:fine question`)")
+            if target not in TREC_CLASSES:
+                raise DataFormatError(path, ln, f"coarse label {target!r} is not one of {', '.join(TREC_CLASSES)}")
+            fine, sep, question = rest.partition(" ")
+            if not sep:
+                raise DataFormatError(path, ln, "no question after the fine label")
+            s = _words(question)
+            if not s:
+                st.empty += 1
+            rows.add("trec", split, idx, s, None, TREC_CLASSES.index(target), rel, ln)
+            idx += 1
+
+
+def _read_mrpc(root: Path, rows: _Rows, st: ReadStats) -> None:
+    for split, name in MRPC_FILES.items():
+        path = require_file(root / "MRPC" / name, f"MRPC {split} file")
+        rel = f"MRPC/{name}"
+        lines = _lines_by_iteration(_decode(path, "utf-8"))
+        if not lines or not lines[0].lstrip("\ufeff").startswith("Quality"):
+            raise DataFormatError(path, 1, "expected the header `Quality\\t#1 ID\\t#2 ID\\t#1 String\\t#2 String` (BOM allowed)")
+        idx = 0
+        for ln, line in enumerate(lines[1:], start=2):  # SentEval drops the header line
+            parts = line.strip().split("\t")
+            if len(parts) < 5:
+                raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected 5 (Quality, #1 ID, #2 ID, #1 String, #2 String)")
+            if parts[0] not in ("0", "1"):
+                raise DataFormatError(path, ln, f"quality {parts[0]!r} is not 0 or 1")
+            s1, s2 = _words(parts[3]), _words(parts[4])
+            if not s1 or not s2:
+                st.empty += 1
+            rows.add("mrpc", split, idx, s1, s2, int(parts[0]), rel, ln)
+            idx += 1
+
+
+def read_transfer(path: str | Path, tasks: tuple[str, ...] = TRANSFER_TASKS, check_counts: bool = True) -> tuple[pa.Table, ReadStats]:
+    """The transfer tasks' examples (schema `TRANSFER`). With `check_counts`, every (task, split) must hold
+    SentEval's number of examples (`EXPECTED_COUNTS`), else `CountMismatchError` naming the files."""
+    unknown = [t for t in tasks if t not in TRANSFER_TASKS]
+    if unknown:
+        raise ValueError(f"unknown transfer task(s) {unknown}; known: {', '.join(TRANSFER_TASKS)}")
+    root = transfer_root(path)
+    rows, st = _Rows(), ReadStats()
+    for task in tasks:
+        if task in BINARY_FILES:
+            _read_binary(root, task, rows, st)
+        else:
+            {"sst2": _read_sst, "trec": _read_trec, "mrpc": _read_mrpc}[task](root, rows, st)
+    table = rows.table()
+    counts: dict[tuple[str, str], int] = {}
+    for t, s in zip(rows.cols["task"], rows.cols["split"]):
+        counts[(t, s)] = counts.get((t, s), 0) + 1
+    for (t, s), n in counts.items():
+        st.details[f"{t}/{s}"] = n
+    if check_counts:
+        bad = {f"{t}/{s}": (counts.get((t, s), 0), n) for (t, s), n in EXPECTED_COUNTS.items()
+               if t in tasks and counts.get((t, s), 0) != n}
+        if bad:
+            files = ", ".join(str(root / TASK_DIRS[k.split('/')[0]]) for k in bad)
+            raise CountMismatchError(f"transfer task sizes differ from SentEval's (got, expected): {bad} ({files})")
+    st.rows = table.num_rows
+    return table, st
+
+
+def transfer_source_files(path: str | Path, tasks: tuple[str, ...] = TRANSFER_TASKS) -> list[Path]:
+    """Every file `read_transfer` reads, in a fixed order (for content hashing)."""
+    root = transfer_root(path)
+    files: list[Path] = []
+    for task in tasks:
+        d = root / TASK_DIRS[task]
+        names = BINARY_FILES.get(task) or {"sst2": SST_FILES, "trec": TREC_FILES, "mrpc": MRPC_FILES}[task].values()
+        files += [d / n for n in names]
+    for f in files:
+        require_file(f, "SentEval transfer file")
+    return files
+
+
+# ---------------------------------------------------------------- the evaluation stage's input
+
+
+@dataclass(frozen=True)
+class TransferInput:
+    table: pa.Table
+    origin: str  # "dataset" | "folder"
+    location: str  # dataset key or folder path
+    content_hash: str
+
+
+def load_transfer_input(spec: str | None, root, shared_data: Path | None = None) -> TransferInput:
+    """The transfer table for `spec`: an existing folder (SentEval layout), else a `transfer` dataset key.
+
+    `spec=None`: `<shared_data>/senteval` when it holds the transfer tasks, else the newest ingested `transfer`
+    dataset, else a FileNotFoundError saying to run the `ingest` flow with dataset `transfer`.
+    """
+    from storage.datasets import read_dataset
+    from storage.hashing import sha256_files
+
+    def from_folder(folder: Path) -> TransferInput:
+        table, _ = read_transfer(folder)
+        return TransferInput(table=table, origin="folder", location=str(transfer_root(folder)),
+                             content_hash=sha256_files(transfer_source_files(folder)))
+
+    def from_dataset(m) -> TransferInput:
+        return TransferInput(table=read_dataset(root, "transfer", m.key), origin="dataset", location=m.key,
+                             content_hash=m.content_hash)
+
+    if spec is None:
+        if shared_data is not None:
+            try:
+                return from_folder(transfer_root(Path(shared_data) / "senteval"))
+            except FileNotFoundError:
+                pass
+        found = root.list("transfer")
+        if found:
+            return from_dataset(found[-1][1])
+        raise FileNotFoundError(f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} "
+                                f"nor a `transfer` dataset under {root.root}; run the `ingest` flow with datasets "
+                                "[\"transfer\"] (or pass `transfer` = a SentEval folder or a transfer dataset key)")
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        return from_folder(p)
+    m = root.find("transfer", spec)
+    if m is None:
+        raise FileNotFoundError(f"transfer input {spec!r} is neither a SentEval folder nor a `transfer` dataset under "
+                                f"{root.root}; run the `ingest` flow (dataset transfer) or pass an existing folder")
+    return from_dataset(m)

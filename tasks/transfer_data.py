@@ -1,0 +1,63 @@
+"""Ingestion of SentEval's seven transfer tasks: the SentEval folder (local path, mirror or `senteval.tar`) →
+the Parquet dataset `transfer` (schema `storage.transfer.TRANSFER`), cached by the content hash of its files.
+
+Kept beside `tasks/ingest.py` (which ingests Wiki1M, NLI and STS) so that each reader stays in its own module;
+the `ingest` flow dispatches the dataset name `transfer` here.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlflow
+from prefect import task
+
+from config.settings import get_settings
+from config.stages import IngestConfig
+from storage.catalog import refresh_catalog
+from storage.datasets import DatasetRef, write_dataset
+from storage.hashing import stable_hash, sha256_files
+from storage.layout import DataRoot
+from storage.sources import resolve_source
+from storage.transfer import TRANSFER, read_transfer, transfer_source_files
+from tasks.ingest import _logger
+from tasks.tracking import stage_run
+
+SCHEMA_VERSION = 1
+
+
+def transfer_key(source_hash: str) -> str:
+    return stable_hash({"stage": "ingest", "dataset": "transfer", "source": source_hash, "v": SCHEMA_VERSION})
+
+
+@task(name="ingest-transfer", retries=0)
+def ingest_transfer(config: IngestConfig) -> DatasetRef:
+    """MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC → dataset `transfer`; counts checked against SentEval's."""
+    log = _logger()
+    root = DataRoot(get_settings().data_root)
+    src_cfg = config.senteval
+    t0 = time.perf_counter()
+    with stage_run("data", "ingest-transfer", params={"dataset": "transfer", "source": src_cfg.model_dump(mode="json")}):
+        src = resolve_source(root, "sts", src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries)
+        digest = sha256_files(transfer_source_files(src.path))
+        key = transfer_key(digest)
+        mlflow.set_tags({"dataset": "transfer", "source_origin": src.origin, "source_location": src.location,
+                         "source_hash": digest, "key": key})
+        with root.building("transfer", key):
+            manifest = root.find("transfer", key)
+            hit = manifest is not None
+            if not hit:
+                table, stats = read_transfer(src.path)
+                if stats.empty:
+                    log.warning("%s: %d blank examples (kept, as SentEval keeps them)", src.path, stats.empty)
+                manifest = write_dataset(root, "transfer", key, [table], TRANSFER,
+                                         params={"dataset": "transfer", "schema_version": SCHEMA_VERSION},
+                                         source={**src.describe(), "dataset": "transfer"}, inputs={"source": digest},
+                                         stats=stats.as_dict())
+                refresh_catalog(root)
+        seconds = time.perf_counter() - t0
+        mlflow.log_metrics({"rows": manifest.rows, "empty": manifest.stats.get("empty", 0), "cache_hit": float(hit),
+                            "seconds": seconds})
+        mlflow.set_tag("content_hash", manifest.content_hash)
+        log.info("transfer: %d rows, key %s (%s) in %.1fs", manifest.rows, key, "cache hit" if hit else "written", seconds)
+    return DatasetRef.of(root, manifest, cache_hit=hit)
