@@ -10,6 +10,7 @@ from config.stages import _Config
 
 Pooler = Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "mask"]
 Task = Literal["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+TransferTask = Literal["mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc"]
 
 
 class EvalConfig(_Config):
@@ -28,19 +29,33 @@ class EvalConfig(_Config):
     sentences unless `uniformity_dedup`.
     """
 
-    model: str | None = Field(default=None, description="HF model id, local folder or `packaged:minilm`")
+    model: str | None = Field(default=None, min_length=1, pattern=r"\S", description="HF model id, local folder or `packaged:minilm`")
     pooler: Pooler | None = Field(default=None, description="required with `model`; a checkpoint brings its own")
-    checkpoint: str | None = Field(default=None, description="checkpoint folder, `runs:/<run id>` or a bare MLflow run id")
+    checkpoint: str | None = Field(default=None, min_length=1, pattern=r"\S",
+                                   description="checkpoint folder, `runs:/<run id>` or a bare MLflow run id (never empty)")
     first_layer: Literal[0, 1] = Field(
         default=0, description="hidden_states index used as 'first' by avg_first_last: 0 = embeddings (DiffCSE/DCPCSE code), 1 = first layer (SimCSE's current code)")
     template: str | None = Field(default=None, description="prompt template with {sentence} (and [MASK] for pooler 'mask')")
-    mode: Literal["test", "dev"] = "test"
+    mode: Literal["test", "dev", "transfer"] = Field(
+        default="test", description="test: the seven STS tasks (+ extras); dev: STS-B/SICK-R dev; transfer: SentEval's "
+                                    "seven classification tasks (evaluation/transfer.py)")
     tasks: tuple[Task, ...] | None = Field(default=None, description="test-mode subset of the seven tasks; None = all (Avg. needs all)")
     sts: str | None = Field(
         default=None, description="an `sts` dataset key in the data root or a SentEval folder; None = the shared mirror, else the newest ingested `sts` dataset")
+    transfer: str | None = Field(
+        default=None, description="mode transfer: a `transfer` dataset key or a SentEval folder; None = the shared mirror, else "
+                                  "the newest ingested `transfer` dataset")
+    transfer_tasks: tuple[TransferTask, ...] | None = Field(
+        default=None, description="mode transfer: subset of MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC; None = all (Avg. needs all)")
+    transfer_classifier: Literal["test", "fasttest"] = Field(
+        default="test", description="SentEval classifier settings: test = the papers' (Adam, batch 64, tenacity 5, epoch "
+                                    "size 4, 10 folds); fasttest = their dev mode (RMSprop, batch 128, tenacity 3, epoch size 2, 5 folds)")
+    transfer_limit: int | None = Field(
+        default=None, ge=10, description="mode transfer: keep about this many evenly spaced examples per task split (smoke runs, tests)")
     batch_size: int = Field(default=128, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="fp32", description="fp32 as the reference evaluates; bf16 (or auto: bf16 on GPU) only when asked, and recorded")
     retrieval_match: Literal["index", "string"] = Field(
         default="string", description="headline duplicate rule of retrieval (both are logged): index = exact corpus position, string = deduplicated corpus")
     retrieval_ks: tuple[int, ...] = (1, 3, 5, 10)
@@ -50,7 +65,7 @@ class EvalConfig(_Config):
     uniformity_dedup: bool = Field(default=False, description="uniformity over distinct sentences instead of all 2,758")
     extras: bool = Field(default=True, description="test mode: retrieval, alignment/uniformity, qualitative, plots")
     label: str | None = Field(default=None, description="row label in tables; default: model + pooler or the checkpoint")
-    experiment: str = "evaluation"
+    experiment: str = Field(default="evaluation", min_length=1, pattern=r"\S")
     progress: bool = True
 
     @model_validator(mode="after")
@@ -59,6 +74,8 @@ class EvalConfig(_Config):
             raise ValueError("set `model` (with `pooler`) or `checkpoint`")
         if self.checkpoint is None and self.pooler is None:
             raise ValueError(f"`pooler` is required to evaluate model {self.model!r}")
+        if self.mode == "transfer" and self.tasks is not None:
+            raise ValueError("`tasks` names STS tasks; in transfer mode use `transfer_tasks`")
         if self.mode == "dev" and self.tasks is not None and any(t not in ("stsb", "sickr") for t in self.tasks):
             raise ValueError("dev mode scores only stsb and sickr")
         if any(k < 1 for k in self.retrieval_ks):

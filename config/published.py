@@ -11,10 +11,15 @@ from __future__ import annotations
 from storage.readers import SEVEN_TASKS
 
 
+def _row(columns: tuple[str, ...], source: str, scores: tuple[float, ...]) -> dict[str, float | str]:
+    """A published table row: one number per column (the tasks, then their average)."""
+    if len(scores) != len(columns):
+        raise ValueError(f"{source}: {len(columns) - 1} tasks + avg expected, got {len(scores)} numbers")
+    return {"source": source, **dict(zip(columns, scores))}
+
+
 def _sts(source: str, *scores: float) -> dict[str, float | str]:
-    if len(scores) != 8:
-        raise ValueError(f"{source}: 7 tasks + avg expected, got {len(scores)} numbers")
-    return {"source": source, **dict(zip((*SEVEN_TASKS, "sts_avg"), scores))}
+    return _row((*SEVEN_TASKS, "sts_avg"), source, scores)
 
 
 STS: dict[tuple[str, str, str], dict[str, float | str]] = {
@@ -85,6 +90,30 @@ PARAMETERS: dict[tuple[str, str], dict[str, float | str]] = {
     ("diffcse", "bert-base"): {"source": "DiffCSE paper (≈220M)", "trainable_parameters": 220_000_000},
 }
 
+# DiffCSE Table 2: SentEval transfer tasks, accuracy ×100 (logistic regression on frozen embeddings, SentEval "test"
+# settings). DiffCSE's rows are its transfer models (Table 13 hyperparameters: presets `transfer`,
+# `transfer-roberta-base`); the SimCSE rows are quoted from the SimCSE paper (Gao et al., 2021), "w/ MLM" being SimCSE
+# with its auxiliary MLM objective (no preset here). Kept out of `published_keys()`: a transfer row is a second number
+# for a (method, backbone, setting) that already has an STS row, not a separate model to reproduce.
+TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
+
+
+def _transfer(source: str, *scores: float) -> dict[str, float | str]:
+    return _row((*TRANSFER_TASKS, "transfer_avg"), source, scores)
+
+
+TRANSFER: dict[tuple[str, str, str], dict[str, float | str]] = {
+    ("simcse", "bert-base", "unsup"): _transfer("SimCSE paper (DiffCSE Table 2)", 81.18, 86.46, 94.45, 88.88, 85.50, 89.80, 74.43, 85.81),
+    ("simcse-mlm", "bert-base", "unsup"): _transfer("SimCSE paper, w/ MLM (DiffCSE Table 2)", 82.92, 87.23, 95.71, 88.73, 86.81, 87.01, 78.07, 86.64),
+    ("diffcse", "bert-base", "unsup"): _transfer("DiffCSE paper (transfer model)", 82.69, 87.23, 95.23, 89.28, 86.60, 90.40, 76.58, 86.86),
+    ("simcse", "roberta-base", "unsup"): _transfer("SimCSE paper (DiffCSE Table 2)", 81.04, 87.74, 93.28, 86.94, 86.60, 84.60, 73.68, 84.84),
+    ("simcse-mlm", "roberta-base", "unsup"): _transfer("SimCSE paper, w/ MLM (DiffCSE Table 2)", 83.37, 87.76, 95.05, 87.16, 89.02, 90.80, 75.13, 86.90),
+    ("diffcse", "roberta-base", "unsup"): _transfer("DiffCSE paper (transfer model)", 82.82, 88.61, 94.32, 87.71, 88.63, 90.40, 76.81, 87.04),
+}
+
+# DiffCSE Tables 3–6 (§9.7): average dev accuracy of the 7 transfer tasks (SentEval "fasttest" devacc), BERT-base.
+TRANSFER_DEV_AVG: dict[str, float] = {"simcse": 83.91, "simcse-batchnorm": 85.66, "diffcse": 85.95, "diffcse-no-batchnorm": 85.24}
+
 # §9.6 D2CSE ablation (Table 6), avg of 7 STS: variant → {(setting, cls_prompt): avg}.
 D2CSE_ABLATION: dict[str, dict[tuple[str, bool], float]] = {
     "a": {("unsup", True): 78.22, ("unsup", False): 78.22, ("sup", True): 81.23, ("sup", False): 81.21},
@@ -107,3 +136,28 @@ def setting_of(method: str, preset: str, supervised: bool) -> str:
     if method == "diffaug" and not supervised:
         return "semi-aux" if "aux" in preset else "semi"
     return "sup" if supervised else "unsup"
+
+
+def preset_row(method: str, preset: str) -> tuple[str, str | None, str]:
+    """(method, backbone family, setting) of a preset: the published row it reproduces (family None: no paper row)."""
+    from config.presets import resolve_train_config
+
+    cfg = resolve_train_config(preset, method=method)
+    return method, backbone_family(cfg.backbone), setting_of(method, preset, cfg.supervised)
+
+
+def published_keys() -> set[tuple[str, str, str]]:
+    """Every (method, backbone family, setting) with a published number (STS, re-runs, retrieval, align/uniform,
+    parameters at the unsupervised setting, and the D2CSE ablation cells on their base presets)."""
+    keys = set(STS) | set(RERUNS) | set(RETRIEVAL) | set(ALIGN_UNIFORM)
+    keys |= {(method, family, "unsup") for method, family in PARAMETERS}
+    keys |= {("d2cse", "bert-base", setting) for cells in D2CSE_ABLATION.values() for setting, _ in cells}
+    return keys
+
+
+def presets_for(key: tuple[str, str, str]) -> list[str]:
+    """The presets of `key`'s method that reproduce that published row, in preset order (the first is canonical)."""
+    from config.presets import PRESETS
+
+    method = key[0]
+    return [p for p in PRESETS.get(method, {}) if preset_row(method, p) == key]

@@ -43,9 +43,19 @@ class SentEvalSource(_Config):
     url: str = SENTEVAL_URL
     path: str | None = None
     sha256: str | None = None
+    expected_rows: dict[str, int] | None = Field(
+        default_factory=lambda: dict(_senteval_expected_rows()),
+        description="scored pairs per task (sts12 …) or split (stsb/dev, sickr/test …), checked after reading; "
+                    "default: the counts of ../shared/data/README.md; None skips the check")
 
 
-Dataset = Literal["wiki1m", "nli", "sts"]
+def _senteval_expected_rows() -> dict[str, int]:
+    from storage.readers import SENTEVAL_EXPECTED_ROWS
+
+    return SENTEVAL_EXPECTED_ROWS
+
+
+Dataset = Literal["wiki1m", "nli", "sts", "transfer"]  # transfer: SentEval's 7 classification tasks (tasks/transfer_data.py)
 
 
 class IngestConfig(_Config):
@@ -54,14 +64,27 @@ class IngestConfig(_Config):
     nli: NliSource = NliSource()
     senteval: SentEvalSource = SentEvalSource()
     download_retries: int = Field(default=3, ge=0)
+    strict: bool = Field(default=False, description="control characters and over-long lines in a source are errors "
+                         "naming file and line (by default they are counted in the manifest and the MLflow run)")
+    max_line_chars: int = Field(default=10_000, ge=1, description="a source line longer than this is counted (an error "
+                                "with strict)")
+    verify: bool = Field(default=False, description="a cache hit also checks the content hash of every file it "
+                         "reuses (file sizes and row counts are always checked)")
 
 
 class TokenizeConfig(_Config):
     """Pre-tokenisation of training text. max_length counts [CLS]/[SEP] (plain HF truncation)."""
 
-    tokenizer: str = "bert-base-uncased"
+    tokenizer: str = Field(default="bert-base-uncased", min_length=1, pattern=r"\S",
+                           description="HF tokenizer id, local folder or packaged:minilm (never empty)")
     max_length: int = Field(default=32, ge=4)
     batch_size: int = Field(default=10_000, ge=1)
+    verify: bool = Field(default=False, description="a cache hit also checks the content hash of every file it "
+                         "reuses (file sizes and row counts are always checked)")
+
+
+# Unsupervised D2CSE/DiffCSE: 2 dropout views x 2 epochs, each with its own corruption (methods.md §4 step 2).
+UNSUP_REFERENCE_VARIANTS = 4
 
 
 class CorruptConfig(_Config):
@@ -73,16 +96,34 @@ class CorruptConfig(_Config):
         default="argmax",
         description="argmax = the reference code (greedy); sample = draw from the generator's softmax (DiffCSE paper text)",
     )
-    variants: int = Field(default=1, ge=1, description="independent corruptions per sentence")
+    positions: Literal["masked", "all"] = Field(
+        default="masked",
+        description="where G's prediction replaces the input: masked = the selected positions only (3x cheaper); "
+                    "all = every real token but [CLS], as the reference code (G may rewrite an unmasked token)")
+    variants: int | None = Field(
+        default=None, ge=1,
+        description="independent corruptions per sentence; None = the reference's fresh corruption for every view of "
+                    "every epoch (a training job resolves it to epochs x views per column; the stage alone uses "
+                    f"{UNSUP_REFERENCE_VARIANTS}, the 2 views x 2 epochs of unsupervised D2CSE/DiffCSE); 1 = the cheaper "
+                    "single corruption shared by all views and epochs")
     seed: int = 42
     shard_size: int = Field(default=50_000, ge=1, description="sentences per shard")
     batch_size: int = Field(default=256, ge=1)
     generator_dropout: bool = Field(
-        default=False,
-        description="run the generator in train mode as the reference code does (dropout on)",
+        default=True,
+        description="run the generator in train mode (dropout on), as the reference code does (methods.md §4, §10.1)",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = Field(default=True, description="bf16 autocast on GPU (ignored on CPU)")
+
+    @property
+    def resolved_variants(self) -> int:
+        """The number of variants the stage writes (`variants`, or the unsupervised reference default)."""
+        return self.variants if self.variants is not None else UNSUP_REFERENCE_VARIANTS
+
+    def resolved(self) -> CorruptConfig:
+        """This config with `variants` made explicit (what the stage computes and hashes)."""
+        return self if self.variants is not None else self.model_copy(update={"variants": self.resolved_variants})
 
     @field_validator("generator")
     @classmethod

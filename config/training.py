@@ -29,11 +29,18 @@ LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
 Method = Literal["d2cse", "simcse", "dcpcse", "diffcse", "diffaug"]
 
 
+def required_variants(epochs: int, supervised: bool) -> int:
+    """Corruption variants for a fresh corruption of every view of every epoch (the reference's on-the-fly
+    generation, methods.md §4 step 2): each column is read by 2 views unsupervised (the sentence twice) and by 1
+    supervised (anchor, entailment and contradiction are columns). See tasks/train_data.py."""
+    return epochs * (1 if supervised else 2)
+
+
 class PrefixPhaseConfig(_Config):
     """DiffAug stage 1 (methods.md §6): prefix-only tuning on NLI for a fixed number of steps, cycling the data."""
 
     steps: int = Field(default=2000, ge=1)
-    learning_rate: float = 1e-3
+    learning_rate: float = Field(default=1e-3, gt=0)
     batch_size: int = Field(default=128, ge=2)
     schedule_over_joint_steps: bool = Field(
         default=True, description="reference quirk: its linear decay is computed over the stage-2 step count, so it never reaches 0")
@@ -42,31 +49,42 @@ class PrefixPhaseConfig(_Config):
 class TrainConfig(_Config):
     method: Method = "d2cse"
     preset: str = "default"
-    backbone: str = "bert-base-uncased"
+    backbone: str = Field(default="bert-base-uncased", min_length=1, pattern=r"\S",
+                          description="HF model id, local folder or packaged:minilm (never empty)")
     supervised: bool = False
     ingest: IngestConfig = IngestConfig()
-    max_length: int = 32
+    max_length: int = Field(default=32, ge=4)
     corrupt: CorruptConfig = CorruptConfig()
     model: dict[str, Any] = Field(default_factory=dict, description="the method's model config (backbone excluded)")
     prefix_phase: PrefixPhaseConfig | None = Field(default=None, description="DiffAug stage 1; None for every other method")
     aux_nli_batch_size: int = Field(default=0, ge=0, description="DiffAug semi w/ aux: NLI rows batched beside each Wiki batch")
 
     batch_size: int = Field(default=144, ge=2)
-    learning_rate: float = 0.021
+    learning_rate: float = Field(default=0.021, gt=0)
     epochs: int = Field(default=2, ge=1)
-    max_steps: int | None = Field(default=None, description="stop after this many optimiser steps (smoke runs)")
-    max_train_sentences: int | None = Field(default=None, description="use only the first N training rows")
-    grad_clip: float = 1.0
-    seed: int = 42
+    max_steps: int | None = Field(default=None, ge=1, description="stop after this many optimiser steps (smoke runs); "
+                                  "None = no limit (0 is refused, never a synonym of None)")
+    max_train_sentences: int | None = Field(default=None, ge=1, description="use only the first N training rows; None = all")
+    grad_clip: float = Field(default=1.0, gt=0, description="global gradient-norm clipping threshold")
+    seed: int = Field(default=42, ge=0)
     eval_steps: int = Field(default=125, ge=1)
-    checkpoint_steps: int | None = Field(default=None, description="resume-state cadence; default = eval_steps")
-    eval_batch_size: int = 128
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+    checkpoint_steps: int | None = Field(default=None, ge=1, description="resume-state cadence; None = eval_steps")
+    eval_batch_size: int = Field(default=128, ge=1)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(default="auto", description="training autocast; auto: bf16 on GPU, fp32 on CPU")
+    eval_precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="STS-B dev selection and the test evaluation: fp32 as the reference evaluates; bf16 only when asked")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     deterministic: bool = Field(default=False, description="torch deterministic algorithms (resume gives bit-identical weights)")
     log_steps: int = Field(default=10, ge=1)
     system_metrics: bool = True
     test_evaluation: bool = True
+    selection: Literal["stsb", "transfer"] = Field(
+        default="stsb", description="checkpoint selection every eval_steps: stsb = STS-B dev Spearman (the papers); transfer = "
+                                    "the average dev accuracy of SentEval's 7 transfer tasks in SimCSE's fasttest settings "
+                                    "(SimCSE's trainer `eval_transfer`; metric transfer_dev_avg)")
+    transfer_evaluation: bool = Field(
+        default=False, description="test-evaluate the selected checkpoint on the 7 transfer tasks too (SentEval test settings; "
+                                   "metrics mr … mrpc, transfer_avg in the training run); implied by selection transfer")
     nproc_per_node: int = Field(default=1, ge=1, description="training processes (one per GPU) on each node; > 1 "
                                 "launches torchrun (tasks/distributed_train.py); batch sizes stay global")
     nnodes: int = Field(default=1, ge=1, description="nodes of a multi-node job: rendezvous at $CSE_RDZV_ENDPOINT "
@@ -84,6 +102,9 @@ class TrainConfig(_Config):
         full = cls.config_class.from_dict({"backbone": self.backbone, **self.model}).to_dict()
         full.pop("backbone")
         object.__setattr__(self, "model", full)
+        if cls.uses_corruption and self.corrupt.variants is None:  # the reference: a fresh corruption per view and epoch
+            object.__setattr__(self, "corrupt", self.corrupt.model_copy(
+                update={"variants": required_variants(self.epochs, self.supervised)}))
         phases = cls.phases
         if "prefix" in phases and self.prefix_phase is None:
             raise ValueError(f"method {self.method} trains a prefix phase first: set prefix_phase")

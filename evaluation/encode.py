@@ -1,4 +1,4 @@
-"""Embedding a list of sentences once: length-sorted batches, inference mode, bf16 autocast on GPU.
+"""Embedding a list of sentences once: length-sorted batches, inference mode, fp32 unless bf16 autocast is asked for.
 
 The embedder's module modes (train/eval of every submodule) are restored afterwards, so a training
 loop can call this on its live model.
@@ -34,7 +34,7 @@ class EncodeStats:
 
 
 def autocast_context(device: torch.device, precision: str):
-    """`auto`: bf16 autocast on CUDA, fp32 elsewhere; `bf16` forces autocast; `fp32` none."""
+    """`fp32` (the default everywhere, as the reference evaluates): no autocast; `bf16` forces autocast; `auto`: bf16 on CUDA."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
@@ -72,7 +72,7 @@ def embed_token_ids(
     token_ids: Sequence[Sequence[int]],
     *,
     batch_size: int = 128,
-    precision: str = "auto",
+    precision: str = "fp32",
     progress: bool = False,
     desc: str = "embedding",
 ) -> tuple[Tensor, EncodeStats]:

@@ -167,7 +167,7 @@ class Evaluator:
         tasks: Sequence[str] | None = None,
         extras: bool = True,
         batch_size: int = 128,
-        precision: str = "auto",
+        precision: str = "fp32",
         progress: bool = False,
     ) -> EvalResult:
         """Embed every unique sentence once and compute all scores of `mode`."""

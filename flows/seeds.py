@@ -35,8 +35,8 @@ def seed_summary(results: list[ChildResult], metrics: tuple[str, ...] = SUMMARY_
 @flow(name="seeds", log_prints=True)
 def seeds(method: str = "d2cse", preset: str = "default", n: int = 5, seed_list: list[int] | None = None,
           overrides: dict[str, Any] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> list[dict]:
-    seed_list = seed_list or [42 + i for i in range(n)]
-    resolve_train_config(preset, overrides, method=method)  # fail fast on a bad preset/override
+    base = resolve_train_config(preset, overrides, method=method)  # fail fast on a bad preset/override
+    seed_list = seed_list or [base.seed + i for i in range(n)]  # from the preset's own seed (42; DiffAug's scripts: 0)
     children = [Child(label=f"seed-{s}", method=method, preset=preset, overrides=deep_merge(overrides or {}, {"seed": s}))
                 for s in seed_list]
     group = Group("seeds", method, {"preset": preset, "overrides": overrides or {}, "seeds": seed_list})

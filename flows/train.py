@@ -29,13 +29,14 @@ def sts_table_text(metrics: dict[str, float]) -> str:
 
 
 def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str, str] | None = None) -> TrainResult:
-    """The stages of one training job, inside whichever flow calls it."""
-    tokens = prepare_tokens(cfg.dataset, cfg.ingest, cfg.tokenize_config())
+    """The stages of one training job, inside whichever flow calls it. Every dataset it reuses is verified down to
+    its content hash before training (a damaged one is quarantined and rebuilt)."""
+    tokens = prepare_tokens(cfg.dataset, cfg.ingest, cfg.tokenize_config(), verify=True)
     nli_tokens = None
     if cfg.needs_nli:
-        nli_tokens = tokens if cfg.dataset == "nli" else prepare_tokens("nli", cfg.ingest, cfg.tokenize_config())
-    sts = ingest_dataset("sts", cfg.ingest)
-    corruption = corrupt(tokens_key=tokens.key, config=cfg.corrupt) if cfg.uses_corruption else None
+        nli_tokens = tokens if cfg.dataset == "nli" else prepare_tokens("nli", cfg.ingest, cfg.tokenize_config(), verify=True)
+    sts = ingest_dataset("sts", cfg.ingest, verify=True)
+    corruption = corrupt(tokens_key=tokens.key, config=cfg.corrupt, verify=True) if cfg.uses_corruption else None
     result = train_model(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=tags)
     print(f"{cfg.method}/{cfg.preset}: MLflow run {result.run_id}, {result.steps} steps, best STS-B dev "
           f"{result.best_stsb_dev:.2f}" + (f" (resumed from step {result.resumed_from})" if result.resumed_from is not None else ""))

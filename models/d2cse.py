@@ -8,7 +8,8 @@ hidden states gives `L_CRTD`. `L = L_CL + λ·L_CRTD`. Evaluation embedding: CLS
 Ablations of §5 (Fig. 3 / Table 6) are configuration switches:
 (a) `discriminator_prompts=False` — the frozen PLM without prompts as discriminator (a separate frozen copy
     computes exactly the same function, so the shared frozen module is reused), conditioned on `h`;
-(b) as (a) plus `train_discriminator=True` — a trainable copy of the PLM as discriminator;
+(b) as (a) plus `train_discriminator=True` — a trainable copy of the PLM as discriminator, in its own AdamW group at
+    `discriminator_learning_rate` (default 7e-6, DiffCSE's discriminator LR; the paper states none);
 (c) `condition_discriminator=False` — shared prompts, the discriminator sees its ordinary [CLS] input;
 (d) defaults — shared prompts + conditioning = D2CSE.
 
@@ -44,11 +45,17 @@ class D2CSEModelConfig(PromptConfig):
     discriminator_prompts: bool = True
     condition_discriminator: bool = True
     train_discriminator: bool = False
+    # Ablation (b) only: the trainable discriminator's own AdamW learning rate. The D2CSE paper gives none; DiffCSE
+    # trains the same kind of discriminator (a full BERT-base copy) at its encoder LR, 7e-6 (methods.md §4), whereas
+    # the prompt LR (0.021 / 0.055) would be ~3,000x that.
+    discriminator_learning_rate: float = 7e-6
     discriminator_reuses_prefix_sample: bool = False
 
     def __post_init__(self):
         self.check_prompts()
         check_objective(self.temperature, self.rtd_weight)
+        if self.discriminator_learning_rate <= 0:
+            raise ValueError(f"discriminator_learning_rate must be positive, got {self.discriminator_learning_rate}")
         if self.discriminator_reuses_prefix_sample and not self.discriminator_prompts:
             raise ValueError("discriminator_reuses_prefix_sample needs discriminator_prompts=True")
 
@@ -127,6 +134,17 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         """Conditioned on `h` unless ablation (c); a fresh prefix sample unless `discriminator_reuses_prefix_sample`."""
         return self.discriminate(corrupted_ids, attention_mask, h if self.config.condition_discriminator else None,
                                  token_type_ids, prefix=context if self.config.discriminator_reuses_prefix_sample else None)
+
+    def parameter_groups(self, phase: str) -> list[dict]:
+        """Prompts, [CLS] prompt, BN-MLP and RTD head at the job's LR; ablation (b)'s trainable discriminator in a group of
+        its own at `discriminator_learning_rate`."""
+        params = self.phase_parameters(phase)
+        if self.discriminator is None:
+            return [{"params": params}]
+        disc = {id(p) for p in self.discriminator.parameters()}
+        return [{"params": [p for p in params if id(p) not in disc]},
+                {"params": [p for p in params if id(p) in disc], "lr": self.config.discriminator_learning_rate,
+                 "name": "discriminator"}]
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Evaluation embedding `(B, d)`: CLS before the pooler with prompts active (§1.3, §5)."""

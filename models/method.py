@@ -6,7 +6,8 @@ A method is one module in `models/` holding a config dataclass (a `MethodConfig`
 - `training_step(batch, step, phase)` → `StepOutput(loss, metrics)` on a `TrainBatch` of `(B, n, T)` rows;
   `step` is the number of completed optimiser steps (schedules such as DCPCSE's MLM weight read it);
 - `phases` names the training phases in order (DiffAug: "prefix" then "joint"; everyone else: "main") and
-  `phase_parameters(phase)` the tensors the optimiser of that phase steps;
+  `phase_parameters(phase)` the tensors the optimiser of that phase steps (`parameter_groups(phase)`: the same as
+  AdamW groups, where a group may carry its own learning rate);
 - `embed` (from `SentenceEmbedder`) is the evaluation embedding; `evaluation_pooler` names it;
 - `backbone` is the pretrained encoder as loaded; its shape and `pretrained_fingerprint` (taken when the
   model is built, before any update) let a checkpoint refuse a different backbone at load time.
@@ -152,6 +153,11 @@ class CSEModel(SentenceEmbedder):
         if phase not in self.phases:
             raise ValueError(f"{self.method} has phases {self.phases}, not {phase!r}")
         return [p for p in self.parameters() if p.requires_grad]
+
+    def parameter_groups(self, phase: str) -> list[dict[str, Any]]:
+        """AdamW parameter groups of `phase`: one group at the phase's learning rate by default. A group with its own
+        `"lr"` keeps it (D2CSE ablation (b): the trainable discriminator); the linear decay scales every group."""
+        return [{"params": self.phase_parameters(phase)}]
 
     def trainable_parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

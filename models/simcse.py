@@ -39,10 +39,15 @@ class SimCSEConfig(MethodConfig):
     temperature: float = 0.05
     mlp_only_train: bool = True
     hard_negative_weight: float = 0.0
+    # False: no MLP in training either; the loss reads the raw CLS state (sentence-transformers' CLS pooling +
+    # MultipleNegativesRankingLoss: the peer cross-check of benchmarks/learning.py). Not a reference setting.
+    train_mlp: bool = True
 
     def __post_init__(self):
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if not self.train_mlp and not self.mlp_only_train:
+            raise ValueError("train_mlp=False needs mlp_only_train=True (the evaluation would read an untrained MLP)")
 
 
 class SimCSE(CSEModel):
@@ -87,7 +92,7 @@ class SimCSE(CSEModel):
             raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
         batch, n, length = input_ids.shape
         cls = self.encode_cls(input_ids.reshape(-1, length), attention_mask.reshape(-1, length))
-        z = self.mlp(cls).view(batch, n, -1)
+        z = (self.mlp(cls) if self.config.train_mlp else cls).view(batch, n, -1)
         loss = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None, temperature=self.config.temperature,
                                 hard_negative_weight=self.config.hard_negative_weight)
         return loss, z

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import asdict
 import threading
 import time
 from collections.abc import Iterator
@@ -53,9 +54,10 @@ from storage.catalog import refresh_catalog
 from storage.datasets import DatasetRef, publish_files
 from storage.hashing import sha256_file, stable_hash
 from storage.layout import DataRoot
+from storage.integrity import Quarantined
 from storage.manifest import Manifest
 from tasks.ingest import _logger
-from tasks.tracking import configure_mlflow, stage_run
+from tasks.tracking import configure_mlflow, log_quarantine, stage_run
 
 SCHEMA_VERSION = 1
 KIND = "corruption"
@@ -78,6 +80,7 @@ class CorruptPlan(BaseModel):
     part_rows: list[int]
     special_ids: list[int]
     cached: bool
+    quarantined: dict | None = None  # a damaged dataset of this key moved aside while planning (logged when publishing)
 
     @property
     def n_shards(self) -> int:
@@ -148,6 +151,7 @@ def corruption_key(tokens: Manifest, config: CorruptConfig, generator: dict[str,
         "tokenizer": tokens.params.get("tokenizer_fingerprint"), "mask_ratio": config.mask_ratio,
         "mode": config.mode, "variants": config.variants, "seed": config.seed, "shard_size": config.shard_size,
         "generator_dropout": config.generator_dropout, "precision": precision, "v": SCHEMA_VERSION,
+        **({"positions": config.positions} if config.positions != "masked" else {}),  # (keys made before the flag stay)
     })
 
 
@@ -174,15 +178,20 @@ def check_generator_vocabulary(tokens: Manifest, generator: str) -> list[int]:
 
 
 @task(name="corrupt-plan", cache_policy=NO_CACHE)
-def plan_corruption(tokens_key: str, config: CorruptConfig) -> CorruptPlan:
-    """Resolve the key; on a miss check the generator's vocabulary (the generator itself is not loaded)."""
+def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False, locked: bool = False) -> CorruptPlan:
+    """Resolve the key; on a miss check the generator's vocabulary (the generator itself is not loaded).
+
+    An existing dataset is verified before it counts as cached (content hashes too with `verify`); when damaged it is
+    a miss, and with `locked` (the caller holds the build lock) it is moved to the quarantine."""
+    config = config.resolved()  # `variants` None → its explicit default, so both spellings share one dataset
     root = _root()
     tokens = root.require("tokens", tokens_key)
     device = pick_device(config.device)
     precision = "bf16" if device.type == "cuda" and config.bf16 else "fp32"
     generator = generator_identity(config.generator)
     key = corruption_key(tokens, config, generator, precision)
-    cached = root.find(KIND, key) is not None
+    manifest, quarantined = root.reuse(KIND, key, full=verify, quarantine=locked)
+    cached = manifest is not None
     special = [] if cached else check_generator_vocabulary(tokens, config.generator)
     parts = tokens.paths(root.dataset_dir("tokens", tokens_key))
     part_rows = [] if cached else [pq.ParquetFile(p).metadata.num_rows for p in parts]
@@ -190,7 +199,7 @@ def plan_corruption(tokens_key: str, config: CorruptConfig) -> CorruptPlan:
         key=key, data_root=str(root.root), tokens_key=tokens_key, tokens_hash=tokens.content_hash, tokenizer=_tokens_tokenizer(tokens),
         tokenizer_fingerprint=tokens.params.get("tokenizer_fingerprint"), generator=generator, config=config,
         device=str(device), precision=precision, sentences=tokens.rows, part_rows=part_rows, special_ids=special,
-        cached=cached,
+        cached=cached, quarantined=asdict(quarantined) if quarantined is not None else None,
     )
 
 
@@ -201,14 +210,16 @@ _CORRUPTOR_LOCK = threading.Lock()
 def _corruptor(plan: CorruptPlan) -> Corruptor:
     """The generator of this plan, loaded once per process (shard tasks share it)."""
     cfg = plan.config
-    cache_key = (cfg.generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode, cfg.bf16, cfg.generator_dropout)
+    cache_key = (cfg.generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode, cfg.bf16, cfg.generator_dropout,
+                 cfg.positions)
     with _CORRUPTOR_LOCK:
         if cache_key not in _CORRUPTORS:
             _CORRUPTORS.clear()
             tokens = SpecialTokens.from_tokenizer(load_tokenizer(plan.tokenizer))
             model = load_masked_lm(cfg.generator)
             _CORRUPTORS[cache_key] = Corruptor(model, tokens, cfg.mask_ratio, cfg.mode, device=plan.device,
-                                               bf16=cfg.bf16, dropout=cfg.generator_dropout)
+                                               bf16=cfg.bf16, dropout=cfg.generator_dropout,
+                                               all_positions=cfg.positions == "all")
         return _CORRUPTORS[cache_key]
 
 
@@ -346,7 +357,7 @@ def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Ma
         "generator": cfg.generator, "generator_identity": plan.generator, "tokenizer": plan.tokenizer,
         "tokenizer_fingerprint": plan.tokenizer_fingerprint, "mask_ratio": cfg.mask_ratio, "mode": cfg.mode,
         "variants": cfg.variants, "seed": cfg.seed, "shard_size": cfg.shard_size, "batch_size": cfg.batch_size,
-        "generator_dropout": cfg.generator_dropout, "device": plan.device, "precision": plan.precision,
+        "generator_dropout": cfg.generator_dropout, "positions": cfg.positions, "device": plan.device, "precision": plan.precision,
         "schema_version": SCHEMA_VERSION,
     }
     manifest = publish_files(root, KIND, plan.key, files, params=params,
@@ -388,6 +399,8 @@ def publish_corruption(plan: CorruptPlan, shards: list[ShardResult], run_id: str
         release_generators()
     if run_id is not None:
         _log_to_run(run_id, plan, manifest)
+        if plan.quarantined is not None:
+            log_quarantine(Quarantined(**plan.quarantined), _logger(), run_id=run_id)
     _logger().info("corruption %s: %d rows (%s)", plan.key, manifest.rows, "cache hit" if plan.cached else "written")
     return DatasetRef.of(root, manifest, cache_hit=plan.cached)
 

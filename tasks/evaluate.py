@@ -21,7 +21,7 @@ from prefect import task
 from pydantic import BaseModel
 
 from config.evaluation import EvalConfig
-from config.settings import get_settings
+from config.settings import get_settings, redact
 from evaluation import Evaluator
 from evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
 from evaluation.results import EvalResult, csv_table, markdown_table
@@ -68,7 +68,7 @@ def resolve_checkpoint(spec: str, download_to: Path) -> Path:
     try:
         local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(download_to))
     except Exception as e:  # MlflowException or an OSError from the artifact store
-        raise FileNotFoundError(f"cannot download checkpoint {uri} from MLflow ({mlflow.get_tracking_uri()}): {e}") from e
+        raise FileNotFoundError(redact(f"cannot download checkpoint {uri} from MLflow ({mlflow.get_tracking_uri()}): {e}")) from None
     return Path(local)
 
 
@@ -123,25 +123,35 @@ def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str
     return files
 
 
+def row_identity(*, evaluation_id: str, mode: str, label: str, what: dict[str, Any], embedder: dict[str, Any],
+                 mlflow_run_id: str | None, source: str, source_hash: str) -> dict[str, Any]:
+    """The columns every evaluation row shares (STS and transfer): which model, evaluated on which data, when.
+    `what` names the evaluated model (keys model or backbone, pooler, checkpoint, method); missing keys come from
+    the result's `embedder` description."""
+    return {
+        "evaluation_id": evaluation_id,
+        "created": datetime.now(timezone.utc).isoformat(),
+        "mode": mode,
+        "label": label,
+        "model": what.get("model") or what.get("backbone") or embedder.get("model") or embedder.get("backbone"),
+        "pooler": what.get("pooler") or embedder.get("pooler"),
+        "checkpoint": what.get("checkpoint"),
+        "method": what.get("method") or embedder.get("method"),
+        "mlflow_run_id": mlflow_run_id,
+        "sts_source": source,
+        "sts_hash": source_hash,
+    }
+
+
 def evaluation_row(result: EvalResult, *, evaluation_id: str, label: str, what: dict[str, Any], sts: StsInput,
                    mlflow_run_id: str | None) -> dict[str, Any]:
-    """The Parquet row (schema storage.schemas.EVALUATIONS) of one result. `what` names the evaluated
-    model (keys model or backbone, pooler, checkpoint, method); missing keys come from `result.embedder`."""
+    """The Parquet row (schema storage.schemas.EVALUATIONS) of one STS result (see `row_identity` for `what`)."""
     def score(name: str) -> float | None:
         return result.tasks[name].spearman if name in result.tasks else None
 
     row: dict[str, Any] = {
-        "evaluation_id": evaluation_id,
-        "created": datetime.now(timezone.utc).isoformat(),
-        "mode": result.mode,
-        "label": label,
-        "model": what.get("model") or what.get("backbone") or result.embedder.get("model") or result.embedder.get("backbone"),
-        "pooler": what.get("pooler") or result.embedder.get("pooler"),
-        "checkpoint": what.get("checkpoint"),
-        "method": what.get("method") or result.embedder.get("method"),
-        "mlflow_run_id": mlflow_run_id,
-        "sts_source": f"{sts.origin}:{sts.location}",
-        "sts_hash": sts.content_hash,
+        **row_identity(evaluation_id=evaluation_id, mode=result.mode, label=label, what=what, embedder=result.embedder,
+                       mlflow_run_id=mlflow_run_id, source=f"{sts.origin}:{sts.location}", source_hash=sts.content_hash),
         **{t: score(t) for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "stsb_dev", "sickr_dev")},
         "sts_avg": result.sts_avg,
         "sts_avg_pearson": result.sts_avg_pearson,
@@ -214,6 +224,10 @@ def record_evaluation(
 
 def run_evaluation(config: EvalConfig) -> EvalSummary:
     """The whole stage in one MLflow run of experiment `config.experiment` (FAILED on any error)."""
+    if config.mode == "transfer":  # SentEval's classification tasks: tasks/evaluate_transfer.py
+        from tasks.evaluate_transfer import run_transfer_evaluation
+
+        return run_transfer_evaluation(config)
     log = _logger()
     label = config.display_label()
     run_name = f"evaluate-{config.mode}-{label}"[:250]

@@ -35,7 +35,7 @@ from tasks.tracking import (
     prefect_flow_run_id,
 )
 from tasks.train_data import TrainingRows
-from tasks.trainer import LoopConfig, LoopResult, Phase, Trainer, TrainingInterrupted
+from tasks.trainer import LoopConfig, LoopResult, Phase, Trainer, TrainingInterrupted, set_seed
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,15 @@ def load_training_rows(cfg: TrainConfig, root: DataRoot, tokens: DatasetRef, cor
     return rows, nli_rows
 
 
+def transfer_evaluator(data_root):
+    """The SentEval transfer tasks (shared mirror, else the newest ingested `transfer` dataset) and their source."""
+    from evaluation.transfer import TransferEvaluator
+    from storage.transfer import load_transfer_input
+
+    source = load_transfer_input(None, DataRoot(data_root), get_settings().shared_data)
+    return TransferEvaluator(source.table), source
+
+
 def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run_dir: RunDir, run_id: str,
         device: torch.device, precision: str, evaluator, log_params, log_metrics, stop_after: int | None = None,
         hold_gpu_slot: bool = True) -> LoopResult:
@@ -131,16 +140,29 @@ def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run
     (tasks/distributed_train.py; only rank 0 calls the callbacks, so `evaluator` may be None elsewhere)."""
     from models.checkpoint import save_checkpoint
 
+    set_seed(cfg.seed)  # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
     model = build_model(cfg, device)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log_params({"trainable_parameters": n_trainable, "resolved_precision": precision, "resolved_device": str(device),
                 "train_rows": len(rows), "corruption_reuse": rows.reuse_description(cfg.epochs)})
 
+    metric = "transfer_dev_avg" if cfg.selection == "transfer" else "stsb_dev"
+    transfer_dev = None
+
     def save_best(m, step, score):
-        save_checkpoint(m, run_dir.best, extra_meta={"step": step, "stsb_dev": score, "run_id": run_id})
+        save_checkpoint(m, run_dir.best, extra_meta={"step": step, metric: score, "run_id": run_id})
 
     def evaluate_dev(m) -> float:
-        return evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size).metrics()["stsb_dev"]
+        nonlocal transfer_dev
+        stsb = evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision).metrics()["stsb_dev"]
+        if cfg.selection != "transfer":
+            return stsb
+        # SimCSE's trainer with eval_transfer: SentEval fasttest settings, the mean devacc of the 7 tasks
+        if transfer_dev is None:
+            transfer_dev = transfer_evaluator(get_settings().data_root)[0]
+        res = transfer_dev.run(m, classifier="fasttest", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision)
+        log_metrics({"stsb_dev": stsb, **{f"{t}_dev": s.devacc for t, s in res.tasks.items()}}, trainer.step)
+        return res.dev_score
 
     loop = LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
                       max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=cfg.eval_steps,
@@ -148,6 +170,7 @@ def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run
                       precision=precision, deterministic=cfg.deterministic)
     trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop, device, run_dir.state, save_best, evaluate_dev,
                       log_metrics, stop_after=stop_after)
+    trainer.selection_metric = metric
     if trainer.step == 0 and run_dir.has_state():
         _logger().info("resuming %s from %s", run_id, run_dir.state)
     with gpu_slot(device) if hold_gpu_slot else contextlib.nullcontext():
@@ -225,11 +248,21 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
                 test_metrics: dict[str, float] = {}
                 if cfg.test_evaluation:
                     best = load_checkpoint(run_dir.best, device=device)
-                    res = evaluator.run(best, mode="test", batch_size=cfg.eval_batch_size)
+                    res = evaluator.run(best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision)
                     record_evaluation(res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input,
                                       what={"method": cfg.method, "checkpoint": str(run_dir.best), "run_id": run.info.run_id,
                                             "backbone": cfg.backbone})
                     test_metrics = res.metrics()
+                    if cfg.transfer_evaluation or cfg.selection == "transfer":  # SentEval transfer tasks, test settings
+                        from tasks.evaluate_transfer import record_transfer_evaluation
+
+                        transfer, source = transfer_evaluator(root.root)
+                        tres = transfer.run(best, classifier="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision,
+                                            log=plog.info)
+                        record_transfer_evaluation(tres, label=f"{cfg.method}-{cfg.preset}", source=source,
+                                                   what={"method": cfg.method, "checkpoint": str(run_dir.best),
+                                                         "run_id": run.info.run_id, "backbone": cfg.backbone})
+                        test_metrics.update(tres.metrics())
                 mlflow.log_artifacts(str(run_dir.best), artifact_path="checkpoint")
                 mlflow.log_text(json.dumps(cfg.model_dump(), indent=2), "config.json")
                 log_encoder_model(run_dir.best)
@@ -241,7 +274,8 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
             except BaseException:
                 mlflow.end_run(status="FAILED")
                 raise
-        plog.info("trained %d steps; best STS-B dev %.2f at step %s", result.steps, result.best_score or float("nan"), result.best_step)
+        plog.info("trained %d steps; best %s %.2f at step %s", result.steps,
+                  "STS-B dev" if cfg.selection == "stsb" else "transfer dev average", result.best_score or float("nan"), result.best_step)
         out = TrainResult(run_id=run.info.run_id, run_dir=str(run_dir.path), best_checkpoint=str(run_dir.best), steps=result.steps,
                           best_stsb_dev=result.best_score, resumed_from=result.resumed_from, test_metrics=test_metrics)
         run_dir.set_result(out.model_dump())

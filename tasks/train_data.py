@@ -1,10 +1,11 @@
 """Training batches from the token and corruption datasets.
 
 Unsupervised rows hold one sentence used twice (two dropout views); supervised rows hold
-(anchor, entailment, contradiction). Each view reads its own corruption variant:
-view v of epoch e uses variant (e·n_views + v) mod `variants`, so with 2·epochs variants every
-view of every epoch gets a fresh corruption, as DiffCSE's on-the-fly generation does; with one
-variant both views (and all epochs) share it. The choice is logged as `corruption_reuse`.
+(anchor, entailment, contradiction). Each view reads its own corruption variant of its column: a
+column read by k views (k = 2 unsupervised, 1 supervised) gives its j-th view of epoch e the variant
+(e·k + j) mod `variants`. With `variants = epochs·k` (`required_variants`, the training default)
+every view of every epoch gets a fresh corruption, as DiffCSE's on-the-fly generation does; with one
+variant all views and epochs share it. The choice is logged as `corruption_reuse`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from config.training import required_variants
 from models.batching import TrainBatch, pad_sequences
 from storage.training_data import CorruptionRows, TokenRows
 
@@ -31,12 +33,15 @@ class TrainingRows:
         return len(self.view_columns)
 
     def variant(self, epoch: int, view: int) -> int:
-        return (epoch * self.n_views + view) % self.corruption.variants
+        col = self.view_columns[view]
+        per_column = self.view_columns.count(col)
+        slot = self.view_columns[:view].count(col)
+        return (epoch * per_column + slot) % self.corruption.variants
 
     def reuse_description(self, epochs: int) -> str:
         if self.corruption is None:
             return "no corruption (method does not read it)"
-        needed, have = self.n_views * epochs, self.corruption.variants
+        needed, have = required_variants(epochs, supervised=len(set(self.view_columns)) > 1), self.corruption.variants
         if have >= needed:
             return "fresh corruption for every view of every epoch"
         if have == 1:
@@ -61,3 +66,4 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """Random row order of one epoch, a pure function of (seed, epoch) so a resumed run sees the same."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n, generator=g).numpy()
+

@@ -4,7 +4,7 @@ Pure PyTorch plus two callbacks (`log_metrics`, `evaluate_dev`), so MLflow and t
 at the seams (tasks/train.py). The model is a `models.method.CSEModel`; the loop calls its
 `training_step(batch, step, phase)`. A job is a list of `Phase`s run one after the other (one for
 every method but DiffAug, whose prefix-only NLI stage precedes joint tuning); each phase has its
-own data, batch size, learning rate, AdamW over `model.phase_parameters(phase)` and linear decay;
+own data, batch size, learning rate, AdamW over `model.parameter_groups(phase)` and linear decay;
 the global step counts across phases, and dev evaluation / best-checkpoint selection span them all
 (methods.md §6 "Schedules and step counting"). Resume state holds the trainable tensors, optimizer,
 scheduler, RNG states, the position in the data and the best dev score; with `deterministic=True` a
@@ -198,16 +198,19 @@ class Trainer:
         return max(i for i, off in enumerate(self.offsets) if step >= off) if step < self.total_steps else len(self.phases) - 1
 
     def _enter_phase(self, index: int) -> None:
-        """Fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) and linear decay for phase `index`."""
+        """Fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) over the model's parameter groups of phase `index` (a
+        group without its own `lr` takes the phase's) and one linear decay that scales every group."""
         if index == self.phase_index:
             return
         self.phase_index = index
         phase = self.phases[index]
-        if hasattr(self.model, "phase_parameters"):
-            self.params = list(self.model.phase_parameters(phase.name))
+        if hasattr(self.model, "parameter_groups"):
+            groups = [dict(g) for g in self.model.parameter_groups(phase.name)]
         else:
-            self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+            groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
+        groups = [g for g in groups if g["params"]]
+        self.params = [p for g in groups for p in g["params"]]  # clipping and gradient reduction see every group
+        self.optimizer = torch.optim.AdamW(groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         horizon = phase.schedule_steps or phase.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
 
@@ -305,13 +308,15 @@ class Trainer:
             batch.aux = phase.aux_rows.batch(aux_idx, ae)
         return batch, epoch, b
 
+    selection_metric = "stsb_dev"  # what `evaluate_dev` returns (tasks/train.py: transfer_dev_avg with selection transfer)
+
     def _maybe_evaluate(self) -> None:
         score = self.evaluate_dev(self.model)
-        self.log_metrics({"stsb_dev": score}, self.step)
+        self.log_metrics({self.selection_metric: score}, self.step)
         if self.best_score is None or score > self.best_score:  # strictly better (methods.md §1.5)
             self.best_score, self.best_step = score, self.step
             self.save_best(self.model, self.step, score)
-            self.log_metrics({"best_stsb_dev": score}, self.step)
+            self.log_metrics({f"best_{self.selection_metric}": score}, self.step)
 
     def run(self) -> LoopResult:
         torch.use_deterministic_algorithms(self.cfg.deterministic, warn_only=True)
@@ -347,6 +352,8 @@ class Trainer:
                 dt = max(time.perf_counter() - window_t, 1e-9)
                 metrics.update(learning_rate=self.scheduler.get_last_lr()[0], epoch=epoch + (b + 1) / phase.steps_per_epoch,
                                phase=float(self.phase_index), sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt)
+                for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
+                    metrics[f"learning_rate_{group.get('name', 'group')}"] = lr
                 if self.device.type == "cuda":
                     metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 if self.rank == 0:

@@ -55,7 +55,7 @@ def tokens_key(root, tokenizer, wiki_ids) -> str:
 
 @pytest.fixture
 def config(tiny_generator_dir) -> CorruptConfig:
-    return CorruptConfig(generator=str(tiny_generator_dir), shard_size=64, batch_size=16, device="cpu")
+    return CorruptConfig(generator=str(tiny_generator_dir), shard_size=64, batch_size=16, device="cpu", variants=1)
 
 
 def _compute_shards(tokens_key: str, config: CorruptConfig, order=None):

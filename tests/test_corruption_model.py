@@ -172,3 +172,25 @@ def test_dropout_only_when_asked_and_bad_settings_refused(generator, special):
         Corruptor(generator, special, 0.0)
     with pytest.raises(ValueError, match="mode"):
         Corruptor(generator, special, 0.3, mode="beam")
+
+
+def test_all_positions_is_the_reference_full_argmax(generator, special, wiki_ids, tokenizer):
+    """`all_positions`: G's argmax at every real position, then [CLS] restored and pads kept (methods.md §4 step 3);
+    the default touches the selected positions only, and the two agree there."""
+    generator.eval()
+    seqs = wiki_ids[:48]
+    ids, attention = _padded(seqs, special.pad)
+    noise = Noise.draw(ids.shape, special.vocab_size, torch.Generator().manual_seed(3), with_sample=False)
+    full = Corruptor(generator, special, 0.3, all_positions=True)(ids, attention, noise=noise)
+    only = Corruptor(generator, special, 0.3)(ids, attention, noise=noise)
+    masked, selected = mask_tokens(ids, candidate_mask(ids, attention, special), noise, 0.3, special)
+    with torch.no_grad():
+        reference = generator(input_ids=masked, attention_mask=attention).logits[..., : special.vocab_size].argmax(-1)
+    reference[:, 0] = tokenizer.cls_token_id
+    reference = torch.where(attention.bool(), reference, ids)
+    assert torch.equal(full.corrupted, reference)
+    assert torch.equal(full.corrupted[selected], only.corrupted[selected])
+    unselected = attention.bool() & ~selected
+    assert torch.equal(only.corrupted[unselected], ids[unselected])
+    assert (full.corrupted[unselected] != ids[unselected]).any()  # a random G rewrites unmasked tokens too
+    assert torch.equal(full.labels.bool(), (full.corrupted != ids) & attention.bool())

@@ -122,6 +122,22 @@ def test_training_loss_is_contrastive_on_mlp_of_cls(make_model, tokenizer):
     assert (z[:, 0] - z[:, 1]).abs().max() > 1e-4  # dropout makes the two views differ
 
 
+def test_without_training_mlp_the_loss_reads_the_raw_cls_state(make_model, tokenizer):
+    """`train_mlp=False` (the sentence-transformers peer setting): CLS pooling + the contrastive loss, MLP unused."""
+    model = make_model(train_mlp=False).train()
+    ids, mask = _views(tokenizer)
+    torch.manual_seed(7)
+    loss, z = model(ids, mask)
+    torch.manual_seed(7)
+    cls = model.backbone(input_ids=ids.reshape(-1, T), attention_mask=mask.reshape(-1, T)).last_hidden_state[:, 0]
+    torch.testing.assert_close(z, cls.view(B, 2, D), rtol=0, atol=0)
+    torch.testing.assert_close(loss, contrastive_loss(z[:, 0], z[:, 1], temperature=0.05), rtol=0, atol=0)
+    loss.backward()
+    assert all(p.grad is None for p in model.mlp.parameters())
+    with pytest.raises(ValueError, match="train_mlp"):
+        make_model(train_mlp=False, mlp_only_train=False)
+
+
 def test_supervised_three_views(make_model, tokenizer):
     model = make_model(mlp_only_train=False).train()
     ids, mask = _views(tokenizer, n=3)

@@ -1,0 +1,943 @@
+"""Paper-scale dry run: every training preset of every method builds at full size and steps through the real trainer.
+
+    python benchmarks/dry_run.py [--methods d2cse,simcse] [--presets default,dcpcse/sup] [--threads 1]
+        [--max-memory-gb 8] [--step-budget-s 4] [--include-smoke] [--no-meta] [--out benchmarks/results]
+
+For every preset `config.presets.PRESETS[method][name]` (resolved at run time with
+`config.presets.resolve_train_config(name, method=method)`, so presets added later are picked up; the `smoke*`
+presets are left out unless `--include-smoke` or named in `--presets`: they are MiniLM-sized and run by the tests):
+
+1. Build. The backbone is RANDOM-INITIALISED at the preset's real shape (no pretrained weights are reachable
+   here), seeded with the preset's seed: `bert-base-uncased` = `BertConfig()`; `bert-large-uncased` = 1024 hidden,
+   24 layers, 16 heads, 4096 intermediate; `roberta-base` = `RobertaConfig(vocab_size=50265,
+   max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)`;
+   `roberta-large` = the same with 1024/24/16/4096; `packaged:minilm` is loaded as is (real weights). The
+   model is `models.registry.model_class(method)(config, backbone=<that model>, tokenizer=...)`.
+   Tokenizers: BERT-uncased shapes use the packaged MiniLM tokenizer (bert-base-uncased vocabulary).
+   RoBERTa shapes use `RobertaIdsStandIn` below: no RoBERTa tokenizer is reachable offline, so a minimal object
+   carries RoBERTa's ids (<s>=0, <pad>=1, </s>=2, <unk>=3, <mask>=50264, 50265 entries) and an `encode` that
+   maps words to deterministic ids (only DiffAug's template needs `encode`; the number of template ids it
+   yields is not RoBERTa BPE's). DCPCSE with `mlm=True` gets a fresh LM head (`MaskedLMHead.fresh`, same shape
+   and parameter count as the pretrained head it would load). Trainable parameters are counted on this model
+   and checked against methods.md §1.4 where the table gives the figure.
+   Generators (`cfg.corrupt.generator`, the methods that read corrupted ids): `distilbert-base-uncased` =
+   random DistilBERT MLM 768/6 layers/12 heads/3072, vocab 30522; `distilroberta-base` = random RoBERTa MLM
+   768/6/12/3072, vocab 50265; `random-init:*` = `models.loading.build_random_masked_lm`.
+
+2. Data. Synthetic token rows, every row exactly `cfg.max_length` ids (the worst case: no padding is saved):
+   `[CLS] w … w [SEP]` (RoBERTa: `<s> … </s>`) with ids drawn from the backbone's ordinary vocabulary;
+   unsupervised = one column (two dropout views), supervised = three columns (anchor, positive, hard negative);
+   DiffAug also gets NLI triplet rows (stage-1 data and the auxiliary batch). The rows are wrapped as the
+   training stage does (`storage.training_data.TokenRows` / `CorruptionRows` → `tasks.train_data.TrainingRows`)
+   and the phases come from `tasks.train.training_phases(cfg, rows, nli_rows)`.
+   Corruption (DiffCSE, D2CSE): the preset's random-init generator runs through the project's corruption code
+   (`models.corruption.Corruptor` + `corrupt_sequences`) at the preset's mask ratio and mode, one variant per
+   view (what epoch 0 of a job reads with the reference's fresh-corruption default); it corrupts up to 16
+   distinct sentences per (column, variant) and the batches tile those (the generator shape is exercised;
+   corrupting every row of a 512-row batch would cost minutes of CPU for nothing the dry run checks).
+
+3. Steps. `tasks.trainer.Trainer` itself (`DryRunTrainer`, a subclass that only adds timing/memory probes
+   around the real `_train_step`, turns `save_state` into a no-op and, on meta only, skips autocast) runs 2
+   optimiser steps: 2 steps of the one phase for every method; for DiffAug 1 prefix-phase step + 1 joint step
+   (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so a second one per phase
+   did not fit the time budget; its timings are therefore first-step timings, ~5–20 % above a warm step
+   judging from the other methods). Harness callbacks: `evaluate_dev` returns the constant 0.0 (the trainer's
+   end-of-run selection then calls `save_best` once), `save_best` writes nothing, `log_metrics` keeps the
+   metrics in memory; `eval_steps`/`checkpoint_steps`/`log_steps` = 10^9; precision fp32; deterministic off;
+   the resume state (`save_state`) is not written (the dry run measures steps, not checkpoint I/O; the temp
+   `state_dir` is passed and stays empty).
+   a. CPU run at a micro batch: the largest of {real batch, 64, 32, 16, 8, 4, 2} (below the real batch) whose
+      predicted CPU time of the batch-proportional part of a step fits `--step-budget-s` and whose predicted
+      peak RSS fits `--max-memory-gb` (predictions from a FLOP model calibrated on the presets measured so far). Every batch
+      size of the job (main, DiffAug prefix phase, DiffAug aux NLI) is scaled by the same factor (>= 2, aux
+      >= 1). Where the real batch fits, it runs for real (`real_batch_run`: true).
+   b. Meta run at the REAL batch (`--no-meta` skips it): the same model moved to `torch.device("meta")`
+      (shapes only: no compute, no memory), a fresh trainer, the real batch sizes, the same step counts
+      (2; DiffAug 1 prefix + 1 joint). It
+      catches shape/build errors at the real batch. The trainer turns metrics into Python floats, which meta
+      tensors cannot do; during this run only, `torch.Tensor.__float__` returns NaN for meta tensors
+      (`_meta_floats`; see the trainer change proposed in the report). Model code that branches on tensor
+      VALUES (e.g. DiffAug's row checks, DCPCSE's MLM boolean indexing) cannot run on meta: such a preset is
+      reported `meta: unsupported (<op> at file:line)`, not as a failure (the CPU run covers those paths);
+      any other meta error fails the preset. Also during the meta run only, transformers' SDPA-mask shortcut
+      (`masking_utils._ignore_bidirectional_mask_sdpa`, which reads the padding mask's values to skip building
+      the mask) answers False for meta masks, so the plain (unprompted) encoders of SimCSE/DiffCSE build their mask.
+
+4. Figures (per phase; the table shows the joint/main phase):
+   - s/step measured = the last step of the phase in the CPU run, as wall time and as process CPU time (with
+     one thread the CPU time is the compute, unaffected by other jobs sharing the cores; the wall time is not);
+     `const` = its batch-independent part: AdamW step + gradient clipping (timed by wrapping both) + for DiffAug
+     the template-denoising forward/backward (timed once more on its own after the run).
+   - CPU s/step projected at the real batch (`--threads` threads) = const + (measured CPU s - const) × real
+     rows / measured rows: a LINEAR projection in rows (attention over 32–50 positions is close to linear);
+     the same projection of the wall time is in the JSON.
+   - peak CPU memory: process peak RSS during the steps (VmHWM, reset through /proc/self/clear_refs before every
+     step; psutil RSS sampling where that is not allowed), and `act_mb` = peak RSS during the FORWARD
+     (`model.training_step`, wrapped for the measurement) of the last step − RSS before that step: the saved
+     activations and forward temporaries of that batch (grads and AdamW states of the previous step are already
+     resident; the backward's weight gradients do not grow with the batch). `step_peak_delta_mb` (JSON) is the
+     whole step's peak − RSS before it.
+   - projected GPU memory at the real batch, bf16 autocast (stated formula, CUDA context not included):
+       4·N_all (fp32 weights) + 2·N_all (autocast's bf16 weight copies) + 12·N_trainable (fp32 grads + AdamW m, v)
+       + 0.5 × act_mb × real rows / measured rows (activations measured in fp32 on CPU, halved for bf16;
+       DiffAug's template-denoising activations are batch-independent and added unscaled).
+   `N_trainable` is the phase's optimiser parameters; the GPU figure is the max over phases.
+
+Output: one JSON (`<out>/dry_run.json`, rewritten after every preset) and a markdown table (`<out>/dry_run.md`).
+A preset that fails to build or step prints its traceback; the others still run; the exit status is 1 if any
+failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every method in PRESETS)")
+    p.add_argument("--presets", default="", help="comma-separated preset names or method/name pairs (default: all)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--max-memory-gb", type=float, default=8.0, help="predicted peak RSS budget of a CPU run")
+    p.add_argument("--step-budget-s", type=float, default=4.0,
+                   help="predicted CPU seconds of the batch-proportional part of one step (picks the micro batch)")
+    p.add_argument("--include-smoke", action="store_true", help="also run the smoke* presets (MiniLM-sized, covered by tests)")
+    p.add_argument("--no-meta", action="store_true", help="skip the real-batch meta-device run")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results", help="output folder")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":  # thread settings must precede the torch import
+    _ARGS = _parse_args(sys.argv[1:])
+    for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[_v] = str(_ARGS.threads)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TQDM_DISABLE", "1")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import contextlib  # noqa: E402
+import ctypes  # noqa: E402
+import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import zlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from config.presets import PRESETS, resolve_train_config  # noqa: E402
+from models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
+from models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
+from models.registry import model_class  # noqa: E402
+from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
+from tasks.train import training_phases  # noqa: E402
+from tasks.train_data import TrainingRows  # noqa: E402
+from tasks.trainer import LoopConfig, Trainer  # noqa: E402
+
+MB = 2**20
+GB = 2**30
+MICRO_CANDIDATES = (64, 32, 16, 8, 4, 2)
+CORRUPT_POOL = 16  # distinct sentences the generator corrupts per (column, variant)
+SUP_COLUMNS = ("sent0", "sent1", "hard_neg")
+
+# methods.md §1.4 trainable-parameter figures: (method, backbone, distinguishing config) → count.
+# D2CSE: prefix P·2·L·d + BN-MLP 2,362,368 + RTD head 1,538 (+ [CLS] prompt 768); DCPCSE: prefix + cls MLP (+ LM head);
+# DiffAug: reparametrised prefix 14,777,088 + NLI classifier 4,610 in the prefix phase.
+EXPECTED_TRAINABLE = {
+    ("d2cse", "bert-base-uncased", 16, False): 294_912 + 2_362_368 + 1_538,
+    ("dcpcse", "bert-base-uncased", 16, False): 294_912 + 590_592,
+    ("dcpcse", "bert-large-uncased", 10, False): 491_520 + 1_049_600,
+    ("dcpcse", "roberta-base", 14, True): 258_048 + 590_592 + 590_592 + 1_536 + 768 * 50_265 + 50_265,
+}
+EXPECTED_PREFIX_PHASE = {("diffaug", "bert-base-uncased", 16): 14_777_088 + 4_610}
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+def backbone_model(name: str, seed: int) -> nn.Module:
+    """A random-initialised encoder of `name`'s shape (packaged MiniLM: the real one)."""
+    from transformers import AutoModel, BertConfig, RobertaConfig
+
+    if name == PACKAGED_MINILM:
+        return load_encoder(name)
+    large = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+    roberta = dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0,
+                   eos_token_id=2, layer_norm_eps=1e-5)
+    shapes = {
+        "bert-base-uncased": lambda: BertConfig(),
+        "bert-large-uncased": lambda: BertConfig(**large),
+        "roberta-base": lambda: RobertaConfig(**roberta),
+        "roberta-large": lambda: RobertaConfig(**roberta, **large),
+    }
+    if name not in shapes:
+        raise ValueError(f"no random-init shape for backbone {name!r}; known: {sorted(shapes) + [PACKAGED_MINILM]}")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return AutoModel.from_config(shapes[name]())
+
+
+def generator_model(name: str, seed: int) -> nn.Module:
+    """A random-initialised masked-LM generator of `name`'s shape."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+
+    if is_random_init(name):
+        return build_random_masked_lm(name, seed=seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if name == "distilbert-base-uncased":
+            return DistilBertForMaskedLM(DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12,
+                                                          hidden_dim=3072, pad_token_id=0))
+        if name == "distilroberta-base":
+            return RobertaForMaskedLM(RobertaConfig(vocab_size=50265, hidden_size=768, num_hidden_layers=6,
+                                                    num_attention_heads=12, intermediate_size=3072,
+                                                    max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                                                    bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
+    raise ValueError(f"no random-init shape for generator {name!r}; known: distilbert-base-uncased, "
+                     "distilroberta-base, random-init:*")
+
+
+class RobertaIdsStandIn:
+    """The RoBERTa ids a model needs from its tokenizer, offline (no RoBERTa tokenizer is reachable here).
+
+    `encode` splits text into `<mask>` / words / punctuation and maps each piece to a deterministic id of the
+    ordinary vocabulary (crc32), so template lengths are word counts, not RoBERTa BPE counts.
+    """
+
+    name_or_path = "roberta-ids-stand-in"
+    cls_token_id, pad_token_id, sep_token_id, unk_token_id, mask_token_id = 0, 1, 2, 3, 50264
+    bos_token_id, eos_token_id = 0, 2
+    cls_token, pad_token, sep_token, unk_token, mask_token = "<s>", "<pad>", "</s>", "<unk>", "<mask>"
+    all_special_ids = [0, 1, 2, 3, 50264]
+    vocab_size = 50265
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [self.mask_token_id if piece == self.mask_token else 4 + zlib.crc32(piece.encode()) % (self.vocab_size - 5)
+               for piece in re.findall(r"<mask>|\w+|[^\w\s]", text)]
+        return [self.cls_token_id, *ids, self.sep_token_id] if add_special_tokens else ids
+
+    def __call__(self, texts, add_special_tokens: bool = True, truncation: bool = False, **_):
+        return {"input_ids": [self.encode(t, add_special_tokens) for t in texts]}
+
+
+def tokenizer_for(backbone: str):
+    if backbone.startswith("roberta"):
+        return RobertaIdsStandIn()
+    return load_tokenizer(PACKAGED_MINILM)  # bert-base-uncased vocabulary (also bert-large-uncased's)
+
+
+def ordinary_id_range(tokenizer) -> tuple[int, int]:
+    """[low, high) of ids that are ordinary vocabulary entries (no special/unused ids)."""
+    if isinstance(tokenizer, RobertaIdsStandIn):
+        return 4, tokenizer.mask_token_id
+    return 1000 if len(tokenizer) > 1000 else max(tokenizer.all_special_ids) + 1, len(tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------- data
+def token_rows(tokenizer, n: int, length: int, columns: tuple[str, ...], seed: int) -> TokenRows:
+    """`n` rows per column, each exactly `length` ids: [CLS] ordinary ids [SEP]."""
+    rng = np.random.default_rng(seed)
+    low, high = ordinary_id_range(tokenizer)
+    seqs = {}
+    for c in columns:
+        body = rng.integers(low, high, size=(n, length - 2), dtype=np.int64)
+        full = np.concatenate([np.full((n, 1), tokenizer.cls_token_id), body, np.full((n, 1), tokenizer.sep_token_id)], 1)
+        seqs[c] = list(full.astype(np.int64))
+    return TokenRows(ids=np.arange(n), seqs=seqs)
+
+
+def special_tokens(tokenizer) -> SpecialTokens:
+    if isinstance(tokenizer, RobertaIdsStandIn):
+        return SpecialTokens(pad=1, mask=tokenizer.mask_token_id, special=tuple(tokenizer.all_special_ids),
+                             vocab_size=len(tokenizer))
+    return SpecialTokens.from_tokenizer(tokenizer)
+
+
+def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) -> tuple[CorruptionRows, dict]:
+    """Corrupted ids of every row by the preset's random-init generator (a pool of CORRUPT_POOL rows, tiled)."""
+    t0 = time.perf_counter()
+    gen = generator_model(cfg.corrupt.generator, seed)
+    n_gen = sum(p.numel() for p in gen.parameters())
+    variants = n_views if cfg.corrupt.variants is None else min(cfg.corrupt.variants, n_views)
+    corruptor = Corruptor(gen, special_tokens(tokenizer), cfg.corrupt.mask_ratio, cfg.corrupt.mode, device="cpu",
+                          bf16=False, dropout=cfg.corrupt.generator_dropout)
+    corrupted, labels, replaced = {}, {}, []
+    pool = min(CORRUPT_POOL, len(tokens))
+    for c in tokens.columns:
+        seqs = tokens.seqs[c][:pool]
+        flat = np.concatenate(seqs)
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])])
+        for v in range(variants):
+            out = corrupt_sequences(corruptor, flat, offsets, torch.Generator().manual_seed(seed * 1009 + 31 * v),
+                                    batch_size=pool)
+            cor = [out.corrupted[offsets[i]:offsets[i + 1]] for i in range(pool)]
+            lab = [out.labels[offsets[i]:offsets[i + 1]] for i in range(pool)]
+            corrupted[(c, v)] = [cor[i % pool] for i in range(len(tokens))]
+            labels[(c, v)] = [lab[i % pool] for i in range(len(tokens))]
+            replaced.append(float(out.n_replaced.sum()) / float(offsets[-1]))
+    info = {"generator": cfg.corrupt.generator, "generator_parameters": n_gen, "mask_ratio": cfg.corrupt.mask_ratio,
+            "mode": cfg.corrupt.mode, "variants": variants, "replaced_token_share": round(statistics.mean(replaced), 4),
+            "generator_seconds": round(time.perf_counter() - t0, 2)}
+    # The corruption is tiled from the pool: the original ids of the tiled rows must be the pool's as well.
+    for c in tokens.columns:
+        tokens.seqs[c] = [tokens.seqs[c][i % pool] for i in range(len(tokens))]
+    del corruptor, gen
+    return CorruptionRows(variants=variants, corrupted=corrupted, labels=labels), info
+
+
+# ---------------------------------------------------------------------------------------------- memory
+_LIBC = ctypes.CDLL("libc.so.6") if platform.system() == "Linux" else None
+
+
+def release_memory() -> None:
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _can_reset_hwm() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakRSS:
+    """Peak RSS over a region: VmHWM reset by /proc/self/clear_refs, else a 2 ms psutil sampling thread."""
+
+    use_hwm = _can_reset_hwm()
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = rss()
+        if self.use_hwm:
+            Path("/proc/self/clear_refs").write_text("5")
+        else:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        proc = psutil.Process()
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, proc.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        if self.use_hwm:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak = max(self.peak, int(line.split()[1]) * 1024)
+        else:
+            self._stop.set()
+            self._thread.join()
+        self.peak = max(self.peak, rss())
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+class DryRunTrainer(Trainer):
+    """The real Trainer; adds per-step timing/memory probes and skips writing the resume state."""
+
+    def __init__(self, *args, **kwargs):
+        self.records: list[dict] = []
+        self._const_s = self._const_cpu_s = 0.0
+        super().__init__(*args, **kwargs)
+
+    def _enter_phase(self, index: int) -> None:
+        super()._enter_phase(index)
+        step = self.optimizer.step
+        if getattr(step, "_dry_run_timed", False):
+            return
+
+        timed_step = self._counted_as_const(step)
+        timed_step._dry_run_timed = True
+        self.optimizer.step = timed_step
+
+    def _counted_as_const(self, fn):
+        """`fn` wrapped so its wall and CPU time count as the step's batch-independent part."""
+        def timed(*a, **k):
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                self._const_s += time.perf_counter() - t0
+                self._const_cpu_s += time.process_time() - c0
+        return timed
+
+    def save_state(self) -> None:  # the dry run measures steps, not checkpoint I/O
+        return None
+
+    def _autocast(self):
+        # torch.autocast("meta", enabled=False) raises (no autocast dtype for meta); fp32 needs no autocast at all
+        if self.device.type == "meta":
+            return contextlib.nullcontext()
+        return super()._autocast()
+
+    def _train_step(self, batch) -> dict[str, float]:
+        meta = self.device.type == "meta"
+        if not meta:
+            release_memory()
+        before = rss()
+        self._const_s = self._const_cpu_s = 0.0
+        clip = torch.nn.utils.clip_grad_norm_
+        timed_clip = self._counted_as_const(clip)
+
+        forward = self.model.training_step
+        fwd = {}
+
+        def measured_forward(*a, **k):  # peak RSS while the forward builds the graph: the saved activations
+            with PeakRSS() as p:
+                out = forward(*a, **k)
+            fwd["peak"] = p.peak
+            return out
+
+        torch.nn.utils.clip_grad_norm_ = timed_clip
+        self.model.training_step = measured_forward
+        try:
+            with PeakRSS() as peak:
+                t0, c0 = time.perf_counter(), time.process_time()
+                metrics = super()._train_step(batch)
+                seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+        finally:
+            torch.nn.utils.clip_grad_norm_ = clip
+            del self.model.training_step  # back to the class's method
+        aux = batch.aux.input_ids.shape[0] if batch.aux is not None else 0
+        self.records.append({"phase": self.phase.name, "rows": int(batch.input_ids.shape[0]), "aux_rows": int(aux),
+                             "views": int(batch.input_ids.shape[1]), "length": int(batch.input_ids.shape[2]),
+                             "seconds": seconds, "cpu_seconds": cpu_seconds,
+                             "const_s": self._const_s, "const_cpu_s": self._const_cpu_s, "rss_before": before, "peak_rss": max(peak.peak, fwd.get("peak", 0)),
+                             "forward_peak_rss": fwd.get("peak", 0),
+                             "loss": metrics.get("loss")})
+        return metrics
+
+
+@contextlib.contextmanager
+def _meta_floats():
+    """While active (meta run only): float() of a meta tensor is NaN (the trainer's metric conversion; meta has
+    no values), and transformers' "is the 2-D padding mask all ones, so skip building the SDPA mask" shortcut
+    answers False for meta masks (it reads the mask's values; the full mask it then builds has the same shape
+    and is what any padded batch gets)."""
+    from transformers import masking_utils
+
+    original_float = torch.Tensor.__float__
+    original_skip = masking_utils._ignore_bidirectional_mask_sdpa
+
+    def __float__(self):
+        return float("nan") if self.device.type == "meta" else original_float(self)
+
+    def skip(padding_mask, *a, **k):
+        if padding_mask is not None and padding_mask.device.type == "meta":
+            return False
+        return original_skip(padding_mask, *a, **k)
+
+    torch.Tensor.__float__ = __float__
+    masking_utils._ignore_bidirectional_mask_sdpa = skip
+    try:
+        yield
+    finally:
+        torch.Tensor.__float__ = original_float
+        masking_utils._ignore_bidirectional_mask_sdpa = original_skip
+
+
+def loop_config(cfg) -> LoopConfig:
+    values = dict(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs, max_steps=cfg.max_steps,
+                  grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=10**9, checkpoint_steps=10**9, log_steps=10**9,
+                  precision="fp32", deterministic=False)
+    known = {f.name for f in dataclasses.fields(LoopConfig)}
+    return LoopConfig(**{k: v for k, v in values.items() if k in known})
+
+
+def steps_per_phase(cfg) -> int:
+    """2 optimiser steps per job: 2 for one-phase methods, 1 prefix + 1 joint for DiffAug."""
+    return 1 if cfg.prefix_phase is not None else 2
+
+
+def scaled_config(cfg, batch: int):
+    """`cfg` with 2 optimiser steps (`steps_per_phase`), every batch size scaled by batch / cfg.batch_size."""
+    scale = batch / cfg.batch_size
+    n = steps_per_phase(cfg)
+    update = {"batch_size": batch, "max_steps": n, "eval_steps": 10**9, "precision": "fp32", "device": "cpu",
+              "aux_nli_batch_size": max(1, round(cfg.aux_nli_batch_size * scale)) if cfg.aux_nli_batch_size else 0}
+    if cfg.prefix_phase is not None:
+        update["prefix_phase"] = cfg.prefix_phase.model_copy(
+            update={"steps": n, "batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))})
+    return cfg.model_copy(update=update)
+
+
+def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[DryRunTrainer, list]:
+    metrics_log: list = []
+    with tempfile.TemporaryDirectory(prefix="dry-run-state-") as state:
+        trainer = DryRunTrainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg), device, Path(state) / "state",
+                                save_best=lambda m, step, score: None, evaluate_dev=lambda m: 0.0,
+                                log_metrics=lambda values, step: metrics_log.append((step, values)))
+        ctx = _meta_floats() if device.type == "meta" else contextlib.nullcontext()
+        with ctx:
+            trainer.run()
+    return trainer, metrics_log
+
+
+# ---------------------------------------------------------------------------------------------- cost model
+class CostModel:
+    """Step seconds ≈ flops / rate and activation bytes ≈ k · tokens · layers · d, calibrated on measured presets."""
+
+    def __init__(self):
+        self.rates: list[float] = []  # flop/s
+        self.act: list[float] = []  # bytes per (token · layer · hidden)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates) if self.rates else 55e9
+
+    @property
+    def act_k(self) -> float:
+        return max(self.act) if self.act else 150.0
+
+    @staticmethod
+    def work(info: dict, rows: int, phase: str) -> tuple[float, float]:
+        """(flops, token·layer·hidden units) of the batch-proportional part of one step of `rows` rows."""
+        views, length = info["views_by_phase"][phase], info["length_by_phase"][phase]
+        tokens = rows * views * length * info["passes_by_phase"][phase]
+        factor = 6.0 if info["backbone_trainable_by_phase"][phase] else 4.0
+        return factor * info["layer_params"] * tokens, tokens * info["layers"] * info["hidden"]
+
+    def predict(self, info: dict, rows: int, phase: str) -> tuple[float, float]:
+        flops, units = self.work(info, rows, phase)
+        return flops / self.rate, units * self.act_k
+
+    def update(self, info: dict, rows: int, phase: str, seconds: float, act_bytes: float) -> None:
+        flops, units = self.work(info, rows, phase)
+        if seconds > 0.05:
+            self.rates.append(flops / seconds)
+        if act_bytes > 0:
+            self.act.append(act_bytes / units)
+
+
+# ---------------------------------------------------------------------------------------------- one preset
+def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
+    kwargs = {}
+    if "mlm_head" in inspect.signature(cls.__init__).parameters and cfg.model.get("mlm"):
+        from models.dcpcse import MaskedLMHead
+
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed + 1)
+            kwargs["mlm_head"] = MaskedLMHead.fresh(backbone.config, backbone.embeddings.word_embeddings.weight.detach())
+    return kwargs
+
+
+def expected_trainable(method: str, cfg) -> tuple[int | None, int | None]:
+    m = cfg.model
+    if method == "d2cse" and not m.get("train_discriminator") and not m.get("prefix_projection"):
+        key = (method, cfg.backbone, m.get("prefix_len"), False)
+        base = EXPECTED_TRAINABLE.get((method, cfg.backbone, 16, False))
+        if cfg.backbone == "bert-base-uncased" and base is not None:  # P·2·L·d with L=12, d=768, + [CLS] prompt 768
+            return base - 294_912 + m["prefix_len"] * 2 * 12 * 768 + (768 if m.get("cls_prompt") else 0), None
+        return EXPECTED_TRAINABLE.get(key), None
+    if method == "dcpcse" and not m.get("prefix_projection"):
+        return EXPECTED_TRAINABLE.get((method, cfg.backbone, m.get("prefix_len"), bool(m.get("mlm")))), None
+    if method == "diffaug":
+        return None, EXPECTED_PREFIX_PHASE.get((method, cfg.backbone, m.get("prefix_len")))
+    return None, None
+
+
+def pick_micro(cost: CostModel, info: dict, cfg, args, fixed_bytes: float) -> tuple[int, dict]:
+    """The largest candidate batch whose predicted step time and peak memory fit the budgets."""
+    real = cfg.batch_size
+    candidates = [real] + [c for c in MICRO_CANDIDATES if c < real]
+    main = info["main_phase"]
+    chosen, why = candidates[-1], {}
+    for c in candidates:
+        scale = c / real
+        secs, act = 0.0, 0.0
+        for phase, real_rows in info["real_rows_by_phase"].items():
+            rows = max(2, round(real_rows * scale)) if phase == main or phase == "prefix" else real_rows
+            s, a = cost.predict(info, rows, phase)
+            secs, act = max(secs, s), max(act, a)
+        mem = fixed_bytes + act
+        why = {"predicted_step_s": round(secs, 1), "predicted_peak_gb": round(mem / GB, 2)}
+        if secs <= args.step_budget_s and mem <= args.max_memory_gb * GB:
+            chosen = c
+            break
+    return chosen, why
+
+
+def describe_model(method: str, cfg, model, backbone) -> dict:
+    """What the cost model and the report need to know about the built model."""
+    phases = model_class(method).phases
+    layer_params = sum(p.numel() for p in backbone.encoder.parameters())
+    passes = {"d2cse": 2, "diffcse": 2, "dcpcse": 2 if cfg.model.get("mlm") else 1}.get(method, 1)
+    if method == "d2cse" and cfg.model.get("train_discriminator"):
+        passes = 2
+    views_main = 3 if cfg.supervised else 2
+    info = {"layers": backbone.config.num_hidden_layers, "hidden": backbone.config.hidden_size,
+            "layer_params": layer_params, "main_phase": phases[-1],
+            "views_by_phase": {}, "length_by_phase": {}, "passes_by_phase": {}, "backbone_trainable_by_phase": {},
+            "real_rows_by_phase": {}}
+    template = 10 if method == "diffaug" else 0  # DiffAug wraps the sentence in ~10 template ids
+    for ph in phases:
+        trainable_ids = {id(p) for p in model.phase_parameters(ph)}
+        backbone_trainable = any(id(p) in trainable_ids for p in backbone.parameters())
+        info["backbone_trainable_by_phase"][ph] = backbone_trainable
+        if ph == "prefix":
+            info["views_by_phase"][ph], info["real_rows_by_phase"][ph] = 3, cfg.prefix_phase.batch_size
+        else:
+            aux = cfg.aux_nli_batch_size * 3 / max(1, views_main * cfg.batch_size) if cfg.aux_nli_batch_size else 0
+            info["views_by_phase"][ph] = views_main * (1 + aux)
+            info["real_rows_by_phase"][ph] = cfg.batch_size
+        info["length_by_phase"][ph] = cfg.max_length + template
+        info["passes_by_phase"][ph] = passes
+    return info
+
+
+def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
+    rec: dict = {"method": method, "preset": name, "status": "running"}
+    t_start = time.perf_counter()
+    release_memory()
+    cfg = resolve_train_config(name, method=method)
+    rec.update(backbone=cfg.backbone, supervised=cfg.supervised, max_length=cfg.max_length, batch_size=cfg.batch_size,
+               model_config=cfg.model)
+    if cfg.prefix_phase is not None:
+        rec["prefix_phase_batch_size"] = cfg.prefix_phase.batch_size
+    if cfg.aux_nli_batch_size:
+        rec["aux_nli_batch_size"] = cfg.aux_nli_batch_size
+    cls = model_class(method)
+
+    # ---- build at full size
+    t0 = time.perf_counter()
+    rss_start = rss()
+    tokenizer = tokenizer_for(cfg.backbone)
+    backbone = backbone_model(cfg.backbone, cfg.seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        model = cls(cls.config_class.from_dict({"backbone": cfg.backbone, **cfg.model}), backbone=backbone,
+                    tokenizer=tokenizer, **model_kwargs(cls, cfg, backbone))
+    rec["build_seconds"] = round(time.perf_counter() - t0, 1)
+    n_all = sum(p.numel() for p in model.parameters())
+    n_train = model.trainable_parameter_count()
+    by_phase = {ph: sum(p.numel() for p in model.phase_parameters(ph)) for ph in cls.phases}
+    rec.update(total_parameters=n_all, trainable_parameters=n_train, trainable_parameters_by_phase=by_phase,
+               backbone_shape={"layers": backbone.config.num_hidden_layers, "hidden": backbone.config.hidden_size,
+                               "heads": backbone.config.num_attention_heads, "vocab": backbone.config.vocab_size},
+               tokenizer=getattr(tokenizer, "name_or_path", type(tokenizer).__name__))
+    exp, exp_prefix = expected_trainable(method, cfg)
+    checks = []
+    if exp is not None:
+        checks.append(f"trainable {n_train:,} {'==' if exp == n_train else '!='} methods.md §1.4 {exp:,}")
+        if exp != n_train:
+            raise AssertionError(f"trainable parameters {n_train:,} differ from methods.md §1.4's {exp:,}")
+    if exp_prefix is not None:
+        got = by_phase.get("prefix")
+        checks.append(f"prefix-phase trainable {got:,} {'==' if exp_prefix == got else '!='} methods.md §1.4 {exp_prefix:,}")
+        if exp_prefix != got:
+            raise AssertionError(f"prefix-phase trainable parameters {got:,} differ from methods.md §1.4's {exp_prefix:,}")
+    rec["parameter_check"] = "; ".join(checks) if checks else "no §1.4 figure for this configuration"
+    info = describe_model(method, cfg, model, backbone)
+
+    # ---- data at the real batch (two batches' worth of rows: 2 steps = one epoch)
+    n_views = 3 if cfg.supervised else 2
+    columns = SUP_COLUMNS if cfg.supervised else ("text",)
+    n_rows = 2 * cfg.batch_size
+    tokens = token_rows(tokenizer, n_rows, cfg.max_length, columns, cfg.seed)
+    corruption = None
+    if cls.uses_corruption:
+        corruption, rec["corruption"] = corruption_rows(cfg, tokens, n_views, tokenizer, cfg.seed)
+    rows = TrainingRows(tokens, corruption, cfg.supervised, tokenizer.pad_token_id)
+    nli_rows = None
+    if cfg.needs_nli:
+        n_nli = 2 * max(cfg.prefix_phase.batch_size if cfg.prefix_phase else 0, cfg.aux_nli_batch_size)
+        nli_rows = TrainingRows(token_rows(tokenizer, n_nli, cfg.max_length, SUP_COLUMNS, cfg.seed + 1), None, True,
+                                tokenizer.pad_token_id)
+
+    # ---- CPU run at the micro batch
+    release_memory()
+    rss_model = rss()
+    fixed = rss_model + 12 * max(by_phase.values())
+    micro, prediction = pick_micro(cost, info, cfg, args, fixed)
+    rec.update(micro_batch=micro, real_batch_run=micro == cfg.batch_size, prediction=prediction,
+               model_rss_mb=round((rss_model - rss_start) / MB), process_rss_before_steps_mb=round(rss_model / MB))
+    mcfg = scaled_config(cfg, micro)
+    n_micro = 2 * micro
+    sub = lambda tr, n: TrainingRows(  # noqa: E731
+        TokenRows(tr.tokens.ids[:n], {c: s[:n] for c, s in tr.tokens.seqs.items()}),
+        None if tr.corruption is None else CorruptionRows(tr.corruption.variants,
+                                                          {k: v[:n] for k, v in tr.corruption.corrupted.items()},
+                                                          {k: v[:n] for k, v in tr.corruption.labels.items()}),
+        len(tr.view_columns) == 3, tr.pad_id)
+    micro_rows = sub(rows, n_micro)
+    micro_nli = None
+    if nli_rows is not None:
+        n_nli_micro = 2 * max(mcfg.prefix_phase.batch_size if mcfg.prefix_phase else 0, mcfg.aux_nli_batch_size)
+        micro_nli = sub(nli_rows, n_nli_micro)
+    t0 = time.perf_counter()
+    trainer, _ = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
+    rec["cpu_run_seconds"] = round(time.perf_counter() - t0, 1)
+
+    # batch-independent forward of DiffAug: template denoising, timed on its own (warm)
+    const_fwd_s, const_fwd_cpu, const_fwd_bytes = 0.0, 0.0, 0
+    if method == "diffaug" and model.config.denoise:
+        model.train()
+        release_memory()
+        before = rss()
+        with PeakRSS() as peak:
+            t0, c0 = time.perf_counter(), time.process_time()
+            model.template_deltas().float().sum().backward()
+            const_fwd_s, const_fwd_cpu = time.perf_counter() - t0, time.process_time() - c0
+        const_fwd_bytes = max(0, peak.peak - before)
+        model.zero_grad(set_to_none=True)
+        rec["template_denoising"] = {"seconds": round(const_fwd_s, 2), "cpu_seconds": round(const_fwd_cpu, 2),
+                                     "activation_mb": round(const_fwd_bytes / MB)}
+
+    phases_out = {}
+    for ph in cls.phases:
+        recs = [r for r in trainer.records if r["phase"] == ph]
+        if not recs:
+            raise RuntimeError(f"phase {ph!r} ran no step")
+        warm = recs[-1]
+        denoise = const_fwd_s if (ph == "joint" and const_fwd_s) else 0.0
+        denoise_cpu = const_fwd_cpu if denoise else 0.0
+        const = warm["const_s"] + denoise
+        const_cpu = warm["const_cpu_s"] + denoise_cpu
+        # activations = peak RSS during the forward of the warm step - RSS before it (grads/AdamW states of the
+        # previous step are already resident then; the backward's weight grads are batch-independent)
+        act = max(0, warm["forward_peak_rss"] - warm["rss_before"] - (const_fwd_bytes if denoise else 0))
+        step_delta = max(0, warm["peak_rss"] - warm["rss_before"])
+        real_rows = info["real_rows_by_phase"][ph]
+        ratio = real_rows / warm["rows"]
+        projected_s = const + max(0.0, warm["seconds"] - const) * ratio
+        projected_cpu = const_cpu + max(0.0, warm["cpu_seconds"] - const_cpu) * ratio
+        n_phase = by_phase[ph]
+        gpu = 6 * n_all + 12 * n_phase + 0.5 * (act * ratio + (const_fwd_bytes if denoise else 0))
+        cpu_peak = warm["rss_before"] + act * ratio + (const_fwd_bytes if denoise else 0)
+        cost.update(info, warm["rows"], ph, warm["cpu_seconds"] - const_cpu, act)
+        phases_out[ph] = {
+            "steps": len(recs), "rows_measured": warm["rows"], "aux_rows_measured": warm["aux_rows"], "real_rows": real_rows,
+            "views": warm["views"], "length": warm["length"],
+            "s_per_step_all": [round(r["seconds"], 2) for r in recs], "s_per_step_measured": round(warm["seconds"], 2),
+            "cpu_s_per_step_all": [round(r["cpu_seconds"], 2) for r in recs],
+            "cpu_s_per_step_measured": round(warm["cpu_seconds"], 2),
+            "const_s": round(const, 2), "const_cpu_s": round(const_cpu, 2),
+            "s_per_step_projected_real_batch": round(projected_s, 1),
+            "cpu_s_per_step_projected_real_batch": round(projected_cpu, 1),
+            "peak_rss_mb": round(max(r["peak_rss"] for r in recs) / MB), "activation_mb_measured": round(act / MB),
+            "step_peak_delta_mb": round(step_delta / MB),
+            "projected_cpu_peak_gb_real_batch": round(cpu_peak / GB, 1),
+            "projected_gpu_gb_real_batch_bf16": round(gpu / GB, 1),
+            "losses": [r["loss"] for r in recs],
+        }
+        if any(not math.isfinite(r["loss"]) for r in recs):
+            raise FloatingPointError(f"phase {ph}: non-finite loss {[r['loss'] for r in recs]}")
+    rec["phases"] = phases_out
+    main = phases_out[info["main_phase"]]
+    rec.update(steps_run=sum(p["steps"] for p in phases_out.values()), rows_per_step_measured=main["rows_measured"],
+               peak_cpu_mb=max(p["peak_rss_mb"] for p in phases_out.values()),
+               s_per_step_measured=main["s_per_step_measured"], cpu_s_per_step_measured=main["cpu_s_per_step_measured"],
+               s_per_step_projected=main["s_per_step_projected_real_batch"],
+               cpu_s_per_step_projected=main["cpu_s_per_step_projected_real_batch"],
+               projected_gpu_gb=max(p["projected_gpu_gb_real_batch_bf16"] for p in phases_out.values()))
+    del trainer
+    release_memory()
+
+    # ---- meta run at the real batch
+    if args.no_meta:
+        rec["meta"] = "skipped (--no-meta)"
+    else:
+        rec["meta"] = meta_run(model, cfg, rows, nli_rows)
+        if rec["meta"].startswith("FAILED"):
+            raise RuntimeError(f"meta run at the real batch: {rec['meta']}")
+    del model, backbone
+    release_memory()
+    rec["status"] = "ok"
+    rec["seconds"] = round(time.perf_counter() - t_start, 1)
+    return rec
+
+
+_META_UNSUPPORTED = ("meta tensor", "meta tensors", "on meta", "data-dependent", "Cannot copy out of meta",
+                     "nonzero", "cannot be called on meta", "is not supported for meta", "NotImplementedError")
+
+
+def meta_run(model, cfg, rows, nli_rows) -> str:
+    """2 steps per phase at the real batch on the meta device: 'ok …', 'unsupported …' or 'FAILED …'."""
+    meta = torch.device("meta")
+    model.to(meta)
+    n = steps_per_phase(cfg)
+    real = cfg.model_copy(update={"max_steps": n, "eval_steps": 10**9, "precision": "fp32"})
+    if cfg.prefix_phase is not None:
+        real = real.model_copy(update={"prefix_phase": cfg.prefix_phase.model_copy(update={"steps": n})})
+    try:
+        trainer, _ = run_trainer(model, real, rows, nli_rows, meta)
+    except Exception as e:  # noqa: BLE001
+        frames = traceback.extract_tb(e.__traceback__)
+        own = [f for f in frames if str(REPO_ROOT) in f.filename and "/benchmarks/" not in f.filename
+               and "/.venv/" not in f.filename] or frames
+        lib = frames[-1]
+        where = f"{Path(own[-1].filename).relative_to(REPO_ROOT) if str(REPO_ROOT) in own[-1].filename else own[-1].filename}" \
+                f":{own[-1].lineno}"
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} at {where}" \
+              + (f" (raised in {Path(lib.filename).name}:{lib.lineno})" if lib is not own[-1] else "")
+        text = f"{type(e).__name__}: {e}"
+        if any(s.lower() in text.lower() for s in _META_UNSUPPORTED):
+            return f"unsupported on meta ({msg})"
+        traceback.print_exc()
+        return f"FAILED ({msg})"
+    shapes = ", ".join(f"{r['phase']} {r['rows']}×{r['views']}×{r['length']}" + (f"+aux {r['aux_rows']}" if r["aux_rows"] else "")
+                       for r in trainer.records)
+    return f"ok ({len(trainer.records)} steps at the real batch: {shapes})"
+
+
+# ---------------------------------------------------------------------------------------------- output
+def selected_presets(args) -> list[tuple[str, str]]:
+    methods = [m for m in args.methods.split(",") if m] or list(PRESETS)
+    unknown = [m for m in methods if m not in PRESETS]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; known: {list(PRESETS)}")
+    wanted = [p for p in args.presets.split(",") if p]
+    out = []
+    for m in methods:
+        for name in PRESETS[m]:
+            if not args.include_smoke and name.startswith("smoke") and f"{m}/{name}" not in wanted and name not in wanted:
+                continue
+            if wanted and name not in wanted and f"{m}/{name}" not in wanted:
+                continue
+            out.append((m, name))
+    if not out:
+        raise SystemExit("no preset selected")
+    return out
+
+
+def fmt_int(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else "–"
+
+
+def markdown(results: list[dict], meta: dict) -> str:
+    lines = [
+        "# Paper-scale dry run (`benchmarks/dry_run.py`)",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Host: {meta['host']}; torch {meta['torch']} with {meta['threads']} thread(s); started {meta['started']}, "
+        f"wall {meta.get('wall_seconds', '?')} s.",
+        "",
+        "Random-initialised models at the presets' real shapes; synthetic rows of the preset's maximum length (no "
+        "padding); the real `tasks.trainer.Trainer`, fp32 on CPU. `rows/step measured` = sentence tuples per step of "
+        "the CPU run (a micro batch unless `real` is marked); `steps` = optimiser steps run (DiffAug: 1 prefix + 1 joint). "
+        "s/step measured = the last step of the phase, wall time and process CPU time (other jobs shared the 2 cores, "
+        "so wall > CPU); projected = CPU time, linear in rows at the real batch on this CPU with `--threads` threads "
+        "(batch-independent AdamW/clip/denoising time not scaled). GPU GB = 6·N_all + 12·N_trainable + 0.5·activations "
+        "(forward peak RSS measured in fp32, scaled to the real batch) in bytes, bf16 autocast, CUDA context not "
+        "included. `meta` = the same steps at the real batch on the meta device. DiffAug rows show the joint phase "
+        "(prefix phase in the notes).",
+        "",
+        "Caveats: projections from micro batches of 2–4 rows multiply measurement noise by the batch ratio (up to 256×). "
+        "DiffAug's joint step is dominated by its batch-independent template denoising (~19 CPU s, timed separately "
+        "and subtracted), so its batch-proportional part (1–3 CPU s at 2–4 rows) is within the noise of that "
+        "subtraction: its joint-phase CPU s/step and GPU GB projections are unreliable (see the JSON "
+        "`template_denoising` and `step_peak_delta_mb`).",
+        "",
+        "| method | preset | backbone | batch (real) | rows/step measured | steps | trainable params | peak CPU MB | "
+        "s/step measured (wall / CPU) | CPU s/step projected (real batch) | projected GPU GB | meta (real batch) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for r in results:
+        ok = r["status"] == "ok"
+        rows = f"{r.get('rows_per_step_measured', '–')}" + (" (real)" if r.get("real_batch_run") else "")
+        meta_s = r.get("meta", "–")
+        meta_short = meta_s.split(" (")[0] if isinstance(meta_s, str) else "–"
+        lines.append("| " + " | ".join([
+            r["method"], r["preset"], r.get("backbone", "–"), str(r.get("batch_size", "–")), rows,
+            str(r.get("steps_run", "–")), fmt_int(r.get("trainable_parameters")), fmt_int(r.get("peak_cpu_mb")),
+            f"{r['s_per_step_measured']} / {r['cpu_s_per_step_measured']}" if ok else "–",
+            str(r.get("cpu_s_per_step_projected", "–")),
+            str(r.get("projected_gpu_gb", "–")), meta_short, r["status"] if ok else "**FAILED**"]) + " |")
+        if "prefix" in r.get("phases", {}):
+            p = r["phases"]["prefix"]
+            notes.append(f"- {r['method']}/{r['preset']} prefix phase: batch {p['real_rows']} (measured {p['rows_measured']}), "
+                         f"trainable {fmt_int(r['trainable_parameters_by_phase']['prefix'])}, {p['s_per_step_measured']} / "
+                         f"{p['cpu_s_per_step_measured']} s/step measured (wall / CPU), "
+                         f"{p['cpu_s_per_step_projected_real_batch']} CPU s/step projected, "
+                         f"GPU {p['projected_gpu_gb_real_batch_bf16']} GB projected.")
+        if isinstance(meta_s, str) and not meta_s.startswith("ok") and meta_s != "–":
+            notes.append(f"- {r['method']}/{r['preset']} meta run: {meta_s}")
+        if not ok:
+            notes.append(f"- {r['method']}/{r['preset']} FAILED: {r.get('error', '')}")
+        if r.get("parameter_check", "").startswith("trainable") or r.get("parameter_check", "").startswith("prefix"):
+            notes.append(f"- {r['method']}/{r['preset']}: {r['parameter_check']}")
+    if notes:
+        lines += ["", "Notes:", ""] + notes
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(results: list[dict], meta: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dry_run.json").write_text(json.dumps({"run": meta, "presets": results}, indent=2, default=str))
+    (out / "dry_run.md").write_text(markdown(results, meta))
+
+
+def main(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+    started = time.perf_counter()
+    meta = {"command": "python benchmarks/dry_run.py " + " ".join(sys.argv[1:]), "host": f"{platform.node()} "
+            f"({psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / GB:.0f} GB RAM)", "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "max_memory_gb": args.max_memory_gb, "step_budget_s": args.step_budget_s,
+            "peak_rss_method": "VmHWM reset via /proc/self/clear_refs" if PeakRSS.use_hwm else "psutil sampling (2 ms)"}
+    cost = CostModel()
+    results: list[dict] = []
+    failed = []
+    for method, name in selected_presets(args):
+        print(f"[dry-run] {method}/{name} …", file=sys.stderr, flush=True)
+        try:
+            rec = run_preset(method, name, args, cost)
+        except Exception as e:  # noqa: BLE001 — report, continue, fail at the end
+            traceback.print_exc()
+            rec = {"method": method, "preset": name, "status": "FAILED", "error": f"{type(e).__name__}: {e}"[:2000],
+                   "traceback": traceback.format_exc()[-6000:]}
+            with contextlib.suppress(Exception):
+                cfg = resolve_train_config(name, method=method)
+                rec.update(backbone=cfg.backbone, batch_size=cfg.batch_size)
+            failed.append(f"{method}/{name}")
+            release_memory()
+        results.append(rec)
+        print(f"[dry-run] {method}/{name}: {rec['status']} "
+              f"(micro batch {rec.get('micro_batch')}, {rec.get('s_per_step_measured')} / {rec.get('cpu_s_per_step_measured')} "
+              f"s/step measured (wall / CPU), {rec.get('cpu_s_per_step_projected')} CPU s/step projected, "
+              f"GPU {rec.get('projected_gpu_gb')} GB, "
+              f"meta {str(rec.get('meta', '–'))[:60]}; {rec.get('seconds')} s)", file=sys.stderr, flush=True)
+        meta["wall_seconds"] = round(time.perf_counter() - started)
+        write_outputs(results, meta, args.out)
+    meta["wall_seconds"] = round(time.perf_counter() - started)
+    meta["failed"] = failed
+    write_outputs(results, meta, args.out)
+    print(json.dumps({"wall_seconds": meta["wall_seconds"], "presets": len(results), "failed": failed,
+                      "json": str(args.out / "dry_run.json"), "markdown": str(args.out / "dry_run.md")}, indent=2))
+    if failed:
+        print(f"[dry-run] FAILED presets: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(_ARGS))

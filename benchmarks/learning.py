@@ -1,0 +1,646 @@
+"""Does training improve the encoder? Start vs trained STS Avg. per method, and SimCSE vs sentence-transformers.
+
+    python benchmarks/learning.py [--methods simcse,simcse-sup,dcpcse,diffcse,d2cse,diffaug,peer]
+        [--steps N] [--batch-size B] [--out benchmarks/results/learning.json]
+
+CPU scale: the packaged MiniLM (all-MiniLM-L6-v2), the local Wiki1M sample (11,913 sentences) or the local NLI
+sample (5,864 SNLI triplets), a few hundred steps; the whole script is sized for <= 60 min on 2 CPU cores. It is
+not part of `make test`. The script is the check: it exits 1 when a method does not improve its starting point
+or when our SimCSE and the sentence-transformers peer differ by more than 1.0 STS Avg. point.
+
+What runs (the project's own pieces, no re-implementation):
+- data: the ingestion, tokenisation and corruption stages (`tasks.ingest.ingest_dataset`, `tasks.tokenize.
+  tokenize_dataset`, `tasks.corrupt.plan_corruption` / `corrupt_shard` / `publish_corruption`, called through
+  their Prefect tasks' `.fn`, so no Prefect server is needed) into a temporary `CSE_HOME` (MLflow's data-stage
+  runs land in that temporary SQLite store); sources are read from `../shared/data` (never copied);
+- configs: `config.presets.resolve_train_config(preset, overrides, method=...)` from each method's `smoke` preset
+  (supervised SimCSE: its `sup` preset brought to MiniLM / CPU scale), with the overrides in the table below;
+- training: `tasks.train.fit` (the training stage's own function: `build_model`, `training_phases`, the real
+  `tasks.trainer.Trainer`, STS-B dev selection every `eval_steps`, best checkpoint written by `save_checkpoint`),
+  with plain callables instead of MLflow for params/metrics;
+- evaluation: `evaluation.evaluator.Evaluator` in `test` mode (the seven STS tasks, Avg. = mean of the seven
+  Spearman x 100, rounded as the papers do), fp32, retrieval/alignment extras off.
+
+"start" = the method's model as `tasks.train.build_model` builds it at step 0 with `torch.manual_seed(seed)`,
+evaluated with its own `embed` (its evaluation pooler: CLS before pooler for SimCSE-unsup/DiffCSE/D2CSE/DCPCSE-
+unsup with the random initial prompts on, CLS -> the fresh MLP for supervised SimCSE, the template's [MASK] state
+with the random initial prefixes for DiffAug). `fit` is called right after seeding again with the same seed, so it
+builds the identical model (the script checks that two seeded builds have the same trainable tensors and
+records their hash). "trained" = the best STS-B dev checkpoint (`models.checkpoint.load_checkpoint` of the job's
+`best/` folder), our default selection.
+
+Per-method settings (batch 32 everywhere; `--steps` / `--batch-size` override all):
+
+| run | preset | data | steps | lr | eval_steps | notes |
+|---|---|---|---|---|---|---|
+| simcse | simcse/smoke | Wiki1M sample | 80 | 3e-5 (preset) | 40 | MLP in training only, CLS before pooler at eval |
+| simcse-sup | simcse/sup | NLI sample | 30 | 5e-5 (preset) | 15 | MiniLM, batch 32 triplets, CLS + MLP at eval |
+| dcpcse | dcpcse/smoke | Wiki1M sample | 40 | 2e-2 (preset) | 20 | P 8, frozen MiniLM |
+| diffcse | diffcse/smoke | Wiki1M sample | 30 | 2e-5 (preset) | 15 | random-init tiny generator (no pretrained one offline) |
+| d2cse | d2cse/smoke | Wiki1M sample | 30 | 2e-2 (preset) | 15 | P 8, random-init tiny generator |
+| diffaug | diffaug/smoke | NLI (stage 1) + Wiki1M | 12 + 24 | 1e-3 / 2e-5 (preset) | 18 | aux NLI batch 16, α 1e-3 |
+
+Budget. Unloaded, 2 cores: a seven-task evaluation of MiniLM takes ~75 s and a MiniLM D2CSE step at batch 64
+~4.6 s (measured before this script), so it was planned for a few hundred steps per method within 60 min. The step counts above are
+smaller because the machine this was run on was shared with other CPU-heavy jobs (load average 6–8 on 2 cores):
+measured there, a SimCSE step took 3.7 s with 1 torch thread and 10.8–18.6 s with 2 threads (OpenMP threads stall
+when a core is taken away; `OMP_WAIT_POLICY=PASSIVE` gave 4.0 s), and one seven-task evaluation ~260 s. Hence
+`--threads 1` on a shared machine, and the runs split over side-by-side processes (disjoint `--methods`, separate
+`--out`), joined with `--merge a.json b.json ... --out benchmarks/results/learning.json`; the merged report keeps
+every process's command and seconds and the wall time. On an idle machine run it as one process with the default
+threads and raise `--steps` (the per-run defaults are the floor that fitted the shared machine). The committed
+benchmarks/results/learning.json was made that way: one process per run (`--threads 1`), the peer check with
+`--steps 30` (its two trainings and evaluations did not fit 80 steps in the time left; the default SimCSE row
+beside it is the 80-step `simcse` run), start evaluations shared through `--start-cache` where the probe matched.
+
+`max_train_sentences` is lifted (the whole sample; `epochs` is raised only where steps x batch exceed the rows).
+Every learning rate is the preset's own; see the JSON's `lr_note` of each run.
+
+Peer cross-check (`peer`): the same job three ways, on the same sentences in the same order (the batches are taken
+from `Trainer._batch` of our run: `epoch_order(n, seed + 7919·phase, epoch)`), same batch, steps, learning rate
+and seed:
+- `simcse-peerlike`: our SimCSE configured like the peer: no training-time MLP (`model.train_mlp: false`, so the
+  loss reads the raw CLS state, which is also what `embed` returns with `mlp_only_train`), final weights (no dev
+  selection), through the real `Trainer`;
+- `st-peer`: `sentence_transformers.SentenceTransformer([Transformer(MiniLM, max_seq_length 32), Pooling(cls)])`
+  (no Normalize) trained with its `MultipleNegativesRankingLoss(scale=20 = 1/0.05)` on (s, s) pairs, fed our token
+  ids (the same tokenizer, max length 32), AdamW (β 0.9/0.999, ε 1e-8, weight decay 0), linear decay to 0 without
+  warm-up, gradient clipping 1.0, train mode (dropout on), fp32; evaluated with the same Evaluator through a
+  `PooledEncoder(cls_before_pooler)` on its fine-tuned HF model (= ST CLS pooling of the same weights);
+- `simcse` (the default run above: training-time MLP, best dev checkpoint) is printed beside both.
+The two like-for-like STS Avg. (`simcse-peerlike` vs `st-peer`) must agree within 1.0.
+
+Output: JSON (`--out`, default benchmarks/results/learning.json) and a markdown table beside it (`.md`); both
+tables are printed at the end. Progress bars come from the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+
+for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false",
+               "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false"}.items():
+    os.environ.setdefault(_k, _v)
+
+PEER_DIFF_LIMIT = 1.0
+SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+
+# run name → (method, preset, data, per-run overrides, default steps, eval_steps, lr note)
+RUNS: dict[str, dict[str, Any]] = {
+    "simcse": dict(method="simcse", preset="smoke", steps=80, eval_steps=40, overrides={},
+                   lr_note="preset 3e-5 (SimCSE BERT-base unsup)"),
+    "simcse-sup": dict(method="simcse", preset="sup", steps=30, eval_steps=15,
+                       overrides={"backbone": "packaged:minilm", "system_metrics": False},
+                       lr_note="preset 5e-5 (SimCSE sup)"),
+    "dcpcse": dict(method="dcpcse", preset="smoke", steps=40, eval_steps=20, overrides={},
+                   lr_note="smoke preset 2e-2 (paper 3e-2 at batch 256)"),
+    "diffcse": dict(method="diffcse", preset="smoke", steps=30, eval_steps=15, overrides={},
+                    lr_note="smoke preset 2e-5 (paper 7e-6 at batch 64, 2 epochs of 1M)"),
+    "d2cse": dict(method="d2cse", preset="smoke", steps=30, eval_steps=15, overrides={},
+                  lr_note="smoke preset 2e-2 (paper 2.1e-2)"),
+    "diffaug": dict(method="diffaug", preset="smoke", steps=24, eval_steps=18,
+                    overrides={"prefix_phase": {"steps": 12}},
+                    lr_note="smoke preset: stage 1 1e-3 (paper), stage 2 2e-5 (paper 1e-5 at batch 256)"),
+}
+ALL = ("simcse", "peer", "simcse-sup", "dcpcse", "d2cse", "diffcse", "diffaug")
+
+
+def _log(msg: str) -> None:
+    print(f"[learning {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def environment() -> dict[str, Any]:
+    import sentence_transformers
+    import torch
+    import transformers
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "sentence_transformers": sentence_transformers.__version__, "python": platform.python_version(),
+            "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
+            "cpu": cpu, "cpu_count": os.cpu_count(), "device": "cpu", "platform": platform.platform()}
+
+
+class Bench:
+    """The temporary data root, the prepared datasets and one Evaluator shared by every run."""
+
+    def __init__(self, batch_size: int, start_cache: list[Path] | None = None):
+        import torch
+
+        from config.settings import get_settings
+        from config.stages import local_mirror_ingest
+        from storage.layout import DataRoot
+
+        self.torch = torch
+        self.device = torch.device("cpu")
+        self.batch_size = batch_size
+        self.ingest = local_mirror_ingest(SHARED_DATA)
+        self.root = DataRoot(get_settings().data_root)
+        self._tokens: dict[tuple, Any] = {}
+        self._corruption: dict[tuple, Any] = {}
+        self.data_seconds = 0.0
+        self._probe: list[str] | None = None
+        self._starts: dict[tuple, dict[str, Any]] = {}
+        self._start_cache = list(start_cache or ())
+        from evaluation.evaluator import Evaluator
+        from storage.evaluations import load_sts_input
+        from tasks.ingest import ingest_dataset
+
+        t0 = time.perf_counter()
+        sts = ingest_dataset.fn("sts", self.ingest)
+        self.sts_input = load_sts_input(sts.key, self.root)
+        self.evaluator = Evaluator(self.sts_input.table)
+        self.data_seconds += time.perf_counter() - t0
+
+    def _read_start_cache(self) -> None:
+        """Start evaluations of other processes' reports (read when needed: they may be written meanwhile)."""
+        for f in self._start_cache:
+            if not Path(f).is_file():
+                continue
+            rep = json.loads(Path(f).read_text())
+            starts = [(r["run"], r["start"]) for r in rep.get("runs", [])]
+            if rep.get("peer"):
+                starts.append(("simcse-peerlike", rep["peer"]["start"]))
+            for run, st in starts:
+                if st.get("probe") and "shared_with" not in st:
+                    self._starts.setdefault((st.get("pooler"), st["probe"]), {
+                        **{k: v for k, v in st.items() if k != "probe"}, "evaluated_for": f"{run} ({Path(f).name})"})
+
+    # ------------------------------------------------------------------ data stages
+    def tokens(self, dataset: str, cfg):
+        from tasks.ingest import ingest_dataset
+        from tasks.tokenize import tokenize_dataset
+
+        tc = cfg.tokenize_config()
+        key = (dataset, tc.model_dump_json())
+        if key not in self._tokens:
+            t0 = time.perf_counter()
+            self._tokens[key] = tokenize_dataset.fn(ingest_dataset.fn(dataset, self.ingest), tc)
+            self.data_seconds += time.perf_counter() - t0
+        return self._tokens[key]
+
+    def corruption(self, tokens, cfg):
+        from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
+
+        key = (tokens.key, cfg.corrupt.model_dump_json())
+        if key not in self._corruption:
+            t0 = time.perf_counter()
+            plan = plan_corruption.fn(tokens.key, cfg.corrupt)
+            shards = [] if plan.cached else [corrupt_shard.fn(plan, i) for i in range(plan.n_shards)]
+            self._corruption[key] = publish_corruption.fn(plan, shards)
+            self.data_seconds += time.perf_counter() - t0
+        return self._corruption[key]
+
+    def config(self, spec: dict[str, Any], steps: int):
+        """The resolved TrainConfig of a run: the preset + CPU-scale overrides (epochs raised to cover the steps)."""
+        from config.presets import resolve_train_config
+
+        base = {"batch_size": self.batch_size, "max_steps": steps, "epochs": 1, "max_train_sentences": None,
+                "eval_steps": spec["eval_steps"], "log_steps": 10, "system_metrics": False, "device": "cpu",
+                "precision": "fp32", "ingest": self.ingest.model_dump(mode="json"), **spec["overrides"]}
+        cfg = resolve_train_config(spec["preset"], base, method=spec["method"])
+        rows = self.tokens(cfg.dataset, cfg).rows
+        epochs = max(1, math.ceil(steps * cfg.batch_size / rows))
+        if epochs != cfg.epochs:
+            cfg = resolve_train_config(spec["preset"], {**base, "epochs": epochs}, method=spec["method"])
+        return cfg
+
+    def inputs(self, cfg):
+        """(tokens, corruption, nli_tokens, rows, nli_rows) of a config, through the real stages and loaders."""
+        from models.loading import load_tokenizer
+        from tasks.train import load_training_rows
+
+        tokens = self.tokens(cfg.dataset, cfg)
+        corruption = self.corruption(tokens, cfg) if cfg.uses_corruption else None
+        nli_tokens = None
+        if cfg.needs_nli:
+            nli_tokens = tokens if cfg.dataset == "nli" else self.tokens("nli", cfg)
+        pad = load_tokenizer(cfg.backbone).pad_token_id
+        rows, nli_rows = load_training_rows(cfg, self.root, tokens, corruption, nli_tokens, pad)
+        return tokens, corruption, nli_tokens, rows, nli_rows
+
+    # ------------------------------------------------------------------ evaluation
+    def probe(self, model) -> str:
+        """Hash of the model's embeddings (exact float32 bytes) of 256 test sentences spread over the seven tasks."""
+        from evaluation.encode import embed_sentences
+
+        if self._probe is None:
+            everything = self.evaluator.sentences("test", extras=False)
+            self._probe = everything[:: max(1, len(everything) // 256)][:256]
+        emb, _ = embed_sentences(model, self._probe, batch_size=128, precision="fp32")
+        return hashlib.sha256(emb.numpy().tobytes()).hexdigest()[:16]
+
+    def evaluate_start(self, model, cfg, name: str) -> dict[str, Any]:
+        """The start evaluation, shared only between truly identical starting models: the same evaluation pooler
+        and bit-identical embeddings of the 256 probe sentences (e.g. SimCSE-unsup, DiffCSE and the peers all
+        start from the untouched MiniLM read at CLS before the pooler)."""
+        key = (getattr(model, "evaluation_pooler", None), self.probe(model))
+        self._read_start_cache()
+        if key in self._starts:
+            shared = dict(self._starts[key])
+            shared["shared_with"] = shared.pop("evaluated_for", None)
+            shared["seconds"] = 0.0  # not evaluated again
+            shared["probe"] = key[1]
+            return shared
+        res = self.evaluate(model, cfg)
+        self._starts[key] = {**res, "evaluated_for": name}
+        return {**res, "probe": key[1]}
+
+    def evaluate(self, model, cfg=None) -> dict[str, Any]:
+        precision = getattr(cfg, "eval_precision", "fp32") if cfg is not None else "fp32"
+        t0 = time.perf_counter()
+        res = self.evaluator.run(model, mode="test", extras=False, batch_size=128, precision=precision)
+        m = res.metrics()
+        return {"sts_avg": float(m["sts_avg"]), "tasks": {t: round(float(m[t]), 2) for t in SEVEN},
+                "seconds": round(time.perf_counter() - t0, 1), "pooler": getattr(model, "evaluation_pooler", None)
+                or model.describe().get("pooler")}
+
+
+def state_hash(model) -> str:
+    from models.checkpoint import trainable_state_dict
+
+    h = hashlib.sha256()
+    for k, v in sorted(trainable_state_dict(model).items()):
+        h.update(k.encode())
+        h.update(v.float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def seeded_build(cfg, device):
+    import torch
+
+    from tasks.train import build_model
+
+    torch.manual_seed(cfg.seed)
+    return build_model(cfg, device)
+
+
+def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
+    """Start evaluation, `tasks.train.fit`, evaluation of the best dev checkpoint."""
+    import torch
+
+    from models.checkpoint import load_checkpoint, read_checkpoint_meta
+    from storage.runs import RunDir
+    from tasks.train import fit, run_key, training_phases
+
+    spec = RUNS[name]
+    cfg = bench.config(spec, steps)
+    tokens, corruption, nli_tokens, rows, nli_rows = bench.inputs(cfg)
+    total_steps = sum(p.total_steps for p in training_phases(cfg, rows, nli_rows))
+    _log(f"{name}: {cfg.method}/{cfg.preset}, {total_steps} steps, batch {cfg.batch_size}, lr {cfg.learning_rate}")
+
+    start_model = seeded_build(cfg, bench.device)
+    start_hash = state_hash(start_model)
+    start = bench.evaluate_start(start_model, cfg, name)
+    del start_model
+    if state_hash(seeded_build(cfg, bench.device)) != start_hash:
+        raise RuntimeError(f"{name}: two builds with seed {cfg.seed} differ: the start model would not be fit's model")
+    _log(f"{name}: start STS Avg. {start['sts_avg']:.2f} ({start['seconds']:.0f} s)")
+
+    run_dir = RunDir(cfg.method, "learning-" + run_key(cfg, tokens, corruption, nli_tokens))
+    if run_dir.path.exists():
+        shutil.rmtree(run_dir.path)
+        run_dir = RunDir(cfg.method, run_dir.path.name)
+    params: dict[str, Any] = {}
+    dev: list[tuple[int, float]] = []
+    losses: list[tuple[int, float]] = []
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        if "stsb_dev" in metrics:
+            dev.append((step, round(float(metrics["stsb_dev"]), 2)))
+        if "loss" in metrics:
+            losses.append((step, round(float(metrics["loss"]), 4)))
+
+    torch.manual_seed(cfg.seed)  # fit builds the model first: the same init as the start model above
+    t0 = time.perf_counter()
+    loop = fit(cfg, rows, nli_rows, run_dir, "learning-benchmark", bench.device, "fp32", bench.evaluator,
+               params.update, log_metrics, hold_gpu_slot=False)
+    train_s = time.perf_counter() - t0
+    best = load_checkpoint(run_dir.best, device=bench.device)
+    trained = bench.evaluate(best, cfg)
+    meta = read_checkpoint_meta(run_dir.best)["meta"]
+    del best
+    _log(f"{name}: trained STS Avg. {trained['sts_avg']:.2f} (best dev {loop.best_score:.2f} at step {loop.best_step}; "
+         f"train {train_s:.0f} s)")
+    return {
+        "run": name, "method": cfg.method, "preset": cfg.preset, "dataset": cfg.dataset,
+        "overrides": {k: v for k, v in {**spec["overrides"], "batch_size": cfg.batch_size, "max_steps": cfg.max_steps,
+                                        "epochs": cfg.epochs, "max_train_sentences": None,
+                                        "eval_steps": cfg.eval_steps}.items()},
+        "steps": loop.steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
+        "prefix_phase": cfg.prefix_phase.model_dump() if cfg.prefix_phase else None, "lr_note": spec["lr_note"],
+        "seed": cfg.seed, "eval_steps": cfg.eval_steps, "train_rows": len(rows),
+        "corruption": cfg.corrupt.model_dump() if cfg.uses_corruption else None,
+        "corruption_reuse": params.get("corruption_reuse"), "trainable_parameters": params.get("trainable_parameters"),
+        "selection": "best STS-B dev checkpoint", "best_step": loop.best_step, "best_stsb_dev": loop.best_score,
+        "checkpoint_step": meta.get("step"), "dev_curve": dev, "loss_curve": losses,
+        "start_state_hash": start_hash,
+        "start": start, "trained": trained, "delta": round(trained["sts_avg"] - start["sts_avg"], 2),
+        "seconds": {"train": round(train_s, 1), "eval_start": start["seconds"], "eval_trained": trained["seconds"]},
+        "improved": trained["sts_avg"] > start["sts_avg"],
+        "config": cfg.model_dump(mode="json"),
+    }
+
+
+def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) -> dict[str, Any]:
+    """Our SimCSE configured like the peer (no training-time MLP, final weights) beside sentence-transformers."""
+    import torch
+
+    from models.embedder import PooledEncoder
+    from models.loading import PACKAGED_MINILM, load_tokenizer, resolve_model_path
+    from tasks.train import training_phases
+    from tasks.trainer import LoopConfig, Trainer
+
+    spec = {**RUNS["simcse"], "eval_steps": 10**9}
+    cfg = bench.config(spec, steps)
+    _, _, _, rows, _ = bench.inputs(cfg)
+    out: dict[str, Any] = {"steps": steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
+                           "seed": cfg.seed, "temperature": cfg.model["temperature"], "scale": 1.0 / cfg.model["temperature"]}
+
+    # --- ours, like the peer (the start is evaluated at the end, on a fresh seeded build: the same model)
+    cfg = cfg.model_copy(update={"model": {**cfg.model, "train_mlp": False}})  # no training-time MLP, like the peer
+    model = seeded_build(cfg, bench.device)
+    start_hash = state_hash(model)
+    loop = LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
+                      max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=10**9,
+                      checkpoint_steps=10**9, log_steps=cfg.log_steps, precision="fp32", deterministic=False)
+    state = Path(tempfile.mkdtemp(prefix="peerlike-state-"))
+    noop = lambda *a: None  # noqa: E731
+    trainer = Trainer(model, training_phases(cfg, rows, None), loop, bench.device, state, noop, lambda m: 0.0, noop)
+    batches = [trainer._batch(trainer.phases[0], s)[0] for s in range(trainer.total_steps)]
+    order_hash = hashlib.sha256(b"".join(b.input_ids.numpy().tobytes() for b in batches)).hexdigest()[:16]
+    _log(f"peer: simcse-peerlike, {trainer.total_steps} steps (batches hash {order_hash})")
+    t0 = time.perf_counter()
+    trainer.run()
+    ours_s = time.perf_counter() - t0
+    ours = bench.evaluate(model, cfg)
+    shutil.rmtree(state, ignore_errors=True)
+    del model, trainer
+    _log(f"peer: simcse-peerlike trained STS Avg. {ours['sts_avg']:.2f} ({ours_s:.0f} s)")
+
+    # --- sentence-transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    torch.manual_seed(cfg.seed)
+    tr = Transformer(resolve_model_path(PACKAGED_MINILM), max_seq_length=cfg.max_length)
+    dim = tr.get_embedding_dimension() if hasattr(tr, "get_embedding_dimension") else tr.get_word_embedding_dimension()
+    st = SentenceTransformer(modules=[tr, Pooling(dim, pooling_mode="cls")], device="cpu")
+    loss_fn = MultipleNegativesRankingLoss(st, scale=1.0 / cfg.model["temperature"])
+    params = [p for p in st.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    n = len(batches)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / n))
+    st.train()
+    st_losses = []
+    t0 = time.perf_counter()
+    from tqdm.auto import tqdm
+
+    for step, b in enumerate(tqdm(batches, desc="st-peer", unit="step")):
+        ids, mask = b.input_ids[:, 0], b.attention_mask[:, 0]
+        feats = [{"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)} for _ in range(2)]
+        loss = loss_fn(feats, None)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if (step + 1) % 10 == 0 or step + 1 == n:
+            st_losses.append((step + 1, round(float(loss.detach()), 4)))
+    st_s = time.perf_counter() - t0
+    st.eval()
+    enc = PooledEncoder(tr.auto_model, "cls_before_pooler", tokenizer=load_tokenizer(PACKAGED_MINILM),
+                        name="sentence-transformers MNRL (CLS pooling)")
+    peer = bench.evaluate(enc, cfg)
+    peer["pooler"] = "cls (ST Pooling) = cls_before_pooler"
+    del st, enc, tr
+    _log(f"peer: st-peer trained STS Avg. {peer['sts_avg']:.2f} ({st_s:.0f} s)")
+
+    start_model = seeded_build(cfg, bench.device)
+    if state_hash(start_model) != start_hash:
+        raise RuntimeError("peer: two builds with the same seed differ")
+    start = bench.evaluate_start(start_model, cfg, "simcse-peerlike")
+    del start_model
+    _log(f"peer: start (MiniLM CLS) STS Avg. {start['sts_avg']:.2f}")
+    diff = round(ours["sts_avg"] - peer["sts_avg"], 2)
+    out.update({
+        "batches_hash": order_hash,
+        "start": start,
+        "simcse_peerlike": {"trained": ours, "seconds": {"train": round(ours_s, 1)}, "selection": "final weights",
+                            "training_mlp": False, "delta": round(ours["sts_avg"] - start["sts_avg"], 2)},
+        "st_peer": {"trained": peer, "seconds": {"train": round(st_s, 1)}, "selection": "final weights",
+                    "loss": "MultipleNegativesRankingLoss(scale=20) on (s, s)", "loss_curve": st_losses,
+                    "delta": round(peer["sts_avg"] - start["sts_avg"], 2)},
+        "difference": diff, "limit": PEER_DIFF_LIMIT, "agree": abs(diff) <= PEER_DIFF_LIMIT,
+    })
+    if default_simcse is not None:
+        out["simcse_default"] = {"trained": default_simcse["trained"], "steps": default_simcse["steps"],
+                                 "selection": default_simcse["selection"], "best_step": default_simcse["best_step"],
+                                 "training_mlp": True}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def method_table(results: list[dict[str, Any]]) -> str:
+    head = ("| run | preset | data | steps | batch | lr | start | trained | Δ | best step | train s | eval s |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in results:
+        steps = str(r["steps"])
+        if r.get("prefix_phase"):
+            pp = r["prefix_phase"]
+            steps = f"{pp['steps']}+{r['steps'] - pp['steps']}"
+        lr = f"{r['learning_rate']:g}" + (f" (stage 1 {r['prefix_phase']['learning_rate']:g})" if r.get("prefix_phase") else "")
+        data = {"wiki1m": "Wiki1M sample", "nli": "NLI sample"}[r["dataset"]] + (" (+NLI)" if r.get("prefix_phase") else "")
+        lines.append(f"| {r['run']} | {r['method']}/{r['preset']} | {data} | {steps} | {r['batch_size']} | {lr} | "
+                     f"{r['start']['sts_avg']:.2f} | {r['trained']['sts_avg']:.2f} | {r['delta']:+.2f} | {r['best_step']} | "
+                     f"{r['seconds']['train']:.0f} | {r['seconds']['eval_start'] + r['seconds']['eval_trained']:.0f} |")
+    return "\n".join(lines)
+
+
+def task_table(results: list[dict[str, Any]]) -> str:
+    lines = ["| run | model | " + " | ".join(t.upper() for t in SEVEN) + " | Avg. |", "|---|---|" + "---|" * 8]
+    for r in results:
+        for which in ("start", "trained"):
+            e = r[which]
+            lines.append(f"| {r['run']} | {which} | " + " | ".join(f"{e['tasks'][t]:.2f}" for t in SEVEN) + f" | {e['sts_avg']:.2f} |")
+    return "\n".join(lines)
+
+
+def peer_table(p: dict[str, Any]) -> str:
+    lines = ["| model | training MLP | selection | steps | STS Avg. | Δ vs start | train s |", "|---|---|---|---|---|---|---|",
+             f"| MiniLM CLS (start) | – | – | 0 | {p['start']['sts_avg']:.2f} | – | – |",
+             f"| ours, peer-like | no | final | {p['steps']} | {p['simcse_peerlike']['trained']['sts_avg']:.2f} | "
+             f"{p['simcse_peerlike']['delta']:+.2f} | {p['simcse_peerlike']['seconds']['train']:.0f} |",
+             f"| sentence-transformers MNRL | no | final | {p['steps']} | {p['st_peer']['trained']['sts_avg']:.2f} | "
+             f"{p['st_peer']['delta']:+.2f} | {p['st_peer']['seconds']['train']:.0f} |"]
+    if "simcse_default" in p:
+        d = p["simcse_default"]
+        lines.append(f"| ours, default | yes | best dev (step {d['best_step']}) | {d['steps']} | {d['trained']['sts_avg']:.2f} | "
+                     f"{d['trained']['sts_avg'] - p['start']['sts_avg']:+.2f} | – |")
+    lines.append(f"\nours (peer-like) − sentence-transformers = {p['difference']:+.2f} (limit ±{p['limit']:.1f}): "
+                 + ("agree" if p["agree"] else "DISAGREE"))
+    return "\n".join(lines)
+
+
+def write_report(args, argv, env, bench, results, peer, total: float, complete: bool) -> tuple[str, list[str]]:
+    """JSON + markdown (written after every run, so an interrupted benchmark leaves its finished runs)."""
+    failures = [f"{r['run']}: trained {r['trained']['sts_avg']:.2f} <= start {r['start']['sts_avg']:.2f}"
+                for r in results if not r["improved"]]
+    if peer is not None and not peer["agree"]:
+        failures.append(f"peer: |{peer['difference']:+.2f}| > {PEER_DIFF_LIMIT}")
+    command = "python benchmarks/learning.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = {"benchmark": "learning", "command": command.strip(), "complete": complete, "environment": env,
+              "batch_size": args.batch_size, "data_seconds": round(bench.data_seconds, 1) if bench else None,
+              "total_seconds": round(total, 1), "runs": results, "peer": peer, "failures": failures,
+              "passed": complete and not failures,
+              "data": {"wiki1m": str(SHARED_DATA / "wiki1m_head.txt"), "nli": str(SHARED_DATA / "snli_triplets.csv"),
+                       "sts": str(SHARED_DATA / "senteval")}}
+    md = [f"# Learning benchmark (CPU, {env['torch_threads']} torch threads, {env['cpu']})", "",
+          f"`{report['command']}`: total {total / 60:.1f} min" + (f" (data stages {bench.data_seconds:.0f} s)" if bench else "")
+          + ("" if complete else " — INCOMPLETE (interrupted or still running)"), ""]
+    if results:
+        md += ["## Start vs trained STS Avg. (7 tasks, Spearman × 100; trained = best STS-B dev checkpoint)", "",
+               method_table(results), "", "### Per task", "", task_table(results)]
+    if peer is not None:
+        md += ["", "## SimCSE vs sentence-transformers (same sentences, order, batch, steps, lr, seed)", "", peer_table(peer)]
+    md += ["", ("PASS" if not failures else "FAIL: " + "; ".join(failures)) if complete else "(incomplete)"]
+    text = "\n".join(md) + "\n"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(text)
+    return text, failures
+
+
+def merge(args, argv) -> int:
+    """One report from several processes' JSON files (runs of disjoint `--methods`, e.g. started side by side on a
+    shared machine): runs in the canonical order, the peer check from the file that has it, each process's
+    command and seconds, and the wall time from the earliest start to the latest end (file mtime − its seconds)."""
+    parts = [(Path(f), json.loads(Path(f).read_text())) for f in args.merge]
+    by_run: dict[str, dict[str, Any]] = {}
+    peer = None
+    for path, rep in parts:
+        for r in rep["runs"]:
+            if r["run"] in by_run:
+                raise SystemExit(f"run {r['run']} appears in two files ({path})")
+            by_run[r["run"]] = r
+        if rep.get("peer") is not None:
+            if peer is not None:
+                raise SystemExit(f"two files hold the peer check ({path})")
+            peer = rep["peer"]
+    if peer is not None and "simcse_default" not in peer and "simcse" in by_run:
+        d = by_run["simcse"]
+        peer["simcse_default"] = {"trained": d["trained"], "steps": d["steps"], "selection": d["selection"],
+                                  "best_step": d["best_step"], "training_mlp": True}
+    results = [by_run[n] for n in ALL if n in by_run]
+    ends = [path.stat().st_mtime for path, _ in parts]
+    starts = [path.stat().st_mtime - rep["total_seconds"] for path, rep in parts]
+    wall = max(ends) - min(starts)
+    env = dict(parts[0][1]["environment"])
+    processes = [{"file": str(path), "command": rep["command"], "total_seconds": rep["total_seconds"],
+                  "runs": [r["run"] for r in rep["runs"]] + (["peer"] if rep.get("peer") else []),
+                  "data_seconds": rep.get("data_seconds"), "torch_threads": rep["environment"]["torch_threads"]}
+                 for path, rep in parts]
+    missing = [n for n in ALL if n not in by_run and not (n == "peer" and peer is not None)]
+
+    class _B:  # the report writer reads only data_seconds
+        data_seconds = sum(p["data_seconds"] or 0.0 for p in processes)
+
+    text, failures = write_report(args, argv, env, _B, results, peer, wall, complete=not missing)
+    report = json.loads(args.out.read_text())
+    report.update({"merged_from": processes, "wall_seconds": round(wall, 1), "missing": missing,
+                   "cpu_seconds_sum_of_processes": round(sum(p["total_seconds"] for p in processes), 1)})
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    extra = "\n## Processes (run side by side, 1 torch thread each)\n\n| file | command | runs | seconds |\n|---|---|---|---|\n" + "\n".join(
+        f"| {Path(p['file']).name} | `{p['command']}` | {', '.join(p['runs'])} | {p['total_seconds']:.0f} |" for p in processes)
+    text = text + extra + f"\n\nwall time {wall / 60:.1f} min (earliest start to latest end)" + (
+        f"; missing: {missing}" if missing else "") + "\n"
+    args.out.with_suffix(".md").write_text(text)
+    print("\n" + text)
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+    return 1 if failures or missing else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    p.add_argument("--steps", type=int, default=None, help="steps of every run (default: per run, see the docstring)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "learning.json")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's own, = the cores); 1 is far faster on a shared machine")
+    p.add_argument("--keep-home", action="store_true", help="keep the temporary CSE_HOME (runs, data) and print it")
+    p.add_argument("--start-cache", nargs="+", type=Path, default=None, metavar="JSON",
+                   help="reuse start evaluations from these reports when a start model is bit-identical on the probe")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                   help="write one report (--out) from the JSON files of several runs of this script, then exit")
+    args = p.parse_args(argv)
+    if args.merge:
+        return merge(args, argv)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := sorted(set(names) - set(ALL)):
+        p.error(f"unknown --methods {unknown}; known: {list(ALL)}")
+    if args.steps is not None and args.steps < 1:
+        p.error("--steps must be >= 1")
+
+    home = Path(tempfile.mkdtemp(prefix="cse-learning-"))
+    os.environ["CSE_HOME"] = str(home)  # before config.settings is read
+    for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
+        os.environ.pop(k, None)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    t_all = time.perf_counter()
+    env = environment()
+    env["threads_flag"] = args.threads
+    _log(f"CSE_HOME {home}; torch threads {env['torch_threads']}; cpu {env['cpu']}")
+    bench, results, peer = None, [], None
+    try:
+        bench = Bench(args.batch_size, args.start_cache)
+        for name in names:  # in the given order (default: SimCSE and its peer check first)
+            if name == "peer":
+                default = next((r for r in results if r["run"] == "simcse"), None)
+                steps = args.steps or (default["steps"] if default else RUNS["simcse"]["steps"])
+                peer = run_peer(bench, steps, default)
+            else:
+                results.append(run_method(bench, name, args.steps or RUNS[name]["steps"]))
+            write_report(args, argv, env, bench, results, peer, time.perf_counter() - t_all, complete=False)
+    finally:
+        if args.keep_home:
+            _log(f"kept CSE_HOME {home}")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+    total = time.perf_counter() - t_all
+    text, failures = write_report(args, argv, env, bench, results, peer, total, complete=True)
+    print("\n" + text)
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
