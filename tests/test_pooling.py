@@ -136,9 +136,16 @@ def test_unknown_pooler_on_load(tiny_bert_dir):
 
 
 def _fake_checkpoint(folder, **cfg):
+    """A folder that passes `validate_checkpoint` (metadata keys, a well-formed safetensors file) but holds no model."""
+    from safetensors.torch import save_file
+
+    from models.checkpoint import FORMAT_VERSION
+
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "cse_model.json").write_text(json.dumps({"method": "d2cse", "backbone": "bert-base-uncased", "pooler": "cls_before_pooler", **cfg}))
-    (folder / "weights.safetensors").write_bytes(b"")
+    meta = {"format_version": FORMAT_VERSION, "method": "d2cse", "backbone": "bert-base-uncased", "pooler": "cls_before_pooler",
+            "backbone_shape": {}, "backbone_fingerprint": "none", "model_config": {}, **cfg}
+    (folder / "cse_model.json").write_text(json.dumps(meta))
+    save_file({"unused": torch.zeros(1)}, str(folder / "weights.safetensors"))
     return folder
 
 
@@ -154,5 +161,5 @@ def test_checkpoint_folder_checks(tmp_path):
         read_checkpoint_config(ck)
     bad = _fake_checkpoint(tmp_path / "bad")
     (bad / "cse_model.json").write_text(json.dumps({"method": "d2cse"}))
-    with pytest.raises(ValueError, match="lacks the key 'backbone'"):
+    with pytest.raises(ValueError, match="lacks the keys .*'backbone'"):
         read_checkpoint_config(bad)
