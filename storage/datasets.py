@@ -123,3 +123,25 @@ class DatasetRef(BaseModel):
     def of(cls, root: DataRoot, m: Manifest, cache_hit: bool) -> DatasetRef:
         return cls(kind=m.kind, key=m.key, path=str(root.dataset_dir(m.kind, m.key)), rows=m.rows,
                    content_hash=m.content_hash, cache_hit=cache_hit)
+
+
+def resolve_input(root, kind: str, spec: str | None, *, from_folder, from_dataset, default=None,
+                  no_default, not_found):
+    """An evaluation input of `kind` from `spec`: an existing folder (`from_folder`), else a dataset key of `kind`
+    (`from_dataset(manifest)`). `spec=None`: `default()` when it gives one, else the newest dataset of `kind`, else a
+    FileNotFoundError saying `no_default()`; an unknown `spec` raises FileNotFoundError saying `not_found()` (messages
+    are built only when raised: `root` may be None while a default folder serves)."""
+    if spec is None:
+        if default is not None and (found_default := default()) is not None:
+            return found_default
+        found = root.list(kind)
+        if found:
+            return from_dataset(found[-1][1])
+        raise FileNotFoundError(no_default())
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return from_folder(path)
+    m = root.find(kind, spec)
+    if m is None:
+        raise FileNotFoundError(not_found())
+    return from_dataset(m)

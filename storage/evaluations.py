@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from storage import schemas
 from storage.catalog import refresh_catalog
-from storage.datasets import read_dataset, write_dataset
+from storage.datasets import read_dataset, resolve_input, write_dataset
 from storage.hashing import sha256_files
 from storage.layout import DataRoot
 from storage.manifest import Manifest
@@ -37,23 +37,15 @@ def load_sts_input(spec: str | None, root: DataRoot, shared_data: Path | None = 
     `spec=None`: `<shared_data>/senteval` when it exists, else the newest ingested `sts` dataset,
     else a FileNotFoundError saying to run the `ingest` flow.
     """
-    if spec is None:
-        if shared_data is not None and (Path(shared_data) / "senteval").is_dir():
-            return _from_folder(Path(shared_data) / "senteval")
-        found = root.list("sts")
-        if found:
-            return _from_dataset(root, found[-1][1])
-        where = f"{Path(shared_data) / 'senteval'} does not exist and " if shared_data is not None else ""
-        raise FileNotFoundError(f"no STS data: {where}no `sts` dataset under {root.root}; run the `ingest` flow "
-                                "(or pass `sts` = a SentEval folder or an sts dataset key)")
-    p = Path(spec).expanduser()
-    if p.is_dir():
-        return _from_folder(p)
-    m = root.find("sts", spec)
-    if m is None:
-        raise FileNotFoundError(f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {root.root}; "
-                                "run the `ingest` flow or pass an existing folder")
-    return _from_dataset(root, m)
+    senteval = Path(shared_data) / "senteval" if shared_data is not None else None
+    where = f"{senteval} does not exist and " if senteval is not None else ""
+    return resolve_input(
+        root, "sts", spec, from_folder=_from_folder, from_dataset=lambda m: _from_dataset(root, m),
+        default=lambda: _from_folder(senteval) if senteval is not None and senteval.is_dir() else None,
+        no_default=lambda: f"no STS data: {where}no `sts` dataset under {root.root}; run the `ingest` flow "
+                   "(or pass `sts` = a SentEval folder or an sts dataset key)",
+        not_found=lambda: f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {root.root}; "
+                  "run the `ingest` flow or pass an existing folder")
 
 
 def _from_folder(folder: Path) -> StsInput:

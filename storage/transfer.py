@@ -246,7 +246,7 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
     `spec=None`: `<shared_data>/senteval` when it holds the transfer tasks, else the newest ingested `transfer`
     dataset, else a FileNotFoundError saying to run the `ingest` flow with dataset `transfer`.
     """
-    from storage.datasets import read_dataset
+    from storage.datasets import read_dataset, resolve_input
     from storage.hashing import sha256_files
 
     def from_folder(folder: Path) -> TransferInput:
@@ -258,23 +258,18 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
         return TransferInput(table=read_dataset(root, "transfer", m.key), origin="dataset", location=m.key,
                              content_hash=m.content_hash)
 
-    if spec is None:
-        if shared_data is not None:
-            try:
-                return from_folder(transfer_root(Path(shared_data) / "senteval"))
-            except FileNotFoundError:
-                pass
-        found = root.list("transfer")
-        if found:
-            return from_dataset(found[-1][1])
-        raise FileNotFoundError(f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} "
-                                f"nor a `transfer` dataset under {root.root}; run the `ingest` flow with datasets "
-                                "[\"transfer\"] (or pass `transfer` = a SentEval folder or a transfer dataset key)")
-    p = Path(spec).expanduser()
-    if p.is_dir():
-        return from_folder(p)
-    m = root.find("transfer", spec)
-    if m is None:
-        raise FileNotFoundError(f"transfer input {spec!r} is neither a SentEval folder nor a `transfer` dataset under "
-                                f"{root.root}; run the `ingest` flow (dataset transfer) or pass an existing folder")
-    return from_dataset(m)
+    def default() -> TransferInput | None:
+        if shared_data is None:
+            return None
+        try:
+            return from_folder(transfer_root(Path(shared_data) / "senteval"))
+        except FileNotFoundError:
+            return None
+
+    return resolve_input(
+        root, "transfer", spec, from_folder=from_folder, from_dataset=from_dataset, default=default,
+        no_default=lambda: f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} nor a "
+                   f"`transfer` dataset under {root.root}; run the `ingest` flow with datasets [\"transfer\"] (or pass "
+                   "`transfer` = a SentEval folder or a transfer dataset key)",
+        not_found=lambda: f"transfer input {spec!r} is neither a SentEval folder nor a `transfer` dataset under {root.root}; "
+                  "run the `ingest` flow (dataset transfer) or pass an existing folder")
