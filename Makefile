@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test main smoke-all clean
+.PHONY: setup test test-fast main smoke-all clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ setup: $(VENV)/.installed
 
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+
+# The edit-run loop: every test but the end-to-end ones (marked slow: flows, ops, reliability, real MiniLM runs).
+test-fast: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
 main: setup
 	bash scripts/main_job.sh

@@ -4,7 +4,7 @@
         [--max-memory-gb 8] [--step-budget-s 4] [--include-smoke] [--no-meta] [--out benchmarks/results]
 
 For every preset `config.presets.PRESETS[method][name]` (resolved at run time with
-`config.presets.resolve_train_config(name, method=method)`, so presets added later are picked up; the `smoke*`
+`config.training.resolve_train_config(name, method=method)`, so presets added later are picked up; the `smoke*`
 presets are left out unless `--include-smoke` or named in `--presets`: they are MiniLM-sized and run by the tests):
 
 1. Build. The backbone is RANDOM-INITIALISED at the preset's real shape (no pretrained weights are reachable
@@ -12,7 +12,7 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    24 layers, 16 heads, 4096 intermediate; `roberta-base` = `RobertaConfig(vocab_size=50265,
    max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)`;
    `roberta-large` = the same with 1024/24/16/4096; `packaged:minilm` is loaded as is (real weights). The
-   model is `models.registry.model_class(method)(config, backbone=<that model>, tokenizer=...)`.
+   model is `config.methods.get_method(method).model_class(config, backbone=<that model>, tokenizer=...)`.
    Tokenizers: BERT-uncased shapes use the packaged MiniLM tokenizer (bert-base-uncased vocabulary).
    RoBERTa shapes use `RobertaIdsStandIn` below: no RoBERTa tokenizer is reachable offline, so a minimal object
    carries RoBERTa's ids (<s>=0, <pad>=1, </s>=2, <unk>=3, <mask>=50264, 50265 entries) and an `encode` that
@@ -28,15 +28,15 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    `[CLS] w … w [SEP]` (RoBERTa: `<s> … </s>`) with ids drawn from the backbone's ordinary vocabulary;
    unsupervised = one column (two dropout views), supervised = three columns (anchor, positive, hard negative);
    DiffAug also gets NLI triplet rows (stage-1 data and the auxiliary batch). The rows are wrapped as the
-   training stage does (`storage.training_data.TokenRows` / `CorruptionRows` → `tasks.train_data.TrainingRows`)
-   and the phases come from `tasks.train.training_phases(cfg, rows, nli_rows)`.
+   training stage does (`storage.training_data.TokenRows` / `CorruptionRows` → `training.rows.TrainingRows`)
+   and the phases come from `training.job.training_phases(cfg, rows, nli_rows)`.
    Corruption (DiffCSE, D2CSE): the preset's random-init generator runs through the project's corruption code
    (`models.corruption.Corruptor` + `corrupt_sequences`) at the preset's mask ratio and mode, one variant per
    view (what epoch 0 of a job reads with the reference's fresh-corruption default); it corrupts up to 16
    distinct sentences per (column, variant) and the batches tile those (the generator shape is exercised;
    corrupting every row of a 512-row batch would cost minutes of CPU for nothing the dry run checks).
 
-3. Steps. `tasks.trainer.Trainer` itself (`DryRunTrainer`, a subclass that only adds timing/memory probes
+3. Steps. `training.loop.Trainer` itself (`DryRunTrainer`, a subclass that only adds timing/memory probes
    around the real `_train_step`, turns `save_state` into a no-op and, on meta only, skips autocast) runs 2
    optimiser steps: 2 steps of the one phase for every method; for DiffAug 1 prefix-phase step + 1 joint step
    (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so a second one per phase
@@ -143,14 +143,16 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from config.presets import PRESETS, resolve_train_config  # noqa: E402
+from config.presets import PRESETS  # noqa: E402
+
+from config.training import resolve_train_config
 from models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
 from models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
-from models.registry import model_class  # noqa: E402
+from config.methods import model_class  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from tasks.train import training_phases  # noqa: E402
-from tasks.train_data import TrainingRows  # noqa: E402
-from tasks.trainer import LoopConfig, Trainer  # noqa: E402
+from training.job import training_phases  # noqa: E402
+from training.rows import TrainingRows  # noqa: E402
+from training.loop import LoopConfig, Trainer  # noqa: E402
 
 MB = 2**20
 GB = 2**30
@@ -538,7 +540,7 @@ class CostModel:
 # ---------------------------------------------------------------------------------------------- one preset
 def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
     kwargs = {}
-    if "mlm_head" in inspect.signature(cls.__init__).parameters and cfg.model.get("mlm"):
+    if "mlm_head" in inspect.signature(cls.__init__).parameters and getattr(cfg.model, "mlm", False):
         from models.dcpcse import MaskedLMHead
 
         with torch.random.fork_rng():
@@ -548,7 +550,7 @@ def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
 
 
 def expected_trainable(method: str, cfg) -> tuple[int | None, int | None]:
-    m = cfg.model
+    m = cfg.model_dump()["model"]
     if method == "d2cse" and not m.get("train_discriminator") and not m.get("prefix_projection"):
         key = (method, cfg.backbone, m.get("prefix_len"), False)
         base = EXPECTED_TRAINABLE.get((method, cfg.backbone, 16, False))
@@ -587,8 +589,8 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     """What the cost model and the report need to know about the built model."""
     phases = model_class(method).phases
     layer_params = sum(p.numel() for p in backbone.encoder.parameters())
-    passes = {"d2cse": 2, "diffcse": 2, "dcpcse": 2 if cfg.model.get("mlm") else 1}.get(method, 1)
-    if method == "d2cse" and cfg.model.get("train_discriminator"):
+    passes = {"d2cse": 2, "diffcse": 2, "dcpcse": 2 if getattr(cfg.model, "mlm", False) else 1}.get(method, 1)
+    if method == "d2cse" and getattr(cfg.model, "train_discriminator", False):
         passes = 2
     views_main = 3 if cfg.supervised else 2
     info = {"layers": backbone.config.num_hidden_layers, "hidden": backbone.config.hidden_size,
@@ -617,7 +619,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
     release_memory()
     cfg = resolve_train_config(name, method=method)
     rec.update(backbone=cfg.backbone, supervised=cfg.supervised, max_length=cfg.max_length, batch_size=cfg.batch_size,
-               model_config=cfg.model)
+               model_config=cfg.model_dump()["model"])
     if cfg.prefix_phase is not None:
         rec["prefix_phase_batch_size"] = cfg.prefix_phase.batch_size
     if cfg.aux_nli_batch_size:
@@ -631,7 +633,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
     backbone = backbone_model(cfg.backbone, cfg.seed)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        model = cls(cls.config_class.from_dict({"backbone": cfg.backbone, **cfg.model}), backbone=backbone,
+        model = cls(cfg.model, backbone=backbone,
                     tokenizer=tokenizer, **model_kwargs(cls, cfg, backbone))
     rec["build_seconds"] = round(time.perf_counter() - t0, 1)
     n_all = sum(p.numel() for p in model.parameters())
@@ -839,7 +841,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         f"wall {meta.get('wall_seconds', '?')} s.",
         "",
         "Random-initialised models at the presets' real shapes; synthetic rows of the preset's maximum length (no "
-        "padding); the real `tasks.trainer.Trainer`, fp32 on CPU. `rows/step measured` = sentence tuples per step of "
+        "padding); the real `training.loop.Trainer`, fp32 on CPU. `rows/step measured` = sentence tuples per step of "
         "the CPU run (a micro batch unless `real` is marked); `steps` = optimiser steps run (DiffAug: 1 prefix + 1 joint). "
         "s/step measured = the last step of the phase, wall time and process CPU time (other jobs shared the 2 cores, "
         "so wall > CPU); projected = CPU time, linear in rows at the real batch on this CPU with `--threads` threads "

@@ -13,15 +13,15 @@ What runs (the project's own pieces, no re-implementation):
   tokenize_dataset`, `tasks.corrupt.plan_corruption` / `corrupt_shard` / `publish_corruption`, called through
   their Prefect tasks' `.fn`, so no Prefect server is needed) into a temporary `CSE_HOME` (MLflow's data-stage
   runs land in that temporary SQLite store); sources are read from `../shared/data` (never copied);
-- configs: `config.presets.resolve_train_config(preset, overrides, method=...)` from each method's `smoke` preset
+- configs: `config.training.resolve_train_config(preset, overrides, method=...)` from each method's `smoke` preset
   (supervised SimCSE: its `sup` preset brought to MiniLM / CPU scale), with the overrides in the table below;
-- training: `tasks.train.fit` (the training stage's own function: `build_model`, `training_phases`, the real
-  `tasks.trainer.Trainer`, STS-B dev selection every `eval_steps`, best checkpoint written by `save_checkpoint`),
+- training: `training.job.fit` (the training stage's own function: `build_model`, `training_phases`, the real
+  `training.loop.Trainer`, STS-B dev selection every `eval_steps`, best checkpoint written by `save_checkpoint`),
   with plain callables instead of MLflow for params/metrics;
 - evaluation: `evaluation.evaluator.Evaluator` in `test` mode (the seven STS tasks, Avg. = mean of the seven
   Spearman x 100, rounded as the papers do), fp32, retrieval/alignment extras off.
 
-"start" = the method's model as `tasks.train.build_model` builds it at step 0 with `torch.manual_seed(seed)`,
+"start" = the method's model as `training.job.build_model` builds it at step 0 with `torch.manual_seed(seed)`,
 evaluated with its own `embed` (its evaluation pooler: CLS before pooler for SimCSE-unsup/DiffCSE/D2CSE/DCPCSE-
 unsup with the random initial prompts on, CLS -> the fresh MLP for supervised SimCSE, the template's [MASK] state
 with the random initial prefixes for DiffAug). `fit` is called right after seeding again with the same seed, so it
@@ -77,6 +77,7 @@ tables are printed at the end. Progress bars come from the trainer.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -216,7 +217,7 @@ class Bench:
 
     def config(self, spec: dict[str, Any], steps: int):
         """The resolved TrainConfig of a run: the preset + CPU-scale overrides (epochs raised to cover the steps)."""
-        from config.presets import resolve_train_config
+        from config.training import resolve_train_config
 
         base = {"batch_size": self.batch_size, "max_steps": steps, "epochs": 1, "max_train_sentences": None,
                 "eval_steps": spec["eval_steps"], "log_steps": 10, "system_metrics": False, "device": "cpu",
@@ -231,7 +232,7 @@ class Bench:
     def inputs(self, cfg):
         """(tokens, corruption, nli_tokens, rows, nli_rows) of a config, through the real stages and loaders."""
         from models.loading import load_tokenizer
-        from tasks.train import load_training_rows
+        from training.job import load_training_rows
 
         tokens = self.tokens(cfg.dataset, cfg)
         corruption = self.corruption(tokens, cfg) if cfg.uses_corruption else None
@@ -292,19 +293,19 @@ def state_hash(model) -> str:
 def seeded_build(cfg, device):
     import torch
 
-    from tasks.train import build_model
+    from training.job import build_model
 
     torch.manual_seed(cfg.seed)
     return build_model(cfg, device)
 
 
 def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
-    """Start evaluation, `tasks.train.fit`, evaluation of the best dev checkpoint."""
+    """Start evaluation, `training.job.fit`, evaluation of the best dev checkpoint."""
     import torch
 
     from models.checkpoint import load_checkpoint, read_checkpoint_meta
     from storage.runs import RunDir
-    from tasks.train import fit, run_key, training_phases
+    from training.job import fit, run_key, training_phases
 
     spec = RUNS[name]
     cfg = bench.config(spec, steps)
@@ -337,7 +338,7 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)  # fit builds the model first: the same init as the start model above
     t0 = time.perf_counter()
     loop = fit(cfg, rows, nli_rows, run_dir, "learning-benchmark", bench.device, "fp32", bench.evaluator,
-               params.update, log_metrics, hold_gpu_slot=False)
+               params.update, log_metrics)
     train_s = time.perf_counter() - t0
     best = load_checkpoint(run_dir.best, device=bench.device)
     trained = bench.evaluate(best, cfg)
@@ -371,17 +372,17 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
 
     from models.embedder import PooledEncoder
     from models.loading import PACKAGED_MINILM, load_tokenizer, resolve_model_path
-    from tasks.train import training_phases
-    from tasks.trainer import LoopConfig, Trainer
+    from training.job import training_phases
+    from training.loop import LoopConfig, Trainer
 
     spec = {**RUNS["simcse"], "eval_steps": 10**9}
     cfg = bench.config(spec, steps)
     _, _, _, rows, _ = bench.inputs(cfg)
     out: dict[str, Any] = {"steps": steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
-                           "seed": cfg.seed, "temperature": cfg.model["temperature"], "scale": 1.0 / cfg.model["temperature"]}
+                           "seed": cfg.seed, "temperature": cfg.model.temperature, "scale": 1.0 / cfg.model.temperature}
 
     # --- ours, like the peer (the start is evaluated at the end, on a fresh seeded build: the same model)
-    cfg = cfg.model_copy(update={"model": {**cfg.model, "train_mlp": False}})  # no training-time MLP, like the peer
+    cfg = cfg.model_copy(update={"model": dataclasses.replace(cfg.model, train_mlp=False)})  # no training-time MLP, like the peer
     model = seeded_build(cfg, bench.device)
     start_hash = state_hash(model)
     loop = LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
@@ -410,7 +411,7 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     tr = Transformer(resolve_model_path(PACKAGED_MINILM), max_seq_length=cfg.max_length)
     dim = tr.get_embedding_dimension() if hasattr(tr, "get_embedding_dimension") else tr.get_word_embedding_dimension()
     st = SentenceTransformer(modules=[tr, Pooling(dim, pooling_mode="cls")], device="cpu")
-    loss_fn = MultipleNegativesRankingLoss(st, scale=1.0 / cfg.model["temperature"])
+    loss_fn = MultipleNegativesRankingLoss(st, scale=1.0 / cfg.model.temperature)
     params = [p for p in st.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     n = len(batches)

@@ -5,9 +5,9 @@
 
 Data: real Wiki1M sentences (tokenised, max_length 32), corrupted offline by replacing 30% of the
 non-special tokens with random ids (the real pipeline precomputes corruption, so it is not part of a
-step); batches are built by `tasks.train_data.TrainingRows.batch` in a random epoch order.
+step); batches are built by `training.rows.TrainingRows.batch` in a random epoch order.
 
-D2CSE step: `tasks.trainer.Trainer._train_step` itself (autocast, forward, zero_grad, backward,
+D2CSE step: `training.loop.Trainer._train_step` itself (autocast, forward, zero_grad, backward,
 clip_grad_norm_ 1.0, AdamW step, LR scheduler step). The model runs the prompted encoder on the 2B view
 rows (two dropout views) and the prompted, h-conditioned discriminator on the 2B corrupted rows.
 
@@ -47,8 +47,8 @@ from torch import nn  # noqa: E402
 from models.d2cse import D2CSE, D2CSEModelConfig  # noqa: E402
 from models.loading import PACKAGED_MINILM, load_encoder, load_tokenizer, pick_device  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from tasks.train_data import TrainingRows, epoch_order  # noqa: E402
-from tasks.trainer import LoopConfig, Trainer  # noqa: E402
+from training.rows import TrainingRows, epoch_order  # noqa: E402
+from training.loop import LoopConfig, Trainer  # noqa: E402
 
 TARGET = 1.10
 WIKI1M_SENTENCES, PAPER_BATCH, EPOCHS = 1_000_000, 144, 2
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "(logsumexp on CLS + token cross-entropy), backward; the embedding output is a leaf that "
                      "requires grad so backward runs through all layers (activation grads only), as prompt "
                      "tuning's does; no optimizer step"),
-        "d2cse_step": "tasks.trainer.Trainer._train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
+        "d2cse_step": "training.loop.Trainer._train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
     }
     projection_key = "projected_wiki1m_2_epochs_minutes" if device.type == "cuda" else \
         "projected_wiki1m_2_epochs_minutes_cpu_info_only"

@@ -1,4 +1,5 @@
-"""Named training presets per method (the papers' hyperparameter tables) and override merging.
+"""Named training presets per method (the papers' hyperparameter tables): plain data, read by the method registry
+(config/methods.py) and resolved into a TrainConfig by `config.training.resolve_train_config`.
 
 A deployment names a preset and may pass `overrides` (a nested dict merged into it), so every
 field of the resolved TrainConfig can be changed per deployment or per run.
@@ -7,8 +8,6 @@ field of the resolved TrainConfig can be changed per deployment or per run.
 from __future__ import annotations
 
 from typing import Any
-
-from config.training import TrainConfig
 
 _SMOKE_CORRUPT = {"generator": "random-init:distilbert-tiny", "shard_size": 4096, "batch_size": 128}
 # The cheaper, non-reference corruption: one variant per sentence shared by every view and epoch, generator dropout
@@ -138,17 +137,3 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
     for k, v in overrides.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-def resolve_train_config(preset: str = "default", overrides: dict[str, Any] | None = None, method: str = "d2cse") -> TrainConfig:
-    """The TrainConfig of `method`'s `preset` with `overrides` (a nested dict) merged in."""
-    if method not in PRESETS:
-        raise ValueError(f"unknown method {method!r}; known: {sorted(PRESETS)}")
-    if preset not in PRESETS[method]:
-        raise ValueError(f"unknown {method} preset {preset!r}; known: {sorted(PRESETS[method])}")
-    overrides = dict(overrides or {})
-    if overrides.get("method", method) != method:
-        raise ValueError(f"overrides name method {overrides['method']!r} but the preset belongs to {method!r}")
-    base = {"method": method, "preset": preset}
-    merged = deep_merge(deep_merge(base, PRESETS[method][preset]), overrides)
-    return TrainConfig.model_validate(merged)

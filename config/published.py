@@ -140,7 +140,7 @@ def setting_of(method: str, preset: str, supervised: bool) -> str:
 
 def preset_row(method: str, preset: str) -> tuple[str, str | None, str]:
     """(method, backbone family, setting) of a preset: the published row it reproduces (family None: no paper row)."""
-    from config.presets import resolve_train_config
+    from config.training import resolve_train_config
 
     cfg = resolve_train_config(preset, method=method)
     return method, backbone_family(cfg.backbone), setting_of(method, preset, cfg.supervised)

@@ -1,38 +1,44 @@
 """Training configuration: one typed model per training job; presets per method in config/presets.py.
 
-`model` holds the method's model hyperparameters; it is validated (and completed with defaults) by that
-method's config dataclass in `models/` (`D2CSEModelConfig`, `SimCSEConfig`, ...), the single typed source
-of those fields. The job-level defaults are the D2CSE paper's unsupervised BERT-base setting (Table 7; methods.md §5):
+`model` is the method's typed model config: the frozen dataclass of `models/` that the method registry
+(config/methods.py) names for `method` (`D2CSEModelConfig`, `SimCSEConfig`, ...), the single typed source of those
+fields. It is given as a dict (presets, overrides, deployment parameters), validated and completed with the
+method's defaults, and dumped as a dict again (so hashes and MLflow params name every field). `backbone` is a
+top-level field only; the model config's own `backbone` is always the job's. The job-level defaults are the D2CSE paper's unsupervised BERT-base setting (Table 7; methods.md §5):
 bert-base-uncased, Wiki1M, batch 144, lr 0.021, masking 0.3, λ 0.005, 2 epochs, prompt length 16,
 no [CLS] prompt, generator distilbert-base-uncased. Optimisation follows the HF Trainer defaults
 all references use (methods.md §1.5): AdamW (β 0.9/0.999, ε 1e-8, no weight decay), linear decay
 to 0 without warm-up, gradient clipping at 1.0, STS-B dev every 125 steps, best checkpoint kept.
 
 Distributed training (`nproc_per_node` × `nnodes` > 1): the `train` task launches torchrun
-(tasks/distributed_train.py); `batch_size` stays the global batch, split over the ranks, and a step computes
+(training/distributed.py); `batch_size` stays the global batch, split over the ranks, and a step computes
 what one process computes on the whole batch (models/distributed.py). These launch fields are left out of the
 job's identity (`LAUNCH_FIELDS`), so a job resumes on another number of GPUs.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, field_serializer, model_validator
 
+from config.methods import METHODS, get_method
+from config.presets import deep_merge
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
+from models.method import MethodConfig
 
-
-METHODS = ("d2cse", "simcse", "dcpcse", "diffcse", "diffaug")
-# How many processes train a job, not what they compute: excluded from the run key (tasks.train.run_key).
+# How many processes train a job, not what they compute: excluded from the run key (training.job.run_key).
 LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
-Method = Literal["d2cse", "simcse", "dcpcse", "diffcse", "diffaug"]
+Method = Literal[METHODS]  # the registry's names
+DEFAULT_BACKBONE = "bert-base-uncased"
 
 
 def required_variants(epochs: int, supervised: bool) -> int:
     """Corruption variants for a fresh corruption of every view of every epoch (the reference's on-the-fly
     generation, methods.md §4 step 2): each column is read by 2 views unsupervised (the sentence twice) and by 1
-    supervised (anchor, entailment and contradiction are columns). See tasks/train_data.py."""
+    supervised (anchor, entailment and contradiction are columns). See training/rows.py."""
     return epochs * (1 if supervised else 2)
 
 
@@ -47,15 +53,18 @@ class PrefixPhaseConfig(_Config):
 
 
 class TrainConfig(_Config):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
     method: Method = "d2cse"
     preset: str = "default"
-    backbone: str = Field(default="bert-base-uncased", min_length=1, pattern=r"\S",
+    backbone: str = Field(default=DEFAULT_BACKBONE, min_length=1, pattern=r"\S",
                           description="HF model id, local folder or packaged:minilm (never empty)")
     supervised: bool = False
     ingest: IngestConfig = IngestConfig()
     max_length: int = Field(default=32, ge=4)
     corrupt: CorruptConfig = CorruptConfig()
-    model: dict[str, Any] = Field(default_factory=dict, description="the method's model config (backbone excluded)")
+    model: MethodConfig = Field(default=None, validate_default=True,
+                                description="the method's typed model config (given and dumped as a dict, backbone excluded)")
     prefix_phase: PrefixPhaseConfig | None = Field(default=None, description="DiffAug stage 1; None for every other method")
     aux_nli_batch_size: int = Field(default=0, ge=0, description="DiffAug semi w/ aux: NLI rows batched beside each Wiki batch")
 
@@ -86,22 +95,38 @@ class TrainConfig(_Config):
         default=False, description="test-evaluate the selected checkpoint on the 7 transfer tasks too (SentEval test settings; "
                                    "metrics mr … mrpc, transfer_avg in the training run); implied by selection transfer")
     nproc_per_node: int = Field(default=1, ge=1, description="training processes (one per GPU) on each node; > 1 "
-                                "launches torchrun (tasks/distributed_train.py); batch sizes stay global")
+                                "launches torchrun (training/distributed.py); batch sizes stay global")
     nnodes: int = Field(default=1, ge=1, description="nodes of a multi-node job: rendezvous at $CSE_RDZV_ENDPOINT "
                         "(host:port); the task runs node 0's torchrun and logs the command the other nodes run")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_model(cls, data: Any) -> Any:
+        """`model` as a dict (or a model config) → the method's typed config, with the job's backbone."""
+        if not isinstance(data, dict):
+            return data
+        spec = get_method(data.get("method", "d2cse"))
+        fields = data.get("model") or {}
+        if isinstance(fields, MethodConfig):
+            fields = {k: v for k, v in fields.to_dict().items() if k != "backbone"}
+        if not isinstance(fields, dict):
+            raise ValueError(f"model must be a dict of {spec.config_class.__name__} fields, got {type(fields).__name__}")
+        return {**data, "model": spec.model_config(str(data.get("backbone", DEFAULT_BACKBONE)), fields)}
+
+    @field_serializer("model")
+    def _dump_model(self, model: MethodConfig) -> dict[str, Any]:
+        return {k: v for k, v in model.to_dict().items() if k != "backbone"}
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         if self.max_length < 4:
             raise ValueError("max_length must be at least 4")
-        # Complete `model` with the method's defaults (so the resolved config, its hash and the MLflow params
-        # name every field) and reject unknown keys.
-        from models.registry import model_class
-
-        cls = model_class(self.method)
-        full = cls.config_class.from_dict({"backbone": self.backbone, **self.model}).to_dict()
-        full.pop("backbone")
-        object.__setattr__(self, "model", full)
+        spec = get_method(self.method)
+        if not isinstance(self.model, spec.config_class):
+            raise ValueError(f"model of method {self.method} must be a {spec.config_class.__name__}")
+        if self.model.backbone != self.backbone:  # a copy with another backbone: the job's backbone is the one
+            object.__setattr__(self, "model", replace(self.model, backbone=self.backbone))
+        cls = spec.model_class
         if cls.uses_corruption and self.corrupt.variants is None:  # the reference: a fresh corruption per view and epoch
             object.__setattr__(self, "corrupt", self.corrupt.model_copy(
                 update={"variants": required_variants(self.epochs, self.supervised)}))
@@ -131,9 +156,7 @@ class TrainConfig(_Config):
 
     @property
     def uses_corruption(self) -> bool:
-        from models.registry import model_class
-
-        return model_class(self.method).uses_corruption
+        return get_method(self.method).uses_corruption
 
     @property
     def needs_nli(self) -> bool:
@@ -146,3 +169,14 @@ class TrainConfig(_Config):
 
     def tokenize_config(self) -> TokenizeConfig:
         return TokenizeConfig(tokenizer=self.backbone, max_length=self.max_length)
+
+
+def resolve_train_config(preset: str = "default", overrides: dict[str, Any] | None = None, method: str = "d2cse") -> TrainConfig:
+    """The TrainConfig of `method`'s `preset` (config/presets.py) with `overrides` (a nested dict) merged in."""
+    spec = get_method(method)
+    fields = spec.preset(preset)
+    overrides = dict(overrides or {})
+    if overrides.get("method", method) != method:
+        raise ValueError(f"overrides name method {overrides['method']!r} but the preset belongs to {method!r}")
+    base = {"method": method, "preset": preset}
+    return TrainConfig.model_validate(deep_merge(deep_merge(base, dict(fields)), overrides))

@@ -1,4 +1,5 @@
-"""Evaluation results: typed, JSON-serialisable, with flat metric names and paper-style tables.
+"""Evaluation results: typed, JSON-serialisable, with flat metric names and paper-style table rows (rendered as
+markdown/CSV by `tracking.reporting`, where tasks/evaluate.py records them).
 
 Metric names (MLflow allows letters, digits, `_ - . / :` and spaces, not `@`): `sts12` … `sts16`,
 `stsb`, `sickr`, `sts_avg` (Spearman ×100; `<name>_pearson` alongside), `sts12/<subset>`,
@@ -8,8 +9,6 @@ duplicate rule) plus `retrieval_index_r1` and `retrieval_string_r1`; `alignment`
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -152,11 +151,6 @@ class EvalResult(BaseModel):
             row["Avg."] = f"{avg:.2f}"
         return row
 
-    def table_row(self, label: str, pearson: bool = False, header: bool = True) -> str:
-        """Markdown (header + row) like the papers' Table 1."""
-        rec = self.table_record(label, pearson)
-        return markdown_table([rec], header=header)
-
     def task_rows(self) -> list[dict]:
         """One row per task: headline Spearman/Pearson, pairs, and the subset aggregations."""
         rows = []
@@ -187,37 +181,6 @@ class EvalResult(BaseModel):
         return [{"rule": rule, "headline": rule == r.match, "corpus": r.corpus_size[rule], "queries": r.n_queries,
                  **{f"R@{k}": round(v, 2) for k, v in rec.items()}} for rule, rec in r.recall.items()]
 
-    def qualitative_markdown(self) -> str:
-        out = []
-        for q in self.qualitative:
-            out.append(f"**Query:** {q.query}" + (f"  (answer: {' | '.join(q.answers)})" if q.answers else ""))
-            out.append("")
-            out.append(markdown_table([{"rank": i + 1, "sentence": n.sentence, "cosine": f"{n.cosine:.4f}",
-                                        "answer": "✓" if n.is_answer else ""} for i, n in enumerate(q.neighbours)]))
-            out.append("")
-        return "\n".join(out)
-
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
-
-
-def markdown_table(rows: list[dict], header: bool = True) -> str:
-    if not rows:
-        return ""
-    cols = list(rows[0])
-    lines = []
-    if header:
-        lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def csv_table(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()

@@ -47,7 +47,6 @@ from pydantic import BaseModel, Field
 
 from evaluation.classifier import SETTINGS, ClassifierSettings, Fitted, fit_groups, group
 from evaluation.encode import PRECISIONS, embed_token_ids
-from evaluation.results import markdown_table
 from evaluation.sts import rounded_average
 from models.embedder import SentenceEmbedder
 
@@ -129,9 +128,6 @@ class TransferResult(BaseModel):
         if avg is not None:
             row["Avg."] = f"{avg:.2f}"
         return row
-
-    def table_row(self, label: str, dev: bool = False) -> str:
-        return markdown_table([self.table_record(label, dev)])
 
     def task_rows(self) -> list[dict]:
         return [{"task": t.task, "acc": t.acc, "devacc": t.devacc, "f1": t.f1, "n_train": t.n_train, "n_test": t.n_test,

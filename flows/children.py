@@ -21,12 +21,12 @@ import json
 import time
 from typing import Any, Literal
 
-import mlflow
-from mlflow.entities import Metric
 from pydantic import BaseModel
 
+from config.methods import get_method
 from storage.hashing import stable_hash
-from tasks.tracking import ensure_experiment, flatten, prefect_flow_run_id
+from tracking.reporting import markdown_table, publish_artifacts, two_decimals
+from tracking.runs import ensure_experiment, log_run_results, prefect_flow_run_id, search_runs, start_group_run
 
 Dispatch = Literal["deployment", "inline"]
 _FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -64,17 +64,14 @@ class Group:
         self.kind, self.method = kind, method
         self.id = stable_hash({"kind": kind, "method": method, "params": params})[:16]
         exp_id = ensure_experiment(method)
-        found = mlflow.search_runs([exp_id], filter_string=f"tags.`cse.group` = '{self.id}' and tags.`cse.parent` = 'true'",
-                                   output_format="list", max_results=1)
+        found = search_runs([exp_id], {"cse.group": self.id, "cse.parent": "true"}, max_results=1)
         if found:
             self.run_id = found[0].info.run_id
         else:
             tags = {"cse.group": self.id, "cse.parent": "true", "cse.kind": kind, "method": method}
             if (fr := prefect_flow_run_id()) is not None:
                 tags["prefect_flow_run_id"] = str(fr)
-            with mlflow.start_run(experiment_id=exp_id, run_name=f"{kind}-{method}-{self.id[:6]}", tags=tags) as run:
-                mlflow.log_params(flatten(params))
-            self.run_id = run.info.run_id
+            self.run_id = start_group_run(exp_id, f"{kind}-{method}-{self.id[:6]}", tags, params)
 
     def child_tags(self, child: Child) -> dict[str, str]:
         return {"mlflow.parentRunId": self.run_id, "cse.group": self.id, "cse.child": child.label, "cse.kind": self.kind,
@@ -83,19 +80,12 @@ class Group:
     def log(self, metrics: dict[str, float] | None = None, artifacts: dict[str, str] | None = None,
             tags: dict[str, str] | None = None) -> None:
         """Log to the parent run through the client (no fluent active-run or active-experiment state involved)."""
-        client = mlflow.MlflowClient()
-        if metrics:
-            client.log_batch(self.run_id, metrics=[Metric(k, float(v), int(time.time() * 1000), 0) for k, v in metrics.items()])
-        for name, text in (artifacts or {}).items():
-            client.log_text(self.run_id, text, name)
-        for key, value in (tags or {}).items():
-            client.set_tag(self.run_id, key, value)
+        log_run_results(self.run_id, metrics=metrics, tags=tags, texts=artifacts)
 
     def read(self, child: Child, state: str, error: str | None = None) -> ChildResult:
         """The child's newest MLflow run with its metrics (`state` from the orchestrator)."""
         exp_id = ensure_experiment(child.method)
-        runs = mlflow.search_runs([exp_id], filter_string=f"tags.`{member_tag(self.id)}` = '{child.label}'",
-                                  order_by=["attributes.start_time DESC"], output_format="list", max_results=1)
+        runs = search_runs([exp_id], {member_tag(self.id): child.label}, newest_first=True, max_results=1)
         if not runs:
             return ChildResult(label=child.label, state=state if state != "COMPLETED" else "FAILED",
                                error=error or "no MLflow run found for this child")
@@ -108,6 +98,9 @@ class Group:
 def run_children(group: Group, children: list[Child], dispatch: Dispatch = "deployment",
                  deployment: str = "default", poll_seconds: float = 5.0) -> list[ChildResult]:
     """Run every child and return their results in order; a failed child is reported, not raised."""
+    for c in children:  # fail before anything runs: an unknown method or preset, or a deployment the registry lacks
+        get_method(c.method).preset(c.preset)
+        get_method(c.method).deployment(deployment)
     labels = [c.label for c in children]
     if len(set(labels)) != len(labels):
         raise ValueError(f"child labels must be unique: {labels}")
@@ -136,7 +129,8 @@ def _run_deployments(group: Group, children: list[Child], deployment: str, poll_
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    runs = [run_deployment(name=f"train-{c.method}/{deployment}", parameters=_parameters(group, c), timeout=0,
+    # the child's preset travels as a parameter; `deployment` names the one it runs through (registry: train-<method>/...)
+    runs = [run_deployment(name=get_method(c.method).deployment(deployment), parameters=_parameters(group, c), timeout=0,
                            as_subflow=True, tags=["child", group.kind]) for c in children]
     with get_client(sync_client=True) as client:
         states = _wait(lambda rid: client.read_flow_run(rid), runs, poll_seconds)
@@ -159,25 +153,11 @@ def _wait(read, runs, poll_seconds: float) -> dict:
     return states
 
 
-def table_markdown(rows: list[dict[str, Any]], title: str) -> str:
-    if not rows:
-        return f"### {title}\n\n(no rows)\n"
-    cols = list(rows[0])
-    fmt = lambda v: "–" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))  # noqa: E731
-    lines = [f"### {title}\n", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def publish_table(group: Group, rows: list[dict[str, Any]], title: str, key: str) -> str:
     """The table as markdown on the MLflow parent and as Prefect table + markdown artifacts."""
-    md = table_markdown(rows, title)
+    md = markdown_table(rows, title=title, cell=two_decimals)
     group.log(artifacts={f"{key}.md": md, f"{key}.json": json.dumps(rows, indent=2, default=str)})
-    if prefect_flow_run_id() is not None:
-        from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-        create_table_artifact(table=rows, key=key, description=title)
-        create_markdown_artifact(markdown=md, key=f"{key}-md", description=title)
+    publish_artifacts(tables={key: (rows, title)}, markdown={f"{key}-md": (md, title)})
     return md
 
 

@@ -30,10 +30,10 @@ from config.settings import shard_task_runner
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig
 from flows.tokenize import prepare_tokens
 from storage.datasets import DatasetRef
+from storage.sharded import building
 from tasks.corrupt import (
     CorruptPlan,
     ShardResult,
-    building,
     corrupt_shard,
     corruption_run,
     plan_corruption,

@@ -12,7 +12,8 @@ from typing import Any
 
 from prefect import flow
 
-from config.presets import deep_merge, resolve_train_config
+from config.presets import deep_merge
+from config.training import resolve_train_config
 from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
 from storage.readers import SEVEN_TASKS
 

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from config.presets import deep_merge, resolve_train_config
+from config.presets import deep_merge
+from config.training import resolve_train_config
 from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
 
 COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]

@@ -1,4 +1,4 @@
-"""Training flows, one per method: ingest → tokenise → (corrupt) → train → evaluate, each stage cached by its inputs.
+"""Training flows, one per method of the registry (config/methods.py): ingest → tokenise → (corrupt) → train → evaluate, each stage cached by its inputs.
 
 `train-<method>` flows (train-d2cse, train-simcse, train-dcpcse, train-diffcse, train-diffaug) take a preset of
 config/presets.py and `overrides` (a nested dict merged into it), so any field changes per deployment or run:
@@ -13,19 +13,21 @@ from typing import Any
 
 from prefect import flow
 
-from config.presets import resolve_train_config
+from config.methods import REGISTRY, MethodSpec
+from config.training import resolve_train_config
 from config.training import TrainConfig
 from flows.corrupt import corrupt
 from flows.tokenize import prepare_tokens
 from storage.readers import SEVEN_TASKS
 from tasks.ingest import ingest_dataset
 from tasks.train import TrainResult, train_model
+from tracking.reporting import markdown_table, two_decimals
 
 
 def sts_table_text(metrics: dict[str, float]) -> str:
-    head = "| " + " | ".join(t.upper().replace("SICKR", "SICK-R").replace("STSB", "STS-B") for t in SEVEN_TASKS) + " | Avg. |"
-    row = "| " + " | ".join(f"{metrics[t]:.2f}" for t in SEVEN_TASKS) + f" | {metrics['sts_avg']:.2f} |"
-    return "\n".join([head, "|" + "---|" * (len(SEVEN_TASKS) + 1), row])
+    """The seven STS test scores and their average as a markdown table (header, rule, one row; no final newline)."""
+    row = {t.upper().replace("SICKR", "SICK-R").replace("STSB", "STS-B"): float(metrics[t]) for t in SEVEN_TASKS}
+    return markdown_table([{**row, "Avg.": float(metrics["sts_avg"])}], cell=two_decimals).rstrip("\n")
 
 
 def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str, str] | None = None) -> TrainResult:
@@ -45,21 +47,17 @@ def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str
     return result
 
 
-def _train_flow(method: str):
-    @flow(name=f"train-{method}", log_prints=True)
+def _train_flow(spec: MethodSpec):
+    @flow(name=spec.flow_name, log_prints=True, description=f"Train one {spec.title} job: {spec.summary}.")
     def train(preset: str = "default", overrides: dict[str, Any] | None = None, stop_after: int | None = None,
               tags: dict[str, str] | None = None) -> TrainResult:
         """Train one job of this method (`stop_after` interrupts after that many steps: resume tests)."""
-        return run_training(resolve_train_config(preset, overrides, method=method), stop_after, tags)
+        return run_training(resolve_train_config(preset, overrides, method=spec.name), stop_after, tags)
 
-    train.__name__ = train.__qualname__ = f"train_{method}"
+    train.__name__ = train.__qualname__ = spec.flow_function
     return train
 
 
-train_d2cse = _train_flow("d2cse")
-train_simcse = _train_flow("simcse")
-train_dcpcse = _train_flow("dcpcse")
-train_diffcse = _train_flow("diffcse")
-train_diffaug = _train_flow("diffaug")
-TRAIN_FLOWS = {"d2cse": train_d2cse, "simcse": train_simcse, "dcpcse": train_dcpcse, "diffcse": train_diffcse,
-               "diffaug": train_diffaug}
+# One flow per registry entry, bound to this module's names (prefect.yaml's entrypoints `flows/train.py:train_<method>`).
+TRAIN_FLOWS = {name: _train_flow(spec) for name, spec in REGISTRY.items()}
+globals().update({spec.flow_function: TRAIN_FLOWS[name] for name, spec in REGISTRY.items()})

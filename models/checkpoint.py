@@ -14,6 +14,7 @@ attribute and `embed(input_ids, attention_mask, token_type_ids=None)`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import struct
@@ -25,8 +26,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from models.embedder import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, CheckpointMismatchError, SentenceEmbedder
+from models.loading import resolve_model_path
 from models.method import SHAPE_KEYS, CSEModel, backbone_fingerprint, backbone_shape
-from models.registry import model_class
 
 META_FILE = "cse_model.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -160,6 +162,21 @@ def read_checkpoint_meta(folder: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: damaged: not valid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
 
 
+def model_class_of(method: str) -> type[CSEModel]:
+    """The model class of a checkpoint's method: the `CSEModel` subclass named for it in `models/<method>.py`
+    (the layout config/methods.py's registry entries follow; a test checks every entry does)."""
+    if not method.isidentifier():
+        raise CheckpointError(f"checkpoint names method {method!r}, not a method name")
+    try:
+        module = importlib.import_module(f"models.{method}")
+    except ModuleNotFoundError:
+        raise CheckpointError(f"checkpoint names method {method!r}: no module models/{method}.py") from None
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, CSEModel) and getattr(value, "method", None) == method:
+            return value
+    raise CheckpointError(f"models/{method}.py has no CSEModel subclass with method = {method!r}")
+
+
 def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", backbone_override: str | None = None) -> CSEModel:
     """Rebuild the model of a checkpoint folder in eval mode on `device`.
 
@@ -170,7 +187,7 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", back
 
     folder = Path(folder)
     meta = validate_checkpoint(folder)  # before the backbone is loaded: a damaged file is named at once
-    cls = model_class(meta.get("method", "?"))
+    cls = model_class_of(meta.get("method", "?"))
     config = cls.config_class.from_dict(meta["model_config"])
     if backbone_override is not None:
         config = replace(config, backbone=backbone_override)
@@ -196,3 +213,54 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", back
     if unexpected or not_frozen:
         raise ValueError(f"{folder}: weights do not fit the model (unexpected {unexpected[:5]}, missing {not_frozen[:5]})")
     return model.to(device).eval()
+
+
+def read_checkpoint_config(folder: str | Path) -> dict[str, Any]:
+    """`cse_model.json` of a checkpoint folder (method, backbone, pooler, ...)."""
+    folder = Path(folder)
+    cfg_path = folder / CHECKPOINT_CONFIG
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{folder} is not a checkpoint folder: expected {CHECKPOINT_CONFIG} (and {CHECKPOINT_WEIGHTS})")
+    if not (folder / CHECKPOINT_WEIGHTS).is_file():
+        raise FileNotFoundError(f"checkpoint {folder} has no {CHECKPOINT_WEIGHTS}")
+    cfg = validate_checkpoint(folder)  # JSON and the safetensors layout, before anything is loaded; errors name the file
+    for key in ("method", "backbone", "pooler"):
+        if key not in cfg:
+            raise ValueError(f"{cfg_path} lacks the key {key!r}")
+    return cfg
+
+
+def _same_model(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return resolve_model_path(a) == resolve_model_path(b)
+    except (ImportError, FileNotFoundError):
+        return False
+
+
+def load_checkpoint_folder(
+    folder: str | Path,
+    device: str | torch.device = "cpu",
+    *,
+    expect_backbone: str | None = None,
+    expect_pooler: str | None = None,
+) -> SentenceEmbedder:
+    """A training run's checkpoint folder → its embedder (via `load_checkpoint`).
+
+    `expect_pooler`, when given, must equal the checkpoint's pooler. `expect_backbone`, when given and
+    named differently from the checkpoint's backbone, is loaded instead of it (e.g. a local copy) and
+    `load_checkpoint` refuses it unless its shape and weights match the recorded ones.
+    """
+    cfg = read_checkpoint_config(folder)
+    if expect_pooler is not None and expect_pooler != cfg["pooler"]:
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} evaluates with pooler {cfg['pooler']!r}, not {expect_pooler!r} (methods.md §7.2: "
+            "a checkpoint must be evaluated with its own pooler)")
+    if expect_backbone is not None and not _same_model(expect_backbone, cfg["backbone"]):
+        emb = load_checkpoint(Path(folder), torch.device(device), backbone_override=expect_backbone)
+    else:
+        emb = load_checkpoint(Path(folder), torch.device(device))
+    if not isinstance(emb, SentenceEmbedder):
+        raise TypeError(f"load_checkpoint returned {type(emb).__name__}, not a SentenceEmbedder")
+    return emb.eval()

@@ -5,22 +5,20 @@ and `embed(input_ids, attention_mask, token_type_ids=None) -> [B, d]` (called in
 `torch.inference_mode`; the caller switches modes). `token_ids` turns raw sentences into unpadded
 token ids (override it for prompt templates). `PooledEncoder` wraps an HF backbone with a pooler
 of `models.pooling`. Trained checkpoints (a folder with `cse_model.json` + `weights.safetensors`)
-are loaded by `models.checkpoint.load_checkpoint`, imported lazily by `load_checkpoint_folder`.
+are loaded by `models.checkpoint` (`load_checkpoint_folder`), which builds them from their method's class.
 """
 
 from __future__ import annotations
 
-import json
 from abc import ABCMeta, abstractmethod
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from models.loading import load_encoder, load_tokenizer, resolve_model_path
+from models.loading import load_encoder, load_tokenizer
 from models.pooling import check_pooler, needs_hidden_states, pool
 
 CHECKPOINT_CONFIG = "cse_model.json"
@@ -169,60 +167,3 @@ class PooledEncoder(SentenceEmbedder):
             mlp=self.mlp,
             first_layer=self.first_layer,
         )
-
-
-def read_checkpoint_config(folder: str | Path) -> dict[str, Any]:
-    """`cse_model.json` of a checkpoint folder (method, backbone, pooler, ...)."""
-    folder = Path(folder)
-    cfg_path = folder / CHECKPOINT_CONFIG
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"{folder} is not a checkpoint folder: expected {CHECKPOINT_CONFIG} (and {CHECKPOINT_WEIGHTS})")
-    if not (folder / CHECKPOINT_WEIGHTS).is_file():
-        raise FileNotFoundError(f"checkpoint {folder} has no {CHECKPOINT_WEIGHTS}")
-    from models.checkpoint import validate_checkpoint  # (lazily: models.checkpoint imports the model classes)
-
-    cfg = validate_checkpoint(folder)  # JSON and the safetensors layout, before anything is loaded; errors name the file
-    for key in ("method", "backbone", "pooler"):
-        if key not in cfg:
-            raise ValueError(f"{cfg_path} lacks the key {key!r}")
-    return cfg
-
-
-def _same_model(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    try:
-        return resolve_model_path(a) == resolve_model_path(b)
-    except (ImportError, FileNotFoundError):
-        return False
-
-
-def load_checkpoint_folder(
-    folder: str | Path,
-    device: str | torch.device = "cpu",
-    *,
-    expect_backbone: str | None = None,
-    expect_pooler: str | None = None,
-) -> SentenceEmbedder:
-    """A training run's checkpoint folder → its embedder (via `models.checkpoint.load_checkpoint`).
-
-    `expect_pooler`, when given, must equal the checkpoint's pooler. `expect_backbone`, when given and
-    named differently from the checkpoint's backbone, is loaded instead of it (e.g. a local copy) and
-    `load_checkpoint` refuses it unless its shape and weights match the recorded ones.
-    """
-    cfg = read_checkpoint_config(folder)
-    if expect_pooler is not None and expect_pooler != cfg["pooler"]:
-        raise CheckpointMismatchError(
-            f"checkpoint {folder} evaluates with pooler {cfg['pooler']!r}, not {expect_pooler!r} (methods.md §7.2: "
-            "a checkpoint must be evaluated with its own pooler)")
-    try:
-        from models.checkpoint import load_checkpoint
-    except ImportError as e:
-        raise ImportError(f"loading checkpoint {folder} needs models.checkpoint.load_checkpoint: {e}") from e
-    if expect_backbone is not None and not _same_model(expect_backbone, cfg["backbone"]):
-        emb = load_checkpoint(Path(folder), torch.device(device), backbone_override=expect_backbone)
-    else:
-        emb = load_checkpoint(Path(folder), torch.device(device))
-    if not isinstance(emb, SentenceEmbedder):
-        raise TypeError(f"models.checkpoint.load_checkpoint returned {type(emb).__name__}, not a SentenceEmbedder")
-    return emb.eval()

@@ -1,7 +1,7 @@
 """What every training method is: a `SentenceEmbedder` that also computes its training loss.
 
 A method is one module in `models/` holding a config dataclass (a `MethodConfig`) and a model class (a
-`CSEModel`), registered in `models.registry`. The trainer (tasks/trainer.py) knows nothing else about it:
+`CSEModel`), registered in config/methods.py. The training loop knows nothing else about it:
 
 - `training_step(batch, step, phase)` → `StepOutput(loss, metrics)` on a `TrainBatch` of `(B, n, T)` rows;
   `step` is the number of completed optimiser steps (schedules such as DCPCSE's MLM weight read it);

@@ -67,12 +67,17 @@ class PromptedEncoderModule(InputModule):
 
 
 def export_sentence_transformer(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write a folder that `SentenceTransformer(out_dir, trust_remote_code=True)` loads."""
+    """Write a folder that `SentenceTransformer(out_dir, trust_remote_code=True)` loads.
+
+    An earlier `out_dir` is replaced, but only once the checkpoint has loaded; an `out_dir` that is, holds or lies
+    inside the checkpoint folder is refused."""
     from sentence_transformers import SentenceTransformer
 
-    out = Path(out_dir)
+    out, source = Path(out_dir), Path(checkpoint_dir).resolve()
+    if out.resolve() == source or out.resolve() in source.parents or source in out.resolve().parents:
+        raise ValueError(f"exporting to {out} would overwrite the checkpoint {checkpoint_dir}: choose another folder")
+    module = PromptedEncoderModule(checkpoint_dir)  # a missing or damaged checkpoint fails before anything is removed
     if out.exists():
         shutil.rmtree(out)
-    module = PromptedEncoderModule(checkpoint_dir)
     SentenceTransformer(modules=[module]).save(str(out))
     return out

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The slower check of the container images and docker/compose.yaml (run before resolving; the native stack's
-# counterpart is tests/test_team_stack.py). With podman:
+# counterpart is tests/ops/test_team_stack.py). With podman:
 #   1. a Debian bookworm base image: `debootstrap --variant=minbase` + `podman import` (cached as $BASE_IMAGE)
 #   2. the CPU image (docker/Dockerfile) and the local PostgreSQL image (docker/Dockerfile.postgres) on that base;
 #      docker/Dockerfile.gpu must differ from docker/Dockerfile only in its header and base/torch defaults (not built)

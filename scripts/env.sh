@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export DO_NOT_TRACK=1
 export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-sqlite:///$CSE_HOME/mlflow.db}"
 export TOKENIZERS_PARALLELISM=false
-# Flow runs send a heartbeat every 30 s; the automation of flows/automations.py marks a run CRASHED after three
+# Flow runs send a heartbeat every 30 s; the automation of ops/automations.py marks a run CRASHED after three
 # missed ones (a killed worker), so rerunning its deployment resumes it.
 export PREFECT_FLOWS_HEARTBEAT_FREQUENCY="${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}"
 # Offline machines read sources from the local mirror beside the checkout when it exists.

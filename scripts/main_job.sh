@@ -14,7 +14,7 @@ source scripts/run_deployment.sh
 run ingest/default
 run train-d2cse/smoke
 
-python -m flows.cli report
+python -m ops.cli report
 cat <<MSG
 
 Browse:

@@ -43,7 +43,7 @@ up() {
   done
   # one training job per GPU slot at a time (tasks/train.py occupies it while training on CUDA)
   retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
-  retry "crashed-run automation" python -m flows.automations
+  retry "crashed-run automation" python -m ops.automations
   prefect --no-prompt deploy --all >"$CSE_HOME/run/deploy.log" 2>&1 || { cat "$CSE_HOME/run/deploy.log" >&2; exit 1; }
   if ! running worker; then
     setsid prefect worker start --pool local --limit "${CSE_WORKER_LIMIT:-2}" \

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,26 @@ def _from_folder(folder: Path) -> StsInput:
 def _from_dataset(root: DataRoot, m: Manifest) -> StsInput:
     root.verify("sts", m.key, full=True)  # scores must come from intact data: a damaged dataset is named (DatasetDamaged)
     return StsInput(table=read_dataset(root, "sts", m.key), origin="dataset", location=m.key, content_hash=m.content_hash)
+
+
+def row_identity(*, evaluation_id: str, mode: str, label: str, what: Mapping[str, Any], embedder: Mapping[str, Any],
+                 mlflow_run_id: str | None, source: str, source_hash: str) -> dict[str, Any]:
+    """The columns every evaluation row shares (STS and transfer): which model, evaluated on which data, when.
+    `what` names the evaluated model (keys model or backbone, pooler, checkpoint, method); missing keys come from
+    the result's `embedder` description."""
+    return {
+        "evaluation_id": evaluation_id,
+        "created": datetime.now(timezone.utc).isoformat(),
+        "mode": mode,
+        "label": label,
+        "model": what.get("model") or what.get("backbone") or embedder.get("model") or embedder.get("backbone"),
+        "pooler": what.get("pooler") or embedder.get("pooler"),
+        "checkpoint": what.get("checkpoint"),
+        "method": what.get("method") or embedder.get("method"),
+        "mlflow_run_id": mlflow_run_id,
+        "sts_source": source,
+        "sts_hash": source_hash,
+    }
 
 
 def write_evaluation_row(root: DataRoot, row: Mapping[str, Any], *, params: Mapping[str, Any] | None = None) -> Manifest:

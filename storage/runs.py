@@ -1,11 +1,13 @@
 """Where a training job keeps its state: resume state, best checkpoint, export, MLflow run id.
 
     <CSE_HOME>/runs/<method>/<run_key>/
-      state/         newest resume state (trainable tensors, optimizer, scheduler, RNG, step)
+      state/         newest resume state (`ResumeState`: trainable tensors, optimizer + scheduler + RNG, progress)
       best/          best checkpoint on STS-B dev (models.checkpoint format)
       export/        sentence-transformers folder of the best checkpoint
       mlflow_run_id  the MLflow run this job logs to (a resumed job continues the same run)
       mlflow_spool.jsonl  metrics/params the MLflow server did not take yet (storage/spool.py; absent when none)
+      distributed/   a torchrun job's hand-over (training/distributed.py): job.json (what every rank trains), result.json
+                     (rank 0's loop result)
       result.json    written last, when the job has finished: a rerun returns it instead of training again
 
 `run_key` hashes the resolved training configuration, so rerunning the same deployment after a
@@ -21,6 +23,35 @@ from typing import Any
 from config.settings import get_settings
 from storage.locks import exclusive
 from storage.atomic import atomic_file
+
+
+class ResumeState:
+    """The files of one resume state folder, written whole (atomically) by the training loop (training/loop.py).
+    `within(folder)` names the same files in another folder (the temporary one the loop writes before the swap)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def within(self, folder: str | Path) -> ResumeState:
+        return ResumeState(folder)
+
+    @property
+    def trainable(self) -> Path:
+        """The trainable tensors (safetensors)."""
+        return self.folder / "trainable.safetensors"
+
+    @property
+    def optimizer(self) -> Path:
+        """Optimizer, scheduler, grad scaler and RNG states (torch.save)."""
+        return self.folder / "optimizer.pt"
+
+    @property
+    def progress(self) -> Path:
+        """Step, best dev score, phase and schedule signature (JSON)."""
+        return self.folder / "trainer_state.json"
+
+    def exists(self) -> bool:
+        return self.progress.is_file()
 
 
 class RunDir:
@@ -44,6 +75,10 @@ class RunDir:
     @property
     def state(self) -> Path:
         return self.path / "state"
+
+    @property
+    def resume_state(self) -> ResumeState:
+        return ResumeState(self.state)
 
     @property
     def best(self) -> Path:
@@ -70,7 +105,22 @@ class RunDir:
         return self.path / "mlflow_spool.jsonl"
 
     def has_state(self) -> bool:
-        return (self.state / "trainer_state.json").is_file()
+        return self.resume_state.exists()
+
+    @property
+    def distributed(self) -> Path:
+        """The hand-over folder of a torchrun job (training/distributed.py)."""
+        return self.path / "distributed"
+
+    @property
+    def distributed_job(self) -> Path:
+        """What every rank trains (`training.distributed.DistributedJob`), written by the launching task."""
+        return self.distributed / "job.json"
+
+    @property
+    def distributed_result(self) -> Path:
+        """Rank 0's loop result (or that `stop_after` interrupted the run), read by the launching task."""
+        return self.distributed / "result.json"
 
     @property
     def _result_file(self) -> Path:

@@ -12,13 +12,10 @@ the published row's `source` says so. `record_comparison` writes the Parquet dat
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from datetime import datetime, timezone
 from typing import Any
 
-import mlflow
 from pydantic import BaseModel
 
 from config import published
@@ -27,7 +24,8 @@ from storage.comparisons import write_comparison
 from storage.hashing import stable_hash
 from storage.layout import DataRoot
 from storage.readers import SEVEN_TASKS
-from tasks.tracking import configure_mlflow, ensure_experiment
+from tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
+from tracking.runs import experiment_ids, get_runs, log_comparison, search_runs
 
 TABLES: dict[str, tuple[str, ...]] = {
     "sts": (*SEVEN_TASKS, "sts_avg"),
@@ -57,22 +55,16 @@ class RunRecord(BaseModel):
 def select_runs(methods: list[str] | None = None, run_ids: list[str] | None = None, tags: dict[str, str] | None = None,
                 experiments: list[str] | None = None, group: str | None = None, latest_per_label: bool = True) -> list[RunRecord]:
     """Finished training runs with test STS metrics, oldest first; parent runs (sweeps, seeds) are skipped."""
-    from config.training import METHODS
+    from config.methods import METHODS
 
-    configure_mlflow()
     if run_ids:
-        runs = [mlflow.get_run(r) for r in run_ids]
+        runs = get_runs(run_ids)
     else:
-        names = experiments or list(methods or METHODS)
-        exp_ids = [e.experiment_id for n in names if (e := mlflow.get_experiment_by_name(n)) is not None]
+        exp_ids = experiment_ids(experiments or list(methods or METHODS))
         if not exp_ids:
             return []
-        clauses = ["attributes.status = 'FINISHED'"]
-        clauses += [f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()]
-        if group:
-            clauses.append(f"tags.`cse.group` = '{group}'")
-        runs = mlflow.search_runs(exp_ids, filter_string=" and ".join(clauses), order_by=["attributes.start_time ASC"],
-                                  output_format="list", max_results=5000)
+        runs = search_runs(exp_ids, {**(tags or {}), **({"cse.group": group} if group else {})}, finished=True,
+                           newest_first=False)
     records = []
     for run in runs:
         t, p, m = run.data.tags, run.data.params, run.data.metrics
@@ -148,42 +140,23 @@ def wide_tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, (int, float)):
-        if abs(v) >= 10_000:
-            return f"{v:,.0f}"
-        return f"{v:.4f}" if abs(v) < 1 else f"{v:.2f}"
-    return str(v)
+TITLES = {"sts": "STS (Spearman ×100, test)", "retrieval": "Retrieval (STS-B test)",
+          "align_uniform": "Alignment / uniformity (STS-B test, lower is better)", "parameters": "Trainable parameters",
+          "transfer": "SentEval transfer tasks (accuracy ×100, test; DiffCSE Table 2)"}
 
 
 def render_markdown(tables: dict[str, list[dict[str, Any]]]) -> str:
-    parts = []
-    titles = {"sts": "STS (Spearman ×100, test)", "retrieval": "Retrieval (STS-B test)",
-              "align_uniform": "Alignment / uniformity (STS-B test, lower is better)", "parameters": "Trainable parameters",
-              "transfer": "SentEval transfer tasks (accuracy ×100, test; DiffCSE Table 2)"}
-    for table, rows in tables.items():
-        cols = ["label", "row", *TABLES[table], "source"]
-        parts.append(f"### {titles[table]}\n")
-        parts.append("| " + " | ".join(cols) + " |")
-        parts.append("|" + "---|" * len(cols))
-        for r in rows:
-            parts.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
-        parts.append("")
-    return "\n".join(parts)
+    """One titled markdown table per wide table (columns: label, row, its metrics, source), blank-line separated."""
+    return "\n".join(markdown_table(rows, ["label", "row", *TABLES[table], "source"], title=TITLES[table],
+                                    cell=compact_number) for table, rows in tables.items())
 
 
 def render_csv(tables: dict[str, list[dict[str, Any]]]) -> str:
-    buf = io.StringIO()
+    """Every wide table in one CSV (a `table` column first; the metric columns of all tables), RFC 4180 line ends."""
     fields = ["table", "label", "row", "method", "backbone", "setting", "source",
               *dict.fromkeys(m for ms in TABLES.values() for m in ms)]
-    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
-    w.writeheader()
-    for table, rows in tables.items():
-        for r in rows:
-            w.writerow({"table": table, **r})
-    return buf.getvalue()
+    rows = [{"table": table, **r} for table, table_rows in tables.items() for r in table_rows]
+    return csv_table(rows, fields, line_end="\r\n")
 
 
 class ComparisonSummary(BaseModel):
@@ -205,27 +178,10 @@ def record_comparison(runs: list[RunRecord], selection: dict[str, Any]) -> Compa
     root = DataRoot(get_settings().data_root)
     write_comparison(root, comparison_id, [{**r, "comparison_id": comparison_id, "created": created} for r in rows],
                      params=selection)
-    exp_id = ensure_experiment("compare")
-    with mlflow.start_run(experiment_id=exp_id, run_name=f"compare-{comparison_id[:6]}",
-                          tags={"cse.comparison_id": comparison_id}) as run:
-        mlflow.log_dict(selection, "selection.json")
-        mlflow.log_text(markdown, "comparison.md")
-        mlflow.log_text(render_csv(tables), "comparison.csv")
-        mlflow.log_metric("runs", len(runs))
-    _prefect_artifacts(comparison_id, tables, markdown)
-    return ComparisonSummary(comparison_id=comparison_id, runs=len(runs), mlflow_run_id=run.info.run_id, markdown=markdown)
-
-
-def _prefect_artifacts(comparison_id: str, tables: dict[str, list[dict[str, Any]]], markdown: str) -> None:
-    from tasks.tracking import prefect_flow_run_id
-
-    if prefect_flow_run_id() is None:
-        return
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-    if "sts" in tables:
-        create_table_artifact(table=tables["sts"], key="comparison-sts", description=f"comparison {comparison_id}: STS vs published")
-    if "transfer" in tables:
-        create_table_artifact(table=tables["transfer"], key="comparison-transfer",
-                              description=f"comparison {comparison_id}: transfer tasks vs published")
-    create_markdown_artifact(markdown=markdown, key="comparison", description=f"comparison {comparison_id}")
+    run_id = log_comparison(comparison_id, selection, markdown, render_csv(tables), len(runs))
+    published_tables = {"sts": "STS vs published", "transfer": "transfer tasks vs published"}
+    publish_artifacts(
+        tables={f"comparison-{t}": (tables[t], f"comparison {comparison_id}: {what}")
+                for t, what in published_tables.items() if t in tables},
+        markdown={"comparison": (markdown, f"comparison {comparison_id}")})
+    return ComparisonSummary(comparison_id=comparison_id, runs=len(runs), mlflow_run_id=run_id, markdown=markdown)

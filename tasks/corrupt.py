@@ -4,7 +4,8 @@ The key hashes the tokens' content, the generator (name or folder + its config.j
 fingerprint and every setting that changes the output. Each shard of `shard_size` sentences is one
 task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
 crash computes only the missing shards; publishing links the shards into the dataset folder with
-its manifest and removes the work folder. Output rows: every input row × `variants`, in input order.
+its manifest and removes the work folder (storage/sharded.py: the plan's shards, their files, reading the
+tokens rows of a shard, publishing). Output rows: every input row × `variants`, in input order.
 
 A shard's bytes depend only on the plan and the shard number (its seeds come from `shard_seed`), so
 shards may run in any order, in any process, on any machine (flows/corrupt.py hands them to Dask
@@ -14,25 +15,20 @@ under its own process's `CSE_DATA_ROOT`.
 
 from __future__ import annotations
 
-import math
-import shutil
-from dataclasses import asdict
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import mlflow
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel
 from tqdm.auto import tqdm
 
 from config.settings import get_settings
@@ -48,65 +44,58 @@ from models.loading import (
     resolve_model_path,
     vocab_fingerprint,
 )
-from storage import schemas
-from storage.atomic import write_parquet
+from storage import schemas, sharded
 from storage.catalog import refresh_catalog
-from storage.datasets import DatasetRef, publish_files
+from storage.datasets import DatasetRef
 from storage.hashing import sha256_file, stable_hash
-from storage.layout import DataRoot
 from storage.integrity import Quarantined
+from storage.layout import DataRoot
 from storage.manifest import Manifest
-from tasks.ingest import _logger
-from tasks.tracking import configure_mlflow, log_quarantine, stage_run
+from storage.sharded import ShardDone, ShardedPlan
+from tasks.log import stage_logger
+from tracking.runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
 SCHEMA_VERSION = 1
 KIND = "corruption"
 
 
-class CorruptPlan(BaseModel):
-    """Everything the shard and publish tasks need; small and serialisable."""
+class CorruptPlan(ShardedPlan):
+    """Everything the shard and publish tasks need; small and serialisable. `source`: the tokens dataset."""
 
-    key: str
-    data_root: str
-    tokens_key: str
-    tokens_hash: str
+    kind: ClassVar[str] = KIND
+    output_schema: ClassVar[pa.Schema] = schemas.CORRUPTION
+
     tokenizer: str
     tokenizer_fingerprint: str | None
     generator: dict[str, str]
     config: CorruptConfig
     device: str
     precision: Literal["fp32", "bf16"]
-    sentences: int
-    part_rows: list[int]
     special_ids: list[int]
     cached: bool
     quarantined: dict | None = None  # a damaged dataset of this key moved aside while planning (logged when publishing)
 
     @property
-    def n_shards(self) -> int:
-        return max(1, math.ceil(self.sentences / self.config.shard_size))
+    def shard_size(self) -> int:
+        return self.config.shard_size
 
-    def shard_range(self, shard: int) -> tuple[int, int]:
-        if not 0 <= shard < self.n_shards:
-            raise IndexError(f"shard {shard} out of range: {self.n_shards} shards")
-        start = shard * self.config.shard_size
-        return start, min(start + self.config.shard_size, self.sentences)
+    @property
+    def tokens_key(self) -> str:
+        return self.source.key
 
-    def root(self) -> DataRoot:
-        """The data root the plan was made in; a worker that does not see it fails saying so."""
-        return DataRoot.visible(self.data_root, f"corruption {self.key}")
+    @property
+    def tokens_hash(self) -> str:
+        return self.source.content_hash
 
 
-class ShardResult(BaseModel):
+class ShardResult(ShardDone):
     """Counts of one shard. `tokens` = non-special tokens over all variants; `seconds` = 0 when reused."""
 
-    shard: int
     sentences: int
     rows: int
     tokens: int
     masked: int
     replaced: int
-    computed: bool
     seconds: float
 
 
@@ -115,7 +104,7 @@ def _root() -> DataRoot:
 
 
 def shard_path(root: DataRoot, key: str, shard: int) -> Path:
-    return root.shards_dir(KIND, key) / f"shard-{shard:05d}.parquet"
+    return sharded.shard_path(root, KIND, key, shard)
 
 
 def shard_seed(seed: int, shard: int, variant: int) -> int:
@@ -193,12 +182,11 @@ def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False
     manifest, quarantined = root.reuse(KIND, key, full=verify, quarantine=locked)
     cached = manifest is not None
     special = [] if cached else check_generator_vocabulary(tokens, config.generator)
-    parts = tokens.paths(root.dataset_dir("tokens", tokens_key))
-    part_rows = [] if cached else [pq.ParquetFile(p).metadata.num_rows for p in parts]
     return CorruptPlan(
-        key=key, data_root=str(root.root), tokens_key=tokens_key, tokens_hash=tokens.content_hash, tokenizer=_tokens_tokenizer(tokens),
+        key=key, data_root=str(root.root), source=DatasetRef.of(root, tokens, cache_hit=False),
+        part_rows=[] if cached else sharded.part_rows(root, "tokens", tokens_key), tokenizer=_tokens_tokenizer(tokens),
         tokenizer_fingerprint=tokens.params.get("tokenizer_fingerprint"), generator=generator, config=config,
-        device=str(device), precision=precision, sentences=tokens.rows, part_rows=part_rows, special_ids=special,
+        device=str(device), precision=precision, special_ids=special,
         cached=cached, quarantined=asdict(quarantined) if quarantined is not None else None,
     )
 
@@ -227,22 +215,6 @@ def release_generators() -> None:
     """Drop the cached generator (frees its memory)."""
     with _CORRUPTOR_LOCK:
         _CORRUPTORS.clear()
-
-
-def _read_token_rows(root: DataRoot, plan: CorruptPlan, start: int, stop: int) -> pa.Table:
-    """Rows [start, stop) of the tokens dataset, reading only the parts that overlap them."""
-    tokens = root.require("tokens", plan.tokens_key)
-    if tokens.content_hash != plan.tokens_hash:
-        raise RuntimeError(f"tokens dataset {plan.tokens_key} changed since the corruption was planned")
-    pieces, offset = [], 0
-    for path, n in zip(tokens.paths(root.dataset_dir("tokens", plan.tokens_key)), plan.part_rows, strict=True):
-        lo, hi = max(start, offset), min(stop, offset + n)
-        if lo < hi:
-            pieces.append(pq.read_table(path, columns=["id", "column", "input_ids"]).slice(lo - offset, hi - lo))
-        offset += n
-    if not pieces:
-        return schemas.TOKENS.empty_table().select(["id", "column", "input_ids"])
-    return pa.concat_tables(pieces).combine_chunks()
 
 
 def _list_array(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
@@ -304,20 +276,21 @@ def corrupt_shard(plan: CorruptPlan, shard: int) -> ShardResult:
 
     Runs in the flow's process or on a Dask worker: it reads the tokens and writes under `plan.data_root`.
     """
-    root = plan.root()
-    path = shard_path(root, plan.key, shard)
-    variants = plan.config.variants
-    if path.is_file():
-        return _shard_result(shard, pq.read_table(path), plan.special_ids, variants, computed=False, seconds=0.0)
-    tokens = _read_token_rows(root, plan, *plan.shard_range(shard))
-    corruptor = _corruptor(plan)
-    t0 = time.perf_counter()
-    table = _corrupt_table(tokens, corruptor, plan, shard)
-    seconds = time.perf_counter() - t0
-    write_parquet(table, path, schemas.CORRUPTION)
-    result = _shard_result(shard, table, plan.special_ids, variants, computed=True, seconds=seconds)
-    _logger().info("corruption %s shard %d/%d: %d rows in %.1fs (%.0f sentences/s)", plan.key, shard + 1,
-                   plan.n_shards, result.rows, seconds, result.rows / max(seconds, 1e-9))
+    timing = {"seconds": 0.0}
+
+    def compute(tokens: pa.Table) -> pa.Table:
+        corruptor = _corruptor(plan)
+        t0 = time.perf_counter()
+        table = _corrupt_table(tokens, corruptor, plan, shard)
+        timing["seconds"] = time.perf_counter() - t0
+        return table
+
+    table, computed = sharded.build_shard(plan, shard, ["id", "column", "input_ids"], compute)
+    seconds = timing["seconds"]
+    result = _shard_result(shard, table, plan.special_ids, plan.config.variants, computed=computed, seconds=seconds)
+    if computed:
+        stage_logger().info("corruption %s shard %d/%d: %d rows in %.1fs (%.0f sentences/s)", plan.key, shard + 1,
+                            plan.n_shards, result.rows, seconds, result.rows / max(seconds, 1e-9))
     return result
 
 
@@ -346,12 +319,6 @@ def corruption_stats(shards: list[ShardResult]) -> dict[str, Any]:
 
 
 def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Manifest:
-    shards = sorted(shards, key=lambda s: s.shard)
-    if [s.shard for s in shards] != list(range(plan.n_shards)):
-        raise ValueError(f"corruption {plan.key}: expected shards 0..{plan.n_shards - 1}, got {[s.shard for s in shards]}")
-    files = [shard_path(root, plan.key, s.shard) for s in shards]
-    if missing := [str(f) for f in files if not f.is_file()]:
-        raise FileNotFoundError(f"corruption {plan.key}: shard files vanished before publishing: {missing}")
     cfg = plan.config
     params = {
         "generator": cfg.generator, "generator_identity": plan.generator, "tokenizer": plan.tokenizer,
@@ -360,31 +327,25 @@ def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Ma
         "generator_dropout": cfg.generator_dropout, "positions": cfg.positions, "device": plan.device, "precision": plan.precision,
         "schema_version": SCHEMA_VERSION,
     }
-    manifest = publish_files(root, KIND, plan.key, files, params=params,
-                             source={"kind": "tokens", "key": plan.tokens_key}, inputs={"tokens": plan.tokens_hash},
-                             stats=corruption_stats(shards))
-    shutil.rmtree(root.shards_dir(KIND, plan.key), ignore_errors=True)
+    manifest = sharded.publish_shards(root, plan, shards, params=params, stats=corruption_stats)
     refresh_catalog(root)
     return manifest
 
 
 def _log_to_run(run_id: str, plan: CorruptPlan, manifest: Manifest) -> None:
-    configure_mlflow()
     stats = manifest.stats
     metrics = {"rows": manifest.rows, "cache_hit": float(plan.cached)}
     keys = ("sentences", "masked_ratio", "replaced_ratio", "replaced_of_masked")
     if not plan.cached:
         keys += ("shards", "shards_computed", "compute_seconds", "sentences_per_s")
         for s in stats["per_shard"]:
-            mlflow.log_metrics({"shard_masked_ratio": s["masked_ratio"], "shard_replaced_ratio": s["replaced_ratio"]},
-                               step=s["shard"], run_id=run_id)
+            log_dataset_metrics({"shard_masked_ratio": s["masked_ratio"], "shard_replaced_ratio": s["replaced_ratio"]},
+                                run_id=run_id, step=s["shard"])
     metrics.update({k: float(stats[k]) for k in keys if k in stats})
-    mlflow.log_metrics(metrics, run_id=run_id)
-    client = mlflow.MlflowClient()
-    tags = {"key": plan.key, "tokens_key": plan.tokens_key, "input_hash": plan.tokens_hash,
-            "content_hash": manifest.content_hash, "generator": plan.config.generator, "precision": plan.precision}
-    for k, v in tags.items():
-        client.set_tag(run_id, k, v)
+    log_dataset_metrics(metrics, run_id=run_id)
+    tag_dataset_run({"key": plan.key, "tokens_key": plan.tokens_key, "input_hash": plan.tokens_hash,
+                     "content_hash": manifest.content_hash, "generator": plan.config.generator,
+                     "precision": plan.precision}, run_id=run_id)
 
 
 @task(name="corrupt-publish", cache_policy=NO_CACHE)
@@ -400,17 +361,9 @@ def publish_corruption(plan: CorruptPlan, shards: list[ShardResult], run_id: str
     if run_id is not None:
         _log_to_run(run_id, plan, manifest)
         if plan.quarantined is not None:
-            log_quarantine(Quarantined(**plan.quarantined), _logger(), run_id=run_id)
-    _logger().info("corruption %s: %d rows (%s)", plan.key, manifest.rows, "cache hit" if plan.cached else "written")
+            log_quarantine(Quarantined(**plan.quarantined), stage_logger(), run_id=run_id)
+    stage_logger().info("corruption %s: %d rows (%s)", plan.key, manifest.rows, "cache hit" if plan.cached else "written")
     return DatasetRef.of(root, manifest, cache_hit=plan.cached)
-
-
-@contextmanager
-def building(plan: CorruptPlan) -> Iterator[None]:
-    """Hold the corruption's build lock (`DataRoot.building`) from planning to publishing: concurrent flows
-    that need the same corruption compute it once."""
-    with plan.root().building(KIND, plan.key):
-        yield
 
 
 @contextmanager

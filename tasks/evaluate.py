@@ -8,89 +8,46 @@ record the result in MLflow (metrics, tables, plots), a Parquet row and Prefect 
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import time
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import mlflow
 from prefect import task
-from pydantic import BaseModel
 
 from config.evaluation import EvalConfig
-from config.settings import get_settings, redact
+from config.settings import get_settings
 from evaluation import Evaluator
 from evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
-from evaluation.results import EvalResult, csv_table, markdown_table
-from models.embedder import PooledEncoder, SentenceEmbedder, load_checkpoint_folder, read_checkpoint_config
+from evaluation.results import EvalResult
 from models.loading import pick_device
-from storage.evaluations import StsInput, load_sts_input, write_evaluation_row
+from storage.evaluations import StsInput, load_sts_input, row_identity, write_evaluation_row
 from storage.layout import DataRoot
-from tasks.ingest import _logger
-from tasks.tracking import configure_mlflow, stage_run
-
-_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-CHECKPOINT_ARTIFACT = "checkpoint"
-
-
-class EvalSummary(BaseModel):
-    """What the stage returns: where the result lives and its headline numbers."""
-
-    evaluation_id: str
-    mlflow_run_id: str | None
-    mode: str
-    label: str
-    metrics: dict[str, float]
-    table_row: str
-
-
-# ---------------------------------------------------------------- loading
-
-
-def resolve_checkpoint(spec: str, download_to: Path) -> Path:
-    """A checkpoint folder for `spec`: a local folder, `runs:/<id>[/path]` or a bare MLflow run id
-    (its `checkpoint/` artifact folder is downloaded into `download_to`)."""
-    p = Path(spec).expanduser()
-    if p.is_dir():
-        return p
-    if spec.startswith("runs:/"):
-        rest = spec[len("runs:/"):].strip("/")
-        run_id, _, sub = rest.partition("/")
-        uri = f"runs:/{run_id}/{sub or CHECKPOINT_ARTIFACT}"
-    elif _RUN_ID.match(spec):
-        run_id, uri = spec, f"runs:/{spec}/{CHECKPOINT_ARTIFACT}"
-    else:
-        raise FileNotFoundError(f"checkpoint {spec!r} is neither a local folder nor an MLflow run id (runs:/<id> or 32 hex digits)")
-    configure_mlflow()
-    try:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(download_to))
-    except Exception as e:  # MlflowException or an OSError from the artifact store
-        raise FileNotFoundError(redact(f"cannot download checkpoint {uri} from MLflow ({mlflow.get_tracking_uri()}): {e}")) from None
-    return Path(local)
-
-
-def build_embedder(config: EvalConfig, device, workdir: Path) -> tuple[SentenceEmbedder, dict[str, Any]]:
-    """The embedder a config names, and what it is (model, pooler, checkpoint, method)."""
-    if config.checkpoint is not None:
-        folder = resolve_checkpoint(config.checkpoint, workdir)
-        ck = read_checkpoint_config(folder)
-        emb = load_checkpoint_folder(folder, device, expect_backbone=config.model, expect_pooler=config.pooler)
-        return emb, {"model": ck["backbone"], "pooler": ck["pooler"], "checkpoint": config.checkpoint, "method": ck["method"]}
-    emb = PooledEncoder.from_pretrained(config.model, config.pooler, first_layer=config.first_layer,
-                                        template=config.template, device=device)
-    return emb, {"model": config.model, "pooler": config.pooler, "checkpoint": None, "method": None}
+from tasks.evaluate_common import EvalSummary, build_embedder
+from tasks.log import stage_logger
+from tracking.reporting import csv_table, markdown_table, publish_artifacts
+from tracking.runs import active_run_id, log_run_results, stage_run
 
 
 # ---------------------------------------------------------------- recording
 
 
-def _in_prefect_run() -> bool:
-    from prefect.context import FlowRunContext, TaskRunContext
+def table1_row(result: EvalResult, label: str, pearson: bool = False) -> str:
+    """The papers' Table 1 row of `result` (Spearman, or Pearson), header included, as markdown."""
+    return markdown_table([result.table_record(label, pearson)])
 
-    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+def qualitative_markdown(result: EvalResult) -> str:
+    """Per qualitative query: the query (and its answers), then its nearest neighbours as a markdown table."""
+    out = []
+    for q in result.qualitative:
+        out.append(f"**Query:** {q.query}" + (f"  (answer: {' | '.join(q.answers)})" if q.answers else ""))
+        out.append("")
+        out.append(markdown_table([{"rank": i + 1, "sentence": n.sentence, "cosine": f"{n.cosine:.4f}",
+                                    "answer": "✓" if n.is_answer else ""} for i, n in enumerate(q.neighbours)]))
+        out.append("")
+    return "\n".join(out)
 
 
 def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str, Path]:
@@ -103,7 +60,7 @@ def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str
         files[name] = folder / name
 
     put("result.json", result.model_dump_json(indent=2))
-    put("table1.md", result.table_row(label) + "\n" + result.table_row(label + " (Pearson)", pearson=True))
+    put("table1.md", table1_row(result, label) + "\n" + table1_row(result, label + " (Pearson)", pearson=True))
     for stem, rows in (("sts_tasks", result.task_rows()), ("sts_subsets", result.subset_rows()), ("retrieval", result.retrieval_rows())):
         if rows:
             put(f"{stem}.csv", csv_table(rows))
@@ -111,7 +68,7 @@ def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str
     if result.align_uniform is not None:
         put("alignment_uniformity.json", result.align_uniform.model_dump_json(indent=2))
     if result.qualitative:
-        put("qualitative.md", result.qualitative_markdown())
+        put("qualitative.md", qualitative_markdown(result))
     if result.stsb_test_pairs is not None:
         files["cosine_by_gold.png"] = cosine_by_gold_plot(
             result.stsb_test_pairs["cosine"], result.stsb_test_pairs["gold"], folder / "cosine_by_gold.png",
@@ -121,26 +78,6 @@ def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str
         files["alignment_uniformity.png"] = alignment_uniformity_plot((au.alignment, au.uniformity), label,
                                                                       folder / "alignment_uniformity.png")
     return files
-
-
-def row_identity(*, evaluation_id: str, mode: str, label: str, what: dict[str, Any], embedder: dict[str, Any],
-                 mlflow_run_id: str | None, source: str, source_hash: str) -> dict[str, Any]:
-    """The columns every evaluation row shares (STS and transfer): which model, evaluated on which data, when.
-    `what` names the evaluated model (keys model or backbone, pooler, checkpoint, method); missing keys come from
-    the result's `embedder` description."""
-    return {
-        "evaluation_id": evaluation_id,
-        "created": datetime.now(timezone.utc).isoformat(),
-        "mode": mode,
-        "label": label,
-        "model": what.get("model") or what.get("backbone") or embedder.get("model") or embedder.get("backbone"),
-        "pooler": what.get("pooler") or embedder.get("pooler"),
-        "checkpoint": what.get("checkpoint"),
-        "method": what.get("method") or embedder.get("method"),
-        "mlflow_run_id": mlflow_run_id,
-        "sts_source": source,
-        "sts_hash": source_hash,
-    }
 
 
 def evaluation_row(result: EvalResult, *, evaluation_id: str, label: str, what: dict[str, Any], sts: StsInput,
@@ -181,11 +118,11 @@ def record_evaluation(
     """Log `result` to the active MLflow run (if any), write its Parquet row, create Prefect artifacts
     (inside a Prefect run). Returns the evaluation id (= the `evaluations` dataset key)."""
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
-    run = mlflow.active_run()
-    run_id = run.info.run_id if run is not None else None
-    if run is not None:
-        mlflow.log_metrics({f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()})
-        mlflow.set_tags({"evaluation_id": evaluation_id, "sts_source": f"{sts.origin}:{sts.location}", "sts_hash": sts.content_hash})
+    run_id = active_run_id()
+    if run_id is not None:
+        log_run_results(run_id, metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
+                        tags={"evaluation_id": evaluation_id, "sts_source": f"{sts.origin}:{sts.location}",
+                              "sts_hash": sts.content_hash})
         with tempfile.TemporaryDirectory(prefix="cse-eval-") as tmp:
             files = write_result_files(result, label, Path(tmp) / "files")
             plots = Path(tmp) / "plots"
@@ -193,30 +130,33 @@ def record_evaluation(
             for name, path in files.items():
                 if name.endswith(".png"):
                     path.rename(plots / name)
-            mlflow.log_artifacts(str(Path(tmp) / "files"), artifact_path=artifact_path)
-            if any(plots.iterdir()):
-                mlflow.log_artifacts(str(plots), artifact_path="plots")
+            log_run_results(run_id, folders={artifact_path: Path(tmp) / "files",
+                                             **({"plots": plots} if any(plots.iterdir()) else {})})
     if write_row:
         root = DataRoot(get_settings().data_root)
         write_evaluation_row(root, evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what, sts=sts,
                                                   mlflow_run_id=run_id), params={"label": label, **what})
-    if _in_prefect_run():
-        from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-        create_table_artifact(table=[result.table_record(label)], key=f"evaluation-{result.mode}",
-                              description=f"{label}: Spearman ×100 ({'STS12–16 all, STS-B/SICK-R test' if result.mode == 'test' else 'dev'})")
-        parts = [f"# Evaluation ({result.mode}): {label}", "", result.table_row(label), result.table_row(label + " (Pearson)", pearson=True)]
-        if result.retrieval is not None:
-            parts += ["## Retrieval (STS-B test, gold-5.0 pairs, both directions)", "", markdown_table(result.retrieval_rows())]
-        if result.align_uniform is not None:
-            au = result.align_uniform
-            parts += [f"## Alignment / uniformity\n\nalignment {au.alignment:.4f} ({au.n_positive_pairs} pairs, gold "
-                      f"{'>=' if au.inclusive else '>'} {au.threshold}), uniformity {au.uniformity:.4f} ({au.n_sentences} sentences, t={au.t})", ""]
-        if result.qualitative:
-            parts += ["## Qualitative retrieval", "", result.qualitative_markdown()]
-        create_markdown_artifact(markdown="\n".join(parts), key=f"evaluation-{result.mode}-details",
-                                 description=f"{label}: full evaluation")
+    publish_artifacts(
+        tables={f"evaluation-{result.mode}": (
+            [result.table_record(label)],
+            f"{label}: Spearman ×100 ({'STS12–16 all, STS-B/SICK-R test' if result.mode == 'test' else 'dev'})")},
+        markdown={f"evaluation-{result.mode}-details": (evaluation_markdown(result, label), f"{label}: full evaluation")})
     return evaluation_id
+
+
+def evaluation_markdown(result: EvalResult, label: str) -> str:
+    """The full evaluation as one markdown page (the Prefect artifact `evaluation-<mode>-details`)."""
+    parts = [f"# Evaluation ({result.mode}): {label}", "", table1_row(result, label),
+             table1_row(result, label + " (Pearson)", pearson=True)]
+    if result.retrieval is not None:
+        parts += ["## Retrieval (STS-B test, gold-5.0 pairs, both directions)", "", markdown_table(result.retrieval_rows())]
+    if result.align_uniform is not None:
+        au = result.align_uniform
+        parts += [f"## Alignment / uniformity\n\nalignment {au.alignment:.4f} ({au.n_positive_pairs} pairs, gold "
+                  f"{'>=' if au.inclusive else '>'} {au.threshold}), uniformity {au.uniformity:.4f} ({au.n_sentences} sentences, t={au.t})", ""]
+    if result.qualitative:
+        parts += ["## Qualitative retrieval", "", qualitative_markdown(result)]
+    return "\n".join(parts)
 
 
 # ---------------------------------------------------------------- the stage
@@ -228,7 +168,7 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
         from tasks.evaluate_transfer import run_transfer_evaluation
 
         return run_transfer_evaluation(config)
-    log = _logger()
+    log = stage_logger()
     label = config.display_label()
     run_name = f"evaluate-{config.mode}-{label}"[:250]
     with stage_run(config.experiment, run_name, params=config.model_dump(), tags={"stage": "evaluate", "mode": config.mode}) as run, \
@@ -238,15 +178,15 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
         evaluator = Evaluator(sts.table, **config.evaluator_kwargs())
         device = pick_device(config.device)
         embedder, what = build_embedder(config, device, Path(workdir))
-        mlflow.set_tags({k: str(v) for k, v in what.items() if v is not None})
+        log_run_results(run.info.run_id, tags={k: v for k, v in what.items() if v is not None})
         result = evaluator.run(embedder, mode=config.mode, tasks=config.tasks, extras=config.extras,
                                batch_size=config.batch_size, precision=config.precision, progress=config.progress)
         evaluation_id = record_evaluation(result, label=label, what=what, sts=sts)
-        mlflow.log_metric("stage_seconds", time.perf_counter() - t0)
+        log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
         log.info("evaluation %s (%s): %s", evaluation_id, config.mode,
                  json.dumps({k: round(v, 2) for k, v in result.metrics().items() if "/" not in k}))
         return EvalSummary(evaluation_id=evaluation_id, mlflow_run_id=run.info.run_id, mode=config.mode, label=label,
-                           metrics=result.metrics(), table_row=result.table_row(label))
+                           metrics=result.metrics(), table_row=table1_row(result, label))
 
 
 @task(name="evaluate-embedder", retries=0)

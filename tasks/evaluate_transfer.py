@@ -16,21 +16,24 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import mlflow
-
 from config.evaluation import EvalConfig
 from config.settings import get_settings
-from evaluation.results import csv_table, markdown_table
 from evaluation.transfer import TransferEvaluator, TransferResult
 from models.loading import pick_device
-from storage.evaluations import write_evaluation_row
+from storage.evaluations import row_identity, write_evaluation_row
 from storage.layout import DataRoot
 from storage.transfer import TransferInput, load_transfer_input
-from tasks.evaluate import row_identity
-from tasks.ingest import _logger
-from tasks.tracking import stage_run
+from tasks.evaluate_common import EvalSummary, build_embedder
+from tasks.log import stage_logger
+from tracking.reporting import csv_table, markdown_table, publish_artifacts
+from tracking.runs import active_run_id, log_run_results, stage_run
 
 TRANSFER_COLUMNS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
+
+
+def table2_row(result: TransferResult, label: str, dev: bool = False) -> str:
+    """The papers' Table 2 row of `result` (test accuracy, or SentEval's devacc), header included, as markdown."""
+    return markdown_table([result.table_record(label, dev)])
 
 
 def transfer_evaluation_row(result: TransferResult, *, evaluation_id: str, label: str, what: dict[str, Any],
@@ -55,7 +58,7 @@ def write_transfer_files(result: TransferResult, label: str, folder: Path) -> di
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, text in (("transfer_result.json", result.model_dump_json(indent=2)),
-                       ("table2.md", result.table_row(label) + "\n" + result.table_row(label + " (dev)", dev=True)),
+                       ("table2.md", table2_row(result, label) + "\n" + table2_row(result, label + " (dev)", dev=True)),
                        ("transfer_tasks.csv", csv_table(result.task_rows())),
                        ("transfer_tasks.md", markdown_table(result.task_rows()))):
         (folder / name).write_text(text)
@@ -67,43 +70,39 @@ def record_transfer_evaluation(result: TransferResult, *, label: str, what: dict
                                metric_prefix: str = "", artifact_path: str = "transfer", write_row: bool = True) -> str:
     """Log `result` to the active MLflow run (if any), write its Parquet row, create Prefect artifacts (inside a
     Prefect run). Returns the evaluation id."""
-    from tasks.evaluate import _in_prefect_run
-
     evaluation_id = f"transfer-{uuid.uuid4().hex[:16]}"
-    run = mlflow.active_run()
-    run_id = run.info.run_id if run is not None else None
-    if run is not None:
-        mlflow.log_metrics({f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()})
-        mlflow.set_tags({"transfer_evaluation_id": evaluation_id, "transfer_source": f"{source.origin}:{source.location}",
-                         "transfer_hash": source.content_hash, "transfer_classifier": result.classifier})
+    run_id = active_run_id()
+    if run_id is not None:
+        log_run_results(run_id, metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
+                        tags={"transfer_evaluation_id": evaluation_id, "transfer_source": f"{source.origin}:{source.location}",
+                              "transfer_hash": source.content_hash, "transfer_classifier": result.classifier})
         with tempfile.TemporaryDirectory(prefix="cse-transfer-") as tmp:
             write_transfer_files(result, label, Path(tmp))
-            mlflow.log_artifacts(tmp, artifact_path=artifact_path)
+            log_run_results(run_id, folders={artifact_path: tmp})
     if write_row:
         root = DataRoot(get_settings().data_root)
         write_evaluation_row(root, transfer_evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what,
                                                            source=source, mlflow_run_id=run_id),
                              params={"label": label, "mode": "transfer", **{k: v for k, v in what.items() if v is not None}})
-    if _in_prefect_run():
-        from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-        create_table_artifact(table=[result.table_record(label)], key="evaluation-transfer",
-                              description=f"{label}: SentEval transfer accuracy ×100 ({result.classifier} settings)")
-        create_markdown_artifact(
-            markdown="\n".join([f"# Transfer tasks ({result.classifier} settings): {label}", "", result.table_row(label), "",
-                                "## Per task (dev = SentEval's devacc; seconds = classifier time)", "",
-                                markdown_table(result.task_rows()),
-                                f"Embedding: {result.timing.sentences} unique sentences in {result.timing.embed_seconds:.1f}s; "
-                                f"total {result.timing.seconds:.1f}s on {result.device}."]),
-            key="evaluation-transfer-details", description=f"{label}: transfer tasks")
+    publish_artifacts(
+        tables={"evaluation-transfer": ([result.table_record(label)],
+                                        f"{label}: SentEval transfer accuracy ×100 ({result.classifier} settings)")},
+        markdown={"evaluation-transfer-details": (transfer_markdown(result, label), f"{label}: transfer tasks")})
     return evaluation_id
+
+
+def transfer_markdown(result: TransferResult, label: str) -> str:
+    """The transfer evaluation as one markdown page (the Prefect artifact `evaluation-transfer-details`)."""
+    return "\n".join([f"# Transfer tasks ({result.classifier} settings): {label}", "", table2_row(result, label), "",
+                      "## Per task (dev = SentEval's devacc; seconds = classifier time)", "",
+                      markdown_table(result.task_rows()),
+                      f"Embedding: {result.timing.sentences} unique sentences in {result.timing.embed_seconds:.1f}s; "
+                      f"total {result.timing.seconds:.1f}s on {result.device}."])
 
 
 def run_transfer_evaluation(config: EvalConfig):
     """The transfer stage in one MLflow run of experiment `config.experiment` (FAILED on any error)."""
-    from tasks.evaluate import EvalSummary, build_embedder
-
-    log = _logger()
+    log = stage_logger()
     label = config.display_label()
     with stage_run(config.experiment, f"evaluate-transfer-{label}"[:250], params=config.model_dump(),
                    tags={"stage": "evaluate", "mode": "transfer"}) as run, \
@@ -113,13 +112,13 @@ def run_transfer_evaluation(config: EvalConfig):
         evaluator = TransferEvaluator(source.table, limit=config.transfer_limit)
         device = pick_device(config.device)
         embedder, what = build_embedder(config, device, Path(workdir))
-        mlflow.set_tags({k: str(v) for k, v in what.items() if v is not None})
+        log_run_results(run.info.run_id, tags={k: v for k, v in what.items() if v is not None})
         result = evaluator.run(embedder, tasks=config.transfer_tasks, classifier=config.transfer_classifier,
                                batch_size=config.batch_size, precision=config.precision, progress=config.progress,
                                log=log.info)
         evaluation_id = record_transfer_evaluation(result, label=label, what=what, source=source)
-        mlflow.log_metric("stage_seconds", time.perf_counter() - t0)
+        log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
         log.info("transfer evaluation %s: %s", evaluation_id,
                  json.dumps({t: s.acc for t, s in result.tasks.items()} | {"transfer_avg": result.transfer_avg}))
         return EvalSummary(evaluation_id=evaluation_id, mlflow_run_id=run.info.run_id, mode="transfer", label=label,
-                           metrics=result.metrics(), table_row=result.table_row(label))
+                           metrics=result.metrics(), table_row=table2_row(result, label))

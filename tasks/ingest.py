@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 
-import mlflow
 from prefect import task
-from prefect.logging import get_run_logger
+from tasks.log import stage_logger
 
 from config.settings import get_settings
 from config.stages import IngestConfig
@@ -17,20 +16,11 @@ from storage.hashing import stable_hash
 from storage.layout import DataRoot
 from storage.readers import check_senteval_counts
 from storage.sources import read_source, resolve_source
-from tasks.tracking import log_quarantine, stage_run
+from tracking.runs import log_quarantine, log_run_results, stage_run
 
 SCHEMA_VERSION = 1
 PART_ROWS = 250_000
 _SCHEMAS = {"wiki1m": schemas.WIKI1M, "nli": schemas.NLI, "sts": schemas.STS}
-
-
-def _logger():
-    try:
-        return get_run_logger()
-    except Exception:  # called outside a Prefect run
-        import logging
-
-        return logging.getLogger(__name__)
 
 
 def ingest_key(dataset: str, source_hash: str) -> str:
@@ -48,15 +38,15 @@ _FINDINGS = ("bom", "control_lines", "long_lines")
 def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> DatasetRef:
     """Ingest one source. Same source content → the existing dataset (a cache hit), verified first (content hashes
     too with `verify` or `config.verify`); a damaged one is quarantined and rebuilt."""
-    log = _logger()
+    log = stage_logger()
     root = DataRoot(get_settings().data_root)
     src_cfg = {"wiki1m": config.wiki, "nli": config.nli, "sts": config.senteval}[dataset]
     t0 = time.perf_counter()
-    with stage_run("data", f"ingest-{dataset}", params={"dataset": dataset, "source": src_cfg.model_dump()}) as _:
+    with stage_run("data", f"ingest-{dataset}", params={"dataset": dataset, "source": src_cfg.model_dump()}) as run:
         src = resolve_source(root, dataset, src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries)
         key = ingest_key(dataset, src.content_hash)
-        mlflow.set_tags({"dataset": dataset, "source_origin": src.origin, "source_location": src.location,
-                         "source_hash": src.content_hash, "key": key})
+        log_run_results(run.info.run_id, tags={"dataset": dataset, "source_origin": src.origin,
+                                               "source_location": src.location, "source_hash": src.content_hash, "key": key})
         with root.building(dataset, key):  # concurrent flows ingest a source once
             manifest, quarantined = root.reuse(dataset, key, full=verify or config.verify)
             if quarantined is not None:
@@ -83,13 +73,11 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
                 refresh_catalog(root)
         seconds = time.perf_counter() - t0
         st = manifest.stats
-        mlflow.log_metrics({
+        log_run_results(run.info.run_id, metrics={
             "rows": manifest.rows, "empty": st.get("empty", 0), "skipped": st.get("skipped", 0),
             **{f: float(st.get(f, 0)) for f in _FINDINGS},
             "cache_hit": float(hit), "seconds": seconds, "rows_per_s": manifest.rows / max(seconds, 1e-9),
-        })
-        mlflow.set_tag("content_hash", manifest.content_hash)
-        if st.get("examples"):
-            mlflow.log_dict(st["examples"], "source_findings.json")
+        }, tags={"content_hash": manifest.content_hash},
+            dicts={"source_findings.json": st["examples"]} if st.get("examples") else None)
         log.info("%s: %d rows, key %s (%s) in %.1fs", dataset, manifest.rows, key, "cache hit" if hit else "written", seconds)
     return DatasetRef.of(root, manifest, cache_hit=hit)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-import mlflow
 from prefect import task
 
 from config.settings import get_settings
@@ -20,8 +19,8 @@ from storage.hashing import stable_hash, sha256_files
 from storage.layout import DataRoot
 from storage.sources import resolve_source
 from storage.transfer import TRANSFER, read_transfer, transfer_source_files
-from tasks.ingest import _logger
-from tasks.tracking import stage_run
+from tasks.log import stage_logger
+from tracking.runs import log_run_results, stage_run
 
 SCHEMA_VERSION = 1
 
@@ -33,16 +32,16 @@ def transfer_key(source_hash: str) -> str:
 @task(name="ingest-transfer", retries=0)
 def ingest_transfer(config: IngestConfig) -> DatasetRef:
     """MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC → dataset `transfer`; counts checked against SentEval's."""
-    log = _logger()
+    log = stage_logger()
     root = DataRoot(get_settings().data_root)
     src_cfg = config.senteval
     t0 = time.perf_counter()
-    with stage_run("data", "ingest-transfer", params={"dataset": "transfer", "source": src_cfg.model_dump(mode="json")}):
+    with stage_run("data", "ingest-transfer", params={"dataset": "transfer", "source": src_cfg.model_dump(mode="json")}) as run:
         src = resolve_source(root, "sts", src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries)
         digest = sha256_files(transfer_source_files(src.path))
         key = transfer_key(digest)
-        mlflow.set_tags({"dataset": "transfer", "source_origin": src.origin, "source_location": src.location,
-                         "source_hash": digest, "key": key})
+        log_run_results(run.info.run_id, tags={"dataset": "transfer", "source_origin": src.origin,
+                                               "source_location": src.location, "source_hash": digest, "key": key})
         with root.building("transfer", key):
             manifest = root.find("transfer", key)
             hit = manifest is not None
@@ -56,8 +55,8 @@ def ingest_transfer(config: IngestConfig) -> DatasetRef:
                                          stats=stats.as_dict())
                 refresh_catalog(root)
         seconds = time.perf_counter() - t0
-        mlflow.log_metrics({"rows": manifest.rows, "empty": manifest.stats.get("empty", 0), "cache_hit": float(hit),
-                            "seconds": seconds})
-        mlflow.set_tag("content_hash", manifest.content_hash)
+        log_run_results(run.info.run_id, metrics={"rows": manifest.rows, "empty": manifest.stats.get("empty", 0),
+                                                  "cache_hit": float(hit), "seconds": seconds},
+                        tags={"content_hash": manifest.content_hash})
         log.info("transfer: %d rows, key %s (%s) in %.1fs", manifest.rows, key, "cache hit" if hit else "written", seconds)
     return DatasetRef.of(root, manifest, cache_hit=hit)

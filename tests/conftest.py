@@ -6,6 +6,7 @@ Tests needing `../shared/data` fail loudly when it is missing (they never skip).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -38,10 +39,21 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def mlflow_store_template(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store with its schema migrated once per session (seconds each time otherwise)."""
+    from tracking.runs import prepare_sqlite_store
+
+    path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    prepare_sqlite_store(path)
+    return path
+
+
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path_factory, monkeypatch) -> Path:
-    """Every test gets its own CSE_HOME (data root + MLflow store)."""
+def isolated_home(tmp_path_factory, monkeypatch, mlflow_store_template) -> Path:
+    """Every test gets its own CSE_HOME (data root + MLflow store, a copy of the migrated empty store)."""
     home = tmp_path_factory.mktemp("cse_home")
+    shutil.copyfile(mlflow_store_template, home / "mlflow.db")
     monkeypatch.setenv("CSE_HOME", str(home))
     monkeypatch.delenv("CSE_DATA_ROOT", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -114,3 +126,16 @@ def local_ingest_config(shared_data):
     from config.stages import local_mirror_ingest
 
     return local_mirror_ingest(shared_data)
+
+
+# The end-to-end folders: flows through a Prefect server, the team stack, Dask, torchrun, damaged data roots.
+# `make test-fast` (pytest -m "not slow") leaves them out; `make test` runs everything.
+SLOW_FOLDERS = ("flows", "ops", "reliability")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests_root = Path(__file__).parent
+    for item in items:
+        parts = Path(item.fspath).relative_to(tests_root).parts
+        if parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)

@@ -6,7 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from flows.cli import main as cse
+from ops.cli import main as cse
 from storage.integrity import DAMAGED_MARKER, QUARANTINE_DIR, QUARANTINE_RECORD, check_dataset
 from tests.reliability.conftest import data_runs, flip_byte_in_data, ingest, part, truncate
 
@@ -68,7 +68,7 @@ def test_training_verifies_content_hashes_of_every_input(monkeypatch):
     """Before training, every dataset the job reads is verified down to its content hash (flows/train.py)."""
     from types import SimpleNamespace
 
-    from config.presets import resolve_train_config
+    from config.training import resolve_train_config
     from flows import train
 
     calls = []

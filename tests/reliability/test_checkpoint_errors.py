@@ -70,7 +70,7 @@ def test_missing_weights_and_empty_folder_are_named(checkpoint, tmp_path):
 
 
 def test_evaluation_reads_the_same_checks(checkpoint):
-    from models.embedder import read_checkpoint_config
+    from models.checkpoint import read_checkpoint_config
 
     (checkpoint / META_FILE).write_text("{\n  'single quotes': 1\n}")
     with pytest.raises(CheckpointError, match=rf"{META_FILE}: damaged: not valid JSON at line 2 column 3"):

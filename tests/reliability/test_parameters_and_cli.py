@@ -12,7 +12,7 @@ from config.evaluation import EvalConfig
 from config.settings import redact
 from config.stages import TokenizeConfig
 from config.training import TrainConfig
-from flows.cli import main as cse
+from ops.cli import main as cse
 from tests.reliability.conftest import flip_byte_in_data, ingest, part
 
 # ------------------------------------------------------------------ item 6
@@ -99,7 +99,7 @@ def test_redact_masks_every_uri_form(uri):
 
 
 def test_evaluation_error_does_not_leak_the_tracking_password(monkeypatch, tmp_path):
-    from tasks.evaluate import resolve_checkpoint
+    from tasks.evaluate_common import resolve_checkpoint
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{SECRET}@127.0.0.1:9")  # nothing listens on port 9
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -116,7 +116,7 @@ def test_outage_warning_does_not_leak_the_tracking_password(tmp_path, caplog):
     import mlflow
 
     from storage.runs import RunDir
-    from tasks.tracking import ResilientMetricLogger
+    from tracking.runs import ResilientMetricLogger
 
     client = mlflow.MlflowClient(tracking_uri=f"http://alice:{SECRET}@127.0.0.1:9")
     run_dir = RunDir("d2cse", "job", home=tmp_path)

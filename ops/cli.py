@@ -1,0 +1,161 @@
+"""`cse` command line: look at what the pipeline produced.
+
+    cse report            datasets (and evaluations, when any) in the data root
+    cse sql "SELECT ..."  any SQL over the DuckDB catalog
+    cse verify            check every dataset of the data root (sizes, row counts, content hashes); exit 1 on damage
+                          and mark the damaged ones, so the next stage run quarantines and rebuilds them
+    cse deliver-metrics DIR ...  send the metrics a training job spooled while MLflow was unreachable
+                          (DIR = its job folder, $CSE_HOME/runs/<method>/<key>) to its MLflow run
+
+Errors print one line (`cse: error: ...`) and exit with status 2; `cse --debug ...` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import duckdb
+import pandas as pd
+
+from config.settings import get_settings, redact
+from storage.catalog import damaged, query, refresh_catalog
+from storage.layout import KINDS, DataRoot
+
+
+def _print(df: pd.DataFrame) -> None:
+    with pd.option_context("display.max_columns", 30, "display.width", 200, "display.max_colwidth", 60):
+        print(df.to_string(index=False) if len(df) else "(no rows)")
+
+
+def report(root: DataRoot) -> None:
+    refresh_catalog(root)
+    print(f"Data root: {root.root}\n\nDatasets:")
+    _print(query(root, "SELECT kind, key, rows, created[:19] AS created, json_extract_string(source, '$.file') AS source "
+                       "FROM manifests ORDER BY created"))
+    if bad := damaged(root):
+        print("\nDamaged datasets (left out of the views; `cse verify` checks everything, the next stage run rebuilds them):")
+        for p in bad:
+            print(f"  {p}")
+    if root.list("corruption"):
+        print("\nCorruption statistics:")
+        _print(query(root, "SELECT * FROM corruption_stats"))
+    if root.list("evaluations"):
+        print("\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last:")
+        _print(query(root, "SELECT created[:19] AS created, label, round(sts12, 2) AS sts12, round(sts13, 2) AS sts13, "
+                           "round(sts14, 2) AS sts14, round(sts15, 2) AS sts15, round(sts16, 2) AS sts16, "
+                           "round(stsb, 2) AS \"sts-b\", round(sickr, 2) AS \"sick-r\", sts_avg AS avg, "
+                           "round(retrieval_r1, 2) AS r1, round(alignment, 4) AS align, round(uniformity, 4) AS uniform "
+                           "FROM evaluations_all WHERE mode = 'test' ORDER BY created"))
+
+
+def deliver_metrics(run_dirs: list[str]) -> int:
+    """Deliver the spool of every job folder; exit status 1 when one could not be delivered."""
+    from storage.runs import RunDir
+    from tracking.runs import SpoolNotDelivered, deliver_spool
+
+    status = 0
+    for path in run_dirs:
+        try:
+            n = deliver_spool(RunDir.at(path))
+        except (SpoolNotDelivered, FileNotFoundError, ValueError) as e:
+            print(f"{path}: not delivered: {e}", file=sys.stderr)
+            status = 1
+        else:
+            print(f"{path}: delivered {n} metric values" if n else f"{path}: nothing to deliver")
+    return status
+
+
+def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
+    """Check every dataset of the data root; print what is damaged (kind, key, file, what). Damaged datasets are
+    marked (`damaged.json`: the next stage run that needs one quarantines and rebuilds it) or, with `move`, moved
+    to the quarantine now. Returns 1 when something is damaged, else 0."""
+    from storage.integrity import DAMAGED_MARKER, check_dataset, mark_damaged, quarantine
+
+    checked, bad = 0, 0
+    for kind in KINDS:
+        for folder in root.dataset_dirs(kind):
+            checked += 1
+            if full:  # a full check finds everything again: an earlier mark is replaced by this check's result
+                (folder / DAMAGED_MARKER).unlink(missing_ok=True)
+            problems = check_dataset(folder, kind, folder.name, full=full)
+            if not problems:
+                continue
+            bad += 1
+            for pr in problems:
+                print(f"DAMAGED {pr}")
+            if move:
+                q = quarantine(root.root, folder, kind, folder.name, problems)
+                print(f"        moved to {q.moved_to if q else '(already gone)'}")
+            else:
+                mark_damaged(folder, problems)
+    stale = [p for kind in KINDS if root.kind_dir(kind).is_dir() for p in root.kind_dir(kind).rglob(".tmp-*")]
+    what = "sizes, row counts and content hashes" if full else "sizes and row counts"
+    summary = "all intact"
+    if bad:
+        summary = f"{bad} damaged" + ("" if move else "; marked: the next stage run that needs one quarantines and "
+                                      "rebuilds it (or run `cse verify --quarantine`)")
+    print(f"{checked} datasets checked ({what}) under {root.root}: {summary}")
+    if stale:
+        print(f"{len(stale)} leftover temporaries of interrupted builds (removed by the next run of their stage): "
+              + ", ".join(str(p) for p in stale[:5]) + (" ..." if len(stale) > 5 else ""))
+    if bad:
+        refresh_catalog(root)
+    return 1 if bad else 0
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return redact(f"{type(e).__name__}: {text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    try:
+        return _main([a for a in argv if a != "--debug"])
+    except Exception as e:  # noqa: BLE001 - one clear line instead of a traceback (--debug shows it)
+        if debug:
+            raise
+        hint = ""
+        if type(e).__module__.startswith(("duckdb", "_duckdb", "pyarrow")) or "parquet" in str(e).lower():
+            hint = " (a damaged dataset file? `cse verify` checks the data root)"
+        print(f"cse: error: {_one_line(e)}{hint}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="cse", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("report", help="datasets and evaluations in the data root")
+    q = sub.add_parser("sql", help="run SQL over the DuckDB catalog")
+    q.add_argument("sql")
+    d = sub.add_parser("deliver-metrics", help="deliver metrics spooled while the MLflow server was unreachable")
+    d.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)")
+    v = sub.add_parser("verify", help="check every dataset of the data root; exit 1 on damage")
+    v.add_argument("--quick", action="store_true", help="sizes and row counts only (no content hashes)")
+    v.add_argument("--quarantine", action="store_true", help="move damaged datasets to the quarantine now")
+    args = p.parse_args(argv)
+    if args.cmd == "deliver-metrics":
+        return deliver_metrics(args.run_dirs)
+    root = DataRoot(get_settings().data_root)
+    if args.cmd == "verify":
+        return verify(root, full=not args.quick, move=args.quarantine)
+    if args.cmd == "report":
+        report(root)
+    else:
+        refresh_catalog(root)
+        try:
+            df = query(root, args.sql)
+        except duckdb.CatalogException as e:  # a view missing because its datasets are damaged: say which
+            if bad := damaged(root):
+                raise RuntimeError(f"{' '.join(str(e).split())}; damaged datasets left out of the catalog: "
+                                   + "; ".join(str(p) for p in bad)) from e
+            raise
+        _print(df)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""The logger of whatever runs the code: the Prefect run's logger inside a flow or task run, a standard one outside."""
+
+from __future__ import annotations
+
+import logging
+
+from prefect.logging import get_run_logger
+
+
+def stage_logger(name: str = "cse") -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except Exception:  # called outside a Prefect run (tests, scripts, the torchrun worker)
+        return logging.getLogger(name)

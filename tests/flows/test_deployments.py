@@ -1,0 +1,107 @@
+"""prefect.yaml (the file users read and edit) against the method registry (config/methods.py): no drift."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+
+import pytest
+import yaml
+from prefect.flows import Flow
+
+from config.methods import METHODS, REGISTRY, get_method
+from config.settings import REPO_ROOT
+from config.training import resolve_train_config
+
+DEPLOYMENTS = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
+EXPERIMENTS = ("flows/seeds.py:seeds", "flows/sweep.py:sweep", "flows/ablate.py:ablate_d2cse")
+
+
+@functools.lru_cache(maxsize=None)
+def load_flow(entrypoint: str) -> Flow:
+    """The flow object an entrypoint `flows/<module>.py:<name>` names, imported as the package module `flows.<module>`
+    (Prefect's own loader would leave `flows/` on sys.path, where its `tokenize.py` shadows the standard library's
+    in every process this one starts)."""
+    path, name = entrypoint.split(":")
+    flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+    assert isinstance(flow, Flow), f"{entrypoint} is not a Prefect flow"
+    return flow
+
+
+def deployment_names() -> dict[str, dict]:
+    """`flow-name/deployment-name` → its prefect.yaml entry (flow names read from the loaded flows)."""
+    out = {}
+    for entry in DEPLOYMENTS:
+        flow = load_flow(entry["entrypoint"])
+        out[f"{flow.name}/{entry['name']}"] = entry
+    return out
+
+
+NAMES = deployment_names()
+
+
+def train_entries() -> list[dict]:
+    return [e for e in DEPLOYMENTS if e["entrypoint"].startswith("flows/train.py:")]
+
+
+def test_every_deployment_is_unique_and_loads_a_flow_accepting_its_parameters():
+    assert len(NAMES) == len(DEPLOYMENTS), "two deployments share a flow and name"
+    assert str(REPO_ROOT / "flows") not in sys.path  # flows/tokenize.py must never shadow the standard library
+    for name, entry in NAMES.items():
+        flow = load_flow(entry["entrypoint"])
+        accepted = set(inspect.signature(flow.fn).parameters)
+        unknown = set(entry.get("parameters") or {}) - accepted
+        assert not unknown, f"{name}: parameters {sorted(unknown)} are not parameters of {entry['entrypoint']}"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_preset_has_its_deployment(method):
+    spec = get_method(method)
+    for preset in spec.presets:
+        name = spec.deployment(preset)
+        assert name in NAMES, f"preset {method}/{preset} has no deployment {name} in prefect.yaml"
+        entry = NAMES[name]
+        assert entry["entrypoint"] == spec.entrypoint
+        assert (entry.get("parameters") or {}).get("preset", "default") == preset, f"{name} trains another preset"
+
+
+def test_every_training_deployment_names_a_registry_method_and_preset():
+    for entry in train_entries():
+        function = entry["entrypoint"].split(":")[1]
+        specs = [s for s in REGISTRY.values() if s.flow_function == function]
+        assert len(specs) == 1, f"{entry['entrypoint']} is no registry method's training flow"
+        preset = (entry.get("parameters") or {}).get("preset", "default")
+        assert preset in specs[0].presets, f"deployment {entry['name']} of {specs[0].name}: unknown preset {preset!r}"
+        assert entry["name"] == preset, f"deployment {entry['name']} trains preset {preset}: name them alike"
+        resolve_train_config(preset, (entry.get("parameters") or {}).get("overrides"), method=specs[0].name)
+
+
+def test_every_dispatch_target_exists():
+    """Experiment children run `train-<method>/default` with their preset as a parameter: for every method."""
+    for spec in REGISTRY.values():
+        assert spec.deployment("default") in NAMES
+    for entry in DEPLOYMENTS:
+        if entry["entrypoint"] not in EXPERIMENTS:
+            continue
+        params = entry.get("parameters") or {}
+        method = params.get("method", "d2cse")
+        get_method(method).preset(params.get("preset", "default"))
+        assert get_method(method).deployment("default") in NAMES
+
+
+def test_the_flows_of_flows_train_are_the_registrys():
+    from flows import train
+
+    assert set(train.TRAIN_FLOWS) == set(METHODS)
+    for name, spec in REGISTRY.items():
+        flow = getattr(train, spec.flow_function)
+        assert flow is train.TRAIN_FLOWS[name] and flow.name == spec.flow_name
+
+
+def test_an_unknown_preset_or_method_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="unknown d2cse preset 'nope'.*'smoke'"):
+        get_method("d2cse").deployment("nope")
+    with pytest.raises(ValueError, match="unknown method 'bert'.*'d2cse'"):
+        get_method("bert")

@@ -1,0 +1,103 @@
+"""ablate-d2cse, seeds, sweep and compare end to end on a tiny backbone (children run inline as subflows).
+
+Each child is a real training job (a few steps) with test evaluation, so the tables are built from real
+MLflow runs; the MLflow parent/child nesting, the re-run behaviour (finished children are not trained again)
+and the comparison outputs (Parquet + DuckDB, MLflow artifacts) are checked.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import mlflow
+import pytest
+
+from config.settings import get_settings
+from flows.ablate import ablate_d2cse, ablation_children
+from flows.compare import compare
+from flows.seeds import seeds
+from flows.sweep import fine_grid, grid_children, sweep
+from storage.catalog import query
+from storage.layout import DataRoot
+from tracking.runs import configure_mlflow
+
+
+@pytest.fixture
+def tiny(tiny_bert_dir, shared_data):
+    return {
+        "backbone": str(tiny_bert_dir), "max_steps": 2, "eval_steps": 2, "log_steps": 1, "max_train_sentences": 64,
+        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+                   "senteval": {"path": str(shared_data / "senteval")}},
+    }
+
+
+def _children_of(parent_run_id: str):
+    configure_mlflow()
+    return mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+                              output_format="list")
+
+
+def test_ablation_wiring_of_the_four_variants():
+    cells = {c.label: c.overrides["model"] for c in ablation_children("default", None, ["a", "b", "c", "d"], [True, False])}
+    assert len(cells) == 8
+    assert cells["a-cls-prompt"] == {"discriminator_prompts": False, "condition_discriminator": True,
+                                     "train_discriminator": False, "cls_prompt": True}
+    assert cells["b-static-cls"]["train_discriminator"] and not cells["b-static-cls"]["cls_prompt"]
+    assert not cells["c-cls-prompt"]["condition_discriminator"] and cells["c-cls-prompt"]["discriminator_prompts"]
+    assert cells["d-static-cls"] == {"discriminator_prompts": True, "condition_discriminator": True,
+                                     "train_discriminator": False, "cls_prompt": False}
+    with pytest.raises(ValueError, match="unknown ablation variants"):
+        ablation_children("default", None, ["e"], [True])
+
+
+def test_sweep_grids():
+    kids = grid_children("d2cse", "smoke", {"model": {"prefix_len": 4}}, {"learning_rate": [0.01, 0.02], "model.cls_prompt": [True]})
+    assert [k.label for k in kids] == ["learning_rate=0.01,model.cls_prompt=True", "learning_rate=0.02,model.cls_prompt=True"]
+    assert kids[0].overrides == {"model": {"prefix_len": 4, "cls_prompt": True}, "learning_rate": 0.01}
+    assert fine_grid([(0.01, 70.0), (0.03, 75.0), (0.05, 74.0)], 0.005) == [0.035, 0.04, 0.045]
+    assert fine_grid([(0.02, 70.0), (0.01, 71.0)], 0.005) == [0.015]
+    with pytest.raises(ValueError):
+        fine_grid([(0.02, 70.0)], 0.005)
+
+
+def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny):
+    rows = ablate_d2cse("smoke", tiny, variants=["a", "d"], cls_prompt=[False], dispatch="inline")
+    assert [(r["variant"], r["cls"]) for r in rows] == [("a", "static-cls"), ("d", "static-cls")]
+    assert all(r["state"] == "COMPLETED" and r["sts_avg"] is not None for r in rows)
+    assert rows[1]["published_avg"] == 79.02  # Table 6, unsup, static [CLS], (d)
+    parent = mlflow.get_run(rows[0]["run_id"]).data.tags["mlflow.parentRunId"]
+    assert {r.data.tags["cse.child"] for r in _children_of(parent)} == {"a-static-cls", "d-static-cls"}
+    assert {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(parent)} >= {"ablation.md", "ablation.json"}
+
+    again = ablate_d2cse("smoke", tiny, variants=["a", "d"], cls_prompt=[False], dispatch="inline")
+    assert [r["run_id"] for r in again] == [r["run_id"] for r in rows]  # finished cells are not retrained
+    assert len(_children_of(parent)) == 2
+
+    summary = seeds("d2cse", "smoke", seed_list=[1, 2], overrides=tiny, dispatch="inline")
+    by_metric = {r["metric"]: r for r in summary}
+    seed_runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`cse.kind` = 'seeds'", output_format="list")
+    seed_avgs = [r.data.metrics["sts_avg"] for r in seed_runs if "cse.child" in r.data.tags]
+    assert len(seed_avgs) == 2 and seed_avgs[0] != seed_avgs[1]  # two seeds train two different models
+    assert by_metric["sts_avg"]["n"] == 2 and by_metric["sts_avg"]["mean"] == pytest.approx(statistics.fmean(seed_avgs))
+    assert by_metric["sts_avg"]["std"] == pytest.approx(statistics.stdev(seed_avgs))
+    assert set(by_metric) >= {"sts12", "sickr", "sts_avg", "best_stsb_dev"}
+
+    out = sweep("d2cse", "smoke", strategy="lr-two-step", coarse=[0.01, 0.03], fine_step=0.01,
+                overrides={**tiny, "test_evaluation": False}, dispatch="inline")
+    stages = [r["stage"] for r in out["children"]]
+    assert stages == ["coarse", "coarse", "fine"] and out["children"][2]["child"] == "fine:learning_rate=0.02"
+    assert out["best"]["best_stsb_dev"] == max(r["best_stsb_dev"] for r in out["children"])
+    assert all("sts_avg" not in mlflow.get_run(r["run_id"]).data.metrics for r in out["children"])  # dev only
+
+    result = compare(methods=["d2cse"])
+    assert result.runs == 4  # 2 ablation cells + 2 seeds (sweep children have no test scores)
+    assert "| published |" in result.markdown and "| difference |" in result.markdown
+    assert "D2CSE paper; reference BERT-base" in result.markdown
+    root = DataRoot(get_settings().data_root)
+    table = query(root, "select row_kind, count(*) as n from comparisons where \"table\" = 'sts' group by row_kind order by row_kind")
+    assert dict(zip(table["row_kind"], table["n"])) == {"difference": 32, "published": 32, "run": 32}
+    diff = query(root, "select value from comparisons where row_kind = 'difference' and metric = 'sts_avg' limit 1")["value"][0]
+    ours = query(root, "select value from comparisons where row_kind = 'run' and metric = 'sts_avg' limit 1")["value"][0]
+    assert diff == pytest.approx(ours - 79.02, abs=1e-3)
+    artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(result.mlflow_run_id)}
+    assert {"comparison.md", "comparison.csv", "selection.json"} <= artifacts

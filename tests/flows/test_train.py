@@ -1,0 +1,69 @@
+"""train-d2cse end to end on a tiny backbone: MLflow contents, exports, resume after a kill."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from flows.train import train_d2cse
+from models.checkpoint import load_checkpoint
+from tracking.runs import configure_mlflow
+from training.loop import TrainingInterrupted
+
+SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+
+
+@pytest.fixture
+def overrides(tiny_bert_dir, shared_data):
+    return {
+        "backbone": str(tiny_bert_dir), "max_steps": 8, "eval_steps": 4, "max_train_sentences": 256,
+        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+                   "senteval": {"path": str(shared_data / "senteval")}},
+    }
+
+
+def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides):
+    result = train_d2cse("smoke", overrides)
+    assert result.steps == 8 and result.resumed_from is None
+    configure_mlflow()
+    client = mlflow.tracking.MlflowClient()
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["method"] == "d2cse" and run.data.tags["preset"] == "smoke"
+    assert {"tokens_hash", "corruption_hash", "git_commit", "prefect_flow_run_id"} <= run.data.tags.keys()
+    assert run.data.params["model.prefix_len"] == "8" and run.data.params["corruption_reuse"]
+    m = run.data.metrics
+    for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):
+        assert np.isfinite(m[name]), name
+    assert m["sts_avg"] == round(np.mean([round(m[t], 2) for t in SEVEN]), 2)
+    assert len(client.get_metric_history(result.run_id, "loss")) == 2  # log_steps 5 + the last step
+    assert [h.step for h in client.get_metric_history(result.run_id, "stsb_dev")] == [4, 8]
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {"checkpoint", "sentence-transformers", "config.json", "evaluation", "plots"} <= artifacts
+
+    sentences = ["a man is playing a guitar .", "a woman is slicing an onion ."]
+    model = load_checkpoint(result.best_checkpoint)
+    enc = model.tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        expected = model.embed(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).numpy()
+    pyfunc = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model")
+    np.testing.assert_allclose(pyfunc.predict(sentences), expected, atol=1e-5)
+
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(result.run_dir) + "/export", trust_remote_code=True, device="cpu")
+    np.testing.assert_allclose(st.encode(sentences), expected, atol=1e-5)
+
+
+def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):
+    with pytest.raises(TrainingInterrupted):
+        train_d2cse("smoke", {**overrides, "test_evaluation": False}, stop_after=6)
+    configure_mlflow()
+    runs = mlflow.search_runs(experiment_names=["d2cse"], output_format="list")
+    assert [r.info.status for r in runs] == ["KILLED"]
+    result = train_d2cse("smoke", {**overrides, "test_evaluation": False})
+    assert result.resumed_from == 4 and result.steps == 8
+    assert result.run_id == runs[0].info.run_id
+    assert mlflow.get_run(result.run_id).info.status == "FINISHED"

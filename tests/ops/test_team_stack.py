@@ -1,0 +1,391 @@
+"""The team stack end to end (scripts/team.sh): PostgreSQL on loopback, the Prefect server and the MLflow tracking
+server on it (MLflow with a folder artifact store), two process workers; a smoke sweep dispatched as deployment
+runs fans out to both workers.
+
+Checks: every child flow run COMPLETED; both workers trained children (the MLflow tag `worker`, from
+CSE_WORKER_NAME); MLflow holds the parent and its children (nested by `mlflow.parentRunId`); both servers really
+store in PostgreSQL; the servers listen on 127.0.0.1 only; the password file is private; each worker got its GPU
+set and its own GPU concurrency limit (CSE_WORKER_GPUS; on this CPU machine the devices are only named).
+
+A worker killed during training (SIGKILL to every process of both workers, the flow-run process included): the
+flow run ends CRASHED (missed heartbeats, the automation of ops/automations.py), `team.sh up` starts the
+workers again, and running the deployment again resumes the job from its last checkpoint in the same MLflow run.
+
+PostgreSQL is restarted (`team.sh restart-postgres`) as soon as the first child has completed: the sweep either
+goes on to the end or fails with an error, and then a second run of the same sweep completes; either way no
+finished child is trained again (every child's `train_seconds` was logged once) and MLflow holds one parent and
+one run per child. Everything the stack
+started is stopped in `finally` (team.sh down, then any survivor of the recorded process trees is killed and
+the test fails). Ports are free loopback ports (never 4200 or 5000); PREFECT_HOME, PREFECT_API_URL, CSE_HOME and
+MLFLOW_TRACKING_URI are this test's own. A few minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import mlflow
+import psutil
+import pytest
+
+from config.settings import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+TEAM_SH = REPO_ROOT / "scripts" / "team.sh"
+WORKERS = ("cse-team-w1", "cse-team-w2")
+GPU_SETS = ("0", "1,2")  # CSE_WORKER_GPUS: one GPU for the first worker, two for the second
+RESERVED_PORTS = {4200, 5000}  # another Prefect / MLflow may use the defaults on this machine
+GRID = [0.01, 0.02, 0.03, 0.04]  # four children
+KILL_JOB_STEPS = 1500  # the training job whose worker is killed (checkpoint every 10 steps)
+UP_TIMEOUT, SWEEP_TIMEOUT = 300, 480
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (held open together while choosing, so they differ)."""
+    socks, ports = [], []
+    try:
+        while len(ports) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            if (p := s.getsockname()[1]) not in RESERVED_PORTS:
+                ports.append(p)
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+class TeamStack:
+    """scripts/team.sh in a temporary home, with every process it starts tracked for the teardown."""
+
+    def __init__(self, home: Path, pgdata: Path, env: dict[str, str]):
+        self.home, self.pgdata, self.env = home, pgdata, env
+        self.run_dir = Path(env["CSE_TEAM_HOME"]) / "run"
+        self.log: list[str] = []
+
+    def sh(self, action: str, timeout: float) -> subprocess.CompletedProcess:
+        p = subprocess.run(["bash", str(TEAM_SH), action], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, check=False,
+                           timeout=timeout, start_new_session=True)
+        self.log.append(f"$ team.sh {action} → {p.returncode}\n{p.stdout}{p.stderr}")
+        return p
+
+    def roots(self) -> list[psutil.Process]:
+        """The processes team.sh recorded (pid files) and the postmaster."""
+        pids = []
+        for f in self.run_dir.glob("*.pid"):
+            pid, start = f.read_text().split()
+            pids.append((int(pid), start))
+        out = []
+        for pid, start in pids:
+            try:
+                p = psutil.Process(pid)
+                if str(_start_ticks(pid)) == start:
+                    out.append(p)
+            except (psutil.Error, OSError):
+                pass
+        pm = self.pgdata / "postmaster.pid"
+        if pm.exists():
+            try:
+                out.append(psutil.Process(int(pm.read_text().split()[0])))
+            except (psutil.Error, ValueError, IndexError):
+                pass
+        return out
+
+    def processes(self) -> list[psutil.Process]:
+        seen: dict[int, psutil.Process] = {}
+        for root in self.roots():
+            for p in [root, *_children(root)]:
+                seen[p.pid] = p
+        return list(seen.values())
+
+    def down(self) -> list[str]:
+        """Stop everything; returns what had to be killed after `team.sh down` (should be nothing)."""
+        started = self.processes()
+        try:
+            self.sh("down", timeout=240)
+        except subprocess.TimeoutExpired:
+            self.log.append("team.sh down timed out")
+        survivors = [p for p in started if _alive(p)]
+        _sigkill(survivors)
+        return [f"{p.pid} {_cmd(p)}" for p in survivors]
+
+
+def _start_ticks(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def _children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())[:160]
+    except psutil.Error:
+        return "?"
+
+
+def _listening(procs: list[psutil.Process]) -> set[str]:
+    addrs = set()
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        addrs |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+    return addrs
+
+
+def _child_flow_runs(api: str) -> list[dict]:
+    body = {"flow_runs": {"tags": {"all_": ["child"]}}, "limit": 200}
+    r = httpx.post(f"{api}/flow_runs/filter", json=body, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def _gpu_limits(api: str) -> dict[str, int]:
+    r = httpx.post(f"{api}/v2/concurrency_limits/filter", json={"limit": 200}, timeout=30)
+    r.raise_for_status()
+    return {c["name"]: c["limit"] for c in r.json() if c["name"].startswith("gpu")}
+
+
+class PostgresRestart(threading.Thread):
+    """Restarts PostgreSQL through team.sh once the first child flow run is COMPLETED; records which children had
+    completed by then and the restart's result."""
+
+    def __init__(self, stack: TeamStack, api: str):
+        super().__init__(daemon=True)
+        self.stack, self.api = stack, api
+        self.stop = threading.Event()
+        self.completed_before: set[str] = set()
+        self.result: subprocess.CompletedProcess | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(2.0):
+            try:
+                done = [c for c in _child_flow_runs(self.api) if c["state_type"] == "COMPLETED"]
+            except httpx.HTTPError:
+                continue
+            if done:
+                self.completed_before = {c["parameters"]["tags"]["cse.child"] for c in done}
+                self.result = self.stack.sh("restart-postgres", timeout=240)
+                return
+
+
+def _flow_run(api: str, flow_run_id: str) -> dict:
+    r = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def _flow_run_id(cli_stdout: str) -> str:
+    """The UUID `prefect deployment run` prints."""
+    return next(line.split("UUID:")[1].strip() for line in cli_stdout.splitlines() if "UUID:" in line)
+
+
+def _kill_workers(stack: TeamStack) -> list[int]:
+    """SIGKILL every worker process and its descendants (flow runs), as a lost machine would."""
+    victims: list[psutil.Process] = []
+    for root in stack.roots():
+        if "worker" in _cmd(root):
+            victims += [root, *_children(root)]
+    _sigkill(victims)
+    return [p.pid for p in victims]
+
+
+def _sigkill(processes: list[psutil.Process]) -> None:
+    for p in processes:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(processes, timeout=20)
+
+
+def _pg_count(port: int, password: str, db: str, sql: str) -> int:
+    import psycopg
+
+    with psycopg.connect(host="127.0.0.1", port=port, user="cse", password=password, dbname=db, connect_timeout=10) as con:
+        return con.execute(sql).fetchone()[0]
+
+
+@pytest.fixture
+def team_env(tmp_path, tiny_bert_dir, shared_data):
+    """Environment for team.sh: temp homes, free loopback ports, no inherited Prefect/MLflow/CSE settings."""
+    # postgres refuses to run as root: as root team.sh runs it as OS user `postgres`, which must reach the data
+    # folder, so the folder lives directly under the system temp folder (pytest's tmp_path is private to root)
+    pgdata = Path(tempfile.mkdtemp(prefix="cse-team-pg-"))
+    pg, prefect_port, mlflow_port = free_ports(3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "CSE_", "CUDA_VISIBLE"))}
+    env.update({
+        "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
+        "CSE_HOME": str(tmp_path / "cse"), "CSE_TEAM_HOME": str(tmp_path / "team"), "CSE_PG_DATA": str(pgdata),
+        "CSE_PG_PORT": str(pg), "CSE_PREFECT_PORT": str(prefect_port), "CSE_MLFLOW_PORT": str(mlflow_port),
+        "CSE_MLFLOW_WORKERS": "1", "CSE_WORKER_NAMES": " ".join(WORKERS), "CSE_WORKER_LIMIT": "2",
+        "CSE_WORKER_GPUS": " ".join(GPU_SETS),
+        "CSE_SOURCE_MIRROR": "", "CSE_START_TIMEOUT": "240",
+        "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+        "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+        "PREFECT_WORKER_QUERY_SECONDS": "3",
+        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+    })
+    yield env
+    shutil.rmtree(pgdata, ignore_errors=True)
+
+
+def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_dir, shared_data):
+    env = team_env
+    stack = TeamStack(tmp_path, Path(env["CSE_PG_DATA"]), env)
+    api, tracking = env["PREFECT_API_URL"], f"http://127.0.0.1:{env['CSE_MLFLOW_PORT']}"
+    # the real Wiki1M sample, cut to its first 512 lines (the corruption stage reads all of it; training uses 64)
+    wiki = tmp_path / "wiki1m_head_512.txt"
+    with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
+        wiki.write_text("".join(line for _, line in zip(range(512), f)), encoding="utf-8")
+    overrides = {
+        "backbone": str(tiny_bert_dir), "max_steps": 2, "eval_steps": 2, "log_steps": 1, "max_train_sentences": 64,
+        "test_evaluation": False,
+        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(wiki)},
+                   "senteval": {"path": str(shared_data / "senteval")}},
+    }
+    params = {"strategy": "grid", "grid": {"learning_rate": GRID}, "overrides": overrides, "dispatch": "deployment"}
+    t0 = time.monotonic()
+    survivors: list[str] = []
+    try:
+        up = stack.sh("up", timeout=UP_TIMEOUT)
+        assert up.returncode == 0, "\n".join(stack.log)
+        t_up = time.monotonic() - t0
+
+        # everything started listens on loopback only (postgres, Prefect, MLflow); the generated password is private
+        listening = _listening(stack.processes())
+        assert listening == {"127.0.0.1"}, listening
+        pw_file = Path(env["CSE_TEAM_HOME"]) / "secrets" / "pg_password"
+        assert pw_file.stat().st_mode & 0o777 == 0o600
+        password = pw_file.read_text().strip()
+
+        # each worker has its GPU set's concurrency limit, one slot per GPU
+        assert {f"gpu-{w}": len(g.split(",")) for w, g in zip(WORKERS, GPU_SETS)}.items() <= _gpu_limits(api).items()
+
+        def sweep() -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect"), "deployment", "run", "sweep/smoke", "--params",
+                 json.dumps(params), "--watch", "--watch-timeout", str(SWEEP_TIMEOUT)],
+                cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=SWEEP_TIMEOUT + 60)
+
+        restart = PostgresRestart(stack, api)
+        restart.start()
+        run = sweep()
+        restart.stop.set()
+        restart.join(timeout=300)
+        logs = {w: (Path(env["CSE_TEAM_HOME"]) / "run" / f"worker-{w}.log") for w in WORKERS}
+        tail = "\n".join(f"--- {w}\n" + p.read_text()[-4000:] for w, p in logs.items() if p.exists())
+        assert restart.result is not None and restart.result.returncode == 0, "\n".join(stack.log) + tail
+        assert restart.completed_before, "PostgreSQL was not restarted during the sweep"
+        survived = run.returncode == 0 and "Completed" in run.stdout
+        if not survived:  # failed with an error: the same sweep again finishes what is left
+            failed = _flow_run(api, _flow_run_id(run.stdout))
+            message = (failed.get("state") or {}).get("message")
+            print(f"sweep {failed['state_type']} after the PostgreSQL restart: {message}")
+            assert failed["state_type"] in {"FAILED", "CRASHED"} and message, failed.get("state")
+            run = sweep()
+        t_sweep = time.monotonic() - t0 - t_up
+        assert run.returncode == 0 and "Completed" in run.stdout, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}\n{tail}"
+
+        # every child completed (in the last sweep run)
+        children = _child_flow_runs(api)
+        last = {}
+        for c in sorted(children, key=lambda c: c["created"]):
+            last[c["parameters"]["tags"]["cse.child"]] = c
+        assert len(last) == len(GRID) and (len(children) == len(GRID) or not survived), [c["name"] for c in children]
+        assert {c["state_type"] for c in last.values()} == {"COMPLETED"}, \
+            [(c["name"], c["state_type"], (c.get("state") or {}).get("message")) for c in children] + [tail]
+
+        # MLflow (the tracking server on PostgreSQL) holds the parent and its children, trained on both workers
+        client = mlflow.MlflowClient(tracking_uri=tracking)
+        exp = client.get_experiment_by_name("d2cse")
+        parents = client.search_runs([exp.experiment_id], "tags.`cse.parent` = 'true' and tags.`cse.kind` = 'sweep'")
+        assert len(parents) == 1
+        parent = parents[0]
+        kids = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+        assert sorted(k.data.tags["cse.child"] for k in kids) == sorted(f"learning_rate={lr}" for lr in GRID)
+        assert all(k.info.status == "FINISHED" and "best_stsb_dev" in k.data.metrics for k in kids)
+        # no child was trained twice, in particular none that had finished before the restart
+        trained = {k.data.tags["cse.child"]: len(client.get_metric_history(k.info.run_id, "train_seconds")) for k in kids}
+        assert set(trained.values()) == {1}, (trained, restart.completed_before)
+        workers = {k.data.tags.get("worker") for k in kids}
+        assert workers == set(WORKERS), workers
+        assert parent.data.metrics["best_stsb_dev"] == max(k.data.metrics["best_stsb_dev"] for k in kids)
+        assert {"sweep.md", "sweep.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+        # ... and both servers really store in PostgreSQL
+        port = int(env["CSE_PG_PORT"])
+        assert _pg_count(port, password, "mlflow", "SELECT count(*) FROM runs") >= 1 + len(GRID)
+        assert _pg_count(port, password, "prefect", "SELECT count(*) FROM flow_run WHERE state_type = 'COMPLETED'") \
+            >= 1 + len(GRID)
+        # a worker killed mid-training: CRASHED, then the rerun resumes from the last checkpoint
+        t_kill = time.monotonic()
+        runs_dir = Path(env["CSE_HOME"]) / "runs" / "d2cse"
+        before = set(runs_dir.iterdir())
+        job = {**overrides, "max_steps": KILL_JOB_STEPS, "eval_steps": KILL_JOB_STEPS, "checkpoint_steps": 10,
+               "learning_rate": 0.05}
+        job_params = json.dumps({"preset": "smoke", "overrides": job})
+        prefect = str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect")
+        started = subprocess.run([prefect, "deployment", "run", "train-d2cse/smoke", "--params", job_params],
+                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=120)
+        assert started.returncode == 0, started.stdout + started.stderr
+        job_run = _flow_run_id(started.stdout)
+        deadline = time.monotonic() + 300
+        while not any((d / "state").is_dir() for d in set(runs_dir.iterdir()) - before):
+            assert time.monotonic() < deadline, "no checkpoint of the job within 300 s"
+            assert _flow_run(api, job_run)["state_type"] in {"SCHEDULED", "PENDING", "RUNNING"}, _flow_run(api, job_run)
+            time.sleep(0.5)
+        killed = _kill_workers(stack)
+        assert killed
+        while (state := _flow_run(api, job_run))["state_type"] != "CRASHED":
+            assert state["state_type"] == "RUNNING" and time.monotonic() < deadline + 300, state.get("state")
+            time.sleep(3)
+        t_crashed = time.monotonic() - t_kill
+        up = stack.sh("up", timeout=UP_TIMEOUT)  # starts the killed workers again
+        assert up.returncode == 0, "\n".join(stack.log)
+        rerun = subprocess.run([prefect, "deployment", "run", "train-d2cse/smoke", "--params", job_params, "--watch",
+                                "--watch-timeout", str(SWEEP_TIMEOUT)],
+                               cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=SWEEP_TIMEOUT + 60)
+        assert rerun.returncode == 0 and "Completed" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+        jobs = client.search_runs([exp.experiment_id], f"params.max_steps = '{KILL_JOB_STEPS}'")
+        assert len(jobs) == 1 and jobs[0].info.status == "FINISHED", [(j.info.run_id, j.info.status) for j in jobs]
+        resumed = int(jobs[0].data.tags["resumed_from_step"])
+        assert 0 < resumed < KILL_JOB_STEPS  # from the checkpoint written before the kill, not from scratch
+        assert jobs[0].data.tags["prefect_flow_run_id"] == job_run  # the killed run's MLflow run, continued
+
+        print(f"team stack up in {t_up:.0f}s, sweep of {len(GRID)} children in {t_sweep:.0f}s on {sorted(workers)}; "
+              f"PostgreSQL restarted after {sorted(restart.completed_before)}, sweep "
+              f"{'went on' if survived else 'failed and was rerun'}; killed worker's run CRASHED after {t_crashed:.0f}s, "
+              f"resumed from step {resumed}")
+    finally:
+        survivors = stack.down()
+        print("\n".join(stack.log)[-3000:])
+    assert not survivors, f"still running after team.sh down (killed now): {survivors}"
+    assert not stack.processes(), "team.sh down left processes behind"

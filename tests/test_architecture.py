@@ -1,0 +1,153 @@
+"""The layering rules of docs/architecture.md, checked on the source (imports read with `ast`, lazy ones included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from config.settings import REPO_ROOT
+
+PACKAGES = ("config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows", "ops")
+# What each layer may import from the project (docs/architecture.md); a layer always imports itself.
+# `config.settings` (paths and services from the environment) is the bottom layer `settings`.
+ALLOWED = {
+    "settings": set(),
+    "storage": {"settings"},
+    "models": set(),
+    "evaluation": {"settings", "storage", "models"},
+    "config": {"settings", "storage", "models"},
+    "training": {"settings", "config", "storage", "models", "evaluation"},
+    "tracking": {"settings", "config", "storage", "models"},
+    "tasks": {"settings", "config", "storage", "models", "training", "evaluation", "tracking"},
+    "flows": {"settings", "config", "storage", "models", "evaluation", "tracking", "tasks"},
+    "ops": {"settings", "config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows"},
+}
+MLFLOW_SEAM = "tracking"  # the package: tracking.runs (runs, params, metrics, inputs) and its model-export sibling
+NO_ORCHESTRATION = ("models", "training", "evaluation", "storage")  # pure: no prefect, no mlflow
+
+
+def layer(module: str) -> str:
+    return "settings" if module == "config.settings" else module.split(".")[0]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_files(extra: tuple[str, ...] = ()) -> dict[str, Path]:
+    files = {}
+    for package in PACKAGES + extra:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            files[module_name(path)] = path
+    return files
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """Every module `path` imports, at any depth (function-level imports included), except under TYPE_CHECKING."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, node.lineno))
+            found += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = project_files()
+    return {name: {m for m, _ in imports(path) if m in files and m != name} for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycle_finder_finds_a_cycle_and_passes_a_dag():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles (lazy imports count): " + "; ".join(" ↔ ".join(c) for c in found)
+
+
+def test_only_the_tracking_seam_imports_mlflow():
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{line}"
+                 for name, path in project_files(extra=("benchmarks",)).items() if name.split(".")[0] != MLFLOW_SEAM
+                 for module, line in imports(path) if module == "mlflow" or module.startswith("mlflow.")]
+    assert not offenders, f"mlflow imported outside {MLFLOW_SEAM}: {offenders}"
+
+
+def test_pure_layers_import_neither_prefect_nor_mlflow():
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
+                 for name, path in project_files().items() if name.split(".")[0] in NO_ORCHESTRATION
+                 for module, line in imports(path) if module.split(".")[0] in ("prefect", "mlflow", "prefect_dask")]
+    assert not offenders, offenders
+
+
+def test_every_layer_imports_only_what_it_may():
+    files = project_files()
+    offenders = []
+    for name, path in files.items():
+        source = layer(name)
+        for module, line in imports(path):
+            target = layer(module)
+            if module in files and target != source and target not in ALLOWED[source]:
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{line} ({source}) imports {module} ({target})")
+    assert not offenders, "\n".join(sorted(set(offenders)))
+
+
+def test_the_checker_sees_lazy_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import hidden\n\n"
+                      "def f():\n    import mlflow.entities\n    from tasks.train import x\n")
+    found = dict(imports(source))
+    assert found["mlflow.entities"] == 6 and found["tasks.train"] == 7 and "hidden" not in found

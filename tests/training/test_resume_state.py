@@ -1,0 +1,63 @@
+"""training/loop.py keeps its resume state in the files `storage.runs.ResumeState` names (the job folder's
+`RunDir.resume_state`): written whole, found again on resume, and `RunDir.has_state` agrees."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from models.method import StepOutput
+from storage.runs import ResumeState, RunDir
+from storage.training_data import TokenRows
+from training.loop import LoopConfig, Trainer, TrainingInterrupted
+from training.rows import TrainingRows
+
+
+class Weighted(torch.nn.Module):
+    """The smallest trainable method: a weight per token position."""
+
+    phases = ("main",)
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
+    def training_step(self, batch, step=0, phase="main"):
+        return StepOutput(((batch.input_ids.float() @ self.w) ** 2).mean() / 100)
+
+
+def _trainer(state, stop_after=None) -> Trainer:
+    seqs = [np.array([1, i + 3, 2]) for i in range(8)]
+    rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
+    loop = LoopConfig(batch_size=4, learning_rate=0.01, epochs=2, max_steps=None, grad_clip=1.0, seed=0, eval_steps=2,
+                      checkpoint_steps=2, log_steps=1, precision="fp32", deterministic=True)
+    torch.manual_seed(0)
+    return Trainer(Weighted(), rows, loop, torch.device("cpu"), state, lambda *a: None, lambda m: 0.0, lambda *a: None,
+                   stop_after=stop_after)
+
+
+def test_the_loop_writes_and_resumes_from_the_files_the_run_folder_names(tmp_path):
+    run_dir = RunDir("simcse", "state-test", home=tmp_path)
+    state = run_dir.resume_state
+    assert state.folder == run_dir.state and not run_dir.has_state()
+    try:
+        _trainer(state, stop_after=2).run()
+    except TrainingInterrupted:
+        pass
+    assert run_dir.has_state() and state.exists()
+    assert sorted(p.name for p in state.folder.iterdir()) == sorted(p.name for p in (state.trainable, state.optimizer,
+                                                                                     state.progress))
+    assert json.loads(state.progress.read_text())["step"] == 2
+    result = _trainer(state).run()
+    assert result.resumed_from == 2 and result.steps == 4
+
+
+def test_a_bare_folder_means_the_same_file_names(tmp_path):
+    trainer = _trainer(tmp_path / "state")
+    assert isinstance(trainer.state, ResumeState) and trainer.state.folder == tmp_path / "state"
+    elsewhere = trainer.state.within(tmp_path / "tmp")
+    assert (elsewhere.trainable.name, elsewhere.optimizer.name, elsewhere.progress.name) == (
+        trainer.state.trainable.name, trainer.state.optimizer.name, trainer.state.progress.name)
+    assert elsewhere.folder == tmp_path / "tmp"

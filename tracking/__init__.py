@@ -1,0 +1,2 @@
+"""The tracking seam: the only package that talks to MLflow (`tracking.runs`) and publishes results
+(`tracking.reporting`: result tables as markdown/CSV and Prefect artifacts). Every other module calls these."""

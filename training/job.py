@@ -1,0 +1,139 @@
+"""One training job from its `TrainConfig`: identity, model, phases, rows, and `fit` (the loop with its callbacks).
+
+Pure: the caller injects the tracking callbacks (`log_params`, `log_metrics`: the `train` task passes its MLflow
+logger, tasks/train.py; rank 0 of a distributed job its own, tasks/distributed_train.py), the dev evaluator and
+the context held around the loop (the task's GPU slot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from config.settings import get_settings
+from config.training import LAUNCH_FIELDS, TrainConfig
+from storage.datasets import DatasetRef
+from storage.hashing import stable_hash
+from storage.layout import DataRoot
+from storage.runs import RunDir
+from storage.training_data import load_corruption_rows, load_token_rows
+from training.loop import LoopConfig, LoopResult, Phase, Trainer, set_seed
+from training.rows import TrainingRows
+
+log = logging.getLogger(__name__)
+
+LogParams = Callable[[dict[str, Any]], None]
+LogMetrics = Callable[[dict[str, float], int], None]
+
+
+def run_key(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> str:
+    """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
+    key = {"config": cfg.model_dump(exclude=set(LAUNCH_FIELDS)), "tokens": tokens.content_hash,
+           "corruption": corruption.content_hash if corruption is not None else None}
+    if nli_tokens is not None:
+        key["nli_tokens"] = nli_tokens.content_hash
+    return stable_hash(key)
+
+
+def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
+    if cfg.precision != "auto":
+        return cfg.precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def build_model(cfg: TrainConfig, device: torch.device):
+    from config.methods import get_method
+
+    return get_method(cfg.method).build_model(cfg.model, backbone_name=cfg.backbone).to(device)
+
+
+def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None) -> list[Phase]:
+    """One phase for every method but DiffAug: prefix-only NLI steps, then joint tuning (methods.md §6)."""
+    joint = Phase("main", rows, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)
+    if cfg.prefix_phase is None:
+        return [joint]
+    joint.name = "joint"
+    if cfg.aux_nli_batch_size:
+        joint.aux_rows, joint.aux_batch_size = nli_rows, cfg.aux_nli_batch_size
+    pp = cfg.prefix_phase
+    prefix = Phase("prefix", nli_rows, pp.batch_size, pp.learning_rate, max_steps=pp.steps, cycle=True,
+                   schedule_steps=joint.total_steps if pp.schedule_over_joint_steps else None)
+    return [prefix, joint]
+
+
+def load_training_rows(cfg: TrainConfig, root: DataRoot, tokens: DatasetRef, corruption: DatasetRef | None,
+                       nli_tokens: DatasetRef | None, pad_id: int) -> tuple[TrainingRows, TrainingRows | None]:
+    """The job's training rows and, for DiffAug, its NLI rows."""
+    token_rows = load_token_rows(root, tokens.key, ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",),
+                                 limit=cfg.max_train_sentences)
+    corruption_rows = load_corruption_rows(root, corruption.key, token_rows) if corruption is not None else None
+    rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, pad_id)
+    nli_rows = None
+    if nli_tokens is not None:
+        nli_token_rows = load_token_rows(root, nli_tokens.key, ("sent0", "sent1", "hard_neg"), limit=cfg.max_train_sentences)
+        nli_rows = TrainingRows(nli_token_rows, None, True, pad_id)
+    return rows, nli_rows
+
+
+def transfer_evaluator(data_root):
+    """The SentEval transfer tasks (shared mirror, else the newest ingested `transfer` dataset) and their source."""
+    from evaluation.transfer import TransferEvaluator
+    from storage.transfer import load_transfer_input
+
+    source = load_transfer_input(None, DataRoot(data_root), get_settings().shared_data)
+    return TransferEvaluator(source.table), source
+
+
+def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
+    """The loop settings of a job."""
+    return LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
+                      max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=cfg.eval_steps,
+                      checkpoint_steps=cfg.checkpoint_steps or cfg.eval_steps, log_steps=cfg.log_steps,
+                      precision=precision, deterministic=cfg.deterministic)
+
+
+def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run_dir: RunDir, run_id: str,
+        device: torch.device, precision: str, evaluator, log_params: LogParams, log_metrics: LogMetrics,
+        stop_after: int | None = None, slot: AbstractContextManager | None = None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None) -> LoopResult:
+    """Build the model and run the training loop: the single-process job, or one rank of a distributed job
+    (training/distributed.py; only rank 0 calls the callbacks, so `evaluator` may be None elsewhere). `slot` is held
+    around the loop (the `train` task's GPU slot); `logger` says when the job resumes."""
+    from models.checkpoint import save_checkpoint
+
+    set_seed(cfg.seed)  # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
+    model = build_model(cfg, device)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log_params({"trainable_parameters": n_trainable, "resolved_precision": precision, "resolved_device": str(device),
+                "train_rows": len(rows), "corruption_reuse": rows.reuse_description(cfg.epochs)})
+
+    metric = "transfer_dev_avg" if cfg.selection == "transfer" else "stsb_dev"
+    transfer_dev = None
+
+    def save_best(m, step, score):
+        save_checkpoint(m, run_dir.best, extra_meta={"step": step, metric: score, "run_id": run_id})
+
+    def evaluate_dev(m) -> float:
+        nonlocal transfer_dev
+        stsb = evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision).metrics()["stsb_dev"]
+        if cfg.selection != "transfer":
+            return stsb
+        # SimCSE's trainer with eval_transfer: SentEval fasttest settings, the mean devacc of the 7 tasks
+        if transfer_dev is None:
+            transfer_dev = transfer_evaluator(get_settings().data_root)[0]
+        res = transfer_dev.run(m, classifier="fasttest", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision)
+        log_metrics({"stsb_dev": stsb, **{f"{t}_dev": s.devacc for t, s in res.tasks.items()}}, trainer.step)
+        return res.dev_score
+
+    trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg, precision), device,
+                      run_dir.resume_state, save_best, evaluate_dev, log_metrics, stop_after=stop_after)
+    trainer.selection_metric = metric
+    if trainer.step == 0 and run_dir.has_state():
+        (logger or log).info("resuming %s from %s", run_id, run_dir.state)
+    with slot if slot is not None else contextlib.nullcontext():
+        return trainer.run()

@@ -1,0 +1,383 @@
+"""The training loop: AdamW + linear decay, clipping, autocast, dev-set selection, resumable state.
+
+Pure PyTorch plus callbacks (`log_metrics`, `evaluate_dev`, `save_best`), so MLflow and the evaluator stay
+at the seams (training/job.py builds them; tasks/train.py injects the MLflow logger). The model is a `models.method.CSEModel`; the loop calls its
+`training_step(batch, step, phase)`. A job is a list of `Phase`s run one after the other (one for
+every method but DiffAug, whose prefix-only NLI stage precedes joint tuning); each phase has its
+own data, batch size, learning rate, AdamW over `model.parameter_groups(phase)` and linear decay;
+the global step counts across phases, and dev evaluation / best-checkpoint selection span them all
+(methods.md §6 "Schedules and step counting"). Resume state holds the trainable tensors, optimizer,
+scheduler, RNG states, the position in the data and the best dev score, in the files that
+`storage.runs.ResumeState` names (the job folder's `RunDir.resume_state`); with `deterministic=True` a
+killed and resumed run ends with the same weights as an uninterrupted one.
+
+Distributed (torch.distributed initialised with world > 1, e.g. under torchrun: training/distributed.py):
+the batch size stays the global batch; every rank draws the same global batch (same seed and order) and
+trains on its contiguous slice (`models.distributed.shard_batch`). The losses compute the global-batch
+objective (models/distributed.py), BatchNorm layers use global statistics, and the gradients are SUMMED over
+ranks before clipping, so a step equals the single-process step on the concatenated batch. Dropout draws
+differ by rank (rank r > 0 seeds its RNG from (seed, r)). Only rank 0 evaluates, saves the best checkpoint,
+writes the resume state (with every rank's RNG state) and logs; the others wait at a barrier. Resume works
+with the same or another world size (the schedule depends only on the global batch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from models import distributed
+from models.checkpoint import trainable_state_dict
+from storage.atomic import atomic_dir
+from storage.runs import ResumeState
+from training.rows import TrainingRows, epoch_order
+
+
+class TrainingInterrupted(RuntimeError):
+    """Raised by `stop_after` to simulate a kill; the resume state of the last checkpoint is kept."""
+
+
+@dataclass
+class Phase:
+    """One training phase. `cycle`: run exactly `max_steps` steps, cycling the rows (DiffAug stage 1);
+    otherwise `epochs` passes capped by `max_steps`. `schedule_steps`: the linear-decay horizon (default:
+    the phase's own steps). `aux_rows`: a second dataset batched beside the main one (`TrainBatch.aux`)."""
+
+    name: str
+    rows: TrainingRows
+    batch_size: int
+    learning_rate: float
+    epochs: int = 1
+    max_steps: int | None = None
+    cycle: bool = False
+    schedule_steps: int | None = None
+    aux_rows: TrainingRows | None = None
+    aux_batch_size: int = 0
+
+    def __post_init__(self):
+        if self.cycle and not self.max_steps:
+            raise ValueError(f"phase {self.name!r}: cycle=True needs max_steps")
+        if self.aux_rows is not None and self.aux_batch_size < 1:
+            raise ValueError(f"phase {self.name!r}: aux_rows need aux_batch_size >= 1")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, math.ceil(len(self.rows) / self.batch_size))
+
+    @property
+    def total_steps(self) -> int:
+        if self.cycle:
+            return int(self.max_steps)
+        total = self.steps_per_epoch * self.epochs
+        return min(total, self.max_steps) if self.max_steps else total
+
+
+@dataclass
+class LoopConfig:
+    """Settings of the whole job; `batch_size` … `max_steps` describe the single phase used when the
+    Trainer is given plain `TrainingRows` instead of a list of phases."""
+
+    batch_size: int
+    learning_rate: float
+    epochs: int
+    max_steps: int | None
+    grad_clip: float
+    seed: int
+    eval_steps: int
+    checkpoint_steps: int
+    log_steps: int
+    precision: str  # fp32 | bf16 | fp16
+    deterministic: bool
+
+
+@dataclass
+class LoopResult:
+    steps: int
+    best_score: float | None
+    best_step: int | None
+    resumed_from: int | None
+    seconds: float
+    sentences_per_s: float
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data: TrainingRows | list[Phase],
+        cfg: LoopConfig,
+        device: torch.device,
+        state: ResumeState | Path,
+        save_best: Callable[[torch.nn.Module, int, float], None],
+        evaluate_dev: Callable[[torch.nn.Module], float],
+        log_metrics: Callable[[dict[str, float], int], None],
+        stop_after: int | None = None,
+    ):
+        self.model, self.cfg, self.device = model, cfg, device
+        self.state = state if isinstance(state, ResumeState) else ResumeState(state)  # a bare folder: the same file names
+        self.save_best, self.evaluate_dev, self.log_metrics = save_best, evaluate_dev, log_metrics
+        self.stop_after = stop_after  # tests: simulate a kill after this many steps
+        if isinstance(data, TrainingRows):
+            data = [Phase("main", data, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)]
+        if not data:
+            raise ValueError("a training job needs at least one phase")
+        known = getattr(model, "phases", ("main",))
+        unknown = [p.name for p in data if p.name not in known]
+        if unknown:
+            raise ValueError(f"phases {unknown} are not phases of {type(model).__name__} {known}")
+        self.phases = data
+        self.world, self.rank = distributed.world(), distributed.rank()
+        if self.world > 1:
+            self._check_shardable()
+            distributed.convert_batchnorm(model)  # BatchNorm statistics over the global batch
+        self.offsets = [sum(p.total_steps for p in data[:i]) for i in range(len(data))]
+        self.total_steps = sum(p.total_steps for p in data)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and device.type == "cuda")
+        self.step, self.best_score, self.best_step = 0, None, None
+        self.phase_index = -1
+        self._orders: dict[tuple[int, int, int], object] = {}
+        self._enter_phase(0)
+
+    def _check_shardable(self) -> None:
+        """Every rank needs at least one row of every batch (the last batch of an epoch may be short)."""
+        for p in self.phases:
+            sizes = [(p.batch_size, len(p.rows))] + ([(p.aux_batch_size, len(p.aux_rows))] if p.aux_rows is not None else [])
+            for bs, n in sizes:
+                last = n - (max(1, math.ceil(n / bs)) - 1) * bs
+                if min(bs, last) < self.world:
+                    raise ValueError(f"phase {p.name!r}: a batch of {min(bs, last)} rows ({n} rows, batch size {bs}) cannot "
+                                     f"be split over {self.world} ranks")
+
+    def _shard(self, batch):
+        return distributed.shard_batch(batch, self.rank, self.world)
+
+    def _main_only(self, fn) -> None:
+        """Run `fn` on rank 0 only (per-process losses, no collectives); the other ranks wait."""
+        if self.rank == 0:
+            with distributed.local_only():
+                fn()
+        distributed.barrier()
+
+    def _rng_state(self) -> dict:
+        return {
+            "rng_torch": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "rng_numpy": np.random.get_state(),
+            "rng_python": random.getstate(),
+        }
+
+    def _set_rng_state(self, st: dict) -> None:
+        torch.set_rng_state(st["rng_torch"])
+        if st["rng_cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(st["rng_cuda"])
+        np.random.set_state(st["rng_numpy"])
+        random.setstate(st["rng_python"])
+
+    @property
+    def phase(self) -> Phase:
+        return self.phases[self.phase_index]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.phases[0].steps_per_epoch
+
+    def _phase_of(self, step: int) -> int:
+        return max(i for i, off in enumerate(self.offsets) if step >= off) if step < self.total_steps else len(self.phases) - 1
+
+    def _enter_phase(self, index: int) -> None:
+        """Fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) over the model's parameter groups of phase `index` (a
+        group without its own `lr` takes the phase's) and one linear decay that scales every group."""
+        if index == self.phase_index:
+            return
+        self.phase_index = index
+        phase = self.phases[index]
+        if hasattr(self.model, "parameter_groups"):
+            groups = [dict(g) for g in self.model.parameter_groups(phase.name)]
+        else:
+            groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
+        groups = [g for g in groups if g["params"]]
+        self.params = [p for g in groups for p in g["params"]]  # clipping and gradient reduction see every group
+        self.optimizer = torch.optim.AdamW(groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        horizon = phase.schedule_steps or phase.total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
+
+    # ------------------------------------------------------------------ state
+    def save_state(self) -> None:
+        if self.world > 1:  # every rank's RNG state goes into rank 0's file
+            ranks_rng = distributed.all_gather_object(self._rng_state())
+            if self.rank == 0:
+                self._write_state({"rng_ranks": ranks_rng, "world": self.world})
+            distributed.barrier()
+            return
+        self._write_state({})
+
+    def _write_state(self, extra: dict) -> None:
+        with atomic_dir(self.state.folder) as tmp:
+            files = self.state.within(tmp)
+            save_file(trainable_state_dict(self.model), str(files.trainable))
+            torch.save(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "scaler": self.scaler.state_dict(),
+                    **self._rng_state(),
+                    **extra,
+                },
+                files.optimizer,
+            )
+            files.progress.write_text(json.dumps(
+                {"step": self.step, "best_score": self.best_score, "best_step": self.best_step, "phase": self.phase_index,
+                 "total_steps": self.total_steps, "phases": self._phase_signature()}, indent=2))
+
+    def _phase_signature(self) -> list[dict]:
+        return [{"name": p.name, "total_steps": p.total_steps, "steps_per_epoch": p.steps_per_epoch} for p in self.phases]
+
+    def load_state(self) -> None:
+        meta = json.loads(self.state.progress.read_text())
+        if meta.get("phases") != self._phase_signature() or meta["total_steps"] != self.total_steps:
+            raise ValueError(f"resume state in {self.state.folder} belongs to another data size or schedule")
+        self._enter_phase(meta["phase"])
+        missing, unexpected = self.model.load_state_dict(load_file(str(self.state.trainable)), strict=False)
+        if unexpected:
+            raise ValueError(f"resume state has tensors the model does not: {unexpected[:5]}")
+        st = torch.load(self.state.optimizer, weights_only=False, map_location="cpu" if self.world > 1 else None)
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        self.scaler.load_state_dict(st["scaler"])
+        ranks_rng = st.get("rng_ranks")
+        if ranks_rng is not None and len(ranks_rng) == self.world:
+            self._set_rng_state(ranks_rng[self.rank])
+        elif self.rank == 0:
+            self._set_rng_state(st)
+        else:  # resumed with another world size: a fresh stream of this rank's own
+            set_seed(distributed.rank_seed(self.cfg.seed, self.rank, salt=1 + meta["step"]))
+        self.step, self.best_score, self.best_step = meta["step"], meta["best_score"], meta["best_step"]
+
+    # ------------------------------------------------------------------ loop
+    def _autocast(self):
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+
+    def _train_step(self, batch) -> dict[str, float]:
+        self.model.train()
+        with self._autocast():
+            out = self.model.training_step(batch, step=self.step, phase=self.phase.name)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(out.loss).backward()
+        if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
+            distributed.all_reduce_gradients(self.params)
+            distributed.check_replicated(out.loss, f"{self.phase.name}-phase loss of {type(self.model).__name__}")
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        values = {"loss": out.loss, **out.metrics, "grad_norm": grad_norm}
+        return {n: float(v.detach()) for n, v in values.items()}
+
+    def _order(self, n: int, seed: int, epoch: int):
+        key = (n, seed, epoch)
+        if key not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.clear()
+            self._orders[key] = epoch_order(n, seed, epoch)
+        return self._orders[key]
+
+    def _batch(self, phase: Phase, phase_step: int):
+        """The batch of in-phase step `phase_step`: a pure function of (seed, phase, step), so resume sees the same."""
+        epoch, b = divmod(phase_step, phase.steps_per_epoch)
+        seed = self.cfg.seed + 7919 * self.phase_index
+        idx = self._order(len(phase.rows), seed, epoch)[b * phase.batch_size:(b + 1) * phase.batch_size]
+        batch = phase.rows.batch(idx, epoch)
+        if phase.aux_rows is not None:
+            aux_spe = max(1, math.ceil(len(phase.aux_rows) / phase.aux_batch_size))
+            ae, ab = divmod(phase_step, aux_spe)
+            aux_idx = self._order(len(phase.aux_rows), seed + 1, ae)[ab * phase.aux_batch_size:(ab + 1) * phase.aux_batch_size]
+            batch.aux = phase.aux_rows.batch(aux_idx, ae)
+        return batch, epoch, b
+
+    selection_metric = "stsb_dev"  # what `evaluate_dev` returns (training/job.py: transfer_dev_avg with selection transfer)
+
+    def _maybe_evaluate(self) -> None:
+        score = self.evaluate_dev(self.model)
+        self.log_metrics({self.selection_metric: score}, self.step)
+        if self.best_score is None or score > self.best_score:  # strictly better (methods.md §1.5)
+            self.best_score, self.best_step = score, self.step
+            self.save_best(self.model, self.step, score)
+            self.log_metrics({f"best_{self.selection_metric}": score}, self.step)
+
+    def run(self) -> LoopResult:
+        torch.use_deterministic_algorithms(self.cfg.deterministic, warn_only=True)
+        resumed = None
+        if self.state.exists():
+            self.load_state()
+            resumed = self.step
+        else:
+            set_seed(distributed.rank_seed(self.cfg.seed, self.rank))
+        if self.world > 1:
+            steps = distributed.all_gather_object(self.step)
+            if len(set(steps)) != 1:
+                raise RuntimeError(f"ranks start at different steps {steps}: the resume state must be visible to every rank")
+            distributed.broadcast_module(self.model)  # identical starting weights and buffers on every rank
+        t0, sentences = time.perf_counter(), 0
+        window_t, window_sent, window_tok = time.perf_counter(), 0, 0
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=self.rank != 0)
+        while self.step < self.total_steps:
+            self._enter_phase(self._phase_of(self.step))
+            phase = self.phase
+            phase_step = self.step - self.offsets[self.phase_index]
+            batch, epoch, b = self._batch(phase, phase_step)
+            n_sentences, n_tokens = batch.sentences, batch.tokens  # of the global batch
+            batch = self._shard(batch).to(self.device)
+            metrics = self._train_step(batch)
+            self.step += 1
+            sentences += n_sentences
+            window_sent += n_sentences
+            window_tok += n_tokens
+            bar.update(1)
+            bar.set_postfix(phase=phase.name, loss=f"{metrics['loss']:.4f}", refresh=False)
+            if self.step % self.cfg.log_steps == 0 or self.step == self.total_steps:
+                dt = max(time.perf_counter() - window_t, 1e-9)
+                metrics.update(learning_rate=self.scheduler.get_last_lr()[0], epoch=epoch + (b + 1) / phase.steps_per_epoch,
+                               phase=float(self.phase_index), sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt)
+                for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
+                    metrics[f"learning_rate_{group.get('name', 'group')}"] = lr
+                if self.device.type == "cuda":
+                    metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                if self.rank == 0:
+                    self.log_metrics(metrics, self.step)
+                window_t, window_sent, window_tok = time.perf_counter(), 0, 0
+            if self.step % self.cfg.eval_steps == 0:
+                self._main_only(self._maybe_evaluate)
+            if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:
+                self.save_state()
+            if self.stop_after is not None and self.step >= self.stop_after:
+                bar.close()
+                raise TrainingInterrupted(f"stopped after step {self.step} (stop_after)")
+        bar.close()
+        if self.best_score is None and self.world == 1:  # a run shorter than eval_steps still yields a selected checkpoint
+            self._maybe_evaluate()
+        if self.world > 1:
+            if self.rank == 0 and self.best_score is None:
+                self._main_only(self._maybe_evaluate)
+            else:
+                distributed.barrier()
+            self.best_score, self.best_step = distributed.broadcast_object((self.best_score, self.best_step))
+        seconds = time.perf_counter() - t0
+        return LoopResult(self.step, self.best_score, self.best_step, resumed, seconds, sentences / max(seconds, 1e-9))
