@@ -28,7 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from config.settings import shard_task_runner
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig
-from flows.tokenize import prepare_tokens
+from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
 from storage.sharded import building
 from tasks.corrupt import (

@@ -17,7 +17,7 @@ from config.methods import REGISTRY, MethodSpec
 from config.training import resolve_train_config
 from config.training import TrainConfig
 from flows.corrupt import corrupt
-from flows.tokenize import prepare_tokens
+from flows.tokenization import prepare_tokens
 from storage.readers import SEVEN_TASKS
 from tasks.ingest import ingest_dataset
 from tasks.train import TrainResult, train_model

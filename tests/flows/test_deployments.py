@@ -22,8 +22,7 @@ EXPERIMENTS = ("flows/seeds.py:seeds", "flows/sweep.py:sweep", "flows/ablate.py:
 @functools.lru_cache(maxsize=None)
 def load_flow(entrypoint: str) -> Flow:
     """The flow object an entrypoint `flows/<module>.py:<name>` names, imported as the package module `flows.<module>`
-    (Prefect's own loader would leave `flows/` on sys.path, where its `tokenize.py` shadows the standard library's
-    in every process this one starts)."""
+    (Prefect's own loader would leave `flows/` on this test process's sys.path for every later test)."""
     path, name = entrypoint.split(":")
     flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
     assert isinstance(flow, Flow), f"{entrypoint} is not a Prefect flow"
@@ -48,7 +47,14 @@ def train_entries() -> list[dict]:
 
 def test_every_deployment_is_unique_and_loads_a_flow_accepting_its_parameters():
     assert len(NAMES) == len(DEPLOYMENTS), "two deployments share a flow and name"
-    assert str(REPO_ROOT / "flows") not in sys.path  # flows/tokenize.py must never shadow the standard library
+    assert str(REPO_ROOT / "flows") not in sys.path
+
+
+def test_no_flow_module_shadows_the_standard_library():
+    """Prefect's worker puts an entrypoint's folder on sys.path, and processes it spawns (Dask nannies, torchrun)
+    inherit it: a `flows/tokenize.py` would replace the standard library's `tokenize` in all of them."""
+    clashes = sorted(p.stem for p in (REPO_ROOT / "flows").glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert not clashes, f"flows/ modules named like standard-library modules: {clashes}"
     for name, entry in NAMES.items():
         flow = load_flow(entry["entrypoint"])
         accepted = set(inspect.signature(flow.fn).parameters)

@@ -8,7 +8,7 @@ import pytest
 from config.settings import get_settings
 from config.stages import IngestConfig, NliSource, TokenizeConfig
 from flows.ingest import ingest
-from flows.tokenize import tokenize
+from flows.tokenization import tokenize
 from storage.catalog import query
 from storage.datasets import read_dataset
 from storage.layout import DataRoot
