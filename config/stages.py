@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from storage.hf_sources import HFSource
 
 _HF_DATA = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
 WIKI1M_URL = f"{_HF_DATA}/wiki1m_for_simcse.txt"
@@ -17,31 +19,53 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class WikiSource(_Config):
-    """Wiki1M: one sentence a line. `path` (a local file) wins over `url` when set."""
+_HF_HELP = ("Hugging Face dataset(s) instead of the file: `hf:<dataset>[:<config>][@<split>]` or {dataset, config, "
+            "split, data_files, columns, values, ...} (storage/hf_sources.py), a hub id, a save_to_disk folder or a "
+            "folder of Parquet files; several are read one after the other")
+
+
+class _Source(_Config):
+    """Where a source's rows come from: `path` (a local file or folder), else `hf` (HF datasets), else the
+    `$CSE_SOURCE_MIRROR`, else `url`. `sha256` pins the file, or the content hash of the rows of `hf`."""
+
+    path: str | None = None
+    hf: tuple[HFSource, ...] = Field(default=(), description=_HF_HELP)
+
+    @field_validator("hf", mode="before")
+    @classmethod
+    def _one_or_more(cls, v):
+        return (v,) if isinstance(v, (str, dict, HFSource)) else v
+
+    @model_validator(mode="after")
+    def _one_origin(self):
+        if self.path is not None and self.hf:
+            raise ValueError("set either path (a file or folder) or hf (Hugging Face datasets), not both")
+        return self
+
+
+class WikiSource(_Source):
+    """Wiki1M: one sentence a line (an HF source: a `text` column). `path` (a local file) wins over `url` when set."""
 
     url: str = WIKI1M_URL
-    path: str | None = None
     expected_lines: int | None = Field(
         default=None, description="checked after reading when set (1,000,000 for the full file)"
     )
-    sha256: str | None = Field(default=None, description="checked against the file when set")
+    sha256: str | None = Field(default=None, description="checked against the file (or the rows of hf) when set")
 
 
-class NliSource(_Config):
-    """SimCSE's NLI triplets (`sent0,sent1,hard_neg` with a header)."""
+class NliSource(_Source):
+    """SimCSE's NLI triplets (`sent0,sent1,hard_neg` with a header; an HF source: those three columns)."""
 
     url: str = NLI_URL
-    path: str | None = None
     expected_rows: int | None = None
     sha256: str | None = None
 
 
-class SentEvalSource(_Config):
-    """SentEval STS/SICK data: `path` is a folder holding `STS/` and `SICK/` (or `downstream/STS` ...)."""
+class SentEvalSource(_Source):
+    """SentEval STS/SICK data: `path` is a folder holding `STS/` and `SICK/` (or `downstream/STS` ...); an HF source
+    gives sentence1, sentence2, score and task/subset/split (columns or `values`), e.g. the MTEB STS sets."""
 
     url: str = SENTEVAL_URL
-    path: str | None = None
     sha256: str | None = None
     expected_rows: dict[str, int] | None = Field(
         default_factory=lambda: dict(_senteval_expected_rows()),

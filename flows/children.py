@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from config.methods import get_method
 from storage.hashing import stable_hash
+from tracking.model_export import BEST_ALIAS, set_best_alias
 from tracking.reporting import markdown_table, publish_artifacts, two_decimals
 from tracking.runs import ensure_experiment, log_run_results, prefect_flow_run_id, search_runs, start_group_run
 
@@ -159,6 +160,17 @@ def publish_table(group: Group, rows: list[dict[str, Any]], title: str, key: str
     group.log(artifacts={f"{key}.md": md, f"{key}.json": json.dumps(rows, indent=2, default=str)})
     publish_artifacts(tables={key: (rows, title)}, markdown={f"{key}-md": (md, title)})
     return md
+
+
+def alias_best(group: Group, results: list[ChildResult]) -> dict[str, str]:
+    """Point the registry alias `best` of the children's registered model(s) at the version of the completed child
+    with the best STS-B dev (`tracking.model_export.set_best_alias`); the parent run gets a tag
+    `cse.best.<registered model>` = version for each. Returns {registered model: version}."""
+    best = set_best_alias([r.run_id for r in results if r.state == "COMPLETED" and r.run_id])
+    if best:
+        group.log(tags={f"cse.best.{name}": version for name, version in best.items()})
+        print("; ".join(f"models:/{name}@{BEST_ALIAS} = version {version}" for name, version in best.items()))
+    return best
 
 
 def raise_for_failures(results: list[ChildResult], what: str) -> None:

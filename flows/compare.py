@@ -5,8 +5,9 @@
     prefect deployment run compare/default -p 'tags={"preset": "smoke"}'     # by MLflow tag
     prefect deployment run compare/default -p group=<cse.group of a sweep/seeds/ablation>
 
-Outputs: a Prefect table + markdown artifact, an MLflow run in experiment `compare` (comparison.md / .csv),
-and the Parquet dataset `comparisons/<id>` (DuckDB view `comparisons`). Tables: STS, retrieval,
+Outputs: a Prefect table + markdown artifact, an MLflow run in experiment `compare` (comparison.md / .csv and the
+MLflow table `comparison_table.json`), the Parquet dataset `comparisons/<id>` (DuckDB view `comparisons`), and the
+registry alias `best` on each compared model's version with the best STS-B dev. Tables: STS, retrieval,
 alignment/uniformity and trainable parameters (methods.md §9).
 """
 
@@ -30,4 +31,6 @@ def compare(methods: list[str] | None = None, run_ids: list[str] | None = None, 
                  "latest_per_label": latest_per_label}
     summary = compare_task({k: v for k, v in selection.items() if v is not None})
     print(f"comparison {summary.comparison_id}: {summary.runs} runs (MLflow run {summary.mlflow_run_id})\n\n{summary.markdown}")
+    for name, version in summary.best_versions.items():
+        print(f"models:/{name}@best = version {version}")
     return summary

@@ -2,7 +2,7 @@
 
 The papers report means over several runs (DCPCSE: 10, DiffAug: 3 or 15); selection of each seed's checkpoint
 stays on STS-B dev. The summary table goes to the MLflow parent run (metrics `<task>_mean` / `<task>_std`) and
-to Prefect artifacts.
+to Prefect artifacts. The registered model's alias `best` names the seed with the best STS-B dev.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prefect import flow
 
 from config.presets import deep_merge
 from config.training import resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
+from flows.children import Child, ChildResult, Dispatch, Group, alias_best, publish_table, raise_for_failures, run_children
 from storage.readers import SEVEN_TASKS
 
 SUMMARY_METRICS = (*SEVEN_TASKS, "sts_avg", "best_stsb_dev", "retrieval_r1", "alignment", "uniformity")
@@ -46,5 +46,6 @@ def seeds(method: str = "d2cse", preset: str = "default", n: int = 5, seed_list:
     group.log(metrics={f"{r['metric']}_mean": r["mean"] for r in rows} | {f"{r['metric']}_std": r["std"] for r in rows})
     md = publish_table(group, rows, f"{method}/{preset}: mean ± std over seeds {seed_list}", "seeds")
     print(md)
+    alias_best(group, results)
     raise_for_failures(results, "seeds")
     return rows

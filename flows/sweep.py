@@ -1,6 +1,7 @@
 """Flow `sweep`: a hyperparameter grid, or the D2CSE appendix's two-step learning-rate search.
 
-Selection uses STS-B dev only (each child's best dev score), never test. Children are dispatched as deployment
+Selection uses STS-B dev only (each child's best dev score), never test; the registered model's alias `best` names
+the selected child's version. Children are dispatched as deployment
 runs so they spread over the work pool; GPU jobs queue on the `gpu` concurrency limit (flows/children.py).
 
 - `strategy="grid"`: `grid` maps dotted config paths to value lists (`{"learning_rate": [0.01, 0.02],
@@ -18,7 +19,7 @@ from prefect import flow
 
 from config.presets import deep_merge
 from config.training import resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
+from flows.children import Child, ChildResult, Dispatch, Group, alias_best, publish_table, raise_for_failures, run_children
 
 COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]
 
@@ -94,5 +95,6 @@ def sweep(method: str = "d2cse", preset: str = "default", strategy: Literal["gri
     group.log(metrics={"best_stsb_dev": best["best_stsb_dev"]}, tags={"best_child": best["child"], "best_run_id": str(best["run_id"])})
     md = publish_table(group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep")
     print(md)
+    best_versions = alias_best(group, results)
     raise_for_failures(results, "sweep children")
-    return {"best": best, "children": rows, "group": group.id}
+    return {"best": best, "children": rows, "group": group.id, "best_versions": best_versions}

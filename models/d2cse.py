@@ -85,7 +85,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
                 cls_token_id = getattr(self.tokenizer, "cls_token_id", None)
             if cls_token_id is None:
                 raise ValueError("cls_prompt=True needs the [CLS] id (pass a tokenizer or cls_token_id)")
-            row = self.backbone.embeddings.word_embeddings.weight[cls_token_id]
+            row = self.backbone.get_input_embeddings().weight[cls_token_id]
             self.cls_prompt = nn.Parameter(row.detach().clone().float())
 
         self.projection = ProjectionMLP(d, init_std=init_std)

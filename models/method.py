@@ -82,9 +82,11 @@ def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
 
 def backbone_fingerprint(backbone: nn.Module) -> str:
     """A hash of a few pretrained tensors (first word-embedding rows, last layer's parameters)."""
+    from models.prefix import encoder_layers  # the layer list of every supported encoder family
+
     h = hashlib.sha256()
-    tensors = [backbone.embeddings.word_embeddings.weight[:64]]
-    tensors += [p for p in backbone.encoder.layer[-1].parameters()][-4:]
+    tensors = [backbone.get_input_embeddings().weight[:64]]
+    tensors += [p for p in encoder_layers(backbone)[-1].parameters()][-4:]
     for t in tensors:
         h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]

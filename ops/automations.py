@@ -4,7 +4,7 @@ A worker killed with its flow runs (SIGKILL, a lost machine) cannot report anyth
 RUNNING for ever. Flow runs started by a worker emit `prefect.flow-run.heartbeat` events every
 `PREFECT_FLOWS_HEARTBEAT_FREQUENCY` seconds; the automation `crash-zombie-flow-runs` marks a run CRASHED when,
 after a heartbeat, neither another heartbeat nor a final state arrives within `miss_factor` heartbeat periods
-(Prefect's documented recipe for self-hosted servers). Running the deployment again then resumes the job from its
+(`CSE_MISSED_HEARTBEATS`, default 3, at least 2; Prefect's documented recipe for self-hosted servers). Running the deployment again then resumes the job from its
 last checkpoint (tasks/train.py).
 
     python -m ops.automations [--heartbeat-seconds 30]    # idempotent; scripts/services.sh and team.sh run it
@@ -19,6 +19,7 @@ from config.settings import env_int
 
 NAME = "crash-zombie-flow-runs"
 DEFAULT_HEARTBEAT_SECONDS = 30  # Prefect's minimum
+DEFAULT_MISSED_HEARTBEATS = 3
 
 
 def heartbeat_seconds() -> int:
@@ -26,7 +27,13 @@ def heartbeat_seconds() -> int:
     return env_int("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", minimum=30) or DEFAULT_HEARTBEAT_SECONDS
 
 
-def zombie_automation(heartbeat: int, miss_factor: int = 3):
+def missed_heartbeats() -> int:
+    """How many heartbeat periods without one mark a run CRASHED (`CSE_MISSED_HEARTBEATS`, else 3; at least 2, so
+    that one late heartbeat never crashes a live run)."""
+    return env_int("CSE_MISSED_HEARTBEATS", minimum=2) or DEFAULT_MISSED_HEARTBEATS
+
+
+def zombie_automation(heartbeat: int, miss_factor: int = DEFAULT_MISSED_HEARTBEATS):
     """The automation (not yet created): CRASHED after `miss_factor × heartbeat` seconds without a heartbeat."""
     from prefect.automations import Automation
     from prefect.client.schemas.objects import StateType
@@ -61,7 +68,7 @@ def ensure_zombie_automation(heartbeat: int | None = None) -> str:
     try:
         return str(Automation.read(name=NAME).id)
     except (ObjectNotFound, ValueError):
-        return str(zombie_automation(heartbeat or heartbeat_seconds()).create().id)
+        return str(zombie_automation(heartbeat or heartbeat_seconds(), missed_heartbeats()).create().id)
 
 
 def main(argv: list[str] | None = None) -> None:

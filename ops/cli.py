@@ -6,6 +6,13 @@
                           and mark the damaged ones, so the next stage run quarantines and rebuilds them
     cse deliver-metrics DIR ...  send the metrics a training job spooled while MLflow was unreachable
                           (DIR = its job folder, $CSE_HOME/runs/<method>/<key>) to its MLflow run
+    cse card RUN_DIR      (re)write the model card (README.md) of a finished job's export from its recorded result,
+                          its MLflow run (config, hashes, commit, registered version) and its checkpoint
+    cse push EXPORT_DIR REPO_ID [--private] [--revision R] [--token-env VAR]
+                          upload an export folder with its model card to the Hugging Face hub; prints the URL
+
+    cse dataset KIND [KEY] [--hf]  where a dataset is and what it holds (KEY: the newest of KIND when left out);
+                          --hf prints one line of Python that opens it as a Hugging Face `Dataset`, memory-mapped
 
 Errors print one line (`cse: error: ...`) and exit with status 2; `cse --debug ...` shows the traceback.
 """
@@ -64,6 +71,50 @@ def deliver_metrics(run_dirs: list[str]) -> int:
         else:
             print(f"{path}: delivered {n} metric values" if n else f"{path}: nothing to deliver")
     return status
+
+
+def card(run_dir: str, adapter: str | None = None) -> int:
+    """Write the model card of a finished job's export and of its PEFT adapter folder (`adapter`, default the job's own
+    `peft-adapter/` when it has one: the card, with the adapter's loading, replaces the adapter's own README so that
+    `cse push` takes the folder)."""
+    from storage.runs import RunDir
+    from tracking.model_card import AdapterInfo, card_facts_of_job, write_model_card
+
+    job = RunDir.at(run_dir)
+    if not (job.export / "modules.json").is_file():
+        raise FileNotFoundError(f"{job.export} holds no sentence-transformers export (modules.json): has the job finished?")
+    if adapter is None and (job.peft_adapter / "adapter_config.json").is_file():
+        adapter = str(job.peft_adapter)
+    facts = card_facts_of_job(job, adapter=AdapterInfo.from_folder(adapter) if adapter else None)
+    for folder in (job.export, *([adapter] if adapter else [])):
+        print(f"wrote {write_model_card(folder, facts)}")
+    return 0
+
+
+def push(export_dir: str, repo_id: str, private: bool, revision: str | None, token_env: str | None) -> int:
+    """Upload an export folder to the hub (ops/publish.py) and print where it went."""
+    from ops.publish import push_export
+
+    result = push_export(export_dir, repo_id, private=private, revision=revision, token_env=token_env)
+    print(f"pushed {export_dir} to {result.url}" + (f" (commit {result.commit_url})" if result.commit_url else ""))
+    return 0
+
+
+def dataset(root: DataRoot, kind: str, key: str | None, hf: bool) -> int:
+    """Print where dataset `kind/key` (default: the newest of `kind`) is and what it holds, or with `hf` the Python
+    line that opens it as an HF `Dataset` (its Arrow copy is built first when the dataset predates it)."""
+    from storage.hf import ensure_arrow_copy, find_dataset
+
+    if hf:
+        print(ensure_arrow_copy(root, kind, key).snippet())
+        return 0
+    ds = find_dataset(root, kind, key)
+    m = ds.manifest
+    print(f"{kind}/{ds.key}: {m.rows:,d} rows, content hash {m.content_hash}, written {m.created[:19]}\n"
+          f"folder:  {ds.folder}\nparts:   {', '.join(m.files)}\n"
+          f"arrow:   {', '.join(m.arrow.files) if m.arrow else '(not built yet: --hf builds it)'}\n"
+          f"schema:  {', '.join(f'{f.name}: {f.type}' for f in ds.arrow_schema())}")
+    return 0
 
 
 def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
@@ -136,12 +187,32 @@ def _main(argv: list[str]) -> int:
     v = sub.add_parser("verify", help="check every dataset of the data root; exit 1 on damage")
     v.add_argument("--quick", action="store_true", help="sizes and row counts only (no content hashes)")
     v.add_argument("--quarantine", action="store_true", help="move damaged datasets to the quarantine now")
+    c = sub.add_parser("card", help="(re)write the model card of a finished training job's export")
+    c.add_argument("run_dir", metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)")
+    c.add_argument("--adapter", metavar="DIR", help="the job's PEFT adapter folder: listed in the card, and given the card too")
+    u = sub.add_parser("push", help="upload an export folder (with its model card) to the Hugging Face hub")
+    u.add_argument("export_dir", metavar="EXPORT_DIR", help="a sentence-transformers export or a PEFT adapter folder")
+    u.add_argument("repo_id", metavar="REPO_ID", help="hub model repository (owner/name), created when missing")
+    u.add_argument("--private", action="store_true", help="create the repository private")
+    u.add_argument("--revision", help="branch to commit to (created when missing; default: main)")
+    u.add_argument("--token-env", metavar="VAR", help="environment variable holding the hub token "
+                   "(default: HF_TOKEN when set, else the hub's stored login)")
+    dp = sub.add_parser("dataset", help="where a dataset is and what it holds; --hf: the line that opens it in HF datasets")
+    dp.add_argument("kind", choices=KINDS)
+    dp.add_argument("key", nargs="?", help="dataset key (default: the newest dataset of KIND)")
+    dp.add_argument("--hf", action="store_true", help="print a Python line opening it as a memory-mapped HF Dataset")
     args = p.parse_args(argv)
     if args.cmd == "deliver-metrics":
         return deliver_metrics(args.run_dirs)
+    if args.cmd == "card":
+        return card(args.run_dir, args.adapter)
+    if args.cmd == "push":
+        return push(args.export_dir, args.repo_id, args.private, args.revision, args.token_env)
     root = DataRoot(get_settings().data_root)
     if args.cmd == "verify":
         return verify(root, full=not args.quick, move=args.quarantine)
+    if args.cmd == "dataset":
+        return dataset(root, args.kind, args.key, args.hf)
     if args.cmd == "report":
         report(root)
     else:

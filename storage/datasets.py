@@ -1,4 +1,8 @@
-"""Writing and reading whole datasets: Parquet parts + manifest, atomically, addressed by key."""
+"""Writing and reading whole datasets: Parquet parts + their Arrow copy + manifest, atomically, addressed by key.
+
+Every published dataset also carries its memory-mappable Arrow copy (`hf/`, storage/arrow_copy.py), written in the
+same temporary folder and published by the same rename; storage/hf.py opens it (as an HF `Dataset` or an Arrow
+table) without copying."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
+from storage.arrow_copy import write_arrow_copy
 from storage.atomic import atomic_dir, write_parquet
 from storage.layout import DataRoot
 from storage.manifest import Manifest, file_facts
@@ -45,12 +50,14 @@ def write_dataset(
         if not files:  # an empty dataset still has one (empty) part with the schema
             write_parquet(schema.empty_table(), tmp / part_name(0), schema)
             files.append(part_name(0))
+        facts = file_facts(tmp, files)
         m = Manifest(
             kind=kind,
             key=key,
             rows=rows,
             files=files,
-            **file_facts(tmp, files),
+            **facts,
+            arrow=write_arrow_copy(tmp, files, kind=kind, key=key, content_hash=facts["content_hash"]),
             params=dict(params or {}),
             source=dict(source or {}),
             inputs=dict(inputs or {}),
@@ -74,7 +81,7 @@ def publish_files(
     """Publish finished Parquet files (already in the kind's schema) as parts of a dataset.
 
     The files are hard-linked (copied where links fail) into a fresh folder, which is published with
-    its manifest by one rename; the originals stay where they are.
+    its Arrow copy and manifest by one rename; the originals stay where they are.
     """
     if not files:
         raise ValueError(f"nothing to publish for {kind}/{key}: no files")
@@ -89,7 +96,9 @@ def publish_files(
                 shutil.copyfile(f, target)
             names.append(target.name)
             rows += pq.ParquetFile(target).metadata.num_rows
-        m = Manifest(kind=kind, key=key, rows=rows, files=names, **file_facts(tmp, names),
+        facts = file_facts(tmp, names)
+        m = Manifest(kind=kind, key=key, rows=rows, files=names, **facts,
+                     arrow=write_arrow_copy(tmp, names, kind=kind, key=key, content_hash=facts["content_hash"]),
                      params=dict(params or {}), source=dict(source or {}), inputs=dict(inputs or {}),
                      stats=dict(stats or {}))
         m.write(tmp)

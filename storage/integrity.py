@@ -5,8 +5,12 @@ A cache hit reuses a dataset only after `check_dataset` found it intact:
   records, the rows add up, and no `damaged.json` marker (left by `cse verify`) is in the folder;
 - with `full=True` (`verify: true`, `cse verify`, and always before training): the sha256 of every file against
   the manifest's per-file hashes and its content hash.
+The dataset's Arrow copy (`hf/`, storage/arrow_copy.py; training reads its rows from it) is checked the same way when
+the manifest records one: files, sizes, stream row counts always, hashes with `full`.
 A damaged dataset is quarantined: its folder is moved to `<data_root>/quarantine/<kind>/<key>-<UTC time>/` with a
-`quarantine.json` saying what was wrong, and the stage rebuilds it under the same key.
+`quarantine.json` saying what was wrong, and the stage rebuilds it under the same key. When only the Arrow copy is
+damaged, the Parquet parts are intact: the copy alone is moved to `<key>-<UTC time>-hf/` there and rebuilt from them
+(`repair_arrow_copy`), and the dataset is reused.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from storage.arrow_copy import check_arrow_copy, in_copy, rebuild_arrow_copy
 from storage.atomic import write_json
 from storage.hashing import combine_hashes, sha256_file
 from storage.manifest import MANIFEST_NAME, Manifest, ManifestError
@@ -134,7 +139,41 @@ def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False) -
                 bad(folder / m.files[0] if len(m.files) == 1 else folder,
                     f"content hash differs from the manifest's {m.content_hash[:12]}… (files: {', '.join(m.files)}; "
                     "this manifest records no per-file hashes)")
+    for file, reason in check_arrow_copy(folder, m, full=full and not problems):
+        bad(file, reason)
     return problems
+
+
+def copy_only(folder: str | Path, problems: list[Problem]) -> bool:
+    """Whether every problem lies in the dataset's Arrow copy (`hf/`): the Parquet parts are intact and the copy can
+    be rebuilt from them (`repair_arrow_copy`) instead of rebuilding the dataset."""
+    return bool(problems) and all(in_copy(folder, p.file) for p in problems)
+
+
+def repair_arrow_copy(data_root: str | Path, folder: str | Path, kind: str, key: str,
+                      problems: list[Problem]) -> tuple[Manifest, Quarantined]:
+    """Move a damaged Arrow copy (`folder/hf`) to `<data_root>/quarantine/<kind>/<key>-<time>-hf/` (one rename, with
+    `quarantine.json`), rebuild it from the intact Parquet parts and drop a `cse verify` marker that named only it.
+    The caller holds the dataset's build lock and found `copy_only(folder, problems)`."""
+    from storage.arrow_copy import ARROW_DIR
+
+    folder = Path(folder)
+    dest = quarantine_path(Path(data_root), kind, key)
+    dest = dest.with_name(f"{dest.name}-{ARROW_DIR}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if (folder / ARROW_DIR).exists():
+        os.rename(folder / ARROW_DIR, dest)
+    else:
+        dest.mkdir()
+    record = Quarantined(kind=kind, key=key, moved_to=str(dest), problems=[asdict(p) for p in problems])
+    write_json({**asdict(record), "from": str(folder / ARROW_DIR), "when": datetime.now(timezone.utc).isoformat(),
+                "pid": os.getpid(), "what": "the Arrow copy only; the Parquet parts were intact and kept"},
+               dest / QUARANTINE_RECORD)
+    (folder / DAMAGED_MARKER).unlink(missing_ok=True)
+    m = rebuild_arrow_copy(folder)
+    log.warning("the Arrow copy of dataset %s/%s was damaged (%s): moved to %s and rebuilt from the Parquet parts",
+                kind, key, record.summary(), dest)
+    return m, record
 
 
 def mark_damaged(folder: str | Path, problems: list[Problem]) -> Path:

@@ -3,6 +3,7 @@
     <data_root>/
       downloads/<name>                      canonical source files fetched from the network
       datasets/<kind>/<key>/part-*.parquet  one folder per dataset, addressed by its key
+      datasets/<kind>/<key>/hf/             its memory-mappable Arrow copy (HF `save_to_disk` layout; arrow_copy.py)
       datasets/<kind>/<key>/manifest.json   written last: its presence marks the dataset complete
       datasets/<kind>/<key>.shards/         finished shards of a dataset still being built
       datasets/<kind>/<key>.lock            held (flock) by the one process building the dataset
@@ -120,8 +121,10 @@ class DataRoot:
         """A cache hit that verifies what it reuses: `(manifest, None)` for an intact dataset, `(None, None)` when
         there is none, and `(None, Quarantined)` when one was there but damaged (`storage.integrity.check_dataset`;
         `full` adds the content hashes): it is moved to the quarantine, so the caller rebuilds it. Call it holding
-        the dataset's build lock (`building`). With `quarantine=False` a damaged dataset is only reported as a miss."""
-        from storage.integrity import check_dataset
+        the dataset's build lock (`building`). With `quarantine=False` a damaged dataset is only reported as a miss.
+        When only its Arrow copy (`hf/`) is damaged, the copy is quarantined and rebuilt from the intact Parquet parts
+        and the dataset is reused: `(manifest, Quarantined)` (the record of the copy)."""
+        from storage.integrity import check_dataset, copy_only, repair_arrow_copy
         from storage.integrity import quarantine as move_aside
 
         folder = self.dataset_dir(kind, key)
@@ -132,6 +135,10 @@ class DataRoot:
             return Manifest.read(folder), None
         if not quarantine:
             return None, None
+        if copy_only(folder, problems):
+            repaired, record = repair_arrow_copy(self.root, folder, kind, key, problems)
+            if not (problems := check_dataset(folder, kind, key, full=full)):  # the parts too, now nothing hides them
+                return repaired, record
         return None, move_aside(self.root, folder, kind, key, problems)
 
     def verify(self, kind: str, key: str, full: bool = True) -> Manifest:

@@ -2,7 +2,13 @@
 
 Every dataset folder holds its Parquet files and a `manifest.json`. The manifest is written last,
 so a folder without one is incomplete. `key` addresses the dataset (a hash of the stage name, its
-parameters and the content hashes of its inputs); `content_hash` is a hash of the output files.
+parameters and the content hashes of its inputs); `content_hash` is a hash of the output files (the Parquet
+parts only).
+
+`arrow` records the dataset's memory-mappable Arrow copy (`hf/`, see storage/arrow_copy.py): one Arrow IPC
+stream file per Parquet part in Hugging Face's `save_to_disk` layout, with its own sizes, rows and hashes. It is
+derived from the parts, so it never enters `content_hash` (keys and run keys do not change with it); manifests
+written before it existed have none, and the copy is built on first open.
 """
 
 from __future__ import annotations
@@ -28,6 +34,22 @@ class ManifestError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
+class ArrowCopy(BaseModel):
+    """The Arrow copy of a dataset's Parquet parts: paths relative to the dataset folder (`hf/part-00000.arrow` ...,
+    one per part and in the parts' order, then `hf/state.json`, `hf/dataset_info.json` in `meta_files`)."""
+
+    folder: str
+    files: list[str]
+    meta_files: list[str] = Field(default_factory=list)
+    file_sizes: dict[str, int] = Field(default_factory=dict, description="file -> size in bytes (data and meta files)")
+    file_rows: dict[str, int] = Field(default_factory=dict, description="Arrow file -> rows")
+    file_hashes: dict[str, str] = Field(default_factory=dict, description="file -> sha256 (data and meta files)")
+    format: str = "arrow-ipc-stream"
+
+    def all_files(self) -> list[str]:
+        return [*self.files, *self.meta_files]
+
+
 class Manifest(BaseModel):
     kind: str
     key: str
@@ -42,6 +64,7 @@ class Manifest(BaseModel):
     file_sizes: dict[str, int] = Field(default_factory=dict, description="file -> size in bytes")
     file_rows: dict[str, int] = Field(default_factory=dict, description="file -> rows")
     file_hashes: dict[str, str] = Field(default_factory=dict, description="file -> sha256")
+    arrow: ArrowCopy | None = Field(default=None, description="the memory-mappable Arrow copy; None before it is built")
     created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     schema_version: int = 1
 

@@ -61,10 +61,14 @@ class ReadStats:
     max_line_chars: int = MAX_LINE_CHARS
 
     def count(self, finding: str, path: str | Path, line: int, what: str) -> None:
+        self.count_at(finding, f"{path}:{line}", what)
+
+    def count_at(self, finding: str, where: str, what: str) -> None:
+        """Count a finding at `where` ("file:line", or "hf:<dataset>@<split> row N"), keeping the first examples."""
         self.details[finding] = self.details.get(finding, 0) + 1
         ex = self.examples.setdefault(finding, [])
         if len(ex) < _EXAMPLES:
-            ex.append(f"{path}:{line}: {what}")
+            ex.append(f"{where}: {what}")
 
     def as_dict(self) -> dict:
         out = {"rows": self.rows, "empty": self.empty, "skipped": self.skipped, **self.details}
@@ -101,17 +105,24 @@ def iter_lines(path: str | Path, stats: ReadStats | None = None) -> Iterator[tup
             yield n, text
 
 
-def _check_line(path: str | Path, n: int, text: str, stats: ReadStats) -> None:
+def text_findings(text: str, max_line_chars: int) -> list[tuple[str, str, str]]:
+    """(finding, what, strict rule) for a line or value with control characters or over `max_line_chars`: the one
+    rule of every text source (files here, Hugging Face datasets in storage/hf_sources.py)."""
+    found = []
     if (m := _CONTROL.search(text)) is not None:
-        what = f"control character U+{ord(m.group()):04X} at column {m.start() + 1}"
+        found.append(("control_lines", f"control character U+{ord(m.group()):04X} at column {m.start() + 1}",
+                      "strict: control characters are errors"))
+    if len(text) > max_line_chars:
+        found.append(("long_lines", f"{len(text):,d} characters, over max_line_chars {max_line_chars:,d}",
+                      "strict: over-long lines are errors"))
+    return found
+
+
+def _check_line(path: str | Path, n: int, text: str, stats: ReadStats) -> None:
+    for finding, what, rule in text_findings(text, stats.max_line_chars):
         if stats.strict:
-            raise DataFormatError(path, n, f"{what} (strict: control characters are errors)")
-        stats.count("control_lines", path, n, what)
-    if len(text) > stats.max_line_chars:
-        what = f"{len(text):,d} characters, over max_line_chars {stats.max_line_chars:,d}"
-        if stats.strict:
-            raise DataFormatError(path, n, f"{what} (strict: over-long lines are errors)")
-        stats.count("long_lines", path, n, what)
+            raise DataFormatError(path, n, f"{what} ({rule})")
+        stats.count(finding, path, n, what)
 
 
 def _senteval_words(s: str) -> str:
@@ -308,22 +319,33 @@ SENTEVAL_EXPECTED_ROWS: dict[str, int] = {
 }
 
 
+def sts_count_mismatches(stats: ReadStats, expected: dict[str, int]) -> list[tuple[str, int, int]]:
+    """(name, found, expected) for every count of `expected` ("sts12" … per task, "stsb/dev" … per split) that the
+    STS counts in `stats.details` ("<task>/<subset>" for STS12–16, "<task>/<split>" for STS-B and SICK-R) miss."""
+    out = []
+    for name, want in expected.items():
+        if "/" in name:
+            found = stats.details.get(name, 0)
+        else:
+            found = sum(v for k, v in stats.details.items() if k.startswith(f"{name}/"))
+        if found != want:
+            out.append((name, found, want))
+    return out
+
+
 def check_senteval_counts(path: str | Path, stats: ReadStats, expected: dict[str, int]) -> None:
     """Compare what `read_senteval` counted (`stats.details`) with `expected` ("sts12" … per task, "stsb/dev" …
     per split); a difference raises `DataFormatError` naming the file (or the task's folder)."""
     root = senteval_root(path)
-    for name, want in expected.items():
+    for name, found, want in sts_count_mismatches(stats, expected)[:1]:
         if "/" in name:
             task, split = name.split("/", 1)
-            found = stats.details.get(name, 0)
             files = STSB_FILES if task == "stsb" else SICK_FILES
             where = root / ("STS/STSBenchmark" if task == "stsb" else "SICK") / files.get(split, "?")
         else:
-            found = sum(v for k, v in stats.details.items() if k.startswith(f"{name}/"))
             where = root / "STS" / STS_DIRS.get(name, name)
-        if found != want:
-            raise DataFormatError(where, None, f"{found:,d} scored pairs of {name}, expected {want:,d} "
-                                                "(a truncated or different file?)")
+        raise DataFormatError(where, None, f"{found:,d} scored pairs of {name}, expected {want:,d} "
+                                            "(a truncated or different file?)")
 
 
 def senteval_source_files(path: str | Path) -> list[Path]:

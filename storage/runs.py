@@ -3,7 +3,8 @@
     <CSE_HOME>/runs/<method>/<run_key>/
       state/         newest resume state (`ResumeState`: trainable tensors, optimizer + scheduler + RNG, progress)
       best/          best checkpoint on STS-B dev (models.checkpoint format)
-      export/        sentence-transformers folder of the best checkpoint
+      export/        sentence-transformers folder of the best checkpoint (with its model card, README.md)
+      peft-adapter/  PEFT prefix-tuning adapter of the best checkpoint (prompt methods; with its model card)
       mlflow_run_id  the MLflow run this job logs to (a resumed job continues the same run)
       mlflow_spool.jsonl  metrics/params the MLflow server did not take yet (storage/spool.py; absent when none)
       distributed/   a torchrun job's hand-over (training/distributed.py): job.json (what every rank trains), result.json
@@ -87,6 +88,10 @@ class RunDir:
     @property
     def export(self) -> Path:
         return self.path / "export"
+
+    @property
+    def peft_adapter(self) -> Path:
+        return self.path / "peft-adapter"
 
     @property
     def _run_id_file(self) -> Path:

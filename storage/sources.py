@@ -1,17 +1,23 @@
-"""Resolving a configured source (local path, mirror or URL) to a file on disk, and reading it."""
+"""Resolving a configured source (local path, Hugging Face dataset, mirror or URL) to its rows, and reading them.
+
+A file source resolves to a file on disk (its content hash: the file's sha256); an HF dataset source
+(storage/hf_sources.py) to its loaded, memory-mapped rows (its content hash: that of the rows read).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
 from storage import readers
-from storage.fetch import download, extract_tar, mirror_lookup, verify
-from storage.hashing import sha256_file, sha256_files
+from storage.fetch import ChecksumError, download, extract_tar, mirror_lookup, verify
+from storage.hashing import combine_hashes, sha256_file, sha256_files
+from storage.hf_sources import HFRows, HFSource, hf_rows, read_hf
 from storage.layout import DataRoot
-from storage.readers import ReadStats
+from storage.readers import DataFormatError, ReadStats
 
 CANONICAL_NAMES = {"wiki1m": "wiki1m_for_simcse.txt", "nli": "nli_for_simcse.csv", "sts": "senteval"}
 
@@ -19,18 +25,38 @@ CANONICAL_NAMES = {"wiki1m": "wiki1m_for_simcse.txt", "nli": "nli_for_simcse.csv
 @dataclass(frozen=True)
 class ResolvedSource:
     dataset: str
-    path: Path  # a file (wiki1m, nli) or the SentEval folder (sts)
-    origin: str  # "path" | "mirror" | "url"
-    location: str  # the path or URL it came from
+    path: Path  # a file (wiki1m, nli) or the SentEval folder (sts); an HF source: the folder of its (first) dataset
+    origin: str  # "path" | "mirror" | "url" | "hf"
+    location: str  # the path or URL it came from (`hf:<dataset>@<split>`, joined by " + ", for HF sources)
     content_hash: str
+    hf: tuple[HFRows, ...] = field(default=(), compare=False, repr=False)  # the loaded rows of an HF source
 
-    def describe(self) -> dict[str, str]:
-        return {"dataset": self.dataset, "origin": self.origin, "location": self.location, "file": str(self.path)}
+    @property
+    def where(self) -> str:
+        """What error messages name: the file or folder, or the HF dataset(s) (`hf:<dataset>@<split>`)."""
+        return self.location if self.origin == "hf" else str(self.path)
+
+    def describe(self) -> dict:
+        out = {"dataset": self.dataset, "origin": self.origin, "location": self.location, "file": self.where}
+        if self.hf:
+            out["hf"] = [rows.describe() for rows in self.hf]
+        return out
 
 
-def resolve_source(root: DataRoot, dataset: str, path: str | None, url: str, *, sha256: str | None, retries: int) -> ResolvedSource:
-    """Local `path` wins; then `$CSE_SOURCE_MIRROR`; else the canonical URL (downloaded once, cached)."""
+def resolve_source(root: DataRoot, dataset: str, path: str | None, url: str, *, sha256: str | None, retries: int,
+                   hf: Sequence[HFSource] = ()) -> ResolvedSource:
+    """Local `path` wins; then the HF dataset(s) `hf` (loaded, memory-mapped; hub downloads cached under
+    `<data_root>/downloads/hf`); then `$CSE_SOURCE_MIRROR`; else the canonical URL (downloaded once, cached).
+    `sha256` is checked against the file, or against the rows' content hash of an HF source."""
     canonical = CANONICAL_NAMES[dataset]
+    if path is None and hf:
+        parts = tuple(hf_rows(dataset, spec, root.downloads / "hf") for spec in hf)
+        digest = parts[0].content_hash() if len(parts) == 1 else combine_hashes(p.content_hash() for p in parts)
+        location = " + ".join(p.where for p in parts)
+        if sha256 is not None and digest != sha256.lower():
+            raise ChecksumError(f"{location}: sha256 of the rows read is {digest}, expected {sha256.lower()}")
+        return ResolvedSource(dataset=dataset, path=parts[0].folder, origin="hf", location=location, content_hash=digest,
+                              hf=parts)
     if path is not None:
         p, origin, location = Path(path).expanduser().resolve(), "path", str(path)
         if not p.exists():
@@ -59,5 +85,21 @@ def resolve_source(root: DataRoot, dataset: str, path: str | None, url: str, *, 
 def read_source(src: ResolvedSource, *, strict: bool = False,
                 max_line_chars: int = readers.MAX_LINE_CHARS) -> tuple[pa.Table, ReadStats]:
     """Parse the source; `strict` turns control characters and lines over `max_line_chars` into errors."""
+    stats = ReadStats(strict=strict, max_line_chars=max_line_chars)
+    if src.origin == "hf":
+        return read_hf(src.dataset, list(src.hf), stats)
     reader = {"wiki1m": readers.read_wiki1m, "nli": readers.read_nli, "sts": readers.read_senteval}[src.dataset]
-    return reader(src.path, ReadStats(strict=strict, max_line_chars=max_line_chars))
+    return reader(src.path, stats)
+
+
+def check_sts_counts(src: ResolvedSource, stats: ReadStats, expected: dict[str, int]) -> None:
+    """The STS pairs read against `expected` (`readers.check_senteval_counts`): a difference raises `DataFormatError`
+    naming the file, or for an HF source the HF dataset(s) holding that task."""
+    if src.origin != "hf":
+        readers.check_senteval_counts(src.path, stats, expected)
+        return
+    for name, found, want in readers.sts_count_mismatches(stats, expected)[:1]:
+        task = name.split("/")[0]
+        holders = [rows.where for rows in src.hf if rows.constants.get("task") in (task, None)] or [src.location]
+        raise DataFormatError(" + ".join(holders), None, f"{found:,d} scored pairs of {name}, expected {want:,d} "
+                                                         "(a different or partial dataset? set senteval.expected_rows)")

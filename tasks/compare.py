@@ -7,7 +7,8 @@ test-evaluated on them: `transfer_evaluation`) — each run followed by the publ
 method, backbone and setting and by their difference (run − published). A run on a backbone no paper reports
 (the packaged MiniLM of the smoke presets) is compared with the BERT-base row of its method and setting, and
 the published row's `source` says so. `record_comparison` writes the Parquet dataset, the MLflow artifacts
-(markdown + CSV) and the Prefect artifacts.
+(markdown, CSV and the same rows as an MLflow table) and the Prefect artifacts, and points the registry alias `best`
+of each compared model at its version with the best STS-B dev.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from storage.hashing import stable_hash
 from storage.layout import DataRoot
 from storage.readers import SEVEN_TASKS
 from tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
+from tracking.model_export import set_best_alias
 from tracking.runs import experiment_ids, get_runs, log_comparison, search_runs
 
 TABLES: dict[str, tuple[str, ...]] = {
@@ -151,12 +153,24 @@ def render_markdown(tables: dict[str, list[dict[str, Any]]]) -> str:
                                     cell=compact_number) for table, rows in tables.items())
 
 
-def render_csv(tables: dict[str, list[dict[str, Any]]]) -> str:
-    """Every wide table in one CSV (a `table` column first; the metric columns of all tables), RFC 4180 line ends."""
+def flat_rows(tables: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Every wide table as one list of rows (a `table` column first; the metric columns of all tables) and its
+    columns: the CSV's rows and the MLflow table's."""
     fields = ["table", "label", "row", "method", "backbone", "setting", "source",
               *dict.fromkeys(m for ms in TABLES.values() for m in ms)]
-    rows = [{"table": table, **r} for table, table_rows in tables.items() for r in table_rows]
+    return fields, [{"table": table, **r} for table, table_rows in tables.items() for r in table_rows]
+
+
+def render_csv(tables: dict[str, list[dict[str, Any]]]) -> str:
+    """Every wide table in one CSV (`flat_rows`), RFC 4180 line ends."""
+    fields, rows = flat_rows(tables)
     return csv_table(rows, fields, line_end="\r\n")
+
+
+def table_columns(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[Any]]:
+    """`flat_rows` as columns (name → values; a metric a table lacks is None): the MLflow table of the comparison."""
+    fields, rows = flat_rows(tables)
+    return {f: [r.get(f) for r in rows] for f in fields}
 
 
 class ComparisonSummary(BaseModel):
@@ -164,10 +178,12 @@ class ComparisonSummary(BaseModel):
     runs: int
     mlflow_run_id: str
     markdown: str
+    best_versions: dict[str, str] = {}  # registered model → the version its alias `best` now names
 
 
 def record_comparison(runs: list[RunRecord], selection: dict[str, Any]) -> ComparisonSummary:
-    """Parquet dataset + MLflow run (experiment `compare`) with markdown/CSV + Prefect table/markdown artifacts."""
+    """Parquet dataset + MLflow run (experiment `compare`) with markdown, CSV and an MLflow table + Prefect table/markdown
+    artifacts; the alias `best` of each compared registered model moves to its version with the best STS-B dev."""
     if not runs:
         raise ValueError(f"no finished, test-evaluated training runs match {json.dumps(selection)}")
     rows = build_comparison(runs)
@@ -178,10 +194,13 @@ def record_comparison(runs: list[RunRecord], selection: dict[str, Any]) -> Compa
     root = DataRoot(get_settings().data_root)
     write_comparison(root, comparison_id, [{**r, "comparison_id": comparison_id, "created": created} for r in rows],
                      params=selection)
-    run_id = log_comparison(comparison_id, selection, markdown, render_csv(tables), len(runs))
+    best_versions = set_best_alias([r.run_id for r in runs])
+    run_id = log_comparison(comparison_id, selection, markdown, render_csv(tables), len(runs), table=table_columns(tables),
+                            tags={f"cse.best.{name}": version for name, version in best_versions.items()})
     published_tables = {"sts": "STS vs published", "transfer": "transfer tasks vs published"}
     publish_artifacts(
         tables={f"comparison-{t}": (tables[t], f"comparison {comparison_id}: {what}")
                 for t, what in published_tables.items() if t in tables},
         markdown={"comparison": (markdown, f"comparison {comparison_id}")})
-    return ComparisonSummary(comparison_id=comparison_id, runs=len(runs), mlflow_run_id=run_id, markdown=markdown)
+    return ComparisonSummary(comparison_id=comparison_id, runs=len(runs), mlflow_run_id=run_id, markdown=markdown,
+                             best_versions=best_versions)

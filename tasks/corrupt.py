@@ -53,7 +53,7 @@ from storage.layout import DataRoot
 from storage.manifest import Manifest
 from storage.sharded import ShardDone, ShardedPlan
 from tasks.log import stage_logger
-from tracking.runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
+from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
 SCHEMA_VERSION = 1
 KIND = "corruption"
@@ -333,6 +333,7 @@ def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Ma
 
 
 def _log_to_run(run_id: str, plan: CorruptPlan, manifest: Manifest) -> None:
+    log_dataset_inputs(run_id, [(plan.source, CONTEXT_SOURCE)])  # the tokens dataset it corrupted
     stats = manifest.stats
     metrics = {"rows": manifest.rows, "cache_hit": float(plan.cached)}
     keys = ("sentences", "masked_ratio", "replaced_ratio", "replaced_of_masked")

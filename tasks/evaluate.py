@@ -27,7 +27,7 @@ from storage.layout import DataRoot
 from tasks.evaluate_common import EvalSummary, build_embedder
 from tasks.log import stage_logger
 from tracking.reporting import csv_table, markdown_table, publish_artifacts
-from tracking.runs import active_run_id, log_run_results, stage_run
+from tracking.runs import CONTEXT_EVAL, active_run_id, log_dataset_inputs, log_run_results, stage_run
 
 
 # ---------------------------------------------------------------- recording
@@ -175,6 +175,7 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
             tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir:
         t0 = time.perf_counter()
         sts = load_sts_input(config.sts, DataRoot(get_settings().data_root), get_settings().shared_data)
+        log_dataset_inputs(run.info.run_id, [(sts, CONTEXT_EVAL)])
         evaluator = Evaluator(sts.table, **config.evaluator_kwargs())
         device = pick_device(config.device)
         embedder, what = build_embedder(config, device, Path(workdir))

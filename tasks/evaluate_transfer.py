@@ -26,7 +26,7 @@ from storage.transfer import TransferInput, load_transfer_input
 from tasks.evaluate_common import EvalSummary, build_embedder
 from tasks.log import stage_logger
 from tracking.reporting import csv_table, markdown_table, publish_artifacts
-from tracking.runs import active_run_id, log_run_results, stage_run
+from tracking.runs import CONTEXT_EVAL, active_run_id, log_dataset_inputs, log_run_results, stage_run
 
 TRANSFER_COLUMNS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 
@@ -109,6 +109,7 @@ def run_transfer_evaluation(config: EvalConfig):
             tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir:
         t0 = time.perf_counter()
         source = load_transfer_input(config.transfer, DataRoot(get_settings().data_root), get_settings().shared_data)
+        log_dataset_inputs(run.info.run_id, [(source, CONTEXT_EVAL)])
         evaluator = TransferEvaluator(source.table, limit=config.transfer_limit)
         device = pick_device(config.device)
         embedder, what = build_embedder(config, device, Path(workdir))

@@ -1,4 +1,4 @@
-"""Ingestion: canonical sources (or a local copy) → Parquet datasets with manifests."""
+"""Ingestion: canonical sources (or a local copy, or Hugging Face datasets) → Parquet datasets with manifests."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from storage.catalog import refresh_catalog
 from storage.datasets import DatasetRef, write_dataset
 from storage.hashing import stable_hash
 from storage.layout import DataRoot
-from storage.readers import check_senteval_counts
-from storage.sources import read_source, resolve_source
-from tracking.runs import log_quarantine, log_run_results, stage_run
+from storage.sources import check_sts_counts, read_source, resolve_source
+from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_quarantine, log_run_results, stage_run
 
 SCHEMA_VERSION = 1
 PART_ROWS = 250_000
@@ -43,10 +42,12 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
     src_cfg = {"wiki1m": config.wiki, "nli": config.nli, "sts": config.senteval}[dataset]
     t0 = time.perf_counter()
     with stage_run("data", f"ingest-{dataset}", params={"dataset": dataset, "source": src_cfg.model_dump()}) as run:
-        src = resolve_source(root, dataset, src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries)
+        src = resolve_source(root, dataset, src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries,
+                             hf=src_cfg.hf)
         key = ingest_key(dataset, src.content_hash)
         log_run_results(run.info.run_id, tags={"dataset": dataset, "source_origin": src.origin,
                                                "source_location": src.location, "source_hash": src.content_hash, "key": key})
+        log_dataset_inputs(run.info.run_id, [(src, CONTEXT_SOURCE)])  # the raw source (file, folder, URL, HF datasets) + hash
         with root.building(dataset, key):  # concurrent flows ingest a source once
             manifest, quarantined = root.reuse(dataset, key, full=verify or config.verify)
             if quarantined is not None:
@@ -55,14 +56,14 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
             if not hit:
                 table, stats = read_source(src, strict=config.strict, max_line_chars=config.max_line_chars)
                 if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
-                    raise ValueError(f"{src.path}: {table.num_rows} rows, expected {exp}")
+                    raise ValueError(f"{src.where}: {table.num_rows} rows, expected {exp}")
                 if dataset == "sts" and config.senteval.expected_rows:
-                    check_senteval_counts(src.path, stats, config.senteval.expected_rows)
+                    check_sts_counts(src, stats, config.senteval.expected_rows)
                 if stats.empty:
-                    log.warning("%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.path, stats.empty)
+                    log.warning("%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.where, stats.empty)
                 for finding in _FINDINGS:
                     if n := stats.details.get(finding):
-                        log.warning("%s: %d x %s (first: %s)%s", src.path, n, finding, stats.examples[finding][0],
+                        log.warning("%s: %d x %s (first: %s)%s", src.where, n, finding, stats.examples[finding][0],
                                     "" if finding == "bom" else "; strict: true makes them errors")
                 parts = (table.slice(i, PART_ROWS) for i in range(0, max(table.num_rows, 1), PART_ROWS))
                 manifest = write_dataset(

@@ -34,7 +34,7 @@ from storage.layout import DataRoot
 from storage.manifest import Manifest
 from storage.sharded import ShardDone, ShardedPlan, build_shard, part_rows, publish_shards
 from tasks.log import stage_logger
-from tracking.runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
+from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
 SCHEMA_VERSION = 1
 
@@ -160,7 +160,8 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
     root = DataRoot(get_settings().data_root)
     t0 = time.perf_counter()
     params = {"source_kind": source.kind, "source_key": source.key, **config.model_dump()}
-    with stage_run("data", f"tokenize-{source.kind}", params=params):
+    with stage_run("data", f"tokenize-{source.kind}", params=params) as run:
+        log_dataset_inputs(run.info.run_id, [(source, CONTEXT_SOURCE)])
         tokenizer = load_tokenizer(config.tokenizer)
         tfp = tokenizer_fingerprint(tokenizer)
         key = tokens_key(source.content_hash, tfp, config.max_length)

@@ -29,8 +29,12 @@ from storage.runs import RunDir
 from tasks.distributed_train import WORKER_MODULE
 from tasks.log import stage_logger
 from tracking.runs import (
+    CONTEXT_CORRUPTION,
+    CONTEXT_EVAL,
+    CONTEXT_TRAIN,
     ResilientMetricLogger,
     git_commit,
+    log_dataset_inputs,
     log_run_results,
     prefect_flow_run_id,
     training_run,
@@ -73,7 +77,8 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
     from models.st_export import export_sentence_transformer
     from storage.evaluations import load_sts_input
     from tasks.evaluate import record_evaluation
-    from tracking.model_export import log_encoder_model
+    from tracking.model_card import CardFacts, write_model_card
+    from tracking.model_export import log_encoder_model, registered_model_name
 
     plog = stage_logger()
     root = DataRoot(get_settings().data_root)
@@ -113,6 +118,8 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
 
         with training_run(cfg.method, run_dir, f"{cfg.method}-{cfg.preset}", tags, cfg.model_dump(), cfg.system_metrics,
                           killed=(KeyboardInterrupt, TrainingInterrupted)) as run:
+            log_dataset_inputs(run.info.run_id, [(tokens, CONTEXT_TRAIN), *([(corruption, CONTEXT_CORRUPTION)] if corruption else []),
+                                                 *([(nli_tokens, CONTEXT_TRAIN)] if nli_tokens else []), (sts, CONTEXT_EVAL)])
             # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
             metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
             try:
@@ -143,6 +150,7 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
                     from tasks.evaluate_transfer import record_transfer_evaluation
 
                     transfer, source = train_job.transfer_evaluator(root.root)
+                    log_dataset_inputs(run.info.run_id, [(source, CONTEXT_EVAL)])
                     tres = transfer.run(best, classifier="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision,
                                         log=plog.info)
                     record_transfer_evaluation(tres, label=f"{cfg.method}-{cfg.preset}", source=source,
@@ -151,15 +159,42 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
                     test_metrics.update(tres.metrics())
             log_run_results(run.info.run_id, folders={"checkpoint": run_dir.best},
                             texts={"config.json": json.dumps(cfg.model_dump(), indent=2)})
-            log_encoder_model(run_dir.best)
+            logged = log_encoder_model(run_dir.best, registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
+                                       version_tags={k: tags[k] for k in ("method", "backbone", "preset", "tokens_hash", "corruption_hash")})
             export_sentence_transformer(run_dir.best, run_dir.export)
-            log_run_results(run.info.run_id, folders={"sentence-transformers": run_dir.export})
+            adapter = export_adapter(cfg.method, run_dir, plog)
+            facts = CardFacts.from_training(
+                cfg, test_metrics, tokens=tokens, corruption=corruption, nli_tokens=nli_tokens, run_id=run.info.run_id,
+                registered_name=logged.registered_name if logged.version else None, version=logged.version,
+                logged_model_uri=logged.model_uri, git_commit=tags["git_commit"], checkpoint=run_dir.best,
+                adapter=adapter, steps=result.steps, best_stsb_dev=result.best_score)
+            folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
+            if adapter is not None:
+                folders["peft-adapter"] = write_model_card(adapter.folder, facts).parent
+            log_run_results(run.info.run_id, folders=folders)
         plog.info("trained %d steps; best %s %.2f at step %s", result.steps,
                   "STS-B dev" if cfg.selection == "stsb" else "transfer dev average", result.best_score or float("nan"), result.best_step)
         out = TrainResult(run_id=run.info.run_id, run_dir=str(run_dir.path), best_checkpoint=str(run_dir.best), steps=result.steps,
                           best_stsb_dev=result.best_score, resumed_from=result.resumed_from, test_metrics=test_metrics)
         run_dir.set_result(out.model_dump())
         return out
+
+
+def export_adapter(method: str, run_dir: RunDir, logger):
+    """The best checkpoint of a prompt method as a PEFT prefix-tuning adapter (`models.peft_export`), or None.
+
+    Only prompt methods have one. A backbone PEFT cannot prefix (e.g. DistilBERT: no past key/values) or a feature it
+    cannot hold exactly is refused by the export with its reason, which is logged: the sentence-transformers export
+    and the MLflow model stand either way."""
+    from models.peft_export import PROMPT_METHODS, PeftExportError, export_peft_adapter
+
+    if method not in PROMPT_METHODS:
+        return None
+    try:
+        return export_peft_adapter(run_dir.best, run_dir.peft_adapter)
+    except PeftExportError as e:
+        logger.warning("no PEFT adapter for %s: %s", run_dir.path, e)
+        return None
 
 
 def finished_result(run_dir: RunDir) -> TrainResult | None:

@@ -131,11 +131,13 @@ def local_ingest_config(shared_data):
 # The end-to-end folders: flows through a Prefect server, the team stack, Dask, torchrun, damaged data roots.
 # `make test-fast` (pytest -m "not slow") leaves them out; `make test` runs everything.
 SLOW_FOLDERS = ("flows", "ops", "reliability")
+# Unit tests that live beside their package's slow tests but start nothing (no server, stack or subprocess).
+FAST_FILES = ("ops/test_cli_push.py",)
 
 
 def pytest_collection_modifyitems(config, items):
     tests_root = Path(__file__).parent
     for item in items:
         parts = Path(item.fspath).relative_to(tests_root).parts
-        if parts[0] in SLOW_FOLDERS:
+        if parts[0] in SLOW_FOLDERS and "/".join(parts) not in FAST_FILES:
             item.add_marker(pytest.mark.slow)

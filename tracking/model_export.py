@@ -1,14 +1,46 @@
-"""The trained encoder as an MLflow model: a pyfunc that maps sentences to embeddings."""
+"""The trained encoder as an MLflow model, registered in the model registry.
+
+`log_encoder_model` logs a checkpoint in the active run with the flavour a user of MLflow expects:
+- MLflow's native `sentence_transformers` flavour where a standard sentence-transformers pipeline computes our
+  embedding exactly: a fully trained encoder (every backbone tensor is in the checkpoint: SimCSE, DiffCSE) read by a
+  standard pooler (`cls_before_pooler` → Pooling CLS; `cls` → Pooling CLS + Dense with tanh from the trained MLP;
+  `avg` → Pooling mean). The pipeline is built from sentence-transformers' own modules (Transformer, Pooling, Dense)
+  and checked against the checkpoint's embeddings on the input example before it is logged; loading it needs
+  neither this package nor `trust_remote_code`.
+- else (deep prompts: D2CSE, DCPCSE; DiffAug's template and prefixes) the pyfunc `SentenceEmbeddingModel`, which
+  loads the checkpoint through this package.
+Either way the model has a signature (a column of strings → float32 vectors of the embedding size; param
+`batch_size`) and an input example, states its pip requirements (inferring them would load the model again in a
+subprocess), and becomes a version of the registered model `registered_model_name(method, backbone, preset)`.
+
+`set_best_alias` points the alias `best` of each registered model at the version with the best STS-B dev among
+an experiment's runs (flows/seeds.py, flows/sweep.py, tasks/compare.py).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+import tempfile
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import mlflow
 import numpy as np
+import pandas as pd
 import torch
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, DataType, ParamSchema, ParamSpec, Schema, TensorSpec
+
+log = logging.getLogger(__name__)
+
+INPUT_EXAMPLE = ["a man is playing a guitar .", "a woman is slicing an onion ."]
+BEST_ALIAS = "best"
+SELECTION_METRIC = "best_stsb_dev"  # the STS-B dev score each training run selected its checkpoint on
+_ATOL = 1e-5  # a standard pipeline must reproduce the checkpoint's embeddings this closely to replace the pyfunc
 
 
 class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
@@ -23,7 +55,10 @@ class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
         self.tokenizer = getattr(self.encoder, "tokenizer", None) or load_tokenizer(
             json.loads((ckpt / "cse_model.json").read_text())["backbone"])
 
-    def predict(self, context, model_input: list[str], params: dict | None = None) -> np.ndarray:
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> np.ndarray:
+        """`model_input`: the signature's column of sentences (MLflow passes a DataFrame; a list also works)."""
+        if isinstance(model_input, (pd.DataFrame, pd.Series)):
+            model_input = (model_input.iloc[:, 0] if model_input.ndim == 2 else model_input).tolist()
         sentences = [str(s) for s in model_input]
         batch_size = int((params or {}).get("batch_size", 64))
         out = []
@@ -37,18 +72,177 @@ class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
 # What loading the model needs, pinned to the versions that logged it. Stated, not inferred: MLflow's inference
 # loads the model again in a subprocess (seconds per training run) and finds the same packages.
 REQUIREMENTS = ("torch", "transformers", "safetensors", "numpy", "mlflow")
+ST_REQUIREMENTS = ("sentence-transformers", "torch", "transformers", "safetensors", "numpy", "mlflow")
 
 
-def pip_requirements() -> list[str]:
-    return [f"{name}=={metadata.version(name)}" for name in REQUIREMENTS]
+def pip_requirements(names: tuple[str, ...] = REQUIREMENTS) -> list[str]:
+    return [f"{name}=={metadata.version(name)}" for name in names]
 
 
-def log_encoder_model(checkpoint_dir: str | Path, name: str = "model"):
-    """Log the checkpoint as an MLflow pyfunc model in the active run."""
-    return mlflow.pyfunc.log_model(
-        name=name,
-        python_model=SentenceEmbeddingModel(),
-        artifacts={"checkpoint": str(checkpoint_dir)},
-        input_example=["a man is playing a guitar ."],
-        pip_requirements=pip_requirements(),
-    )
+def embedding_signature(dim: int | None) -> ModelSignature:
+    """A column of sentences → one float32 vector of `dim` per sentence (None: any size); param `batch_size`
+    (default 64)."""
+    return ModelSignature(inputs=Schema([ColSpec(DataType.string)]),
+                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, int(dim) if dim else -1))]),
+                          params=ParamSchema([ParamSpec("batch_size", DataType.long, 64)]))
+
+
+# ------------------------------------------------------------------------------------------------ registry names
+_ILLEGAL = re.compile(r"[^A-Za-z0-9._-]+")
+_MAX_NAME = 256  # the registry's name column
+
+
+def backbone_label(backbone: str) -> str:
+    """The backbone as a registered-model name part: a local folder → its last folder name, `packaged:<name>` →
+    `<name>`, a hub id `org/name` → `org-name`; characters other than letters, digits, `.`, `_`, `-` become `-`."""
+    text = backbone.strip().rstrip("/\\")
+    if ":" in text and not text.startswith(("/", ".", "~")):
+        text = text.split(":", 1)[1]
+    path = Path(text).expanduser()
+    if text.startswith(("/", "./", "../", "~")) or path.is_dir():
+        text = path.name
+    return _ILLEGAL.sub("-", text).strip("-.") or "backbone"
+
+
+def registered_model_name(method: str, backbone: str, setting: str) -> str:
+    """`cse-<method>-<backbone>-<setting>` (setting = the preset), legal in MLflow's registry (no `/` or `:`)."""
+    parts = [_ILLEGAL.sub("-", p).strip("-") for p in (method, backbone_label(backbone), setting)]
+    if not all(parts):
+        raise ValueError(f"cannot name a registered model from method {method!r}, backbone {backbone!r}, "
+                         f"setting {setting!r}: a part is empty")
+    return "-".join(["cse", *parts])[:_MAX_NAME]
+
+
+# ------------------------------------------------------------------------------------------------ the standard pipeline
+_POOLING_MODES = {"cls_before_pooler": "cls", "cls": "cls", "avg": "mean"}
+
+
+def _embed(model, sentences: list[str]) -> np.ndarray:
+    enc = model.tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        return model.embed(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids")).float().numpy()
+
+
+def standard_sentence_transformer(checkpoint_dir: str | Path, workdir: str | Path):
+    """A sentence-transformers model of standard modules that computes the checkpoint's embedding, or None.
+
+    Returns `(model or None, reason)`. The backbone is written (`save_pretrained`, with its tokenizer) under `workdir`,
+    which must outlive the model until it is saved. Only a checkpoint whose pooler is standard (`cls_before_pooler`,
+    `cls`, `avg`) and which holds every backbone tensor (a fully trained encoder) is tried; the pipeline must then
+    reproduce the checkpoint's embeddings of `INPUT_EXAMPLE` within 1e-5."""
+    from models.checkpoint import load_checkpoint, read_checkpoint_meta
+
+    meta = read_checkpoint_meta(checkpoint_dir)
+    pooler = meta.get("pooler")
+    if pooler not in _POOLING_MODES:
+        return None, f"pooler {pooler!r} has no sentence-transformers equivalent"
+    model = load_checkpoint(checkpoint_dir, device="cpu")
+    backbone = model.backbone
+    prefix = next(name for name, module in model.named_modules() if module is backbone)
+    saved = set(meta.get("tensors", ()))
+    if not saved >= {f"{prefix}.{k}" for k in backbone.state_dict()}:
+        return None, f"{meta['method']} keeps its backbone frozen (prompts or prefixes carry the training)"
+    if not hasattr(backbone, "save_pretrained"):
+        return None, f"the backbone is a {type(backbone).__name__}, not a transformers model"
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
+
+    hf_dir = Path(workdir) / "backbone"
+    backbone.save_pretrained(hf_dir)
+    model.tokenizer.save_pretrained(hf_dir)
+    dim = int(backbone.config.hidden_size)
+    modules = [Transformer(str(hf_dir)), Pooling(dim, pooling_mode=_POOLING_MODES[pooler])]
+    if pooler == "cls":  # SimCSE's `cls` pooler: CLS → Linear(d, d) + tanh, the trained MLP
+        dense = getattr(getattr(model, "mlp", None), "dense", None)
+        if not isinstance(dense, torch.nn.Linear):
+            return None, f"pooler 'cls' of {meta['method']} has no Linear+tanh MLP (`mlp.dense`)"
+        modules.append(Dense(dim, dense.out_features, activation_function=torch.nn.Tanh(),
+                             init_weight=dense.weight.detach().clone(), init_bias=dense.bias.detach().clone()))
+    st = SentenceTransformer(modules=modules, device="cpu")
+    # what it was fine-tuned from (MLflow records it as the flavour's `source_model_name`), not the temporary folder
+    modules[0].auto_model.name_or_path = modules[0].auto_model.config._name_or_path = str(meta["backbone"])
+    expected = _embed(model, INPUT_EXAMPLE)
+    found = st.encode(INPUT_EXAMPLE, convert_to_numpy=True)
+    if found.shape != expected.shape or not np.allclose(found, expected, atol=_ATOL, rtol=0):
+        gap = float(np.abs(found - expected).max()) if found.shape == expected.shape else float("inf")
+        return None, f"the standard pipeline differs from the checkpoint's embedding (max |diff| {gap:.2e})"
+    return st, f"{meta['method']}: fully trained encoder with pooler {pooler!r}"
+
+
+# ------------------------------------------------------------------------------------------------ logging
+@dataclass(frozen=True)
+class LoggedEncoder:
+    """What `log_encoder_model` logged: the flavour (`sentence_transformers` or `python_function`) and why, the
+    model's URI (`models:/<model id>`), and the registered name and version (None when registration failed)."""
+
+    flavor: str
+    reason: str
+    model_uri: str
+    registered_name: str | None = None
+    version: str | None = None
+
+    @property
+    def registry_uri(self) -> str | None:
+        """`models:/<name>/<version>`, or None when the model is not registered."""
+        return f"models:/{self.registered_name}/{self.version}" if self.version is not None else None
+
+
+def log_encoder_model(checkpoint_dir: str | Path, name: str = "model", registered_name: str | None = None,
+                      version_tags: dict[str, str] | None = None) -> LoggedEncoder:
+    """Log the checkpoint as an MLflow model in the active run (the flavour: see the module docstring), and register
+    it as a new version of `registered_name` (with `version_tags`) when given. A registry that refuses the version
+    leaves the logged model in place: a warning and the run tag `cse.registry_error` say why."""
+    from models.checkpoint import read_checkpoint_meta
+
+    meta = read_checkpoint_meta(checkpoint_dir)
+    signature = embedding_signature(meta.get("embedding_dim"))
+    with tempfile.TemporaryDirectory(prefix="cse-st-") as workdir:
+        st, reason = standard_sentence_transformer(checkpoint_dir, workdir)
+        if st is not None:
+            info = mlflow.sentence_transformers.log_model(st, name=name, signature=signature, input_example=INPUT_EXAMPLE,
+                                                          pip_requirements=pip_requirements(ST_REQUIREMENTS))
+            flavor = "sentence_transformers"
+        else:
+            info = mlflow.pyfunc.log_model(name=name, python_model=SentenceEmbeddingModel(),
+                                           artifacts={"checkpoint": str(checkpoint_dir)}, signature=signature,
+                                           input_example=INPUT_EXAMPLE, pip_requirements=pip_requirements())
+            flavor = "python_function"
+    log.info("logged the %s model as %s (%s)", meta.get("method"), flavor, reason)
+    run = mlflow.active_run()
+    mlflow.set_tags({"cse.model_flavor": flavor, "cse.model_flavor_reason": reason[:5000]})
+    if registered_name is None:
+        return LoggedEncoder(flavor, reason, info.model_uri)
+    tags = {"flavor": flavor, **(version_tags or {})}
+    try:
+        version = mlflow.register_model(info.model_uri, registered_name, tags=tags)
+    except MlflowException as e:
+        log.warning("model of run %s logged (%s) but not registered as %s: %s", run.info.run_id, info.model_uri,
+                    registered_name, e)
+        mlflow.set_tag("cse.registry_error", str(e)[:5000])
+        return LoggedEncoder(flavor, reason, info.model_uri, registered_name)
+    mlflow.set_tags({"cse.registered_model": registered_name, "cse.model_version": str(version.version)})
+    return LoggedEncoder(flavor, reason, info.model_uri, registered_name, str(version.version))
+
+
+# ------------------------------------------------------------------------------------------------ the `best` alias
+def set_best_alias(run_ids: list[str], metric: str = SELECTION_METRIC, alias: str = BEST_ALIAS) -> dict[str, str]:
+    """Point `alias` of every registered model that holds a version of one of `run_ids` at its version with the
+    highest `metric` (the runs' STS-B dev selection score). Runs without the metric or without a registered version
+    are skipped. Returns {registered model name: version}; {} when none qualifies."""
+    from tracking.runs import configure_mlflow
+
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    best: dict[str, tuple[float, str]] = {}
+    for run_id in dict.fromkeys(r for r in run_ids if r):
+        score = client.get_run(run_id).data.metrics.get(metric)
+        if score is None:
+            continue
+        for mv in client.search_model_versions(f"run_id = '{run_id}'"):
+            if mv.name not in best or score > best[mv.name][0]:
+                best[mv.name] = (score, str(mv.version))
+    for model_name, (score, version) in best.items():
+        client.set_registered_model_alias(model_name, alias, version)
+        log.info("alias %s of %s → version %s (%s %.2f)", alias, model_name, version, metric, score)
+    return {n: v for n, (_, v) in best.items()}

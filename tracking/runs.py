@@ -17,7 +17,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,10 @@ from typing import Any
 import mlflow
 import requests
 import urllib3
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset as DatasetEntity
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from mlflow.utils.validation import (
     MAX_ENTITIES_PER_BATCH,
     MAX_METRICS_PER_BATCH,
@@ -44,6 +46,7 @@ from storage.spool import (
     read_records,
     replace_records,
 )
+from tracking.datasets import as_datasets
 
 log = logging.getLogger(__name__)
 
@@ -465,6 +468,73 @@ def log_dataset_metrics(metrics: Mapping[str, float], run_id: str | None = None,
     mlflow.log_metrics(dict(metrics), step=step, run_id=run_id)
 
 
+# --- dataset inputs (lineage: the "Datasets used" of a run in the MLflow UI) ---
+# The `mlflow.data.context` input tag: how a run used a dataset (MLflow's autologging says "train" / "eval").
+CONTEXT_SOURCE = "source"  # what a data stage reads and transforms (ingest: the raw file; tokenise, corrupt: a dataset)
+CONTEXT_TRAIN = "train"  # the training rows (tokens; DiffAug's NLI tokens)
+CONTEXT_CORRUPTION = "corruption"  # the corrupted views a D2CSE / DiffCSE job reads beside its tokens
+CONTEXT_EVAL = "eval"  # evaluation data (STS: dev selection and test; SentEval transfer tasks)
+
+
+def log_dataset_inputs(run_id: str | None, inputs: Iterable[tuple[Any, str]],
+                       tags: Mapping[str, str] | None = None) -> list[DatasetInput]:
+    """Log what run `run_id` (default: the active run) read as MLflow dataset inputs, each with its context
+    (`CONTEXT_*`, the input tag `mlflow.data.context`) and `tags` (extra input tags). An input is anything
+    `tracking.datasets.as_datasets` takes: a `DatasetRef` or `Manifest` (Parquet-backed, digest = the content hash,
+    source = the dataset folder, schema and row count), a resolved ingestion source (path or URL + sha256; an HF
+    source: one input per HF dataset), an STS/transfer evaluation input, or an `mlflow.data` Dataset. All go in one
+    `MlflowClient.log_inputs` request (what `mlflow.log_input` sends for one dataset of the active run); an input the
+    run already has (a resumed job logs its inputs again) is not added twice. Returns the inputs logged."""
+    if run_id is None:
+        run_id = active_run_id()
+        if run_id is None:
+            raise RuntimeError("log_dataset_inputs needs a run: pass run_id or call it inside an active MLflow run")
+    else:
+        configure_mlflow()
+    entries = []
+    for item, context in inputs:
+        input_tags = [InputTag(MLFLOW_DATASET_CONTEXT, context), *(InputTag(k, str(v)) for k, v in (tags or {}).items())]
+        entries += [DatasetInput(DatasetEntity(**dataset.to_dict()), tags=input_tags) for dataset in as_datasets(item)]
+    if entries:
+        _log_inputs_racing_others(run_id, entries)
+    return entries
+
+
+_DUPLICATE_DATASET = ("unique constraint", "duplicate key")  # PostgreSQL / SQLite wording of the race below
+
+
+def _log_inputs_racing_others(run_id: str, entries: list[DatasetInput], attempts: int = 4) -> None:
+    """`log_inputs`, tolerating another run that registers the same dataset at the same moment.
+
+    A dataset is stored once per experiment: the SQL store looks it up and inserts it when missing, so two jobs that
+    read the same dataset and log at the same moment (a sweep's children on two workers) can both try the insert and
+    the second fails with a unique-key violation (seen in the team-stack test on PostgreSQL). The dataset then exists,
+    so the same request again succeeds; any other error is raised at once."""
+    client = mlflow.MlflowClient()
+    for attempt in range(attempts):
+        try:
+            client.log_inputs(run_id, datasets=entries)
+            return
+        except MlflowException as e:
+            if attempt == attempts - 1 or not any(w in str(e).lower() for w in _DUPLICATE_DATASET):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+def run_dataset_inputs(run_id: str) -> list[dict[str, Any]]:
+    """The dataset inputs of run `run_id` as plain dicts (name, digest, source_type, source, schema, profile, context
+    and the other input tags), in the order the store returns them."""
+    configure_mlflow()
+    out = []
+    for di in mlflow.get_run(run_id).inputs.dataset_inputs:
+        d = di.dataset
+        tags = {t.key: t.value for t in di.tags}
+        out.append({"name": d.name, "digest": d.digest, "source_type": d.source_type, "source": d.source,
+                    "schema": d.schema, "profile": d.profile, "context": tags.pop(MLFLOW_DATASET_CONTEXT, None),
+                    "tags": tags})
+    return out
+
+
 # --- evaluation, comparison and group runs ---
 def active_run_id() -> str | None:
     """The id of the MLflow run active in this thread (a stage's or a training job's), None outside one."""
@@ -533,15 +603,22 @@ def start_group_run(experiment_id: str, run_name: str, tags: Mapping[str, str], 
     return run.info.run_id
 
 
-def log_comparison(comparison_id: str, selection: Mapping[str, Any], markdown: str, csv_text: str, runs: int) -> str:
-    """A run of experiment `compare` for one comparison: `selection.json`, `comparison.md`, `comparison.csv` and
-    the metric `runs` (how many training runs it compares). Returns its id."""
+COMPARISON_TABLE = "comparison_table.json"  # the `compare` run's MLflow table (mlflow.log_table)
+
+
+def log_comparison(comparison_id: str, selection: Mapping[str, Any], markdown: str, csv_text: str, runs: int,
+                   table: Mapping[str, list[Any]] | None = None, tags: Mapping[str, str] | None = None) -> str:
+    """A run of experiment `compare` for one comparison: `selection.json`, `comparison.md`, `comparison.csv`, the
+    metric `runs` (how many training runs it compares), `tags`, and `table` (column name → values, the CSV's rows) as
+    the MLflow table `comparison_table.json` (`mlflow.log_table`: the UI shows it as a table). Returns its id."""
     exp_id = ensure_experiment("compare")
     with mlflow.start_run(experiment_id=exp_id, run_name=f"compare-{comparison_id[:6]}",
-                          tags={"cse.comparison_id": comparison_id}) as run:
+                          tags={"cse.comparison_id": comparison_id, **(tags or {})}) as run:
         mlflow.log_dict(dict(selection), "selection.json")
         mlflow.log_text(markdown, "comparison.md")
         mlflow.log_text(csv_text, "comparison.csv")
+        if table:
+            mlflow.log_table(data={k: list(v) for k, v in table.items()}, artifact_file=COMPARISON_TABLE)
         mlflow.log_metric("runs", runs)
     return run.info.run_id
 

@@ -15,7 +15,7 @@ import torch
 
 from config.training import required_variants
 from models.batching import TrainBatch, pad_sequences
-from storage.training_data import CorruptionRows, TokenRows
+from storage.training_data import CorruptionRows, TokenRows, take_rows
 
 
 class TrainingRows:
@@ -49,7 +49,9 @@ class TrainingRows:
         return f"{have} variants cycled over {needed} view-epochs"
 
     def batch(self, rows: np.ndarray, epoch: int) -> TrainBatch:
-        views_ids = [[self.tokens.seqs[col][i] for i in rows] for col in self.view_columns]
+        """Rows `rows` of epoch `epoch`, padded to their longest view; the ids are taken from the (memory-mapped) row
+        sequences one batch at a time, never all at once."""
+        views_ids = [take_rows(self.tokens.seqs[col], rows) for col in self.view_columns]
         length = max(len(s) for view in views_ids for s in view)
         ids, mask = zip(*(pad_sequences(view, self.pad_id, length) for view in views_ids))
         if self.corruption is None:
@@ -57,8 +59,8 @@ class TrainingRows:
         cor, lab = [], []
         for v, col in enumerate(self.view_columns):
             var = self.variant(epoch, v)
-            cor.append(pad_sequences([self.corruption.corrupted[(col, var)][i] for i in rows], self.pad_id, length)[0])
-            lab.append(pad_sequences([self.corruption.labels[(col, var)][i] for i in rows], 0, length)[0])
+            cor.append(pad_sequences(take_rows(self.corruption.corrupted[(col, var)], rows), self.pad_id, length)[0])
+            lab.append(pad_sequences(take_rows(self.corruption.labels[(col, var)], rows), 0, length)[0])
         return TrainBatch(torch.stack(ids, 1), torch.stack(mask, 1), torch.stack(cor, 1), torch.stack(lab, 1))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -200,6 +201,9 @@ def test_transfer_evaluation_end_to_end(shared_data, tiny_bert_dir, isolated_hom
     assert "| MR | CR | SUBJ | MPQA | SST | TREC | MRPC | Avg. |" in summary.table_row
     run = mlflow.get_run(summary.mlflow_run_id)
     assert run.data.metrics["transfer_avg"] == summary.metrics["transfer_avg"] and "mrpc_f1" in run.data.metrics
+    [used] = run.inputs.dataset_inputs  # the SentEval folder it read, with its rows and content hash
+    assert used.dataset.name == "transfer-source/downstream" and json.loads(used.dataset.profile)["num_rows"] > 0
+    assert run.data.tags["transfer_hash"].startswith(used.dataset.digest)
     rows = query(DataRoot(get_settings().data_root), "SELECT mode, mr, transfer_avg, stsb FROM evaluations")
     assert rows.iloc[0]["mode"] == "transfer" and rows.iloc[0]["transfer_avg"] == summary.metrics["transfer_avg"]
     assert rows.iloc[0]["stsb"] is None or np.isnan(rows.iloc[0]["stsb"])

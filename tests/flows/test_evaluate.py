@@ -80,6 +80,8 @@ def test_dev_mode_from_an_ingested_dataset(prefect_harness, shared_data, tiny_be
     assert set(k for k in summary.metrics if "pearson" not in k and not k.startswith("eval_")) == {"stsb_dev", "sickr_dev"}
     [run] = _runs()
     assert run.info.status == "FINISHED" and run.data.tags["sts_source"] == "dataset:sts-key-1"
+    [used] = run.inputs.dataset_inputs  # the ingested dataset, as the run's MLflow input
+    assert (used.dataset.name, [(t.key, t.value) for t in used.tags]) == ("sts/sts-key-1", [("mlflow.data.context", "eval")])
     assert _artifacts(run.info.run_id, "plots") == set()
     row = query(root, "SELECT mode, stsb_dev, sts12, sts_source FROM evaluations").iloc[0]
     assert row["mode"] == "dev" and row.stsb_dev == pytest.approx(summary.metrics["stsb_dev"]) and row.sts12 != row.sts12  # NaN

@@ -19,6 +19,7 @@ from flows.seeds import seeds
 from flows.sweep import fine_grid, grid_children, sweep
 from storage.catalog import query
 from storage.layout import DataRoot
+from tasks.compare import select_runs
 from tracking.runs import configure_mlflow
 
 
@@ -60,7 +61,7 @@ def test_sweep_grids():
         fine_grid([(0.02, 70.0)], 0.005)
 
 
-def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny):
+def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
     rows = ablate_d2cse("smoke", tiny, variants=["a", "d"], cls_prompt=[False], dispatch="inline")
     assert [(r["variant"], r["cls"]) for r in rows] == [("a", "static-cls"), ("d", "static-cls")]
     assert all(r["state"] == "COMPLETED" and r["sts_avg"] is not None for r in rows)
@@ -81,6 +82,10 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny):
     assert by_metric["sts_avg"]["n"] == 2 and by_metric["sts_avg"]["mean"] == pytest.approx(statistics.fmean(seed_avgs))
     assert by_metric["sts_avg"]["std"] == pytest.approx(statistics.stdev(seed_avgs))
     assert set(by_metric) >= {"sts12", "sickr", "sts_avg", "best_stsb_dev"}
+    client = mlflow.MlflowClient()
+    model = f"cse-d2cse-{tiny_bert_dir.name}-smoke"  # every child registered a version of it (ablation cells too)
+    best_seed = max((r for r in seed_runs if "cse.child" in r.data.tags), key=lambda r: r.data.metrics["best_stsb_dev"])
+    assert client.get_model_version_by_alias(model, "best").run_id == best_seed.info.run_id  # best STS-B dev of the seeds
 
     out = sweep("d2cse", "smoke", strategy="lr-two-step", coarse=[0.01, 0.03], fine_step=0.01,
                 overrides={**tiny, "test_evaluation": False}, dispatch="inline")
@@ -88,6 +93,8 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny):
     assert stages == ["coarse", "coarse", "fine"] and out["children"][2]["child"] == "fine:learning_rate=0.02"
     assert out["best"]["best_stsb_dev"] == max(r["best_stsb_dev"] for r in out["children"])
     assert all("sts_avg" not in mlflow.get_run(r["run_id"]).data.metrics for r in out["children"])  # dev only
+    assert client.get_model_version_by_alias(model, "best").run_id == out["best"]["run_id"]  # the selected child
+    assert out["best_versions"] == {model: str(client.get_model_version_by_alias(model, "best").version)}
 
     result = compare(methods=["d2cse"])
     assert result.runs == 4  # 2 ablation cells + 2 seeds (sweep children have no test scores)
@@ -100,4 +107,7 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny):
     ours = query(root, "select value from comparisons where row_kind = 'run' and metric = 'sts_avg' limit 1")["value"][0]
     assert diff == pytest.approx(ours - 79.02, abs=1e-3)
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(result.mlflow_run_id)}
-    assert {"comparison.md", "comparison.csv", "selection.json"} <= artifacts
+    assert {"comparison.md", "comparison.csv", "selection.json", "comparison_table.json"} <= artifacts
+    best_compared = max(select_runs(methods=["d2cse"]), key=lambda r: r.metrics["best_stsb_dev"])
+    assert client.get_model_version_by_alias(model, "best").run_id == best_compared.run_id
+    assert mlflow.get_run(result.mlflow_run_id).data.tags[f"cse.best.{model}"] == result.best_versions[model]

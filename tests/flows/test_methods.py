@@ -84,6 +84,8 @@ def test_smoke_flow_of_each_method(prefect_harness, tiny_overrides, method):
     assert int(run.data.params["trainable_parameters"]) > 0
     assert (run.data.tags["corruption_hash"] != "none") == (method == "diffcse")
     assert ("nli_tokens_hash" in run.data.tags) == (method == "diffaug")
+    # a fully trained encoder with a CLS pooler is MLflow's native sentence_transformers model; prompts stay a pyfunc
+    assert run.data.tags["cse.model_flavor"] == ("sentence_transformers" if method in ("simcse", "diffcse") else "python_function")
     for term in LOSS_TERMS[method]:
         assert np.isfinite(client.get_metric_history(result.run_id, term)[-1].value), term
     if method == "diffaug":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pytest
@@ -24,7 +27,7 @@ def overrides(tiny_bert_dir, shared_data):
     }
 
 
-def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides):
+def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, tiny_bert_dir):
     result = train_d2cse("smoke", overrides)
     assert result.steps == 8 and result.resumed_from is None
     configure_mlflow()
@@ -51,10 +54,46 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides):
     pyfunc = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model")
     np.testing.assert_allclose(pyfunc.predict(sentences), expected, atol=1e-5)
 
+    # lineage: the run's input datasets, as `mlflow.search_runs` returns them (the UI's "Datasets used")
+    [found] = mlflow.search_runs(experiment_names=["d2cse"], output_format="list")
+    inputs = {i.dataset.name.split("/")[0]: i for i in found.inputs.dataset_inputs}
+    assert {kind: {t.key: t.value for t in i.tags}["mlflow.data.context"] for kind, i in inputs.items()} == {
+        "tokens": "train", "corruption": "corruption", "sts": "eval"}
+    assert inputs["tokens"].dataset.digest == run.data.tags["tokens_hash"][:36]
+    assert inputs["corruption"].dataset.digest == run.data.tags["corruption_hash"][:36]
+    corruption_source = json.loads(inputs["corruption"].dataset.source)["uri"]
+    assert corruption_source.endswith(f"/datasets/{inputs['corruption'].dataset.name}")
+    assert json.loads(inputs["tokens"].dataset.profile)["num_rows"] > 0
+    data_runs = {r.info.run_name: r for r in mlflow.search_runs(experiment_names=["data"], output_format="list")}
+    [wiki_source] = data_runs["ingest-wiki1m"].inputs.dataset_inputs  # the raw file, by its sha256
+    assert wiki_source.dataset.name == "wiki1m-source/wiki1m_head.txt"
+    assert wiki_source.dataset.digest == data_runs["ingest-wiki1m"].data.tags["source_hash"][:36]
+    [corrupted] = data_runs["corrupt"].inputs.dataset_inputs  # the tokens the corruption stage read ...
+    assert corrupted.dataset.digest == inputs["tokens"].dataset.digest  # ... are the training run's tokens
+    # the model: pyfunc (D2CSE's prompts need this package), registered as a version of cse-<method>-<backbone>-<preset>
+    assert run.data.tags["cse.model_flavor"] == "python_function"
+    [version] = client.search_model_versions(f"run_id = '{result.run_id}'")
+    assert version.name == f"cse-d2cse-{tiny_bert_dir.name}-smoke" and version.tags["preset"] == "smoke"
+    registered = mlflow.pyfunc.load_model(f"models:/{version.name}/{version.version}")
+    np.testing.assert_allclose(registered.predict(sentences), expected, atol=1e-5)
+
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(result.run_dir) + "/export", trust_remote_code=True, device="cpu")
     np.testing.assert_allclose(st.encode(sentences), expected, atol=1e-5)
+
+    # the PEFT adapter, loaded with transformers + peft only (its own peft_embed.py), gives the same embeddings
+    adapter = Path(result.run_dir) / "peft-adapter"
+    from models.peft_loader import embed_sentences, load_prefix_encoder
+
+    peft_model, peft_tokenizer, spec = load_prefix_encoder(adapter)
+    np.testing.assert_allclose(embed_sentences(peft_model, peft_tokenizer, spec, sentences).numpy(), expected, atol=1e-5)
+    assert {"peft-adapter", "sentence-transformers"} <= {a.path for a in client.list_artifacts(result.run_id)}
+    # both exports carry the model card: the commit, the data hashes, the registered model's URI
+    for folder in (Path(result.run_dir) / "export", adapter):
+        card = (folder / "README.md").read_text()
+        assert run.data.tags["git_commit"] in card and run.data.tags["corruption_hash"] in card
+        assert f"models:/{version.name}/{version.version}" in card
 
 
 def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):

@@ -48,7 +48,7 @@ WORKERS = ("cse-team-w1", "cse-team-w2")
 GPU_SETS = ("0", "1,2")  # CSE_WORKER_GPUS: one GPU for the first worker, two for the second
 RESERVED_PORTS = {4200, 5000}  # another Prefect / MLflow may use the defaults on this machine
 GRID = [0.01, 0.02, 0.03, 0.04]  # four children
-KILL_JOB_STEPS = 1500  # the training job whose worker is killed (checkpoint every 10 steps)
+KILL_JOB_STEPS = 300  # the training job whose worker is killed (checkpoint every 10 steps; killed at the first)
 UP_TIMEOUT, SWEEP_TIMEOUT = 300, 480
 
 
@@ -247,6 +247,7 @@ def team_env(tmp_path, tiny_bert_dir, shared_data):
         "CSE_MLFLOW_WORKERS": "1", "CSE_WORKER_NAMES": " ".join(WORKERS), "CSE_WORKER_LIMIT": "2",
         "CSE_WORKER_GPUS": " ".join(GPU_SETS),
         "CSE_SOURCE_MIRROR": "", "CSE_START_TIMEOUT": "240",
+        "CSE_MISSED_HEARTBEATS": "2",  # the killed worker's run is CRASHED after 60 s without a heartbeat (default 90 s)
         "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
         "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
         "PREFECT_WORKER_QUERY_SECONDS": "3",
@@ -331,7 +332,9 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         parent = parents[0]
         kids = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
         assert sorted(k.data.tags["cse.child"] for k in kids) == sorted(f"learning_rate={lr}" for lr in GRID)
-        assert all(k.info.status == "FINISHED" and "best_stsb_dev" in k.data.metrics for k in kids)
+        assert all(k.info.status == "FINISHED" and "best_stsb_dev" in k.data.metrics for k in kids), \
+            [(k.data.tags.get("cse.child"), k.info.status, sorted(k.data.metrics), k.data.tags.get("cse.registry_error"))
+             for k in kids] + [tail]
         # no child was trained twice, in particular none that had finished before the restart
         trained = {k.data.tags["cse.child"]: len(client.get_metric_history(k.info.run_id, "train_seconds")) for k in kids}
         assert set(trained.values()) == {1}, (trained, restart.completed_before)

@@ -171,6 +171,11 @@ def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     assert mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/selection.json") == {"experiments": ["simcse"]}
     csv_text = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/comparison.csv")
     assert csv_text.startswith("table,label,row,") and ",a,run," in csv_text
+    table = mlflow.MlflowClient().load_table(run.info.experiment_id, "comparison_table.json",  # an MLflow table of
+                                             run_ids=[run.info.run_id])  # the CSV's rows
+    assert list(table.columns[:3]) == ["table", "label", "row"] and len(table) == len(csv_text.splitlines()) - 1
+    assert table.loc[(table["label"] == "a") & (table["row"] == "run") & (table["table"] == "sts"), "sts_avg"].tolist() == [71.5]
+    assert summary.best_versions == {}  # these runs logged no model: no registry alias to move
     rows = query(DataRoot(get_settings().data_root), "SELECT DISTINCT label FROM comparisons ORDER BY label")
     assert list(rows["label"]) == ["a", "b"]
     with pytest.raises(ValueError, match="no finished, test-evaluated training runs"):

@@ -67,3 +67,113 @@ def test_reuse_description_follows_the_variants_available():
     plain = TrainingRows(TokenRows(ids=np.arange(2), seqs={"text": [np.array([1, 2])] * 2}), None, False, pad_id=0)
     assert plain.reuse_description(epochs=2) == "no corruption (method does not read it)"
     assert plain.batch(np.arange(2), 0).corrupted_ids is None
+
+
+# ------------------------------------------------------------ memory-mapped rows: the same batches as before
+
+
+def _datasets(root, n: int = 40, variants: int = 3, columns=("text",), corrupt_from_other: bool = False):
+    """A tokens and a corruption dataset in the stages' long form, rows shuffled and split over several parts."""
+    import pyarrow as pa
+
+    from storage import schemas
+    from storage.datasets import write_dataset
+
+    rng = np.random.default_rng(0)
+    seqs = {(c, i): [101, *rng.integers(1000, 2000, rng.integers(1, 12)).tolist(), 102] for c in columns for i in range(n)}
+    tok = [{"id": i, "column": c, "input_ids": s, "length": len(s)} for (c, i), s in seqs.items()]
+    cor = []
+    for (c, i), s in seqs.items():
+        for v in range(variants):
+            x = np.array(s)
+            mask = rng.random(len(s)) < 0.3
+            x[mask] = rng.integers(1000, 2000, mask.sum())
+            original = [s[0] + 1, *s[1:]] if corrupt_from_other else s
+            cor.append({"id": i, "column": c, "variant": v, "input_ids": original, "corrupted_ids": x.tolist(),
+                        "labels": (x != np.array(s)).astype(np.int8).tolist(), "n_masked": int(mask.sum()),
+                        "n_replaced": int((x != np.array(s)).sum())})
+    tok = [tok[j] for j in rng.permutation(len(tok))]
+    cor = [cor[j] for j in rng.permutation(len(cor))]
+    parts = lambda rows, schema: [pa.Table.from_pylist(rows[k:k + 25], schema=schema) for k in range(0, len(rows), 25)]  # noqa: E731
+    write_dataset(root, "tokens", "t", parts(tok, schemas.TOKENS), schemas.TOKENS)
+    write_dataset(root, "corruption", "c", parts(cor, schemas.CORRUPTION), schemas.CORRUPTION)
+
+
+def _materialised(root, columns, limit=None) -> tuple[TokenRows, CorruptionRows]:
+    """The rows as the loaders built them before they were memory-mapped: every column and variant read from the
+    Parquet parts into int64 numpy arrays."""
+    import pyarrow.compute as pc
+
+    from storage.datasets import read_dataset
+
+    def lists(col):
+        return [np.asarray(x, dtype=np.int64) for x in col.to_pylist()]
+
+    tokens = read_dataset(root, "tokens", "t")
+    seqs, ids = {}, None
+    for c in columns:
+        part = tokens.filter(pc.equal(tokens.column("column"), c)).sort_by("id").slice(0, limit)
+        ids = part.column("id").to_numpy()
+        seqs[c] = lists(part.column("input_ids"))
+    cor = read_dataset(root, "corruption", "c")
+    variants = int(pc.max(cor.column("variant")).as_py()) + 1
+    corrupted, labels = {}, {}
+    for c in columns:
+        for v in range(variants):
+            part = cor.filter(pc.and_(pc.equal(cor.column("column"), c), pc.equal(cor.column("variant"), v))).sort_by("id")
+            part = part.slice(0, len(ids))
+            corrupted[(c, v)], labels[(c, v)] = lists(part.column("corrupted_ids")), lists(part.column("labels"))
+    return TokenRows(ids=ids, seqs=seqs), CorruptionRows(variants, corrupted, labels)
+
+
+@pytest.mark.parametrize("supervised,limit", [(False, None), (True, 30)])
+def test_memory_mapped_rows_give_the_batches_the_materialised_rows_gave(tmp_path, supervised, limit):
+    from storage.layout import DataRoot
+    from storage.training_data import ArrowLists, load_corruption_rows, load_token_rows
+
+    root = DataRoot(tmp_path)
+    columns = ("sent0", "sent1", "hard_neg") if supervised else ("text",)
+    _datasets(root, columns=columns)
+    tokens = load_token_rows(root, "t", columns, limit=limit)
+    mapped = TrainingRows(tokens, load_corruption_rows(root, "c", tokens), supervised, pad_id=0)
+    before = TrainingRows(*_materialised(root, columns, limit), supervised, pad_id=0)
+    assert isinstance(tokens.seqs[columns[0]], ArrowLists) and not tokens.seqs[columns[0]][0].flags.owndata  # a view
+    assert np.array_equal(mapped.tokens.ids, before.tokens.ids) and len(mapped) == (limit or 40)
+    for epoch in range(3):
+        order = epoch_order(len(mapped), seed=7, epoch=epoch)
+        for start in range(0, len(order), 8):
+            a, b = mapped.batch(order[start:start + 8], epoch), before.batch(order[start:start + 8], epoch)
+            for name in ("input_ids", "attention_mask", "corrupted_ids", "rtd_labels"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), (epoch, start, name)
+
+
+def test_memory_mapped_loaders_keep_their_checks(tmp_path):
+    from storage.layout import DataRoot
+    from storage.training_data import load_corruption_rows, load_token_rows
+
+    root = DataRoot(tmp_path / "a")
+    _datasets(root, n=10, variants=2)
+    tokens = load_token_rows(root, "t", ("text",))
+    with pytest.raises(ValueError, match="tokens dataset t has no column 'sent0'"):
+        load_token_rows(root, "t", ("sent0",))
+    other = TokenRows(ids=np.arange(12), seqs=tokens.seqs)  # ids the corruption does not have
+    with pytest.raises(ValueError, match="corruption dataset c lacks rows of column 'text', variant 0"):
+        load_corruption_rows(root, "c", other)
+    assert load_corruption_rows(root, "c", tokens).variants == 2
+
+    bad = DataRoot(tmp_path / "b")
+    _datasets(bad, n=10, variants=2, corrupt_from_other=True)
+    with pytest.raises(ValueError, match="corruption dataset c was made from other token ids than the training tokens"):
+        load_corruption_rows(bad, "c", load_token_rows(bad, "t", ("text",)))
+
+    import pyarrow as pa
+
+    from storage import schemas
+    from storage.datasets import write_dataset
+
+    uneven = DataRoot(tmp_path / "c")
+    rows = [{"id": i, "column": c, "input_ids": [101, 102], "length": 2} for c, n in (("sent0", 3), ("sent1", 2))
+            for i in range(n)]
+    write_dataset(uneven, "tokens", "t", [pa.Table.from_pylist(rows, schema=schemas.TOKENS)], schemas.TOKENS)
+    with pytest.raises(ValueError, match="tokens dataset t: columns are not row-aligned"):
+        load_token_rows(uneven, "t", ("sent0", "sent1"))

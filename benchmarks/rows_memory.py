@@ -1,0 +1,259 @@
+"""Peak memory of a Wiki1M-sized training job's rows: loading tokens + a 4-variant corruption and drawing batches,
+memory-mapped (this tree) against materialised (the code before the rows were memory-mapped, at a git commit).
+
+    nice -n 10 python benchmarks/rows_memory.py [--rows 1000000] [--variants 4] [--batches 500] [--batch-size 64]
+        [--data-root DIR] [--old-ref e721e3a] [--paths old,new]
+
+Data (built once under --data-root, default $TMPDIR/cse-rows-memory, and reused): the 11,913 sentences of the
+Wiki1M sample in ../shared/data tokenised with the bert-base-uncased vocabulary (the packaged MiniLM's tokenizer,
+max_length 32), replicated to --rows rows (ids 0..rows-1), written as a `tokens` dataset in parts of 50,000 rows;
+and a `corruption` dataset of --variants variants per row in the corruption stage's layout (row i's variants
+0..V-1 next to each other, parts of 50,000 sentences), each replacing 30 % of the non-special tokens by random ids
+(synthetic: a real generator would take days on a CPU for 4,000,000 sentences; the rows' shape and sizes are the
+same). Both are written by `storage.datasets.write_dataset`, so they carry their Arrow copies.
+
+Each path runs in a fresh process: `storage.training_data.load_token_rows` + `load_corruption_rows` +
+`training.rows.TrainingRows` (unsupervised, two views), then --batches batches of --batch-size rows in the epoch
+order of epochs 0 and 1 (half each: all four variants are read). The old path runs the same calls on the tree of
+--old-ref (`git archive`, read-only on the repository) against the same data root: they read the Parquet parts into
+numpy arrays. A thread samples /proc/self/status every 20 ms. Printed per path (MiB): `rss_after_imports`,
+`peak_rss` (VmHWM: everything resident, memory-mapped file pages included), `peak_anon` (private memory: what the
+kernel cannot drop or share), `peak_file` (file pages mapped in: the libraries' code, and for the new path the
+dataset's pages the batches touched: page cache, shared by every process reading the dataset and reclaimable), each
+also right after the imports, and load and batch seconds. The batches' checksum must agree between the paths (the
+same rows, variants and padding). One JSON object at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+PART_ROWS = 50_000
+OLD_REF = "e721e3a"  # the last commit whose training rows were materialised
+
+
+def _status() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile of this process in KiB."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[name] = int(value.split()[0])
+    return out
+
+
+class Sampler(threading.Thread):
+    """Peak RssAnon / RssFile, sampled every 20 ms (the kernel keeps a high-water mark of the total only)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak = {"RssAnon": 0, "RssFile": 0}
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            s = _status()
+            for k in self.peak:
+                self.peak[k] = max(self.peak[k], s[k])
+            time.sleep(0.02)
+
+
+# ------------------------------------------------------------------------------------------------ the data
+
+
+def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
+    """(tokens key, corruption key) of the benchmark's datasets under `data_root`, built when missing."""
+    sys.path.insert(0, str(REPO_ROOT))
+    import numpy as np
+    import pyarrow as pa
+
+    from models.loading import PACKAGED_MINILM, load_tokenizer
+    from storage import schemas
+    from storage.datasets import write_dataset
+    from storage.layout import DataRoot
+
+    root = DataRoot(data_root)
+    tokens_key, corruption_key = f"bench-{rows}", f"bench-{rows}-v{variants}"
+    if root.find("tokens", tokens_key) and root.find("corruption", corruption_key):
+        return tokens_key, corruption_key
+    lines = (SHARED_DATA / "wiki1m_head.txt").read_text().splitlines()
+    tok = load_tokenizer(PACKAGED_MINILM)
+    encoded = tok([s if s.strip() else " " for s in lines], truncation=True, max_length=32)["input_ids"]
+    base_lengths = np.array([len(e) for e in encoded])
+    base_flat = np.concatenate([np.asarray(e, np.int32) for e in encoded])
+    base_offsets = np.concatenate([[0], np.cumsum(base_lengths)])
+    special = np.isin(base_flat, tok.all_special_ids)
+
+    def ranges(starts, lengths):
+        """The concatenation of arange(s, s + n) for every (s, n)."""
+        ends = np.cumsum(lengths)
+        return np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
+
+    def sentences(start: int, stop: int):
+        """(lengths, flat ids, special mask) of rows [start, stop): sentence j of the sample repeated."""
+        src = np.arange(start, stop) % len(lines)
+        lengths = base_lengths[src]
+        take = ranges(base_offsets[src], lengths)
+        return lengths, base_flat[take], special[take]
+
+    def lists(lengths, flat, dtype):
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype)))
+
+    def token_parts():
+        for start in range(0, rows, PART_ROWS):
+            stop = min(rows, start + PART_ROWS)
+            lengths, flat, _ = sentences(start, stop)
+            yield pa.table({"id": pa.array(np.arange(start, stop)), "column": pa.array(["text"] * (stop - start)),
+                            "input_ids": lists(lengths, flat, np.int32), "length": pa.array(lengths.astype(np.int16))},
+                           schema=schemas.TOKENS)
+
+    def corruption_parts():
+        rng = np.random.default_rng(0)
+        for start in range(0, rows, PART_ROWS):
+            stop = min(rows, start + PART_ROWS)
+            n = stop - start
+            lengths, flat, spec = sentences(start, stop)
+            row_of = np.repeat(np.arange(n), lengths)
+            per_variant = []
+            for _ in range(variants):
+                masked = (rng.random(len(flat)) < 0.3) & ~spec
+                corrupted = np.where(masked, rng.integers(1000, 30000, len(flat)), flat).astype(np.int32)
+                labels = (corrupted != flat).astype(np.int8)
+                per_variant.append((masked, corrupted, labels))
+            # the stage's order: row i's variants 0..V-1 next to each other
+            order = np.arange(n * variants).reshape(variants, n).T.ravel()
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            take = ranges((order // n) * len(flat) + starts[order % n], lengths[order % n])
+
+            def interleave(arrays):
+                return np.concatenate(arrays)[take]
+
+            all_lengths = np.tile(lengths, variants)[order]
+            table = pa.table({
+                "id": pa.array(np.tile(np.arange(start, stop), variants)[order]),
+                "column": pa.array(["text"] * (n * variants)),
+                "variant": pa.array(np.repeat(np.arange(variants), n)[order].astype(np.int16)),
+                "input_ids": lists(all_lengths, interleave([flat] * variants), np.int32),
+                "corrupted_ids": lists(all_lengths, interleave([c for _, c, _ in per_variant]), np.int32),
+                "labels": lists(all_lengths, interleave([lab for _, _, lab in per_variant]), np.int8),
+                "n_masked": pa.array(np.concatenate([np.bincount(row_of, m, n) for m, _, _ in per_variant])[order]
+                                     .astype(np.int16)),
+                "n_replaced": pa.array(np.concatenate([np.bincount(row_of, lab, n) for _, _, lab in per_variant])[order]
+                                       .astype(np.int16)),
+            }, schema=schemas.CORRUPTION)
+            yield table
+
+    t0 = time.perf_counter()
+    if not root.find("tokens", tokens_key):
+        write_dataset(root, "tokens", tokens_key, token_parts(), schemas.TOKENS,
+                      params={"benchmark": "rows_memory", "rows": rows, "sample": "wiki1m_head.txt"})
+    if not root.find("corruption", corruption_key):
+        write_dataset(root, "corruption", corruption_key, corruption_parts(), schemas.CORRUPTION,
+                      params={"benchmark": "rows_memory", "rows": rows, "variants": variants, "mask_ratio": 0.3})
+    print(f"built the benchmark datasets under {data_root} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    return tokens_key, corruption_key
+
+
+# ------------------------------------------------------------------------------------------------ one measurement
+
+
+def measure(tree: str, data_root: str, tokens_key: str, corruption_key: str, batches: int, batch_size: int) -> dict:
+    """Load the rows and draw batches with the code of `tree` (in this fresh process); the memory it took."""
+    sys.path.insert(0, tree)
+    import numpy as np  # noqa: F401 - imported before the baseline, as every path needs it
+    import torch  # noqa: F401
+
+    from storage.layout import DataRoot
+    from storage.training_data import load_corruption_rows, load_token_rows
+    from training.rows import TrainingRows, epoch_order
+
+    sampler = Sampler()
+    after_imports = _status()
+    sampler.start()
+    root = DataRoot(data_root)
+    t0 = time.perf_counter()
+    tokens = load_token_rows(root, tokens_key, ("text",))
+    rows = TrainingRows(tokens, load_corruption_rows(root, corruption_key, tokens), supervised=False, pad_id=0)
+    loaded = time.perf_counter()
+    after_load = _status()
+    checksum = 0
+    for epoch in (0, 1):
+        order = epoch_order(len(rows), seed=42, epoch=epoch)
+        for b in range(batches // 2):
+            batch = rows.batch(order[b * batch_size:(b + 1) * batch_size], epoch)
+            checksum += int(batch.corrupted_ids.sum()) + int(batch.input_ids.sum())
+    done = time.perf_counter()
+    sampler.stop.set()
+    sampler.join()
+    end = _status()
+    mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
+    return {"rows": len(rows), "variants": rows.corruption.variants, "rss_after_imports": mib(after_imports["VmRSS"]),
+            "anon_after_imports": mib(after_imports["RssAnon"]), "file_after_imports": mib(after_imports["RssFile"]),
+            "rss_after_load": mib(after_load["VmRSS"]), "peak_rss": mib(end["VmHWM"]),
+            "peak_anon": mib(sampler.peak["RssAnon"]), "peak_file": mib(sampler.peak["RssFile"]),
+            "load_seconds": round(loaded - t0, 1), "batch_seconds": round(done - loaded, 1),
+            "batches": 2 * (batches // 2), "batch_size": batch_size, "checksum": checksum,
+            "code": str(Path(sys.modules[load_token_rows.__module__].__file__).parents[1])}
+
+
+def run_path(name: str, tree: Path, args, keys: tuple[str, str]) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(tree), "--data-root", str(args.data_root), "--tokens-key", keys[0],
+           "--corruption-key", keys[1], "--batches", str(args.batches), "--batch-size", str(args.batch_size)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree)
+    if out.returncode != 0:
+        raise RuntimeError(f"the {name} path failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{name:3s}: peak RSS {result['peak_rss']:8.1f} MiB (anon {result['peak_anon']:.1f}, file pages "
+          f"{result['peak_file']:.1f}); after imports {result['rss_after_imports']:.1f} (anon "
+          f"{result['anon_after_imports']:.1f}, file {result['file_after_imports']:.1f}); load {result['load_seconds']}s, "
+          f"{result['batches']} batches {result['batch_seconds']}s", file=sys.stderr)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--variants", type=int, default=4)
+    p.add_argument("--batches", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--data-root", type=Path, default=Path(tempfile.gettempdir()) / "cse-rows-memory")
+    p.add_argument("--old-ref", default=OLD_REF, help="git commit of the materialised path")
+    p.add_argument("--paths", default="old,new")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--tokens-key", help=argparse.SUPPRESS)
+    p.add_argument("--corruption-key", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child, str(args.data_root), args.tokens_key, args.corruption_key, args.batches,
+                                 args.batch_size)))
+        return
+    keys = build_data(args.data_root, args.rows, args.variants)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="cse-old-tree-") as old_tree:
+        for name in args.paths.split(","):
+            tree = REPO_ROOT
+            if name == "old":
+                archive = subprocess.run(["git", "archive", args.old_ref], cwd=REPO_ROOT, capture_output=True, check=True)
+                subprocess.run(["tar", "-x", "-C", old_tree], input=archive.stdout, check=True)
+                tree = Path(old_tree)
+            results[name] = run_path(name, tree, args, keys)
+    if {"old", "new"} <= results.keys() and results["old"]["checksum"] != results["new"]["checksum"]:
+        raise SystemExit("the two paths drew different batches")
+    print(json.dumps({"rows": args.rows, "variants": args.variants, "old_ref": args.old_ref, **results}))
+
+
+if __name__ == "__main__":
+    main()

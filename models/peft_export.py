@@ -1,0 +1,397 @@
+"""Export a prompt method's checkpoint (D2CSE, DCPCSE, DiffAug) as a standard PEFT prefix-tuning adapter.
+
+The adapter folder holds PEFT's own files (`adapter_config.json`: `PREFIX_TUNING`, `FEATURE_EXTRACTION`,
+`prefix_projection=False`; `adapter_model.safetensors`: `prompt_embeddings`, the `P × 2·L·d` key/value rows in the
+P-tuning v2 layout that `models.prefix.PrefixEncoder` and PEFT share), the tokenizer, `cse_peft.json` (the pooling
+and the notes below, machine-readable), `peft_embed.py` (a copy of `models/peft_loader.py`, which embeds sentences
+with transformers + peft only) and a README. `PeftModel.from_pretrained(AutoModel.from_pretrained(base), folder)`
+followed by the recorded pooling gives our `embed` (checked at export time on probe sentences, and by the tests on
+the STS-B test sentences, within 1e-5).
+
+Why it is exact (transformers 5.23 + peft 0.21.2, see `models/peft_loader.py`): PEFT hands the prefix to the stock
+BERT/RoBERTa model as a `DynamicCache`; its self-attention prepends the cached keys/values, the position numbering
+starts after the P cached slots (the HF 4.x shift our prompts were trained with, `shift_positions=True`), the mask
+builder takes the key length from PEFT's prefix-extended 2-D mask (transformers special-cases prefix tuning there).
+
+Features a plain prefix-tuning adapter cannot hold are carried with PEFT's own `modules_to_save` where that is exact:
+- D2CSE's [CLS] prompt (§5) replaces the word embedding at position 0. Position 0 is the only token that reads
+  position-embedding row `r` = P (BERT) or `padding_idx + 1 + P` (RoBERTa) under the shift, so adding
+  `p_cls − E_word[CLS]` to that row gives the same embedding-layer input: `modules_to_save=["embeddings.position_embeddings"]`.
+- DCPCSE's supervised `cls` MLP (Linear + tanh on the first token) is exactly an HF pooler:
+  `modules_to_save=["pooler"]`, pooling `pooler_output`.
+- A reparametrised prefix (DiffAug, `prefix_projection=True`) is stored as its `P × 2·L·d` output (PEFT's inference
+  form; the MLP only matters for training).
+- DiffAug fine-tunes its encoder: the fine-tuned encoder is written as a standard transformers folder `base_model/`
+  inside the export and is the adapter's base.
+What cannot be expressed is refused (`PeftExportError`) unless `allow_inexact=True`, which writes the adapter marked
+`exact=False`; every export lists its notes as `"<code>: <sentence>"` lines (`PeftExport.limitations`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from models import peft_loader
+
+PROMPT_METHODS = ("d2cse", "dcpcse", "diffaug")
+TOLERANCE = 1e-5
+LOADER_FILE = "peft_embed.py"
+README_FILE = "README.md"
+FORMAT_VERSION = 1
+PROBE_SENTENCES = (
+    "A man is playing a guitar.",
+    "Two dogs run along the beach while the sun sets behind them .",
+    "nobody",
+    "The stock market fell 3.5 % on Tuesday, its worst day since March.",
+    "a woman slices an onion",
+    "Is this the way to the station?",
+)
+
+
+class PeftExportError(ValueError):
+    """The checkpoint cannot be written as a PEFT prefix adapter that reproduces our embeddings."""
+
+
+@dataclass(frozen=True)
+class PeftExport:
+    """What `export_peft_adapter` wrote.
+
+    `exact`: the adapter + `pooling` reproduce our `embed` (verified on probe sentences within `TOLERANCE`; no feature
+    left out). `limitations`: `"<code>: <sentence>"` lines for the model card. `base_model`: `base_model_name_or_path`
+    of the adapter (an HF id, a local folder, or the bundled `base_model/`). `adapter_bytes`: PEFT's two files;
+    `folder_bytes`: the whole folder (tokenizer, README, a bundled base). `max_abs_diff`: the verification's largest
+    absolute difference to our embeddings.
+    """
+
+    folder: Path
+    method: str
+    exact: bool
+    limitations: list[str]
+    base_model: str
+    pooling: dict[str, Any]
+    adapter_bytes: int
+    folder_bytes: int
+    max_abs_diff: float
+    modules_to_save: list[str] = field(default_factory=list)
+
+    @property
+    def limitation_codes(self) -> list[str]:
+        return [line.split(":", 1)[0] for line in self.limitations]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["folder"] = str(self.folder)
+        return d
+
+
+@dataclass
+class _Plan:
+    """How one checkpoint maps onto PEFT: pooling, carried modules, notes, and what would make it inexact."""
+
+    pooling: dict[str, Any]
+    modules_to_save: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    inexact: list[str] = field(default_factory=list)
+    cls_fold: tuple[int, int] | None = None  # (position row, [CLS] id)
+    pooler_mlp: nn.Module | None = None
+
+
+# ------------------------------------------------------------------------------------------------ our side
+@torch.inference_mode()
+def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor:
+    """Our evaluation embeddings `(N, d)` of `sentences`: the model's `token_ids` (templates included), right-padded
+    per batch, `model.embed` — what the evaluator computes."""
+    device = model.device
+    ids = model.token_ids(list(sentences))
+    out = []
+    for i in range(0, len(ids), batch_size):
+        chunk = ids[i:i + batch_size]
+        width = max(len(r) for r in chunk)
+        input_ids = torch.full((len(chunk), width), model.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, row in enumerate(chunk):
+            input_ids[j, :len(row)] = torch.tensor(row)
+            mask[j, :len(row)] = 1
+        out.append(model.embed(input_ids.to(device), mask.to(device)).float().cpu())
+    return torch.cat(out) if out else torch.zeros(0, model.hidden_size)
+
+
+def _plan(model) -> _Plan:
+    """Map a loaded prompt-method model onto PEFT; raises for what no adapter can carry at all."""
+    method, cfg, enc, backbone = model.method, model.config, model.encoder, model.backbone
+    arch = type(backbone).__name__
+    if "past_key_values" not in inspect.signature(type(backbone).forward).parameters:
+        raise PeftExportError(f"{arch}: its forward takes no past_key_values, so PEFT prefix tuning cannot inject "
+                              "prefixes into it; keep models.st_export for this backbone")
+    if getattr(backbone.config, "is_encoder_decoder", False):
+        raise PeftExportError(f"{arch} is an encoder-decoder; only encoder-only backbones are exported")
+
+    plan = _Plan(pooling={"kind": "cls"})
+    if not enc.shift_positions:
+        plan.inexact.append(
+            "position-shift: trained with shift_positions=False (token positions from 0); under a PEFT prefix cache "
+            f"transformers numbers positions from P={enc.prefix_encoder.prefix_len} (BERT) or padding_idx+1+P "
+            "(RoBERTa) and PEFT adds P to explicit position_ids, so every embedding differs")
+    if enc.prefix_encoder.transform is not None:
+        plan.notes.append("prefix-projection: the reparametrisation MLP (Embedding -> Linear -> tanh -> Linear) is "
+                          "stored as its P x 2*L*d output, PEFT's inference form; the MLP itself is not exported")
+    plan.notes.append("inference-only: PEFT loads prompt-learning adapters for inference only (is_trainable=True is "
+                      "refused); prefix dropout and the training-only heads are not in the adapter")
+    plan.notes.append("token-type-ids: PEFT drops token_type_ids (all-zero segments); equal for single sentences, "
+                      "which is how every embedding here is computed")
+
+    if method == "d2cse":
+        plan.notes.append("training-heads: D2CSE's BN-MLP, RTD head and discriminator are training-only and not "
+                          "exported (evaluation uses the CLS state before the pooler)")
+        if model.cls_prompt is not None:
+            _plan_cls_prompt(model, plan)
+    elif method == "dcpcse":
+        if cfg.mlp_only_train:
+            plan.notes.append("training-heads: DCPCSE's cls MLP" + (" and LM head are" if cfg.mlm else " is")
+                              + " training-only (mlp_only_train) and not exported")
+        else:
+            plan.pooling = {"kind": "pooler_output"}
+            plan.modules_to_save.append("pooler")
+            plan.pooler_mlp = model.mlp
+            plan.notes.append("pooler-mlp: the supervised cls MLP (Linear + tanh on the first token) is carried as "
+                              "the base model's pooler (modules_to_save=['pooler']); embed with pooler_output, which "
+                              "needs the base loaded with its pooling layer (AutoModel's default)")
+            if cfg.mlm:
+                plan.notes.append("training-heads: the MLM LM head is training-only and not exported")
+    elif method == "diffaug":
+        template = model.eval_head + peft_loader.SENTENCE_PLACEHOLDER + model.eval_tail
+        plan.pooling = {"kind": "mask", "template": template, "mask_token_id": int(model.mask_token_id)}
+        plan.notes.append(f"template: DiffAug embeds the prompt {template!r} and reads the last [MASK] state; neither "
+                          "PEFT nor sentence-transformers' Pooling applies a template, peft_embed.py and "
+                          "cse_peft.json do")
+        half = cfg.module_len
+        plan.notes.append(f"diffaug-two-modules: the two prefix modules (slots 0-{half - 1} / {half}-{2 * half - 1}, "
+                          "selected per row by half masks) are training-only; PEFT has no per-slot visibility mask, so "
+                          "the adapter is the inference form (all slots visible) and the modules cannot be used "
+                          "separately")
+        plan.notes.append("training-heads: DiffAug's MLP, NLI classifier and template denoising are training-only")
+    return plan
+
+
+def _plan_cls_prompt(model, plan: _Plan) -> None:
+    """Fold D2CSE's [CLS] prompt into the position-embedding row that only position 0 reads (see module docstring)."""
+    enc, backbone = model.encoder, model.backbone
+    embeddings = backbone.embeddings
+    cls_id = getattr(model.tokenizer, "cls_token_id", None)
+    absolute = getattr(backbone.config, "position_embedding_type", "absolute") == "absolute"
+    if cls_id is None or not absolute or not isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding):
+        plan.inexact.append("cls-prompt: the [CLS] prompt cannot be folded into an absolute position-embedding row "
+                            f"of {type(backbone).__name__}; the adapter would use the static [CLS] embedding")
+        return
+    probe = torch.tensor([[cls_id, cls_id]], device=embeddings.position_embeddings.weight.device)
+    row = int(enc.position_ids(probe, enc.prefix_encoder.prefix_len)[0, 0])  # PEFT always shifts by P
+    plan.cls_fold = (row, int(cls_id))
+    plan.modules_to_save.append("embeddings.position_embeddings")
+    plan.notes.append(
+        f"cls-prompt: the [CLS] prompt is folded into position-embedding row {row}, which only position 0 reads under "
+        "the prefix shift (modules_to_save=['embeddings.position_embeddings'], + max_position_embeddings x d floats); "
+        "exact for right-padded input that starts with the tokenizer's [CLS] (add_special_tokens=True)"
+        + ("; RoBERTa numbers positions by non-pad tokens, so left padding would move the fold off column 0"
+           if hasattr(embeddings, "create_position_ids_from_input_ids") else ""))
+
+
+def _sentence_transformers_note(pooling: dict[str, Any]) -> str:
+    head = ("sentence-transformers: SentenceTransformer.load_adapter (transformers' PeftAdapterMixin) refuses "
+            "prompt-learning adapters (peft inject_adapter_in_model: 'does not support prompt learning'); ")
+    if pooling["kind"] == "cls":
+        return head + "wrap the Transformer module's model instead: st[0].model = PeftModel.from_pretrained(st[0].model, " \
+                      "adapter_dir), with Pooling(d, 'cls')"
+    if pooling["kind"] == "pooler_output":
+        return head + "the wrap route st[0].model = PeftModel.from_pretrained(...) needs CLS pooling plus a Dense(d, d, " \
+                      "tanh) copy of the carried pooler; peft_embed.py is the direct route"
+    return head + "the prompt template has no sentence-transformers equivalent; use peft_embed.py"
+
+
+# ------------------------------------------------------------------------------------------------ export
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _backbone_changed(trained: nn.Module, fresh: nn.Module) -> bool:
+    """Whether the checkpoint's encoder weights differ from the pretrained ones (a method that fine-tunes it)."""
+    fresh_state = fresh.state_dict()
+    for name, tensor in trained.state_dict().items():
+        other = fresh_state.get(name)
+        if other is None or other.shape != tensor.shape or not torch.equal(other, tensor.to(other.dtype)):
+            return True
+    return False
+
+
+def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allow_inexact: bool = False,
+                        probe_sentences: tuple[str, ...] = PROBE_SENTENCES) -> PeftExport:
+    """Write `checkpoint_dir` (a D2CSE, DCPCSE or DiffAug checkpoint) as a PEFT prefix-tuning adapter in `out_dir`.
+
+    The adapter is loaded back with stock transformers + peft (`models.peft_loader`) and compared with our `embed` on
+    `probe_sentences`; a difference above `TOLERANCE`, or a feature PEFT cannot express, raises `PeftExportError`
+    unless `allow_inexact=True` (then the folder is written with `exact=False` and the reason in `limitations`).
+    An earlier `out_dir` is replaced only once the new export has passed; an `out_dir` that is, holds or lies inside
+    the checkpoint folder is refused.
+    """
+    from peft import PrefixTuningConfig, TaskType, get_peft_model
+
+    from models.checkpoint import load_checkpoint, validate_checkpoint
+    from models.loading import load_encoder, resolve_model_path
+
+    out, source = Path(out_dir).resolve(), Path(checkpoint_dir).resolve()
+    if out == source or out in source.parents or source in out.parents:
+        raise ValueError(f"exporting to {out_dir} would overwrite the checkpoint {checkpoint_dir}: choose another folder")
+    meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint is named before anything is loaded
+    if meta["method"] not in PROMPT_METHODS:
+        raise PeftExportError(f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
+                              f"adapter (prompt methods: {', '.join(PROMPT_METHODS)}); use models.st_export")
+    model = load_checkpoint(checkpoint_dir)
+    plan = _plan(model)
+    if plan.inexact and not allow_inexact:
+        raise PeftExportError(f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
+                              + " | ".join(plan.inexact) + " (allow_inexact=True writes it marked inexact; "
+                              "models.st_export keeps the exact model)")
+
+    prompts = model.prompts
+    backbone_id = resolve_model_path(model.config.backbone)
+    base = load_encoder(backbone_id).eval()
+    tmp = out.parent / f".tmp-peft-{out.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        base_ref = backbone_id
+        notes = list(plan.notes)
+        if _backbone_changed(model.backbone, base):
+            missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
+            if unexpected or any(not k.startswith("pooler.") for k in missing):
+                raise PeftExportError(f"{checkpoint_dir}: the fine-tuned encoder does not fit {backbone_id} "
+                                      f"(unexpected {unexpected[:5]}, missing {missing[:5]})")
+            base.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
+            model.tokenizer.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
+            base_ref = str(out / peft_loader.BUNDLED_BASE)
+            size = _folder_bytes(tmp / peft_loader.BUNDLED_BASE)
+            notes.append(f"fine-tuned-base: {model.method} fine-tunes its encoder, so the adapter's base is the "
+                         f"fine-tuned encoder bundled in {peft_loader.BUNDLED_BASE}/ ({size / 1e6:.1f} MB), not "
+                         f"{model.config.backbone}; the prefixes on the pretrained encoder do not give these embeddings")
+        with torch.no_grad():  # carried modules are edited on the base before wrapping: PEFT copies them
+            if plan.pooler_mlp is not None:
+                if getattr(base, "pooler", None) is None or not hasattr(base.pooler, "dense"):
+                    raise PeftExportError(f"{type(base).__name__} has no pooler with a dense layer to carry the cls MLP")
+                base.pooler.dense.weight.copy_(plan.pooler_mlp.dense.weight)
+                base.pooler.dense.bias.copy_(plan.pooler_mlp.dense.bias)
+            if plan.cls_fold is not None:
+                row, cls_id = plan.cls_fold
+                table = base.embeddings.position_embeddings.weight
+                table[row] += model.cls_prompt.to(table.dtype) - base.embeddings.word_embeddings.weight[cls_id]
+
+        cfg = base.config
+        peft_config = PrefixTuningConfig(
+            task_type=TaskType.FEATURE_EXTRACTION, num_virtual_tokens=prompts.prefix_len, token_dim=cfg.hidden_size,
+            num_layers=prompts.num_layers, num_attention_heads=prompts.num_heads, num_transformer_submodules=1,
+            encoder_hidden_size=cfg.hidden_size, prefix_projection=False, modules_to_save=plan.modules_to_save or None)
+        peft_model = get_peft_model(base, peft_config)
+        peft_model.peft_config["default"].base_model_name_or_path = base_ref
+        with torch.no_grad():
+            peft_model.prompt_encoder["default"].embedding.weight.copy_(prompts.rows().detach())
+        peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
+        model.tokenizer.save_pretrained(tmp)
+        shutil.copyfile(Path(peft_loader.__file__), tmp / LOADER_FILE)
+        notes.append(_sentence_transformers_note(plan.pooling))
+
+        # verification with the stock libraries, exactly as a user loads the folder
+        spec = {"format_version": FORMAT_VERSION, "method": model.method, "backbone": model.config.backbone,
+                "pooling": plan.pooling}
+        (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
+        loaded, tokenizer, spec = peft_loader.load_prefix_encoder(tmp)
+        sentences = list(probe_sentences)
+        diff = float((peft_loader.embed_sentences(loaded, tokenizer, spec, sentences)
+                      - reference_embeddings(model, sentences)).abs().max()) if sentences else 0.0
+        if diff > TOLERANCE:
+            if not allow_inexact:
+                raise PeftExportError(f"{checkpoint_dir}: the PEFT adapter's embeddings differ from ours by {diff:.3g} "
+                                      f"(> {TOLERANCE}) on the probe sentences")
+            plan.inexact.append(f"verification: embeddings differ from ours by up to {diff:.3g} on the probe sentences")
+        exact = not plan.inexact
+        limitations = plan.inexact + notes
+        spec.update(exact=exact, max_abs_diff=diff, probe_sentences=len(sentences), tolerance=TOLERANCE,
+                    base_model=base_ref, bundled_base=base_ref != backbone_id, modules_to_save=plan.modules_to_save,
+                    limitations=limitations, prefix_len=prompts.prefix_len,
+                    trained_shift_positions=bool(model.encoder.shift_positions))
+        (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
+        (tmp / README_FILE).write_text(adapter_readme(spec))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    adapter_bytes = sum((out / name).stat().st_size for name in ("adapter_config.json", "adapter_model.safetensors"))
+    return PeftExport(folder=out, method=model.method, exact=exact, limitations=limitations, base_model=base_ref,
+                      pooling=plan.pooling, adapter_bytes=adapter_bytes, folder_bytes=_folder_bytes(out),
+                      max_abs_diff=diff, modules_to_save=list(plan.modules_to_save))
+
+
+def adapter_readme(spec: dict[str, Any]) -> str:
+    """The adapter folder's README: what it is, how to load it with stock libraries, exactness and limitations."""
+    pooling = spec["pooling"]
+    kind = pooling["kind"]
+    read = {"cls": "out.last_hidden_state[:, 0]", "pooler_output": "out.pooler_output",
+            "mask": "out.last_hidden_state at the last mask token of each templated row"}[kind]
+    lines = [
+        f"# {spec['method']} prompts as a PEFT prefix-tuning adapter",
+        "",
+        f"Prefix-tuning adapter (peft `PREFIX_TUNING`, `FEATURE_EXTRACTION`, {spec['prefix_len']} virtual tokens) "
+        f"exported from a `{spec['method']}` checkpoint trained on `{spec['backbone']}`. Base model: "
+        f"`{spec['base_model']}`.",
+        "",
+        "## Load with transformers + peft",
+        "",
+        "```python",
+        "from peft import PeftModel",
+        "from transformers import AutoModel, AutoTokenizer",
+        "",
+        (f"base = AutoModel.from_pretrained(f'{{ADAPTER_DIR}}/{peft_loader.BUNDLED_BASE}')  # the bundled fine-tuned encoder"
+         if spec["bundled_base"] else f"base = AutoModel.from_pretrained({spec['base_model']!r})"),
+        "model = PeftModel.from_pretrained(base, ADAPTER_DIR).eval()",
+        "tokenizer = AutoTokenizer.from_pretrained(ADAPTER_DIR)  # right padding, special tokens on",
+    ]
+    if kind == "mask":
+        lines.append(f"texts = [{pooling['template']!r}.replace('{{sentence}}', s).strip() for s in sentences]")
+    else:
+        lines.append("texts = sentences")
+    lines += [
+        "enc = tokenizer(texts, padding=True, return_tensors='pt')",
+        "out = model(input_ids=enc['input_ids'], attention_mask=enc['attention_mask'])",
+        f"embeddings = ...  # {read}",
+        "```",
+        "",
+        f"`{LOADER_FILE}` (in this folder, transformers + peft only) does all of this: "
+        "`load_prefix_encoder(ADAPTER_DIR)` then `embed_sentences(model, tokenizer, spec, sentences)`. "
+        f"`{peft_loader.SPEC_FILE}` holds the pooling and these notes in machine-readable form.",
+        "",
+        "## Exactness",
+        "",
+        f"PEFT passes the {spec['prefix_len']} prefix slots to the stock model as a key/value cache; the model then "
+        "numbers the token positions after them (BERT from P, RoBERTa from padding_idx + 1 + P), which is how the "
+        "prompts were trained" + ("" if spec["trained_shift_positions"] else " only if trained with the shift; "
+                                  "this checkpoint was not") + ".",
+        "",
+        (f"Exact: equal to the training code's embeddings within {spec['tolerance']} (largest difference "
+         f"{spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences at export)." if spec["exact"] else
+         f"NOT exact (largest difference {spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences); "
+         "use the project's own export (sentence-transformers folder) for the trained model's embeddings."),
+        "",
+        "## Limitations",
+        "",
+        *[f"- {line}" for line in spec["limitations"]],
+        "",
+    ]
+    return "\n".join(lines)

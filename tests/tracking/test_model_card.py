@@ -1,0 +1,278 @@
+"""The model card of an export (tracking/model_card.py): front matter, the STS / retrieval / alignment tables beside
+the published row and their differences, missing facts as "—", hashes, commit, config, loading, citations, the atomic
+write into an export folder, and `cse card RUN_DIR` regenerating a finished job's card from its run folder and
+MLflow run."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+import mlflow
+import pytest
+import yaml
+
+from config import published
+from config.methods import METHODS
+from config.presets import PRESETS
+from config.training import resolve_train_config
+from ops.cli import main as cse
+from storage.datasets import DatasetRef
+from storage.runs import RunDir
+from tracking.model_card import (
+    BIBTEX,
+    CITES,
+    MISSING,
+    AdapterInfo,
+    CardFacts,
+    model_card,
+    published_differences,
+    write_model_card,
+)
+from tracking.runs import configure_mlflow, ensure_experiment
+
+OURS = {"sts12": 73.50, "sts13": 84.00, "sts14": 77.43, "sts15": 84.30, "sts16": 81.00, "stsb": 82.10, "sickr": 70.00,
+        "sts_avg": 78.90, "retrieval_r1": 90.21, "retrieval_r3": 97.00, "retrieval_r5": 98.97, "retrieval_r10": 99.48,
+        "alignment": 0.0700, "uniformity": -1.3000, "stsb_pearson": 80.0}
+TOKENS_HASH = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
+CORRUPTION_HASH = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class FakePeftExport:  # the shape of models/peft_export.py's PeftExport
+    folder: str
+    exact: bool
+    limitations: list[str] = field(default_factory=list)
+
+
+def _front_matter(card: str) -> dict:
+    m = re.match(r"---\n(.*?)\n---\n", card, flags=re.S)
+    assert m, "the card starts with YAML front matter"
+    return yaml.safe_load(m.group(1))
+
+
+def _row(card: str, section: str, label: str) -> list[str]:
+    """The cells of the table row starting with `label` in the section whose heading starts with `section`."""
+    body = card.split(f"### {section}", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    line = next(x for x in body.splitlines() if x.startswith(f"| {label}"))
+    return [c.strip() for c in line.strip("|").split("|")[1:]]
+
+
+@pytest.fixture(scope="module")
+def d2cse_cfg():
+    return resolve_train_config("default", method="d2cse")
+
+
+@pytest.fixture(scope="module")
+def full_facts(d2cse_cfg):
+    tokens = DatasetRef(kind="tokens", key="tok-key", path="/x", rows=10, content_hash=TOKENS_HASH)
+    return CardFacts.from_training(
+        d2cse_cfg, OURS, tokens=tokens, corruption=CORRUPTION_HASH, run_id="run123", registered_name="cse-d2cse-bert-base-unsup",
+        version=3, git_commit=COMMIT, trainable_parameters=2_658_818, steps=13_889, best_stsb_dev=83.25,
+        adapter=FakePeftExport(folder="/runs/d2cse/k/peft", exact=False, limitations=["the [CLS] prompt"]))
+
+
+def test_full_card_tables_and_published_differences(full_facts):
+    card = model_card(full_facts)
+    row = published.STS[("d2cse", "bert-base", "unsup")]
+    cols = (*published.SEVEN_TASKS, "sts_avg")
+    assert _row(card, "STS", "this model") == [f"{OURS[c]:.2f}" for c in cols]
+    assert _row(card, "STS", "published (D2CSE paper)") == [f"{row[c]:.2f}" for c in cols]
+    assert _row(card, "STS", "difference") == [f"{OURS[c] - row[c]:+.2f}" for c in cols]
+    assert _row(card, "STS", "difference")[5] == "+0.13" and _row(card, "STS", "difference")[0] == "+0.08"
+    # retrieval: our R@1/3/5/10 against the paper's R@1/3/5 (it reports no R@10)
+    ret = published.RETRIEVAL[("d2cse", "bert-base", "unsup")]
+    assert _row(card, "Retrieval", "difference") == [f"{OURS['retrieval_r1'] - ret['retrieval_r1']:+.2f}", "+0.09", "+0.00", MISSING]
+    assert _row(card, "Alignment", "difference") == ["+0.0080", "-0.0373"]
+    diffs = published_differences(full_facts)
+    assert set(diffs) == {*cols, "retrieval_r1", "retrieval_r3", "retrieval_r5", "alignment", "uniformity"}
+    assert math.isclose(diffs["sts_avg"], 78.90 - 79.02) and math.isclose(diffs["uniformity"], -1.3 + 1.2627)
+    assert "Published: 2,658,818 (source: methods.md §1.4" in card and "This model: 2,658,818" in card
+    assert "Best STS-B dev (checkpoint selection): 83.25; training steps: 13,889." in card
+
+
+def test_full_card_front_matter_is_valid_yaml(full_facts):
+    meta = _front_matter(model_card(full_facts))
+    assert meta["library_name"] == "sentence-transformers" and meta["pipeline_tag"] == "sentence-similarity"
+    assert {"sentence-similarity", "feature-extraction", "d2cse", "peft"} <= set(meta["tags"])
+    assert meta["base_model"] == "bert-base-uncased"
+    assert meta["datasets"] == ["princeton-nlp/datasets-for-simcse"]
+    (entry,) = meta["model-index"]
+    assert entry["name"] == "cse-d2cse-bert-base-unsup"
+    scores = {r["dataset"]["type"]: r["metrics"][0]["value"] for r in entry["results"]}
+    assert scores == {f"senteval-{t}": OURS[t] for t in published.SEVEN_TASKS}
+
+
+def test_full_card_names_commit_hashes_config_loading_and_papers(full_facts, d2cse_cfg):
+    card = model_card(full_facts)
+    assert f"git commit: `{COMMIT}`" in card
+    assert f"| training tokens (wiki1m) | `{TOKENS_HASH}` |" in card
+    assert f"| replaced-token corruption | `{CORRUPTION_HASH}` |" in card
+    assert "generator `distilbert-base-uncased`, mask ratio 0.3" in card
+    config = json.loads(card.split("```json\n", 1)[1].split("\n```", 1)[0])
+    assert config == d2cse_cfg.model_dump(mode="json")
+    assert 'mlflow.pyfunc.load_model("models:/cse-d2cse-bert-base-unsup/3")' in card
+    assert 'PeftModel.from_pretrained(base, "/runs/d2cse/k/peft").eval()' in card and "- the [CLS] prompt" in card
+    assert 'AutoModel.from_pretrained("bert-base-uncased")' in card and "peft_embed" not in card  # no recorded pooling
+    assert "does **not** reproduce" in card
+    assert 'SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)' in card
+    assert "The sentence-transformers export is this folder" in card
+    bib = card.split("```bibtex\n", 1)[1]
+    assert [k for k in BIBTEX if BIBTEX[k] in bib] == ["d2cse", "dcpcse", "diffcse", "simcse"]  # not DiffAug
+    assert "arXiv:2304.08991" in bib and "Lee, Hyunjae" in bib
+
+
+def test_missing_facts_render_as_dashes():
+    cfg = resolve_train_config("smoke", method="dcpcse")  # packaged MiniLM: no paper reports it
+    facts = CardFacts.from_training(cfg, {"sts12": 60.0, "sts13": float("nan")})
+    card = model_card(facts)
+    assert facts.reference is None and published_differences(facts) == {}
+    assert "there is no published row to compare with" in card and "| published" not in card
+    assert _row(card, "STS", "this model") == ["60.00"] + [MISSING] * 7
+    assert "(not evaluated)" in card.split("### Retrieval", 1)[1].split("###", 1)[0]
+    assert _row(card, "Alignment", "this model") == [MISSING, MISSING]
+    assert f"git commit: `{MISSING}`" in card and f"MLflow run: `{MISSING}`" in card
+    assert f"| training tokens (wiki1m) | `{MISSING}` |" in card and "corruption" not in card.split("## Data", 1)[1].split("##")[0]
+    assert f"This model: {MISSING}" in card and "no MLflow run recorded" in card and "None was exported" in card
+    meta = _front_matter(card)
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert [r["dataset"]["type"] for r in meta["model-index"][0]["results"]] == ["senteval-sts12"]
+    assert meta["model-index"][0]["name"] == "DCPCSE (packaged:minilm, smoke)"
+
+
+def test_bare_facts_render_without_metrics_config_or_model_index():
+    facts = CardFacts(method="simcse", method_title="SimCSE", preset="default", backbone="/data/my-local-bert",
+                      setting="unsup")
+    card = model_card(facts)
+    meta = _front_matter(card)
+    assert "model-index" not in meta and "base_model" not in meta and "datasets" not in meta  # a local folder: no hub id
+    assert "## Configuration\n\n— (not recorded)" in card
+    assert [k for k in BIBTEX if BIBTEX[k] in card] == ["simcse"]
+
+
+def test_training_data_sources_and_their_hub_ids(tmp_path):
+    hf = resolve_train_config("default", method="d2cse", overrides={"ingest": {"wiki": {"hf": "hf:someone/wiki-sentences@train"}}})
+    facts = CardFacts.from_training(hf, {})
+    assert facts.datasets == ["someone/wiki-sentences"] and facts.data_sources == {"wiki1m": "hf:someone/wiki-sentences@train"}
+    local = resolve_train_config("sup", method="d2cse", overrides={"ingest": {"nli": {"path": str(tmp_path / "nli.csv")}}})
+    facts = CardFacts.from_training(local, {})
+    assert facts.datasets == [] and facts.data_sources == {"nli": str(tmp_path / "nli.csv")}
+    assert "datasets" not in _front_matter(model_card(facts)) and f"nli: {tmp_path / 'nli.csv'}" in model_card(facts)
+
+
+def test_published_reference_follows_every_preset():
+    for method in METHODS:
+        for preset in PRESETS[method]:
+            cfg = resolve_train_config(preset, method=method)
+            facts = CardFacts.from_training(cfg, {})
+            key = published.preset_row(method, preset)
+            expected = key[1] is not None and any(key in t for t in (published.STS, published.RETRIEVAL, published.ALIGN_UNIFORM)) \
+                or (key[1] is not None and key[2] == "unsup" and (method, key[1]) in published.PARAMETERS)
+            assert (facts.reference is not None) == expected, (method, preset)
+            if facts.reference is not None:
+                assert facts.reference.key == key
+            assert facts.setting == key[2]
+
+
+def test_every_method_cites_its_own_paper_first():
+    assert set(CITES) == set(METHODS)
+    for method, keys in CITES.items():
+        assert keys[0] == method and set(keys) <= set(BIBTEX)
+    assert CITES["diffaug"] == ("diffaug", "simcse")
+
+
+def test_adapter_info_accepts_a_peft_export_a_dict_or_none():
+    assert AdapterInfo.of(None) is None
+    a = AdapterInfo.of(FakePeftExport(folder="p", exact=True))
+    assert a == AdapterInfo(folder="p", exact=True, limitations=[])
+    assert AdapterInfo.of({"folder": "q", "limitations": ("x",)}) == AdapterInfo(folder="q", exact=None, limitations=["x"])
+    with pytest.raises(ValueError, match="lacks `folder`"):
+        AdapterInfo.of({"exact": True})
+    with pytest.raises(TypeError, match="PeftExport"):
+        AdapterInfo.of(42)
+
+
+def test_adapter_from_an_export_folder_renders_its_base_pooling_and_notes(tmp_path, d2cse_cfg):
+    """`cse_peft.json` (models/peft_export.py) → exactness, the bundled base, the pooling and `peft_embed.py`."""
+    folder = tmp_path / "peft"
+    folder.mkdir()
+    (folder / "cse_peft.json").write_text(json.dumps({
+        "format_version": 1, "method": "diffaug", "backbone": "bert-base-uncased", "pooling": {"kind": "cls"},
+        "exact": True, "max_abs_diff": 3.2e-7, "base_model": str(folder / "base_model"),
+        "limitations": ["fine-tuned-base: the base is the fine-tuned encoder bundled in base_model/"]}))
+    adapter = AdapterInfo.from_folder(folder)
+    assert adapter.exact is True and adapter.pooling == {"kind": "cls"} and adapter.max_abs_diff == 3.2e-7
+    card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=adapter))
+    assert f'AutoModel.from_pretrained("{folder}/base_model")  # the fine-tuned encoder, bundled' in card
+    assert f'load_prefix_encoder("{folder}")' in card and '`{"kind": "cls"}`' in card
+    assert "within 1e-5 (verified at export; largest difference 3.2e-07)." in card
+    assert "- fine-tuned-base: the base is the fine-tuned encoder bundled in base_model/" in card
+    with pytest.raises(FileNotFoundError, match="cse_peft.json"):
+        AdapterInfo.from_folder(tmp_path)
+
+
+def test_from_training_reads_the_checkpoint_and_dataset_refs(tmp_path, d2cse_cfg):
+    ckpt = tmp_path / "best"
+    ckpt.mkdir()
+    (ckpt / "cse_model.json").write_text(json.dumps({"trainable_parameters": 1234, "pooler": "cls_before_pooler"}))
+    facts = CardFacts.from_training(d2cse_cfg, OURS, checkpoint=ckpt, adapter={"folder": "ad", "exact": True},
+                                    nli_tokens=DatasetRef(kind="tokens", key="k", path="/p", rows=1, content_hash="nli-hash"))
+    assert facts.trainable_parameters == 1234 and facts.pooler == "cls_before_pooler" and facts.nli_tokens_hash == "nli-hash"
+    card = model_card(facts)
+    assert "`cls_before_pooler` pooling" in card and "| NLI tokens | `nli-hash` |" in card
+    assert "It reproduces this model's embeddings within 1e-5 (verified at export)." in card
+    assert CardFacts.from_training(d2cse_cfg, OURS, checkpoint=ckpt, trainable_parameters=7).trainable_parameters == 7
+
+
+def test_write_model_card_replaces_the_readme_atomically(tmp_path, full_facts):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "modules.json").write_text("[]")
+    (export / "README.md").write_text("sentence-transformers' own card")
+    path = write_model_card(export, full_facts)
+    assert path == export / "README.md" and path.read_text() == model_card(full_facts)
+    assert sorted(p.name for p in export.iterdir()) == ["README.md", "modules.json"]  # no temporary left behind
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    card = write_model_card(adapter, full_facts).read_text()
+    assert _front_matter(card)["library_name"] == "peft" and 'PeftModel.from_pretrained(base, "<this folder>")' in card
+    assert "The sentence-transformers export is the job's `export/` folder (not this one)" in card
+    with pytest.raises(FileNotFoundError, match="export the model before"):
+        write_model_card(tmp_path / "absent", full_facts)
+
+
+def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
+    """`cse card RUN_DIR`: result.json + the MLflow run (config.json, tags, registered version) + the checkpoint."""
+    configure_mlflow()
+    exp = ensure_experiment("d2cse")
+    with mlflow.start_run(experiment_id=exp, tags={"tokens_hash": TOKENS_HASH, "corruption_hash": CORRUPTION_HASH,
+                                                   "git_commit": COMMIT}) as run:
+        mlflow.log_text(json.dumps(d2cse_cfg.model_dump()), "config.json")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("cse-d2cse-bert-base-unsup")
+    client.create_model_version("cse-d2cse-bert-base-unsup", f"runs:/{run.info.run_id}/model", run_id=run.info.run_id)
+    job = RunDir("d2cse", "k1")
+    (job.export).mkdir()
+    (job.export / "modules.json").write_text("[]")
+    job.best.mkdir()
+    (job.best / "cse_model.json").write_text(json.dumps({"trainable_parameters": 2_658_818, "pooler": "cls_before_pooler"}))
+    assert cse(["card", str(job.path)]) == 2  # not finished yet
+    assert "has not finished" in capsys.readouterr().err
+    job.set_result({"run_id": run.info.run_id, "run_dir": str(job.path), "best_checkpoint": str(job.best), "steps": 10,
+                    "best_stsb_dev": 80.5, "resumed_from": None, "test_metrics": {"sts12": 73.5, "stsb": 82.1}})
+    assert cse(["card", str(job.path)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {job.export / 'README.md'}"
+    card = (job.export / "README.md").read_text()
+    assert f"git commit: `{COMMIT}`" in card and TOKENS_HASH in card and CORRUPTION_HASH in card
+    assert 'load_model("models:/cse-d2cse-bert-base-unsup/1")' in card and "This model: 2,658,818" in card
+    assert _row(card, "STS", "difference")[0] == "+0.08" and _row(card, "STS", "difference")[1] == MISSING
+    assert json.loads(card.split("```json\n", 1)[1].split("\n```", 1)[0]) == d2cse_cfg.model_dump(mode="json")
+    # tracking.model_export tags the run with the version it registered: the card names that one
+    client.set_tag(run.info.run_id, "cse.registered_model", "cse-d2cse-bert-base-uncased-default")
+    client.set_tag(run.info.run_id, "cse.model_version", "7")
+    assert cse(["card", str(job.path)]) == 0
+    assert 'load_model("models:/cse-d2cse-bert-base-uncased-default/7")' in (job.export / "README.md").read_text()

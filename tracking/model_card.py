@@ -1,0 +1,585 @@
+"""The model card of an export: a Hugging Face README.md (YAML front matter + markdown) rendered from typed facts.
+
+`CardFacts` gathers what one training job knows (its `TrainConfig`, the test metrics of `evaluation.Evaluator`,
+the content hashes of its input datasets, the MLflow run and registered model version, the git commit, the
+trainable parameters of its checkpoint, an optional PEFT adapter export); `model_card(facts)` renders them and
+`write_model_card(folder, facts)` writes the card into an export folder (atomically). Rendering is pure: the
+published row a job reproduces (config/published.py) is looked up when the facts are gathered, and every metric
+or fact that is missing renders as "—".
+
+The card holds: the STS table (STS12–16, STS-B, SICK-R, Avg.), retrieval recall@k and alignment/uniformity on
+STS-B test, each beside the published row and the difference (ours − published); trainable parameters; the data
+and corruption hashes; the full configuration; the git commit; how to load the model (the sentence-transformers
+folder, the PEFT adapter where one exists, the MLflow model URI) and the papers to cite.
+
+`card_facts_of_job(run_dir)` (for `cse card RUN_DIR`) reads a finished job's recorded result and its MLflow run
+(config, tags, registered version); it is the only function here that talks to MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from config import published
+from config.methods import REGISTRY
+from storage.atomic import atomic_file
+from storage.readers import SEVEN_TASKS
+
+if TYPE_CHECKING:
+    from config.training import TrainConfig
+    from storage.datasets import DatasetRef
+    from storage.runs import RunDir
+
+CARD_FILE = "README.md"
+MISSING = "—"
+PACKAGED_MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what `packaged:minilm` packages (pyproject.toml)
+STS_TITLES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+              "stsb": "STS-B", "sickr": "SICK-R", "sts_avg": "Avg."}
+STS_COLUMNS = (*SEVEN_TASKS, "sts_avg")
+ALIGN_COLUMNS = ("alignment", "uniformity")
+_RETRIEVAL = re.compile(r"^retrieval_r(\d+)$")
+Library = Literal["sentence-transformers", "peft"]
+
+# --- the papers (bibliographic facts from ../shared/papers: the papers' own headers and their reference lists) ---
+BIBTEX: dict[str, str] = {
+    "d2cse": """@article{lee2023d2cse,
+  title   = {{D2CSE}: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings},
+  author  = {Lee, Hyunjae},
+  journal = {arXiv preprint arXiv:2304.08991},
+  year    = {2023}
+}""",
+    "dcpcse": """@article{jiang2022dcpcse,
+  title   = {Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings},
+  author  = {Jiang, Yuxin and Wang, Wei},
+  journal = {arXiv preprint arXiv:2203.06875},
+  year    = {2022}
+}""",
+    "diffcse": """@article{chuang2022diffcse,
+  title   = {{DiffCSE}: Difference-based Contrastive Learning for Sentence Embeddings},
+  author  = {Chuang, Yung-Sung and Dangovski, Rumen and Luo, Hongyin and Zhang, Yang and Chang, Shiyu and
+             Solja{\\v{c}}i{\\'c}, Marin and Li, Shang-Wen and Yih, Wen-tau and Kim, Yoon and Glass, James},
+  journal = {arXiv preprint arXiv:2204.10298},
+  year    = {2022}
+}""",
+    "diffaug": """@inproceedings{wang2022diffaug,
+  title     = {Differentiable Data Augmentation for Contrastive Sentence Representation Learning},
+  author    = {Wang, Tianduo and Lu, Wei},
+  booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
+  pages     = {7640--7653},
+  year      = {2022},
+  doi       = {10.18653/v1/2022.emnlp-main.520}
+}""",
+    "simcse": """@inproceedings{gao2021simcse,
+  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
+  pages     = {6894--6910},
+  year      = {2021}
+}""",
+}
+# What a card of each method cites: the method's own paper first, then the work it builds on (D2CSE: DCPCSE's deep
+# prompts, DiffCSE's conditional replaced-token detection, SimCSE's contrastive framework).
+CITES: dict[str, tuple[str, ...]] = {
+    "d2cse": ("d2cse", "dcpcse", "diffcse", "simcse"),
+    "dcpcse": ("dcpcse", "simcse"),
+    "diffcse": ("diffcse", "simcse"),
+    "diffaug": ("diffaug", "simcse"),
+    "simcse": ("simcse",),
+}
+_PAPER_TITLES = {"d2cse": "D2CSE", "dcpcse": "DCPCSE", "diffcse": "DiffCSE", "diffaug": "DiffAug", "simcse": "SimCSE"}
+
+
+class AdapterInfo(BaseModel):
+    """The PEFT adapter exported beside the model (models/peft_export.py's `PeftExport`, a dict of its fields, or the
+    adapter folder's `cse_peft.json`). `exact`: whether `PeftModel` + the pooling reproduce our embeddings (None: not
+    recorded); `base_model`: the adapter's base (an HF id, or the fine-tuned encoder bundled in the folder);
+    `pooling`: how the embedding is read from the encoder's output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    folder: str
+    exact: bool | None = None
+    limitations: list[str] = Field(default_factory=list)
+    base_model: str | None = None
+    pooling: dict[str, Any] | None = None
+    max_abs_diff: float | None = None
+
+    @classmethod
+    def of(cls, export: Any) -> AdapterInfo | None:
+        """An `AdapterInfo` from a `PeftExport`-like object (attributes `folder`, `exact`, `limitations`, optionally
+        `base_model`, `pooling`, `max_abs_diff`), a mapping of those fields, an `AdapterInfo`, or None (no adapter)."""
+        if export is None or isinstance(export, AdapterInfo):
+            return export
+        names = ("folder", "exact", "limitations", "base_model", "pooling", "max_abs_diff")
+        if isinstance(export, Mapping):
+            fields = {k: export[k] for k in names if k in export}
+        elif hasattr(export, "folder"):
+            fields = {k: getattr(export, k) for k in names if hasattr(export, k)}
+        else:
+            raise TypeError(f"adapter: expected a PeftExport, a mapping with `folder`, or None; got {type(export).__name__}")
+        if "folder" not in fields:
+            raise ValueError(f"adapter: the mapping lacks `folder` (got keys {sorted(export)})")
+        return cls(folder=str(fields["folder"]), exact=fields.get("exact"),
+                   limitations=[str(x) for x in (fields.get("limitations") or [])],
+                   base_model=None if fields.get("base_model") is None else str(fields["base_model"]),
+                   pooling=fields.get("pooling"), max_abs_diff=_number(fields.get("max_abs_diff")))
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> AdapterInfo:
+        """The adapter an export wrote into `folder`, from its `cse_peft.json` (models/peft_loader.py)."""
+        from models.peft_loader import read_spec
+
+        return cls.of({**read_spec(folder), "folder": str(folder)})
+
+
+class PublishedReference(BaseModel):
+    """The published numbers of the row a job reproduces (config/published.py), one dict per table; each dict is the
+    row as published there (its `source` and its columns). Empty dicts: the papers report no such number."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: tuple[str, str, str]
+    sts: dict[str, float | str] = Field(default_factory=dict)
+    retrieval: dict[str, float | str] = Field(default_factory=dict)
+    align_uniform: dict[str, float | str] = Field(default_factory=dict)
+    parameters: dict[str, float | str] = Field(default_factory=dict)
+
+    @classmethod
+    def lookup(cls, method: str, backbone: str, setting: str) -> PublishedReference | None:
+        """The published row of (method, backbone family, setting); None when no paper reports one."""
+        family = published.backbone_family(backbone)
+        if family is None:
+            return None
+        key = (method, family, setting)
+        ref = cls(key=key, sts=published.STS.get(key, {}), retrieval=published.RETRIEVAL.get(key, {}),
+                  align_uniform=published.ALIGN_UNIFORM.get(key, {}),
+                  parameters=published.PARAMETERS.get((method, family), {}) if setting == "unsup" else {})
+        return ref if (ref.sts or ref.retrieval or ref.align_uniform or ref.parameters) else None
+
+    def values(self) -> dict[str, float]:
+        """Every published number by metric name (`sts12` … `sts_avg`, `retrieval_r1` …, `alignment`, `uniformity`)."""
+        return {k: float(v) for table in (self.sts, self.retrieval, self.align_uniform)
+                for k, v in table.items() if k != "source" and _number(v) is not None}
+
+
+class CardFacts(BaseModel):
+    """Everything a model card says, gathered once (`from_training`, `card_facts_of_job`) and rendered purely.
+
+    `metrics` are the evaluator's flat test metric names (`sts12` … `sickr`, `sts_avg`, `retrieval_r<k>`,
+    `alignment`, `uniformity`; Spearman and recall ×100), any of them possibly absent. `config` is the job's full
+    `TrainConfig` dump. Hashes are the content hashes of the job's input datasets (`DatasetRef.content_hash`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str
+    method_title: str
+    summary: str = ""
+    preset: str
+    backbone: str
+    setting: str = Field(description="unsup / sup / semi / semi-aux (config.published.setting_of)")
+    uses_corruption: bool = False
+    dataset: str = Field(default=MISSING, description="the training data: wiki1m or nli")
+    metrics: dict[str, float] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    tokens_hash: str | None = None
+    corruption_hash: str | None = None
+    nli_tokens_hash: str | None = None
+    data_sources: dict[str, str] = Field(default_factory=dict, description="training data: name → local file, HF datasets or URL")
+    datasets: list[str] = Field(default_factory=list, description="HF hub ids of the training data (front matter)")
+    git_commit: str | None = None
+    run_id: str | None = None
+    registered_name: str | None = None
+    version: str | None = None
+    logged_model_uri: str | None = Field(default=None, description="the logged model's own URI (`models:/<model id>`)")
+    trainable_parameters: int | None = None
+    pooler: str | None = None
+    steps: int | None = None
+    best_stsb_dev: float | None = None
+    adapter: AdapterInfo | None = None
+    reference: PublishedReference | None = None
+
+    @classmethod
+    def from_training(cls, cfg: TrainConfig, test_metrics: Mapping[str, float] | None = None, *,
+                      tokens: DatasetRef | str | None = None, corruption: DatasetRef | str | None = None,
+                      nli_tokens: DatasetRef | str | None = None, run_id: str | None = None,
+                      registered_name: str | None = None, version: int | str | None = None,
+                      logged_model_uri: str | None = None, git_commit: str | None = None, trainable_parameters: int | None = None,
+                      checkpoint: str | Path | None = None, adapter: Any = None, steps: int | None = None,
+                      best_stsb_dev: float | None = None) -> CardFacts:
+        """The facts of one training job, from what tasks/train.py holds after its export step.
+
+        `tokens`/`corruption`/`nli_tokens`: the input `DatasetRef`s (or their content hashes). `checkpoint`: the
+        best checkpoint folder, read for the trainable parameter count and the evaluation pooler when
+        `trainable_parameters` is not given. `adapter`: a `PeftExport` (or a dict of its fields) or None.
+        `registered_name`/`version`/`logged_model_uri`: tracking.model_export's `LoggedEncoder` fields."""
+        spec = REGISTRY.get(cfg.method)
+        setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
+        pooler = None
+        if checkpoint is not None:
+            meta = _checkpoint_meta(Path(checkpoint))
+            pooler = meta.get("pooler")
+            if trainable_parameters is None and isinstance(meta.get("trainable_parameters"), int):
+                trainable_parameters = meta["trainable_parameters"]
+        sources = _training_sources(cfg)
+        return cls(
+            method=cfg.method, method_title=spec.title if spec else cfg.method, summary=spec.summary if spec else "",
+            preset=cfg.preset, backbone=cfg.backbone, setting=setting, uses_corruption=cfg.uses_corruption,
+            dataset=cfg.dataset,
+            metrics={k: float(v) for k, v in (test_metrics or {}).items() if _number(v) is not None},
+            config=cfg.model_dump(mode="json"),
+            tokens_hash=_hash(tokens), corruption_hash=_hash(corruption), nli_tokens_hash=_hash(nli_tokens),
+            data_sources={k: _describe_source(v) for k, v in sources.items()}, datasets=_hub_datasets(sources.values()),
+            git_commit=git_commit, run_id=run_id, registered_name=registered_name,
+            version=None if version is None else str(version), logged_model_uri=logged_model_uri,
+            trainable_parameters=trainable_parameters,
+            pooler=pooler, steps=steps, best_stsb_dev=best_stsb_dev, adapter=AdapterInfo.of(adapter),
+            reference=PublishedReference.lookup(cfg.method, cfg.backbone, setting),
+        )
+
+    @property
+    def model_uri(self) -> str | None:
+        """`models:/<registered name>/<version>` when registered, else the logged model's URI, else
+        `runs:/<run id>/model`, else None."""
+        if self.registered_name and self.version:
+            return f"models:/{self.registered_name}/{self.version}"
+        if self.logged_model_uri:
+            return self.logged_model_uri
+        if self.run_id:
+            return f"runs:/{self.run_id}/model"
+        return None
+
+
+def published_differences(facts: CardFacts) -> dict[str, float]:
+    """ours − published for every metric both the job and its published row have (STS, retrieval, align/uniform)."""
+    if facts.reference is None:
+        return {}
+    return {k: facts.metrics[k] - v for k, v in facts.reference.values().items()
+            if _number(facts.metrics.get(k)) is not None}
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+
+def model_card(facts: CardFacts, library: Library = "sentence-transformers") -> str:
+    """The card (README.md text) of the export described by `facts`; `library` is the folder's kind: the
+    sentence-transformers export, or the PEFT adapter folder (front matter `library_name: peft`)."""
+    parts = [_front_matter(facts, library), _title(facts), _results(facts), _parameters(facts), _data(facts),
+             _provenance(facts), _loading(facts, library), _configuration(facts), _citation(facts)]
+    return "\n".join(p.rstrip("\n") + "\n" for p in parts if p)
+
+
+def write_model_card(folder: str | Path, facts: CardFacts) -> Path:
+    """Write `facts`' card as `folder/README.md` (atomically; an earlier card, e.g. sentence-transformers' own, is
+    replaced). A folder holding `adapter_config.json` and no `modules.json` gets the PEFT adapter's front matter."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no export folder at {folder}: export the model before writing its card")
+    library: Library = "peft" if (folder / "adapter_config.json").is_file() and not (folder / "modules.json").is_file() \
+        else "sentence-transformers"
+    path = folder / CARD_FILE
+    with atomic_file(path) as tmp:
+        tmp.write_text(model_card(facts, library), encoding="utf-8")
+    return path
+
+
+def _front_matter(facts: CardFacts, library: Library) -> str:
+    meta: dict[str, Any] = {"library_name": library, "pipeline_tag": "sentence-similarity",
+                            "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction", facts.method,
+                                     "contrastive-learning"]}
+    if library == "peft" or facts.adapter is not None:
+        meta["tags"].append("peft")
+    if (base := _hub_model_id(facts.backbone)) is not None:
+        meta["base_model"] = base
+    if facts.datasets:
+        meta["datasets"] = list(facts.datasets)
+    results = [{"task": {"type": "sentence-similarity", "name": "Semantic Textual Similarity"},
+                "dataset": {"name": f"{STS_TITLES[t]} (SentEval, test)", "type": f"senteval-{t}", "split": "test"},
+                "metrics": [{"type": "spearman", "value": round(facts.metrics[t], 2), "name": "Spearman x100"}]}
+               for t in SEVEN_TASKS if _number(facts.metrics.get(t)) is not None]
+    if results:
+        meta["model-index"] = [{"name": facts.registered_name or f"{facts.method_title} ({facts.backbone}, {facts.preset})",
+                                "results": results}]
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def _title(facts: CardFacts) -> str:
+    lines = [f"# {facts.method_title} · {facts.backbone} · {facts.setting}", ""]
+    what = f"A sentence encoder trained with **{facts.method_title}**" + (f": {facts.summary}." if facts.summary else ".")
+    lines.append(f"{what} Preset `{facts.preset}`, backbone `{facts.backbone}`, training data {facts.dataset}. "
+                 "Each sentence maps to one vector; compare them by cosine similarity.")
+    return "\n".join(lines) + "\n"
+
+
+def _results(facts: CardFacts) -> str:
+    ref = facts.reference
+    lines = ["## Results (test)", ""]
+    if ref is None:
+        lines += [f"No paper reports {facts.method_title} on `{facts.backbone}` ({facts.setting}): there is no "
+                  "published row to compare with.", ""]
+    else:
+        lines += [f"Published row reproduced: `{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py). "
+                  "Difference = this model − published.", ""]
+    lines += ["### STS (Spearman × 100; STS12–16 \"all\", STS-B and SICK-R test)", ""]
+    lines += _table(facts, STS_COLUMNS, [STS_TITLES[c] for c in STS_COLUMNS], ref.sts if ref else {}, digits=2)
+    ks = sorted({int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {}))
+                 if (m := _RETRIEVAL.match(k))})
+    lines += ["", "### Retrieval (STS-B test, gold-5.0 pairs as queries; recall@k × 100)", ""]
+    if ks:
+        cols = tuple(f"retrieval_r{k}" for k in ks)
+        lines += _table(facts, cols, [f"R@{k}" for k in ks], ref.retrieval if ref else {}, digits=2)
+    else:
+        lines.append(MISSING + " (not evaluated)")
+    lines += ["", "### Alignment and uniformity (STS-B test; lower is better)", ""]
+    lines += _table(facts, ALIGN_COLUMNS, ["alignment", "uniformity"], ref.align_uniform if ref else {}, digits=4)
+    extra = []
+    if facts.best_stsb_dev is not None:
+        extra.append(f"Best STS-B dev (checkpoint selection): {_fmt(facts.best_stsb_dev, 2)}")
+    if facts.steps is not None:
+        extra.append(f"training steps: {facts.steps:,}")
+    if extra:
+        lines += ["", "; ".join(extra) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _table(facts: CardFacts, columns: Sequence[str], titles: Sequence[str], row: Mapping[str, float | str],
+           digits: int) -> list[str]:
+    out = ["| | " + " | ".join(titles) + " |", "|---|" + "---|" * len(columns),
+           "| this model | " + " | ".join(_fmt(facts.metrics.get(c), digits) for c in columns) + " |"]
+    if row:
+        out.append(f"| published ({row.get('source', '?')}) | "
+                   + " | ".join(_fmt(row.get(c), digits) for c in columns) + " |")
+        out.append("| difference | " + " | ".join(_diff(facts.metrics.get(c), row.get(c), digits) for c in columns) + " |")
+    return out
+
+
+def _parameters(facts: CardFacts) -> str:
+    lines = ["## Trainable parameters", "", f"This model: {_count(facts.trainable_parameters)} (at training time, "
+             "heads used only for training included)."]
+    if facts.reference and (p := facts.reference.parameters):
+        lines.append(f"Published: {_count(_number(p.get('trainable_parameters')))} (source: {p.get('source', '?')}).")
+    return "\n".join(lines) + "\n"
+
+
+def _data(facts: CardFacts) -> str:
+    lines = ["## Data", "", "| input | content hash |", "|---|---|",
+             f"| training tokens ({facts.dataset}) | `{facts.tokens_hash or MISSING}` |"]
+    if facts.nli_tokens_hash or facts.config.get("prefix_phase") or facts.config.get("aux_nli_batch_size"):
+        lines.append(f"| NLI tokens | `{facts.nli_tokens_hash or MISSING}` |")
+    uses_corruption = facts.corruption_hash is not None or facts.uses_corruption
+    if uses_corruption:
+        lines.append(f"| replaced-token corruption | `{facts.corruption_hash or MISSING}` |")
+    if facts.data_sources:
+        lines += ["", "Sources: " + "; ".join(f"{k}: {v}" for k, v in facts.data_sources.items()) + "."]
+    corrupt = facts.config.get("corrupt") or {}
+    if uses_corruption and corrupt:
+        lines += ["", f"Corruption: generator `{corrupt.get('generator', MISSING)}`, mask ratio "
+                      f"{corrupt.get('mask_ratio', MISSING)}, mode {corrupt.get('mode', MISSING)}, "
+                      f"{corrupt.get('variants', MISSING)} variant(s) per sentence, seed {corrupt.get('seed', MISSING)}."]
+    lines += ["", "Hashes are the content hashes of the pipeline's datasets (`cse report`, `cse verify`): the same "
+                  "hash means the same rows, byte for byte."]
+    return "\n".join(lines) + "\n"
+
+
+def _provenance(facts: CardFacts) -> str:
+    lines = ["## Provenance", "", f"- git commit: `{facts.git_commit or MISSING}`",
+             f"- preset: `{facts.method}/{facts.preset}` (`prefect deployment run train-{facts.method}/{facts.preset}`)",
+             f"- MLflow run: `{facts.run_id or MISSING}`"]
+    if facts.registered_name:
+        lines.append(f"- MLflow registered model: `{facts.registered_name}` version {facts.version or MISSING}")
+    return "\n".join(lines) + "\n"
+
+
+def _loading(facts: CardFacts, library: Library) -> str:
+    st_folder = "this folder" if library == "sentence-transformers" else "the job's `export/` folder (not this one)"
+    lines = ["## How to load", "", "### sentence-transformers", "",
+             f"The sentence-transformers export is {st_folder}: its `modules.json` names "
+             "`models.st_export.PromptedEncoderModule`, so it needs this project's package importable; the backbone "
+             f"`{facts.backbone}` is loaded from its own id or folder, as in training.",
+             "", "```python", "from sentence_transformers import SentenceTransformer", "",
+             'model = SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)',
+             'embeddings = model.encode(["a man is playing a guitar ."])', "```", ""]
+    if facts.pooler:
+        lines += [f"The sentence embedding is the `{facts.pooler}` pooling of the encoder.", ""]
+    lines += ["### PEFT adapter", ""]
+    a = facts.adapter
+    if a is not None:
+        path = "<this folder>" if library == "peft" else a.folder
+        where = "this folder" if library == "peft" else f"`{a.folder}`"
+        bundled = a.base_model is not None and Path(a.base_model).parent == Path(a.folder)
+        base = f"{path}/{Path(a.base_model).name}" if bundled else (a.base_model or _hub_model_id(facts.backbone)
+                                                                    or facts.backbone)
+        lines += [f"A prefix-tuning adapter of the trained prompts: {where}.", "",
+                  "```python", "from peft import PeftModel", "from transformers import AutoModel, AutoTokenizer", "",
+                  f'base = AutoModel.from_pretrained("{base}")' + ("  # the fine-tuned encoder, bundled" if bundled else ""),
+                  f'model = PeftModel.from_pretrained(base, "{path}").eval()',
+                  f'tokenizer = AutoTokenizer.from_pretrained("{path}")', "```", ""]
+        if a.pooling is not None:
+            lines += [f"The embedding is read from the encoder's output with the pooling `{json.dumps(a.pooling, sort_keys=True)}` "
+                      "(`cse_peft.json`); `peft_embed.py` in the adapter folder (transformers + peft only) does it all:", "",
+                      "```python", "from peft_embed import embed_sentences, load_prefix_encoder", "",
+                      f'model, tokenizer, spec = load_prefix_encoder("{path}")',
+                      'embeddings = embed_sentences(model, tokenizer, spec, ["a man is playing a guitar ."])', "```", ""]
+        if a.exact is True:
+            lines.append("It reproduces this model's embeddings within 1e-5 (verified at export"
+                         + (f"; largest difference {a.max_abs_diff:.2g})." if a.max_abs_diff is not None else ")."))
+        elif a.exact is False:
+            lines.append("It does **not** reproduce this model's embeddings exactly; use the sentence-transformers "
+                         "folder for the exact model.")
+        else:
+            lines.append("Whether it reproduces this model's embeddings exactly was not recorded.")
+        if a.limitations:
+            lines += ["", "Notes from the export (what PEFT cannot express, and how to load it elsewhere):",
+                      *[f"- {x}" for x in a.limitations]]
+        lines.append("")
+    else:
+        lines += ["None was exported with this model (methods that fine-tune the whole encoder, such as SimCSE and "
+                  "DiffCSE, have no prompts to export).", ""]
+    lines += ["### MLflow", ""]
+    if (uri := facts.model_uri) is not None:
+        lines += ["```python", "import mlflow", "", f'model = mlflow.pyfunc.load_model("{uri}")',
+                  'embeddings = model.predict(["a man is playing a guitar ."])', "```"]
+        if facts.registered_name is None:
+            lines += ["", "(The model is not registered in the model registry; the URI names the training run's "
+                          "logged model.)"]
+    else:
+        lines.append(f"{MISSING} (no MLflow run recorded)")
+    return "\n".join(lines) + "\n"
+
+
+def _configuration(facts: CardFacts) -> str:
+    if not facts.config:
+        return "## Configuration\n\n" + MISSING + " (not recorded)\n"
+    return ("## Configuration\n\nThe job's full `TrainConfig` (config/training.py):\n\n<details>\n<summary>config.json"
+            "</summary>\n\n```json\n" + json.dumps(facts.config, indent=2, sort_keys=True, default=str)
+            + "\n```\n\n</details>\n")
+
+
+def _citation(facts: CardFacts) -> str:
+    keys = CITES.get(facts.method, ("simcse",))
+    names = ", ".join(_PAPER_TITLES[k] for k in keys)
+    return ("## Citation\n\n" + f"Please cite {names}:\n\n```bibtex\n"
+            + "\n\n".join(BIBTEX[k] for k in keys) + "\n```\n")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+def _number(v: Any) -> float | None:
+    """`v` as a finite float, else None (missing, text, NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _fmt(v: Any, digits: int) -> str:
+    x = _number(v)
+    return MISSING if x is None else f"{x:.{digits}f}"
+
+
+def _diff(ours: Any, theirs: Any, digits: int) -> str:
+    a, b = _number(ours), _number(theirs)
+    return MISSING if a is None or b is None else f"{a - b:+.{digits}f}"
+
+
+def _count(n: float | int | None) -> str:
+    return MISSING if n is None else f"{int(n):,}"
+
+
+def _hash(ref: Any) -> str | None:
+    if ref is None:
+        return None
+    return str(getattr(ref, "content_hash", ref))
+
+
+def _hub_model_id(backbone: str) -> str | None:
+    """The HF hub id of a backbone (`bert-base-uncased`, `org/name`), None for a local folder or a random init."""
+    if backbone == "packaged:minilm":
+        return PACKAGED_MINILM_HUB_ID
+    if ":" in backbone or backbone.startswith((".", "/", "~")) or Path(backbone).exists():
+        return None
+    return backbone if re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", backbone) else None
+
+
+def _training_sources(cfg: TrainConfig) -> dict[str, Any]:
+    """The ingestion source of each training dataset of the job (Wiki1M or NLI, plus NLI for DiffAug's prefix phase
+    or auxiliary batches)."""
+    names = ["nli"] if cfg.supervised else ["wiki1m"]
+    if cfg.needs_nli and "nli" not in names:
+        names.append("nli")
+    return {n: {"wiki1m": cfg.ingest.wiki, "nli": cfg.ingest.nli}[n] for n in names}
+
+
+def _describe_source(src: Any) -> str:
+    """Where a source's rows came from, in the readers' order: a local `path`, else its HF datasets, else `url`."""
+    if getattr(src, "path", None):
+        return str(src.path)
+    if hf := getattr(src, "hf", ()):
+        return ", ".join(h.describe() for h in hf)
+    return str(src.url)
+
+
+def _hub_datasets(sources: Any) -> list[str]:
+    """HF hub dataset ids of the sources (their HF datasets that are hub ids, or a hub file URL), in order, without
+    repeats; local files and folders have none."""
+    out: list[str] = []
+    for src in sources:
+        if getattr(src, "path", None):
+            continue
+        if hf := getattr(src, "hf", ()):
+            ids = [h.dataset for h in hf if _hub_model_id(h.dataset) is not None]
+        else:
+            m = re.match(r"https://huggingface\.co/datasets/([\w.-]+/[\w.-]+)/", str(src.url))
+            ids = [m.group(1)] if m else []
+        out += [i for i in ids if i not in out]
+    return out
+
+
+def _checkpoint_meta(folder: Path) -> dict[str, Any]:
+    from models.checkpoint import read_checkpoint_meta
+
+    return read_checkpoint_meta(folder)
+
+
+# ------------------------------------------------------------------------------------------------ `cse card`
+
+def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
+    """The facts of a finished training job: its recorded result (`result.json`: run id, test metrics, steps), its
+    MLflow run (the `config.json` artifact, the hash and commit tags, the registered model version, if any) and its
+    best checkpoint (trainable parameters, pooler). Errors name what is missing."""
+    import mlflow
+
+    from config.training import TrainConfig
+    from tracking.runs import configure_mlflow
+
+    record = run_dir.result()
+    if record is None:
+        raise FileNotFoundError(f"{run_dir.path} has not finished (no result.json): train it first")
+    run_id = record["run_id"]
+    uri = configure_mlflow()
+    client = mlflow.MlflowClient()
+    try:
+        run = client.get_run(run_id)
+        config = json.loads(mlflow.artifacts.load_text(f"{run.info.artifact_uri.rstrip('/')}/config.json"))
+    except Exception as e:  # MlflowException, or an OSError from the artifact store
+        raise FileNotFoundError(f"cannot read MLflow run {run_id} of {run_dir.path} (its config.json) from {uri}: "
+                                f"{' '.join(str(e).split())[:300]}") from None
+    cfg = TrainConfig.model_validate(config)
+    tags = run.data.tags
+    name, version = tags.get("cse.registered_model"), tags.get("cse.model_version")  # tracking.model_export's tags
+    if version is None:  # registered otherwise: the newest version made from this run
+        versions = sorted(client.search_model_versions(f"run_id = '{run_id}'"), key=lambda v: int(v.version))
+        name, version = (versions[-1].name, versions[-1].version) if versions else (None, None)
+    best = Path(record.get("best_checkpoint") or run_dir.best)
+    return CardFacts.from_training(
+        cfg, record.get("test_metrics") or {}, tokens=tags.get("tokens_hash"),
+        corruption=None if tags.get("corruption_hash") in (None, "none") else tags["corruption_hash"],
+        nli_tokens=tags.get("nli_tokens_hash"), run_id=run_id,
+        registered_name=name if version is not None else None, version=version,
+        git_commit=tags.get("git_commit"), checkpoint=best if best.is_dir() else None, adapter=adapter,
+        steps=record.get("steps"), best_stsb_dev=record.get("best_stsb_dev"))
