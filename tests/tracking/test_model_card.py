@@ -276,3 +276,15 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
     client.set_tag(run.info.run_id, "cse.model_version", "7")
     assert cse(["card", str(job.path)]) == 0
     assert 'load_model("models:/cse-d2cse-bert-base-uncased-default/7")' in (job.export / "README.md").read_text()
+    # a job with a PEFT adapter (prompt methods): `cse card` rewrites that folder's card as well, by default
+    capsys.readouterr()
+    job.peft_adapter.mkdir()
+    (job.peft_adapter / "adapter_config.json").write_text("{}")
+    (job.peft_adapter / "cse_peft.json").write_text(json.dumps({
+        "format_version": 1, "method": "d2cse", "backbone": "bert-base-uncased", "pooling": {"kind": "cls"},
+        "exact": True, "max_abs_diff": 0.0, "base_model": "bert-base-uncased", "limitations": []}))
+    assert cse(["card", str(job.path)]) == 0
+    assert capsys.readouterr().out.split() == ["wrote", str(job.export / "README.md"),
+                                               "wrote", str(job.peft_adapter / "README.md")]
+    adapter_card = (job.peft_adapter / "README.md").read_text()
+    assert "library_name: peft" in adapter_card and 'load_prefix_encoder("<this folder>")' in adapter_card
