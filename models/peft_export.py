@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from models import peft_loader
+from models.batching import pad_sequences
 
 PROMPT_METHODS = ("d2cse", "dcpcse", "diffaug")
 TOLERANCE = 1e-5
@@ -113,13 +114,7 @@ def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor
     ids = model.token_ids(list(sentences))
     out = []
     for i in range(0, len(ids), batch_size):
-        chunk = ids[i:i + batch_size]
-        width = max(len(r) for r in chunk)
-        input_ids = torch.full((len(chunk), width), model.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for j, row in enumerate(chunk):
-            input_ids[j, :len(row)] = torch.tensor(row)
-            mask[j, :len(row)] = 1
+        input_ids, mask = pad_sequences(ids[i:i + batch_size], model.pad_token_id)
         out.append(model.embed(input_ids.to(device), mask.to(device)).float().cpu())
     return torch.cat(out) if out else torch.zeros(0, model.hidden_size)
 
