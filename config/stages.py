@@ -107,6 +107,10 @@ class TokenizeConfig(_Config):
                          "reuses (file sizes and row counts are always checked)")
 
 
+# The corruption seed of the stage run on its own (`CorruptConfig.seed` None outside a training job): the seed of the
+# training presets, so a stand-alone corruption is the one a seed-42 job reads.
+STANDALONE_SEED = 42
+
 # Unsupervised D2CSE/DiffCSE: 2 dropout views x 2 epochs, each with its own corruption (methods.md §4 step 2).
 UNSUP_REFERENCE_VARIANTS = 4
 
@@ -130,7 +134,12 @@ class CorruptConfig(_Config):
                     "every epoch (a training job resolves it to epochs x views per column; the stage alone uses "
                     f"{UNSUP_REFERENCE_VARIANTS}, the 2 views x 2 epochs of unsupervised D2CSE/DiffCSE); 1 = the cheaper "
                     "single corruption shared by all views and epochs")
-    seed: int = 42
+    seed: int | None = Field(
+        default=None, ge=0,
+        description="seed of the masks, random replacements and generator dropout; None = follow the training job's "
+                    f"`seed` (the references draw them on the fly from the training-seeded RNG, so every seed of a job "
+                    f"trains on its own corruptions); the stage run alone uses {STANDALONE_SEED}, a seed-{STANDALONE_SEED} "
+                    "job's corruption")
     shard_size: int = Field(default=50_000, ge=1, description="sentences per shard")
     batch_size: int = Field(default=256, ge=1)
     generator_dropout: bool = Field(
@@ -145,9 +154,21 @@ class CorruptConfig(_Config):
         """The number of variants the stage writes (`variants`, or the unsupervised reference default)."""
         return self.variants if self.variants is not None else UNSUP_REFERENCE_VARIANTS
 
+    @property
+    def resolved_seed(self) -> int:
+        """The seed the stage uses (`seed`, or the stand-alone default when no training job set it)."""
+        return self.seed if self.seed is not None else STANDALONE_SEED
+
     def resolved(self) -> CorruptConfig:
-        """This config with `variants` made explicit (what the stage computes and hashes)."""
-        return self if self.variants is not None else self.model_copy(update={"variants": self.resolved_variants})
+        """This config with `variants` and `seed` made explicit (what the stage computes and hashes)."""
+        update = {k: v for k, v in (("variants", self.resolved_variants), ("seed", self.resolved_seed))
+                  if getattr(self, k) is None}
+        return self.model_copy(update=update) if update else self
+
+    def for_job(self, job_seed: int, variants: int) -> CorruptConfig:
+        """The corruption a training job reads: `variants` when unset, and the job's seed unless `seed` was set."""
+        update = {k: v for k, v in (("variants", variants), ("seed", job_seed)) if getattr(self, k) is None}
+        return self.model_copy(update=update) if update else self
 
     @field_validator("generator")
     @classmethod

@@ -127,9 +127,9 @@ class TrainConfig(_Config):
         if self.model.backbone != self.backbone:  # a copy with another backbone: the job's backbone is the one
             object.__setattr__(self, "model", replace(self.model, backbone=self.backbone))
         cls = spec.model_class
-        if cls.uses_corruption and self.corrupt.variants is None:  # the reference: a fresh corruption per view and epoch
-            object.__setattr__(self, "corrupt", self.corrupt.model_copy(
-                update={"variants": required_variants(self.epochs, self.supervised)}))
+        if cls.uses_corruption:  # the reference: a fresh corruption per view and epoch, drawn from the job's seed
+            object.__setattr__(self, "corrupt", self.corrupt.for_job(
+                self.seed, required_variants(self.epochs, self.supervised)))
         phases = cls.phases
         if "prefix" in phases and self.prefix_phase is None:
             raise ValueError(f"method {self.method} trains a prefix phase first: set prefix_phase")

@@ -50,12 +50,17 @@ class D2CSEModelConfig(PromptConfig):
     # the prompt LR (0.021 / 0.055) would be ~3,000x that.
     discriminator_learning_rate: float = 7e-6
     discriminator_reuses_prefix_sample: bool = False
+    # The BN-MLP and RTD head train at the job's (prompt) learning rate, the paper's single LR; a value here puts them
+    # in an AdamW group of their own (a sensitivity knob: at 0.021 the first Adam steps re-randomise the fresh head).
+    head_learning_rate: float | None = None
 
     def __post_init__(self):
         self.check_prompts()
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_learning_rate <= 0:
             raise ValueError(f"discriminator_learning_rate must be positive, got {self.discriminator_learning_rate}")
+        if self.head_learning_rate is not None and not self.head_learning_rate > 0:
+            raise ValueError(f"head_learning_rate must be positive (or None: the job's rate), got {self.head_learning_rate}")
         if self.discriminator_reuses_prefix_sample and not self.discriminator_prompts:
             raise ValueError("discriminator_reuses_prefix_sample needs discriminator_prompts=True")
 
@@ -137,14 +142,20 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
 
     def parameter_groups(self, phase: str) -> list[dict]:
         """Prompts, [CLS] prompt, BN-MLP and RTD head at the job's LR; ablation (b)'s trainable discriminator in a group of
-        its own at `discriminator_learning_rate`."""
+        its own at `discriminator_learning_rate`; the BN-MLP and RTD head in one at `head_learning_rate` when set."""
         params = self.phase_parameters(phase)
-        if self.discriminator is None:
+        own = []  # (name, parameter ids, learning rate) of the groups with a rate of their own
+        if self.config.head_learning_rate is not None:
+            head = [*self.projection.parameters(), *self.rtd_head.parameters()]
+            own.append(("head", {id(p) for p in head}, self.config.head_learning_rate))
+        if self.discriminator is not None:
+            own.append(("discriminator", {id(p) for p in self.discriminator.parameters()},
+                        self.config.discriminator_learning_rate))
+        if not own:
             return [{"params": params}]
-        disc = {id(p) for p in self.discriminator.parameters()}
-        return [{"params": [p for p in params if id(p) not in disc]},
-                {"params": [p for p in params if id(p) in disc], "lr": self.config.discriminator_learning_rate,
-                 "name": "discriminator"}]
+        taken = set().union(*(ids for _, ids, _ in own))
+        groups = [{"params": [p for p in params if id(p) not in taken]}]
+        return groups + [{"params": [p for p in params if id(p) in ids], "lr": lr, "name": name} for name, ids, lr in own]
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Evaluation embedding `(B, d)`: CLS before the pooler with prompts active (§1.3, §5)."""

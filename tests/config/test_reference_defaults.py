@@ -15,7 +15,7 @@ from config.presets import PRESETS
 from config.training import resolve_train_config
 from config.published import presets_for, published_keys
 from config.settings import REPO_ROOT
-from config.stages import UNSUP_REFERENCE_VARIANTS, CorruptConfig
+from config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, CorruptConfig
 from config.training import required_variants
 from models.d2cse import D2CSE, D2CSEModelConfig
 from config.methods import model_class
@@ -55,7 +55,37 @@ def test_the_corruption_stage_alone_defaults_to_the_unsupervised_reference():
     cfg = CorruptConfig()
     assert cfg.variants is None and cfg.generator_dropout is True
     assert cfg.resolved().variants == UNSUP_REFERENCE_VARIANTS == required_variants(2, supervised=False)
-    assert cfg.resolved() == CorruptConfig(variants=UNSUP_REFERENCE_VARIANTS)  # one dataset for both spellings
+    # one dataset for both spellings
+    assert cfg.resolved() == CorruptConfig(variants=UNSUP_REFERENCE_VARIANTS, seed=STANDALONE_SEED)
+
+
+# ---------------------------------------------------------------- the corruption follows the training seed
+
+@pytest.mark.parametrize("method", ["d2cse", "diffcse"])
+def test_the_corruption_seed_follows_the_job_seed_unless_set(method):
+    assert resolve_train_config("smoke", method=method).corrupt.seed == 42  # the presets' seed: keys made before stay
+    assert resolve_train_config("smoke", {"seed": 7}, method=method).corrupt.seed == 7
+    pinned = resolve_train_config("smoke", {"seed": 7, "corrupt": {"seed": 42}}, method=method)
+    assert (pinned.seed, pinned.corrupt.seed) == (7, 42)  # an explicit corruption seed is kept
+
+
+def test_a_stand_alone_corruption_is_the_one_a_seed_42_job_reads():
+    job = resolve_train_config("smoke", method="d2cse").corrupt
+    alone = CorruptConfig(**job.model_dump(exclude={"seed", "variants"})).model_copy(update={"variants": job.variants})
+    assert alone.seed is None and alone.resolved() == job
+    with pytest.raises(ValueError, match="seed"):
+        CorruptConfig(seed=-1)
+
+
+def test_seeds_children_get_independent_corruption_keys():
+    from types import SimpleNamespace
+
+    from tasks.corrupt import corruption_key
+
+    tokens = SimpleNamespace(content_hash="c" * 64, params={})  # what the key reads of the tokens manifest
+    keys = {corruption_key(tokens, resolve_train_config("smoke", {"seed": s}, method="d2cse").corrupt,
+                           {"name": "g"}, "fp32") for s in (42, 43, 42)}
+    assert len(keys) == 2
 
 
 def _rows(n_columns: int, variants: int) -> TrainingRows:

@@ -79,6 +79,13 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
     seed_runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`cse.kind` = 'seeds'", output_format="list")
     seed_avgs = [r.data.metrics["sts_avg"] for r in seed_runs if "cse.child" in r.data.tags]
     assert len(seed_avgs) == 2 and seed_avgs[0] != seed_avgs[1]  # two seeds train two different models
+    # each seed reads its own corruption (the corruption seed follows the job's), so its own dataset
+    seed_children = [r for r in seed_runs if "cse.child" in r.data.tags]
+    corruptions = {r.data.tags["cse.child"]: r.data.tags["corruption_hash"] for r in seed_children}
+    assert len(set(corruptions.values())) == 2, corruptions
+    published = [m for _, m in DataRoot(get_settings().data_root).list("corruption")]
+    assert {m.content_hash for m in published} >= set(corruptions.values())
+    assert {m.params["seed"] for m in published if m.content_hash in corruptions.values()} == {1, 2}
     assert by_metric["sts_avg"]["n"] == 2 and by_metric["sts_avg"]["mean"] == pytest.approx(statistics.fmean(seed_avgs))
     assert by_metric["sts_avg"]["std"] == pytest.approx(statistics.stdev(seed_avgs))
     assert set(by_metric) >= {"sts12", "sickr", "sts_avg", "best_stsb_dev"}

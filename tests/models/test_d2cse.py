@@ -264,3 +264,18 @@ def test_is_a_sentence_embedder(make_model, tokenizer):
     assert model.token_ids(["a cat"]) == [tokenizer("a cat")["input_ids"]]
     assert model.describe()["pooler"] == "cls_before_pooler"
     assert model.pad_token_id == 0 and model.device == torch.device("cpu")
+
+
+def test_head_learning_rate_puts_the_bn_mlp_and_rtd_head_in_a_group_of_their_own(make_model):
+    default = make_model().parameter_groups("main")
+    assert len(default) == 1 and "lr" not in default[0]  # the paper's single learning rate
+    model = make_model(head_learning_rate=1e-3)
+    rest, head = model.parameter_groups("main")
+    head_ids = {id(p) for p in [*model.projection.parameters(), *model.rtd_head.parameters()]}
+    assert (head["name"], head["lr"]) == ("head", 1e-3) and {id(p) for p in head["params"]} == head_ids
+    assert {id(p) for p in rest["params"]} == {id(model.encoder.prefix_encoder.embedding.weight)}
+    both = make_model(head_learning_rate=1e-3, discriminator_prompts=False, train_discriminator=True)
+    names = [g.get("name") for g in both.parameter_groups("main")]
+    assert names == [None, "head", "discriminator"]
+    with pytest.raises(ValueError, match="head_learning_rate"):
+        make_model(head_learning_rate=0.0)
