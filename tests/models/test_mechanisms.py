@@ -25,6 +25,7 @@ from models.dcpcse import DCPCSE, DCPCSEConfig
 from models.diffaug import DiffAug, DiffAugConfig
 from models.diffcse import DiffCSE, DiffCSEConfig
 from models.losses import contrastive_loss
+from models.peft_export import export_peft_adapter
 from models.simcse import SimCSE, SimCSEConfig
 from storage.training_data import CorruptionRows, TokenRows
 from tests.batches import SENTENCES, corrupted_views
@@ -267,6 +268,9 @@ def test_frozen_prompts_receive_no_update_through_the_trainer(method, tiny_bert_
     with torch.no_grad():
         assert torch.equal(frozen.eval().embed(enc["input_ids"], enc["attention_mask"]),
                            loaded.embed(enc["input_ids"], enc["attention_mask"]))
+    # ...and exported as a PEFT adapter, which reproduces the embeddings (checked by the export on its probes)
+    export = export_peft_adapter(tmp_path / "ckpt", tmp_path / "adapter")
+    assert export.exact
 
 
 def test_nothing_left_to_train_is_refused_naming_the_field(tiny_bert_dir):
