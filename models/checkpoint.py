@@ -3,7 +3,8 @@
 A checkpoint folder holds
   `cse_model.json`       method, backbone name/path, the pretrained backbone's shape and weight fingerprint, the
                          full model config, the evaluation pooler and caller metadata;
-  `weights.safetensors`  every trainable parameter plus the persistent buffers outside the frozen parameters
+  `weights.safetensors`  every parameter outside the frozen pretrained backbone (trainable ones, and prompts frozen by
+                         `train_prompts=False`) plus the persistent buffers outside the frozen parameters
                          (BatchNorm running statistics), minus the model's `not_for_inference` prefixes — a few MB
                          for the prompt methods (D2CSE, DCPCSE) on BERT-base, one encoder (~440 MB) for the
                          fine-tuning methods (SimCSE, DiffCSE without its discriminator, DiffAug).
@@ -110,11 +111,17 @@ def validate_checkpoint(folder: str | Path) -> dict[str, Any]:
 
 
 def frozen_parameter_names(model: nn.Module) -> set[str]:
-    return {n for n, p in model.named_parameters() if not p.requires_grad}
+    """The parameters a checkpoint leaves out: the frozen ones of the pretrained backbone (`model.backbone`), which
+    loading rebuilds from the backbone's name. A frozen tensor outside it (prompts frozen at their random initial
+    values, `train_prompts=False`) cannot be rebuilt, so it is saved like a trainable one."""
+    backbone = getattr(model, "backbone", None)
+    pretrained = {id(p) for p in backbone.parameters()} if isinstance(backbone, nn.Module) else None
+    return {n for n, p in model.named_parameters() if not p.requires_grad and (pretrained is None or id(p) in pretrained)}
 
 
 def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict without the frozen parameters: trainable tensors + persistent buffers (BN statistics)."""
+    """The state dict without the frozen backbone parameters: trainable tensors, frozen non-backbone tensors (frozen
+    prompts) and persistent buffers (BN statistics)."""
     frozen = frozen_parameter_names(model)
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in frozen}
 

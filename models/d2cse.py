@@ -91,7 +91,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             if cls_token_id is None:
                 raise ValueError("cls_prompt=True needs the [CLS] id (pass a tokenizer or cls_token_id)")
             row = self.backbone.get_input_embeddings().weight[cls_token_id]
-            self.cls_prompt = nn.Parameter(row.detach().clone().float())
+            self.cls_prompt = nn.Parameter(row.detach().clone().float(), requires_grad=config.train_prompts)
 
         self.projection = ProjectionMLP(d, init_std=init_std)
         self.rtd_head = RTDHead(d)
@@ -162,4 +162,5 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         return self.encode_cls(input_ids, attention_mask, token_type_ids)
 
     def describe(self) -> dict:
-        return {**super().describe(), "prefix_len": self.config.prefix_len, "cls_prompt": self.config.cls_prompt}
+        return {**super().describe(), "prefix_len": self.config.prefix_len, "cls_prompt": self.config.cls_prompt,
+                "rtd_weight": self.config.rtd_weight, "train_prompts": self.config.train_prompts}

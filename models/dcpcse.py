@@ -358,4 +358,4 @@ class DCPCSE(PromptedModel, CSEModel):
     def describe(self) -> dict:
         return {**super().describe(), "prefix_len": self.config.prefix_len, "prefix_projection": self.config.prefix_projection,
                 "mlp_only_train": self.config.mlp_only_train, "mlm": self.config.mlm,
-                "trainable_parameters": self.trainable_parameter_count()}
+                "train_prompts": self.config.train_prompts, "trainable_parameters": self.trainable_parameter_count()}

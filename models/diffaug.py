@@ -52,6 +52,14 @@ template length = sentence_length + prefix_len/2` (off by 8, the prefix mask is 
 auxiliary NLI rows are not denoised (the reference splits them off before the subtraction). At inference
 there is neither denoising nor MLP.
 
+Ablation "same prefix" (`shared_prefix=True`; DiffAug paper, Table 3 "Prefix (same)": STS-B dev 85.7 against 86.2 for
+"Prefix (different, ours)", semi-supervised BERT-base, l = 8): "two identical prefixes" for the positives of
+contrastive learning. In the joint stage every row — both views (anchor, positive and hard negative when supervised)
+and the auxiliary NLI rows — sees module A, so the two views of a sentence differ by dropout only; denoising then
+subtracts δ_A from every row. The paper leaves the rest of the variant unspecified; here it is kept as in DiffAug,
+so the control differs from the method in the stage-2 views only: stage 1 still trains modules A and B on NLI, and
+inference still sees all 16 slots (checkpoints and exports are unchanged).
+
 Not reproduced (trainer matters, see §6 "Schedules"): the stage-1 clipping over all parameters, the
 stage-1 scheduler sized by stage 2, multi-GPU gathering of negatives.
 """
@@ -85,6 +93,8 @@ class DiffAugConfig(MethodConfig):
     `prefix_hidden`: `h_p` of the reparametrisation MLP; None = the hidden size d (DiffAug always uses d).
     `aux_weight`: α of the joint-stage auxiliary NLI cross-entropy (0 = off; the "semi w/ aux" preset uses 1e-3).
     `denoise_index_quirk`: reproduce the reference's off-by-`prefix_len/2` δ index (§10.17).
+    `shared_prefix`: the paper's "same prefix" ablation (Table 3): every joint-stage row uses module A, so both
+    views share one prefix module (stage 1 and inference unchanged; see the module docstring).
     """
 
     prefix_len: int = 16
@@ -98,6 +108,7 @@ class DiffAugConfig(MethodConfig):
     denoise_copies: int = 128
     denoise_index_quirk: bool = True
     shift_positions: bool = True
+    shared_prefix: bool = False
 
     def __post_init__(self):
         if self.prefix_len < 2 or self.prefix_len % 2:
@@ -261,6 +272,12 @@ class DiffAug(PromptedModel, CSEModel):
         """Module of every row of a flattened `(B, n)` batch: view 0 → A (0), the others → B (1)."""
         return (torch.arange(n_views, device=device) > 0).long().repeat(batch)
 
+    def joint_modules(self, batch: int, n_views: int, device: torch.device) -> torch.Tensor:
+        """Module of every joint-stage row: `view_modules`, or A (0) for every row with `shared_prefix` (Table 3 "same")."""
+        if self.config.shared_prefix:
+            return torch.zeros(batch * n_views, dtype=torch.long, device=device)
+        return self.view_modules(batch, n_views, device)
+
     # --------------------------------------------------------------------------------- passes
     def mask_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(R, T)` tokenisation-stage rows → (`(R, d)` [MASK] states with each row's module, `(R,)` sentence lengths)."""
@@ -341,7 +358,7 @@ class DiffAug(PromptedModel, CSEModel):
         b, n, t = batch.input_ids.shape
         device = batch.input_ids.device
         ids, mask = batch.flat(batch.input_ids), batch.flat(batch.attention_mask)
-        modules = self.view_modules(b, n, device)
+        modules = self.joint_modules(b, n, device)
         aux = batch.aux if self.config.aux_weight > 0 else None
         if self.config.aux_weight > 0 and aux is None:
             raise ValueError(f"aux_weight={self.config.aux_weight} needs an NLI batch in `batch.aux`")
@@ -353,7 +370,7 @@ class DiffAug(PromptedModel, CSEModel):
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             ids = torch.cat([F.pad(ids, (0, width - t), value=pad), F.pad(aux.flat(aux.input_ids), (0, width - at), value=pad)])
             mask = torch.cat([F.pad(mask, (0, width - t)), F.pad(aux.flat(aux.attention_mask), (0, width - at))])
-            modules = torch.cat([modules, self.view_modules(ab, an, device)])
+            modules = torch.cat([modules, self.joint_modules(ab, an, device)])
         states, lengths = self.mask_states(ids, mask, modules)
         rows = b * n
         main = states[:rows]
@@ -394,4 +411,4 @@ class DiffAug(PromptedModel, CSEModel):
     def describe(self) -> dict:
         return {**super().describe(), "prefix_len": self.config.prefix_len, "template": self.config.template,
                 "denoise": self.config.denoise, "denoise_index_quirk": self.config.denoise_index_quirk,
-                "aux_weight": self.config.aux_weight}
+                "aux_weight": self.config.aux_weight, "shared_prefix": self.config.shared_prefix}

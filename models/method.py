@@ -27,6 +27,7 @@ from models.batching import TrainBatch
 from models.embedder import SentenceEmbedder
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,21 @@ class MethodConfig:
 @dataclass(frozen=True)
 class PromptConfig(MethodConfig):
     """The deep-prompt fields of the frozen-PLM methods (D2CSE, DCPCSE; methods.md §1.4): P, prefix dropout,
-    optional reparametrisation (`prefix_projection`, hidden `prefix_hidden`) and the reference position shift."""
+    optional reparametrisation (`prefix_projection`, hidden `prefix_hidden`) and the reference position shift.
+
+    `train_prompts` (default True): False freezes the prompts (the prefix table or its reparametrisation, and D2CSE's
+    [CLS] prompt) at their initial values: they are left out of the optimiser's groups, so only the method's other
+    trainable parts learn (DCPCSE: the training-time MLP, and the LM head with `mlm`; D2CSE: the BN-MLP and the RTD
+    head). A control that removes the prompts' learning; the frozen prompts are still applied and saved with
+    every checkpoint.
+    """
 
     prefix_len: int = 16
     prefix_dropout: float = 0.1
     prefix_projection: bool = False
     prefix_hidden: int = 512
     shift_positions: bool = True
+    train_prompts: bool = True
 
     def check_prompts(self) -> None:
         if self.prefix_len < 1:
@@ -96,6 +105,32 @@ def drop_pooler(backbone: nn.Module) -> None:
     """No method evaluates with the pretrained pooler (§1.3), so it is removed and never run."""
     if getattr(backbone, "pooler", None) is not None:
         backbone.pooler = None
+
+
+def set_backbone_dropout(backbone: nn.Module, p: float) -> None:
+    """Set every dropout of an HF encoder to probability `p`: the config's `*dropout*` rates (hidden, attention,
+    classifier...), every `nn.Dropout` module (transformers 5 reads the attention dropout of the eager and sdpa paths
+    from the attention module's `nn.Dropout.p` in training mode) and float `*dropout*` attributes of modules
+    (families that keep the attention rate as a plain number).
+
+    Args:
+        backbone: the encoder, modified in place.
+        p: the probability, in [0, 1).
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    cfg = getattr(backbone, "config", None)
+    if cfg is not None:
+        for key, value in list(vars(cfg).items()):
+            if "dropout" in key and isinstance(value, float):
+                setattr(cfg, key, p)
+    for module in backbone.modules():
+        if isinstance(module, DROPOUT_MODULES):
+            module.p = p
+            continue
+        for key, value in list(vars(module).items()):
+            if "dropout" in key and isinstance(value, float):
+                setattr(module, key, p)
 
 
 def load_backbone(config: MethodConfig, backbone: nn.Module | None, tokenizer):
@@ -151,10 +186,19 @@ class CSEModel(SentenceEmbedder):
         """Name of the evaluation embedding (`cls_before_pooler`, `cls`, `mask`, ...)."""
 
     def phase_parameters(self, phase: str) -> list[nn.Parameter]:
-        """The tensors the optimiser of `phase` steps (default: every trainable tensor)."""
+        """The tensors the optimiser of `phase` steps (default: every trainable tensor); refuses an empty set."""
         if phase not in self.phases:
             raise ValueError(f"{self.method} has phases {self.phases}, not {phase!r}")
-        return [p for p in self.parameters() if p.requires_grad]
+        params = [p for p in self.parameters() if p.requires_grad]
+        if not params:
+            self.refuse_nothing_to_train(phase)
+        return params
+
+    def refuse_nothing_to_train(self, phase: str) -> None:
+        """Raise the error of a phase with no trainable tensor, naming the config field that froze the prompts."""
+        hint = (" (model.train_prompts=False froze the prompts and nothing else is trainable)"
+                if getattr(self.config, "train_prompts", True) is False else "")
+        raise ValueError(f"{self.method}: nothing to train in phase {phase!r}{hint}")
 
     def parameter_groups(self, phase: str) -> list[dict[str, Any]]:
         """AdamW parameter groups of `phase`: one group at the phase's learning rate by default. A group with its own

@@ -645,6 +645,7 @@ class PromptedModel:
         backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
         self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, config.prefix_projection,
                                          config.prefix_hidden, config.shift_positions)
+        self.encoder.prefix_encoder.requires_grad_(config.train_prompts)  # False: the prompts-frozen control
         return backbone.config
 
     @property

@@ -12,6 +12,11 @@ before the MLP (`cls_before_pooler`); `mlp_only_train=False` (supervised referen
 
 Every backbone tensor is trainable (the optional MLM auxiliary of the SimCSE code is not part of the STS
 configurations, §2, and is not implemented here).
+
+`dropout` (default None: the backbone's own rates, 0.1 for BERT) sets every dropout of the backbone — hidden
+states, attention probabilities, embeddings — to one probability; 0.0 is the SimCSE paper's "no dropout" row
+(Gao et al. 2021, Table 2, p = 0), where the two views of a sentence are identical and the unsupervised objective
+has no augmentation left.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch import nn
 from models.batching import TrainBatch
 from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
-from models.method import CSEModel, MethodConfig, StepOutput
+from models.method import CSEModel, MethodConfig, StepOutput, set_backbone_dropout
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,13 @@ class SimCSEConfig(MethodConfig):
     # False: no MLP in training either; the loss reads the raw CLS state (sentence-transformers' CLS pooling +
     # MultipleNegativesRankingLoss: the peer cross-check of benchmarks/learning.py). Not a reference setting.
     train_mlp: bool = True
+    # None: the backbone's own dropout rates (0.1 for BERT). A float p in [0, 1): every dropout of the backbone (hidden,
+    # attention, embeddings) set to p; 0.0 = the SimCSE paper's "no dropout" row (Table 2), the two views identical.
+    dropout: float | None = None
 
     def __post_init__(self):
+        if self.dropout is not None and (isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout must be None (the backbone's own rates) or in [0, 1), got {self.dropout!r}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
         if not self.train_mlp and not self.mlp_only_train:
@@ -63,6 +73,8 @@ class SimCSE(CSEModel):
     def __init__(self, config: SimCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()
         backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)  # full fine-tuning (§2)
+        if config.dropout is not None:
+            set_backbone_dropout(backbone, config.dropout)
         self.encoder = backbone
         bcfg = backbone.config
         self.mlp = SimCSEPoolerMLP(bcfg.hidden_size, init_std=getattr(bcfg, "initializer_range", 0.02))
@@ -109,4 +121,5 @@ class SimCSE(CSEModel):
 
     def describe(self) -> dict:
         return {**super().describe(), "mlp_only_train": self.config.mlp_only_train,
-                "temperature": self.config.temperature, "trainable_parameters": self.trainable_parameter_count()}
+                "temperature": self.config.temperature, "dropout": self.config.dropout,
+                "trainable_parameters": self.trainable_parameter_count()}
