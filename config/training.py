@@ -31,6 +31,11 @@ from models.method import MethodConfig
 
 # How many processes train a job, not what they compute: excluded from the run key (training.job.run_key).
 LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
+# Model fields added after jobs had been keyed, with their defaults: a field at its default is left out of the job's
+# identity (training.job.run_key), so the jobs that finished before it existed keep their run keys and stay cache hits.
+# The rule for every new model field that changes nothing at its default: add it here.
+KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {"dropout": None, "train_prompts": True, "shared_prefix": False,
+                                              "head_learning_rate": None}
 Method = Literal[METHODS]  # the registry's names
 DEFAULT_BACKBONE = "bert-base-uncased"
 

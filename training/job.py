@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from config.settings import get_settings
-from config.training import LAUNCH_FIELDS, TrainConfig
+from config.training import KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
 from storage.datasets import DatasetRef
 from storage.hashing import stable_hash
 from storage.layout import DataRoot
@@ -33,7 +33,10 @@ LogMetrics = Callable[[dict[str, float], int], None]
 
 def run_key(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> str:
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
-    key = {"config": cfg.model_dump(exclude=set(LAUNCH_FIELDS)), "tokens": tokens.content_hash,
+    config = cfg.model_dump(exclude=set(LAUNCH_FIELDS))
+    config["model"] = {k: v for k, v in config["model"].items()
+                       if not (k in KEY_NEUTRAL_MODEL_DEFAULTS and v == KEY_NEUTRAL_MODEL_DEFAULTS[k])}
+    key = {"config": config, "tokens": tokens.content_hash,
            "corruption": corruption.content_hash if corruption is not None else None}
     if nli_tokens is not None:
         key["nli_tokens"] = nli_tokens.content_hash
