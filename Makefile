@@ -30,8 +30,8 @@ main: setup
 smoke-all: setup
 	bash scripts/smoke_all.sh
 
-# Air-gapped GPU node (README "Air-gapped GPU nodes"): a venv over the node's own Python (--system-site-packages, so
-# its CUDA torch and other packages stay as they are), the plan's wheels from WHEELHOUSE (never torch), then the
+# Air-gapped GPU node (README "Air-gapped GPU nodes"): a venv over the node's own Python and its packages (so its
+# CUDA torch and other packages stay as they are), the plan's wheels from WHEELHOUSE (never torch), then the
 # project itself, all with --no-index. NODE_PYTHON is the interpreter that holds the CUDA torch.
 NODE_PYTHON ?= python3
 SUBSET ?= train
@@ -39,7 +39,7 @@ install-offline:
 	@test -n "$(WHEELHOUSE)" || { echo "usage: make install-offline WHEELHOUSE=DIR [NODE_PYTHON=python3] [SUBSET=train|full]"; exit 2; }
 	@test -d "$(WHEELHOUSE)" || { echo "install-offline: WHEELHOUSE=$(WHEELHOUSE) is not a folder"; exit 2; }
 	$(NODE_PYTHON) -c "import torch; print('node torch', torch.__version__, 'cuda', torch.version.cuda)"
-	test -x $(PY) || $(NODE_PYTHON) -m venv --system-site-packages $(VENV)
+	$(NODE_PYTHON) scripts/offline_install.py venv $(VENV)
 	$(PY) scripts/offline_install.py plan "$(WHEELHOUSE)" --subset $(SUBSET) --json $(VENV)/offline-plan.json --wheels > $(VENV)/offline-wheels.txt
 	test ! -s $(VENV)/offline-wheels.txt || $(PIP) install -q --no-index --no-deps $$(cat $(VENV)/offline-wheels.txt)
 	$(PIP) install -q --no-index --find-links "$(WHEELHOUSE)" --no-deps -e .

@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import re
+import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
@@ -289,11 +290,32 @@ def plan(wheels: dict[str, Wheel], roots: list[Requirement], installed: dict[str
     return Plan(sorted(install.values(), key=lambda w: w.name), dict(sorted(kept.items())), sorted(never), missing)
 
 
+def make_venv(folder: Path) -> None:
+    """A venv over this interpreter's packages: --system-site-packages plus a `.pth` naming this interpreter's own
+    site-packages, because the node's Python is often itself a venv (the lent GPU image's is /opt/torch/.venv),
+    whose packages --system-site-packages alone does not reach. The new venv's own packages come first on sys.path,
+    so the plan's wheels shadow the node's versions without replacing them."""
+    import site
+    import sysconfig
+    import venv
+
+    if (folder / "bin" / "python").exists():
+        return
+    venv.create(folder, system_site_packages=True, with_pip=True)
+    mine = [p for p in dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()["purelib"],
+                                                               sysconfig.get_paths()["platlib"]]) if Path(p).is_dir()]
+    out = subprocess.run([str(folder / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    Path(out, "_node_site_packages.pth").write_text("\n".join(mine) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("requirements", help="print the project's requirements for a subset (torch excluded)")
     r.add_argument("--subset", default="full", choices=["full", "train"])
+    v = sub.add_parser("venv", help="make a venv over this interpreter's packages (see make_venv)")
+    v.add_argument("dir", type=Path)
     s = sub.add_parser("stub-torch", help="write the resolver's torch stand-in wheel into DIR")
     s.add_argument("dir", type=Path)
     q = sub.add_parser("plan", help="the install plan of a wheelhouse for this interpreter or a described node")
@@ -310,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "requirements":
         print("\n".join(str(r) for r in project_requirements(args.subset)))
+        return 0
+    if args.cmd == "venv":
+        make_venv(args.dir)
         return 0
     if args.cmd == "stub-torch":
         print(write_stub_torch(args.dir, torch_pin()))
