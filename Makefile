@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast main smoke-all clean
+.PHONY: setup test test-fast main smoke-all clean install-offline gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,26 @@ main: setup
 
 smoke-all: setup
 	bash scripts/smoke_all.sh
+
+# Air-gapped GPU node (README "Air-gapped GPU nodes"): a venv over the node's own Python and its packages (so its
+# CUDA torch and other packages stay as they are), the plan's wheels from WHEELHOUSE (never torch), then the
+# project itself, all with --no-index. NODE_PYTHON is the interpreter that holds the CUDA torch.
+NODE_PYTHON ?= python3
+SUBSET ?= train
+install-offline:
+	@test -n "$(WHEELHOUSE)" || { echo "usage: make install-offline WHEELHOUSE=DIR [NODE_PYTHON=python3] [SUBSET=train|full]"; exit 2; }
+	@test -d "$(WHEELHOUSE)" || { echo "install-offline: WHEELHOUSE=$(WHEELHOUSE) is not a folder"; exit 2; }
+	$(NODE_PYTHON) -c "import torch; print('node torch', torch.__version__, 'cuda', torch.version.cuda)"
+	$(NODE_PYTHON) scripts/offline_install.py venv $(VENV)
+	$(PY) scripts/offline_install.py plan "$(WHEELHOUSE)" --subset $(SUBSET) --json $(VENV)/offline-plan.json --wheels > $(VENV)/offline-wheels.txt
+	test ! -s $(VENV)/offline-wheels.txt || $(PIP) install -q --no-index --no-deps $$(cat $(VENV)/offline-wheels.txt)
+	$(PIP) install -q --no-index --find-links "$(WHEELHOUSE)" --no-deps -e .
+	$(PY) -c "import torch, models.method, training.loop, evaluation.sts; print('installed; torch', torch.__version__, 'kept')"
+
+# Proves and measures the CUDA path (benchmarks/gpu_check.py); DEVICE=cpu: the tiny rehearsal that make test runs.
+DEVICE ?= auto
+gpu-check:
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) benchmarks/gpu_check.py --device $(DEVICE) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf .cse

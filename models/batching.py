@@ -38,6 +38,12 @@ class TrainBatch:
         return TrainBatch(move(self.input_ids), move(self.attention_mask), move(self.corrupted_ids), move(self.rtd_labels),
                           None if self.aux is None else self.aux.to(device))
 
+    def pin_memory(self) -> TrainBatch:
+        """The same batch in page-locked host memory (a later `.to(cuda)` copies asynchronously)."""
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return TrainBatch(pin(self.input_ids), pin(self.attention_mask), pin(self.corrupted_ids), pin(self.rtd_labels),
+                          None if self.aux is None else self.aux.pin_memory())
+
     @property
     def n_views(self) -> int:
         return self.input_ids.shape[1]

@@ -41,7 +41,12 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def mlflow_store_template(tmp_path_factory) -> Path:
-    """An empty MLflow SQLite store with its schema migrated once per session (seconds each time otherwise)."""
+    """An empty MLflow SQLite store with its schema migrated once per session (seconds each time otherwise); None
+    where MLflow is not installed (a GPU node with the training wheelhouse runs `pytest -m gpu` without it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        return None
     from tracking.runs import prepare_sqlite_store
 
     path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
@@ -53,7 +58,8 @@ def mlflow_store_template(tmp_path_factory) -> Path:
 def isolated_home(tmp_path_factory, monkeypatch, mlflow_store_template) -> Path:
     """Every test gets its own CSE_HOME (data root + MLflow store, a copy of the migrated empty store)."""
     home = tmp_path_factory.mktemp("cse_home")
-    shutil.copyfile(mlflow_store_template, home / "mlflow.db")
+    if mlflow_store_template is not None:
+        shutil.copyfile(mlflow_store_template, home / "mlflow.db")
     monkeypatch.setenv("CSE_HOME", str(home))
     monkeypatch.delenv("CSE_DATA_ROOT", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from models import distributed
@@ -98,6 +102,16 @@ class LoopConfig:
     log_steps: int
     precision: str  # fp32 | bf16 | fp16
     deterministic: bool
+    # Speed switches that leave results equal within float tolerance (off by default; not part of the run key):
+    # fused AdamW kernels, torch.compile of the model's training step, and one SDPA kernel for every attention
+    # call ("flash" | "efficient" | "cudnn" | "math"; "" = PyTorch's choice). Environment: CSE_FUSED_ADAMW=1,
+    # CSE_COMPILE=1, CSE_SDPA_BACKEND=<kernel>.
+    fused_adamw: bool = field(default_factory=lambda: os.environ.get("CSE_FUSED_ADAMW", "") == "1")
+    compile: bool = field(default_factory=lambda: os.environ.get("CSE_COMPILE", "") == "1")
+    sdpa_backend: str = field(default_factory=lambda: os.environ.get("CSE_SDPA_BACKEND", ""))
+    # Build the next batch on a host thread while the device runs this step, in pinned memory with non-blocking
+    # copies (None: on CUDA only; a CPU step gains nothing from it).
+    prefetch: bool | None = None
 
 
 @dataclass
@@ -108,6 +122,15 @@ class LoopResult:
     resumed_from: int | None
     seconds: float
     sentences_per_s: float
+
+
+# LoopConfig.sdpa_backend → torch.nn.attention.SDPBackend member.
+SDPA_BACKENDS = {
+    "flash": lambda: SDPBackend.FLASH_ATTENTION,
+    "efficient": lambda: SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": lambda: SDPBackend.CUDNN_ATTENTION,
+    "math": lambda: SDPBackend.MATH,
+}
 
 
 def set_seed(seed: int) -> None:
@@ -149,6 +172,13 @@ class Trainer:
         self.offsets = [sum(p.total_steps for p in data[:i]) for i in range(len(data))]
         self.total_steps = sum(p.total_steps for p in data)
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and device.type == "cuda")
+        if cfg.sdpa_backend and cfg.sdpa_backend not in SDPA_BACKENDS:
+            raise ValueError(f"sdpa_backend {cfg.sdpa_backend!r} is not one of {sorted(SDPA_BACKENDS)}")
+        self.prefetch = device.type == "cuda" if cfg.prefetch is None else cfg.prefetch
+        self._step_fn = torch.compile(self.model.training_step) if cfg.compile else self.model.training_step
+        # Host time spent getting each step's batch onto the device (waiting for the prefetch, building it, issuing
+        # the copy) and the loop's wall time, both since run() began: host_wait_share = host_wait_s / loop_s.
+        self.host_wait_s, self.loop_s = 0.0, 0.0
         self.step, self.best_score, self.best_step = 0, None, None
         self.phase_index = -1
         self._orders: dict[tuple[int, int, int], object] = {}
@@ -213,7 +243,9 @@ class Trainer:
             groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
         groups = [g for g in groups if g["params"]]
         self.params = [p for g in groups for p in g["params"]]  # clipping and gradient reduction see every group
-        self.optimizer = torch.optim.AdamW(groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        fused = {"fused": True} if self.cfg.fused_adamw else {}
+        self.optimizer = torch.optim.AdamW(groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                           **fused)
         horizon = phase.schedule_steps or phase.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
 
@@ -274,10 +306,15 @@ class Trainer:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
+    def _sdpa_kernel(self):
+        if not self.cfg.sdpa_backend:
+            return nullcontext()
+        return sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]())
+
     def _train_step(self, batch) -> dict[str, float]:
         self.model.train()
-        with self._autocast():
-            out = self.model.training_step(batch, step=self.step, phase=self.phase.name)
+        with self._autocast(), self._sdpa_kernel():
+            out = self._step_fn(batch, step=self.step, phase=self.phase.name)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
         if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
@@ -299,10 +336,10 @@ class Trainer:
             self._orders[key] = epoch_order(n, seed, epoch)
         return self._orders[key]
 
-    def _batch(self, phase: Phase, phase_step: int):
+    def _batch(self, phase: Phase, phase_step: int, phase_index: int | None = None):
         """The batch of in-phase step `phase_step`: a pure function of (seed, phase, step), so resume sees the same."""
         epoch, b = divmod(phase_step, phase.steps_per_epoch)
-        seed = self.cfg.seed + 7919 * self.phase_index
+        seed = self.cfg.seed + 7919 * (self.phase_index if phase_index is None else phase_index)
         idx = self._order(len(phase.rows), seed, epoch)[b * phase.batch_size:(b + 1) * phase.batch_size]
         batch = phase.rows.batch(idx, epoch)
         if phase.aux_rows is not None:
@@ -311,6 +348,18 @@ class Trainer:
             aux_idx = self._order(len(phase.aux_rows), seed + 1, ae)[ab * phase.aux_batch_size:(ab + 1) * phase.aux_batch_size]
             batch.aux = phase.aux_rows.batch(aux_idx, ae)
         return batch, epoch, b
+
+    def _host_batch(self, step: int):
+        """(this rank's batch of global step `step` on the host, epoch, batch index, global sentences, global tokens);
+        pinned when prefetching to CUDA. Pure (no RNG, no trainer state changed), so a host thread may build it."""
+        index = self._phase_of(step)
+        phase = self.phases[index]
+        batch, epoch, b = self._batch(phase, step - self.offsets[index], index)
+        n_sentences, n_tokens = batch.sentences, batch.tokens  # of the global batch
+        batch = self._shard(batch)
+        if self.prefetch and self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch, epoch, b, n_sentences, n_tokens
 
     selection_metric = "stsb_dev"  # what `evaluate_dev` returns (training/job.py: transfer_dev_avg with selection transfer)
 
@@ -335,16 +384,36 @@ class Trainer:
             if len(set(steps)) != 1:
                 raise RuntimeError(f"ranks start at different steps {steps}: the resume state must be visible to every rank")
             distributed.broadcast_module(self.model)  # identical starting weights and buffers on every rank
-        t0, sentences = time.perf_counter(), 0
-        window_t, window_sent, window_tok = time.perf_counter(), 0, 0
+        t0 = time.perf_counter()
+        self.host_wait_s = 0.0
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=self.rank != 0)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="cse-prefetch") if self.prefetch else None
+        try:
+            result = self._run_steps(pool, bar, t0, resumed)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            self.loop_s = time.perf_counter() - t0
+        return result
+
+    def _run_steps(self, pool, bar, t0: float, resumed: int | None) -> LoopResult:
+        sentences, window_t, window_sent, window_tok, window_wait = 0, time.perf_counter(), 0, 0, 0.0
+        next_batch = None  # (step, future) of the prefetched batch
         while self.step < self.total_steps:
             self._enter_phase(self._phase_of(self.step))
             phase = self.phase
-            phase_step = self.step - self.offsets[self.phase_index]
-            batch, epoch, b = self._batch(phase, phase_step)
-            n_sentences, n_tokens = batch.sentences, batch.tokens  # of the global batch
-            batch = self._shard(batch).to(self.device)
+            t_wait = time.perf_counter()
+            if next_batch is not None and next_batch[0] == self.step:
+                host = next_batch[1].result()
+            else:
+                host = self._host_batch(self.step)
+            if pool is not None and self.step + 1 < self.total_steps:
+                next_batch = (self.step + 1, pool.submit(self._host_batch, self.step + 1))
+            batch, epoch, b, n_sentences, n_tokens = host
+            batch = batch.to(self.device)
+            waited = time.perf_counter() - t_wait
+            self.host_wait_s += waited
+            window_wait += waited
             metrics = self._train_step(batch)
             self.step += 1
             sentences += n_sentences
@@ -355,14 +424,15 @@ class Trainer:
             if self.step % self.cfg.log_steps == 0 or self.step == self.total_steps:
                 dt = max(time.perf_counter() - window_t, 1e-9)
                 metrics.update(learning_rate=self.scheduler.get_last_lr()[0], epoch=epoch + (b + 1) / phase.steps_per_epoch,
-                               phase=float(self.phase_index), sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt)
+                               phase=float(self.phase_index), sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt,
+                               host_wait_share=window_wait / dt)
                 for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
                     metrics[f"learning_rate_{group.get('name', 'group')}"] = lr
                 if self.device.type == "cuda":
                     metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 if self.rank == 0:
                     self.log_metrics(metrics, self.step)
-                window_t, window_sent, window_tok = time.perf_counter(), 0, 0
+                window_t, window_sent, window_tok, window_wait = time.perf_counter(), 0, 0, 0.0
             if self.step % self.cfg.eval_steps == 0:
                 self._main_only(self._maybe_evaluate)
             if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:

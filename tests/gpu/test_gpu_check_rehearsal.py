@@ -1,0 +1,27 @@
+"""`make gpu-check DEVICE=cpu`: benchmarks/gpu_check.py end to end on CPU (the gpu tier at tiny size, then every
+method's throughput, corruption and evaluation measurements at tiny size), so the GPU command cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from config.settings import REPO_ROOT
+
+
+def test_gpu_check_rehearsal_on_cpu(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu",
+                           "--out", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "gpu_check-cpu.json").read_text())
+    assert result["tests"]["returncode"] == 0 and "passed" in result["tests"]["summary"]
+    assert "failed" not in result["tests"]["summary"] and "skipped" not in result["tests"]["summary"]
+    assert [r["method"] for r in result["training"]] == ["d2cse", "simcse", "dcpcse", "diffcse", "diffaug"]
+    for r in result["training"]:
+        assert r["steps_per_s"] > 0 and r["tokens_per_s"] > 0 and r["flops_per_step"] > 0, r
+        assert 0 <= r["host_wait_share"] < 1 and r["projected_schedule_steps"] > 0 and r["mfu"] is None
+    assert result["corruption"]["sentences_per_s"] > 0 and result["corruption"]["wiki1m_faithful_minutes"] > 0
+    assert result["evaluation"]["sts7_sentences"] == 2 * 18_850 and result["evaluation"]["sts7_wall_s"] > 0
+    md = (tmp_path / "gpu_check-cpu.md").read_text()
+    assert "| d2cse |" in md and "seven-task STS" in md
