@@ -194,7 +194,7 @@ class Bench:
                                          TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL["max_length"]))
             _log("fitting (or reusing) the generator: fit-generator default on the Wiki1M sample")
             ref = fit_generator.fn(tokens.key, config)
-            self._generator = ref.path
+            self._generator = f"generator:{ref.key}"  # by key: corruption keys do not depend on where --home is
             _log(f"generator {ref.key} at {ref.path}")
         return self._generator
 
