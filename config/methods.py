@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
+from config.finite import FINITE_ONLY
 from config.presets import PRESETS
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class MethodSpec:
 
 @lru_cache(maxsize=None)
 def _adapter(config_class: type) -> TypeAdapter:
-    return TypeAdapter(config_class)
+    return TypeAdapter(config_class, config=FINITE_ONLY)  # inf / nan refused (config/finite.py)
 
 
 REGISTRY: dict[str, MethodSpec] = {

@@ -24,6 +24,7 @@ from typing import Any
 from config.settings import get_settings
 from storage.locks import exclusive
 from storage.atomic import atomic_file
+from storage.paths import check_key, job_folder
 
 
 class ResumeState:
@@ -57,7 +58,7 @@ class ResumeState:
 
 class RunDir:
     def __init__(self, method: str, run_key: str, home: Path | None = None):
-        self.path = (home or get_settings().home) / "runs" / method / run_key
+        self.path = (home or get_settings().home) / "runs" / check_key(method, "method") / check_key(run_key, "run key")
         self.path.mkdir(parents=True, exist_ok=True)
 
     def exclusive(self):
@@ -67,11 +68,10 @@ class RunDir:
 
     @classmethod
     def at(cls, path: str | Path) -> RunDir:
-        """The existing job folder `path` (= <home>/runs/<method>/<run key>)."""
-        path = Path(path).expanduser().resolve()
-        if not path.is_dir():
-            raise FileNotFoundError(f"no job folder at {path}")
-        return cls(path.parent.name, path.name, home=path.parents[2])
+        """The existing job folder `path` (= <home>/runs/<method>/<run key>); any other shape is refused, saying what
+        was expected (`storage.paths.job_folder`)."""
+        home, method, key = job_folder(path)
+        return cls(method, key, home=home)
 
     @property
     def state(self) -> Path:

@@ -47,6 +47,12 @@ class TrainingInterrupted(RuntimeError):
     """Raised by `stop_after` to simulate a kill; the resume state of the last checkpoint is kept."""
 
 
+class NonFiniteLoss(FloatingPointError):
+    """The loss or the gradient norm of a step is not finite (inf / nan): training stops at that step, before the
+    optimizer applies it, so no NaN weights are saved, selected, registered or exported. The message names the
+    step, the phase, which value and the step's other loss terms."""
+
+
 @dataclass
 class Phase:
     """One training phase. `cycle`: run exactly `max_steps` steps, cycling the rows (DiffAug stage 1);
@@ -278,6 +284,7 @@ class Trainer:
         self.model.train()
         with self._autocast():
             out = self.model.training_step(batch, step=self.step, phase=self.phase.name)
+        self._require_finite("loss", out.loss, out.metrics)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
         if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
@@ -285,11 +292,25 @@ class Trainer:
             distributed.check_replicated(out.loss, f"{self.phase.name}-phase loss of {type(self.model).__name__}")
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        if not self.scaler.is_enabled():  # (fp16's scaler skips a step with inf gradients and lowers its scale itself)
+            self._require_finite("gradient norm", grad_norm, {"loss": out.loss, **out.metrics})
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         values = {"loss": out.loss, **out.metrics, "grad_norm": grad_norm}
         return {n: float(v.detach()) for n, v in values.items()}
+
+    def _require_finite(self, what: str, value: torch.Tensor, terms: dict) -> None:
+        """`NonFiniteLoss` naming the step (1-based, as logged), the phase, `what` and the step's loss terms when
+        `value` is inf or nan."""
+        v = float(value.detach())
+        if math.isfinite(v):
+            return
+        shown = ", ".join(f"{n}={float(t.detach()) if torch.is_tensor(t) else float(t):.6g}" for n, t in terms.items())
+        raise NonFiniteLoss(f"training stopped at step {self.step + 1} of {self.total_steps} (phase {self.phase.name!r}): "
+                            f"the {what} is {v}" + (f" ({shown})" if shown else "")
+                            + "; nothing of this step was applied. Lower the learning rate or check the data and "
+                            "precision; the resume state holds the last good step")
 
     def _order(self, n: int, seed: int, epoch: int):
         key = (n, seed, epoch)

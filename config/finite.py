@@ -1,0 +1,22 @@
+"""Finite numbers only: the one rule every configuration model follows.
+
+`inf` and `nan` are never meaningful parameter values (a learning rate of `inf` trains a NaN model), so every
+pydantic configuration (`config.stages._Config`, and through it every stage, training and evaluation config) and
+every method's typed model config (`config.methods`) is validated with `FINITE_ONLY`; `require_finite` is the same
+rule for numbers checked outside pydantic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import ConfigDict
+
+FINITE_ONLY = ConfigDict(allow_inf_nan=False)
+
+
+def require_finite(name: str, value: float) -> float:
+    """`value` when it is a finite number; ValueError naming `name` and the value otherwise."""
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return value
