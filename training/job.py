@@ -145,6 +145,7 @@ def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run
     trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg, precision), device,
                       run_dir.resume_state, save_best, evaluate_dev, log_metrics, stop_after=stop_after)
     trainer.selection_metric = metric
+    trainer.warn = (logger or log).warning
     if trainer.step == 0 and run_dir.has_state():
         (logger or log).info("resuming %s from %s", run_id, run_dir.state)
     with slot if slot is not None else contextlib.nullcontext():
