@@ -25,7 +25,7 @@ import sys
 import duckdb
 import pandas as pd
 
-from config.settings import get_settings, redact
+from config.settings import get_settings, install_log_redaction, redact
 from storage.catalog import damaged, query, refresh_catalog
 from storage.layout import KINDS, DataRoot
 
@@ -176,6 +176,7 @@ def _one_line(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    install_log_redaction()  # no credential in clear in any warning a command logs
     debug = "--debug" in argv
     try:
         return _main([a for a in argv if a != "--debug"])

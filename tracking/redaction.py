@@ -16,8 +16,7 @@ Stage and training runs also re-raise any other exception whose message holds a 
 from __future__ import annotations
 
 import os
-
-from mlflow.exceptions import MlflowException
+import sys
 
 from config.settings import install_log_redaction, redact
 
@@ -39,9 +38,19 @@ def quiet_run_urls(tracking_uri: str | None) -> None:
         os.environ.setdefault(_SUPPRESS_URLS, "true")
 
 
-def install_redaction() -> None:
-    """Install the masking described in the module docstring (idempotent)."""
-    install_log_redaction()
+def mask_mlflow_exceptions() -> None:
+    """Mask credentials in the message of every `MlflowException` from now on (idempotent; imports MLflow: called by
+    `tracking.runs`, which every MLflow call of the project goes through)."""
+    from mlflow.exceptions import MlflowException
+
     if not getattr(MlflowException.__init__, "cse_masking", False):
         MlflowException.__init__ = _masking_init(MlflowException.__init__)
+
+
+def install_redaction() -> None:
+    """Install the masking described in the module docstring (idempotent). MLflow is not imported here (rendering
+    modules of `tracking` stay free of it); its exceptions are masked once it is (`mask_mlflow_exceptions`)."""
+    install_log_redaction()
+    if "mlflow" in sys.modules:
+        mask_mlflow_exceptions()
     quiet_run_urls(os.environ.get("MLFLOW_TRACKING_URI"))

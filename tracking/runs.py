@@ -48,9 +48,10 @@ from storage.spool import (
     replace_records,
 )
 from tracking.datasets import as_datasets
-from tracking.redaction import quiet_run_urls
+from tracking.redaction import mask_mlflow_exceptions, quiet_run_urls
 
 log = logging.getLogger(__name__)
+mask_mlflow_exceptions()  # MLflow's error texts name the tracking URI, password included (tracking/redaction.py)
 
 _MAX_PARAM_LEN = 6000
 
