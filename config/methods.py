@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
+from config.finite import check_finite_fields
 from config.presets import PRESETS
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ class MethodSpec:
         if unknown:
             raise ValueError(f"unknown {self.config_class.__name__} keys {unknown}; known: {sorted(known - {'backbone'})}")
         # types checked ("16" → 16, "x" refused) before the dataclass's own checks run
-        return _adapter(self.config_class).validate_python({"backbone": backbone, **fields})
+        config = _adapter(self.config_class).validate_python({"backbone": backbone, **fields})
+        return check_finite_fields(config, f"model ({self.config_class.__name__})")  # inf / nan refused (config/finite.py)
 
     def build_model(self, config: MethodConfig, backbone=None, tokenizer=None, backbone_name: str | None = None) -> CSEModel:
         """The model from its typed config (`backbone_name` replaces the config's backbone name: the job's own)."""

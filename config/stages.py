@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.finite import FINITE_ONLY
 from storage.hf_sources import HFSource
 
 _HF_DATA = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
@@ -16,7 +17,7 @@ SENTEVAL_URL = f"{_HF_DATA}/senteval.tar"
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, **FINITE_ONLY)  # inf / nan refused (config/finite.py)
 
 
 _HF_HELP = ("Hugging Face dataset(s) instead of the file: `hf:<dataset>[:<config>][@<split>]` or {dataset, config, "

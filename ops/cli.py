@@ -25,7 +25,7 @@ import sys
 import duckdb
 import pandas as pd
 
-from config.settings import get_settings, redact
+from config.settings import get_settings, install_log_redaction, redact
 from storage.catalog import damaged, query, refresh_catalog
 from storage.layout import KINDS, DataRoot
 
@@ -120,26 +120,38 @@ def dataset(root: DataRoot, kind: str, key: str | None, hf: bool) -> int:
 def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
     """Check every dataset of the data root; print what is damaged (kind, key, file, what). Damaged datasets are
     marked (`damaged.json`: the next stage run that needs one quarantines and rebuilds it) or, with `move`, moved
-    to the quarantine now. Returns 1 when something is damaged, else 0."""
+    to the quarantine now. Returns 1 when something is damaged, else 0.
+
+    Only the repairs write, and each says so: marking, moving, clearing the mark of a dataset a full check finds intact
+    again. Nothing else is written, so a read-only data root is checked all the same (a repair it cannot make is said,
+    not an error)."""
     from storage.integrity import DAMAGED_MARKER, check_dataset, mark_damaged, quarantine
 
-    checked, bad = 0, 0
+    checked, bad, not_written = 0, 0, []
     for kind in KINDS:
         for folder in root.dataset_dirs(kind):
             checked += 1
-            if full:  # a full check finds everything again: an earlier mark is replaced by this check's result
-                (folder / DAMAGED_MARKER).unlink(missing_ok=True)
-            problems = check_dataset(folder, kind, folder.name, full=full)
+            # a full check finds everything again: an earlier mark is left out, and replaced by this check's result
+            problems = check_dataset(folder, kind, folder.name, full=full, marker=not full)
             if not problems:
+                if full and (folder / DAMAGED_MARKER).is_file():
+                    try:
+                        (folder / DAMAGED_MARKER).unlink()
+                        print(f"intact again {kind}/{folder.name}: removed its damage mark {folder / DAMAGED_MARKER}")
+                    except OSError as e:
+                        not_written.append(f"{folder / DAMAGED_MARKER} not removed ({e.strerror or e})")
                 continue
             bad += 1
             for pr in problems:
                 print(f"DAMAGED {pr}")
-            if move:
-                q = quarantine(root.root, folder, kind, folder.name, problems)
-                print(f"        moved to {q.moved_to if q else '(already gone)'}")
-            else:
-                mark_damaged(folder, problems)
+            try:
+                if move:
+                    q = quarantine(root.root, folder, kind, folder.name, problems)
+                    print(f"        moved to {q.moved_to if q else '(already gone)'}")
+                else:
+                    mark_damaged(folder, problems)
+            except OSError as e:
+                not_written.append(f"{kind}/{folder.name} not {'moved' if move else 'marked'} ({e.strerror or e})")
     stale = [p for kind in KINDS if root.kind_dir(kind).is_dir() for p in root.kind_dir(kind).rglob(".tmp-*")]
     what = "sizes, row counts and content hashes" if full else "sizes and row counts"
     summary = "all intact"
@@ -147,10 +159,12 @@ def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
         summary = f"{bad} damaged" + ("" if move else "; marked: the next stage run that needs one quarantines and "
                                       "rebuilds it (or run `cse verify --quarantine`)")
     print(f"{checked} datasets checked ({what}) under {root.root}: {summary}")
+    if not_written:
+        print(f"repairs not written (is the data root read-only?): {'; '.join(not_written)}")
     if stale:
         print(f"{len(stale)} leftover temporaries of interrupted builds (removed by the next run of their stage): "
               + ", ".join(str(p) for p in stale[:5]) + (" ..." if len(stale) > 5 else ""))
-    if bad:
+    if bad and not not_written:
         refresh_catalog(root)
     return 1 if bad else 0
 
@@ -162,6 +176,7 @@ def _one_line(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    install_log_redaction()  # no credential in clear in any warning a command logs
     debug = "--debug" in argv
     try:
         return _main([a for a in argv if a != "--debug"])

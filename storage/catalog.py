@@ -12,14 +12,16 @@ Views (refreshed after each stage writes):
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
 import duckdb
 
-from storage.integrity import Problem, check_dataset
+from storage.integrity import Problem, check_dataset, warn_damaged_once
 from storage.layout import KINDS, DataRoot
 
 log = logging.getLogger(__name__)
@@ -98,19 +100,59 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
     return stmts, damaged
 
 
+_IN_MEMORY: dict[Path, duckdb.DuckDBPyConnection] = {}  # data root → its catalog, when the file cannot be written
+def _writable(folder: Path) -> bool:
+    return folder.is_dir() and os.access(folder, os.W_OK) and (
+        not (folder / "catalog.duckdb").exists() or os.access(folder / "catalog.duckdb", os.W_OK))
+
+
+def _read_only_error(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, PermissionError) or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES) or \
+        "read-only" in text or "permission denied" in text
+
+
+def _in_memory(root: DataRoot, stmts: list[str]) -> None:
+    """The catalog's views in an in-memory DuckDB for this process (nothing written): what `query` reads when the
+    data root cannot be written (a read-only mount, another user's root)."""
+    con = duckdb.connect(":memory:")
+    for s in stmts:
+        con.execute(s)
+    old = _IN_MEMORY.pop(root.root, None)
+    _IN_MEMORY[root.root] = con
+    if old is not None:
+        old.close()
+
+
 def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
     """Rebuild the catalog's views. The file is single-writer: a busy catalog is retried, then skipped
     with a warning (the data itself is unaffected; the next stage refreshes it). Damaged datasets are left out
-    and named (a warning, and the table `damaged_datasets`); any other catalog error is a warning too: refreshing
-    the catalog never fails the stage that wrote a dataset."""
-    root.root.mkdir(parents=True, exist_ok=True)
+    and named (one warning per dataset per process, and the table `damaged_datasets`); any other catalog error is a
+    warning too: refreshing the catalog never fails the stage that wrote a dataset. On a data root this process
+    cannot write (read-only), the views are built in memory instead (`query` reads them; None is returned)."""
+    writable = _writable(root.root)
+    if not root.root.is_dir() and os.access(root.root.parent if root.root.parent.is_dir() else "/", os.W_OK):
+        try:
+            root.root.mkdir(parents=True, exist_ok=True)
+            writable = True
+        except OSError:
+            writable = False
     try:
         stmts, damaged = _statements(root)
     except Exception as e:  # noqa: BLE001 - the catalog is a convenience; the stage's data is already published
         log.warning("DuckDB catalog %s not refreshed: %s: %s", root.catalog_path, type(e).__name__, e)
         return None
+    by_dataset: dict[str, list[Problem]] = {}
     for p in damaged:
-        log.warning("catalog: left out damaged dataset %s (`cse verify` checks the data root)", p)
+        by_dataset.setdefault(f"{p.kind}/{p.key}", []).append(p)
+    for name, problems in by_dataset.items():
+        warn_damaged_once(name, problems)
+    if not writable:
+        try:
+            _in_memory(root, stmts)
+        except duckdb.Error as e:
+            log.warning("in-memory catalog of the read-only data root %s not built: %s", root.root, e)
+        return None
     for attempt in range(attempts):
         try:
             with duckdb.connect(str(root.catalog_path)) as con:
@@ -118,8 +160,14 @@ def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
                 for s in stmts:
                     con.execute(s)
                 con.execute("COMMIT")
+            old = _IN_MEMORY.pop(root.root, None)
+            if old is not None:
+                old.close()
             return root.catalog_path
-        except duckdb.IOException as e:  # locked by another process (or a file DuckDB cannot read)
+        except (duckdb.IOException, OSError) as e:  # locked by another process (or a file DuckDB cannot read/write)
+            if _read_only_error(e):
+                _in_memory(root, stmts)
+                return None
             if "lock" not in str(e).lower():
                 log.warning("DuckDB catalog %s not refreshed: %s", root.catalog_path, e)
                 return None
@@ -134,7 +182,10 @@ def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
 
 
 def query(root: DataRoot, sql: str):
-    """Run SQL against the catalog read-only; returns a pandas DataFrame."""
+    """Run SQL against the catalog read-only (the in-memory one of a read-only data root when the last refresh built
+    one); returns a pandas DataFrame."""
+    if (con := _IN_MEMORY.get(root.root)) is not None:
+        return con.cursor().execute(sql).df()
     with duckdb.connect(str(root.catalog_path), read_only=True) as con:
         return con.execute(sql).df()
 

@@ -70,15 +70,23 @@ class PublishedDataset:
 
 def find_dataset(root: DataRoot, kind: str, key: str | None = None) -> PublishedDataset:
     """The complete dataset `kind/key`, or with `key` None the newest of `kind` (as `cse` and the evaluation inputs
-    pick it). FileNotFoundError naming the kind (and the newest keys there are) otherwise."""
+    pick it). A key that is not one safe name is refused (`storage.paths.PathRefused`); a dataset that is there but
+    damaged is `DatasetDamaged` naming the file; FileNotFoundError naming the kind (and the newest keys there are)
+    when there is none."""
     if key is None:
         found = root.list(kind)
         if not found:
+            damaged = [p for folder in root.dataset_dirs(kind) for p in check_dataset(folder, kind, folder.name)[:1]]
+            if damaged:
+                raise DatasetDamaged(damaged[-1:]) from FileNotFoundError(
+                    f"no intact {kind} dataset under {root.root}: {len(damaged)} damaged")
             raise FileNotFoundError(f"no {kind} dataset under {root.root}: run the stage that produces it first")
         folder, m = found[-1]
         return PublishedDataset(kind, m.key, folder, m)
     m = root.find(kind, key)
     if m is None:
+        if root.dataset_dir(kind, key).is_dir() and (problems := check_dataset(root.dataset_dir(kind, key), kind, key)):
+            raise DatasetDamaged(problems)  # there, but damaged: not "missing"
         newest = [mm.key for _, mm in root.list(kind)[-5:]][::-1]
         raise FileNotFoundError(f"no {kind} dataset {key!r} under {root.root}"
                                 + (f" (newest: {', '.join(newest)})" if newest else f": no {kind} dataset at all"))

@@ -49,6 +49,19 @@ class Problem:
         return f"{self.kind}/{self.key}: {self.file}: {self.reason}"
 
 
+_WARNED: set[str] = set()  # the damaged datasets (kind/key) this process warned about
+
+
+def warn_damaged_once(dataset: str, problems: list[Problem] | str) -> None:
+    """One warning per damaged dataset per process: a command that refreshes the catalog or lists a kind several
+    times says it once (`cse verify` and the table `damaged_datasets` list every problem)."""
+    what = problems if isinstance(problems, str) else "; ".join(f"{p.file}: {p.reason}" for p in problems)
+    if dataset in _WARNED:
+        return
+    _WARNED.add(dataset)
+    log.warning("catalog: left out damaged dataset %s: %s (`cse verify` checks the data root)", dataset, what)
+
+
 class DatasetDamaged(RuntimeError):
     """A dataset failed verification; the message names its kind, key and the damaged files."""
 
@@ -78,8 +91,9 @@ def _fmt(n: int) -> str:
     return f"{n:,d}"
 
 
-def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False) -> list[Problem]:
-    """Everything wrong with the published dataset in `folder` ([] when intact). See the module docstring."""
+def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False, marker: bool = True) -> list[Problem]:
+    """Everything wrong with the published dataset in `folder` ([] when intact). See the module docstring.
+    `marker=False` leaves an earlier `cse verify` mark out (a full check that finds everything again)."""
     folder = Path(folder)
     mpath = folder / MANIFEST_NAME
     problems: list[Problem] = []
@@ -95,15 +109,15 @@ def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False) -
     except ManifestError as e:
         bad(mpath, str(e).removeprefix(f"{mpath}: "))
         return problems
-    if (marker := folder / DAMAGED_MARKER).is_file():
+    if marker and (mark := folder / DAMAGED_MARKER).is_file():
         try:
-            found = json.loads(marker.read_text()).get("problems", [])
+            found = json.loads(mark.read_text()).get("problems", [])
             for p in found:
-                bad(p.get("file", marker), f"{p.get('reason', 'marked damaged')} (found by `cse verify`)")
+                bad(p.get("file", mark), f"{p.get('reason', 'marked damaged')} (found by `cse verify`)")
         except (ValueError, OSError):
             found = []
         if not found:
-            bad(marker, "marked damaged by `cse verify`")
+            bad(mark, "marked damaged by `cse verify`")
     if (m.kind, m.key) != (kind, key):
         bad(mpath, f"manifest says {m.kind}/{m.key}, the folder is {kind}/{key}")
     total, readable = 0, True

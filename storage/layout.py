@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 from storage.atomic import TMP_PREFIX, clean_temporaries, process_alive, remove_path, temporary_owner
 from storage.locks import exclusive, try_exclusive
 from storage.manifest import Manifest, ManifestError, read_manifest_if_complete
+from storage.paths import check_key
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +59,17 @@ class DataRoot:
         return self.root / "datasets" / kind
 
     def dataset_dir(self, kind: str, key: str) -> Path:
-        return self.kind_dir(kind) / key
+        """The folder of dataset `kind/key`; a key that is not one safe name (`storage.paths.check_key`: no `/`, no
+        `..`) is refused, so no key from a user reaches outside the kind's folder."""
+        return self.kind_dir(kind) / check_key(key, f"{kind} dataset key")
 
     def shards_dir(self, kind: str, key: str) -> Path:
         """Work folder of a dataset built in shards (`<key>.shards` beside it): finished shards survive
         a crash there until the dataset is published. It has no manifest, so it is never a dataset."""
-        return self.kind_dir(kind) / f"{key}.shards"
+        return self.kind_dir(kind) / f"{check_key(key, f'{kind} dataset key')}.shards"
 
     def lock_path(self, kind: str, key: str) -> Path:
-        return self.kind_dir(kind) / f"{key}.lock"
+        return self.kind_dir(kind) / f"{check_key(key, f'{kind} dataset key')}.lock"
 
     @contextlib.contextmanager
     def building(self, kind: str, key: str) -> Iterator[None]:
@@ -75,7 +79,15 @@ class DataRoot:
         (`clean_stale`)."""
         with exclusive(self.lock_path(kind, key), f"dataset {kind}/{key}"):
             self.clean_stale(kind, key)
-            yield
+            try:
+                yield
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # the bare error names neither the dataset nor where it was written: say both (nothing was published)
+                raise OSError(e.errno, f"{e.strerror or 'no space left on device'} while building dataset {kind}/{key} in "
+                              f"{self.kind_dir(kind)} ({e.filename or 'a file of the build'}); nothing was published: "
+                              "free space there and rerun the stage") from e
 
     def clean_stale(self, kind: str, held_key: str | None = None) -> list[Path]:
         """Remove the `.tmp-*` leftovers of killed writers of this kind (dataset folders being built, shard files):
@@ -178,7 +190,9 @@ class DataRoot:
                 try:
                     m = read_manifest_if_complete(sub)
                 except ManifestError as e:  # damaged: skipped here, reported by `cse verify` and the catalog
-                    log.warning("skipping dataset folder %s: %s", sub, e)
+                    from storage.integrity import warn_damaged_once
+
+                    warn_damaged_once(f"{kind}/{sub.name}", str(e))
                     continue
                 if m is not None:
                     found.append((sub, m))

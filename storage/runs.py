@@ -18,12 +18,62 @@ crash finds the same folder and resumes.
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from config.settings import get_settings
 from storage.locks import exclusive
-from storage.atomic import atomic_file
+from storage.atomic import atomic_file, write_json
+from storage.hashing import sha256_file
+from storage.paths import check_key, job_folder
+
+
+QUARANTINE = "quarantine"  # <home>/quarantine/runs/<method>/<key>-<time>/, <job>/quarantine/<what>-<time>/
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """`{relative name: {"size", "sha256"}}` of every file under `folder` (recorded when a result is saved)."""
+    return {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def check_file_records(folder: Path, records: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs between the files under `folder` and `records` (`file_records`): missing, size, hash."""
+    problems = []
+    for name, rec in records.items():
+        p = folder / name
+        if not p.is_file():
+            problems.append(f"{p}: missing")
+        elif (size := p.stat().st_size) != rec["size"]:
+            problems.append(f"{p}: {size} bytes, {rec['size']} recorded at save (truncated or overwritten)")
+        elif sha256_file(p) != rec["sha256"]:
+            problems.append(f"{p}: content hash differs from the one recorded at save")
+    return problems
+
+
+def move_aside(src: Path, dest: Path, reason: str | list[str]) -> Path:
+    """Move `src` (a file or folder) to the quarantine folder `dest` (created; nothing deleted) with a
+    `quarantine.json` saying what was wrong; returns `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    os.rename(src, dest / src.name)
+    write_json({"from": str(src), "problems": [reason] if isinstance(reason, str) else list(reason),
+                "when": datetime.now(timezone.utc).isoformat(), "pid": os.getpid()}, dest / "quarantine.json")
+    return dest
+
+
+class ResumeStateDamaged(RuntimeError):
+    """A file of a resume state is unreadable or differs from what was recorded when it was written; names it."""
+
+    def __init__(self, file: Path, reason: str):
+        self.file, self.reason = Path(file), reason
+        super().__init__(f"resume state file {file} is damaged: {reason}")
 
 
 class ResumeState:
@@ -54,10 +104,15 @@ class ResumeState:
     def exists(self) -> bool:
         return self.progress.is_file()
 
+    def quarantine(self, reason: str) -> Path:
+        """Move the damaged state folder to `<its parent>/quarantine/state-<time>/` (nothing deleted); the job then
+        restarts from its first step (only one state is kept: there is no older good one)."""
+        return move_aside(self.folder, self.folder.parent / QUARANTINE / f"{self.folder.name}-{_stamp()}", reason)
+
 
 class RunDir:
     def __init__(self, method: str, run_key: str, home: Path | None = None):
-        self.path = (home or get_settings().home) / "runs" / method / run_key
+        self.path = (home or get_settings().home) / "runs" / check_key(method, "method") / check_key(run_key, "run key")
         self.path.mkdir(parents=True, exist_ok=True)
 
     def exclusive(self):
@@ -67,11 +122,10 @@ class RunDir:
 
     @classmethod
     def at(cls, path: str | Path) -> RunDir:
-        """The existing job folder `path` (= <home>/runs/<method>/<run key>)."""
-        path = Path(path).expanduser().resolve()
-        if not path.is_dir():
-            raise FileNotFoundError(f"no job folder at {path}")
-        return cls(path.parent.name, path.name, home=path.parents[2])
+        """The existing job folder `path` (= <home>/runs/<method>/<run key>); any other shape is refused, saying what
+        was expected (`storage.paths.job_folder`)."""
+        home, method, key = job_folder(path)
+        return cls(method, key, home=home)
 
     @property
     def state(self) -> Path:
@@ -136,5 +190,49 @@ class RunDir:
         return json.loads(self._result_file.read_text()) if self._result_file.is_file() else None
 
     def set_result(self, result: dict[str, Any]) -> None:
+        """Record the finished job's result, with the size and sha256 of every file of its best checkpoint
+        (`best_files`), so that a later cache hit can check what it returns (`verify_result`)."""
+        record = {**result, "best_files": file_records(self.best)} if self.best.is_dir() else dict(result)
         with atomic_file(self._result_file) as tmp:
-            tmp.write_text(json.dumps(result, indent=2, sort_keys=True))
+            tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+
+    def verify_result(self, required: tuple[str, ...] = ("run_id",)) -> ResultCheck:
+        """The finished job's result checked before a cache hit returns it: the record reads (JSON with `required`
+        keys) and the best checkpoint's files match the sizes and hashes recorded at save."""
+        if not self._result_file.is_file():
+            return ResultCheck(None)
+        try:
+            record = json.loads(self._result_file.read_text())
+            if not isinstance(record, dict) or (missing := [k for k in required if k not in record]):
+                raise ValueError(f"missing {missing if isinstance(record, dict) else 'everything'}")
+        except (ValueError, OSError) as e:
+            return ResultCheck(None, result_problems=[f"{self._result_file}: unreadable ({e})"])
+        return ResultCheck(record, checkpoint_problems=check_file_records(self.best, record.get("best_files", {})))
+
+    def quarantine(self, reason: str | list[str]) -> Path:
+        """Move the whole job folder to `<home>/quarantine/runs/<method>/<key>-<time>/` (nothing deleted) and
+        start an empty one in its place (the job is trained again)."""
+        home = self.path.parents[2]
+        dest = move_aside(self.path, home / QUARANTINE / "runs" / self.path.parent.name / f"{self.path.name}-{_stamp()}",
+                          reason)
+        self.path.mkdir(parents=True, exist_ok=True)
+        return dest
+
+    def quarantine_result(self, reason: str | list[str]) -> Path:
+        """Move only the recorded result aside (to `<job>/quarantine/result-<time>/`): the job's training is intact,
+        so the next run resumes at its last step and evaluates and records it again."""
+        return move_aside(self._result_file, self.path / QUARANTINE / f"result-{_stamp()}", reason)
+
+
+@dataclass
+class ResultCheck:
+    """What `RunDir.verify_result` found: the record (None when there is none or it is unreadable) and the problems
+    of the record itself and of the best checkpoint."""
+
+    record: dict[str, Any] | None
+    result_problems: list[str] = field(default_factory=list)
+    checkpoint_problems: list[str] = field(default_factory=list)
+
+    @property
+    def intact(self) -> bool:
+        return not self.result_problems and not self.checkpoint_problems

@@ -89,6 +89,9 @@ def load_token_rows(root: DataRoot, key: str, columns: tuple[str, ...], limit: i
     """The rows of `columns` of tokens dataset `key`, aligned by id (the first `limit` ids when set), memory-mapped.
     ValueError when a column is missing or the columns hold different ids."""
     table = open_arrow_table(root, "tokens", key)
+    if table.num_rows == 0:
+        raise ValueError(f"tokens dataset {key} ({root.dataset_dir('tokens', key)}) has 0 rows: its source had no usable "
+                         "rows (ingestion refuses an empty source; rerun it)")
     all_ids = table.column("id").to_numpy()
     seqs: dict[str, Sequence[np.ndarray]] = {}
     ids = None

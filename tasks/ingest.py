@@ -22,6 +22,10 @@ PART_ROWS = 250_000
 _SCHEMAS = {"wiki1m": schemas.WIKI1M, "nli": schemas.NLI, "sts": schemas.STS}
 
 
+class EmptySourceError(ValueError):
+    """A source without a single usable row: refused at ingestion, naming the file and the counts."""
+
+
 def ingest_key(dataset: str, source_hash: str) -> str:
     return stable_hash({"stage": "ingest", "dataset": dataset, "source": source_hash, "v": SCHEMA_VERSION})
 
@@ -55,6 +59,9 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
             hit = manifest is not None
             if not hit:
                 table, stats = read_source(src, strict=config.strict, max_line_chars=config.max_line_chars)
+                if (usable := table.num_rows - stats.empty) < 1:  # nothing to tokenise or train on: refused here, not later
+                    raise EmptySourceError(f"{src.where}: {usable} usable rows ({table.num_rows} rows read, {stats.empty} "
+                                           f"with an empty sentence, {stats.skipped} skipped): nothing to ingest")
                 if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
                     raise ValueError(f"{src.where}: {table.num_rows} rows, expected {exp}")
                 if dataset == "sts" and config.senteval.expected_rows:

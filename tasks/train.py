@@ -110,7 +110,7 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
         tags["prefect_flow_run_id"] = str(fr)
 
     with run_dir.exclusive():  # a second flow of the same job waits, then resumes or returns the result
-        if (done := finished_result(run_dir)) is not None:
+        if (done := finished_result(run_dir, plog)) is not None:
             plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
             # membership of the experiment that asked again for it
             log_run_results(done.run_id, tags={k: v for k, v in (extra_tags or {}).items() if k.startswith("cse.member.")})
@@ -197,11 +197,28 @@ def export_adapter(method: str, run_dir: RunDir, logger):
         return None
 
 
-def finished_result(run_dir: RunDir) -> TrainResult | None:
-    """The recorded result of a finished job whose MLflow run still exists (else None: train or resume)."""
-    record = run_dir.result()
-    if record is None:
+def finished_result(run_dir: RunDir, logger=None) -> TrainResult | None:
+    """The recorded result of a finished job whose MLflow run still exists, checked first (else None: train, resume
+    or re-evaluate). The record must read and the best checkpoint must match the sizes and hashes recorded at save:
+    - a damaged best checkpoint: the job folder is quarantined (`<home>/quarantine/runs/...`) and the job retrained;
+    - an unreadable record with an intact resume state: only the record is moved aside; the job resumes at its last
+      step, so only the test evaluation and the recording run again.
+    Either is said in the log (`logger`)."""
+    say = (logger or log).warning
+    check = run_dir.verify_result(required=tuple(k for k, f in TrainResult.model_fields.items() if f.is_required()))
+    if check.record is None and not check.result_problems:
         return None
+    if check.checkpoint_problems or (check.result_problems and not run_dir.has_state()):
+        problems = check.checkpoint_problems + check.result_problems
+        moved = run_dir.quarantine(problems)
+        say("finished job %s is damaged (%s): moved to %s; training it again", run_dir.path, "; ".join(problems), moved)
+        return None
+    if check.result_problems:
+        moved = run_dir.quarantine_result(check.result_problems)
+        say("finished job %s: its recorded result is damaged (%s; moved to %s); its checkpoint and training state are "
+            "intact: evaluating and recording it again", run_dir.path, "; ".join(check.result_problems), moved)
+        return None
+    record = check.record
     if not training_run_exists(record["run_id"]):
         log.warning("finished job %s names MLflow run %s, which is gone: running it again", run_dir.path, record["run_id"])
         return None

@@ -35,7 +35,8 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from config.settings import REPO_ROOT, get_settings, redact
+from config.settings import REPO_ROOT, get_settings, redact, redacted_exception
+from storage.locks import exclusive
 from storage.runs import RunDir
 from storage.spool import (
     SpoolRecord,
@@ -47,19 +48,57 @@ from storage.spool import (
     replace_records,
 )
 from tracking.datasets import as_datasets
+from tracking.redaction import mask_mlflow_exceptions, quiet_run_urls
 
 log = logging.getLogger(__name__)
+mask_mlflow_exceptions()  # MLflow's error texts name the tracking URI, password included (tracking/redaction.py)
 
 _MAX_PARAM_LEN = 6000
 
 
+class TrackingStoreReadOnly(RuntimeError):
+    """The MLflow store cannot be written (a read-only file or folder): said first, naming the store."""
+
+
+_PREPARED_STORES: set[str] = set()  # SQLite stores this process created or found migrated
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")).expanduser() if uri.startswith("sqlite:///") else None
+
+
 def configure_mlflow() -> str:
-    """Point MLflow at the configured tracking store; returns its URI."""
+    """Point MLflow at the configured tracking store; returns its URI. A SQLite store is created and migrated under
+    a lock the first time (`prepare_sqlite_store`), so flows started at once on a fresh `$CSE_HOME` do not race."""
     s = get_settings()
-    if s.mlflow_tracking_uri.startswith("sqlite:///"):
-        s.home.mkdir(parents=True, exist_ok=True)
+    quiet_run_urls(s.mlflow_tracking_uri)
+    if (path := _sqlite_path(s.mlflow_tracking_uri)) is not None:
+        if s.mlflow_tracking_uri not in _PREPARED_STORES:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prepare_sqlite_store(path)
+            _PREPARED_STORES.add(s.mlflow_tracking_uri)
     mlflow.set_tracking_uri(s.mlflow_tracking_uri)
     return s.mlflow_tracking_uri
+
+
+def tracking_error(exc: BaseException) -> BaseException:
+    """The exception to show for `exc` raised by a tracking call: a read-only SQLite store as
+    `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a message holding a credential masked
+    (`config.settings.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
+    text = " ".join(str(exc).split())
+    if "readonly database" in text or "read-only file system" in text.lower():
+        uri = mlflow.get_tracking_uri()
+        return TrackingStoreReadOnly(redact(
+            f"the MLflow store {uri} is read-only: runs cannot be recorded there (make it writable or point "
+            f"MLFLOW_TRACKING_URI at a writable store); {type(exc).__name__}: {text[:300]}"))
+    return redacted_exception(exc)
+
+
+def _reraise(exc: BaseException):
+    clean = tracking_error(exc)
+    if clean is exc:
+        raise exc
+    raise clean from None
 
 
 def ensure_experiment(name: str) -> str:
@@ -169,20 +208,25 @@ def stage_run(
 ) -> Iterator[mlflow.ActiveRun]:
     """An MLflow run around one stage. An exception ends the run FAILED and propagates. Runs of the same stage
     left RUNNING by a killed process are marked KILLED first (`close_orphaned_runs`)."""
-    exp_id = ensure_experiment(experiment)
-    base_tags = {"git_commit": git_commit(), OWNER_TAG: process_owner()}
-    if (fr := prefect_flow_run_id()) is not None:
-        base_tags["prefect_flow_run_id"] = str(fr)
-    base_tags.update(tags or {})
-    run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=base_tags, nested=nested)
+    try:
+        exp_id = ensure_experiment(experiment)
+        base_tags = {"git_commit": git_commit(), OWNER_TAG: process_owner()}
+        if (fr := prefect_flow_run_id()) is not None:
+            base_tags["prefect_flow_run_id"] = str(fr)
+        base_tags.update(tags or {})
+        run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=base_tags, nested=nested)
+    except Exception as e:  # noqa: BLE001 - the store's error, said clearly and without credentials
+        _reraise(e)
     try:
         if orphans := close_orphaned_runs(exp_id, run_name, closed_by=run.info.run_id):
             mlflow.set_tag("closed_orphaned_runs", ",".join(orphans))
         if params:
             mlflow.log_params(flatten(params))
         yield run
-    except BaseException:
+    except BaseException as e:
         mlflow.end_run(status="FAILED")
+        if isinstance(e, Exception):
+            _reraise(e)
         raise
     else:
         mlflow.end_run(status="FINISHED")
@@ -647,14 +691,20 @@ def training_run(experiment: str, run_dir: RunDir, run_name: str, tags: Mapping[
                  ) -> Iterator[mlflow.ActiveRun]:
     """`start_or_resume_training_run` as the active run of the block: ended FINISHED after it, KILLED when it raises
     one of `killed` (an interrupt, the loop's simulated kill), FAILED on any other exception (which propagates)."""
-    with start_or_resume_training_run(experiment, run_dir, run_name, tags, params, log_system_metrics) as run:
+    try:
+        active = start_or_resume_training_run(experiment, run_dir, run_name, tags, params, log_system_metrics)
+    except Exception as e:  # noqa: BLE001 - the store's error, said clearly and without credentials
+        _reraise(e)
+    with active as run:
         try:
             yield run
         except killed:
             mlflow.end_run(status="KILLED")
             raise
-        except BaseException:
+        except BaseException as e:
             mlflow.end_run(status="FAILED")
+            if isinstance(e, Exception):
+                _reraise(e)
             raise
 
 
@@ -688,6 +738,23 @@ def rank_zero_callbacks(run_id: str, run_dir: RunDir, world_size: int):
 
 # --- stores ---
 def prepare_sqlite_store(path: Path) -> Path:
-    """Create an MLflow SQLite store at `path` with its schema migrated (an empty store, the Default experiment)."""
-    mlflow.MlflowClient(tracking_uri=f"sqlite:///{Path(path).resolve()}").search_experiments(max_results=1)
-    return Path(path)
+    """Create an MLflow SQLite store at `path` with its schema migrated (an empty store, the Default experiment), or
+    check an existing one. Creation and migration hold `<path>.lock`: two processes that open a fresh store at once
+    would both create its tables (`duplicate column name`, alembic's "expected to match one row"); the second waits,
+    then finds it migrated. A store in a folder this process cannot write (read-only) is only read, without the lock."""
+    path = Path(path).expanduser().resolve()
+    uri = f"sqlite:///{path}"
+    lock = path.with_name(path.name + ".lock")
+    try:
+        held = exclusive(lock, f"MLflow store {path} (creation/migration)")
+        held.__enter__()
+    except OSError:  # a read-only folder: nothing can be created or migrated there; reading needs no lock
+        held = None
+    try:
+        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 - said clearly (read-only store, masked credentials)
+        _reraise(e)
+    finally:
+        if held is not None:
+            held.__exit__(None, None, None)
+    return path

@@ -74,13 +74,25 @@ def load_training_rows(cfg: TrainConfig, root: DataRoot, tokens: DatasetRef, cor
     """The job's training rows and, for DiffAug, its NLI rows."""
     token_rows = load_token_rows(root, tokens.key, ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",),
                                  limit=cfg.max_train_sentences)
+    require_a_batch(root, tokens.key, len(token_rows.ids), cfg.batch_size, "batch_size")
     corruption_rows = load_corruption_rows(root, corruption.key, token_rows) if corruption is not None else None
     rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, pad_id)
     nli_rows = None
     if nli_tokens is not None:
         nli_token_rows = load_token_rows(root, nli_tokens.key, ("sent0", "sent1", "hard_neg"), limit=cfg.max_train_sentences)
+        if cfg.prefix_phase is not None:
+            require_a_batch(root, nli_tokens.key, len(nli_token_rows.ids), cfg.prefix_phase.batch_size,
+                            "prefix_phase.batch_size")
         nli_rows = TrainingRows(nli_token_rows, None, True, pad_id)
     return rows, nli_rows
+
+
+def require_a_batch(root: DataRoot, key: str, rows: int, batch_size: int, field: str) -> None:
+    """Refuse, at the job's start, training rows fewer than one batch (a contrastive batch of one row has no
+    negatives; an empty one trains nothing): one message naming the tokens dataset's folder and both counts."""
+    if rows < batch_size:
+        raise ValueError(f"tokens dataset {key} ({root.dataset_dir('tokens', key)}) has {rows} training rows, fewer "
+                         f"than one batch ({field} = {batch_size}): use a larger source or a smaller batch")
 
 
 def transfer_evaluator(data_root):
@@ -136,6 +148,7 @@ def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run
     trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg, precision), device,
                       run_dir.resume_state, save_best, evaluate_dev, log_metrics, stop_after=stop_after)
     trainer.selection_metric = metric
+    trainer.warn = (logger or log).warning
     if trainer.step == 0 and run_dir.has_state():
         (logger or log).info("resuming %s from %s", run_id, run_dir.state)
     with slot if slot is not None else contextlib.nullcontext():

@@ -24,6 +24,7 @@ with the same or another world size (the schedule depends only on the global bat
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -43,12 +44,20 @@ from tqdm.auto import tqdm
 from models import distributed
 from models.checkpoint import trainable_state_dict
 from storage.atomic import atomic_dir
-from storage.runs import ResumeState
+from storage.runs import ResumeState, ResumeStateDamaged, check_file_records, file_records
 from training.rows import TrainingRows, epoch_order
+
+log = logging.getLogger(__name__)
 
 
 class TrainingInterrupted(RuntimeError):
     """Raised by `stop_after` to simulate a kill; the resume state of the last checkpoint is kept."""
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss or the gradient norm of a step is not finite (inf / nan): training stops at that step, before the
+    optimizer applies it, so no NaN weights are saved, selected, registered or exported. The message names the
+    step, the phase, which value and the step's other loss terms."""
 
 
 @dataclass
@@ -156,6 +165,7 @@ class Trainer:
         self.state = state if isinstance(state, ResumeState) else ResumeState(state)  # a bare folder: the same file names
         self.save_best, self.evaluate_dev, self.log_metrics = save_best, evaluate_dev, log_metrics
         self.stop_after = stop_after  # tests: simulate a kill after this many steps
+        self.warn: Callable[[str], None] = log.warning  # says that a damaged resume state was set aside
         if isinstance(data, TrainingRows):
             data = [Phase("main", data, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)]
         if not data:
@@ -273,22 +283,47 @@ class Trainer:
                 },
                 files.optimizer,
             )
+            recorded = file_records(tmp)  # sizes and hashes: a damaged state is named on resume (`_read_state`)
             files.progress.write_text(json.dumps(
-                {"step": self.step, "best_score": self.best_score, "best_step": self.best_step, "phase": self.phase_index,
+                {"files": recorded, "step": self.step, "best_score": self.best_score, "best_step": self.best_step, "phase": self.phase_index,
                  "total_steps": self.total_steps, "phases": self._phase_signature()}, indent=2))
 
     def _phase_signature(self) -> list[dict]:
         return [{"name": p.name, "total_steps": p.total_steps, "steps_per_epoch": p.steps_per_epoch} for p in self.phases]
 
+    def _read_state(self) -> tuple[dict, dict, dict]:
+        """The progress, trainable tensors and optimizer state read (nothing applied yet); `ResumeStateDamaged`
+        naming the file when one is unreadable or differs from the size and hash recorded when it was written."""
+        progress = self.state.progress
+        try:
+            meta = json.loads(progress.read_text())
+            step = meta["step"]
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise ResumeStateDamaged(progress, f"unreadable ({type(e).__name__}: {e})") from None
+        recorded = meta.get("files") or {}
+        for path in (self.state.trainable, self.state.optimizer):
+            if not path.is_file():
+                raise ResumeStateDamaged(path, "missing")
+            if problems := check_file_records(self.state.folder, {path.name: recorded[path.name]} if path.name in recorded else {}):
+                raise ResumeStateDamaged(path, problems[0].split(": ", 1)[1])
+        try:
+            tensors = load_file(str(self.state.trainable))
+        except Exception as e:  # noqa: BLE001 - safetensors' errors name no file
+            raise ResumeStateDamaged(self.state.trainable, f"unreadable ({type(e).__name__}: {e})") from None
+        try:
+            st = torch.load(self.state.optimizer, weights_only=False, map_location="cpu" if self.world > 1 else None)
+        except Exception as e:  # noqa: BLE001
+            raise ResumeStateDamaged(self.state.optimizer, f"unreadable ({type(e).__name__}: {e})") from None
+        return {**meta, "step": step}, tensors, st
+
     def load_state(self) -> None:
-        meta = json.loads(self.state.progress.read_text())
+        meta, tensors, st = self._read_state()
         if meta.get("phases") != self._phase_signature() or meta["total_steps"] != self.total_steps:
             raise ValueError(f"resume state in {self.state.folder} belongs to another data size or schedule")
         self._enter_phase(meta["phase"])
-        missing, unexpected = self.model.load_state_dict(load_file(str(self.state.trainable)), strict=False)
+        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         if unexpected:
             raise ValueError(f"resume state has tensors the model does not: {unexpected[:5]}")
-        st = torch.load(self.state.optimizer, weights_only=False, map_location="cpu" if self.world > 1 else None)
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.scaler.load_state_dict(st["scaler"])
@@ -315,6 +350,7 @@ class Trainer:
         self.model.train()
         with self._autocast(), self._sdpa_kernel():
             out = self._step_fn(batch, step=self.step, phase=self.phase.name)
+        self._require_finite("loss", out.loss, out.metrics)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
         if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
@@ -322,11 +358,25 @@ class Trainer:
             distributed.check_replicated(out.loss, f"{self.phase.name}-phase loss of {type(self.model).__name__}")
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        if not self.scaler.is_enabled():  # (fp16's scaler skips a step with inf gradients and lowers its scale itself)
+            self._require_finite("gradient norm", grad_norm, {"loss": out.loss, **out.metrics})
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         values = {"loss": out.loss, **out.metrics, "grad_norm": grad_norm}
         return {n: float(v.detach()) for n, v in values.items()}
+
+    def _require_finite(self, what: str, value: torch.Tensor, terms: dict) -> None:
+        """`NonFiniteLoss` naming the step (1-based, as logged), the phase, `what` and the step's loss terms when
+        `value` is inf or nan."""
+        v = float(value.detach())
+        if math.isfinite(v):
+            return
+        shown = ", ".join(f"{n}={float(t.detach()) if torch.is_tensor(t) else float(t):.6g}" for n, t in terms.items())
+        raise NonFiniteLoss(f"training stopped at step {self.step + 1} of {self.total_steps} (phase {self.phase.name!r}): "
+                            f"the {what} is {v}" + (f" ({shown})" if shown else "")
+                            + "; nothing of this step was applied. Lower the learning rate or check the data and "
+                            "precision; the resume state holds the last good step")
 
     def _order(self, n: int, seed: int, epoch: int):
         key = (n, seed, epoch)
@@ -375,9 +425,15 @@ class Trainer:
         torch.use_deterministic_algorithms(self.cfg.deterministic, warn_only=True)
         resumed = None
         if self.state.exists():
-            self.load_state()
-            resumed = self.step
-        else:
+            try:
+                self.load_state()
+                resumed = self.step
+            except ResumeStateDamaged as e:  # only one state is kept: restart from the first step, saying so
+                if self.rank == 0:
+                    moved = self.state.quarantine(str(e))
+                    self.warn(f"{e}: moved to {moved}; no earlier good state is kept, so training restarts from step 0")
+                distributed.barrier()
+        if resumed is None:
             set_seed(distributed.rank_seed(self.cfg.seed, self.rank))
         if self.world > 1:
             steps = distributed.all_gather_object(self.step)

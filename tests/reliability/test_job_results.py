@@ -1,0 +1,165 @@
+"""Issue 23 items 3, 4 and 7 at the training task: a run whose loss turns non-finite ends FAILED with nothing
+registered or exported; a finished job's cache hit is verified (its best checkpoint against the sizes and hashes
+recorded at save, its recorded result) and a damaged one is quarantined and retrained, or re-evaluated when only the
+record is damaged; a damaged resume state is named, quarantined, and training restarts; fewer rows than a batch are
+refused at the job's start. One tiny SimCSE job on a small data root built once for the module."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import mlflow
+import pytest
+
+from config.settings import get_settings
+from config.stages import TokenizeConfig
+from config.training import resolve_train_config
+from storage.layout import DataRoot
+from storage.runs import ResumeState, RunDir
+from tests.reliability.conftest import ingest
+
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory, shared_data, tiny_bert_dir, _shared_tracking_store):
+    """wiki1m (the first 300 lines), sts and the wiki1m tokens of the tiny BERT, in a data root kept for the module."""
+    from config.stages import IngestConfig, SentEvalSource, WikiSource
+    from tasks.tokenize import tokenize_dataset
+
+    home = tmp_path_factory.mktemp("job_results_home")
+    wiki = home / "wiki.txt"
+    with open(shared_data / "wiki1m_head.txt", "rb") as f:
+        wiki.write_bytes(b"".join(next(f) for _ in range(300)))
+    senteval = home / "senteval"  # the STS and SICK files cut to their first 100 lines: dev selection in a blink
+    for src in (shared_data / "senteval").glob("S*/**/*"):
+        if src.is_file():
+            dst = senteval / src.relative_to(shared_data / "senteval")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with open(src, "rb") as f:
+                dst.write_bytes(b"".join(line for _, line in zip(range(100), f)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CSE_HOME", str(home))
+        mp.setenv("MLFLOW_TRACKING_URI", _shared_tracking_store)
+        config = IngestConfig(wiki=WikiSource(path=str(wiki)), senteval=SentEvalSource(path=str(senteval), expected_rows=None))
+        refs = {"sts": ingest("sts", config)}
+        refs["tokens"] = tokenize_dataset.fn(ingest("wiki1m", config), TokenizeConfig(tokenizer=str(tiny_bert_dir),
+                                                                                      max_length=32))
+    return home / "data", refs
+
+
+@pytest.fixture
+def job(data_root, tiny_bert_dir, monkeypatch):
+    folder, refs = data_root
+    monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
+
+    def run(**overrides):
+        from tasks.train import train_model
+
+        cfg = resolve_train_config("smoke", {"backbone": str(tiny_bert_dir), "max_steps": STEPS, "eval_steps": STEPS,
+                                             "batch_size": 8, "max_train_sentences": 64, "test_evaluation": False,
+                                             "system_metrics": False, "max_length": 32, **overrides}, method="simcse")
+        return train_model.fn(cfg, refs["tokens"], None, refs["sts"])
+
+    return run
+
+
+def _versions(run_id: str) -> list:
+    return mlflow.MlflowClient().search_model_versions(f"run_id = '{run_id}'")
+
+
+def test_a_run_whose_loss_turns_non_finite_fails_and_nothing_is_registered(job):
+    """The campaign's NaN model came from `learning_rate = inf` (now refused by the config); a finite but absurd
+    learning rate diverges the same way: the task stops at the first non-finite loss, naming the step."""
+    from training.loop import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match=r"training stopped at step 2 of 2 \(phase 'main'\): the loss is nan"):
+        job(learning_rate=1e30)
+    [run] = mlflow.search_runs(experiment_names=["simcse"], output_format="list", max_results=1,
+                               order_by=["attributes.start_time DESC"])
+    assert run.info.status == "FAILED" and _versions(run.info.run_id) == []
+    job_dir = RunDir.at(run.data.tags["run_dir"])
+    assert job_dir.result() is None and not job_dir.export.exists()
+
+
+def test_a_finished_jobs_damage_is_found_on_the_cache_hit(job, caplog):
+    first = job()
+    job_dir = RunDir.at(first.run_dir)
+    recorded = json.loads((job_dir.path / "result.json").read_text())["best_files"]
+    assert {"weights.safetensors", "cse_model.json"} <= recorded.keys()
+    assert job().run_id == first.run_id  # intact: the cached result
+
+    # only the record is damaged: the checkpoint and the training state are intact, so the job is evaluated and
+    # recorded again, resuming at its last step (no training step runs again)
+    (job_dir.path / "result.json").write_text('{"run_id": ')
+    with caplog.at_level(logging.WARNING):
+        again = job()
+    assert again.resumed_from == STEPS and again.steps == STEPS and again.run_id == first.run_id
+    assert "its recorded result is damaged" in caplog.text and "evaluating and recording it again" in caplog.text
+    assert list((job_dir.path / "quarantine").glob("result-*/result.json"))
+
+    # the campaign's case: a truncated best checkpoint; the cache hit used to return it (exit 0)
+    weights = job_dir.best / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        retrained = job()
+    assert f"{weights}: 1000 bytes" in caplog.text and "training it again" in caplog.text
+    assert retrained.resumed_from is None and retrained.steps == STEPS and retrained.run_id != first.run_id
+    [moved] = (get_settings().home / "quarantine" / "runs" / "simcse").iterdir()
+    assert (moved / job_dir.path.name / "best" / "weights.safetensors").stat().st_size == 1000
+    assert json.loads((moved / "quarantine.json").read_text())["problems"][0].startswith(str(weights))
+    from models.checkpoint import load_checkpoint
+
+    load_checkpoint(retrained.best_checkpoint)  # intact again
+
+
+def _tiny_trainer(state_folder, stop_after=None):
+    from tests.training.test_resume_state import _trainer
+
+    return _trainer(ResumeState(state_folder), stop_after=stop_after)
+
+
+@pytest.mark.parametrize("damage", ["truncate trainable", "flip a byte of optimizer.pt", "garbage progress"])
+def test_a_damaged_resume_state_is_named_quarantined_and_training_restarts(damage, tmp_path, caplog):
+    """The campaign's case (a truncated `trainable.safetensors`: every rerun failed with safetensors' `incomplete
+    metadata`, naming no file) and two new ones: a flipped byte (same size: found by the hash recorded at write) and
+    an unreadable progress file."""
+    from training.loop import TrainingInterrupted
+
+    state = ResumeState(tmp_path / "state")
+    with pytest.raises(TrainingInterrupted):
+        _tiny_trainer(state.folder, stop_after=2).run()
+    target = {"truncate trainable": state.trainable, "flip a byte of optimizer.pt": state.optimizer,
+              "garbage progress": state.progress}[damage]
+    data = bytearray(target.read_bytes())
+    if damage.startswith("truncate"):
+        data = data[:20]
+    elif damage.startswith("flip"):
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = bytearray(b"{ step: ")
+    target.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="training.loop"):
+        result = _tiny_trainer(state.folder).run()
+    assert result.resumed_from is None and result.steps == 4  # restarted from step 0, finished
+    assert f"resume state file {target} is damaged" in caplog.text and "restarts from step 0" in caplog.text
+    [moved] = (tmp_path / "quarantine").iterdir()
+    assert (moved / "state" / target.name).read_bytes() == bytes(data)
+    assert json.loads(state.progress.read_text())["step"] == 4  # a fresh, good state
+
+
+def test_fewer_rows_than_a_batch_are_refused_at_the_jobs_start(data_root, tiny_bert_dir, monkeypatch):
+    from training.job import load_training_rows
+
+    folder, refs = data_root
+    monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
+    cfg = resolve_train_config("smoke", {"backbone": str(tiny_bert_dir), "batch_size": 8, "max_train_sentences": 5},
+                               method="simcse")
+    root = DataRoot(folder)
+    with pytest.raises(ValueError, match=rf"tokens dataset {refs['tokens'].key} \({root.dataset_dir('tokens', refs['tokens'].key)}\) "
+                                         r"has 5 training rows, fewer than one batch \(batch_size = 8\)"):
+        load_training_rows(cfg, root, refs["tokens"], None, None, pad_id=0)
+    rows, _ = load_training_rows(cfg.model_copy(update={"batch_size": 4}), root, refs["tokens"], None, None, pad_id=0)
+    assert len(rows) == 5
