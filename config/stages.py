@@ -195,9 +195,9 @@ class GeneratorConfig(_Config):
                                        "split, or zeros (BERT's init)")
     eval_every: int = Field(default=100, ge=1, description="held-out accuracy every this many steps (and at the end)")
     seed: int = Field(default=0, description="head init, masks, batch order")
-    baseline_generator: str = Field(default="random-init:distilbert-tiny",
-                                    description="a masked LM scored on the same held-out positions for contrast (the "
-                                                "smoke presets' generator)")
+    baseline_generator: str | None = Field(default="random-init:distilbert-tiny",
+                                           description="a masked LM scored on the same held-out positions for contrast "
+                                                       "(the smoke presets' generator); None: none")
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
