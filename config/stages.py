@@ -119,11 +119,16 @@ UNSUP_REFERENCE_VARIANTS = 4
 class CorruptConfig(_Config):
     """Offline replaced-token corruption with a frozen masked-LM generator (methods.md §4)."""
 
-    generator: str = "distilbert-base-uncased"
+    generator: str = Field(
+        default="distilbert-base-uncased",
+        description="the frozen masked LM: an HF id, a local model folder, `generator:<key>` (a dataset of the "
+                    "fit-generator stage) or `random-init:<size>`; unused with mode unigram")
     mask_ratio: float = Field(default=0.3, gt=0.0, lt=1.0)
-    mode: Literal["argmax", "sample"] = Field(
+    mode: Literal["argmax", "sample", "unigram"] = Field(
         default="argmax",
-        description="argmax = the reference code (greedy); sample = draw from the generator's softmax (DiffCSE paper text)",
+        description="argmax = the reference code (greedy); sample = draw from the generator's softmax (DiffCSE paper "
+                    "text); unigram = no generator: draw from the tokens dataset's non-special token frequencies (a "
+                    "cheap contrast)",
     )
     positions: Literal["masked", "all"] = Field(
         default="masked",
@@ -177,6 +182,45 @@ class CorruptConfig(_Config):
         if not v.strip():
             raise ValueError("generator must name an HF model id or a local folder")
         return v
+
+    @model_validator(mode="after")
+    def _unigram_masked_only(self):
+        if self.mode == "unigram" and self.positions != "masked":
+            raise ValueError("corrupt.mode 'unigram' replaces the masked positions only: positions must be 'masked'")
+        return self
+
+
+class GeneratorConfig(_Config):
+    """Fitting a masked-LM head on a frozen encoder (the fit-generator stage): BERT's MLM head, masking and loss."""
+
+    backbone: str = Field(default="packaged:minilm", min_length=1, pattern=r"\S",
+                          description="the frozen encoder: an HF id, a local folder or packaged:minilm; its vocabulary "
+                                      "must be the tokens dataset's")
+    mask_ratio: float = Field(default=0.15, gt=0.0, lt=1.0, description="BERT's 15 %, then 80/10/10")
+    heldout_fraction: float = Field(default=0.1, gt=0.0, lt=1.0, description="share of sentences held out")
+    max_heldout: int = Field(default=1000, ge=1, description="at most this many held-out sentences")
+    split_seed: int = Field(default=0, description="the seeded permutation choosing the held-out sentences")
+    epochs: int = Field(default=1, ge=1, description="passes of the frozen encoder over the training split, each with "
+                        "fresh masks")
+    reuse: int = Field(default=4, ge=1, description="head passes over each chunk of encoder features (computed once "
+                       "under no_grad): the encoder's forward pass is the cost, the head's steps are cheap")
+    chunk_batches: int = Field(default=32, ge=1, description="batches whose features are held at once (memory: "
+                               "chunk_batches x batch_size x masked tokens x hidden floats)")
+    max_steps: int | None = Field(default=None, ge=1, description="stop after this many head steps (None: epochs x "
+                                  "reuse x batches per epoch)")
+    batch_size: int = Field(default=64, ge=1, description="sentences per step")
+    lr: float = Field(default=2e-3, gt=0.0)
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    warmup_ratio: float = Field(default=0.05, ge=0.0, lt=1.0)
+    bias_init: Literal["unigram", "zeros"] = Field(
+        default="unigram", description="output bias at the start: the centred log unigram frequencies of the training "
+                                       "split, or zeros (BERT's init)")
+    eval_every: int = Field(default=100, ge=1, description="held-out accuracy every this many steps (and at the end)")
+    seed: int = Field(default=0, description="head init, masks, batch order")
+    baseline_generator: str | None = Field(default="random-init:distilbert-tiny",
+                                           description="a masked LM scored on the same held-out positions for contrast "
+                                                       "(the smoke presets' generator); None: none")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 def local_mirror_ingest(shared_data: str | Path) -> IngestConfig:

@@ -5,7 +5,8 @@ Pure PyTorch + transformers: no Prefect, no MLflow.
 1. Masking: non-special, non-pad tokens are selected with probability `mask_ratio`; of the selected,
    80 % become [MASK], 10 % a random id uniform over the vocabulary, 10 % stay unchanged.
 2. Replacement: the generator predicts the selected positions, by argmax (the reference code) or by
-   sampling from its softmax (the paper text).
+   sampling from its softmax (the paper text); or, with no generator (mode "unigram", a cheap contrast), a token
+   drawn from the corpus's unigram frequencies replaces each selected position.
 3. Labels: 1 where the corrupted id differs from the original (0 on pads).
 
 Difference from the reference: it takes G's argmax at *every* position and then restores position 0
@@ -29,7 +30,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-Mode = Literal["argmax", "sample"]
+Mode = Literal["argmax", "sample", "unigram"]
 MASK_SHARE = 0.8  # of the selected tokens: [MASK]
 RANDOM_SHARE = 0.1  # of the selected tokens: a random id (the remaining 0.1 stay unchanged)
 
@@ -58,7 +59,7 @@ class Noise:
     """Random draws per token position (any shape, all alike).
 
     select < mask_ratio selects a token; action < 0.8 → [MASK], < 0.9 → random_ids, else unchanged;
-    sample (mode "sample" only) is the uniform of inverse-CDF sampling from G's softmax.
+    sample (modes "sample" and "unigram") is the uniform of inverse-CDF sampling from G's softmax or the unigram.
     """
 
     select: torch.Tensor
@@ -145,26 +146,49 @@ class CorruptedBatch:
     n_replaced: torch.Tensor
 
 
-class Corruptor:
-    """A frozen MLM generator plus the masking settings; call it on padded CPU batches."""
+def unigram_cdf(counts: np.ndarray | Sequence[int], vocab_size: int) -> torch.Tensor:
+    """The cumulative distribution (float64, length `vocab_size`) of token frequencies `counts` (special ids 0)."""
+    c = torch.as_tensor(np.asarray(counts, dtype=np.float64))
+    if c.ndim != 1 or len(c) != vocab_size:
+        raise ValueError(f"unigram counts must be one count per token id ({vocab_size}), got shape {tuple(c.shape)}")
+    if (c < 0).any() or c.sum() <= 0:
+        raise ValueError("unigram counts must be non-negative with a positive total (no non-special token counted?)")
+    return c.cumsum(0)
 
-    def __init__(self, model: torch.nn.Module, tokens: SpecialTokens, mask_ratio: float, mode: Mode = "argmax",
-                 device: torch.device | str = "cpu", bf16: bool = True, dropout: bool = False, all_positions: bool = False):
+
+class Corruptor:
+    """A frozen MLM generator plus the masking settings; call it on padded CPU batches.
+
+    Mode "unigram" takes no model (`model=None`) but `unigram_counts` (one count per token id): each selected
+    position is replaced by a token drawn from those frequencies."""
+
+    def __init__(self, model: torch.nn.Module | None, tokens: SpecialTokens, mask_ratio: float, mode: Mode = "argmax",
+                 device: torch.device | str = "cpu", bf16: bool = True, dropout: bool = False, all_positions: bool = False,
+                 unigram_counts: np.ndarray | Sequence[int] | None = None):
         if not 0.0 < mask_ratio < 1.0:
             raise ValueError(f"mask_ratio must lie in (0, 1), got {mask_ratio}")
-        if mode not in ("argmax", "sample"):
-            raise ValueError(f"mode must be 'argmax' or 'sample', got {mode!r}")
-        vocab = model.config.vocab_size
-        if vocab < tokens.vocab_size:
-            raise ValueError(f"generator vocabulary ({vocab}) is smaller than the tokenizer's ({tokens.vocab_size})")
+        if mode not in ("argmax", "sample", "unigram"):
+            raise ValueError(f"mode must be 'argmax', 'sample' or 'unigram', got {mode!r}")
         self.device = torch.device(device)
-        self.model = model.to(self.device).train(dropout)
+        self.unigram = None
+        if mode == "unigram":
+            if model is not None or unigram_counts is None or all_positions:
+                raise ValueError("mode 'unigram' takes unigram_counts and no generator model, and only the masked positions")
+            self.unigram = unigram_cdf(unigram_counts, tokens.vocab_size)
+            self.model = None
+        else:
+            if model is None:
+                raise ValueError(f"mode {mode!r} needs a generator model")
+            vocab = model.config.vocab_size
+            if vocab < tokens.vocab_size:
+                raise ValueError(f"generator vocabulary ({vocab}) is smaller than the tokenizer's ({tokens.vocab_size})")
+            self.model = model.to(self.device).train(dropout)
         self.tokens, self.mask_ratio, self.mode = tokens, mask_ratio, mode
         self.autocast = self.device.type == "cuda" and bf16
         self.all_positions = all_positions  # the reference: G rewrites every real position but 0 (see the module doc)
 
     def draw_noise(self, shape: Sequence[int], generator: torch.Generator | None) -> Noise:
-        return Noise.draw(shape, self.tokens.vocab_size, generator, with_sample=self.mode == "sample")
+        return Noise.draw(shape, self.tokens.vocab_size, generator, with_sample=self.mode in ("sample", "unigram"))
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, noise: Noise | None = None,
@@ -179,7 +203,12 @@ class Corruptor:
         if self.all_positions:  # every real token but position 0 ([CLS] is restored, pads stay pads)
             predict = attention_mask.bool().clone()
             predict[:, 0] = False
-        if predict.any():
+        if self.unigram is not None:
+            if predict.any():
+                u = noise.sample[predict].to(torch.float64) * self.unigram[-1]
+                drawn = torch.searchsorted(self.unigram, u, right=True)
+                corrupted[predict] = drawn.clamp_max(len(self.unigram) - 1).to(corrupted.dtype)
+        elif predict.any():
             dev_sel = predict.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 logits = logits_at(self.model, masked.to(self.device, non_blocking=True),

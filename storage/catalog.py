@@ -3,7 +3,8 @@
 Views (refreshed after each stage writes):
 - `<kind>` (wiki1m, nli, sts, tokens, corruption, evaluations, comparisons): the newest dataset of that kind;
   `<kind>_all`: every dataset of the kind with a `dataset_key` column;
-- `manifests`: one row per dataset (kind, key, rows, content hash, params, stats, created);
+- `manifests`: one row per dataset (kind, key, rows, content hash, params, stats, created), the generators'
+  (model folders, no Parquet, no views) included;
 - `token_lengths`: length distribution per tokens dataset and column;
 - `corruption_stats`: masked / replaced ratios per corruption dataset;
 - `damaged_datasets`: datasets left out because they failed the cheap check of `storage.integrity` (kind, key,
@@ -22,7 +23,7 @@ from pathlib import Path
 import duckdb
 
 from storage.integrity import Problem, check_dataset, warn_damaged_once
-from storage.layout import KINDS, DataRoot
+from storage.layout import KINDS, NO_PARQUET_KINDS, DataRoot
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,6 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
     for kind in KINDS:
         datasets, problems = intact_datasets(root, kind)
         damaged += problems
-        if not datasets:
-            stmts += [f"DROP VIEW IF EXISTS {kind}", f"DROP VIEW IF EXISTS {kind}_all"]
-            continue
-        present.add(kind)
         for folder, m in datasets:
             stmts.append(
                 "INSERT INTO manifests VALUES ("
@@ -72,6 +69,10 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
                     json.dumps(m.params), json.dumps(m.stats), json.dumps(m.source)))
                 + ")"
             )
+        if not datasets or kind in NO_PARQUET_KINDS:  # a generator holds model files: in `manifests`, no views
+            stmts += [f"DROP VIEW IF EXISTS {kind}", f"DROP VIEW IF EXISTS {kind}_all"]
+            continue
+        present.add(kind)
         newest_dir, newest = datasets[-1]
         stmts.append(f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet({_sql_list(newest.paths(newest_dir))})")
         union = " UNION ALL BY NAME ".join(

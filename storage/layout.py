@@ -5,6 +5,7 @@
       datasets/<kind>/<key>/part-*.parquet  one folder per dataset, addressed by its key
       datasets/<kind>/<key>/hf/             its memory-mappable Arrow copy (HF `save_to_disk` layout; arrow_copy.py)
       datasets/<kind>/<key>/manifest.json   written last: its presence marks the dataset complete
+      datasets/generator/<key>/             a fitted masked LM (config, weights, tokenizer files; no Parquet)
       datasets/<kind>/<key>.shards/         finished shards of a dataset still being built
       datasets/<kind>/<key>.lock            held (flock) by the one process building the dataset
       catalog.duckdb                        DuckDB views over the Parquet outputs
@@ -26,7 +27,8 @@ from storage.paths import check_key
 
 log = logging.getLogger(__name__)
 
-KINDS = ("wiki1m", "nli", "sts", "transfer", "tokens", "corruption", "evaluations", "comparisons")
+KINDS = ("wiki1m", "nli", "sts", "transfer", "tokens", "corruption", "evaluations", "comparisons", "generator")
+NO_PARQUET_KINDS = ("generator",)  # datasets of model files (storage/generators.py), not Parquet parts
 
 
 class DataRoot:

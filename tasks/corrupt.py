@@ -1,6 +1,7 @@
 """Offline replaced-token corruption of a tokens dataset (methods.md §4), sharded and cached.
 
-The key hashes the tokens' content, the generator (name or folder + its config.json), the tokenizer
+The key hashes the tokens' content, the generator (name or folder + its config.json; a `generator:<key>` dataset of
+the fit-generator stage, by key or by folder, by its key and content hash; "unigram" for mode unigram), the tokenizer
 fingerprint and every setting that changes the output. Each shard of `shard_size` sentences is one
 task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
 crash computes only the missing shards; publishing links the shards into the dataset folder with
@@ -46,7 +47,9 @@ from models.loading import (
 )
 from storage import schemas, sharded
 from storage.catalog import refresh_catalog
-from storage.datasets import DatasetRef
+from storage.datasets import DatasetRef, read_dataset
+from storage.generators import GENERATOR_PREFIX, generator_dataset
+from storage.generators import KIND as GENERATOR_KIND
 from storage.hashing import sha256_file, stable_hash
 from storage.integrity import Quarantined
 from storage.layout import DataRoot
@@ -68,6 +71,8 @@ class CorruptPlan(ShardedPlan):
     tokenizer: str
     tokenizer_fingerprint: str | None
     generator: dict[str, str]
+    generator_path: str | None = None  # what loads the generator (a generator dataset's folder); None: config.generator
+    unigram_counts: list[int] | None = None  # mode unigram: non-special token counts of the tokens dataset
     config: CorruptConfig
     device: str
     precision: Literal["fp32", "bf16"]
@@ -134,6 +139,28 @@ def generator_identity(name: str) -> dict[str, str]:
     return {"name": name, "config_sha256": sha256_file(config_file)}
 
 
+def resolve_generator(root: DataRoot, config: CorruptConfig, verify: bool = False) -> tuple[dict[str, str], str | None]:
+    """(identity for the key, what loads it): a generator dataset (`generator:<key>`, or its folder) is verified and
+    identified by its key and content hash, so both spellings give one corruption key; mode unigram has no
+    generator; anything else is `generator_identity`'s (the path to load: None = `config.generator` itself)."""
+    if config.mode == "unigram":
+        return {"name": "unigram"}, None
+    m = generator_dataset(root, config.generator)
+    if m is None:
+        return generator_identity(config.generator), None
+    root.verify(GENERATOR_KIND, m.key, full=verify)
+    return {"name": f"{GENERATOR_PREFIX}{m.key}", "content_hash": m.content_hash}, str(root.dataset_dir(GENERATOR_KIND, m.key))
+
+
+def unigram_counts(root: DataRoot, tokens: Manifest, special: list[int]) -> list[int]:
+    """The non-special token counts of a tokens dataset (what mode unigram draws from)."""
+    from models.generator import token_counts
+
+    ids = pc.list_flatten(read_dataset(root, "tokens", tokens.key, columns=["input_ids"]).column("input_ids"))
+    vocab = len(load_tokenizer(_tokens_tokenizer(tokens)))
+    return token_counts(ids.to_numpy(), vocab, special).tolist()
+
+
 def corruption_key(tokens: Manifest, config: CorruptConfig, generator: dict[str, str], precision: str) -> str:
     return stable_hash({
         "stage": "corruption", "input": tokens.content_hash, "generator": generator,
@@ -177,15 +204,23 @@ def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False
     tokens = root.require("tokens", tokens_key)
     device = pick_device(config.device)
     precision = "bf16" if device.type == "cuda" and config.bf16 else "fp32"
-    generator = generator_identity(config.generator)
+    generator, generator_path = resolve_generator(root, config, verify=verify)
     key = corruption_key(tokens, config, generator, precision)
     manifest, quarantined = root.reuse(KIND, key, full=verify, quarantine=locked)
     cached = manifest is not None
-    special = [] if cached else check_generator_vocabulary(tokens, config.generator)
+    counts = None
+    if cached:
+        special = []
+    elif config.mode == "unigram":
+        special = list(SpecialTokens.from_tokenizer(load_tokenizer(_tokens_tokenizer(tokens))).special)
+        counts = unigram_counts(root, tokens, special)
+    else:
+        special = check_generator_vocabulary(tokens, generator_path or config.generator)
     return CorruptPlan(
         key=key, data_root=str(root.root), source=DatasetRef.of(root, tokens, cache_hit=False),
         part_rows=[] if cached else sharded.part_rows(root, "tokens", tokens_key), tokenizer=_tokens_tokenizer(tokens),
         tokenizer_fingerprint=tokens.params.get("tokenizer_fingerprint"), generator=generator, config=config,
+        generator_path=generator_path, unigram_counts=counts,
         device=str(device), precision=precision, special_ids=special,
         cached=cached, quarantined=asdict(quarantined) if quarantined is not None else None,
     )
@@ -198,16 +233,17 @@ _CORRUPTOR_LOCK = threading.Lock()
 def _corruptor(plan: CorruptPlan) -> Corruptor:
     """The generator of this plan, loaded once per process (shard tasks share it)."""
     cfg = plan.config
-    cache_key = (cfg.generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode, cfg.bf16, cfg.generator_dropout,
-                 cfg.positions)
+    generator = plan.generator_path or cfg.generator
+    cache_key = (generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode, cfg.bf16, cfg.generator_dropout,
+                 cfg.positions, plan.tokens_hash if cfg.mode == "unigram" else None)
     with _CORRUPTOR_LOCK:
         if cache_key not in _CORRUPTORS:
             _CORRUPTORS.clear()
             tokens = SpecialTokens.from_tokenizer(load_tokenizer(plan.tokenizer))
-            model = load_masked_lm(cfg.generator)
+            model = None if cfg.mode == "unigram" else load_masked_lm(generator)
             _CORRUPTORS[cache_key] = Corruptor(model, tokens, cfg.mask_ratio, cfg.mode, device=plan.device,
                                                bf16=cfg.bf16, dropout=cfg.generator_dropout,
-                                               all_positions=cfg.positions == "all")
+                                               all_positions=cfg.positions == "all", unigram_counts=plan.unigram_counts)
         return _CORRUPTORS[cache_key]
 
 

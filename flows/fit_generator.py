@@ -1,0 +1,37 @@
+"""Flow `fit-generator`: ingest and tokenise a corpus (cache hits when done), then fit a masked-LM generator on a
+frozen encoder (tasks/fit_generator.py) and publish it as dataset `generator/<key>`.
+
+Pass the result to the corruption stage as `corrupt.generator: "generator:<key>"` (or its folder).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect import flow
+
+from config.stages import GeneratorConfig, IngestConfig, TokenizeConfig
+from flows.tokenization import prepare_tokens
+from storage.datasets import DatasetRef
+from tasks.fit_generator import fit_generator as fit_generator_task
+
+
+@flow(name="fit-generator", log_prints=True)
+def fit_generator(
+    tokens_key: str | None = None,
+    config: GeneratorConfig = GeneratorConfig(),
+    dataset: Literal["wiki1m", "nli"] = "wiki1m",
+    ingest_config: IngestConfig = IngestConfig(),
+    tokenize_config: TokenizeConfig | None = None,
+    verify: bool = False,
+) -> DatasetRef:
+    """`tokens_key`: a tokens dataset to fit on; without it `dataset` is ingested and tokenised with
+    `tokenize_config` (default: the backbone's tokenizer, max length 32). `verify`: cache hits also check content
+    hashes."""
+    if tokens_key is None:
+        tokenize_config = tokenize_config or TokenizeConfig(tokenizer=config.backbone)
+        tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key
+    ref = fit_generator_task(tokens_key, config, verify=verify)
+    print(f"generator {ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}\n"
+          f"use it with corrupt.generator: \"generator:{ref.key}\"")
+    return ref
