@@ -82,7 +82,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -93,11 +92,11 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false",
-               "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false"}.items():
-    os.environ.setdefault(_k, _v)
+from machine import cpu_environment, set_offline_environment  # noqa: E402
+
+set_offline_environment()
 
 PEER_DIFF_LIMIT = 1.0
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
@@ -128,21 +127,8 @@ def _log(msg: str) -> None:
 
 def environment() -> dict[str, Any]:
     import sentence_transformers
-    import torch
-    import transformers
 
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "sentence_transformers": sentence_transformers.__version__, "python": platform.python_version(),
-            "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-            "cpu": cpu, "cpu_count": os.cpu_count(), "device": "cpu", "platform": platform.platform()}
+    return cpu_environment(sentence_transformers=sentence_transformers.__version__)
 
 
 class Bench:
