@@ -426,7 +426,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     base = next((c for c in cells if c["method"] == "d2cse" and c["arm"] == METHOD
                  and c["seed"] == PROTOCOL["head_lr_sensitivity"]["seed"]), None)
     rows = []
-    if base is not None:
+    if sens and base is not None:
         dev50 = dict(map(tuple, base["dev_curve"])).get(PROTOCOL["head_lr_sensitivity"]["steps"])
         fl = first_losses(base)
         rows.append({"head_lr": f"job's ({base['learning_rate']:g})", "loss_step1": fl[0] if fl else None,

@@ -1,0 +1,70 @@
+"""benchmarks/evidence.py's bookkeeping (no training): paired method - control differences, mechanism figures, the
+head-LR rows, resuming by cell, and the fixed protocol."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import evidence as ev
+
+
+def _cell(method, arm, seed, start, final, mechanism=None, losses=None):
+    cell = {"method": method, "arm": arm, "label": arm, "seed": seed, "protocol": ev.protocol_hash(),
+            "dev_curve": [[0, start], [100, (start + final) / 2], [200, final]], "start": start, "final": final,
+            "delta": round(final - start, 2), "best": max(start, final), "learning_rate": 0.02,
+            "losses": losses or [], "seconds": {"train_and_eval": 10.0}}
+    if mechanism is not None:
+        cell["mechanism"] = {c: {"loss": v, "accuracy": 0.9, "replaced_recall": 0.5}
+                             for c, v in zip(("true_h", "shuffled_h", "no_h"), mechanism)}
+    return cell
+
+
+def test_summary_pairs_each_control_with_the_method_by_seed():
+    cells = [_cell("d2cse", "method", 0, 70.0, 72.0, (0.30, 0.34, 0.40)),
+             _cell("d2cse", "method", 1, 70.0, 73.0, (0.32, 0.35, 0.41)),
+             _cell("d2cse", "lambda0", 0, 70.0, 71.0), _cell("d2cse", "lambda0", 1, 70.0, 74.0)]
+    s = ev.summary({"cells": cells})["d2cse"]
+    assert s["arms"]["method"]["delta"]["mean"] == pytest.approx(2.5)
+    assert s["arms"]["method"]["delta"]["std"] == pytest.approx(0.7071, abs=1e-4)
+    pair = s["method_minus_control"]["lambda0"]
+    assert pair["mean"] == pytest.approx(0.0) and pair["method_better_in"] == 1 and pair["n"] == 2
+    mech = s["arms"]["method"]["mechanism"]
+    assert mech["true_h"]["loss"]["mean"] == pytest.approx(0.31) and mech["no_h"]["loss"]["mean"] == pytest.approx(0.405)
+    assert "mechanism" not in s["arms"]["lambda0"]
+    md = ev.markdown({"protocol": ev.protocol_hash(), "summary": ev.summary({"cells": cells}), "cells": cells})
+    assert "| d2cse | control: lambda = 0 | 2 |" in md and "+0.00 ± 1.41 (method better in 1/2)" in md
+    assert "| d2cse | D2CSE (lambda 0.005, conditioned) | 0.3100 ± 0.0141 | 0.3450 ± 0.0071 | 0.4050 ± 0.0071 |" in md
+    assert "head learning rate" not in md  # no sensitivity cells yet
+
+
+def test_head_lr_rows_read_the_first_contrastive_losses():
+    losses = [{"step": s, "loss_contrastive": v} for s, v in ((1, 0.3), (2, 5.9), (3, 2.0), (11, 9.9))]
+    base = _cell("d2cse", "method", 0, 70.0, 72.0, losses=losses)
+    low = _cell("d2cse", "head-lr-0.002", 0, 70.0, 71.5, losses=[{"step": 1, "loss_contrastive": 0.3}])
+    low["head_learning_rate"] = 0.002
+    rows = ev.summary({"cells": [base, low]})["head_lr_sensitivity"]
+    assert rows[0]["loss_step1"] == 0.3 and rows[0]["max_loss_1_10"] == 5.9  # step 11 is outside 1-10
+    assert rows[0]["dev_at_50"] is None  # the fake curve has no step-50 point
+    assert rows[1] == {"head_lr": "0.002", "loss_step1": 0.3, "max_loss_1_10": 0.3, "dev_at_50": 71.5}
+
+
+def test_write_records_missing_cells_and_merge_refuses_another_protocol(tmp_path):
+    out = tmp_path / "evidence.json"
+    ev.write({"protocol": ev.protocol_hash(), "cells": [_cell("simcse", "method", 0, 80.0, 81.0)], "commands": []}, out)
+    report = json.loads(out.read_text())
+    assert ["simcse", "method", 1] in report["missing"] and not report["complete"]
+    assert (tmp_path / "evidence_simcse.png").stat().st_size > 0 and out.with_suffix(".md").is_file()
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"protocol": "0" * 16, "cells": []}))
+    with pytest.raises(SystemExit, match="protocol"):
+        ev.merge([other], out, "merge")
+    assert ev.load(out)["protocol"] == ev.protocol_hash()  # a report of this protocol resumes: its cells are skipped
+
+
+def test_every_cell_of_the_protocol_is_planned():
+    cells = ev.expected_cells()
+    arms = sum(len(a) for a in ev.ARMS.values())
+    assert len(cells) == arms * len(ev.PROTOCOL["seeds"]) + len(ev.PROTOCOL["head_lr_sensitivity"]["head_lrs"])
+    assert ("d2cse", "ablation-c", 2) in cells and ("diffaug", "shared-prefix", 0) in cells
