@@ -40,6 +40,15 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def wiki_head(shared_data, tmp_path_factory) -> Path:
+    """The first 512 lines of the real Wiki1M sample: flows whose jobs each corrupt the whole corpus stay fast."""
+    path = tmp_path_factory.mktemp("wiki_head") / "wiki1m_first_512.txt"
+    with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
+        path.write_text("".join(line for _, line in zip(range(512), f)), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
 def mlflow_store_template(tmp_path_factory) -> Path:
     """An empty MLflow SQLite store with its schema migrated once per session (seconds each time otherwise); None
     where MLflow is not installed (a GPU node with the training wheelhouse runs `pytest -m gpu` without it)."""

@@ -24,10 +24,11 @@ from tracking.runs import configure_mlflow
 
 
 @pytest.fixture
-def tiny(tiny_bert_dir, shared_data):
+def tiny(tiny_bert_dir, shared_data, wiki_head):
+    # the head of the Wiki1M sample: every seed child corrupts the corpus again (its own corruption), so keep it small
     return {
         "backbone": str(tiny_bert_dir), "max_steps": 2, "eval_steps": 2, "log_steps": 1, "max_train_sentences": 64,
-        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(wiki_head)},
                    "senteval": {"path": str(shared_data / "senteval")}},
     }
 

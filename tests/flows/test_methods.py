@@ -28,11 +28,11 @@ LOSS_TERMS = {
 
 
 @pytest.fixture
-def tiny_overrides(tiny_bert_dir, shared_data):
+def tiny_overrides(tiny_bert_dir, shared_data, wiki_head):
     return {
         "backbone": str(tiny_bert_dir), "max_steps": 4, "eval_steps": 2, "log_steps": 1, "max_train_sentences": 128,
         "test_evaluation": False,
-        "ingest": {"datasets": ["wiki1m", "nli", "sts"], "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+        "ingest": {"datasets": ["wiki1m", "nli", "sts"], "wiki": {"path": str(wiki_head)},
                    "nli": {"path": str(shared_data / "snli_triplets.csv")}, "senteval": {"path": str(shared_data / "senteval")}},
     }
 
