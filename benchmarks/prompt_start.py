@@ -1,0 +1,71 @@
+"""Why do prompt methods start below their frozen encoder? STS-B dev at step 0 of D2CSE's smoke model (MiniLM, P = 8).
+
+    python benchmarks/prompt_start.py [--seed 0] [--threads 1]
+
+Scores the untrained D2CSE model (the prompts as initialised under the seed), the same model with every prompt value
+set to zero, both with and without the position shift (`model.shift_positions`), and the plain MiniLM's CLS state.
+Prints one line per model; reads the local data mirror (`../shared/data`), nothing is trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import set_offline_environment  # noqa: E402
+
+set_offline_environment()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    os.environ.setdefault("CSE_HOME", tempfile.mkdtemp(prefix="cse-prompt-start-"))
+    import torch
+
+    from config.settings import get_settings
+    from config.stages import local_mirror_ingest
+    from config.training import resolve_train_config
+    from evaluation.evaluator import Evaluator
+    from models.embedder import PooledEncoder
+    from models.loading import PACKAGED_MINILM, load_tokenizer
+    from storage.evaluations import load_sts_input
+    from storage.layout import DataRoot
+    from tasks.ingest import ingest_dataset
+    from training.job import build_model
+    from training.loop import set_seed
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shared = Path(os.environ.get("CSE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ingest = local_mirror_ingest(shared)
+    evaluator = Evaluator(load_sts_input(ingest_dataset.fn("sts", ingest).key, DataRoot(get_settings().data_root)).table)
+
+    def dev(model) -> float:
+        return round(float(evaluator.run(model, mode="dev", batch_size=128).metrics()["stsb_dev"]), 2)
+
+    model = None
+    for shift in (True, False):
+        cfg = resolve_train_config("smoke", {"seed": args.seed, "model": {"shift_positions": shift}}, method="d2cse")
+        set_seed(cfg.seed)
+        model = build_model(cfg, torch.device("cpu")).eval()
+        print(f"D2CSE step 0, prompts as initialised, shift_positions={shift}: {dev(model):.2f}", flush=True)
+        with torch.no_grad():
+            for param in model.encoder.prefix_encoder.parameters():
+                param.zero_()
+        print(f"D2CSE step 0, every prompt value 0,     shift_positions={shift}: {dev(model):.2f}", flush=True)
+    plain = PooledEncoder(model.backbone, "cls_before_pooler", tokenizer=load_tokenizer(PACKAGED_MINILM), name="MiniLM CLS")
+    print(f"MiniLM CLS state, no prompts: {dev(plain):.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
