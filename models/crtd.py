@@ -1,9 +1,13 @@
 """The objective D2CSE and DiffCSE share: contrastive loss on `h` + λ · conditional replaced-token detection.
 
-`ConditionalRTDModel` does the shape checks, RTD label defaulting (`corrupted != original` on real tokens,
-methods.md §4 step 4), the contrastive loss (§1.2), the RTD loss (§4 step 6, §10.2) and `training_step`; a
-subclass says how the training rows are encoded (`encode_rows`) and how its discriminator reads the corrupted
-rows conditioned on `h` (`discriminate_rows`).
+`ConditionalRTDModel` does the shape checks, RTD label defaulting (`corrupted != original` on real tokens), the
+contrastive loss, the RTD loss and `training_step`; a subclass says how the training rows are encoded
+(`encode_rows`) and how its discriminator reads the corrupted rows conditioned on `h` (`discriminate_rows`).
+
+References: Chuang et al. (2022), *DiffCSE: Difference-based Contrastive Learning for Sentence Embeddings*
+(conditional replaced-token detection with a separate discriminator; `voidism/DiffCSE`); Lee (2023), *D2CSE:
+Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings* (the same objective with the prompted
+encoder as its own discriminator).
 """
 
 from __future__ import annotations
@@ -20,7 +24,19 @@ from models.losses import contrastive_loss, rtd_accuracy, rtd_loss
 from models.method import CSEModel, StepOutput
 
 def check_objective(temperature: float, rtd_weight: float) -> None:
-    """Validation of the hyperparameters every contrastive + conditional-RTD config has (τ, λ)."""
+    """Check the hyperparameters every contrastive + conditional-RTD config has.
+
+    Args:
+        temperature: τ of the contrastive loss; must be positive.
+        rtd_weight: λ, the RTD loss weight; must be >= 0 (0 gives exactly the contrastive-only gradients).
+
+    Raises:
+        ValueError: a value out of range, naming it.
+
+    Example:
+        >>> from models.crtd import check_objective
+        >>> check_objective(temperature=0.05, rtd_weight=0.005)  # the D2CSE paper's values
+    """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if rtd_weight < 0:
@@ -31,8 +47,28 @@ def align_corruption(input_ids: torch.Tensor, attention_mask: torch.Tensor, corr
                      rtd_labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Checked `(B, n, T)` corrupted ids and RTD labels for `(B, n, T)` rows, n = 2 (unsup) or 3 (sup).
 
-    `corrupted_ids` / `rtd_labels` may be `(B, n, T)` or `(B, 1, T)` (one corruption shared by every view).
-    Labels default to `corrupted != original` on non-pad positions (§4 step 4).
+    Labels default to `corrupted != original` on non-pad positions, as DiffCSE's reference code derives them.
+
+    Args:
+        input_ids: `(B, n, T)` original token ids.
+        attention_mask: `(B, n, T)`, 1 on real tokens.
+        corrupted_ids: `(B, n, T)`, or `(B, 1, T)` for one corruption shared by every view.
+        rtd_labels: `(B, n, T)` or `(B, 1, T)` labels (1 = replaced), or None to derive them.
+
+    Returns:
+        `(corrupted_ids, rtd_labels)`, both `(B, n, T)`.
+
+    Raises:
+        ValueError: a shape that does not fit, naming both shapes.
+
+    Example:
+        >>> import torch
+        >>> from models.crtd import align_corruption
+        >>> ids = torch.tensor([[[101, 7, 8, 102], [101, 7, 8, 102]]])
+        >>> mask = torch.ones_like(ids)
+        >>> corrupted, labels = align_corruption(ids, mask, torch.tensor([[[101, 9, 8, 102]]]), None)
+        >>> labels.long().tolist()
+        [[[0, 1, 0, 0], [0, 1, 0, 0]]]
     """
     if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
         raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
@@ -54,7 +90,15 @@ def align_corruption(input_ids: torch.Tensor, attention_mask: torch.Tensor, corr
 
 @dataclass
 class CRTDOutput:
-    """Losses of one training forward; `h` is the `(B, n, d)` BN-MLP output."""
+    """The losses of one training forward.
+
+    Attributes:
+        loss: `L_CL + λ·L_RTD`.
+        contrastive_loss: `L_CL` on `h`.
+        rtd_loss: `L_RTD` of the discriminator.
+        rtd_accuracy: the discriminator's accuracy on real tokens (no gradient).
+        h: the `(B, n, d)` BN-MLP output.
+    """
 
     loss: torch.Tensor
     contrastive_loss: torch.Tensor
@@ -66,7 +110,7 @@ class CRTDOutput:
 
 
 class ConditionalRTDModel(CSEModel):
-    """Contrastive loss on the BN-MLP output `h` plus conditional RTD on precomputed corruptions (§4, §5).
+    """Contrastive loss on the BN-MLP output `h` plus conditional replaced-token detection on precomputed corruptions.
 
     Per step on `(B, n, T)` rows flattened to `(B·n, T)`: `encode_rows` → CLS states → `self.projection`
     (BN-MLP over all B·n rows together) → `h` (contrastive vector and conditioning vector, not detached);
@@ -74,6 +118,21 @@ class ConditionalRTDModel(CSEModel):
     the corrupted rows; `L = L_CL + λ·L_RTD` with the RTD mean over all positions (padding included) unless
     `rtd_mean_over_padding=False`. The config must carry `temperature`, `rtd_weight`,
     `hard_negative_weight` and `rtd_mean_over_padding`; subclasses set `projection` and `rtd_head`.
+
+    References: Chuang et al. (2022), *DiffCSE*, equation 4 (`L = L_contrast + λ·L_RTD`); Lee (2023), *D2CSE*.
+
+    Example:
+        A method that shares the objective implements the two hooks (`models.diffcse.DiffCSE` in full):
+
+        ```python
+        class MyCRTD(ConditionalRTDModel):
+            def encode_rows(self, input_ids, attention_mask, token_type_ids):
+                return self.encode_cls(input_ids, attention_mask, token_type_ids), None
+
+            def discriminate_rows(self, corrupted_ids, attention_mask, h, token_type_ids, context):
+                out = self.discriminator(corrupted_ids, attention_mask, token_type_ids, position0_output=h)
+                return self.rtd_head(out.last_hidden_state)
+        ```
     """
 
     uses_corruption = True
@@ -85,19 +144,40 @@ class ConditionalRTDModel(CSEModel):
     @abstractmethod
     def encode_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     token_type_ids: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
-        """Last-layer CLS states `(B', d)` of the training pass, and a context handed to `discriminate_rows`."""
+        """Last-layer CLS states `(B', d)` of the training pass, and a context handed to `discriminate_rows`.
+
+        Args:
+            input_ids: `(B', T)` token ids, the views flattened.
+            attention_mask: `(B', T)` token mask.
+            token_type_ids: `(B', T)` segment ids, or None.
+        """
 
     @abstractmethod
     def discriminate_rows(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor,
                           token_type_ids: torch.Tensor | None, context: Any) -> torch.Tensor:
-        """RTD logits `(B', T, 2)` of the training pass's discriminator on `(B', T)` corrupted rows given `h`."""
+        """RTD logits `(B', T, 2)` of the training pass's discriminator on `(B', T)` corrupted rows given `h`.
+
+        Args:
+            corrupted_ids: `(B', T)` corrupted token ids.
+            attention_mask: `(B', T)` token mask.
+            h: `(B', d)` conditioning vectors (the BN-MLP output, not detached).
+            token_type_ids: `(B', T)` segment ids, or None.
+            context: what `encode_rows` returned beside the CLS states.
+        """
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, corrupted_ids: torch.Tensor,
                 rtd_labels: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None) -> CRTDOutput:
         """One training forward on `(B, n, T)` rows, n = 2 (unsup, two dropout views) or 3 (sup, with hard negative).
 
-        `corrupted_ids` / `rtd_labels`: `(B, n, T)`, or `(B, 1, T)` for one corruption shared by every view.
-        Labels default to `corrupted != original` on non-pad positions (§4 step 4).
+        Args:
+            input_ids: `(B, n, T)` token ids.
+            attention_mask: `(B, n, T)` token mask.
+            corrupted_ids: `(B, n, T)`, or `(B, 1, T)` for one corruption shared by every view.
+            rtd_labels: labels of the same shape (1 = replaced), or None: `corrupted != original` on real tokens.
+            token_type_ids: `(B, n, T)` segment ids, or None.
+
+        Returns:
+            The losses and `h`.
         """
         corrupted_ids, rtd_labels = align_corruption(input_ids, attention_mask, corrupted_ids, rtd_labels)
         batch, n, length = input_ids.shape
@@ -121,6 +201,13 @@ class ConditionalRTDModel(CSEModel):
                           rtd_accuracy=acc, h=z)
 
     def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
+        """The loss of one batch and its logged terms (`loss_contrastive`, `loss_rtd`, `rtd_accuracy`).
+
+        Args:
+            batch: the training rows with their corruptions.
+            step: the optimiser step (unused: the objective has no schedule).
+            phase: the training phase (these methods have one, `main`).
+        """
         out = self(batch.input_ids, batch.attention_mask, batch.corrupted_ids, batch.rtd_labels)
         return StepOutput(out.loss, {"loss_contrastive": out.contrastive_loss.detach(), "loss_rtd": out.rtd_loss.detach(),
                                      "rtd_accuracy": out.rtd_accuracy})

@@ -1,15 +1,19 @@
-"""Sentence poolers over a transformer's outputs (methods.md §1.3).
+"""Sentence poolers over a transformer's outputs, as SimCSE, DiffCSE, DCPCSE and DiffAug define them.
 
 | name | embedding |
 |---|---|
 | `cls` | last-layer state at position 0, then an MLP (`Linear + tanh`); for a plain HF model the MLP is the backbone's pretrained pooler, as in SimCSE's exported checkpoints |
 | `cls_before_pooler` | last-layer state at position 0 |
 | `avg` | masked mean of the last layer (pads excluded) |
-| `avg_first_last` | masked mean of (first + last) / 2; "first" = `hidden_states[first_layer]` (0 = embedding output as DiffCSE/DCPCSE code, 1 = first transformer layer as SimCSE's current code) |
+| `avg_first_last` | masked mean of (first + last) / 2; "first" = `hidden_states[first_layer]` (0 = embedding output as the `voidism/DiffCSE` and `YJiangcm/DCPCSE` code, 1 = first transformer layer as `princeton-nlp/SimCSE`'s current code) |
 | `avg_top2` | masked mean of (last + second-last) / 2 |
 | `mask` | last-layer state at the first `[MASK]` token of each row (prompt templates, DiffAug) |
 
-Masks passed here are token-only masks (no prefix slots; methods.md §10 item 8).
+Masks passed here are token-only masks (no prefix slots).
+
+References: Gao, Yao, Chen (2021), *SimCSE: Simple Contrastive Learning of Sentence Embeddings* (section 6.3,
+pooling methods); Wang and Lu (2022), *Differentiable Data Augmentation for Contrastive Sentence Representation
+Learning* (the `[MASK]` state of a prompt template).
 """
 
 from __future__ import annotations
@@ -28,24 +32,65 @@ class UnknownPoolerError(ValueError):
 
 
 def check_pooler(name: str) -> str:
+    """The pooler name, checked.
+
+    Args:
+        name: one of `POOLERS`.
+
+    Returns:
+        `name` unchanged.
+
+    Raises:
+        UnknownPoolerError: `name` is not a known pooler; the message lists the known ones.
+    """
     if name not in POOLERS:
         raise UnknownPoolerError(f"unknown pooler {name!r}; known: {', '.join(POOLERS)}")
     return name
 
 
 def needs_hidden_states(name: str) -> bool:
-    """Whether the pooler reads intermediate layers (`output_hidden_states=True`)."""
+    """Whether the pooler reads intermediate layers, so the encoder must run with `output_hidden_states=True`.
+
+    Args:
+        name: one of `POOLERS`.
+
+    Example:
+        >>> from models.pooling import needs_hidden_states
+        >>> needs_hidden_states("avg_first_last"), needs_hidden_states("cls")
+        (True, False)
+    """
     return check_pooler(name) in ("avg_first_last", "avg_top2")
 
 
 def masked_mean(states: Tensor, attention_mask: Tensor) -> Tensor:
-    """Mean over the positions where `attention_mask` is 1; [B, T, d] → [B, d]."""
+    """The mean over the positions where `attention_mask` is 1: `[B, T, d]` → `[B, d]`.
+
+    Args:
+        states: `(B, T, d)` token states.
+        attention_mask: `(B, T)`, 1 on the tokens to average (a row without any gives zeros).
+
+    Example:
+        >>> import torch
+        >>> from models.pooling import masked_mean
+        >>> states = torch.tensor([[[1.0], [3.0], [100.0]]])
+        >>> masked_mean(states, torch.tensor([[1, 1, 0]]))
+        tensor([[2.]])
+    """
     m = attention_mask.to(states.dtype).unsqueeze(-1)
     return (states * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
 
 
 def mask_token_states(last: Tensor, input_ids: Tensor, mask_token_id: int) -> Tensor:
-    """The state at the first `mask_token_id` of every row; a row without one is an error."""
+    """The state at the first `mask_token_id` of every row (DiffAug's prompt-template pooling).
+
+    Args:
+        last: `(B, T, d)` last-layer states.
+        input_ids: `(B, T)` token ids.
+        mask_token_id: the tokenizer's mask token id.
+
+    Raises:
+        ValueError: a row holds no mask token; the message counts them.
+    """
     is_mask = input_ids == mask_token_id
     has = is_mask.any(dim=1)
     if not bool(has.all()):
@@ -67,7 +112,35 @@ def pool(
     mlp: nn.Module | None = None,
     first_layer: int = 0,
 ) -> Tensor:
-    """Apply pooler `name`; `hidden_states` = all layers incl. the embedding output (HF order)."""
+    """Pool a transformer's outputs into one vector per sentence with pooler `name` (see the table above).
+
+    Args:
+        name: one of `POOLERS`.
+        last_hidden_state: `(B, T, d)` last-layer states.
+        attention_mask: `(B, T)` token mask (no prefix slots).
+        hidden_states: every layer's states including the embedding output, in Hugging Face order; needed by
+            `avg_first_last` and `avg_top2`.
+        input_ids: `(B, T)` token ids; needed by `mask`.
+        mask_token_id: the tokenizer's mask token id; needed by `mask`.
+        mlp: the `cls` pooler's MLP (`Linear + tanh`, e.g. `models.heads.SimCSEPoolerMLP`); needed by `cls`.
+        first_layer: which layer `avg_first_last` calls "first": 0 (embedding output) or 1.
+
+    Returns:
+        `(B, d)` sentence embeddings.
+
+    Raises:
+        UnknownPoolerError: `name` is not a known pooler.
+        ValueError: an input the pooler needs is missing, or `first_layer` is not 0 or 1.
+
+    Example:
+        >>> import torch
+        >>> from models.pooling import pool
+        >>> states = torch.arange(12.0).reshape(1, 3, 4)
+        >>> pool("cls_before_pooler", states, torch.ones(1, 3))
+        tensor([[0., 1., 2., 3.]])
+        >>> pool("avg", states, torch.tensor([[1, 1, 0]]))
+        tensor([[2., 3., 4., 5.]])
+    """
     check_pooler(name)
     if name in ("cls", "cls_before_pooler"):
         cls = last_hidden_state[:, 0]
