@@ -23,6 +23,9 @@ only in their penalty share their mini-batches (a `Group`: SentEval re-seeds eve
 shuffles); each fit keeps its own weights, optimiser state and early stopping, and a group leaves the batch when all
 its fits have stopped. Gradients are computed in closed form (softmax − one-hot), which is what autograd
 computes for this model. Results equal SentEval's up to floating-point summation order.
+
+Reference: Conneau and Kiela (2018), *SentEval: An Evaluation Toolkit for Universal Sentence Representations*
+(`facebookresearch/SentEval`, `senteval/tools/classifier.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,26 @@ OPTIMIZERS = ("adam", "rmsprop")
 
 @dataclass(frozen=True)
 class ClassifierSettings:
-    """SentEval's classifier parameters (`params['classifier']`) plus `kfold` and the seed."""
+    """SentEval's classifier parameters (`params['classifier']`) plus `kfold`, the seed and the penalty grid.
+
+    `TEST` and `FASTTEST` are the two settings SimCSE's and DiffCSE's `evaluation.py` use.
+
+    Attributes:
+        optim: `adam` or `rmsprop`.
+        batch_size: rows per mini-batch.
+        tenacity: validation scores without improvement before a fit stops (counted over the whole fit).
+        epoch_size: epochs between two validation scores.
+        max_epoch: the epoch limit.
+        kfold: folds of the cross-validations.
+        seed: the seed of every fit's initial weights and shuffles.
+        regs: the L2 penalties searched.
+        validation_split: the held-out fraction of a final fit that has no validation set.
+
+    Example:
+        >>> from evaluation.classifier import SETTINGS
+        >>> SETTINGS["fasttest"].optim, SETTINGS["fasttest"].kfold
+        ('rmsprop', 5)
+    """
 
     optim: str = "adam"
     batch_size: int = 64
@@ -90,13 +112,38 @@ class Fitted:
     reg: float
 
     def predict(self, x: Tensor) -> Tensor:
+        """The predicted class of every row of `x` (`[N, d]` features).
+
+        Args:
+            x: `[N, d]` features.
+        """
         return (x.to(self.weight.device, self.weight.dtype) @ self.weight + self.bias).argmax(dim=1)
 
 
 def group(train: np.ndarray, regs: Sequence[float], seed: int, valid: np.ndarray | None = None,
           validation_split: float | None = None) -> Group:
-    """A group with SentEval's data preparation: with `valid` the fits validate on it; else the first permutation of
-    the seeded generator moves `int(validation_split * n)` training rows to the validation side."""
+    """A group with SentEval's data preparation.
+
+    With `valid` the fits validate on it; else the first permutation of the seeded generator moves
+    `int(validation_split * n)` training rows to the validation side.
+
+    Args:
+        train: row indices of the training rows.
+        regs: the L2 penalties, one fit each.
+        seed: the seed of the group's shuffles.
+        valid: row indices of the validation rows, or None to split them off `train`.
+        validation_split: the fraction split off when `valid` is None.
+
+    Raises:
+        ValueError: no validation rows, no training rows or no penalty.
+
+    Example:
+        >>> import numpy as np
+        >>> from evaluation.classifier import group
+        >>> g = group(np.arange(100), regs=[1e-5, 1e-4], seed=1111, validation_split=0.05)
+        >>> len(g.train), len(g.valid), g.regs
+        (95, 5, (1e-05, 0.0001))
+    """
     rng = np.random.RandomState(seed)
     train = np.asarray(train, dtype=np.int64)
     if valid is None:
@@ -114,7 +161,22 @@ def group(train: np.ndarray, regs: Sequence[float], seed: int, valid: np.ndarray
 
 
 def initial_weights(d: int, nclasses: int, seed: int) -> tuple[Tensor, Tensor]:
-    """`nn.Linear(d, nclasses)`'s default init under `torch.manual_seed(seed)`, as [d, C] weight and [C] bias."""
+    """`nn.Linear(d, nclasses)`'s default init under `torch.manual_seed(seed)`, as `[d, C]` weight and `[C]` bias.
+
+    Args:
+        d: the feature size.
+        nclasses: C, the number of classes.
+        seed: the seed SentEval gives every classifier (1111).
+
+    Example:
+        >>> import torch
+        >>> from evaluation.classifier import initial_weights
+        >>> w, b = initial_weights(4, 2, seed=1111)
+        >>> _ = torch.manual_seed(1111)
+        >>> layer = torch.nn.Linear(4, 2)
+        >>> torch.equal(w, layer.weight.t()), torch.equal(b, layer.bias)
+        (True, True)
+    """
     g = torch.Generator().manual_seed(seed)
     bound = 1.0 / math.sqrt(d)
     w = torch.empty(nclasses, d).uniform_(-bound, bound, generator=g)  # kaiming_uniform(a=√5) on [C, d]
@@ -124,8 +186,29 @@ def initial_weights(d: int, nclasses: int, seed: int) -> tuple[Tensor, Tensor]:
 
 def fit_groups(x: Tensor, y: Tensor, nclasses: int, groups: Sequence[Group], settings: ClassifierSettings,
                chunk: int = 16) -> list[list[Fitted]]:
-    """Train every group's fits (SentEval's `fit`, one per penalty), `chunk` groups side by side; `x` [N, d] float32
-    and `y` [N] int64 on one device. Returns, per group, one `Fitted` per penalty in `regs` order."""
+    """Train every group's fits (SentEval's `fit`, one per penalty), `chunk` groups side by side.
+
+    Args:
+        x: `[N, d]` float32 features, on the device the fits run on.
+        y: `[N]` int64 labels on the same device.
+        nclasses: the number of classes.
+        groups: the groups to fit (see `group`).
+        settings: the classifier settings.
+        chunk: how many groups train side by side as one batched model.
+
+    Returns:
+        Per group, one `Fitted` per penalty, in `regs` order.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from evaluation.classifier import FASTTEST, fit_groups, group
+        >>> x = torch.cat([torch.full((20, 2), -1.0), torch.full((20, 2), 1.0)])
+        >>> y = torch.cat([torch.zeros(20), torch.ones(20)]).long()
+        >>> g = group(np.arange(40), regs=FASTTEST.regs, seed=1111, validation_split=0.25)
+        >>> fits = fit_groups(x, y, 2, [g], FASTTEST)[0]
+        >>> [f.valid_accuracy for f in fits]  # separable data
+        [1.0, 1.0, 1.0, 1.0]
+    """
     out: list[list[Fitted] | None] = [None] * len(groups)
     by_width: dict[int, list[int]] = {}
     for i, g in enumerate(groups):

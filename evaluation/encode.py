@@ -23,6 +23,8 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 @dataclass
 class EncodeStats:
+    """What one embedding pass did: sentences, tokens, batches and wall seconds."""
+
     sentences: int
     tokens: int
     batches: int
@@ -30,11 +32,23 @@ class EncodeStats:
 
     @property
     def sentences_per_s(self) -> float:
+        """Throughput of the pass."""
         return self.sentences / max(self.seconds, 1e-9)
 
 
 def autocast_context(device: torch.device, precision: str):
-    """`fp32` (the default everywhere, as the reference evaluates): no autocast; `bf16` forces autocast; `auto`: bf16 on CUDA."""
+    """The autocast context of an evaluation precision.
+
+    `fp32` (the default everywhere, as the reference code evaluates): no autocast; `bf16` forces autocast;
+    `auto`: bf16 on CUDA.
+
+    Args:
+        device: the device the embedder runs on.
+        precision: one of `PRECISIONS`.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
@@ -43,7 +57,17 @@ def autocast_context(device: torch.device, precision: str):
 
 
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length, longest first (memory errors surface early)."""
+    """Indices grouped into batches of similar length, longest first (memory errors surface early).
+
+    Args:
+        lengths: the token count of every sentence.
+        batch_size: sentences per batch.
+
+    Example:
+        >>> from evaluation.encode import length_sorted_batches
+        >>> length_sorted_batches([3, 9, 5, 9], batch_size=2)
+        [[1, 3], [2, 0]]
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -51,13 +75,28 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
 
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Right-padded input_ids and attention_mask (int64) for one batch."""
+    """Right-padded `input_ids` and `attention_mask` (int64) for one batch.
+
+    Args:
+        ids: the token ids of each sentence.
+        pad_id: the tokenizer's pad id.
+
+    Example:
+        >>> from evaluation.encode import pad_batch
+        >>> ids, mask = pad_batch([[101, 7, 102], [101, 102]], pad_id=0)
+        >>> ids.tolist(), mask.tolist()
+        ([[101, 7, 102], [101, 102, 0]], [[1, 1, 1], [1, 1, 0]])
+    """
     return pad_sequences(ids, pad_id)
 
 
 @contextlib.contextmanager
 def eval_mode(module: torch.nn.Module):
-    """Switch every submodule to eval() and restore each one's previous mode afterwards."""
+    """Switch every submodule to `eval()` and restore each one's previous mode afterwards.
+
+    Args:
+        module: the model; a training loop can pass its live model.
+    """
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
@@ -76,7 +115,22 @@ def embed_token_ids(
     progress: bool = False,
     desc: str = "embedding",
 ) -> tuple[Tensor, EncodeStats]:
-    """[N, d] float32 CPU embeddings of pre-tokenised sentences, in input order."""
+    """`[N, d]` float32 CPU embeddings of pre-tokenised sentences, in input order.
+
+    Args:
+        embedder: the model (any `models.embedder.SentenceEmbedder`).
+        token_ids: the token ids of each sentence (none may be empty).
+        batch_size: sentences per batch.
+        precision: one of `PRECISIONS`.
+        progress: show a progress bar.
+        desc: the progress bar's label.
+
+    Returns:
+        The embeddings and the pass's `EncodeStats`.
+
+    Raises:
+        ValueError: no sentences, an empty one, or an embedding of the wrong shape.
+    """
     n = len(token_ids)
     if n == 0:
         raise ValueError("nothing to embed: no sentences")
@@ -108,5 +162,20 @@ def embed_sentences(
     sentences: Sequence[str],
     **kwargs,
 ) -> tuple[Tensor, EncodeStats]:
-    """Tokenise with the embedder's own `token_ids`, then `embed_token_ids`."""
+    """Tokenise with the embedder's own `token_ids`, then `embed_token_ids`.
+
+    Args:
+        embedder: the model.
+        sentences: the sentences to embed.
+        **kwargs: passed to `embed_token_ids`.
+
+    Example:
+        ```python
+        from evaluation.encode import embed_sentences
+        from models.embedder import PooledEncoder
+
+        encoder = PooledEncoder.from_pretrained("packaged:minilm", "avg")
+        emb, stats = embed_sentences(encoder, ["a man is playing a guitar ."])   # emb: [1, 384]
+        ```
+    """
     return embed_token_ids(embedder, embedder.token_ids(list(sentences)), **kwargs)

@@ -1,5 +1,9 @@
 """The evaluator: one pass of embedding over every unique sentence a mode needs, then all metrics.
 
+The protocol is SentEval's (Conneau and Kiela, 2018, *SentEval: An Evaluation Toolkit for Universal Sentence
+Representations*; `facebookresearch/SentEval`) as SimCSE runs it (Gao et al., 2021); retrieval and
+alignment/uniformity as D2CSE reports them (Lee, 2023).
+
 `test` mode: STS12–16 (test; "all" headline, per-subset scores), STS-B test, SICK-R test, "Avg.",
 and on STS-B test the retrieval, alignment/uniformity and qualitative neighbours (`extras`).
 `dev` mode (model selection during training): STS-B dev and SICK-R dev only; its token ids are
@@ -55,7 +59,38 @@ class _Plan:
 
 
 class Evaluator:
-    """Scores any `SentenceEmbedder` on an STS table (schema `storage.schemas.STS`)."""
+    """Scores any `SentenceEmbedder` on an STS table (schema `storage.schemas.STS`).
+
+    The STS table is indexed once; each `run` embeds every unique sentence of its mode once (length-sorted batches)
+    and scores every task from those embeddings.
+
+    Args:
+        sts_table: the STS pairs (the `sts` dataset, or `storage.readers.read_senteval`'s table).
+        retrieval_match: the headline duplicate rule of the retrieval scores, `string` or `index`.
+        retrieval_ks: the recall@k cut-offs.
+        alignment_threshold: positive pairs for alignment are those with gold at (or above) this score.
+        alignment_inclusive: whether a gold score equal to `alignment_threshold` counts as positive.
+        uniformity_t: the uniformity temperature t.
+        uniformity_dedup: compute uniformity over unique sentences instead of every pair's two sentences.
+        qualitative_queries: sentences whose nearest neighbours in STS-B test are reported (the papers' queries).
+        qualitative_k: how many neighbours each query reports.
+
+    Raises:
+        MissingDataError: the table lacks a column of the STS schema.
+        ValueError: an unknown `retrieval_match`.
+
+    Example:
+        ```python
+        from evaluation.evaluator import Evaluator
+        from models.embedder import PooledEncoder
+        from storage.readers import read_senteval
+
+        sts, _ = read_senteval("../shared/data/senteval")          # or the data root's `sts` dataset
+        encoder = PooledEncoder.from_pretrained("packaged:minilm", "avg")
+        result = Evaluator(sts).run(encoder, mode="test")
+        result.sts_avg                                               # 78.87
+        ```
+    """
 
     def __init__(
         self,
@@ -134,7 +169,13 @@ class Evaluator:
         return plan
 
     def sentences(self, mode: str = "test", tasks: Sequence[str] | None = None, extras: bool = True) -> list[str]:
-        """The unique sentences a run embeds (benchmarks use this)."""
+        """The unique sentences a run of these arguments embeds, in embedding order (benchmarks use this).
+
+        Args:
+            mode: `test` or `dev`.
+            tasks: the tasks to score, or None for all of the mode's.
+            extras: include STS-B test's retrieval and qualitative sentences (`test` mode).
+        """
         return list(self._plan(mode, self._tasks(mode, tasks), extras).sentences)
 
     @staticmethod
@@ -170,7 +211,26 @@ class Evaluator:
         precision: str = "fp32",
         progress: bool = False,
     ) -> EvalResult:
-        """Embed every unique sentence once and compute all scores of `mode`."""
+        """Embed every unique sentence once and compute all scores of `mode`.
+
+        Args:
+            embedder: the model to score (any `models.embedder.SentenceEmbedder`).
+            mode: `test` (STS12–16, STS-B, SICK-R test, "Avg.") or `dev` (STS-B and SICK-R dev, for selection).
+            tasks: the tasks to score, or None for all of the mode's.
+            extras: in `test` mode, also retrieval, alignment/uniformity and the qualitative neighbours.
+            batch_size: sentences per embedding batch.
+            precision: `fp32` (as the reference code evaluates), `bf16` autocast, or `auto` (bf16 on CUDA).
+            progress: show a progress bar.
+
+        Returns:
+            The scores, with timings and the embedder's description.
+
+        Raises:
+            TypeError: `embedder` is not a `SentenceEmbedder`.
+            ValueError: an unknown mode or precision.
+            UnknownTaskError: a task outside the mode's.
+            MissingDataError: the table lacks pairs the mode needs.
+        """
         if not isinstance(embedder, SentenceEmbedder):
             raise TypeError(f"expected a models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
         if precision not in PRECISIONS:

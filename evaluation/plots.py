@@ -1,5 +1,6 @@
 """PNG plots (matplotlib Agg): cosine distribution per gold bucket (DiffCSE Fig. 2) and the
-alignment–uniformity point of a run beside the papers' points (methods.md §9.5)."""
+alignment–uniformity point of a run beside the papers' points (Lee, 2023, *D2CSE*, Fig. 3; Gao et al., 2021,
+*SimCSE*, Fig. 2)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,31 @@ GOLD_BUCKETS: tuple[tuple[float, float], ...] = ((0, 1), (1, 2), (2, 3), (3, 4),
 
 
 def bucket_of(gold: np.ndarray) -> np.ndarray:
-    """Bucket index 0..4 for gold scores: [0,1), [1,2), [2,3), [3,4), [4,5] (5.0 in the last)."""
+    """The bucket index 0..4 of gold scores: [0,1), [1,2), [2,3), [3,4), [4,5] (5.0 in the last).
+
+    Args:
+        gold: gold STS scores in [0, 5].
+
+    Example:
+        >>> from evaluation.plots import bucket_of
+        >>> bucket_of([0.0, 3.9, 5.0]).tolist()
+        [0, 3, 4]
+    """
     return np.clip(np.floor(np.asarray(gold, dtype=np.float64)), 0, 4).astype(int)
 
 
 def cosine_by_gold_plot(cosine: Sequence[float], gold: Sequence[float], path: str | Path, title: str = "") -> Path:
-    """One histogram row per gold bucket (x = cosine similarity), like DiffCSE Fig. 2."""
+    """One histogram row per gold bucket (x = cosine similarity), like Chuang et al. (2022), *DiffCSE*, Fig. 2.
+
+    Args:
+        cosine: the predicted cosine of every pair.
+        gold: the pairs' gold scores.
+        path: the PNG to write.
+        title: the figure title (a default names STS-B test).
+
+    Returns:
+        `path`.
+    """
     cos, g = np.asarray(cosine, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     b = bucket_of(g)
     lo = min(0.0, float(cos.min())) if len(cos) else 0.0
@@ -60,7 +80,17 @@ def alignment_uniformity_plot(
     path: str | Path,
     references: Mapping[str, tuple[float, float]] | None = None,
 ) -> Path:
-    """Scatter of (uniformity, alignment): the run highlighted, reference points in grey."""
+    """A scatter of (uniformity, alignment): the run highlighted, reference points in grey.
+
+    Args:
+        point: the run's `(alignment, uniformity)`.
+        label: the run's label.
+        path: the PNG to write.
+        references: `{name: (alignment, uniformity)}` drawn in grey; None draws the papers' points.
+
+    Returns:
+        `path`.
+    """
     refs = PAPER_ALIGN_UNIFORM if references is None else references
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for name, (a, u) in refs.items():

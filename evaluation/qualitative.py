@@ -1,6 +1,6 @@
 """Qualitative retrieval: the papers' example queries and their nearest STS-B test sentences.
 
-Queries (DiffCSE Table 9, D2CSE Tables 2–3) are written in the corpus' tokenisation. The corpus is
+Queries (Chuang et al., 2022, *DiffCSE*, Table 9; Lee, 2023, *D2CSE*, Tables 2–3) are written in the corpus' tokenisation. The corpus is
 deduplicated by string and the query's own string is left out. Answers = partners of the query in
 gold-5.0 pairs, when the query is in the corpus.
 """
@@ -28,6 +28,20 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def answers_of(query: str, sentence1: Sequence[str], sentence2: Sequence[str], gold: Sequence[float], score: float = 5.0) -> list[str]:
+    """The partners of `query` in the pairs of gold `score`, each once.
+
+    Args:
+        query: the query sentence.
+        sentence1: the pairs' first sentences.
+        sentence2: the pairs' second sentences.
+        gold: the pairs' gold scores.
+        score: the gold score of an answer pair.
+
+    Example:
+        >>> from evaluation.qualitative import answers_of
+        >>> answers_of("yes you got it .", ["yes you got it .", "a"], ["you got it .", "b"], [5.0, 5.0])
+        ['you got it .']
+    """
     out: list[str] = []
     for a, b, g in zip(sentence1, sentence2, gold):
         if g == score:
@@ -47,7 +61,19 @@ def nearest_neighbours(
     k: int = 5,
     answers: Sequence[Sequence[str]] | None = None,
 ) -> list[QueryNeighbours]:
-    """Top-k distinct corpus sentences by cosine for each query (the query's own string excluded)."""
+    """The top-k distinct corpus sentences by cosine for each query (the query's own string excluded).
+
+    Args:
+        queries: the query sentences.
+        query_emb: `[Q, d]` their embeddings.
+        corpus: the corpus sentences (deduplicated by string here).
+        corpus_emb: `[N, d]` their embeddings.
+        k: neighbours per query.
+        answers: the known answers of each query (`answers_of`), marked in the result.
+
+    Raises:
+        ValueError: `k` below 1, or sentences and embeddings of different lengths.
+    """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if len(queries) != len(query_emb) or len(corpus) != len(corpus_emb):

@@ -1,4 +1,5 @@
-"""Retrieval on STS-B test (methods.md §7.4): the gold-5.0 pairs as queries, both directions.
+"""Retrieval on STS-B test, as D2CSE (Lee, 2023) and DiffCSE (Chuang et al., 2022) report it: the gold-5.0 pairs as
+queries, both directions.
 
 Corpus: the test split's sentences, all `sentence1` in pair order then all `sentence2` (2,758 with
 duplicates). A query's answer is its partner. Two duplicate rules, both always computed:
@@ -32,7 +33,22 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 
 def ranks_of_targets(sim: np.ndarray, targets: np.ndarray, exclude: np.ndarray) -> np.ndarray:
-    """Rank (0 = top) of `targets[i]` in row i of `sim` [Q, N], ignoring columns where `exclude` [Q, N] is True."""
+    """The rank (0 = top) of `targets[i]` in row i of `sim`, ignoring the excluded columns.
+
+    Ties go to the earlier column.
+
+    Args:
+        sim: `[Q, N]` query-by-corpus similarities.
+        targets: `[Q]` the corpus position of each query's answer.
+        exclude: bool `[Q, N]`, True for candidates a query may not retrieve (itself).
+
+    Example:
+        >>> import numpy as np
+        >>> from evaluation.retrieval import ranks_of_targets
+        >>> sim = np.array([[0.9, 0.5, 0.7]])
+        >>> ranks_of_targets(sim, np.array([1]), np.array([[True, False, False]]))
+        array([1])
+    """
     sim = np.where(exclude, -np.inf, sim)
     rows = np.arange(sim.shape[0])
     t = sim[rows, targets][:, None]
@@ -43,6 +59,18 @@ def ranks_of_targets(sim: np.ndarray, targets: np.ndarray, exclude: np.ndarray) 
 
 
 def recall_at_k(ranks: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
+    """Recall@k ×100: the share of queries whose answer ranks below k, for every k.
+
+    Args:
+        ranks: `[Q]` 0-based ranks from `ranks_of_targets`.
+        ks: the cut-offs.
+
+    Example:
+        >>> import numpy as np
+        >>> from evaluation.retrieval import recall_at_k
+        >>> recall_at_k(np.array([0, 2, 5, 0]), [1, 3])
+        {1: 50.0, 3: 75.0}
+    """
     return {int(k): 100.0 * float((ranks < k).mean()) for k in ks}
 
 
@@ -57,7 +85,21 @@ def retrieval_scores(
     match: str = "string",
     answer_score: float = 5.0,
 ) -> RetrievalScore:
-    """Recall@k for both rules; `match` picks the headline rule. emb1/emb2: [P, d] embeddings of the pairs."""
+    """Recall@k under both duplicate rules (see the module text); `match` picks the headline rule.
+
+    Args:
+        sentence1: the first sentence of each of the P pairs.
+        sentence2: the second sentence of each pair.
+        gold: the pairs' gold scores.
+        emb1: `[P, d]` embeddings of `sentence1`.
+        emb2: `[P, d]` embeddings of `sentence2`.
+        ks: the recall cut-offs.
+        match: the headline rule, `string` or `index`.
+        answer_score: the gold score of the pairs used as queries (5.0).
+
+    Raises:
+        ValueError: an unknown rule, a k below 1, mismatched lengths, or no pair with gold `answer_score`.
+    """
     if match not in RULES:
         raise ValueError(f"unknown retrieval duplicate rule {match!r}; known: {', '.join(RULES)}")
     if not ks or any(k < 1 for k in ks):

@@ -1,4 +1,4 @@
-"""STS scoring as SentEval does it (methods.md §7.2).
+"""STS scoring as SentEval does it (Conneau and Kiela, 2018, *SentEval*; `facebookresearch/SentEval`).
 
 Cosine per pair (NaN → 0), Spearman/Pearson ×100 against gold; for STS12–16 the per-subset scores,
 their plain mean, their size-weighted mean and the "all" score (one correlation over all subsets
@@ -8,6 +8,8 @@ One deliberate refinement: a pair whose two sentences are the same string gets c
 (`identical`). SentEval computes 1 ± float noise there, and that noise alone orders the tied pairs
 (STS12 SMTeuroparl has 65 such pairs, SMTnews 14), which moves subset scores by up to ~0.1 between
 two otherwise equal encoders.
+
+The "all" headline is the aggregation SimCSE reports (Gao et al., 2021, appendix B) and every method here follows.
 """
 
 from __future__ import annotations
@@ -21,9 +23,18 @@ from evaluation.results import Correlation, TaskScore
 
 
 def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = None) -> np.ndarray:
-    """Row-wise cosine of two [N, d] arrays in float64; zero or non-finite vectors give 0 (SentEval's guard).
+    """The row-wise cosine of two `[N, d]` arrays in float64; zero or non-finite vectors give 0 (SentEval's guard).
 
-    `identical` (bool [N]) marks pairs of the same sentence: their cosine is exactly 1 (unless zero).
+    Args:
+        a: `[N, d]` embeddings of the first sentences.
+        b: `[N, d]` embeddings of the second sentences.
+        identical: bool `[N]` marking pairs of the same sentence: their cosine is exactly 1 (unless zero).
+
+    Example:
+        >>> import numpy as np
+        >>> from evaluation.sts import cosine_pairs
+        >>> cosine_pairs(np.array([[1.0, 0.0], [0.0, 0.0]]), np.array([[1.0, 1.0], [1.0, 0.0]])).round(4)
+        array([0.7071, 0.    ])
     """
     a = np.nan_to_num(np.asarray(a, dtype=np.float64))
     b = np.nan_to_num(np.asarray(b, dtype=np.float64))
@@ -38,7 +49,20 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = No
 
 
 def correlation(pred: Sequence[float], gold: Sequence[float]) -> Correlation:
-    """Spearman (ties averaged) and Pearson, both ×100. Fewer than 2 pairs is an error."""
+    """Spearman (ties averaged) and Pearson correlation, both ×100.
+
+    Args:
+        pred: predicted similarities, one per pair.
+        gold: gold scores, one per pair.
+
+    Raises:
+        ValueError: lengths differ or fewer than 2 pairs.
+
+    Example:
+        >>> from evaluation.sts import correlation
+        >>> correlation([0.1, 0.5, 0.9], [1.0, 2.0, 5.0]).spearman
+        100.0
+    """
     pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     if pred.shape != gold.shape or pred.ndim != 1:
         raise ValueError(f"predictions {pred.shape} and gold scores {gold.shape} must be 1-D of equal length")
@@ -52,7 +76,21 @@ def correlation(pred: Sequence[float], gold: Sequence[float]) -> Correlation:
 
 
 def score_task(task: str, split: str, subsets: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> TaskScore:
-    """Score one task from {subset: (predicted cosines, gold)}; the headline is the "all" correlation."""
+    """Score one task; the headline is the "all" correlation over every subset concatenated.
+
+    Args:
+        task: the task name (`sts12` … `sickr`), recorded in the result.
+        split: `test` or `dev`, recorded in the result.
+        subsets: `{subset: (predicted cosines, gold scores)}`; with more than one subset the per-subset scores and
+            their plain and size-weighted means are kept too.
+
+    Example:
+        >>> import numpy as np
+        >>> from evaluation.sts import score_task
+        >>> s = score_task("stsb", "test", {"all": (np.array([0.1, 0.5, 0.9]), np.array([1.0, 2.0, 5.0]))})
+        >>> s.spearman, s.n
+        (100.0, 3)
+    """
     if not subsets:
         raise ValueError(f"{task}/{split}: no subsets to score")
     per = {name: correlation(p, g) for name, (p, g) in subsets.items()}
@@ -78,7 +116,16 @@ def score_task(task: str, split: str, subsets: Mapping[str, tuple[np.ndarray, np
 
 
 def rounded_average(scores: Sequence[float]) -> float:
-    """The papers' "Avg.": mean of the scores each rounded to two decimals, rounded to two decimals."""
+    """The papers' "Avg.": the mean of the scores each rounded to two decimals, rounded to two decimals.
+
+    Args:
+        scores: the per-task scores.
+
+    Example:
+        >>> from evaluation.sts import rounded_average
+        >>> rounded_average([72.374, 80.606])  # 72.37 and 80.61
+        76.49
+    """
     if not scores:
         raise ValueError("no scores to average")
     return round(sum(float(f"{s:.2f}") for s in scores) / len(scores), 2)

@@ -155,7 +155,34 @@ def _senteval_order(s1: list[str], s2: list[str] | None, y: np.ndarray) -> np.nd
 
 
 class TransferEvaluator:
-    """Scores any `SentenceEmbedder` on a transfer table (schema `storage.transfer.TRANSFER`)."""
+    """Scores any `SentenceEmbedder` on SentEval's transfer tasks (a table of schema `storage.transfer.TRANSFER`).
+
+    Reference: Conneau and Kiela (2018), *SentEval: An Evaluation Toolkit for Universal Sentence Representations*
+    (`facebookresearch/SentEval`); the papers' settings as SimCSE (Gao et al., 2021) and DiffCSE (Chuang et al.,
+    2022, Table 2) report them.
+
+    Args:
+        table: the transfer examples (the `transfer` dataset, or `storage.transfer.read_transfer`'s table).
+        limit: keep about this many evenly spaced examples per (task, split), at least 10 (tests, smoke runs);
+            None keeps all.
+
+    Raises:
+        TransferDataError: the table lacks a column of the schema.
+        ValueError: `limit` below 10.
+
+    Example:
+        ```python
+        from evaluation.transfer import TransferEvaluator
+        from models.embedder import PooledEncoder
+        from storage.transfer import read_transfer
+
+        table, _ = read_transfer("../shared/data/senteval")        # or the data root's `transfer` dataset
+        evaluator = TransferEvaluator(table)
+        encoder = PooledEncoder.from_pretrained("packaged:minilm", "avg")
+        result = evaluator.run(encoder, tasks=["mr", "trec"], classifier="fasttest")
+        result.metrics()                                            # {"mr": ..., "trec": ..., "transfer_avg": ...}
+        ```
+    """
 
     def __init__(self, table: pa.Table, *, limit: int | None = None):
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
@@ -231,7 +258,25 @@ class TransferEvaluator:
     def run(self, embedder: SentenceEmbedder, *, tasks: Sequence[str] | None = None, classifier: str = "test",
             batch_size: int = 128, precision: str = "fp32", progress: bool = False, chunk: int = 64,
             log=None) -> TransferResult:
-        """Embed every unique sentence once, then run the protocol task by task."""
+        """Embed every unique sentence once, then run the protocol task by task.
+
+        Args:
+            embedder: the model to score (any `models.embedder.SentenceEmbedder`).
+            tasks: the tasks to run (`mr`, `cr`, `subj`, `mpqa`, `sst2`, `trec`, `mrpc`), or None for all.
+            classifier: the classifier settings, `test` (the papers' numbers) or `fasttest` (training-time selection).
+            batch_size: sentences per embedding batch.
+            precision: `fp32`, `bf16` autocast, or `auto` (bf16 on CUDA).
+            progress: show a progress bar.
+            chunk: how many classifier fits of a task train side by side as one batched model.
+            log (Callable[[str], None] | None): told one message string about each finished task.
+
+        Returns:
+            Accuracy ×100 per task, SentEval's dev accuracies, timings and the average.
+
+        Raises:
+            TypeError: `embedder` is not a `SentenceEmbedder`.
+            ValueError: an unknown precision, classifier setting or task.
+        """
         if not isinstance(embedder, SentenceEmbedder):
             raise TypeError(f"expected a models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
         if precision not in PRECISIONS:
@@ -285,9 +330,22 @@ class TransferEvaluator:
 
 def score_features(task: str, features: dict[str, torch.Tensor], labels: dict[str, np.ndarray],
                    settings: ClassifierSettings, chunk: int = 64) -> TransferTaskScore:
-    """SentEval's protocol for `task` on ready features: {split: [n, d] float32 tensor (one device)} and {split: [n]
-    labels}, rows in SentEval's order. Splits: `all` (MR, CR, SUBJ, MPQA: nested CV), `train`/`dev`/`test` (SST-2),
-    `train`/`test` (TREC, MRPC: CV on train for the penalty)."""
+    """SentEval's protocol for `task` on ready features, rows in SentEval's order.
+
+    Splits: `all` (MR, CR, SUBJ, MPQA: nested CV), `train`/`dev`/`test` (SST-2), `train`/`test` (TREC, MRPC: CV on
+    train for the penalty).
+
+    Args:
+        task: one of `TRANSFER_TASKS`.
+        features: `{split: [n, d] float32 tensor}`, all on one device.
+        labels: `{split: [n] labels}`.
+        settings: the classifier settings (`evaluation.classifier.SETTINGS`).
+        chunk: how many fits train side by side as one batched model.
+
+    Raises:
+        ValueError: an unknown task.
+        TransferDataError: the splits do not match the task's.
+    """
     if task not in TRANSFER_TASKS:
         raise ValueError(f"unknown transfer task {task!r}; known: {', '.join(TRANSFER_TASKS)}")
     need = _SPLITS[task]
