@@ -29,7 +29,7 @@ def alignment(x: Tensor, y: Tensor, alpha: float = 2.0) -> float:
     Raises:
         ValueError: shapes differ or the tensors are empty.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from evaluation.alignment import alignment
         >>> round(alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 3.0]])), 6)  # unit vectors at 90 degrees
@@ -51,7 +51,7 @@ def uniformity(x: Tensor, t: float = 2.0) -> float:
     Raises:
         ValueError: fewer than 2 embeddings.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from evaluation.alignment import uniformity
         >>> round(uniformity(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])), 6)  # antipodal: exp(-2 * 4)

@@ -58,7 +58,7 @@ class ClassifierSettings:
         regs: the L2 penalties searched.
         validation_split: the held-out fraction of a final fit that has no validation set.
 
-    Example:
+    Examples:
         >>> from evaluation.classifier import SETTINGS
         >>> SETTINGS["fasttest"].optim, SETTINGS["fasttest"].kfold
         ('rmsprop', 5)
@@ -137,7 +137,7 @@ def group(train: np.ndarray, regs: Sequence[float], seed: int, valid: np.ndarray
     Raises:
         ValueError: no validation rows, no training rows or no penalty.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from evaluation.classifier import group
         >>> g = group(np.arange(100), regs=[1e-5, 1e-4], seed=1111, validation_split=0.05)
@@ -168,7 +168,7 @@ def initial_weights(d: int, nclasses: int, seed: int) -> tuple[Tensor, Tensor]:
         nclasses: C, the number of classes.
         seed: the seed SentEval gives every classifier (1111).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from evaluation.classifier import initial_weights
         >>> w, b = initial_weights(4, 2, seed=1111)
@@ -199,7 +199,7 @@ def fit_groups(x: Tensor, y: Tensor, nclasses: int, groups: Sequence[Group], set
     Returns:
         Per group, one `Fitted` per penalty, in `regs` order.
 
-    Example:
+    Examples:
         >>> import numpy as np, torch
         >>> from evaluation.classifier import FASTTEST, fit_groups, group
         >>> x = torch.cat([torch.full((20, 2), -1.0), torch.full((20, 2), 1.0)])

@@ -63,7 +63,7 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
         lengths: the token count of every sentence.
         batch_size: sentences per batch.
 
-    Example:
+    Examples:
         >>> from evaluation.encode import length_sorted_batches
         >>> length_sorted_batches([3, 9, 5, 9], batch_size=2)
         [[1, 3], [2, 0]]
@@ -81,7 +81,7 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor
         ids: the token ids of each sentence.
         pad_id: the tokenizer's pad id.
 
-    Example:
+    Examples:
         >>> from evaluation.encode import pad_batch
         >>> ids, mask = pad_batch([[101, 7, 102], [101, 102]], pad_id=0)
         >>> ids.tolist(), mask.tolist()
@@ -169,7 +169,7 @@ def embed_sentences(
         sentences: the sentences to embed.
         **kwargs: passed to `embed_token_ids`.
 
-    Example:
+    Examples:
         ```python
         from evaluation.encode import embed_sentences
         from models.embedder import PooledEncoder

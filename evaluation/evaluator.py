@@ -79,7 +79,7 @@ class Evaluator:
         MissingDataError: the table lacks a column of the STS schema.
         ValueError: an unknown `retrieval_match`.
 
-    Example:
+    Examples:
         ```python
         from evaluation.evaluator import Evaluator
         from models.embedder import PooledEncoder

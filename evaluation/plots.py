@@ -32,7 +32,7 @@ def bucket_of(gold: np.ndarray) -> np.ndarray:
     Args:
         gold: gold STS scores in [0, 5].
 
-    Example:
+    Examples:
         >>> from evaluation.plots import bucket_of
         >>> bucket_of([0.0, 3.9, 5.0]).tolist()
         [0, 3, 4]

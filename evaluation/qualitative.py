@@ -37,7 +37,7 @@ def answers_of(query: str, sentence1: Sequence[str], sentence2: Sequence[str], g
         gold: the pairs' gold scores.
         score: the gold score of an answer pair.
 
-    Example:
+    Examples:
         >>> from evaluation.qualitative import answers_of
         >>> answers_of("yes you got it .", ["yes you got it .", "a"], ["you got it .", "b"], [5.0, 5.0])
         ['you got it .']

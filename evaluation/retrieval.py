@@ -42,7 +42,7 @@ def ranks_of_targets(sim: np.ndarray, targets: np.ndarray, exclude: np.ndarray) 
         targets: `[Q]` the corpus position of each query's answer.
         exclude: bool `[Q, N]`, True for candidates a query may not retrieve (itself).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from evaluation.retrieval import ranks_of_targets
         >>> sim = np.array([[0.9, 0.5, 0.7]])
@@ -65,7 +65,7 @@ def recall_at_k(ranks: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
         ranks: `[Q]` 0-based ranks from `ranks_of_targets`.
         ks: the cut-offs.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from evaluation.retrieval import recall_at_k
         >>> recall_at_k(np.array([0, 2, 5, 0]), [1, 3])

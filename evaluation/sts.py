@@ -30,7 +30,7 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = No
         b: `[N, d]` embeddings of the second sentences.
         identical: bool `[N]` marking pairs of the same sentence: their cosine is exactly 1 (unless zero).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from evaluation.sts import cosine_pairs
         >>> cosine_pairs(np.array([[1.0, 0.0], [0.0, 0.0]]), np.array([[1.0, 1.0], [1.0, 0.0]])).round(4)
@@ -58,7 +58,7 @@ def correlation(pred: Sequence[float], gold: Sequence[float]) -> Correlation:
     Raises:
         ValueError: lengths differ or fewer than 2 pairs.
 
-    Example:
+    Examples:
         >>> from evaluation.sts import correlation
         >>> correlation([0.1, 0.5, 0.9], [1.0, 2.0, 5.0]).spearman
         100.0
@@ -84,7 +84,7 @@ def score_task(task: str, split: str, subsets: Mapping[str, tuple[np.ndarray, np
         subsets: `{subset: (predicted cosines, gold scores)}`; with more than one subset the per-subset scores and
             their plain and size-weighted means are kept too.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from evaluation.sts import score_task
         >>> s = score_task("stsb", "test", {"all": (np.array([0.1, 0.5, 0.9]), np.array([1.0, 2.0, 5.0]))})
@@ -121,7 +121,7 @@ def rounded_average(scores: Sequence[float]) -> float:
     Args:
         scores: the per-task scores.
 
-    Example:
+    Examples:
         >>> from evaluation.sts import rounded_average
         >>> rounded_average([72.374, 80.606])  # 72.37 and 80.61
         76.49

@@ -170,7 +170,7 @@ class TransferEvaluator:
         TransferDataError: the table lacks a column of the schema.
         ValueError: `limit` below 10.
 
-    Example:
+    Examples:
         ```python
         from evaluation.transfer import TransferEvaluator
         from models.embedder import PooledEncoder

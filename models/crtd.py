@@ -33,7 +33,7 @@ def check_objective(temperature: float, rtd_weight: float) -> None:
     Raises:
         ValueError: a value out of range, naming it.
 
-    Example:
+    Examples:
         >>> from models.crtd import check_objective
         >>> check_objective(temperature=0.05, rtd_weight=0.005)  # the D2CSE paper's values
     """
@@ -61,7 +61,7 @@ def align_corruption(input_ids: torch.Tensor, attention_mask: torch.Tensor, corr
     Raises:
         ValueError: a shape that does not fit, naming both shapes.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.crtd import align_corruption
         >>> ids = torch.tensor([[[101, 7, 8, 102], [101, 7, 8, 102]]])
@@ -121,7 +121,7 @@ class ConditionalRTDModel(CSEModel):
 
     References: Chuang et al. (2022), *DiffCSE*, equation 4 (`L = L_contrast + λ·L_RTD`); Lee (2023), *D2CSE*.
 
-    Example:
+    Examples:
         A method that shares the objective implements the two hooks (`models.diffcse.DiffCSE` in full):
 
         ```python

@@ -22,7 +22,7 @@ class ProjectionMLP(nn.Module):
         hidden_size: d, the encoder's hidden size.
         init_std: standard deviation of the Linear weights' normal init.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.heads import ProjectionMLP
         >>> mlp = ProjectionMLP(hidden_size=8)
@@ -58,7 +58,7 @@ class SimCSEPoolerMLP(nn.Module):
         hidden_size: d, the encoder's hidden size.
         init_std: standard deviation of the weight's normal init.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.heads import SimCSEPoolerMLP
         >>> out = SimCSEPoolerMLP(hidden_size=4)(torch.randn(2, 4))
@@ -85,7 +85,7 @@ class RTDHead(nn.Module):
     Args:
         hidden_size: d, the discriminator's hidden size.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.heads import RTDHead
         >>> RTDHead(hidden_size=8)(torch.randn(2, 5, 8)).shape

@@ -28,7 +28,7 @@ def cosine_logits(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch
     Returns:
         The `(N, M)` float32 logits.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.losses import cosine_logits
         >>> x = torch.eye(2)
@@ -70,7 +70,7 @@ def contrastive_loss(
     Returns:
         The scalar loss.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.losses import contrastive_loss
         >>> z = torch.nn.functional.one_hot(torch.arange(4)).float()
@@ -118,7 +118,7 @@ def rtd_loss(
     Returns:
         The scalar loss (float32).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.losses import rtd_loss
         >>> labels = torch.tensor([[0, 1, 0]])
@@ -149,7 +149,7 @@ def rtd_accuracy(logits: torch.Tensor, labels: torch.Tensor, attention_mask: tor
     Returns:
         A scalar float tensor in [0, 1] (over the global batch under distributed training).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.losses import rtd_accuracy
         >>> logits = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])
@@ -180,7 +180,7 @@ def cross_entropy_mean(logits: torch.Tensor, labels: torch.Tensor, ignore_index:
     Returns:
         The scalar loss (float32).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.losses import cross_entropy_mean
         >>> cross_entropy_mean(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)).item()

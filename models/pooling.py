@@ -54,7 +54,7 @@ def needs_hidden_states(name: str) -> bool:
     Args:
         name: one of `POOLERS`.
 
-    Example:
+    Examples:
         >>> from models.pooling import needs_hidden_states
         >>> needs_hidden_states("avg_first_last"), needs_hidden_states("cls")
         (True, False)
@@ -69,7 +69,7 @@ def masked_mean(states: Tensor, attention_mask: Tensor) -> Tensor:
         states: `(B, T, d)` token states.
         attention_mask: `(B, T)`, 1 on the tokens to average (a row without any gives zeros).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.pooling import masked_mean
         >>> states = torch.tensor([[[1.0], [3.0], [100.0]]])
@@ -132,7 +132,7 @@ def pool(
         UnknownPoolerError: `name` is not a known pooler.
         ValueError: an input the pooler needs is missing, or `first_layer` is not 0 or 1.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from models.pooling import pool
         >>> states = torch.arange(12.0).reshape(1, 3, 4)

@@ -90,3 +90,20 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path):
     assert [p.search(line).group(0) for p in FORBIDDEN.values()] == ["methods.md", "issue #12", "e721e3a"]
     assert not FORBIDDEN["a design file outside the repository"].search("see methods-overview.md")
     assert not GIT_REF.search("1000000 rows, a defaced word, 0.021")
+
+
+# The modules whose docstrings carry runnable examples (`>>>`): the examples are part of the docs site, so they run.
+DOCTEST_MODULES = ("models.losses", "models.pooling", "models.heads", "models.crtd", "evaluation.alignment",
+                   "evaluation.sts", "evaluation.retrieval", "evaluation.classifier", "evaluation.encode",
+                   "evaluation.qualitative", "evaluation.plots")
+
+
+@pytest.mark.parametrize("module", DOCTEST_MODULES)
+def test_docstring_examples_run(module: str):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(module)
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, report=True)
+    assert result.attempted > 0, f"{module} has no docstring examples"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples of {module} failed (see above)"
