@@ -56,7 +56,8 @@ from storage.layout import DataRoot
 from storage.manifest import Manifest
 from storage.sharded import ShardDone, ShardedPlan
 from tasks.log import stage_logger
-from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
+from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
 SCHEMA_VERSION = 1
 KIND = "corruption"

@@ -54,7 +54,8 @@ from storage.manifest import Manifest
 from tasks.corrupt import generator_identity
 from tasks.log import stage_logger
 from tracking.reporting import markdown_table, publish_artifacts
-from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_dataset_metrics, log_quarantine, log_run_results, stage_run
+from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.stage_runs import log_dataset_metrics, log_quarantine, log_run_results, stage_run
 
 SCHEMA_VERSION = 1
 PREDICTORS = {  # stats key → what the table calls it

@@ -15,7 +15,8 @@ from storage.datasets import DatasetRef, write_dataset
 from storage.hashing import stable_hash
 from storage.layout import DataRoot
 from storage.sources import check_sts_counts, read_source, resolve_source
-from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_quarantine, log_run_results, stage_run
+from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.stage_runs import log_quarantine, log_run_results, stage_run
 
 SCHEMA_VERSION = 1
 PART_ROWS = 250_000

@@ -20,7 +20,7 @@ from storage.layout import DataRoot
 from storage.sources import resolve_source
 from storage.transfer import TRANSFER, read_transfer, transfer_source_files
 from tasks.log import stage_logger
-from tracking.runs import log_run_results, stage_run
+from tracking.stage_runs import log_run_results, stage_run
 
 SCHEMA_VERSION = 1
 

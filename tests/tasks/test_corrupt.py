@@ -19,7 +19,7 @@ from storage.catalog import query
 from storage.datasets import read_dataset, write_dataset
 from storage.layout import DataRoot
 from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption, shard_path
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 SENTENCES = 300
 

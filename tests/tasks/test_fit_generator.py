@@ -24,7 +24,7 @@ from storage.layout import DataRoot
 from storage.manifest import Manifest
 from tasks.corrupt import corrupt_shard, corruption_key, plan_corruption, publish_corruption
 from tasks.fit_generator import fit_generator
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 # Two sentence types of 10 word pieces: type k puts token BASE + 20 k + i at position i. Position and the unmasked
 # neighbours (the type) determine every token; the most frequent token covers 1/20 of them.
