@@ -27,7 +27,10 @@ from config.methods import get_method
 from storage.hashing import stable_hash
 from tracking.model_export import BEST_ALIAS, set_best_alias
 from tracking.reporting import markdown_table, publish_artifacts, two_decimals
-from tracking.runs import ensure_experiment, log_run_results, prefect_flow_run_id, search_runs, start_group_run
+from tracking.group_runs import start_group_run
+from tracking.provenance import prefect_flow_run_id
+from tracking.stage_runs import log_run_results
+from tracking.store import ensure_experiment, search_runs
 
 Dispatch = Literal["deployment", "inline"]
 _FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}

@@ -23,7 +23,8 @@ last bits between batch shapes or devices).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -269,4 +270,39 @@ def corrupt_sequences(corruptor: Corruptor, flat_ids: np.ndarray, offsets: np.nd
         out.n_replaced[rows] = batch.n_replaced.numpy()
         if on_batch is not None:
             on_batch(len(rows))
+    return out
+
+
+@contextmanager
+def _seeded_dropout(seed: int, device: torch.device, enabled: bool) -> Iterator[None]:
+    """Seed torch's global RNG (the generator's dropout) for one variant, restoring it afterwards."""
+    if not enabled:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+def corrupt_variants(corruptor: Corruptor, flat_ids: np.ndarray, offsets: np.ndarray, seeds: Sequence[int],
+                     batch_size: int, seeded_dropout: bool = False,
+                     on_batch: Callable[[int], None] | None = None) -> list[SequenceCorruption]:
+    """Several independent corruptions (variants) of the same sequences, one per seed: `corrupt_sequences` with
+    draws from `torch.Generator().manual_seed(seed)`.
+
+    Args:
+        corruptor: the generator and masking settings.
+        flat_ids: the concatenated token ids of the sequences.
+        offsets: where each sequence starts in `flat_ids` (length n + 1).
+        seeds: one seed per variant (the variant's bytes depend only on its seed).
+        batch_size: sequences per generator batch.
+        seeded_dropout: also seed torch's global RNG with the variant's seed while it runs (a generator run with
+            dropout on), restoring it afterwards.
+        on_batch: called with the number of sequences of each batch done (a progress bar).
+    """
+    out = []
+    for seed in seeds:
+        with _seeded_dropout(seed, corruptor.device, seeded_dropout):
+            out.append(corrupt_sequences(corruptor, flat_ids, offsets, torch.Generator().manual_seed(seed), batch_size,
+                                         on_batch=on_batch))
     return out

@@ -59,7 +59,7 @@ def report(root: DataRoot) -> None:
 def deliver_metrics(run_dirs: list[str]) -> int:
     """Deliver the spool of every job folder; exit status 1 when one could not be delivered."""
     from storage.runs import RunDir
-    from tracking.runs import SpoolNotDelivered, deliver_spool
+    from tracking.spool import SpoolNotDelivered, deliver_spool
 
     status = 0
     for path in run_dirs:

@@ -27,7 +27,8 @@ from storage.layout import DataRoot
 from storage.readers import SEVEN_TASKS
 from tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
 from tracking.model_export import set_best_alias
-from tracking.runs import experiment_ids, get_runs, log_comparison, search_runs
+from tracking.group_runs import log_comparison
+from tracking.store import experiment_ids, get_runs, search_runs
 
 TABLES: dict[str, tuple[str, ...]] = {
     "sts": (*SEVEN_TASKS, "sts_avg"),

@@ -1,12 +1,14 @@
-"""Offline replaced-token corruption of a tokens dataset (methods.md §4), sharded and cached.
+"""Offline replaced-token corruption of a tokens dataset (methods.md §4), sharded and cached: the stage.
 
-The key hashes the tokens' content, the generator (name or folder + its config.json; a `generator:<key>` dataset of
-the fit-generator stage, by key or by folder, by its key and content hash; "unigram" for mode unigram), the tokenizer
-fingerprint and every setting that changes the output. Each shard of `shard_size` sentences is one
-task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
+The key (`storage.keys.corruption_key`) hashes the tokens' content, the generator (name or folder + its config.json;
+a `generator:<key>` dataset of the fit-generator stage, by key or by folder, by its key and content hash; "unigram"
+for mode unigram), the tokenizer fingerprint and every setting that changes the output. Each shard of `shard_size`
+sentences is one task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
 crash computes only the missing shards; publishing links the shards into the dataset folder with
 its manifest and removes the work folder (storage/sharded.py: the plan's shards, their files, reading the
-tokens rows of a shard, publishing). Output rows: every input row × `variants`, in input order.
+tokens rows of a shard, publishing). Output rows: every input row × `variants`, in input order
+(storage/corruption.py assembles them, storage/corruption_stats.py counts them; the generator is loaded once per
+process, models/generator_cache.py).
 
 A shard's bytes depend only on the plan and the shard number (its seeds come from `shard_seed`), so
 shards may run in any order, in any process, on any machine (flows/corrupt.py hands them to Dask
@@ -16,30 +18,27 @@ under its own process's `CSE_DATA_ROOT`.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
 from config.settings import get_settings
 from config.stages import CorruptConfig
-from models.corruption import Corruptor, SpecialTokens, corrupt_sequences
+from models.corruption import Corruptor, SpecialTokens, corrupt_variants
+from models.generator_cache import release_generators, shared_corruptor
 from models.loading import (
     PACKAGED_MINILM,
     check_same_vocabulary,
     is_random_init,
-    load_masked_lm,
     load_tokenizer,
     pick_device,
     resolve_model_path,
@@ -47,19 +46,23 @@ from models.loading import (
 )
 from storage import schemas, sharded
 from storage.catalog import refresh_catalog
+from storage.corruption import corruption_rows, token_lists
+from storage.corruption_stats import ShardResult, corruption_stats, shard_result
 from storage.datasets import DatasetRef, read_dataset
 from storage.generators import GENERATOR_PREFIX, generator_dataset
 from storage.generators import KIND as GENERATOR_KIND
 from storage.hashing import sha256_file, stable_hash
 from storage.integrity import Quarantined
+from storage.keys import CORRUPTION_SETTINGS, SCHEMA_VERSIONS, corruption_key
 from storage.layout import DataRoot
 from storage.manifest import Manifest
-from storage.sharded import ShardDone, ShardedPlan
+from storage.sharded import ShardedPlan
 from tasks.log import stage_logger
-from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
+from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
-SCHEMA_VERSION = 1
 KIND = "corruption"
+SCHEMA_VERSION = SCHEMA_VERSIONS[KIND]
 
 
 class CorruptPlan(ShardedPlan):
@@ -91,17 +94,6 @@ class CorruptPlan(ShardedPlan):
     @property
     def tokens_hash(self) -> str:
         return self.source.content_hash
-
-
-class ShardResult(ShardDone):
-    """Counts of one shard. `tokens` = non-special tokens over all variants; `seconds` = 0 when reused."""
-
-    sentences: int
-    rows: int
-    tokens: int
-    masked: int
-    replaced: int
-    seconds: float
 
 
 def _root() -> DataRoot:
@@ -161,16 +153,6 @@ def unigram_counts(root: DataRoot, tokens: Manifest, special: list[int]) -> list
     return token_counts(ids.to_numpy(), vocab, special).tolist()
 
 
-def corruption_key(tokens: Manifest, config: CorruptConfig, generator: dict[str, str], precision: str) -> str:
-    return stable_hash({
-        "stage": "corruption", "input": tokens.content_hash, "generator": generator,
-        "tokenizer": tokens.params.get("tokenizer_fingerprint"), "mask_ratio": config.mask_ratio,
-        "mode": config.mode, "variants": config.variants, "seed": config.seed, "shard_size": config.shard_size,
-        "generator_dropout": config.generator_dropout, "precision": precision, "v": SCHEMA_VERSION,
-        **({"positions": config.positions} if config.positions != "masked" else {}),  # (keys made before the flag stay)
-    })
-
-
 def _tokens_tokenizer(tokens: Manifest) -> str:
     name = tokens.params.get("tokenizer")
     if not name:
@@ -205,7 +187,8 @@ def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False
     device = pick_device(config.device)
     precision = "bf16" if device.type == "cuda" and config.bf16 else "fp32"
     generator, generator_path = resolve_generator(root, config, verify=verify)
-    key = corruption_key(tokens, config, generator, precision)
+    key = corruption_key(tokens.content_hash, tokens.params.get("tokenizer_fingerprint"), generator, precision,
+                         **config.model_dump(include=CORRUPTION_SETTINGS))
     manifest, quarantined = root.reuse(KIND, key, full=verify, quarantine=locked)
     cached = manifest is not None
     counts = None
@@ -226,84 +209,24 @@ def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False
     )
 
 
-_CORRUPTORS: dict[tuple, Corruptor] = {}
-_CORRUPTOR_LOCK = threading.Lock()
-
-
 def _corruptor(plan: CorruptPlan) -> Corruptor:
-    """The generator of this plan, loaded once per process (shard tasks share it)."""
+    """The generator of this plan, loaded once per process (shard tasks share it: models/generator_cache.py)."""
     cfg = plan.config
-    generator = plan.generator_path or cfg.generator
-    cache_key = (generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode, cfg.bf16, cfg.generator_dropout,
-                 cfg.positions, plan.tokens_hash if cfg.mode == "unigram" else None)
-    with _CORRUPTOR_LOCK:
-        if cache_key not in _CORRUPTORS:
-            _CORRUPTORS.clear()
-            tokens = SpecialTokens.from_tokenizer(load_tokenizer(plan.tokenizer))
-            model = None if cfg.mode == "unigram" else load_masked_lm(generator)
-            _CORRUPTORS[cache_key] = Corruptor(model, tokens, cfg.mask_ratio, cfg.mode, device=plan.device,
-                                               bf16=cfg.bf16, dropout=cfg.generator_dropout,
-                                               all_positions=cfg.positions == "all", unigram_counts=plan.unigram_counts)
-        return _CORRUPTORS[cache_key]
-
-
-def release_generators() -> None:
-    """Drop the cached generator (frees its memory)."""
-    with _CORRUPTOR_LOCK:
-        _CORRUPTORS.clear()
-
-
-def _list_array(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))
-
-
-@contextmanager
-def _dropout_rng(seed: int, device: torch.device, enabled: bool) -> Iterator[None]:
-    """Seed torch's global RNG (dropout) for one shard variant, restoring it afterwards."""
-    if not enabled:
-        yield
-        return
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        yield
+    return shared_corruptor(plan.generator_path or cfg.generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode,
+                            cfg.bf16, cfg.generator_dropout, cfg.positions == "all", unigram_counts=plan.unigram_counts,
+                            unigram_source=plan.tokens_hash)
 
 
 def _corrupt_table(tokens: pa.Table, corruptor: Corruptor, plan: CorruptPlan, shard: int) -> pa.Table:
     """The corruption rows of one shard: each input row × variants, in input order."""
-    ids = tokens.column("input_ids")
-    flat = pc.list_flatten(ids).to_numpy()
-    offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(ids).to_numpy())]).astype(np.int64)
-    n, variants = tokens.num_rows, plan.config.variants
-    originals = _list_array(offsets, flat, pa.int32())
-    tables = []
-    bar = tqdm(total=n * variants, unit="sent", desc=f"corrupt shard {shard + 1}/{plan.n_shards}", leave=False)
-    for v in range(variants):
-        seed = shard_seed(plan.config.seed, shard, v)
-        with _dropout_rng(seed, corruptor.device, plan.config.generator_dropout):
-            out = corrupt_sequences(corruptor, flat, offsets, torch.Generator().manual_seed(seed),
-                                    plan.config.batch_size, on_batch=bar.update)
-        tables.append(pa.table({
-            "id": tokens.column("id"), "column": tokens.column("column"),
-            "variant": pa.array(np.full(n, v), pa.int16()), "input_ids": originals,
-            "corrupted_ids": _list_array(offsets, out.corrupted, pa.int32()),
-            "labels": _list_array(offsets, out.labels, pa.int8()),
-            "n_masked": pa.array(out.n_masked, pa.int16()), "n_replaced": pa.array(out.n_replaced, pa.int16()),
-        }))
+    flat, offsets = token_lists(tokens.column("input_ids"))
+    cfg = plan.config
+    bar = tqdm(total=tokens.num_rows * cfg.variants, unit="sent", desc=f"corrupt shard {shard + 1}/{plan.n_shards}",
+               leave=False)
+    variants = corrupt_variants(corruptor, flat, offsets, [shard_seed(cfg.seed, shard, v) for v in range(cfg.variants)],
+                                cfg.batch_size, seeded_dropout=cfg.generator_dropout, on_batch=bar.update)
     bar.close()
-    interleave = np.arange(n * variants).reshape(variants, n).T.ravel()  # row i, variants 0..V-1, row i+1, ...
-    return pa.concat_tables(tables).take(pa.array(interleave))
-
-
-def _shard_result(shard: int, table: pa.Table, special_ids: list[int], variants: int, computed: bool,
-                  seconds: float) -> ShardResult:
-    flat = pc.list_flatten(table.column("input_ids")).to_numpy()
-    return ShardResult(
-        shard=shard, sentences=table.num_rows // variants, rows=table.num_rows,
-        tokens=int(len(flat) - np.isin(flat, special_ids).sum()),
-        masked=int(pc.sum(table.column("n_masked")).as_py() or 0),
-        replaced=int(pc.sum(table.column("n_replaced")).as_py() or 0),
-        computed=computed, seconds=seconds,
-    )
+    return corruption_rows(tokens, flat, offsets, variants)
 
 
 @task(name="corrupt-shard", cache_policy=NO_CACHE)
@@ -323,35 +246,11 @@ def corrupt_shard(plan: CorruptPlan, shard: int) -> ShardResult:
 
     table, computed = sharded.build_shard(plan, shard, ["id", "column", "input_ids"], compute)
     seconds = timing["seconds"]
-    result = _shard_result(shard, table, plan.special_ids, plan.config.variants, computed=computed, seconds=seconds)
+    result = shard_result(shard, table, plan.special_ids, plan.config.variants, computed=computed, seconds=seconds)
     if computed:
         stage_logger().info("corruption %s shard %d/%d: %d rows in %.1fs (%.0f sentences/s)", plan.key, shard + 1,
                             plan.n_shards, result.rows, seconds, result.rows / max(seconds, 1e-9))
     return result
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else 0.0
-
-
-def corruption_stats(shards: list[ShardResult]) -> dict[str, Any]:
-    """Manifest stats: ratios over non-special tokens, overall and per shard; throughput of the computed
-    shards in corrupted sentences (rows) per second of compute."""
-    tokens, masked, replaced = (sum(getattr(s, f) for s in shards) for f in ("tokens", "masked", "replaced"))
-    computed = [s for s in shards if s.computed]
-    seconds = sum(s.seconds for s in computed)
-    return {
-        "sentences": sum(s.sentences for s in shards), "rows": sum(s.rows for s in shards),
-        "masked_ratio": _ratio(masked, tokens), "replaced_ratio": _ratio(replaced, tokens),
-        "replaced_of_masked": _ratio(replaced, masked), "shards": len(shards), "shards_computed": len(computed),
-        "compute_seconds": seconds, "sentences_per_s": _ratio(sum(s.rows for s in computed), seconds),
-        "per_shard": [
-            {"shard": s.shard, "rows": s.rows, "masked_ratio": _ratio(s.masked, s.tokens),
-             "replaced_ratio": _ratio(s.replaced, s.tokens), "computed": s.computed,
-             "sentences_per_s": _ratio(s.rows, s.seconds)}
-            for s in shards
-        ],
-    }
 
 
 def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Manifest:

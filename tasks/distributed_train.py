@@ -2,7 +2,7 @@
 <run dir>/distributed/job.json` (training/distributed.py launches it, holds the protocol and trains the rank).
 
 This module only adds the tracking: rank 0 logs params and per-step metrics into the job's MLflow run through
-`tracking.runs.rank_zero_callbacks` (an unreachable server spools into the job's folder; the launching task flushes).
+`tracking.training_runs.rank_zero_callbacks` (an unreachable server spools into the job's folder; the launching task flushes).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from config.training import TrainConfig
 from models import distributed
-from tracking.runs import rank_zero_callbacks
+from tracking.training_runs import rank_zero_callbacks
 from training.distributed import DistributedJob, rank_main
 from training.distributed import torchrun_command as _torchrun_command
 

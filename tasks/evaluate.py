@@ -27,7 +27,8 @@ from storage.layout import DataRoot
 from tasks.evaluate_common import EvalSummary, build_embedder
 from tasks.log import stage_logger
 from tracking.reporting import csv_table, markdown_table, publish_artifacts
-from tracking.runs import CONTEXT_EVAL, active_run_id, log_dataset_inputs, log_run_results, stage_run
+from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+from tracking.stage_runs import active_run_id, log_run_results, stage_run
 
 
 # ---------------------------------------------------------------- recording

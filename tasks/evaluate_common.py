@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from config.evaluation import EvalConfig
 from models.checkpoint import load_checkpoint_folder, read_checkpoint_config
 from models.embedder import PooledEncoder, SentenceEmbedder
-from tracking.runs import download_checkpoint
+from tracking.store import download_checkpoint
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 CHECKPOINT_ARTIFACT = "checkpoint"

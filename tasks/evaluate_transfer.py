@@ -26,7 +26,8 @@ from storage.transfer import TransferInput, load_transfer_input
 from tasks.evaluate_common import EvalSummary, build_embedder
 from tasks.log import stage_logger
 from tracking.reporting import csv_table, markdown_table, publish_artifacts
-from tracking.runs import CONTEXT_EVAL, active_run_id, log_dataset_inputs, log_run_results, stage_run
+from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+from tracking.stage_runs import active_run_id, log_run_results, stage_run
 
 TRANSFER_COLUMNS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 

@@ -49,26 +49,22 @@ from storage.catalog import refresh_catalog
 from storage.datasets import DatasetRef, read_dataset
 from storage.generators import GENERATOR_PREFIX, KIND, publish_model_folder
 from storage.hashing import stable_hash
+from storage.keys import SCHEMA_VERSIONS, generator_key
 from storage.layout import DataRoot
 from storage.manifest import Manifest
 from tasks.corrupt import generator_identity
 from tasks.log import stage_logger
 from tracking.reporting import markdown_table, publish_artifacts
-from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_dataset_metrics, log_quarantine, log_run_results, stage_run
+from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.stage_runs import log_dataset_metrics, log_quarantine, log_run_results, stage_run
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = SCHEMA_VERSIONS["generator"]
 PREDICTORS = {  # stats key → what the table calls it
     "fitted": "fitted generator (MLM head on the frozen backbone)",
     "unigram_argmax": "unigram: always the most frequent training token",
     "unigram_sample": "unigram: a token drawn from the training frequencies (expected)",
     "random_init": "random-init generator",
 }
-
-
-def generator_key(tokens: Manifest, config: GeneratorConfig, backbone: dict[str, str]) -> str:
-    return stable_hash({"stage": "generator", "input": tokens.content_hash,
-                        "tokenizer": tokens.params.get("tokenizer_fingerprint"), "backbone": backbone,
-                        "config": config.model_dump(exclude={"device"}), "v": SCHEMA_VERSION})
 
 
 def _flat(table) -> tuple[torch.Tensor, np.ndarray]:
@@ -250,7 +246,8 @@ def fit_generator(tokens_key: str, config: GeneratorConfig = GeneratorConfig(), 
     """
     root = DataRoot(get_settings().data_root)
     tokens = root.require("tokens", tokens_key)
-    key = generator_key(tokens, config, generator_identity(config.backbone))
+    key = generator_key(tokens.content_hash, tokens.params.get("tokenizer_fingerprint"),
+                        generator_identity(config.backbone), config.model_dump(exclude={"device"}))
     params = {"tokens_key": tokens_key, **config.model_dump()}
     with stage_run("data", "fit-generator", params=params) as run:
         run_id = run.info.run_id

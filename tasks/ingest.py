@@ -12,22 +12,19 @@ from config.stages import IngestConfig
 from storage import schemas
 from storage.catalog import refresh_catalog
 from storage.datasets import DatasetRef, write_dataset
-from storage.hashing import stable_hash
+from storage.keys import SCHEMA_VERSIONS, ingest_key
 from storage.layout import DataRoot
 from storage.sources import check_sts_counts, read_source, resolve_source
-from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_quarantine, log_run_results, stage_run
+from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.stage_runs import log_quarantine, log_run_results, stage_run
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = SCHEMA_VERSIONS["ingest"]
 PART_ROWS = 250_000
 _SCHEMAS = {"wiki1m": schemas.WIKI1M, "nli": schemas.NLI, "sts": schemas.STS}
 
 
 class EmptySourceError(ValueError):
     """A source without a single usable row: refused at ingestion, naming the file and the counts."""
-
-
-def ingest_key(dataset: str, source_hash: str) -> str:
-    return stable_hash({"stage": "ingest", "dataset": dataset, "source": source_hash, "v": SCHEMA_VERSION})
 
 
 def _expected(dataset: str, config: IngestConfig) -> int | None:

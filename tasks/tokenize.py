@@ -29,19 +29,15 @@ from models.loading import load_tokenizer, tokenizer_fingerprint, vocab_fingerpr
 from storage import schemas
 from storage.catalog import refresh_catalog
 from storage.datasets import DatasetRef, read_dataset, write_dataset
-from storage.hashing import stable_hash
+from storage.keys import SCHEMA_VERSIONS, tokens_key
 from storage.layout import DataRoot
 from storage.manifest import Manifest
 from storage.sharded import ShardDone, ShardedPlan, build_shard, part_rows, publish_shards
 from tasks.log import stage_logger
-from tracking.runs import CONTEXT_SOURCE, log_dataset_inputs, log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
+from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
-SCHEMA_VERSION = 1
-
-
-def tokens_key(input_hash: str, tok_fingerprint: str, max_length: int) -> str:
-    return stable_hash({"stage": "tokenize", "input": input_hash, "tokenizer": tok_fingerprint,
-                        "max_length": max_length, "v": SCHEMA_VERSION})
+SCHEMA_VERSION = SCHEMA_VERSIONS["tokens"]
 
 
 def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:

@@ -28,18 +28,11 @@ from storage.layout import DataRoot
 from storage.runs import RunDir
 from tasks.distributed_train import WORKER_MODULE
 from tasks.log import stage_logger
-from tracking.runs import (
-    CONTEXT_CORRUPTION,
-    CONTEXT_EVAL,
-    CONTEXT_TRAIN,
-    ResilientMetricLogger,
-    git_commit,
-    log_dataset_inputs,
-    log_run_results,
-    prefect_flow_run_id,
-    training_run,
-    training_run_exists,
-)
+from tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs
+from tracking.provenance import git_commit, prefect_flow_run_id
+from tracking.spool import ResilientMetricLogger
+from tracking.stage_runs import log_run_results
+from tracking.training_runs import training_run, training_run_exists
 from training import job as train_job
 from training.distributed import DistributedJob, launch
 from training.loop import TrainingInterrupted

@@ -15,18 +15,15 @@ from config.settings import get_settings
 from config.stages import IngestConfig
 from storage.catalog import refresh_catalog
 from storage.datasets import DatasetRef, write_dataset
-from storage.hashing import stable_hash, sha256_files
+from storage.hashing import sha256_files
+from storage.keys import SCHEMA_VERSIONS, transfer_key
 from storage.layout import DataRoot
 from storage.sources import resolve_source
 from storage.transfer import TRANSFER, read_transfer, transfer_source_files
 from tasks.log import stage_logger
-from tracking.runs import log_run_results, stage_run
+from tracking.stage_runs import log_run_results, stage_run
 
-SCHEMA_VERSION = 1
-
-
-def transfer_key(source_hash: str) -> str:
-    return stable_hash({"stage": "ingest", "dataset": "transfer", "source": source_hash, "v": SCHEMA_VERSION})
+SCHEMA_VERSION = SCHEMA_VERSIONS["transfer"]
 
 
 @task(name="ingest-transfer", retries=0)

@@ -56,7 +56,7 @@ def mlflow_store_template(tmp_path_factory) -> Path:
 
     if importlib.util.find_spec("mlflow") is None:
         return None
-    from tracking.runs import prepare_sqlite_store
+    from tracking.store import prepare_sqlite_store
 
     path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
     prepare_sqlite_store(path)

@@ -22,7 +22,7 @@ ALLOWED = {
     "flows": {"settings", "config", "storage", "models", "evaluation", "tracking", "tasks"},
     "ops": {"settings", "config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows"},
 }
-MLFLOW_SEAM = "tracking"  # the package: tracking.runs (runs, params, metrics, inputs) and its model-export sibling
+MLFLOW_SEAM = "tracking"  # the package: store, stage/training/group runs, lineage, the outage spool, model export
 NO_ORCHESTRATION = ("models", "training", "evaluation", "storage")  # pure: no prefect, no mlflow
 
 

@@ -13,8 +13,8 @@ Two kinds, both `mlflow.data.dataset.Dataset` subclasses, so `mlflow.log_input` 
   profile = the full hash (and the rows read from it, with their schema, when the caller has them).
 
 `as_dataset` / `as_datasets` turn what the stages hold (a `DatasetRef`, a `Manifest`, a `ResolvedSource` of a file,
-folder, URL or Hugging Face dataset, an STS or transfer evaluation input) into them; `tracking.runs.log_dataset_inputs`
-logs them with their context.
+folder, URL or Hugging Face dataset, an STS or transfer evaluation input) into them;
+`tracking.lineage.log_dataset_inputs` logs them with their context.
 """
 
 from __future__ import annotations

@@ -555,7 +555,7 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
     import mlflow
 
     from config.training import TrainConfig
-    from tracking.runs import configure_mlflow
+    from tracking.store import configure_mlflow
 
     record = run_dir.result()
     if record is None:

@@ -230,7 +230,7 @@ def set_best_alias(run_ids: list[str], metric: str = SELECTION_METRIC, alias: st
     """Point `alias` of every registered model that holds a version of one of `run_ids` at its version with the
     highest `metric` (the runs' STS-B dev selection score). Runs without the metric or without a registered version
     are skipped. Returns {registered model name: version}; {} when none qualifies."""
-    from tracking.runs import configure_mlflow
+    from tracking.store import configure_mlflow
 
     configure_mlflow()
     client = mlflow.MlflowClient()

@@ -40,7 +40,7 @@ def quiet_run_urls(tracking_uri: str | None) -> None:
 
 def mask_mlflow_exceptions() -> None:
     """Mask credentials in the message of every `MlflowException` from now on (idempotent; imports MLflow: called by
-    `tracking.runs`, which every MLflow call of the project goes through)."""
+    `tracking.store`, which every module of `tracking/` that talks to MLflow goes through)."""
     from mlflow.exceptions import MlflowException
 
     if not getattr(MlflowException.__init__, "cse_masking", False):

@@ -18,7 +18,7 @@ import torch
 from config.settings import get_settings
 from config.training import KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
 from storage.datasets import DatasetRef
-from storage.hashing import stable_hash
+from storage import keys
 from storage.layout import DataRoot
 from storage.runs import RunDir
 from storage.training_data import load_corruption_rows, load_token_rows
@@ -34,13 +34,9 @@ LogMetrics = Callable[[dict[str, float], int], None]
 def run_key(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> str:
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
     config = cfg.model_dump(exclude=set(LAUNCH_FIELDS))
-    config["model"] = {k: v for k, v in config["model"].items()
-                       if not (k in KEY_NEUTRAL_MODEL_DEFAULTS and v == KEY_NEUTRAL_MODEL_DEFAULTS[k])}
-    key = {"config": config, "tokens": tokens.content_hash,
-           "corruption": corruption.content_hash if corruption is not None else None}
-    if nli_tokens is not None:
-        key["nli_tokens"] = nli_tokens.content_hash
-    return stable_hash(key)
+    config["model"] = keys.without_defaults(config["model"], KEY_NEUTRAL_MODEL_DEFAULTS)  # (the rule of storage/keys.py)
+    return keys.run_key(config, tokens.content_hash, corruption.content_hash if corruption is not None else None,
+                        nli_tokens.content_hash if nli_tokens is not None else None)
 
 
 def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:

@@ -78,13 +78,10 @@ def test_a_stand_alone_corruption_is_the_one_a_seed_42_job_reads():
 
 
 def test_seeds_children_get_independent_corruption_keys():
-    from types import SimpleNamespace
+    from storage.keys import CORRUPTION_SETTINGS, corruption_key
 
-    from tasks.corrupt import corruption_key
-
-    tokens = SimpleNamespace(content_hash="c" * 64, params={})  # what the key reads of the tokens manifest
-    keys = {corruption_key(tokens, resolve_train_config("smoke", {"seed": s}, method="d2cse").corrupt,
-                           {"name": "g"}, "fp32") for s in (42, 43, 42)}
+    keys = {corruption_key("c" * 64, None, {"name": "g"}, "fp32", **resolve_train_config(
+                "smoke", {"seed": s}, method="d2cse").corrupt.model_dump(include=CORRUPTION_SETTINGS)) for s in (42, 43, 42)}
     assert len(keys) == 2
 
 

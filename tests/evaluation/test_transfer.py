@@ -250,7 +250,7 @@ def test_training_selects_on_the_transfer_dev_average(prefect_harness, tiny_bert
     import training.job as train_task
     from flows.train import TRAIN_FLOWS
     from storage.transfer import load_transfer_input
-    from tracking.runs import configure_mlflow
+    from tracking.store import configure_mlflow
 
     def small(data_root):
         source = load_transfer_input(str(shared_data / "senteval"), None)

@@ -20,7 +20,7 @@ from storage.layout import DataRoot
 from storage.readers import read_senteval
 from tasks.evaluate import record_evaluation
 from tasks.evaluate_common import resolve_checkpoint
-from tracking.runs import configure_mlflow, ensure_experiment
+from tracking.store import configure_mlflow, ensure_experiment
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 

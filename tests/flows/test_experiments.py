@@ -20,7 +20,7 @@ from flows.sweep import fine_grid, grid_children, sweep
 from storage.catalog import query
 from storage.layout import DataRoot
 from tasks.compare import select_runs
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 
 @pytest.fixture

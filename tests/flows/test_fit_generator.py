@@ -9,7 +9,7 @@ from config.settings import get_settings
 from config.stages import GeneratorConfig, IngestConfig, WikiSource
 from flows.fit_generator import fit_generator
 from storage.layout import DataRoot
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 
 def test_fit_generator_flow_tokenises_with_the_backbone_and_reuses_everything(prefect_harness, shared_data, tmp_path,

@@ -12,7 +12,7 @@ from flows.tokenization import tokenize
 from storage.catalog import query
 from storage.datasets import read_dataset
 from storage.layout import DataRoot
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 
 def _data_runs():

@@ -16,7 +16,7 @@ from config.presets import PRESETS
 from config.training import resolve_train_config
 from flows.train import TRAIN_FLOWS
 from models.checkpoint import load_checkpoint, read_checkpoint_meta
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 LOSS_TERMS = {
     "d2cse": ("loss_contrastive", "loss_rtd", "rtd_accuracy"),

@@ -12,7 +12,7 @@ import torch
 
 from flows.train import train_d2cse
 from models.checkpoint import load_checkpoint
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 from training.loop import TrainingInterrupted
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")

@@ -62,7 +62,7 @@ def test_dask_shards_match_the_local_run_byte_for_byte(prefect_harness, monkeypa
             dask_ref, dask_manifest, dask_tokens, dask_parts, dask_token_parts = _run_corrupt(
                 monkeypatch, isolated_home / "data-dask", ingest_config, config)
         workers = set(cluster.scheduler_info["workers"])
-        generators_loaded = client.run(lambda: len(__import__("tasks.corrupt").corrupt._CORRUPTORS))
+        generators_loaded = client.run(lambda: len(__import__("models.generator_cache").generator_cache._CORRUPTORS))
 
     assert dask_ref.path != local_ref.path and not dask_ref.cache_hit
     assert dask_ref.key == local_ref.key and dask_manifest.stats["shards_computed"] == len(dask_parts)

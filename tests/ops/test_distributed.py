@@ -429,7 +429,7 @@ def test_train_task_runs_torchrun_and_rank0_logs_into_the_job_run(prefect_harnes
 
     from flows.train import train_d2cse
     from models.checkpoint import load_checkpoint
-    from tracking.runs import configure_mlflow
+    from tracking.store import configure_mlflow
     from training.loop import TrainingInterrupted
 
     overrides = {

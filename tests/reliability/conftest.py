@@ -12,7 +12,7 @@ import pytest
 from config.settings import get_settings
 from config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
 from storage.layout import DataRoot
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 WIKI_LINES = 300
 NLI_ROWS = 200

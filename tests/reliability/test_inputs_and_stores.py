@@ -42,13 +42,14 @@ def test_out_of_space_names_the_dataset_and_its_folder(code, ingest_config, root
 
 
 def test_a_read_only_mlflow_store_says_so_first(isolated_home, monkeypatch):
-    from tracking.runs import configure_mlflow
+    from tracking.store import configure_mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{isolated_home / 'mlflow.db'}")
     configure_mlflow()  # the store exists (migrated); then the home becomes read-only
 
     def start_a_stage():
-        from tracking.runs import TrackingStoreReadOnly, stage_run
+        from tracking.stage_runs import stage_run
+        from tracking.store import TrackingStoreReadOnly
 
         try:
             with stage_run("data", "read-only-store"):

@@ -13,7 +13,7 @@ import time
 from config.settings import REPO_ROOT
 from config.stages import IngestConfig, WikiSource
 from storage.locks import exclusive
-from tracking.runs import ORPHAN_TAG, OWNER_TAG
+from tracking.orphans import ORPHAN_TAG, OWNER_TAG
 from tests.reliability.conftest import data_runs, ingest
 
 _KILLED_WRITER = textwrap.dedent("""
@@ -90,7 +90,9 @@ def test_only_temporaries_of_dead_unlocked_writers_are_removed(root):
 
 
 def test_a_run_of_a_live_process_is_not_closed():
-    from tracking.runs import close_orphaned_runs, ensure_experiment, stage_run
+    from tracking.orphans import close_orphaned_runs
+    from tracking.stage_runs import stage_run
+    from tracking.store import ensure_experiment
 
     with stage_run("data", "reliability-live") as run:  # this process is alive: its run stays RUNNING
         assert close_orphaned_runs(ensure_experiment("data"), "reliability-live") == []

@@ -116,7 +116,7 @@ def test_outage_warning_does_not_leak_the_tracking_password(tmp_path, caplog):
     import mlflow
 
     from storage.runs import RunDir
-    from tracking.runs import ResilientMetricLogger
+    from tracking.spool import ResilientMetricLogger
 
     client = mlflow.MlflowClient(tracking_uri=f"http://alice:{SECRET}@127.0.0.1:9")
     run_dir = RunDir("d2cse", "job", home=tmp_path)

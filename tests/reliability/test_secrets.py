@@ -88,7 +88,7 @@ def test_view_run_lines_never_show_the_password(monkeypatch, capfd):
     from mlflow.entities import Run, RunData, RunInfo
     from mlflow.tracking._tracking_service.client import TrackingServiceClient
 
-    from tracking.runs import configure_mlflow
+    from tracking.store import configure_mlflow
 
     uri = f"http://alice:{SECRET}@127.0.0.1:{_dead_port()}"
     run = Run(RunInfo(run_id="r" * 32, experiment_id="1", user_id="u", status="FINISHED", start_time=0, end_time=1,

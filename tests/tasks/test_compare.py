@@ -16,7 +16,7 @@ from tasks.compare import (
     select_runs,
     wide_tables,
 )
-from tracking.runs import log_run_results, stage_run
+from tracking.stage_runs import log_run_results, stage_run
 
 SIMCSE_PUB = published.STS[("simcse", "bert-base", "unsup")]
 
@@ -159,7 +159,7 @@ def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     from config.settings import get_settings
     from storage.catalog import query
     from storage.layout import DataRoot
-    from tracking.runs import get_runs
+    from tracking.store import get_runs
 
     runs = select_runs(experiments=["simcse"])
     summary = record_comparison(runs, {"experiments": ["simcse"]})

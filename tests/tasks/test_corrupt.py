@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import models.generator_cache as generator_cache
 import tasks.corrupt as corrupt_tasks
 from config.settings import get_settings
 from config.stages import CorruptConfig
@@ -19,7 +20,7 @@ from storage.catalog import query
 from storage.datasets import read_dataset, write_dataset
 from storage.layout import DataRoot
 from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption, shard_path
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 SENTENCES = 300
 
@@ -134,7 +135,7 @@ def test_rerun_is_a_cache_hit_without_loading_the_generator(prefect_harness, roo
     def refuse(*args, **kwargs):
         raise AssertionError("the generator must not be loaded or run on a cache hit")
 
-    monkeypatch.setattr(corrupt_tasks, "load_masked_lm", refuse)
+    monkeypatch.setattr(generator_cache, "load_masked_lm", refuse)
     monkeypatch.setattr(corrupt_tasks, "_corrupt_table", refuse)
     second = corrupt(tokens_key, config)
     assert second.cache_hit and second.key == first.key and second.content_hash == first.content_hash

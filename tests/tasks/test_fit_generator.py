@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from transformers import AutoModelForMaskedLM
 
-import tasks.corrupt as corrupt_tasks
+import models.generator_cache as generator_cache
 import tasks.fit_generator as fit_tasks
 from config.settings import get_settings
 from config.stages import CorruptConfig, GeneratorConfig
@@ -20,11 +20,12 @@ from storage import schemas
 from storage.catalog import query
 from storage.datasets import read_dataset, write_dataset
 from storage.generators import HELDOUT_FILE
+from storage.keys import CORRUPTION_SETTINGS, corruption_key
 from storage.layout import DataRoot
 from storage.manifest import Manifest
-from tasks.corrupt import corrupt_shard, corruption_key, plan_corruption, publish_corruption
+from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 from tasks.fit_generator import fit_generator
-from tracking.runs import configure_mlflow
+from tracking.store import configure_mlflow
 
 # Two sentence types of 10 word pieces: type k puts token BASE + 20 k + i at position i. Position and the unmasked
 # neighbours (the type) determine every token; the most frequent token covers 1/20 of them.
@@ -127,7 +128,7 @@ def test_corruption_takes_the_generator_by_key_or_folder_and_unigram_needs_none(
     def refuse(*args, **kwargs):
         raise AssertionError("mode unigram loads no generator")
 
-    monkeypatch.setattr(corrupt_tasks, "load_masked_lm", refuse)
+    monkeypatch.setattr(generator_cache, "load_masked_lm", refuse)
     unigram = by_key.model_copy(update={"mode": "unigram", "generator": "distilbert-base-uncased"})
     uplan, uref = _corrupt(toy_tokens, unigram)
     assert uplan.generator == {"name": "unigram"} and uref.key not in (plan.key,)
@@ -147,6 +148,7 @@ def test_keys_of_the_generator_modes_are_unchanged():
     """A corruption key made before mode unigram existed stays the same (datasets already built stay cache hits)."""
     tokens = Manifest(kind="tokens", key="t", rows=1, content_hash="abc", files=[],
                       params={"tokenizer_fingerprint": "f"})
-    key = corruption_key(tokens, CorruptConfig(variants=4, seed=42), {"name": "distilbert-base-uncased", "config_sha256": "c"},
-                         "fp32")
+    key = corruption_key(tokens.content_hash, tokens.params.get("tokenizer_fingerprint"),
+                         {"name": "distilbert-base-uncased", "config_sha256": "c"}, "fp32",
+                         **CorruptConfig(variants=4, seed=42).model_dump(include=CORRUPTION_SETTINGS))
     assert key == "fbc1433b9a5de335"

@@ -1,4 +1,4 @@
-"""Dataset inputs (tracking/datasets.py, tracking.runs.log_dataset_inputs): what a run read, as MLflow shows it in
+"""Dataset inputs (tracking/datasets.py, tracking.lineage.log_dataset_inputs): what a run read, as MLflow shows it in
 "Datasets used" and returns in `run.inputs` — name, digest (our content hash), source (the dataset folder or the raw
 file/URL), schema, profile and the context tag — against a real SQLite store."""
 
@@ -19,14 +19,8 @@ from storage.hashing import sha256_file
 from storage.layout import DataRoot
 from storage.sources import ResolvedSource
 from tracking.datasets import DIGEST_CHARS, ParquetDataset, as_dataset, mlflow_schema
-from tracking.runs import (
-    CONTEXT_CORRUPTION,
-    CONTEXT_EVAL,
-    CONTEXT_TRAIN,
-    log_dataset_inputs,
-    run_dataset_inputs,
-    stage_run,
-)
+from tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs, run_dataset_inputs
+from tracking.stage_runs import stage_run
 
 
 def _tokens(root: DataRoot, key: str, ids: list[list[int]]) -> DatasetRef:

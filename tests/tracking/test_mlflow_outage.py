@@ -23,12 +23,8 @@ import torch
 from ops.cli import main as cse
 from storage.runs import RunDir
 from storage.spool import metric_count, read_records
-from tracking.runs import (
-    DELAYED_TAG,
-    ResilientMetricLogger,
-    configure_mlflow,
-    deliver_spool,
-)
+from tracking.spool import DELAYED_TAG, ResilientMetricLogger, deliver_spool
+from tracking.store import configure_mlflow
 from training.loop import LoopResult, Trainer
 from tests.training.test_loop import Recorder, _loop, _model, probe, rows  # noqa: F401  (the tiny trainer's fixtures)
 
@@ -168,7 +164,7 @@ def _history(run_id: str, keys) -> dict[str, list[tuple[int, float]]]:
 
 
 def _tracking_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "tracking.runs" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "tracking.spool" and r.levelno == logging.WARNING]
 
 
 def test_server_killed_and_restarted_during_training(server, train, tmp_path, caplog):
@@ -179,7 +175,7 @@ def test_server_killed_and_restarted_during_training(server, train, tmp_path, ca
     metrics_log = ResilientMetricLogger(run_id, run_dir, retry_seconds=0)
     metrics_log.log_params({"learning_rate": 0.02})
     outage = Outage(metrics_log, server, down_at=3, up_at=7)
-    with caplog.at_level(logging.INFO, logger="tracking.runs"):
+    with caplog.at_level(logging.INFO, logger="tracking.spool"):
         result = train(outage)
         assert metrics_log.flush() == 0
 
@@ -214,7 +210,7 @@ def test_server_down_until_the_end_then_delivered(server, train, tmp_path, caplo
     run_dir.set_mlflow_run_id(run_id)
     metrics_log = ResilientMetricLogger(run_id, run_dir, retry_seconds=3600)  # after the first failure: spool only
     outage = Outage(metrics_log, server, down_at=3, up_at=None)
-    with caplog.at_level(logging.WARNING, logger="tracking.runs"):
+    with caplog.at_level(logging.WARNING, logger="tracking.spool"):
         result = train(outage)
         left = metrics_log.flush()
 

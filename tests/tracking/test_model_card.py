@@ -31,7 +31,7 @@ from tracking.model_card import (
     published_differences,
     write_model_card,
 )
-from tracking.runs import configure_mlflow, ensure_experiment
+from tracking.store import configure_mlflow, ensure_experiment
 
 OURS = {"sts12": 73.50, "sts13": 84.00, "sts14": 77.43, "sts15": 84.30, "sts16": 81.00, "stsb": 82.10, "sickr": 70.00,
         "sts_avg": 78.90, "retrieval_r1": 90.21, "retrieval_r3": 97.00, "retrieval_r5": 98.97, "retrieval_r10": 99.48,

@@ -20,7 +20,7 @@ from tracking.model_export import (
     registered_model_name,
     set_best_alias,
 )
-from tracking.runs import ensure_experiment
+from tracking.store import ensure_experiment
 
 SENTENCES = ["a man is playing a guitar .", "two dogs run ."]
 

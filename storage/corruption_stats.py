@@ -1,0 +1,74 @@
+"""The statistics of a corruption dataset: the counts of each shard (`ShardResult`, what a shard task returns) and
+the manifest's `stats` made of them (`corruption_stats`): masked and replaced ratios over non-special tokens, overall
+and per shard, and the throughput of the shards computed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage.sharded import ShardDone
+
+
+class ShardResult(ShardDone):
+    """Counts of one shard. `tokens` = non-special tokens over all variants; `seconds` = 0 when reused."""
+
+    sentences: int
+    rows: int
+    tokens: int
+    masked: int
+    replaced: int
+    seconds: float
+
+
+def shard_result(shard: int, table: pa.Table, special_ids: list[int], variants: int, computed: bool,
+                 seconds: float) -> ShardResult:
+    """The counts of shard `shard` from its corruption rows.
+
+    Args:
+        shard: the shard's number.
+        table: its corruption rows (schema `storage.schemas.CORRUPTION`).
+        special_ids: the token ids that are never corrupted (not counted as tokens).
+        variants: corruptions per input row.
+        computed: whether the shard was computed now (False: its file was reused).
+        seconds: how long computing it took.
+    """
+    flat = pc.list_flatten(table.column("input_ids")).to_numpy()
+    return ShardResult(
+        shard=shard, sentences=table.num_rows // variants, rows=table.num_rows,
+        tokens=int(len(flat) - np.isin(flat, special_ids).sum()),
+        masked=int(pc.sum(table.column("n_masked")).as_py() or 0),
+        replaced=int(pc.sum(table.column("n_replaced")).as_py() or 0),
+        computed=computed, seconds=seconds,
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def corruption_stats(shards: list[ShardResult]) -> dict[str, Any]:
+    """Manifest stats: ratios over non-special tokens, overall and per shard; throughput of the computed
+    shards in corrupted sentences (rows) per second of compute.
+
+    Args:
+        shards: every shard's counts, in shard order.
+    """
+    tokens, masked, replaced = (sum(getattr(s, f) for s in shards) for f in ("tokens", "masked", "replaced"))
+    computed = [s for s in shards if s.computed]
+    seconds = sum(s.seconds for s in computed)
+    return {
+        "sentences": sum(s.sentences for s in shards), "rows": sum(s.rows for s in shards),
+        "masked_ratio": _ratio(masked, tokens), "replaced_ratio": _ratio(replaced, tokens),
+        "replaced_of_masked": _ratio(replaced, masked), "shards": len(shards), "shards_computed": len(computed),
+        "compute_seconds": seconds, "sentences_per_s": _ratio(sum(s.rows for s in computed), seconds),
+        "per_shard": [
+            {"shard": s.shard, "rows": s.rows, "masked_ratio": _ratio(s.masked, s.tokens),
+             "replaced_ratio": _ratio(s.replaced, s.tokens), "computed": s.computed,
+             "sentences_per_s": _ratio(s.rows, s.seconds)}
+            for s in shards
+        ],
+    }

@@ -1,0 +1,25 @@
+"""Where a run came from: the git commit of the code and the Prefect flow run that started it (run tags)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from config.settings import REPO_ROOT
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def prefect_flow_run_id() -> str | None:
+    try:
+        from prefect.runtime import flow_run
+
+        return flow_run.get_id()
+    except Exception:  # outside a flow run
+        return None

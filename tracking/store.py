@@ -1,0 +1,152 @@
+"""The MLflow tracking store: pointing MLflow at it (a SQLite store created and migrated under a lock), its errors
+said clearly and without credentials, experiments, and reading runs and artifacts back.
+
+Every other module of `tracking/` goes through `configure_mlflow` / `ensure_experiment` before it talks to the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+
+from config.settings import get_settings, redact, redacted_exception
+from storage.locks import exclusive
+from tracking.redaction import mask_mlflow_exceptions, quiet_run_urls
+
+mask_mlflow_exceptions()  # MLflow's error texts name the tracking URI, password included (tracking/redaction.py)
+
+MAX_PARAM_LEN = 6000  # a param's value is cut to this many characters (MLflow's limit)
+
+
+class TrackingStoreReadOnly(RuntimeError):
+    """The MLflow store cannot be written (a read-only file or folder): said first, naming the store."""
+
+
+_PREPARED_STORES: set[str] = set()  # SQLite stores this process created or found migrated
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")).expanduser() if uri.startswith("sqlite:///") else None
+
+
+def configure_mlflow() -> str:
+    """Point MLflow at the configured tracking store; returns its URI. A SQLite store is created and migrated under
+    a lock the first time (`prepare_sqlite_store`), so flows started at once on a fresh `$CSE_HOME` do not race."""
+    s = get_settings()
+    quiet_run_urls(s.mlflow_tracking_uri)
+    if (path := _sqlite_path(s.mlflow_tracking_uri)) is not None:
+        if s.mlflow_tracking_uri not in _PREPARED_STORES:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prepare_sqlite_store(path)
+            _PREPARED_STORES.add(s.mlflow_tracking_uri)
+    mlflow.set_tracking_uri(s.mlflow_tracking_uri)
+    return s.mlflow_tracking_uri
+
+
+def tracking_error(exc: BaseException) -> BaseException:
+    """The exception to show for `exc` raised by a tracking call: a read-only SQLite store as
+    `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a message holding a credential masked
+    (`config.settings.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
+    text = " ".join(str(exc).split())
+    if "readonly database" in text or "read-only file system" in text.lower():
+        uri = mlflow.get_tracking_uri()
+        return TrackingStoreReadOnly(redact(
+            f"the MLflow store {uri} is read-only: runs cannot be recorded there (make it writable or point "
+            f"MLFLOW_TRACKING_URI at a writable store); {type(exc).__name__}: {text[:300]}"))
+    return redacted_exception(exc)
+
+
+def reraise(exc: BaseException):
+    """Raise `tracking_error(exc)`: `exc` itself when it needs no rewording, else its replacement `from None`."""
+    clean = tracking_error(exc)
+    if clean is exc:
+        raise exc
+    raise clean from None
+
+
+def ensure_experiment(name: str) -> str:
+    """The experiment id, creating it with an artifact location under the artifact root if new."""
+    configure_mlflow()
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    root = get_settings().mlflow_artifact_root
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        return mlflow.create_experiment(name, artifact_location=(root / name).as_uri())
+    except mlflow.exceptions.MlflowException:  # created concurrently by another worker
+        return mlflow.get_experiment_by_name(name).experiment_id
+
+
+
+def prepare_sqlite_store(path: Path) -> Path:
+    """Create an MLflow SQLite store at `path` with its schema migrated (an empty store, the Default experiment), or
+    check an existing one. Creation and migration hold `<path>.lock`: two processes that open a fresh store at once
+    would both create its tables (`duplicate column name`, alembic's "expected to match one row"); the second waits,
+    then finds it migrated. A store in a folder this process cannot write (read-only) is only read, without the lock."""
+    path = Path(path).expanduser().resolve()
+    uri = f"sqlite:///{path}"
+    lock = path.with_name(path.name + ".lock")
+    try:
+        held = exclusive(lock, f"MLflow store {path} (creation/migration)")
+        held.__enter__()
+    except OSError:  # a read-only folder: nothing can be created or migrated there; reading needs no lock
+        held = None
+    try:
+        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 - said clearly (read-only store, masked credentials)
+        reraise(e)
+    finally:
+        if held is not None:
+            held.__exit__(None, None, None)
+    return path
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dicts → dotted MLflow params (values stringified and length-capped)."""
+    out: dict[str, str] = {}
+    for k, v in params.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, prefix=f"{name}."))
+        else:
+            out[name] = str(v)[:MAX_PARAM_LEN]
+    return out
+
+
+
+def download_checkpoint(uri: str, dst: Path) -> Path:
+    """Download the artifact folder `uri` (`runs:/<run id>/<path>`) into `dst`; a FileNotFoundError naming the
+    tracking store (credentials masked) when it cannot be fetched."""
+    configure_mlflow()
+    try:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
+    except Exception as e:  # MlflowException or an OSError from the artifact store
+        raise FileNotFoundError(redact(f"cannot download checkpoint {uri} from MLflow ({mlflow.get_tracking_uri()}): {e}")) from None
+
+
+def experiment_ids(names: list[str]) -> list[str]:
+    """The ids of those of the experiments `names` that exist (none is created)."""
+    configure_mlflow()
+    return [e.experiment_id for n in names if (e := mlflow.get_experiment_by_name(n)) is not None]
+
+
+def get_runs(run_ids: list[str]) -> list[mlflow.entities.Run]:
+    """The runs `run_ids`, in that order."""
+    configure_mlflow()
+    return [mlflow.get_run(r) for r in run_ids]
+
+
+def search_runs(experiment_ids: list[str], tags: Mapping[str, str] | None = None, *, finished: bool = False,
+                newest_first: bool | None = None, max_results: int = 5000) -> list[mlflow.entities.Run]:
+    """Runs of the experiments whose tags have the values `tags` gives (FINISHED ones only with `finished`),
+    ordered by start time when `newest_first` is True or False."""
+    configure_mlflow()
+    clauses = ["attributes.status = 'FINISHED'"] if finished else []
+    clauses += [f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()]
+    order = None if newest_first is None else [f"attributes.start_time {'DESC' if newest_first else 'ASC'}"]
+    return mlflow.search_runs(experiment_ids, filter_string=" and ".join(clauses), order_by=order, output_format="list",
+                              max_results=max_results)
