@@ -11,6 +11,10 @@
     cse push EXPORT_DIR REPO_ID [--private] [--revision R] [--token-env VAR]
                           upload an export folder with its model card to the Hugging Face hub; prints the URL
 
+    cse run DEPLOYMENT [-p key=value ...] [--timeout S]
+                          run a deployment through the worker and wait (`-p 'config={"mask_ratio": 0.15}'`: JSON values);
+                          prints each stage's cache hit or write, and on failure the failing task's reason; exit 1
+
     cse dataset KIND [KEY] [--hf]  where a dataset is and what it holds (KEY: the newest of KIND when left out);
                           --hf prints one line of Python that opens it as a Hugging Face `Dataset`, memory-mapped
 
@@ -266,7 +270,16 @@ def _main(argv: list[str]) -> int:
     dp.add_argument("kind", choices=KINDS)
     dp.add_argument("key", nargs="?", help="dataset key (default: the newest dataset of KIND)")
     dp.add_argument("--hf", action="store_true", help="print a Python line opening it as a memory-mapped HF Dataset")
+    r = sub.add_parser("run", help="run a deployment, wait, and print why it failed when it did")
+    r.add_argument("deployment", metavar="DEPLOYMENT", help="FLOW/DEPLOYMENT, e.g. train-d2cse/smoke")
+    r.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable")
+    r.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the run goes on)")
     args = p.parse_args(argv)
+    if args.cmd == "run":
+        from ops.deployments import run_deployment_cli
+
+        return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout)
     if args.cmd == "deliver-metrics":
         return deliver_metrics(args.run_dirs)
     if args.cmd == "card":
