@@ -129,7 +129,7 @@ async def failures_of(client, flow_run_id: UUID, _path: list[str] | None = None)
 
 async def stage_lines(client, flow_run_id: UUID) -> list[str]:
     """The log lines of the flow run and its child flow runs that say whether a stage reused its result (cache hit,
-    an already finished job) or wrote it, oldest first."""
+    an already finished job) or wrote it, oldest first: those the stage tasks log, else those the flows print."""
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter,
                                                 LogFilterFlowRunId)
     from prefect.client.schemas.sorting import LogSort
@@ -153,8 +153,12 @@ async def stage_lines(client, flow_run_id: UUID) -> list[str]:
             break
         previous = len(logs)
         await asyncio.sleep(quiet_s)
-    firsts = [(log.message.strip().splitlines() or [""])[0] for log in logs if log.level == 20]  # INFO: no tracebacks
-    return [redact(" ".join(line.split())) for line in firsts if STAGE_LINE.search(line)]
+    found = [(log.task_run_id is not None, (log.message.strip().splitlines() or [""])[0])
+             for log in logs if log.level == 20]  # INFO: no tracebacks
+    found = [(in_task, line) for in_task, line in found if STAGE_LINE.search(line)]
+    if any(in_task for in_task, _ in found):  # the stage tasks' own lines; the flows print a summary of the same
+        found = [(in_task, line) for in_task, line in found if in_task]
+    return [redact(" ".join(line.split())) for _, line in found]
 
 
 async def outcome_of(flow_run_id: UUID) -> RunOutcome:
@@ -219,8 +223,12 @@ async def wait(flow_run_id: UUID, on_state: Callable[[str], None], poll_s: float
             await asyncio.sleep(poll_s)
 
 
+def _stdout(line: str) -> None:
+    print(line, flush=True)  # in order with the stderr lines, even through a pipe or a log file
+
+
 def run_deployment_cli(deployment: str, params: list[str] | None, timeout_s: float | None = None,
-                       poll_s: float = 2.0, out: Callable[[str], None] = print,
+                       poll_s: float = 2.0, out: Callable[[str], None] = _stdout,
                        err: Callable[[str], None] | None = None) -> int:
     """`cse run`: start `deployment`, wait, print the stage lines; on failure the reason of each failing task.
     Returns 0 when the run completed, else 1.
@@ -236,7 +244,7 @@ def run_deployment_cli(deployment: str, params: list[str] | None, timeout_s: flo
 
     from prefect.settings import PREFECT_UI_URL
 
-    err = err or (lambda line: print(line, file=sys.stderr))
+    err = err or (lambda line: print(line, file=sys.stderr, flush=True))
     parameters = parse_params(params)
 
     async def go() -> int:
