@@ -44,6 +44,12 @@ tree_of() {  # tree_of PID: PID, the members of its process group and all their 
     }'
 }
 
+outside_group() {  # outside_group PGID PID...: those of the PIDs whose process group is not PGID
+  local g="$1"; shift
+  [ $# -gt 0 ] || return 0
+  ps -e -o pid=,pgid= | awk -v g="$g" -v want=" $* " 'index(want, " " $1 " ") && $2 != g { print $1 }'
+}
+
 workers_of_pool() {  # pids of `prefect worker start --pool POOL` processes talking to this PREFECT_API_URL
   local pool="$1" pid
   ps -e -o pid=,args= | awk -v pool="$pool" '/prefect worker start/ && ($0 ~ "--pool[ =]" pool "( |$)") { print $1 }' |
@@ -135,9 +141,14 @@ stop() {  # stop SVC: prints the truth; status 1 (pid file kept) when something 
     return 0
   fi
   pids="$(tree_of "$pid")"  # the flow runs a worker started run in sessions of their own: they are in its tree
-  kill -TERM -- "-$pid" 2>/dev/null || true
-  # shellcheck disable=SC2086
-  kill -TERM $pids 2>/dev/null || true
+  # one SIGTERM each: to the process group (when PID leads one), then to the tree's processes outside it
+  if kill -TERM -- "-$pid" 2>/dev/null; then
+    # shellcheck disable=SC2046
+    kill -TERM $(outside_group "$pid" $pids) 2>/dev/null || true
+  else
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
+  fi
   waited=0
   while [ -n "$(alive $pids)" ] && [ "$waited" -lt "$((STOP_TIMEOUT * 5))" ]; do sleep 0.2; waited=$((waited + 1)); done
   if [ -n "$(alive $pids)" ]; then
