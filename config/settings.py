@@ -2,7 +2,7 @@
 
 | variable | default | meaning |
 |---|---|---|
-| `CSE_HOME` | `./.cse` | base folder for everything below |
+| `CSE_HOME` | `<checkout>/.cse` (`./.cse` outside a checkout) | base folder for everything below |
 | `CSE_DATA_ROOT` | `$CSE_HOME/data` | Parquet datasets, manifests, DuckDB catalog, download cache |
 | `CSE_SHARED_DATA` | `../shared/data` | local mirror of the canonical sources (tests, CI, offline demo) |
 | `MLFLOW_TRACKING_URI` | `sqlite:///$CSE_HOME/mlflow.db` | MLflow backend store |
@@ -162,9 +162,17 @@ def shard_runner_settings() -> ShardRunnerSettings:
     )
 
 
+def default_home() -> Path:
+    """`CSE_HOME` when it is unset: `<checkout>/.cse` when this code runs from a checkout (the folder the scripts use,
+    whatever the shell's working directory: a plain shell's `cse` finds what `make main` made), else `./.cse`."""
+    if (REPO_ROOT / "prefect.yaml").is_file() and (REPO_ROOT / "scripts" / "env.sh").is_file():
+        return REPO_ROOT / ".cse"
+    return Path.cwd() / ".cse"
+
+
 def get_settings() -> Settings:
     """Read the settings afresh (tests change the environment between cases)."""
-    home = Path(os.environ.get("CSE_HOME", Path.cwd() / ".cse")).expanduser().resolve()
+    home = Path(os.environ.get("CSE_HOME") or default_home()).expanduser().resolve()
     data_root = Path(os.environ.get("CSE_DATA_ROOT", home / "data")).expanduser().resolve()
     shared = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).expanduser()
     tracking = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"

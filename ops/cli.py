@@ -11,6 +11,10 @@
     cse push EXPORT_DIR REPO_ID [--private] [--revision R] [--token-env VAR]
                           upload an export folder with its model card to the Hugging Face hub; prints the URL
 
+    cse run DEPLOYMENT [-p key=value ...] [--timeout S]
+                          run a deployment through the worker and wait (`-p 'config={"mask_ratio": 0.15}'`: JSON values);
+                          prints each stage's cache hit or write, and on failure the failing task's reason; exit 1
+
     cse dataset KIND [KEY] [--hf]  where a dataset is and what it holds (KEY: the newest of KIND when left out);
                           --hf prints one line of Python that opens it as a Hugging Face `Dataset`, memory-mapped
 
@@ -30,30 +34,55 @@ from storage.catalog import damaged, query, refresh_catalog
 from storage.layout import KINDS, DataRoot
 
 
-def _print(df: pd.DataFrame) -> None:
+# The deployment that makes each kind of dataset (named when there is none yet)
+PRODUCED_BY = {
+    "wiki1m": ("ingest/default", ""), "nli": ("ingest/default", ""), "sts": ("ingest/default", ""),
+    "transfer": ("ingest/default -p 'config={\"datasets\": [\"transfer\"]}'", ""),
+    "tokens": ("tokenize/default", " (corrupt/smoke tokenises too)"),
+    "corruption": ("corrupt/smoke", " (or corrupt/default, or any D2CSE/DiffCSE training deployment)"),
+    "evaluations": ("evaluate/default", " (every training job evaluates too)"),
+    "comparisons": ("compare/default", ", after a training run (e.g. train-d2cse/smoke)"),
+    "generator": ("fit-generator/default", ""),
+}
+
+
+def _print(df: pd.DataFrame, decimals: dict[str, int] | None = None) -> None:
+    """Print `df` without its index; the float columns of `decimals` with that many decimals; a missing value is `-`
+    (never `NaN` or `None`)."""
+    df = df.copy()
+    for col, n in (decimals or {}).items():
+        if col in df.columns:
+            df[col] = [f"{v:.{n}f}" if v is not None and not pd.isna(v) else None for v in df[col]]
+    df = df.astype(object).where(df.notna(), "-")
     with pd.option_context("display.max_columns", 30, "display.width", 200, "display.max_colwidth", 60):
         print(df.to_string(index=False) if len(df) else "(no rows)")
+
+
+def _views(root: DataRoot) -> list[str]:
+    """The catalog's views and tables, by name."""
+    return query(root, "SELECT table_name FROM information_schema.tables ORDER BY 1").table_name.tolist()
 
 
 def report(root: DataRoot) -> None:
     refresh_catalog(root)
     print(f"Data root: {root.root}\n\nDatasets:")
-    _print(query(root, "SELECT kind, key, rows, created[:19] AS created, json_extract_string(source, '$.file') AS source "
-                       "FROM manifests ORDER BY created"))
+    _print(query(root, "SELECT kind, dataset_key, rows, created[:19] AS created, "
+                       "json_extract_string(source, '$.file') AS source FROM manifests ORDER BY created"))
     if bad := damaged(root):
         print("\nDamaged datasets (left out of the views; `cse verify` checks everything, the next stage run rebuilds them):")
         for p in bad:
             print(f"  {p}")
     if root.list("corruption"):
         print("\nCorruption statistics:")
-        _print(query(root, "SELECT * FROM corruption_stats"))
+        _print(query(root, "SELECT * FROM corruption_stats"), {"masked_ratio": 4, "replaced_ratio": 4})
     if root.list("evaluations"):
         print("\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last:")
-        _print(query(root, "SELECT created[:19] AS created, label, round(sts12, 2) AS sts12, round(sts13, 2) AS sts13, "
-                           "round(sts14, 2) AS sts14, round(sts15, 2) AS sts15, round(sts16, 2) AS sts16, "
-                           "round(stsb, 2) AS \"sts-b\", round(sickr, 2) AS \"sick-r\", sts_avg AS avg, "
-                           "round(retrieval_r1, 2) AS r1, round(alignment, 4) AS align, round(uniformity, 4) AS uniform "
-                           "FROM evaluations_all WHERE mode = 'test' ORDER BY created"))
+        scores = ("sts12", "sts13", "sts14", "sts15", "sts16", "sts-b", "sick-r", "avg", "r1")
+        _print(query(root, "SELECT created[:19] AS created, label, sts12, sts13, sts14, sts15, sts16, "
+                           "stsb AS \"sts-b\", sickr AS \"sick-r\", sts_avg AS avg, retrieval_r1 AS r1, "
+                           "alignment AS align, uniformity AS uniform "
+                           "FROM evaluations_all WHERE mode = 'test' ORDER BY created"),
+               {**dict.fromkeys(scores, 2), "align": 4, "uniform": 4})
 
 
 def deliver_metrics(run_dirs: list[str]) -> int:
@@ -105,6 +134,10 @@ def dataset(root: DataRoot, kind: str, key: str | None, hf: bool) -> int:
     line that opens it as an HF `Dataset` (its Arrow copy is built first when the dataset predates it)."""
     from storage.hf import ensure_arrow_copy, find_dataset
 
+    if key is None and not root.list(kind) and not root.dataset_dirs(kind):
+        deployment, note = PRODUCED_BY[kind]
+        raise FileNotFoundError(f"no {kind} dataset under {root.root} yet: run the deployment that makes it, "
+                                f"`cse run {deployment}`{note}")
     if hf:
         print(ensure_arrow_copy(root, kind, key).snippet())
         return 0
@@ -169,6 +202,19 @@ def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
     return 1 if bad else 0
 
 
+class SqlError(Exception):
+    """A mistake in the SQL given to `cse sql` (syntax, an unknown view or column, a type): not a damaged file."""
+
+
+def _read_failure(e: BaseException) -> bool:
+    """Whether a DuckDB error is a dataset file that could not be read (damaged, truncated, gone), not a mistake in
+    the SQL: only then does `cse` suggest `cse verify`."""
+    if isinstance(e, (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)):
+        return False
+    # DuckDB raises its bare `Error` for undecodable Parquet pages, and names the file for a missing footer
+    return isinstance(e, duckdb.IOException) or type(e) is duckdb.Error or "parquet" in str(e).lower()
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     return redact(f"{type(e).__name__}: {text}")
@@ -183,8 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line instead of a traceback (--debug shows it)
         if debug:
             raise
+        if isinstance(e, SqlError):
+            text = str(e).split("\nLINE ")[0]  # (DuckDB's caret drawing does not survive one line)
+            print(f"cse: error: SQL error: {redact(' '.join(text.split()))}", file=sys.stderr)
+            return 2
         hint = ""
-        if type(e).__module__.startswith(("duckdb", "_duckdb", "pyarrow")) or "parquet" in str(e).lower():
+        if isinstance(e, duckdb.Error):
+            read_failure = _read_failure(e)
+        else:
+            read_failure = type(e).__module__.startswith("pyarrow") or "parquet" in str(e).lower()
+        if read_failure:
             hint = " (a damaged dataset file? `cse verify` checks the data root)"
         print(f"cse: error: {_one_line(e)}{hint}", file=sys.stderr)
         return 2
@@ -216,7 +270,16 @@ def _main(argv: list[str]) -> int:
     dp.add_argument("kind", choices=KINDS)
     dp.add_argument("key", nargs="?", help="dataset key (default: the newest dataset of KIND)")
     dp.add_argument("--hf", action="store_true", help="print a Python line opening it as a memory-mapped HF Dataset")
+    r = sub.add_parser("run", help="run a deployment, wait, and print why it failed when it did")
+    r.add_argument("deployment", metavar="DEPLOYMENT", help="FLOW/DEPLOYMENT, e.g. train-d2cse/smoke")
+    r.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable")
+    r.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the run goes on)")
     args = p.parse_args(argv)
+    if args.cmd == "run":
+        from ops.deployments import run_deployment_cli
+
+        return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout)
     if args.cmd == "deliver-metrics":
         return deliver_metrics(args.run_dirs)
     if args.cmd == "card":
@@ -238,7 +301,12 @@ def _main(argv: list[str]) -> int:
             if bad := damaged(root):
                 raise RuntimeError(f"{' '.join(str(e).split())}; damaged datasets left out of the catalog: "
                                    + "; ".join(str(p) for p in bad)) from e
-            raise
+            first = str(e).split("\nLINE ")[0]
+            raise SqlError(f"{first} (views: {', '.join(_views(root)) or 'none yet: run a stage first'})") from e
+        except duckdb.Error as e:
+            if _read_failure(e):
+                raise
+            raise SqlError(str(e)) from e
         _print(df)
     return 0
 

@@ -4,6 +4,9 @@ export PATH="$VIRTUAL_ENV/bin:$PATH"
 export CSE_HOME="${CSE_HOME:-$PWD/.cse}"
 export CSE_PREFECT_HOST="${CSE_PREFECT_HOST:-127.0.0.1}"
 export CSE_PREFECT_PORT="${CSE_PREFECT_PORT:-4200}"
+# The Prefect home of the calling shell, before the line below replaces it: where `services.sh up` writes the Prefect
+# profile `cse` that lets a plain shell (only the venv activated) reach the server (ops/prefect_profile.py).
+[ -n "${CSE_SHELL_PREFECT_HOME+x}" ] || export CSE_SHELL_PREFECT_HOME="${PREFECT_HOME:-}"
 export PREFECT_HOME="${PREFECT_HOME:-$CSE_HOME/prefect}"
 export PREFECT_API_URL="${PREFECT_API_URL:-http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT/api}"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false

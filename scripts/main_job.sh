@@ -21,5 +21,7 @@ Browse:
   Prefect UI  http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT
   MLflow UI   mlflow ui --backend-store-uri "$MLFLOW_TRACKING_URI" --host 127.0.0.1 --port 5000
   DuckDB      duckdb "$CSE_HOME/data/catalog.duckdb"   (views: wiki1m, nli, sts, tokens, corruption, manifests, ...)
+From any shell with the venv activated (source .venv/bin/activate; docs/quickstart.md):
+  cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.0001}'    cse report    cse sql "SELECT ..."
 Stop the services with: bash scripts/services.sh down
 MSG

@@ -2,14 +2,70 @@
 # Start/stop the embedded single-machine services: Prefect server (SQLite) and one process worker.
 # The worker runs up to $CSE_WORKER_LIMIT flow runs at once (default 2: an experiment parent — ablate, seeds,
 # sweep — occupies one slot while its children run in the other).
-# Usage: scripts/services.sh up|down|status       (sourced settings come from scripts/env.sh)
+# Usage: scripts/services.sh up|down|status|worker     (sourced settings come from scripts/env.sh)
+#   up      server, work pools, deployments, worker, and the Prefect profile `cse` of plain shells
+#   worker  (re)start the worker only; like `up`, never a second worker for the same pool and API
+#   down    stop both: SIGTERM to each process, its group and its descendants (flow runs included), SIGKILL after
+#           $CSE_STOP_TIMEOUT seconds (default 30); the pid file goes only once no process is left
+# Logs ($CSE_HOME/run/server.log, worker.log) are appended to, each start after a marker line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
+WORKER_POOL="${CSE_WORKER_POOL:-local}"
+STOP_TIMEOUT="${CSE_STOP_TIMEOUT:-30}"
+
 redact() { printf '%s' "$1" | sed -E 's#(://[^/@:[:space:]]*):[^/@[:space:]]+@#\1:***@#g'; }  # mask the password of user:password@ URIs
 pidfile() { echo "$CSE_HOME/run/$1.pid"; }
-running() { [ -f "$(pidfile "$1")" ] && kill -0 "$(cat "$(pidfile "$1")")" 2>/dev/null; }
+signature() { case "$1" in server) echo "server start" ;; worker) echo "worker start" ;; esac; }
+
+alive() {  # alive PID...: those still running (a zombie is gone: it only waits to be reaped)
+  [ $# -gt 0 ] || return 0
+  ps -e -o pid=,stat= | awk -v want=" $* " 'index(want, " " $1 " ") && $2 !~ /^Z/ { print $1 }'
+}
+
+is_service() {  # is_service SVC PID: PID runs, and it is that service's command (not a reused pid)
+  [ -n "$(alive "$2")" ] && ps -o args= -p "$2" 2>/dev/null | grep -- "$(signature "$1")" >/dev/null
+}
+
+running() { [ -f "$(pidfile "$1")" ] && is_service "$1" "$(cat "$(pidfile "$1")")"; }
+
+tree_of() {  # tree_of PID: PID, the members of its process group and all their descendants, as they are now
+  ps -e -o pid=,ppid=,pgid= | awk -v root="$1" '
+    { kids[$2] = kids[$2] " " $1; if ($3 == root) seed = seed " " $1 }
+    END {
+      n = split(root seed, queue, " "); out = ""
+      for (i = 1; i <= n; i++) {
+        p = queue[i]; if (p == "" || (p in seen)) continue
+        seen[p] = 1; out = out " " p
+        m = split(kids[p], k, " "); for (j = 1; j <= m; j++) queue[++n] = k[j]
+      }
+      print out
+    }'
+}
+
+outside_group() {  # outside_group PGID PID...: those of the PIDs whose process group is not PGID
+  local g="$1"; shift
+  [ $# -gt 0 ] || return 0
+  ps -e -o pid=,pgid= | awk -v g="$g" -v want=" $* " 'index(want, " " $1 " ") && $2 != g { print $1 }'
+}
+
+workers_of_pool() {  # pids of `prefect worker start --pool POOL` processes talking to this PREFECT_API_URL
+  local pool="$1" pid
+  ps -e -o pid=,args= | awk -v pool="$pool" '/prefect worker start/ && ($0 ~ "--pool[ =]" pool "( |$)") { print $1 }' |
+    while read -r pid; do
+      [ -n "$(alive "$pid")" ] || continue
+      # another checkout's (or a test's) worker serves another API: not ours. Without /proc the pool name decides.
+      if [ -r "/proc/$pid/environ" ]; then
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -xF "PREFECT_API_URL=$PREFECT_API_URL" >/dev/null || continue
+      fi
+      echo "$pid"
+    done
+}
+
+start_marker() {  # start_marker LOG COMMAND...: the line that opens a start's part of an appended log
+  printf '\n===== %s start (pid %s): %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$$" "$(redact "${*:2}")" >>"$1"
+}
 
 wait_for_api() {
   for _ in $(seq 1 120); do
@@ -30,11 +86,34 @@ retry() {  # retry NAME CMD...: a just-started server may still be migrating its
   return 1
 }
 
+start_worker() {
+  local log="$CSE_HOME/run/worker.log" others
+  mkdir -p "$CSE_HOME/run"
+  if running worker; then
+    echo "worker: already running (pid $(cat "$(pidfile worker)")): not starting a second one for pool $WORKER_POOL"
+    return 0
+  fi
+  others="$(workers_of_pool "$WORKER_POOL" | tr '\n' ' ')"
+  if [ -n "${others// /}" ]; then  # e.g. one whose pid file was lost: adopt it, so that `down` stops it
+    set -- $others
+    echo "$1" >"$(pidfile worker)"
+    echo "worker: a worker for pool $WORKER_POOL is already running on $(redact "$PREFECT_API_URL") (pid $others): " \
+         "not starting a second one; \`scripts/services.sh down\` stops it"
+    return 0
+  fi
+  local cmd=(prefect worker start --pool "$WORKER_POOL" --limit "${CSE_WORKER_LIMIT:-2}")
+  start_marker "$log" "${cmd[@]}"
+  setsid "${cmd[@]}" >>"$log" 2>&1 </dev/null &
+  echo $! >"$(pidfile worker)"
+  echo "worker: started (pid $!, pool $WORKER_POOL, log $log)"
+}
+
 up() {
   mkdir -p "$CSE_HOME/run"
   if ! running server; then
-    setsid prefect server start --host "$CSE_PREFECT_HOST" --port "$CSE_PREFECT_PORT" \
-      >"$CSE_HOME/run/server.log" 2>&1 < /dev/null &
+    local cmd=(prefect server start --host "$CSE_PREFECT_HOST" --port "$CSE_PREFECT_PORT")
+    start_marker "$CSE_HOME/run/server.log" "${cmd[@]}"
+    setsid "${cmd[@]}" >>"$CSE_HOME/run/server.log" 2>&1 </dev/null &
     echo $! >"$(pidfile server)"
   fi
   wait_for_api
@@ -45,27 +124,63 @@ up() {
   retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
   retry "crashed-run automation" python -m ops.automations
   prefect --no-prompt deploy --all >"$CSE_HOME/run/deploy.log" 2>&1 || { cat "$CSE_HOME/run/deploy.log" >&2; exit 1; }
-  if ! running worker; then
-    setsid prefect worker start --pool local --limit "${CSE_WORKER_LIMIT:-2}" \
-      >"$CSE_HOME/run/worker.log" 2>&1 < /dev/null &
-    echo $! >"$(pidfile worker)"
-  fi
+  start_worker
+  # plain shells (only the venv activated) reach this server through the Prefect profile `cse` (ops/prefect_profile.py)
+  python -m ops.prefect_profile || echo "could not write the Prefect profile: plain shells need \`source scripts/env.sh\`" >&2
   echo "Prefect UI: http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT   (worker log: $CSE_HOME/run/worker.log)"
 }
 
+stop() {  # stop SVC: prints the truth; status 1 (pid file kept) when something is left running
+  local svc="$1" pf pid pids left how="SIGTERM" waited
+  pf="$(pidfile "$svc")"
+  if [ ! -f "$pf" ]; then echo "$svc: not running"; return 0; fi
+  pid="$(cat "$pf")"
+  if ! is_service "$svc" "$pid"; then
+    rm -f "$pf"
+    echo "$svc: not running (removed the stale pid file of pid $pid)"
+    return 0
+  fi
+  pids="$(tree_of "$pid")"  # the flow runs a worker started run in sessions of their own: they are in its tree
+  # one SIGTERM each: to the process group (when PID leads one), then to the tree's processes outside it
+  if kill -TERM -- "-$pid" 2>/dev/null; then
+    # shellcheck disable=SC2046
+    kill -TERM $(outside_group "$pid" $pids) 2>/dev/null || true
+  else
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
+  fi
+  waited=0
+  while [ -n "$(alive $pids)" ] && [ "$waited" -lt "$((STOP_TIMEOUT * 5))" ]; do sleep 0.2; waited=$((waited + 1)); done
+  if [ -n "$(alive $pids)" ]; then
+    how="SIGKILL after ${STOP_TIMEOUT} s"
+    pids="$pids $(tree_of "$pid")"
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    # shellcheck disable=SC2086
+    kill -KILL $(alive $pids) 2>/dev/null || true
+    for _ in $(seq 1 25); do [ -n "$(alive $pids)" ] || break; sleep 0.2; done
+  fi
+  left="$(alive $pids | tr '\n' ' ')"
+  if [ -n "${left// /}" ]; then
+    echo "$svc: NOT stopped: still running after SIGKILL: pid ${left% } (pid file $pf kept)" >&2
+    return 1
+  fi
+  rm -f "$pf"
+  echo "$svc: stopped ($how)"
+}
+
 down() {
-  for svc in worker server; do
-    if running "$svc"; then
-      kill -TERM -- "-$(cat "$(pidfile "$svc")")" 2>/dev/null || kill -TERM "$(cat "$(pidfile "$svc")")" 2>/dev/null || true
-      for _ in $(seq 1 30); do running "$svc" || break; sleep 1; done
-    fi
-    rm -f "$(pidfile "$svc")"
-  done
+  local status=0
+  stop worker || status=1
+  stop server || status=1
+  return "$status"
 }
 
 case "${1:-}" in
   up) up ;;
+  worker) start_worker ;;
   down) down ;;
-  status) for s in server worker; do running "$s" && echo "$s: running" || echo "$s: stopped"; done ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  status) for s in server worker; do
+            if running "$s"; then echo "$s: running (pid $(cat "$(pidfile "$s")"))"; else echo "$s: stopped"; fi
+          done ;;
+  *) echo "usage: $0 up|down|status|worker" >&2; exit 2 ;;
 esac

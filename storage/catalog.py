@@ -3,7 +3,7 @@
 Views (refreshed after each stage writes):
 - `<kind>` (wiki1m, nli, sts, tokens, corruption, evaluations, comparisons): the newest dataset of that kind;
   `<kind>_all`: every dataset of the kind with a `dataset_key` column;
-- `manifests`: one row per dataset (kind, key, rows, content hash, params, stats, created), the generators'
+- `manifests`: one row per dataset (kind, dataset_key, rows, content hash, params, stats, created), the generators'
   (model folders, no Parquet, no views) included;
 - `token_lengths`: length distribution per tokens dataset and column;
 - `corruption_stats`: masked / replaced ratios per corruption dataset;
@@ -54,7 +54,7 @@ def intact_datasets(root: DataRoot, kind: str) -> tuple[list, list[Problem]]:
 
 
 def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
-    stmts = ["CREATE OR REPLACE TABLE manifests (kind VARCHAR, key VARCHAR, rows BIGINT, content_hash VARCHAR, "
+    stmts = ["CREATE OR REPLACE TABLE manifests (kind VARCHAR, dataset_key VARCHAR, rows BIGINT, content_hash VARCHAR, "
              "created VARCHAR, path VARCHAR, params JSON, stats JSON, source JSON)"]
     present = set()
     damaged: list[Problem] = []

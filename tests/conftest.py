@@ -147,7 +147,7 @@ def local_ingest_config(shared_data):
 # `make test-fast` (pytest -m "not slow") leaves them out; `make test` runs everything.
 SLOW_FOLDERS = ("flows", "ops", "reliability")
 # Unit tests that live beside their package's slow tests but start nothing (no server, stack or subprocess).
-FAST_FILES = ("ops/test_cli_push.py",)
+FAST_FILES = ("ops/test_cli_push.py", "ops/test_cli_fixes.py")
 
 
 def pytest_collection_modifyitems(config, items):

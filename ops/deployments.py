@@ -1,0 +1,268 @@
+"""`cse run DEPLOYMENT [-p key=value ...]`: run a deployment through the worker, wait for it, and say in the terminal
+what happened: each stage's cache hit or fresh write, and for a run that did not complete, the one-line reason of
+the task that failed (its exception, read from the Prefect API), not only "finished in state Failed".
+
+The parameters are those of `prefect deployment run`: `-p key=value`, where a value that parses as JSON is taken as
+JSON (`-p 'config={"mask_ratio": 0.15}'`, `-p n=3`) and any other as a string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from config.settings import redact
+
+# Prefect's prefixes of a failed state's message: the reason is what follows them
+_PREFIXES = ("Task run encountered an exception", "Flow run encountered an exception", "Flow run encountered an exception:")
+# The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them): the summary after a run
+STAGE_LINE = re.compile(r"\b(cache hit|written|already finished)\b")
+REASON_CHARS = 400
+# How long the logs must stay unchanged before a finished run's stage lines are taken as complete; None: one batch
+# interval of Prefect's log shipping (PREFECT_LOGGING_TO_API_BATCH_INTERVAL) + 0.5 s
+LOG_QUIET_S: float | None = None
+LATE_HINT_AFTER_S = 60.0
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """`key=value` strings → parameters; a value that parses as JSON is JSON, any other a string.
+
+    Args:
+        items: the `-p` arguments, e.g. `["config={\"mask_ratio\": 0.15}", "n=3"]`.
+
+    Raises:
+        ValueError: an item without `=` or with an empty key (named).
+    """
+    params: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"parameter {item!r} is not key=value (e.g. -p n=3 or -p 'config={{\"mask_ratio\": 0.15}}')")
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value
+    return params
+
+
+def one_line_reason(message: str | None) -> str:
+    """A failed state's message as one line: Prefect's prefix dropped, whitespace collapsed, credentials masked,
+    cut at `REASON_CHARS`."""
+    text = " ".join((message or "").split())
+    for prefix in sorted(_PREFIXES, key=len, reverse=True):
+        if text.startswith(prefix):
+            text = text[len(prefix):].lstrip(" .:")
+            break
+    text = redact(text) or "(no message)"
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
+
+
+@dataclass
+class Failure:
+    """Where a flow run failed: the path of flow runs (`flow/run-name`) down to the failing one, the task (None: the
+    flow's own code) and the one-line reason."""
+
+    flows: list[str]
+    task: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = " > ".join(self.flows) + (f" > task {self.task}" if self.task else "")
+        return f"{where}: {self.reason}"
+
+
+@dataclass
+class RunOutcome:
+    """A finished flow run: its final state, the stage lines of its logs, and (when it did not complete) why."""
+
+    flow_run_id: UUID
+    name: str
+    state: str
+    completed: bool
+    stage_lines: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+
+def _failed(state) -> bool:
+    return state is not None and state.type.value in ("FAILED", "CRASHED", "CANCELLED")
+
+
+def _when(run) -> Any:
+    return run.end_time or run.start_time or run.expected_start_time or run.created
+
+
+async def failures_of(client, flow_run_id: UUID, _path: list[str] | None = None) -> list[Failure]:
+    """Why flow run `flow_run_id` failed, deepest cause first: its failed task runs (by their state's message, the
+    task's exception), recursing into failed child flow runs (subflows, and the deployments an experiment runs) in
+    place of the task run that stands for them; the flow's own message when no task failed (an exception in the
+    flow's body, a crash, a cancellation).
+
+    Args:
+        client: an open `prefect.client.orchestration.PrefectClient`.
+        flow_run_id: the flow run.
+    """
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    run = await client.read_flow_run(flow_run_id)
+    path = [*(_path or []), f"{(await client.read_flow(run.flow_id)).name}/{run.name}"]
+    children = await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+    stands_for_child = {c.parent_task_run_id for c in children}
+    found: list[Failure] = []
+    for child in sorted((c for c in children if _failed(c.state)), key=_when):
+        found += await failures_of(client, child.id, path)
+    tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                        sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+    for t in sorted((t for t in tasks if _failed(t.state) and t.id not in stands_for_child), key=_when):
+        found.append(Failure(path, t.name, one_line_reason(t.state.message)))
+    if not found and _failed(run.state):
+        found.append(Failure(path, None, one_line_reason(run.state.message)))
+    return found
+
+
+async def stage_lines(client, flow_run_id: UUID) -> list[str]:
+    """The log lines of the flow run and its child flow runs that say whether a stage reused its result (cache hit,
+    an already finished job) or wrote it, oldest first: those the stage tasks log, else those the flows print."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter,
+                                                LogFilterFlowRunId)
+    from prefect.client.schemas.sorting import LogSort
+
+    ids, frontier = [flow_run_id], [flow_run_id]
+    while frontier:
+        children = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+        frontier = [c.id for c in children if c.id not in ids]
+        ids += frontier
+    # a run's processes send their logs in batches (every PREFECT_LOGGING_TO_API_BATCH_INTERVAL seconds): its last
+    # lines may reach the server after its final state; read until nothing new came for one interval (+0.5 s)
+    from prefect.settings import PREFECT_LOGGING_TO_API_BATCH_INTERVAL
+
+    quiet_s = LOG_QUIET_S if LOG_QUIET_S is not None else \
+        min(max(float(PREFECT_LOGGING_TO_API_BATCH_INTERVAL.value()) + 0.5, 1.0), 5.0)
+    logs, previous = [], -1
+    for _ in range(4):
+        logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)), sort=LogSort.TIMESTAMP_ASC)
+        if len(logs) == previous:
+            break
+        previous = len(logs)
+        await asyncio.sleep(quiet_s)
+    found = [(log.task_run_id is not None, (log.message.strip().splitlines() or [""])[0])
+             for log in logs if log.level == 20]  # INFO: no tracebacks
+    found = [(in_task, line) for in_task, line in found if STAGE_LINE.search(line)]
+    if any(in_task for in_task, _ in found):  # the stage tasks' own lines; the flows print a summary of the same
+        found = [(in_task, line) for in_task, line in found if in_task]
+    return [redact(" ".join(line.split())) for _, line in found]
+
+
+async def outcome_of(flow_run_id: UUID) -> RunOutcome:
+    """What a finished flow run did: its state, its stage lines and, unless it completed, its failures."""
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        run = await client.read_flow_run(flow_run_id)
+        completed = run.state is not None and run.state.is_completed()
+        return RunOutcome(flow_run_id, run.name, run.state.name if run.state else "unknown", completed,
+                          stage_lines=await stage_lines(client, flow_run_id),
+                          failures=[] if completed else await failures_of(client, flow_run_id))
+
+
+async def start(deployment: str, parameters: dict[str, Any]):
+    """Create a flow run of `deployment` (`flow-name/deployment-name`) with `parameters`; returns the flow run.
+
+    Raises:
+        LookupError: the deployment is not on the server (names the API URL and how to register them).
+    """
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    if "/" not in deployment:
+        raise ValueError(f"deployment {deployment!r} is not FLOW/DEPLOYMENT (e.g. train-d2cse/smoke)")
+    try:
+        return await run_deployment(deployment, parameters=parameters, timeout=0)
+    except ObjectNotFound:
+        raise LookupError(f"deployment {deployment!r} not found on the Prefect server at {redact(PREFECT_API_URL.value())}"
+                          " (`make main` or `scripts/services.sh up` registers the deployments; `prefect deployment "
+                          "ls` lists them)") from None
+
+
+async def wait(flow_run_id: UUID, on_state: Callable[[str], None], poll_s: float = 2.0,
+               timeout_s: float | None = None) -> None:
+    """Poll the flow run until its state is final, calling `on_state(line)` at each change of state (and once with a
+    hint when no worker has picked it up after a minute).
+
+    Raises:
+        TimeoutError: not final after `timeout_s` seconds (the run goes on).
+    """
+    from prefect.client.orchestration import get_client
+
+    began, last, hinted = time.monotonic(), None, False
+    async with get_client() as client:
+        while True:
+            run = await client.read_flow_run(flow_run_id)
+            name = run.state.name if run.state else "unknown"
+            if name != last:
+                on_state(name)
+                last = name
+            if run.state is not None and run.state.is_final():
+                return
+            waited = time.monotonic() - began
+            if not hinted and run.state is not None and run.state.is_scheduled() and waited > LATE_HINT_AFTER_S:
+                on_state(f"{name}: no worker has taken it after {waited:.0f} s (is one running? "
+                         "`scripts/services.sh status`; `scripts/services.sh worker` starts it)")
+                hinted = True
+            if timeout_s is not None and waited > timeout_s:
+                raise TimeoutError(f"flow run {run.name} ({flow_run_id}) not finished after {timeout_s:.0f} s: it goes on")
+            await asyncio.sleep(poll_s)
+
+
+def _stdout(line: str) -> None:
+    print(line, flush=True)  # in order with the stderr lines, even through a pipe or a log file
+
+
+def run_deployment_cli(deployment: str, params: list[str] | None, timeout_s: float | None = None,
+                       poll_s: float = 2.0, out: Callable[[str], None] = _stdout,
+                       err: Callable[[str], None] | None = None) -> int:
+    """`cse run`: start `deployment`, wait, print the stage lines; on failure the reason of each failing task.
+    Returns 0 when the run completed, else 1.
+
+    Args:
+        deployment: `flow-name/deployment-name`.
+        params: `key=value` strings (`parse_params`).
+        timeout_s: give up waiting after this many seconds (exit 1; the run goes on).
+        poll_s: seconds between state checks.
+        out, err: where lines go (stdout, stderr).
+    """
+    import sys
+
+    from prefect.settings import PREFECT_UI_URL
+
+    err = err or (lambda line: print(line, file=sys.stderr, flush=True))
+    parameters = parse_params(params)
+
+    async def go() -> int:
+        run = await start(deployment, parameters)
+        ui = PREFECT_UI_URL.value()
+        out(f"==> {deployment}: flow run {run.name} ({run.id})" + (f"  {ui}/runs/flow-run/{run.id}" if ui else ""))
+        began = time.monotonic()
+        await wait(run.id, lambda s: out(f"    {time.monotonic() - began:6.0f} s  {s}"), poll_s, timeout_s)
+        result = await outcome_of(run.id)
+        for line in result.stage_lines:
+            out(f"    stage: {line}")
+        if result.completed:
+            out(f"==> {deployment}: {result.state}")
+            return 0
+        err(f"==> {deployment}: flow run {result.name} ended {result.state}")
+        for failure in result.failures or [Failure([result.name], None, "(no reason recorded)")]:
+            err(f"    reason: {failure}")
+        err(f"    full log: prefect flow-run logs {run.id}")
+        return 1
+
+    return asyncio.run(go())

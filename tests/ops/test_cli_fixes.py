@@ -1,0 +1,76 @@
+"""Issue 24 item 7: `cse sql` tells an SQL mistake from a damaged file, `manifests` names its key column
+`dataset_key`, `cse report` prints no `NaN` and two decimals for every score, `cse dataset KIND` names the deployment
+to run when there is none yet."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from config.settings import get_settings
+from ops.cli import PRODUCED_BY
+from ops.cli import main as cse
+from storage.evaluations import write_evaluation_row
+from storage.layout import KINDS, DataRoot
+
+
+def _err(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("sql, says", [
+    ("SELEC nonsense", 'Parser Error: syntax error at or near "SELEC"'),
+    ("select nosuch from manifests", 'Binder Error: Referenced column "nosuch" not found'),
+    ("select 1 / 'a'", "Conversion Error: Could not convert string 'a'"),
+])
+def test_sql_mistakes_are_called_sql_errors(sql, says, capsys):
+    assert cse(["sql", sql]) == 2
+    line = _err(capsys)
+    assert line.startswith("cse: error: SQL error: ") and says in line
+    assert "cse verify" not in line and "damaged" not in line and "LINE 1" not in line
+
+
+def test_unknown_view_lists_the_views(capsys):
+    assert cse(["sql", "select * from nosuch"]) == 2
+    line = _err(capsys)
+    assert line.startswith("cse: error: SQL error: Catalog Error: Table with name nosuch does not exist")
+    assert "(views: damaged_datasets, manifests)" in line
+
+
+def _evaluation(root: DataRoot, eid: str, **scores) -> None:
+    write_evaluation_row(root, {"evaluation_id": eid, "created": "2026-01-01T00:00:00", "mode": "test", "label": eid,
+                                "sts_source": "sts", "sts_hash": "h", "sentences": 10, "seconds": 1.0, "details": "{}",
+                                **scores})
+
+
+def test_report_has_no_nan_and_two_decimals(capsys):
+    root = DataRoot(get_settings().data_root)
+    tasks = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+    _evaluation(root, "full", **{t: 70 + i / 3 for i, t in enumerate(tasks)}, sts_avg=71.123456, retrieval_r1=55.5,
+                alignment=0.123456, uniformity=-2.5)
+    _evaluation(root, "partial", **{t: 60.0 for t in tasks}, sts_avg=60.0, retrieval_r1=math.nan)  # no r1, no align
+    assert cse(["report"]) == 0
+    out = capsys.readouterr().out
+    assert "NaN" not in out and "None" not in out and "nan" not in out
+    assert "dataset_key" in out.splitlines()[3]  # the datasets table's header
+    rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("2026-01-01")}
+    assert rows["full"] == ["70.00", "70.33", "70.67", "71.00", "71.33", "71.67", "72.00", "71.12", "55.50",
+                            "0.1235", "-2.5000"]
+    assert rows["partial"] == ["60.00"] * 8 + ["-", "-", "-"]
+
+
+def test_manifests_key_column_is_dataset_key(capsys):
+    root = DataRoot(get_settings().data_root)
+    _evaluation(root, "e1", sts_avg=1.0)
+    assert cse(["sql", "select kind, dataset_key from manifests"]) == 0
+    assert [line.split() for line in capsys.readouterr().out.splitlines()] == [["kind", "dataset_key"], ["evaluations", "e1"]]
+
+
+def test_empty_kind_names_the_deployment(capsys):
+    assert set(PRODUCED_BY) == set(KINDS)
+    assert cse(["dataset", "comparisons"]) == 2
+    line = _err(capsys)
+    assert "no comparisons dataset under" in line and "`cse run compare/default`" in line
+    assert cse(["dataset", "corruption", "--hf"]) == 2
+    assert "`cse run corrupt/smoke`" in _err(capsys)
