@@ -10,7 +10,7 @@ from models.checkpoint import trainable_state_dict
 from models.d2cse import D2CSE, D2CSEModelConfig
 from storage.training_data import CorruptionRows, TokenRows
 from training.rows import TrainingRows, epoch_order
-from training.loop import LoopConfig, Trainer, TrainingInterrupted
+from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def probe(rows):
 
 def _trainer(model, rows, tmp_path, rec, stop_after=None, **kw):
     return Trainer(model, rows, _loop(**kw), torch.device("cpu"), tmp_path / "state", rec.save_best, rec.evaluate, rec.log,
-                   stop_after=stop_after)
+                   hooks=[StopAfter(stop_after)] if stop_after is not None else [])
 
 
 def test_epoch_order_is_a_function_of_seed_and_epoch():

@@ -11,7 +11,7 @@ import torch
 from models.method import StepOutput
 from storage.runs import ResumeState, RunDir
 from storage.training_data import TokenRows
-from training.loop import LoopConfig, Trainer, TrainingInterrupted
+from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 from training.rows import TrainingRows
 
 
@@ -35,7 +35,7 @@ def _trainer(state, stop_after=None) -> Trainer:
                       checkpoint_steps=2, log_steps=1, precision="fp32", deterministic=True)
     torch.manual_seed(0)
     return Trainer(Weighted(), rows, loop, torch.device("cpu"), state, lambda *a: None, lambda m: 0.0, lambda *a: None,
-                   stop_after=stop_after)
+                   hooks=[StopAfter(stop_after)] if stop_after is not None else [])
 
 
 def test_the_loop_writes_and_resumes_from_the_files_the_run_folder_names(tmp_path):
