@@ -36,8 +36,9 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    distinct sentences per (column, variant) and the batches tile those (the generator shape is exercised;
    corrupting every row of a 512-row batch would cost minutes of CPU for nothing the dry run checks).
 
-3. Steps. `training.loop.Trainer` itself (`DryRunTrainer`, a subclass that only adds timing/memory probes
-   around the real `_train_step`, turns `save_state` into a no-op and, on meta only, skips autocast) runs 2
+3. Steps. `training.loop.Trainer` itself, with the job's loop settings (`training.job.loop_config`,
+   `save_state=False`) and a `StepProbe` on its public hooks (`training.loop.TrainerHooks`: timing/memory probes
+   around the forward and the parameter update), runs 2
    optimiser steps: 2 steps of the one phase for every method; for DiffAug 1 prefix-phase step + 1 joint step
    (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so a second one per phase
    did not fit the time budget; its timings are therefore first-step timings, ~5–20 % above a warm step
@@ -54,19 +55,18 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    b. Meta run at the REAL batch (`--no-meta` skips it): the same model moved to `torch.device("meta")`
       (shapes only: no compute, no memory), a fresh trainer, the real batch sizes, the same step counts
       (2; DiffAug 1 prefix + 1 joint). It
-      catches shape/build errors at the real batch. The trainer turns metrics into Python floats, which meta
-      tensors cannot do; during this run only, `torch.Tensor.__float__` returns NaN for meta tensors
-      (`_meta_floats`; see the trainer change proposed in the report). Model code that branches on tensor
+      catches shape/build errors at the real batch (the trainer reports NaN metrics on meta: no values). Model code that branches on tensor
       VALUES (e.g. DiffAug's row checks, DCPCSE's MLM boolean indexing) cannot run on meta: such a preset is
       reported `meta: unsupported (<op> at file:line)`, not as a failure (the CPU run covers those paths);
-      any other meta error fails the preset. Also during the meta run only, transformers' SDPA-mask shortcut
-      (`masking_utils._ignore_bidirectional_mask_sdpa`, which reads the padding mask's values to skip building
-      the mask) answers False for meta masks, so the plain (unprompted) encoders of SimCSE/DiffCSE build their mask.
+      any other meta error fails the preset. For the meta run, the plain (unprompted) encoders switch to an SDPA
+      attention registered through transformers' public `AttentionInterface`/`AttentionMaskInterface` that always
+      builds the mask (`build_full_masks`: the default one reads the padding mask's values to skip it).
 
 4. Figures (per phase; the table shows the joint/main phase):
    - s/step measured = the last step of the phase in the CPU run, as wall time and as process CPU time (with
      one thread the CPU time is the compute, unaffected by other jobs sharing the cores; the wall time is not);
-     `const` = its batch-independent part: AdamW step + gradient clipping (timed by wrapping both) + for DiffAug
+     `const` = its batch-independent part: the parameter update (gradient clipping + AdamW + LR step, timed
+     between the trainer's `on_update_start`/`on_update_end` hooks) + for DiffAug
      the template-denoising forward/backward (timed once more on its own after the run).
    - CPU s/step projected at the real batch (`--threads` threads) = const + (measured CPU s - const) × real
      rows / measured rows: a LINEAR projection in rows (attention over 32–50 positions is close to linear);
@@ -145,14 +145,14 @@ from torch import nn  # noqa: E402
 
 from config.presets import PRESETS  # noqa: E402
 
-from config.training import resolve_train_config
+from config.training import resolve_train_config  # noqa: E402
 from models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
 from models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
 from config.methods import model_class  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.job import training_phases  # noqa: E402
+from training.job import loop_config, training_phases  # noqa: E402
 from training.rows import TrainingRows  # noqa: E402
-from training.loop import LoopConfig, Trainer  # noqa: E402
+from training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
 
 MB = 2**20
 GB = 2**30
@@ -360,116 +360,77 @@ class PeakRSS:
 
 
 # ---------------------------------------------------------------------------------------------- trainer
-class DryRunTrainer(Trainer):
-    """The real Trainer; adds per-step timing/memory probes and skips writing the resume state."""
+class StepProbe(TrainerHooks):
+    """Per-step timing and memory probes on the real Trainer's hooks: wall/CPU time of the step (forward to the end of
+    the parameter update), the batch-independent part (the update: clipping + AdamW + LR step), peak RSS over the step
+    and over the forward alone."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self):
         self.records: list[dict] = []
-        self._const_s = self._const_cpu_s = 0.0
-        super().__init__(*args, **kwargs)
 
-    def _enter_phase(self, index: int) -> None:
-        super()._enter_phase(index)
-        step = self.optimizer.step
-        if getattr(step, "_dry_run_timed", False):
-            return
-
-        timed_step = self._counted_as_const(step)
-        timed_step._dry_run_timed = True
-        self.optimizer.step = timed_step
-
-    def _counted_as_const(self, fn):
-        """`fn` wrapped so its wall and CPU time count as the step's batch-independent part."""
-        def timed(*a, **k):
-            t0, c0 = time.perf_counter(), time.process_time()
-            try:
-                return fn(*a, **k)
-            finally:
-                self._const_s += time.perf_counter() - t0
-                self._const_cpu_s += time.process_time() - c0
-        return timed
-
-    def save_state(self) -> None:  # the dry run measures steps, not checkpoint I/O
-        return None
-
-    def _autocast(self):
-        # torch.autocast("meta", enabled=False) raises (no autocast dtype for meta); fp32 needs no autocast at all
-        if self.device.type == "meta":
-            return contextlib.nullcontext()
-        return super()._autocast()
-
-    def _train_step(self, batch) -> dict[str, float]:
-        meta = self.device.type == "meta"
-        if not meta:
+    def on_step_start(self, trainer: Trainer, batch) -> None:
+        if trainer.device.type != "meta":
             release_memory()
-        before = rss()
-        self._const_s = self._const_cpu_s = 0.0
-        clip = torch.nn.utils.clip_grad_norm_
-        timed_clip = self._counted_as_const(clip)
+        self.before = rss()
+        self.step_peak = PeakRSS().__enter__()
 
-        forward = self.model.training_step
-        fwd = {}
+    def on_forward_start(self, trainer: Trainer, batch) -> None:
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        self.forward_peak = PeakRSS().__enter__()  # peak RSS while the forward builds the graph: the saved activations
 
-        def measured_forward(*a, **k):  # peak RSS while the forward builds the graph: the saved activations
-            with PeakRSS() as p:
-                out = forward(*a, **k)
-            fwd["peak"] = p.peak
-            return out
+    def on_forward_end(self, trainer: Trainer, batch) -> None:
+        self.forward_peak.__exit__(None, None, None)
 
-        torch.nn.utils.clip_grad_norm_ = timed_clip
-        self.model.training_step = measured_forward
-        try:
-            with PeakRSS() as peak:
-                t0, c0 = time.perf_counter(), time.process_time()
-                metrics = super()._train_step(batch)
-                seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-        finally:
-            torch.nn.utils.clip_grad_norm_ = clip
-            del self.model.training_step  # back to the class's method
+    def on_update_start(self, trainer: Trainer) -> None:
+        self.u0, self.uc0 = time.perf_counter(), time.process_time()
+
+    def on_update_end(self, trainer: Trainer) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        self.const_s, self.const_cpu_s = t - self.u0, c - self.uc0
+        self.seconds, self.cpu_seconds = t - self.t0, c - self.c0
+
+    def on_step_end(self, trainer: Trainer, batch, metrics: dict[str, float]) -> None:
+        self.step_peak.__exit__(None, None, None)
         aux = batch.aux.input_ids.shape[0] if batch.aux is not None else 0
-        self.records.append({"phase": self.phase.name, "rows": int(batch.input_ids.shape[0]), "aux_rows": int(aux),
+        self.records.append({"phase": trainer.phase.name, "rows": int(batch.input_ids.shape[0]), "aux_rows": int(aux),
                              "views": int(batch.input_ids.shape[1]), "length": int(batch.input_ids.shape[2]),
-                             "seconds": seconds, "cpu_seconds": cpu_seconds,
-                             "const_s": self._const_s, "const_cpu_s": self._const_cpu_s, "rss_before": before, "peak_rss": max(peak.peak, fwd.get("peak", 0)),
-                             "forward_peak_rss": fwd.get("peak", 0),
-                             "loss": metrics.get("loss")})
-        return metrics
+                             "seconds": self.seconds, "cpu_seconds": self.cpu_seconds,
+                             "const_s": self.const_s, "const_cpu_s": self.const_cpu_s, "rss_before": self.before,
+                             "peak_rss": max(self.step_peak.peak, self.forward_peak.peak),
+                             "forward_peak_rss": self.forward_peak.peak, "loss": metrics.get("loss")})
 
 
-@contextlib.contextmanager
-def _meta_floats():
-    """While active (meta run only): float() of a meta tensor is NaN (the trainer's metric conversion; meta has
-    no values), and transformers' "is the 2-D padding mask all ones, so skip building the SDPA mask" shortcut
-    answers False for meta masks (it reads the mask's values; the full mask it then builds has the same shape
-    and is what any padded batch gets)."""
-    from transformers import masking_utils
-
-    original_float = torch.Tensor.__float__
-    original_skip = masking_utils._ignore_bidirectional_mask_sdpa
-
-    def __float__(self):
-        return float("nan") if self.device.type == "meta" else original_float(self)
-
-    def skip(padding_mask, *a, **k):
-        if padding_mask is not None and padding_mask.device.type == "meta":
-            return False
-        return original_skip(padding_mask, *a, **k)
-
-    torch.Tensor.__float__ = __float__
-    masking_utils._ignore_bidirectional_mask_sdpa = skip
-    try:
-        yield
-    finally:
-        torch.Tensor.__float__ = original_float
-        masking_utils._ignore_bidirectional_mask_sdpa = original_skip
+FULL_MASK_SDPA = "cse_dry_run_full_mask_sdpa"
 
 
-def loop_config(cfg) -> LoopConfig:
-    values = dict(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs, max_steps=cfg.max_steps,
-                  grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=10**9, checkpoint_steps=10**9, log_steps=10**9,
-                  precision="fp32", deterministic=False)
-    known = {f.name for f in dataclasses.fields(LoopConfig)}
-    return LoopConfig(**{k: v for k, v in values.items() if k in known})
+def build_full_masks(model: nn.Module) -> None:
+    """Meta run only: the plain (unprompted) encoders of `model` switch to an SDPA attention registered under
+    FULL_MASK_SDPA (transformers' public `AttentionInterface` / `AttentionMaskInterface`) whose mask function always
+    builds the mask. transformers' SDPA mask otherwise reads the padding mask's values to skip building it when
+    nothing is padded, which meta tensors cannot answer; the full mask has the same shape and is what any padded
+    batch gets. Prompted backbones (`models.prefix.PromptedBackbone`) keep their own attention implementation."""
+    from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedModel
+    from transformers.masking_utils import sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from models.prefix import PromptedBackbone
+
+    def full_mask(*args, **kwargs):
+        return sdpa_mask(*args, **{**kwargs, "allow_is_bidirectional_skip": False})
+
+    AttentionInterface.register(FULL_MASK_SDPA, ALL_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(FULL_MASK_SDPA, full_mask)
+    prompted = {id(m) for p in model.modules() if isinstance(p, PromptedBackbone) for m in p.backbone.modules()}
+    for m in model.modules():
+        if isinstance(m, PreTrainedModel) and id(m) not in prompted:
+            m.set_attn_implementation(FULL_MASK_SDPA)
+
+
+def dry_run_loop_config(cfg) -> LoopConfig:
+    """The job's loop settings (`training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
+    return dataclasses.replace(loop_config(cfg.model_copy(update={"eval_steps": 10**9, "checkpoint_steps": 10**9,
+                                                                  "log_steps": 10**9, "deterministic": False}), "fp32"),
+                               save_state=False)
 
 
 def steps_per_phase(cfg) -> int:
@@ -489,16 +450,17 @@ def scaled_config(cfg, batch: int):
     return cfg.model_copy(update=update)
 
 
-def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[DryRunTrainer, list]:
+def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[StepProbe, list]:
     metrics_log: list = []
+    probe = StepProbe()
+    if device.type == "meta":
+        build_full_masks(model)
     with tempfile.TemporaryDirectory(prefix="dry-run-state-") as state:
-        trainer = DryRunTrainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg), device, Path(state) / "state",
-                                save_best=lambda m, step, score: None, evaluate_dev=lambda m: 0.0,
-                                log_metrics=lambda values, step: metrics_log.append((step, values)))
-        ctx = _meta_floats() if device.type == "meta" else contextlib.nullcontext()
-        with ctx:
-            trainer.run()
-    return trainer, metrics_log
+        trainer = Trainer(model, training_phases(cfg, rows, nli_rows), dry_run_loop_config(cfg), device,
+                          Path(state) / "state", save_best=lambda m, step, score: None, evaluate_dev=lambda m: 0.0,
+                          log_metrics=lambda values, step: metrics_log.append((step, values)), hooks=[probe])
+        trainer.run()
+    return probe, metrics_log
 
 
 # ---------------------------------------------------------------------------------------------- cost model
