@@ -58,7 +58,7 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
       catches shape/build errors at the real batch (the trainer reports NaN metrics on meta: no values). Model code that branches on tensor
       VALUES (e.g. DiffAug's row checks, DCPCSE's MLM boolean indexing) cannot run on meta: such a preset is
       reported `meta: unsupported (<op> at file:line)`, not as a failure (the CPU run covers those paths);
-      any other meta error fails the preset. For the meta run, the plain (unprompted) encoders switch to an SDPA
+      any other meta error fails the preset. For the meta run, the HF encoders switch to a copy of their
       attention registered through transformers' public `AttentionInterface`/`AttentionMaskInterface` that always
       builds the mask (`build_full_masks`: the default one reads the padding mask's values to skip it).
 
@@ -400,30 +400,32 @@ class StepProbe(TrainerHooks):
                              "forward_peak_rss": self.forward_peak.peak, "loss": metrics.get("loss")})
 
 
-FULL_MASK_SDPA = "cse_dry_run_full_mask_sdpa"
-
-
 def build_full_masks(model: nn.Module) -> None:
-    """Meta run only: the plain (unprompted) encoders of `model` switch to an SDPA attention registered under
-    FULL_MASK_SDPA (transformers' public `AttentionInterface` / `AttentionMaskInterface`) whose mask function always
-    builds the mask. transformers' SDPA mask otherwise reads the padding mask's values to skip building it when
-    nothing is padded, which meta tensors cannot answer; the full mask has the same shape and is what any padded
-    batch gets. Prompted backbones (`models.prefix.PromptedBackbone`) keep their own attention implementation."""
+    """Meta run only: every HF model inside `model` switches to a copy of its attention implementation, registered
+    through transformers' public `AttentionInterface` / `AttentionMaskInterface` under `<name>+full-mask`, whose mask
+    function always builds the mask. transformers' SDPA mask otherwise reads the padding mask's values to skip
+    building it when nothing is padded, which meta tensors cannot answer; the full mask has the same shape and is
+    what any padded batch gets. Implementations without a registered attention function (a family's own eager
+    code) are left as they are."""
     from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedModel
-    from transformers.masking_utils import sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from models.prefix import PromptedBackbone
+    from models.loading import attention_implementation
 
-    def full_mask(*args, **kwargs):
-        return sdpa_mask(*args, **{**kwargs, "allow_is_bidirectional_skip": False})
+    def full_mask(mask_fn):
+        return lambda *args, **kwargs: mask_fn(*args, **{**kwargs, "allow_is_bidirectional_skip": False})
 
-    AttentionInterface.register(FULL_MASK_SDPA, ALL_ATTENTION_FUNCTIONS["sdpa"])
-    AttentionMaskInterface.register(FULL_MASK_SDPA, full_mask)
-    prompted = {id(m) for p in model.modules() if isinstance(p, PromptedBackbone) for m in p.backbone.modules()}
-    for m in model.modules():
-        if isinstance(m, PreTrainedModel) and id(m) not in prompted:
-            m.set_attn_implementation(FULL_MASK_SDPA)
+    outer = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    inner = {id(s) for m in outer for s in m.modules() if s is not m}
+    for m in outer:
+        name = attention_implementation(m)
+        if id(m) in inner or name.endswith("+full-mask") or name not in ALL_ATTENTION_FUNCTIONS \
+                or name not in ALL_MASK_ATTENTION_FUNCTIONS:
+            continue
+        AttentionInterface.register(f"{name}+full-mask", ALL_ATTENTION_FUNCTIONS[name])
+        AttentionMaskInterface.register(f"{name}+full-mask", full_mask(ALL_MASK_ATTENTION_FUNCTIONS[name]))
+        m.set_attn_implementation(f"{name}+full-mask")
 
 
 def dry_run_loop_config(cfg) -> LoopConfig:
