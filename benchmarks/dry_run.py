@@ -98,7 +98,7 @@ from pathlib import Path
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="", help="comma-separated methods (default: every method in PRESETS)")
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every method of config.methods.REGISTRY)")
     p.add_argument("--presets", default="", help="comma-separated preset names or method/name pairs (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--max-memory-gb", type=float, default=8.0, help="predicted peak RSS budget of a CPU run")
@@ -126,7 +126,6 @@ import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
-import inspect  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
@@ -143,12 +142,11 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from config.presets import PRESETS  # noqa: E402
 
 from config.training import resolve_train_config  # noqa: E402
 from models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
 from models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
-from config.methods import model_class  # noqa: E402
+from config.methods import REGISTRY, model_class  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
 from training.job import loop_config, training_phases  # noqa: E402
 from training.rows import TrainingRows  # noqa: E402
@@ -159,18 +157,6 @@ GB = 2**30
 MICRO_CANDIDATES = (64, 32, 16, 8, 4, 2)
 CORRUPT_POOL = 16  # distinct sentences the generator corrupts per (column, variant)
 SUP_COLUMNS = ("sent0", "sent1", "hard_neg")
-
-# methods.md §1.4 trainable-parameter figures: (method, backbone, distinguishing config) → count.
-# D2CSE: prefix P·2·L·d + BN-MLP 2,362,368 + RTD head 1,538 (+ [CLS] prompt 768); DCPCSE: prefix + cls MLP (+ LM head);
-# DiffAug: reparametrised prefix 14,777,088 + NLI classifier 4,610 in the prefix phase.
-EXPECTED_TRAINABLE = {
-    ("d2cse", "bert-base-uncased", 16, False): 294_912 + 2_362_368 + 1_538,
-    ("dcpcse", "bert-base-uncased", 16, False): 294_912 + 590_592,
-    ("dcpcse", "bert-large-uncased", 10, False): 491_520 + 1_049_600,
-    ("dcpcse", "roberta-base", 14, True): 258_048 + 590_592 + 590_592 + 1_536 + 768 * 50_265 + 50_265,
-}
-EXPECTED_PREFIX_PHASE = {("diffaug", "bert-base-uncased", 16): 14_777_088 + 4_610}
-
 
 # ---------------------------------------------------------------------------------------------- shapes
 def backbone_model(name: str, seed: int) -> nn.Module:
@@ -503,29 +489,29 @@ class CostModel:
 
 # ---------------------------------------------------------------------------------------------- one preset
 def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
-    kwargs = {}
-    if "mlm_head" in inspect.signature(cls.__init__).parameters and getattr(cfg.model, "mlm", False):
-        from models.dcpcse import MaskedLMHead
-
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed + 1)
-            kwargs["mlm_head"] = MaskedLMHead.fresh(backbone.config, backbone.embeddings.word_embeddings.weight.detach())
-    return kwargs
+    """Extra constructor arguments of the method for a random-initialised backbone (the class's
+    `random_backbone_kwargs`, e.g. a fresh LM head), seeded with the preset's seed + 1."""
+    if not hasattr(cls, "random_backbone_kwargs"):
+        return {}
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed + 1)
+        return cls.random_backbone_kwargs(cfg.model, backbone)
 
 
 def expected_trainable(method: str, cfg) -> tuple[int | None, int | None]:
-    m = cfg.model_dump()["model"]
-    if method == "d2cse" and not m.get("train_discriminator") and not m.get("prefix_projection"):
-        key = (method, cfg.backbone, m.get("prefix_len"), False)
-        base = EXPECTED_TRAINABLE.get((method, cfg.backbone, 16, False))
-        if cfg.backbone == "bert-base-uncased" and base is not None:  # P·2·L·d with L=12, d=768, + [CLS] prompt 768
-            return base - 294_912 + m["prefix_len"] * 2 * 12 * 768 + (768 if m.get("cls_prompt") else 0), None
-        return EXPECTED_TRAINABLE.get(key), None
-    if method == "dcpcse" and not m.get("prefix_projection"):
-        return EXPECTED_TRAINABLE.get((method, cfg.backbone, m.get("prefix_len"), bool(m.get("mlm")))), None
-    if method == "diffaug":
-        return None, EXPECTED_PREFIX_PHASE.get((method, cfg.backbone, m.get("prefix_len")))
-    return None, None
+    """(trainable, prefix-phase trainable) parameters the reference gives for this configuration (the model class's
+    `dry_run_trainable`; None where it gives no figure)."""
+    cls = model_class(method)
+    if not hasattr(cls, "dry_run_trainable"):
+        return None, None
+    return cls.dry_run_trainable(cfg.backbone, cfg.model)
+
+
+def encoder_passes(cls, model_config) -> int:
+    """Encoder passes per view of a training step (the class's `dry_run_encoder_passes`: an int or a classmethod of
+    the model config; 1 when it states none)."""
+    passes = getattr(cls, "dry_run_encoder_passes", 1)
+    return passes(model_config) if callable(passes) else passes
 
 
 def pick_micro(cost: CostModel, info: dict, cfg, args, fixed_bytes: float) -> tuple[int, dict]:
@@ -553,15 +539,13 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     """What the cost model and the report need to know about the built model."""
     phases = model_class(method).phases
     layer_params = sum(p.numel() for p in backbone.encoder.parameters())
-    passes = {"d2cse": 2, "diffcse": 2, "dcpcse": 2 if getattr(cfg.model, "mlm", False) else 1}.get(method, 1)
-    if method == "d2cse" and getattr(cfg.model, "train_discriminator", False):
-        passes = 2
+    passes = encoder_passes(model_class(method), cfg.model)
     views_main = 3 if cfg.supervised else 2
     info = {"layers": backbone.config.num_hidden_layers, "hidden": backbone.config.hidden_size,
             "layer_params": layer_params, "main_phase": phases[-1],
             "views_by_phase": {}, "length_by_phase": {}, "passes_by_phase": {}, "backbone_trainable_by_phase": {},
             "real_rows_by_phase": {}}
-    template = 10 if method == "diffaug" else 0  # DiffAug wraps the sentence in ~10 template ids
+    template = getattr(model_class(method), "dry_run_template_ids", 0)  # ids a prompt template wraps a sentence in
     for ph in phases:
         trainable_ids = {id(p) for p in model.phase_parameters(ph)}
         backbone_trainable = any(id(p) in trainable_ids for p in backbone.parameters())
@@ -660,15 +644,16 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
     trainer, _ = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
     rec["cpu_run_seconds"] = round(time.perf_counter() - t0, 1)
 
-    # batch-independent forward of DiffAug: template denoising, timed on its own (warm)
+    # batch-independent forward of a step (DiffAug: template denoising), timed on its own (warm)
     const_fwd_s, const_fwd_cpu, const_fwd_bytes = 0.0, 0.0, 0
-    if method == "diffaug" and model.config.denoise:
+    constant = model.dry_run_batch_independent_forward() if hasattr(model, "dry_run_batch_independent_forward") else None
+    if constant is not None:
         model.train()
         release_memory()
         before = rss()
         with PeakRSS() as peak:
             t0, c0 = time.perf_counter(), time.process_time()
-            model.template_deltas().float().sum().backward()
+            constant().backward()
             const_fwd_s, const_fwd_cpu = time.perf_counter() - t0, time.process_time() - c0
         const_fwd_bytes = max(0, peak.peak - before)
         model.zero_grad(set_to_none=True)
@@ -774,14 +759,14 @@ def meta_run(model, cfg, rows, nli_rows) -> str:
 
 # ---------------------------------------------------------------------------------------------- output
 def selected_presets(args) -> list[tuple[str, str]]:
-    methods = [m for m in args.methods.split(",") if m] or list(PRESETS)
-    unknown = [m for m in methods if m not in PRESETS]
+    methods = [m for m in args.methods.split(",") if m] or list(REGISTRY)
+    unknown = [m for m in methods if m not in REGISTRY]
     if unknown:
-        raise SystemExit(f"unknown methods {unknown}; known: {list(PRESETS)}")
+        raise SystemExit(f"unknown methods {unknown}; known: {list(REGISTRY)}")
     wanted = [p for p in args.presets.split(",") if p]
     out = []
     for m in methods:
-        for name in PRESETS[m]:
+        for name in REGISTRY[m].presets:
             if not args.include_smoke and name.startswith("smoke") and f"{m}/{name}" not in wanted and name not in wanted:
                 continue
             if wanted and name not in wanted and f"{m}/{name}" not in wanted:

@@ -443,7 +443,7 @@ class DiffAug(PromptedModel, CSEModel):
             return None, 14_777_088 + 4_610
         return None, None
 
-    def dry_run_batch_independent_loss(self) -> torch.Tensor | None:
-        """The batch-independent part of a joint step that benchmarks/dry_run.py times on its own: a scalar of the
-        template denoising (None without denoising)."""
-        return self.template_deltas().float().sum() if self.config.denoise else None
+    def dry_run_batch_independent_forward(self):
+        """The batch-independent part of a joint step that benchmarks/dry_run.py times on its own: a function
+        returning a scalar of the template denoising to backpropagate (None without denoising)."""
+        return (lambda: self.template_deltas().float().sum()) if self.config.denoise else None
