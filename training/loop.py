@@ -167,7 +167,8 @@ class TrainerHooks:
     `on_update_start`/`on_update_end` (around gradient clipping, the optimizer and scheduler steps: the
     batch-independent part of a step) and `on_step_end` (after `trainer.step` is incremented and the step's
     logging, dev evaluation and resume state are done, with the step's metrics as floats; an exception raised
-    there stops training, as `StopAfter` does). Every method gets the `Trainer`, whose `step`, `phase`, `optimizer`, `model` are public.
+    there stops training, as `StopAfter` does). Every method gets the `Trainer`, whose `step`, `phase`,
+    `optimizer` and `model` are public.
 
     Example:
         >>> class Losses(TrainerHooks):
