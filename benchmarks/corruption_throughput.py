@@ -37,13 +37,28 @@ from models.loading import is_random_init, load_masked_lm, load_tokenizer, pick_
 FALLBACK = "random-init:distilbert-base-uncased"
 TARGET = 0.9
 WIKI1M, NLI = 1_000_000, 275_601
-# Sentences the corruption stage generates per preset: rows × columns × variants (config.training.required_variants).
-WORKLOADS = {
-    "d2cse/default, diffcse/default (Wiki1M, 2 views x 2 epochs)": WIKI1M * 1 * 4,
-    "d2cse/single-corruption, diffcse/single-corruption (Wiki1M, 1 variant)": WIKI1M,
-    "d2cse/sup (NLI, 3 columns x 10 epochs)": NLI * 3 * 10,
-    "diffcse/sup (NLI, 3 columns x 3 epochs)": NLI * 3 * 3,
-}
+
+
+def workloads() -> dict[str, int]:
+    """Sentences the corruption stage generates for each paper preset of every method that reads corrupted ids
+    (`config.methods.REGISTRY`; the smoke presets left out): rows × columns × variants (the preset's
+    `corrupt.variants`, else `config.training.required_variants`); presets with the same workload share a line."""
+    from config.methods import REGISTRY
+    from config.training import required_variants, resolve_train_config
+
+    groups: dict[tuple[str, int, int], list[str]] = {}
+    for method, spec in REGISTRY.items():
+        if not spec.uses_corruption:
+            continue
+        for preset in spec.presets:
+            if preset.startswith("smoke"):
+                continue
+            cfg = resolve_train_config(preset, method=method)
+            variants = cfg.corrupt.variants or required_variants(cfg.epochs, cfg.supervised)
+            data, columns = ("NLI", 3) if cfg.supervised else ("Wiki1M", 1)
+            groups.setdefault((data, columns, variants), []).append(f"{method}/{preset}")
+    return {f"{', '.join(names)} ({data}, {columns} column(s) x {variants} variant(s))":
+            (NLI if data == "NLI" else WIKI1M) * columns * variants for (data, columns, variants), names in groups.items()}
 
 
 def load_generator(name: str) -> tuple[torch.nn.Module, object, str]:
@@ -129,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     result.update(generator_dropout=not args.no_generator_dropout, positions=args.positions)
     result["ratio"] = round(result["corruption_sentences_per_s"] / result["bare_forward_sentences_per_s"], 3)
     result["projected_minutes"] = {name: round(n_sent / result["corruption_sentences_per_s"] / 60, 1)
-                                   for name, n_sent in WORKLOADS.items()}
+                                   for name, n_sent in workloads().items()}
     result["target"] = TARGET
     result["meets_target"] = result["ratio"] >= TARGET
     print(json.dumps(result, indent=2))

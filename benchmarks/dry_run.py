@@ -36,8 +36,9 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    distinct sentences per (column, variant) and the batches tile those (the generator shape is exercised;
    corrupting every row of a 512-row batch would cost minutes of CPU for nothing the dry run checks).
 
-3. Steps. `training.loop.Trainer` itself (`DryRunTrainer`, a subclass that only adds timing/memory probes
-   around the real `_train_step`, turns `save_state` into a no-op and, on meta only, skips autocast) runs 2
+3. Steps. `training.loop.Trainer` itself, with the job's loop settings (`training.job.loop_config`,
+   `save_state=False`) and a `StepProbe` on its public hooks (`training.loop.TrainerHooks`: timing/memory probes
+   around the forward and the parameter update), runs 2
    optimiser steps: 2 steps of the one phase for every method; for DiffAug 1 prefix-phase step + 1 joint step
    (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so a second one per phase
    did not fit the time budget; its timings are therefore first-step timings, ~5–20 % above a warm step
@@ -54,19 +55,18 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    b. Meta run at the REAL batch (`--no-meta` skips it): the same model moved to `torch.device("meta")`
       (shapes only: no compute, no memory), a fresh trainer, the real batch sizes, the same step counts
       (2; DiffAug 1 prefix + 1 joint). It
-      catches shape/build errors at the real batch. The trainer turns metrics into Python floats, which meta
-      tensors cannot do; during this run only, `torch.Tensor.__float__` returns NaN for meta tensors
-      (`_meta_floats`; see the trainer change proposed in the report). Model code that branches on tensor
+      catches shape/build errors at the real batch (the trainer reports NaN metrics on meta: no values). Model code that branches on tensor
       VALUES (e.g. DiffAug's row checks, DCPCSE's MLM boolean indexing) cannot run on meta: such a preset is
       reported `meta: unsupported (<op> at file:line)`, not as a failure (the CPU run covers those paths);
-      any other meta error fails the preset. Also during the meta run only, transformers' SDPA-mask shortcut
-      (`masking_utils._ignore_bidirectional_mask_sdpa`, which reads the padding mask's values to skip building
-      the mask) answers False for meta masks, so the plain (unprompted) encoders of SimCSE/DiffCSE build their mask.
+      any other meta error fails the preset. For the meta run, the HF encoders switch to a copy of their
+      attention registered through transformers' public `AttentionInterface`/`AttentionMaskInterface` that always
+      builds the mask (`build_full_masks`: the default one reads the padding mask's values to skip it).
 
 4. Figures (per phase; the table shows the joint/main phase):
    - s/step measured = the last step of the phase in the CPU run, as wall time and as process CPU time (with
      one thread the CPU time is the compute, unaffected by other jobs sharing the cores; the wall time is not);
-     `const` = its batch-independent part: AdamW step + gradient clipping (timed by wrapping both) + for DiffAug
+     `const` = its batch-independent part: the parameter update (gradient clipping + AdamW + LR step, timed
+     between the trainer's `on_update_start`/`on_update_end` hooks) + for DiffAug
      the template-denoising forward/backward (timed once more on its own after the run).
    - CPU s/step projected at the real batch (`--threads` threads) = const + (measured CPU s - const) × real
      rows / measured rows: a LINEAR projection in rows (attention over 32–50 positions is close to linear);
@@ -98,7 +98,7 @@ from pathlib import Path
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="", help="comma-separated methods (default: every method in PRESETS)")
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every method of config.methods.REGISTRY)")
     p.add_argument("--presets", default="", help="comma-separated preset names or method/name pairs (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--max-memory-gb", type=float, default=8.0, help="predicted peak RSS budget of a CPU run")
@@ -126,7 +126,6 @@ import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
-import inspect  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
@@ -143,34 +142,21 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from config.presets import PRESETS  # noqa: E402
 
-from config.training import resolve_train_config
+from config.training import resolve_train_config  # noqa: E402
 from models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
 from models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
-from config.methods import model_class  # noqa: E402
+from config.methods import REGISTRY, model_class  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.job import training_phases  # noqa: E402
+from training.job import loop_config, training_phases  # noqa: E402
 from training.rows import TrainingRows  # noqa: E402
-from training.loop import LoopConfig, Trainer  # noqa: E402
+from training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
 
 MB = 2**20
 GB = 2**30
 MICRO_CANDIDATES = (64, 32, 16, 8, 4, 2)
 CORRUPT_POOL = 16  # distinct sentences the generator corrupts per (column, variant)
 SUP_COLUMNS = ("sent0", "sent1", "hard_neg")
-
-# methods.md §1.4 trainable-parameter figures: (method, backbone, distinguishing config) → count.
-# D2CSE: prefix P·2·L·d + BN-MLP 2,362,368 + RTD head 1,538 (+ [CLS] prompt 768); DCPCSE: prefix + cls MLP (+ LM head);
-# DiffAug: reparametrised prefix 14,777,088 + NLI classifier 4,610 in the prefix phase.
-EXPECTED_TRAINABLE = {
-    ("d2cse", "bert-base-uncased", 16, False): 294_912 + 2_362_368 + 1_538,
-    ("dcpcse", "bert-base-uncased", 16, False): 294_912 + 590_592,
-    ("dcpcse", "bert-large-uncased", 10, False): 491_520 + 1_049_600,
-    ("dcpcse", "roberta-base", 14, True): 258_048 + 590_592 + 590_592 + 1_536 + 768 * 50_265 + 50_265,
-}
-EXPECTED_PREFIX_PHASE = {("diffaug", "bert-base-uncased", 16): 14_777_088 + 4_610}
-
 
 # ---------------------------------------------------------------------------------------------- shapes
 def backbone_model(name: str, seed: int) -> nn.Module:
@@ -360,116 +346,79 @@ class PeakRSS:
 
 
 # ---------------------------------------------------------------------------------------------- trainer
-class DryRunTrainer(Trainer):
-    """The real Trainer; adds per-step timing/memory probes and skips writing the resume state."""
+class StepProbe(TrainerHooks):
+    """Per-step timing and memory probes on the real Trainer's hooks: wall/CPU time of the step (forward to the end of
+    the parameter update), the batch-independent part (the update: clipping + AdamW + LR step), peak RSS over the step
+    and over the forward alone."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self):
         self.records: list[dict] = []
-        self._const_s = self._const_cpu_s = 0.0
-        super().__init__(*args, **kwargs)
 
-    def _enter_phase(self, index: int) -> None:
-        super()._enter_phase(index)
-        step = self.optimizer.step
-        if getattr(step, "_dry_run_timed", False):
-            return
-
-        timed_step = self._counted_as_const(step)
-        timed_step._dry_run_timed = True
-        self.optimizer.step = timed_step
-
-    def _counted_as_const(self, fn):
-        """`fn` wrapped so its wall and CPU time count as the step's batch-independent part."""
-        def timed(*a, **k):
-            t0, c0 = time.perf_counter(), time.process_time()
-            try:
-                return fn(*a, **k)
-            finally:
-                self._const_s += time.perf_counter() - t0
-                self._const_cpu_s += time.process_time() - c0
-        return timed
-
-    def save_state(self) -> None:  # the dry run measures steps, not checkpoint I/O
-        return None
-
-    def _autocast(self):
-        # torch.autocast("meta", enabled=False) raises (no autocast dtype for meta); fp32 needs no autocast at all
-        if self.device.type == "meta":
-            return contextlib.nullcontext()
-        return super()._autocast()
-
-    def _train_step(self, batch) -> dict[str, float]:
-        meta = self.device.type == "meta"
-        if not meta:
+    def on_step_start(self, trainer: Trainer, batch) -> None:
+        if trainer.device.type != "meta":
             release_memory()
-        before = rss()
-        self._const_s = self._const_cpu_s = 0.0
-        clip = torch.nn.utils.clip_grad_norm_
-        timed_clip = self._counted_as_const(clip)
+        self.before = rss()
+        self.step_peak = PeakRSS().__enter__()
 
-        forward = self.model.training_step
-        fwd = {}
+    def on_forward_start(self, trainer: Trainer, batch) -> None:
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        self.forward_peak = PeakRSS().__enter__()  # peak RSS while the forward builds the graph: the saved activations
 
-        def measured_forward(*a, **k):  # peak RSS while the forward builds the graph: the saved activations
-            with PeakRSS() as p:
-                out = forward(*a, **k)
-            fwd["peak"] = p.peak
-            return out
+    def on_forward_end(self, trainer: Trainer, batch) -> None:
+        self.forward_peak.__exit__(None, None, None)
 
-        torch.nn.utils.clip_grad_norm_ = timed_clip
-        self.model.training_step = measured_forward
-        try:
-            with PeakRSS() as peak:
-                t0, c0 = time.perf_counter(), time.process_time()
-                metrics = super()._train_step(batch)
-                seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-        finally:
-            torch.nn.utils.clip_grad_norm_ = clip
-            del self.model.training_step  # back to the class's method
+    def on_update_start(self, trainer: Trainer) -> None:
+        self.u0, self.uc0 = time.perf_counter(), time.process_time()
+
+    def on_update_end(self, trainer: Trainer) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        self.const_s, self.const_cpu_s = t - self.u0, c - self.uc0
+        self.seconds, self.cpu_seconds = t - self.t0, c - self.c0
+
+    def on_step_end(self, trainer: Trainer, batch, metrics: dict[str, float]) -> None:
+        self.step_peak.__exit__(None, None, None)
         aux = batch.aux.input_ids.shape[0] if batch.aux is not None else 0
-        self.records.append({"phase": self.phase.name, "rows": int(batch.input_ids.shape[0]), "aux_rows": int(aux),
+        self.records.append({"phase": trainer.phase.name, "rows": int(batch.input_ids.shape[0]), "aux_rows": int(aux),
                              "views": int(batch.input_ids.shape[1]), "length": int(batch.input_ids.shape[2]),
-                             "seconds": seconds, "cpu_seconds": cpu_seconds,
-                             "const_s": self._const_s, "const_cpu_s": self._const_cpu_s, "rss_before": before, "peak_rss": max(peak.peak, fwd.get("peak", 0)),
-                             "forward_peak_rss": fwd.get("peak", 0),
-                             "loss": metrics.get("loss")})
-        return metrics
+                             "seconds": self.seconds, "cpu_seconds": self.cpu_seconds,
+                             "const_s": self.const_s, "const_cpu_s": self.const_cpu_s, "rss_before": self.before,
+                             "peak_rss": max(self.step_peak.peak, self.forward_peak.peak),
+                             "forward_peak_rss": self.forward_peak.peak, "loss": metrics.get("loss")})
 
 
-@contextlib.contextmanager
-def _meta_floats():
-    """While active (meta run only): float() of a meta tensor is NaN (the trainer's metric conversion; meta has
-    no values), and transformers' "is the 2-D padding mask all ones, so skip building the SDPA mask" shortcut
-    answers False for meta masks (it reads the mask's values; the full mask it then builds has the same shape
-    and is what any padded batch gets)."""
-    from transformers import masking_utils
+def build_full_masks(model: nn.Module) -> None:
+    """Meta run only: every HF model inside `model` switches to a copy of its attention implementation, registered
+    through transformers' public `AttentionInterface` / `AttentionMaskInterface` under `<name>+full-mask`, whose mask
+    function always builds the mask. transformers' SDPA mask otherwise reads the padding mask's values to skip
+    building it when nothing is padded, which meta tensors cannot answer; the full mask has the same shape and is
+    what any padded batch gets. Implementations without a registered attention function (a family's own eager
+    code) are left as they are."""
+    from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedModel
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    original_float = torch.Tensor.__float__
-    original_skip = masking_utils._ignore_bidirectional_mask_sdpa
+    from models.loading import attention_implementation
 
-    def __float__(self):
-        return float("nan") if self.device.type == "meta" else original_float(self)
+    def full_mask(mask_fn):
+        return lambda *args, **kwargs: mask_fn(*args, **{**kwargs, "allow_is_bidirectional_skip": False})
 
-    def skip(padding_mask, *a, **k):
-        if padding_mask is not None and padding_mask.device.type == "meta":
-            return False
-        return original_skip(padding_mask, *a, **k)
-
-    torch.Tensor.__float__ = __float__
-    masking_utils._ignore_bidirectional_mask_sdpa = skip
-    try:
-        yield
-    finally:
-        torch.Tensor.__float__ = original_float
-        masking_utils._ignore_bidirectional_mask_sdpa = original_skip
+    outer = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    inner = {id(s) for m in outer for s in m.modules() if s is not m}
+    for m in outer:
+        name = attention_implementation(m)
+        if id(m) in inner or name.endswith("+full-mask") or name not in ALL_ATTENTION_FUNCTIONS \
+                or name not in ALL_MASK_ATTENTION_FUNCTIONS:
+            continue
+        AttentionInterface.register(f"{name}+full-mask", ALL_ATTENTION_FUNCTIONS[name])
+        AttentionMaskInterface.register(f"{name}+full-mask", full_mask(ALL_MASK_ATTENTION_FUNCTIONS[name]))
+        m.set_attn_implementation(f"{name}+full-mask")
 
 
-def loop_config(cfg) -> LoopConfig:
-    values = dict(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs, max_steps=cfg.max_steps,
-                  grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=10**9, checkpoint_steps=10**9, log_steps=10**9,
-                  precision="fp32", deterministic=False)
-    known = {f.name for f in dataclasses.fields(LoopConfig)}
-    return LoopConfig(**{k: v for k, v in values.items() if k in known})
+def dry_run_loop_config(cfg) -> LoopConfig:
+    """The job's loop settings (`training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
+    return dataclasses.replace(loop_config(cfg.model_copy(update={"eval_steps": 10**9, "checkpoint_steps": 10**9,
+                                                                  "log_steps": 10**9, "deterministic": False}), "fp32"),
+                               save_state=False)
 
 
 def steps_per_phase(cfg) -> int:
@@ -489,16 +438,17 @@ def scaled_config(cfg, batch: int):
     return cfg.model_copy(update=update)
 
 
-def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[DryRunTrainer, list]:
+def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[StepProbe, list]:
     metrics_log: list = []
+    probe = StepProbe()
+    if device.type == "meta":
+        build_full_masks(model)
     with tempfile.TemporaryDirectory(prefix="dry-run-state-") as state:
-        trainer = DryRunTrainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg), device, Path(state) / "state",
-                                save_best=lambda m, step, score: None, evaluate_dev=lambda m: 0.0,
-                                log_metrics=lambda values, step: metrics_log.append((step, values)))
-        ctx = _meta_floats() if device.type == "meta" else contextlib.nullcontext()
-        with ctx:
-            trainer.run()
-    return trainer, metrics_log
+        trainer = Trainer(model, training_phases(cfg, rows, nli_rows), dry_run_loop_config(cfg), device,
+                          Path(state) / "state", save_best=lambda m, step, score: None, evaluate_dev=lambda m: 0.0,
+                          log_metrics=lambda values, step: metrics_log.append((step, values)), hooks=[probe])
+        trainer.run()
+    return probe, metrics_log
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -539,29 +489,29 @@ class CostModel:
 
 # ---------------------------------------------------------------------------------------------- one preset
 def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
-    kwargs = {}
-    if "mlm_head" in inspect.signature(cls.__init__).parameters and getattr(cfg.model, "mlm", False):
-        from models.dcpcse import MaskedLMHead
-
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed + 1)
-            kwargs["mlm_head"] = MaskedLMHead.fresh(backbone.config, backbone.embeddings.word_embeddings.weight.detach())
-    return kwargs
+    """Extra constructor arguments of the method for a random-initialised backbone (the class's
+    `random_backbone_kwargs`, e.g. a fresh LM head), seeded with the preset's seed + 1."""
+    if not hasattr(cls, "random_backbone_kwargs"):
+        return {}
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed + 1)
+        return cls.random_backbone_kwargs(cfg.model, backbone)
 
 
 def expected_trainable(method: str, cfg) -> tuple[int | None, int | None]:
-    m = cfg.model_dump()["model"]
-    if method == "d2cse" and not m.get("train_discriminator") and not m.get("prefix_projection"):
-        key = (method, cfg.backbone, m.get("prefix_len"), False)
-        base = EXPECTED_TRAINABLE.get((method, cfg.backbone, 16, False))
-        if cfg.backbone == "bert-base-uncased" and base is not None:  # P·2·L·d with L=12, d=768, + [CLS] prompt 768
-            return base - 294_912 + m["prefix_len"] * 2 * 12 * 768 + (768 if m.get("cls_prompt") else 0), None
-        return EXPECTED_TRAINABLE.get(key), None
-    if method == "dcpcse" and not m.get("prefix_projection"):
-        return EXPECTED_TRAINABLE.get((method, cfg.backbone, m.get("prefix_len"), bool(m.get("mlm")))), None
-    if method == "diffaug":
-        return None, EXPECTED_PREFIX_PHASE.get((method, cfg.backbone, m.get("prefix_len")))
-    return None, None
+    """(trainable, prefix-phase trainable) parameters the reference gives for this configuration (the model class's
+    `dry_run_trainable`; None where it gives no figure)."""
+    cls = model_class(method)
+    if not hasattr(cls, "dry_run_trainable"):
+        return None, None
+    return cls.dry_run_trainable(cfg.backbone, cfg.model)
+
+
+def encoder_passes(cls, model_config) -> int:
+    """Encoder passes per view of a training step (the class's `dry_run_encoder_passes`: an int or a classmethod of
+    the model config; 1 when it states none)."""
+    passes = getattr(cls, "dry_run_encoder_passes", 1)
+    return passes(model_config) if callable(passes) else passes
 
 
 def pick_micro(cost: CostModel, info: dict, cfg, args, fixed_bytes: float) -> tuple[int, dict]:
@@ -589,15 +539,13 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     """What the cost model and the report need to know about the built model."""
     phases = model_class(method).phases
     layer_params = sum(p.numel() for p in backbone.encoder.parameters())
-    passes = {"d2cse": 2, "diffcse": 2, "dcpcse": 2 if getattr(cfg.model, "mlm", False) else 1}.get(method, 1)
-    if method == "d2cse" and getattr(cfg.model, "train_discriminator", False):
-        passes = 2
+    passes = encoder_passes(model_class(method), cfg.model)
     views_main = 3 if cfg.supervised else 2
     info = {"layers": backbone.config.num_hidden_layers, "hidden": backbone.config.hidden_size,
             "layer_params": layer_params, "main_phase": phases[-1],
             "views_by_phase": {}, "length_by_phase": {}, "passes_by_phase": {}, "backbone_trainable_by_phase": {},
             "real_rows_by_phase": {}}
-    template = 10 if method == "diffaug" else 0  # DiffAug wraps the sentence in ~10 template ids
+    template = getattr(model_class(method), "dry_run_template_ids", 0)  # ids a prompt template wraps a sentence in
     for ph in phases:
         trainable_ids = {id(p) for p in model.phase_parameters(ph)}
         backbone_trainable = any(id(p) in trainable_ids for p in backbone.parameters())
@@ -696,15 +644,16 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
     trainer, _ = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
     rec["cpu_run_seconds"] = round(time.perf_counter() - t0, 1)
 
-    # batch-independent forward of DiffAug: template denoising, timed on its own (warm)
+    # batch-independent forward of a step (DiffAug: template denoising), timed on its own (warm)
     const_fwd_s, const_fwd_cpu, const_fwd_bytes = 0.0, 0.0, 0
-    if method == "diffaug" and model.config.denoise:
+    constant = model.dry_run_batch_independent_forward() if hasattr(model, "dry_run_batch_independent_forward") else None
+    if constant is not None:
         model.train()
         release_memory()
         before = rss()
         with PeakRSS() as peak:
             t0, c0 = time.perf_counter(), time.process_time()
-            model.template_deltas().float().sum().backward()
+            constant().backward()
             const_fwd_s, const_fwd_cpu = time.perf_counter() - t0, time.process_time() - c0
         const_fwd_bytes = max(0, peak.peak - before)
         model.zero_grad(set_to_none=True)
@@ -810,14 +759,14 @@ def meta_run(model, cfg, rows, nli_rows) -> str:
 
 # ---------------------------------------------------------------------------------------------- output
 def selected_presets(args) -> list[tuple[str, str]]:
-    methods = [m for m in args.methods.split(",") if m] or list(PRESETS)
-    unknown = [m for m in methods if m not in PRESETS]
+    methods = [m for m in args.methods.split(",") if m] or list(REGISTRY)
+    unknown = [m for m in methods if m not in REGISTRY]
     if unknown:
-        raise SystemExit(f"unknown methods {unknown}; known: {list(PRESETS)}")
+        raise SystemExit(f"unknown methods {unknown}; known: {list(REGISTRY)}")
     wanted = [p for p in args.presets.split(",") if p]
     out = []
     for m in methods:
-        for name in PRESETS[m]:
+        for name in REGISTRY[m].presets:
             if not args.include_smoke and name.startswith("smoke") and f"{m}/{name}" not in wanted and name not in wanted:
                 continue
             if wanted and name not in wanted and f"{m}/{name}" not in wanted:

@@ -89,29 +89,26 @@ class Arm:
 
 
 METHOD = "method"
-ARMS: dict[str, tuple[Arm, ...]] = {
-    "simcse": (Arm(METHOD, "SimCSE unsup (dropout 0.1)"),
-               Arm("no-dropout", "control: dropout 0", {"model": {"dropout": 0.0}})),
-    "dcpcse": (Arm(METHOD, "DCPCSE (prompts learn)"),
-               Arm("frozen-prompts", "control: prompts frozen", {"model": {"train_prompts": False}})),
-    "d2cse": (Arm(METHOD, "D2CSE (lambda 0.005, conditioned)"),
-              Arm("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
-              Arm("ablation-c", "control: ablation (c), unconditioned discriminator",
-                  {"model": {"condition_discriminator": False}})),
-    "diffcse": (Arm(METHOD, "DiffCSE (lambda 0.005)"),
-                Arm("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}})),
-    "diffaug": (Arm(METHOD, "DiffAug (two prefix modules)"),
-                Arm("shared-prefix", "control: same prefix for both views", {"model": {"shared_prefix": True}})),
-}
-# The preset every arm starts from, and what the protocol sets over it (per method).
+
+
+def _evidence_methods() -> list:
+    """The registry's methods that state evidence arms (`evidence_arms` of the model class), in `evidence_position`
+    order."""
+    from config.methods import REGISTRY
+
+    specs = [s for s in REGISTRY.values() if getattr(s.model_class, "evidence_arms", None)]
+    return sorted(specs, key=lambda s: s.model_class.evidence_position)
+
+
+# Each method's arms, what the protocol sets over its preset, the arms with the held-out RTD mechanism check, and the
+# method of the head-LR sensitivity rows: facts of the model classes (their "benchmark facts" block).
+ARMS: dict[str, tuple[Arm, ...]] = {s.name: tuple(Arm(*a) for a in s.model_class.evidence_arms)
+                                    for s in _evidence_methods()}
 PROTOCOL_OVERRIDES: dict[str, dict[str, Any]] = {
-    "simcse": {}, "dcpcse": {}, "d2cse": {}, "diffcse": {},
-    # DiffAug's main semi-supervised setting (no auxiliary NLI loss); its smoke preset's rates
-    "diffaug": {"aux_nli_batch_size": 0, "model": {"aux_weight": 0.0},
-                "prefix_phase": {"steps": PROTOCOL["prefix_steps"], "learning_rate": 1e-3, "batch_size": 32}},
-}
-MECHANISM_ARMS = {("d2cse", METHOD), ("d2cse", "ablation-c"), ("diffcse", METHOD)}
-CORRUPTING = ("d2cse", "diffcse")
+    s.name: s.model_class.evidence_overrides(PROTOCOL) if hasattr(s.model_class, "evidence_overrides") else {}
+    for s in _evidence_methods()}
+MECHANISM_ARMS = {(s.name, arm) for s in _evidence_methods() for arm in getattr(s.model_class, "evidence_mechanism_arms", ())}
+HEAD_LR_METHOD = next(s.name for s in _evidence_methods() if getattr(s.model_class, "evidence_head_lr_sensitivity", False))
 
 
 def protocol_hash() -> str:
@@ -119,6 +116,13 @@ def protocol_hash() -> str:
 
     arms = {m: [{"name": a.name, "label": a.label, "overrides": a.overrides} for a in arms] for m, arms in ARMS.items()}
     return stable_hash({"protocol": PROTOCOL, "arms": arms, "overrides": PROTOCOL_OVERRIDES})[:16]
+
+
+def cfg_uses_corruption(method: str) -> bool:
+    """The method reads the corruption stage's replaced tokens (its cells share the protocol's generator)."""
+    from config.methods import get_method
+
+    return get_method(method).uses_corruption
 
 
 def _log(msg: str) -> None:
@@ -204,7 +208,7 @@ class Bench:
                 "max_train_sentences": PROTOCOL["train_sentences"], "eval_steps": PROTOCOL["eval_every"],
                 "log_steps": 1, "system_metrics": False, "device": "cpu", "precision": "fp32", "seed": seed,
                 "test_evaluation": False, "ingest": self.ingest.model_dump(mode="json")}
-        if method in CORRUPTING:
+        if cfg_uses_corruption(method):
             base["corrupt"] = {"generator": self.generator(), "mask_ratio": PROTOCOL["mask_ratio"], "mode": "argmax",
                                "generator_dropout": True, "variants": PROTOCOL["corruption_variants"]}
         overrides = deep_merge(deep_merge(base, PROTOCOL_OVERRIDES[method]), arm.overrides)
@@ -367,7 +371,7 @@ def head_lr_cell(bench: Bench, head_lr: float) -> dict[str, Any]:
     """D2CSE seed 0 for 50 steps with the BN-MLP + RTD head at `head_lr` (the sensitivity row)."""
     sens = PROTOCOL["head_lr_sensitivity"]
     arm = Arm(f"head-lr-{head_lr:g}", f"head at {head_lr:g}", {"model": {"head_learning_rate": head_lr}})
-    cell = run_cell(bench, "d2cse", arm, sens["seed"], steps=sens["steps"])
+    cell = run_cell(bench, HEAD_LR_METHOD, arm, sens["seed"], steps=sens["steps"])
     cell["head_learning_rate"] = head_lr
     return cell
 
@@ -423,7 +427,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
                 paired[arm.name] = {**mean_std(diffs), "method_better_in": sum(d > 0 for d in diffs)}
         out[method] = {"arms": per_arm, "method_minus_control": paired}
     sens = sorted((c for c in _cells(report) if c["arm"].startswith("head-lr-")), key=lambda c: -c["head_learning_rate"])
-    base = next((c for c in cells if c["method"] == "d2cse" and c["arm"] == METHOD
+    base = next((c for c in cells if c["method"] == HEAD_LR_METHOD and c["arm"] == METHOD
                  and c["seed"] == PROTOCOL["head_lr_sensitivity"]["seed"]), None)
     rows = []
     if sens and base is not None:
@@ -544,8 +548,8 @@ def expected_cells(methods=None, seeds=None, arms=None) -> list[tuple]:
                 continue
             for seed in seeds or PROTOCOL["seeds"]:
                 out.append((method, arm.name, seed))
-        if method == "d2cse" and (not arms or "head-lr" in arms):
-            out += [("d2cse", f"head-lr-{lr:g}", PROTOCOL["head_lr_sensitivity"]["seed"])
+        if method == HEAD_LR_METHOD and (not arms or "head-lr" in arms):
+            out += [(HEAD_LR_METHOD, f"head-lr-{lr:g}", PROTOCOL["head_lr_sensitivity"]["seed"])
                     for lr in PROTOCOL["head_lr_sensitivity"]["head_lrs"]]
     return out
 

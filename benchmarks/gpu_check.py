@@ -63,14 +63,14 @@ if str(REPO_ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from config.methods import model_class  # noqa: E402
+from config.methods import REGISTRY, model_class  # noqa: E402
 from config.training import resolve_train_config  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.job import training_phases  # noqa: E402
-from training.loop import LoopConfig, Trainer  # noqa: E402
+from training.job import loop_config as job_loop_config, training_phases  # noqa: E402
+from training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
 from training.rows import TrainingRows  # noqa: E402
 
-METHODS = ("d2cse", "simcse", "dcpcse", "diffcse", "diffaug")
+METHODS = tuple(REGISTRY)  # every registered method, in registry order
 VOCAB = 30522  # bert-base-uncased's size and special-id layout
 WIKI1M, NLI = 1_000_000, 275_601
 # SentEval STS pairs: STS12–16 (all subsets), STS-B test, SICK-R test.
@@ -128,16 +128,11 @@ def preset(method: str, size: str, batch: int | None = None, length: int | None 
 
 
 def build_model(method: str, cfg, size: str, tokenizer, seed: int = 0):
-    """The method's model on a random BERT of `size` (DCPCSE with mlm gets a fresh LM head, as the dry run)."""
-    import inspect
-
+    """The method's model on a random BERT of `size` (with the class's `random_backbone_kwargs`, e.g. DCPCSE's fresh
+    LM head with mlm, as the dry run)."""
     cls = model_class(method)
     enc = backbone(size, seed)
-    kwargs = {}
-    if "mlm_head" in inspect.signature(cls.__init__).parameters and getattr(cfg.model, "mlm", False):
-        from models.dcpcse import MaskedLMHead
-
-        kwargs["mlm_head"] = MaskedLMHead.fresh(enc.config, enc.embeddings.word_embeddings.weight.detach())
+    kwargs = cls.random_backbone_kwargs(cfg.model, enc) if hasattr(cls, "random_backbone_kwargs") else {}
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return cls(cfg.model, backbone=enc, tokenizer=tokenizer, **kwargs)
@@ -179,9 +174,11 @@ def synthetic_rows(cfg, method: str, n: int, tokenizer, seed: int = 0) -> tuple[
 
 
 def loop_config(cfg, precision: str, steps: int, **switches) -> LoopConfig:
-    return LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=1, max_steps=steps,
-                      grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=10**9, checkpoint_steps=10**9, log_steps=1,
-                      precision=precision, deterministic=False, **switches)
+    """The job's loop settings (`training.job.loop_config`) for `steps` steps of one epoch, no dev evaluation, a log
+    every step and the speed `switches`."""
+    job = cfg.model_copy(update={"epochs": 1, "max_steps": steps, "eval_steps": 10**9, "checkpoint_steps": 10**9,
+                                 "log_steps": 1, "deterministic": False})
+    return dataclasses.replace(job_loop_config(job, precision), **switches)
 
 
 def job_phases(cfg, rows, nli, steps: int):
@@ -215,7 +212,7 @@ def count_step_flops(trainer: Trainer, batch) -> int:
 
     counter = FlopCounterMode(display=False)
     with counter:
-        trainer._train_step(batch)
+        trainer.train_step(batch)
     return int(counter.get_total_flops())
 
 
@@ -229,21 +226,21 @@ def training_throughput(method: str, device: torch.device, size: str, precision:
     rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed)
     times: list[float] = []
 
-    class Timed(Trainer):
-        def _train_step(self, b):
+    class Timed(TrainerHooks):  # one step: forward to the end of the parameter update, synchronised
+        def on_forward_start(self, trainer, b):
             sync(device)
-            t0 = time.perf_counter()
-            out = super()._train_step(b)
+            self.t0 = time.perf_counter()
+
+        def on_update_end(self, trainer):
             sync(device)
-            times.append(time.perf_counter() - t0)
-            return out
+            times.append(time.perf_counter() - self.t0)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="gpu-check-state-") as state:
-        trainer = Timed(model, job_phases(cfg, rows, nli, n_steps), loop_config(cfg, precision, n_steps, **switches),
-                        device, Path(state) / "state", lambda *a: None, lambda m: 0.0, lambda *a: None)
-        trainer.save_state = lambda: None  # measures steps, not checkpoint I/O
+        loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
+        trainer = Trainer(model, job_phases(cfg, rows, nli, n_steps), loop, device, Path(state) / "state",
+                          lambda *a: None, lambda m: 0.0, lambda *a: None, hooks=[Timed()])
         trainer.run()
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         last = trainer.phases[-1]
@@ -298,9 +295,9 @@ def corruption_throughput(device: torch.device, size: str, sentences: int, lengt
 
 def evaluation_throughput(device: torch.device, size: str, sentences: int, tokenizer) -> dict:
     from evaluation.encode import embed_token_ids
+    from models.embedder import PooledEncoder
 
-    cfg = preset("simcse", size)
-    model = build_model("simcse", cfg, size, tokenizer).to(device)
+    model = PooledEncoder(backbone(size), "cls_before_pooler", tokenizer=tokenizer).to(device).eval()
     rng = np.random.default_rng(0)
     # STS sentence lengths: 8–40 word pieces
     ids = [[101, *rng.integers(1000, VOCAB, int(rng.integers(6, 39))).tolist(), 102] for _ in range(sentences)]

@@ -57,7 +57,7 @@ beside it is the 80-step `simcse` run), start evaluations shared through `--star
 Every learning rate is the preset's own; see the JSON's `lr_note` of each run.
 
 Peer cross-check (`peer`): the same job three ways, on the same sentences in the same order (the batches are taken
-from `Trainer._batch` of our run: `epoch_order(n, seed + 7919·phase, epoch)`), same batch, steps, learning rate
+from `Trainer.batch_at` of our run: `epoch_order(n, seed + 7919·phase, epoch)`), same batch, steps, learning rate
 and seed:
 - `simcse-peerlike`: our SimCSE configured like the peer: no training-time MLP (`model.train_mlp: false`, so the
   loss reads the raw CLS state, which is also what `embed` returns with `mlp_only_train`), final weights (no dev
@@ -101,24 +101,28 @@ set_offline_environment()
 PEER_DIFF_LIMIT = 1.0
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
-# run name → (method, preset, data, per-run overrides, default steps, eval_steps, lr note)
-RUNS: dict[str, dict[str, Any]] = {
-    "simcse": dict(method="simcse", preset="smoke", steps=80, eval_steps=40, overrides={},
-                   lr_note="preset 3e-5 (SimCSE BERT-base unsup)"),
-    "simcse-sup": dict(method="simcse", preset="sup", steps=30, eval_steps=15,
-                       overrides={"backbone": "packaged:minilm", "system_metrics": False},
-                       lr_note="preset 5e-5 (SimCSE sup)"),
-    "dcpcse": dict(method="dcpcse", preset="smoke", steps=40, eval_steps=20, overrides={},
-                   lr_note="smoke preset 2e-2 (paper 3e-2 at batch 256)"),
-    "diffcse": dict(method="diffcse", preset="smoke", steps=30, eval_steps=15, overrides={},
-                    lr_note="smoke preset 2e-5 (paper 7e-6 at batch 64, 2 epochs of 1M)"),
-    "d2cse": dict(method="d2cse", preset="smoke", steps=30, eval_steps=15, overrides={},
-                  lr_note="smoke preset 2e-2 (paper 2.1e-2)"),
-    "diffaug": dict(method="diffaug", preset="smoke", steps=24, eval_steps=18,
-                    overrides={"prefix_phase": {"steps": 12}},
-                    lr_note="smoke preset: stage 1 1e-3 (paper), stage 2 2e-5 (paper 1e-5 at batch 256)"),
-}
-ALL = ("simcse", "peer", "simcse-sup", "dcpcse", "d2cse", "diffcse", "diffaug")
+# run name → method, preset, per-run overrides, default steps, eval_steps and a note on the learning rate: the
+# `learning_runs` of every registered model class (their benchmark facts); the peer check ("peer") reproduces the
+# class's `learning_peer_run`. The JSON's peer keys (`simcse_peerlike`, `simcse_default`) are the report format.
+RUNS: dict[str, dict[str, Any]] = {}
+PEER_RUN = ""
+
+
+def _runs() -> tuple[dict[str, dict[str, Any]], str]:
+    from config.methods import REGISTRY
+
+    runs, peer = {}, ""
+    for name, spec in REGISTRY.items():
+        for run, settings in getattr(spec.model_class, "learning_runs", {}).items():
+            runs[run] = dict(method=name, **settings)
+        peer = getattr(spec.model_class, "learning_peer_run", None) or peer
+    return runs, peer
+
+
+RUNS, PEER_RUN = _runs()
+# The peer run's method first (its run, then the peer check), then the other runs in registry order.
+_FIRST = [r for r in RUNS if RUNS[r]["method"] == RUNS[PEER_RUN]["method"]]
+ALL = tuple(n for run in sorted(RUNS, key=lambda r: r not in _FIRST) for n in ((run, "peer") if run == PEER_RUN else (run,)))
 
 
 def _log(msg: str) -> None:
@@ -170,7 +174,7 @@ class Bench:
             rep = json.loads(Path(f).read_text())
             starts = [(r["run"], r["start"]) for r in rep.get("runs", [])]
             if rep.get("peer"):
-                starts.append(("simcse-peerlike", rep["peer"]["start"]))
+                starts.append((f"{PEER_RUN}-peerlike", rep["peer"]["start"]))
             for run, st in starts:
                 if st.get("probe") and "shared_with" not in st:
                     self._starts.setdefault((st.get("pooler"), st["probe"]), {
@@ -361,7 +365,7 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     from training.job import training_phases
     from training.loop import LoopConfig, Trainer
 
-    spec = {**RUNS["simcse"], "eval_steps": 10**9}
+    spec = {**RUNS[PEER_RUN], "eval_steps": 10**9}
     cfg = bench.config(spec, steps)
     _, _, _, rows, _ = bench.inputs(cfg)
     out: dict[str, Any] = {"steps": steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
@@ -377,16 +381,16 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     state = Path(tempfile.mkdtemp(prefix="peerlike-state-"))
     noop = lambda *a: None  # noqa: E731
     trainer = Trainer(model, training_phases(cfg, rows, None), loop, bench.device, state, noop, lambda m: 0.0, noop)
-    batches = [trainer._batch(trainer.phases[0], s)[0] for s in range(trainer.total_steps)]
+    batches = [trainer.batch_at(s)[0] for s in range(trainer.total_steps)]
     order_hash = hashlib.sha256(b"".join(b.input_ids.numpy().tobytes() for b in batches)).hexdigest()[:16]
-    _log(f"peer: simcse-peerlike, {trainer.total_steps} steps (batches hash {order_hash})")
+    _log(f"peer: {PEER_RUN}-peerlike, {trainer.total_steps} steps (batches hash {order_hash})")
     t0 = time.perf_counter()
     trainer.run()
     ours_s = time.perf_counter() - t0
     ours = bench.evaluate(model, cfg)
     shutil.rmtree(state, ignore_errors=True)
     del model, trainer
-    _log(f"peer: simcse-peerlike trained STS Avg. {ours['sts_avg']:.2f} ({ours_s:.0f} s)")
+    _log(f"peer: {PEER_RUN}-peerlike trained STS Avg. {ours['sts_avg']:.2f} ({ours_s:.0f} s)")
 
     # --- sentence-transformers
     from sentence_transformers import SentenceTransformer
@@ -430,7 +434,7 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     start_model = seeded_build(cfg, bench.device)
     if state_hash(start_model) != start_hash:
         raise RuntimeError("peer: two builds with the same seed differ")
-    start = bench.evaluate_start(start_model, cfg, "simcse-peerlike")
+    start = bench.evaluate_start(start_model, cfg, f"{PEER_RUN}-peerlike")
     del start_model
     _log(f"peer: start (MiniLM CLS) STS Avg. {start['sts_avg']:.2f}")
     diff = round(ours["sts_avg"] - peer["sts_avg"], 2)
@@ -539,8 +543,8 @@ def merge(args, argv) -> int:
             if peer is not None:
                 raise SystemExit(f"two files hold the peer check ({path})")
             peer = rep["peer"]
-    if peer is not None and "simcse_default" not in peer and "simcse" in by_run:
-        d = by_run["simcse"]
+    if peer is not None and "simcse_default" not in peer and PEER_RUN in by_run:
+        d = by_run[PEER_RUN]
         peer["simcse_default"] = {"trained": d["trained"], "steps": d["steps"], "selection": d["selection"],
                                   "best_step": d["best_step"], "training_mlp": True}
     results = [by_run[n] for n in ALL if n in by_run]
@@ -611,8 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(args.batch_size, args.start_cache)
         for name in names:  # in the given order (default: SimCSE and its peer check first)
             if name == "peer":
-                default = next((r for r in results if r["run"] == "simcse"), None)
-                steps = args.steps or (default["steps"] if default else RUNS["simcse"]["steps"])
+                default = next((r for r in results if r["run"] == PEER_RUN), None)
+                steps = args.steps or (default["steps"] if default else RUNS[PEER_RUN]["steps"])
                 peer = run_peer(bench, steps, default)
             else:
                 results.append(run_method(bench, name, args.steps or RUNS[name]["steps"]))

@@ -37,3 +37,18 @@ def cpu_environment(**extra: Any) -> dict[str, Any]:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
             "cpu": cpu_model(), "cpu_count": os.cpu_count(), "device": "cpu", "platform": platform.platform(), **extra}
+
+
+def subject_method(benchmark: str):
+    """The registered method a single-method benchmark measures: the one whose model class lists `benchmark` in its
+    `benchmark_subject_of` (the class's benchmark facts).
+
+    Args:
+        benchmark: the benchmark's module name, e.g. "training_throughput".
+    """
+    from config.methods import REGISTRY
+
+    found = [s for s in REGISTRY.values() if benchmark in getattr(s.model_class, "benchmark_subject_of", ())]
+    if len(found) != 1:
+        raise RuntimeError(f"{len(found)} registered methods name {benchmark!r} in benchmark_subject_of; expected one")
+    return found[0]

@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from config.settings import get_settings  # noqa: E402
 from models.checkpoint import save_checkpoint  # noqa: E402
-from models.d2cse import D2CSE, D2CSEModelConfig  # noqa: E402
+from benchmarks.machine import subject_method  # noqa: E402
 from models.loading import resolve_model_path  # noqa: E402
 from models.peft_export import export_peft_adapter  # noqa: E402
 from models import peft_loader  # noqa: E402
@@ -110,7 +110,8 @@ def main(argv=None) -> dict:
         checkpoint = Path(args.checkpoint)
     else:
         torch.manual_seed(0)
-        model = D2CSE(D2CSEModelConfig(backbone=args.backbone, prefix_len=args.prefix_len, cls_prompt=args.cls_prompt))
+        spec = subject_method("peft_adapter")
+        model = spec.build_model(spec.model_config(args.backbone, {"prefix_len": args.prefix_len, "cls_prompt": args.cls_prompt}))
         checkpoint = save_checkpoint(model.eval(), work / "checkpoint")
     st_dir = export_sentence_transformer(checkpoint, work / "st")
     t0 = time.perf_counter()

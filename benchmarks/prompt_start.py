@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import set_offline_environment  # noqa: E402
+from machine import set_offline_environment, subject_method  # noqa: E402
 
 set_offline_environment()
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = None
     for shift in (True, False):
-        cfg = resolve_train_config("smoke", {"seed": args.seed, "model": {"shift_positions": shift}}, method="d2cse")
+        cfg = resolve_train_config("smoke", {"seed": args.seed, "model": {"shift_positions": shift}}, method=subject_method("prompt_start").name)
         set_seed(cfg.seed)
         model = build_model(cfg, torch.device("cpu")).eval()
         print(f"D2CSE step 0, prompts as initialised, shift_positions={shift}: {dev(model):.2f}", flush=True)

@@ -7,7 +7,7 @@ Data: real Wiki1M sentences (tokenised, max_length 32), corrupted offline by rep
 non-special tokens with random ids (the real pipeline precomputes corruption, so it is not part of a
 step); batches are built by `training.rows.TrainingRows.batch` in a random epoch order.
 
-D2CSE step: `training.loop.Trainer._train_step` itself (autocast, forward, zero_grad, backward,
+D2CSE step: `training.loop.Trainer.train_step` itself (autocast, forward, zero_grad, backward,
 clip_grad_norm_ 1.0, AdamW step, LR scheduler step). The model runs the prompted encoder on the 2B view
 rows (two dropout views) and the prompted, h-conditioned discriminator on the 2B corrupted rows.
 
@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from models.d2cse import D2CSE, D2CSEModelConfig  # noqa: E402
+from benchmarks.machine import subject_method  # noqa: E402
 from models.loading import PACKAGED_MINILM, load_encoder, load_tokenizer, pick_device  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
 from training.rows import TrainingRows, epoch_order  # noqa: E402
@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
     bare_encoder = copy.deepcopy(backbone)
     bare_encoder.pooler = None  # D2CSE never runs the pooler either
     torch.manual_seed(0)
-    model = D2CSE(D2CSEModelConfig(backbone=args.backbone, prefix_len=args.prefix_len), backbone, tokenizer).to(device)
+    spec = subject_method("training_throughput")
+    model = spec.build_model(spec.model_config(args.backbone, {"prefix_len": args.prefix_len}), backbone, tokenizer).to(device)
 
     n_steps = args.warmup + args.steps
     rows = training_rows(tokenizer, args.wiki, n_steps * args.batch_size)
@@ -150,11 +151,11 @@ def main(argv: list[str] | None = None) -> dict:
                      eval_steps=10**9, checkpoint_steps=10**9, log_steps=10**9, precision=precision, deterministic=False)
     noop = lambda *a: None  # noqa: E731
     trainer = Trainer(model, rows, cfg, device, Path(tempfile.gettempdir()) / "unused-benchmark-state", noop, noop, noop)
-    bare = BareStep(bare_encoder.to(device), trainer._autocast)
+    bare = BareStep(bare_encoder.to(device), trainer.autocast)
 
     t_d2cse, t_bare, mem_d2cse, mem_bare = [], [], [], []
     for i, batch in enumerate(batches):  # alternate, so drift (thermal, allocator) hits both alike
-        (tb, mb), (td, md) = timed(lambda: bare(batch), device), timed(lambda: trainer._train_step(batch), device)
+        (tb, mb), (td, md) = timed(lambda: bare(batch), device), timed(lambda: trainer.train_step(batch), device)
         if i >= args.warmup:
             t_bare.append(tb), t_d2cse.append(td), mem_bare.append(mb), mem_d2cse.append(md)
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "(logsumexp on CLS + token cross-entropy), backward; the embedding output is a leaf that "
                      "requires grad so backward runs through all layers (activation grads only), as prompt "
                      "tuning's does; no optimizer step"),
-        "d2cse_step": "training.loop.Trainer._train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
+        "d2cse_step": "training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
     }
     projection_key = "projected_wiki1m_2_epochs_minutes" if device.type == "cuda" else \
         "projected_wiki1m_2_epochs_minutes_cpu_info_only"
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
                             f"linearly from batch {args.batch_size}" + ("" if args.batch_size == PAPER_BATCH else
                                                                        " (run --batch-size 144 for the exact figure)"))
     if device.type == "cuda":
-        result["peak_gpu_memory_gib"] = {"d2cse": max(mem_d2cse), "bare": max(mem_bare)}
+        result["peak_gpu_memory_gib"] = {spec.name: max(mem_d2cse), "bare": max(mem_bare)}
         result["goal_minutes_h100"] = 15
     print(json.dumps(result, indent=2))
     return result

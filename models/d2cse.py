@@ -164,3 +164,33 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
     def describe(self) -> dict:
         return {**super().describe(), "prefix_len": self.config.prefix_len, "cls_prompt": self.config.cls_prompt,
                 "rtd_weight": self.config.rtd_weight, "train_prompts": self.config.train_prompts}
+
+    # --- benchmark facts (benchmarks/...) ---
+    # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the controls remove the
+    # CRTD loss (lambda = 0) and the conditioning of the discriminator on h (the D2CSE paper's ablation (c)). The
+    # mechanism check (held-out RTD with true / shuffled / no h) runs on the arms whose RTD head trains, and the
+    # head-learning-rate sensitivity rows are this method's.
+    evidence_position = 2
+    evidence_arms = (("method", "D2CSE (lambda 0.005, conditioned)", {}),
+                     ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
+                     ("ablation-c", "control: ablation (c), unconditioned discriminator",
+                      {"model": {"condition_discriminator": False}}))
+    evidence_mechanism_arms = ("method", "ablation-c")
+    evidence_head_lr_sensitivity = True
+    # benchmarks/learning.py: run name -> settings (see models/simcse.py).
+    learning_runs = {"d2cse": dict(preset="smoke", steps=30, eval_steps=15, overrides={},
+                                   lr_note="smoke preset 2e-2 (paper 2.1e-2)")}
+    # The single-method benchmarks that measure this method (training_throughput: its step vs a bare encoder step;
+    # peft_adapter: its PEFT export; prompt_start: position shifting of its prompts).
+    benchmark_subject_of = ("training_throughput", "peft_adapter", "prompt_start")
+    # benchmarks/dry_run.py: encoder passes per view (the discriminator reads the corrupted sentence).
+    dry_run_encoder_passes = 2
+
+    @classmethod
+    def dry_run_trainable(cls, backbone: str, config: D2CSEModelConfig) -> tuple[int | None, int | None]:
+        """(trainable, prefix-phase trainable) parameters benchmarks/dry_run.py checks a build against (None: no
+        figure): on bert-base-uncased, prefix P·2·L·d (L 12, d 768) + BN-MLP 2,362,368 + RTD head 1,538 (+ [CLS]
+        prompt 768)."""
+        if config.train_discriminator or config.prefix_projection or backbone != "bert-base-uncased":
+            return None, None
+        return config.prefix_len * 2 * 12 * 768 + 2_362_368 + 1_538 + (768 if config.cls_prompt else 0), None

@@ -412,3 +412,38 @@ class DiffAug(PromptedModel, CSEModel):
         return {**super().describe(), "prefix_len": self.config.prefix_len, "template": self.config.template,
                 "denoise": self.config.denoise, "denoise_index_quirk": self.config.denoise_index_quirk,
                 "aux_weight": self.config.aux_weight, "shared_prefix": self.config.shared_prefix}
+
+    # --- benchmark facts (benchmarks/...) ---
+    # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the control is the
+    # DiffAug paper's "same prefix for both views" ablation in stage 2.
+    evidence_position = 4
+    evidence_arms = (("method", "DiffAug (two prefix modules)", {}),
+                     ("shared-prefix", "control: same prefix for both views", {"model": {"shared_prefix": True}}))
+
+    @classmethod
+    def evidence_overrides(cls, protocol: dict) -> dict:
+        """What the evidence protocol sets over the smoke preset: the main semi-supervised setting (no auxiliary NLI
+        loss) and the smoke preset's rates, stage 1 for the protocol's `prefix_steps`."""
+        return {"aux_nli_batch_size": 0, "model": {"aux_weight": 0.0},
+                "prefix_phase": {"steps": protocol["prefix_steps"], "learning_rate": 1e-3, "batch_size": 32}}
+
+    # benchmarks/learning.py: run name -> settings (see models/simcse.py).
+    learning_runs = {"diffaug": dict(preset="smoke", steps=24, eval_steps=18, overrides={"prefix_phase": {"steps": 12}},
+                                     lr_note="smoke preset: stage 1 1e-3 (paper), stage 2 2e-5 (paper 1e-5 at batch 256)")}
+    # benchmarks/dry_run.py: encoder passes per view, the ids the template adds to a sentence (~10), and the
+    # prefix-phase trainable parameters on bert-base-uncased with P 16 (reparametrised prefix 14,777,088 + NLI
+    # classifier 4,610).
+    dry_run_encoder_passes = 1
+    dry_run_template_ids = 10
+
+    @classmethod
+    def dry_run_trainable(cls, backbone: str, config: DiffAugConfig) -> tuple[int | None, int | None]:
+        """(trainable, prefix-phase trainable) parameters benchmarks/dry_run.py checks a build against (None: no figure)."""
+        if backbone == "bert-base-uncased" and config.prefix_len == 16:
+            return None, 14_777_088 + 4_610
+        return None, None
+
+    def dry_run_batch_independent_forward(self):
+        """The batch-independent part of a joint step that benchmarks/dry_run.py times on its own: a function
+        returning a scalar of the template denoising to backpropagate (None without denoising)."""
+        return (lambda: self.template_deltas().float().sum()) if self.config.denoise else None

@@ -208,15 +208,6 @@ def global_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Te
     return (num / den.clamp_min(1)).float()
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Σ over ranks (no gradient); identity when not distributed."""
-    if not is_distributed():
-        return t
-    out = t.detach().clone()
-    dist.all_reduce(out)
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ BatchNorm
 class _GlobalBatchNorm:
     """Mixin of `GlobalBatchNorm{1,2,3}d`: batch statistics over the global batch in distributed training."""

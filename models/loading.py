@@ -131,3 +131,13 @@ def pick_device(device: str = "auto") -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device='cuda' requested but no CUDA device is available")
     return torch.device(device)
+
+
+def attention_implementation(model: torch.nn.Module) -> str:
+    """The attention implementation an HF model runs (`"sdpa"`, `"eager"`, a name registered through transformers'
+    `AttentionInterface`, e.g. the prompted ones of models/prefix.py); set it with `model.set_attn_implementation`.
+
+    Args:
+        model: a transformers `PreTrainedModel`.
+    """
+    return model.config._attn_implementation

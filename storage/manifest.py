@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from storage.atomic import write_json
-from storage.hashing import combine_hashes, sha256_file, sha256_files
+from storage.hashing import combine_hashes, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 
@@ -94,10 +94,6 @@ def read_manifest_if_complete(folder: str | Path) -> Manifest | None:
     if all((folder / f).is_file() for f in m.files):
         return m
     return None
-
-
-def content_hash_of(folder: str | Path, files: list[str]) -> str:
-    return sha256_files(Path(folder) / f for f in files)
 
 
 def file_facts(folder: str | Path, files: list[str]) -> dict[str, dict]:

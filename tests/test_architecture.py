@@ -151,3 +151,52 @@ def test_the_checker_sees_lazy_imports(tmp_path):
                       "def f():\n    import mlflow.entities\n    from tasks.train import x\n")
     found = dict(imports(source))
     assert found["mlflow.entities"] == 6 and found["tasks.train"] == 7 and "hidden" not in found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(path: Path) -> list[str]:
+    """Private names (a leading underscore, not a dunder) `path` takes from the project: imported from its packages
+    (`from models.x import _f`, `import training._y`), read as an attribute (`trainer._batch`: static analysis cannot
+    tell whose object it is, so every `._name` counts) or through `getattr(x, "_name")`. A class the file defines
+    may use its own: `self._x` / `cls._x` inside it."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own: set[int] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        own.update(id(n) for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                   and n.value.id in ("self", "cls"))
+    found = []
+    for node in ast.walk(tree):
+        where = f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] in PACKAGES:
+            names = node.module.split(".") + [a.name for a in node.names]
+            found += [f"{where}: imports {node.module}.{n}" for n in names if _private(n)]
+        elif isinstance(node, ast.Import):
+            found += [f"{where}: imports {a.name}" for a in node.names
+                      if a.name.split(".")[0] in PACKAGES and any(_private(p) for p in a.name.split("."))]
+        elif isinstance(node, ast.Attribute) and _private(node.attr) and id(node) not in own:
+            found.append(f"{where}: reads {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr") \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and _private(node.args[1].value):
+            found.append(f"{where}: {node.func.id} {node.args[1].value}")
+    return found
+
+
+def test_benchmarks_use_no_private_name_of_the_project():
+    """Benchmarks run the pipeline through its public API (e.g. the trainer's hooks and step API), so a refactoring
+    of private code cannot break them silently."""
+    offenders = [u for path in sorted((REPO_ROOT / "benchmarks").rglob("*.py")) for u in private_uses(path)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_private_name_checker_sees_imports_attributes_and_getattr(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("from training.loop import Trainer, _helper\nimport models._hidden\nfrom torch import _C\n\n"
+                      "class Probe:\n    def f(self):\n        return self._own, cls_obj._other\n\n"
+                      "def g(t):\n    t._batch(1)\n    return getattr(t, '_autocast'), t.__class__\n")
+    assert sorted(f.split(": ", 1)[1] for f in private_uses(source)) == sorted([
+        "imports training.loop._helper", "imports models._hidden", "reads cls_obj._other", "reads t._batch",
+        "getattr _autocast"])

@@ -22,7 +22,7 @@ from storage import keys
 from storage.layout import DataRoot
 from storage.runs import RunDir
 from storage.training_data import load_corruption_rows, load_token_rows
-from training.loop import LoopConfig, LoopResult, Phase, Trainer, set_seed
+from training.loop import LoopConfig, LoopResult, Phase, StopAfter, Trainer, set_seed
 from training.rows import TrainingRows
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,8 @@ def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run
         return res.dev_score
 
     trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg, precision), device,
-                      run_dir.resume_state, save_best, evaluate_dev, log_metrics, stop_after=stop_after)
+                      run_dir.resume_state, save_best, evaluate_dev, log_metrics,
+                      hooks=[StopAfter(stop_after)] if stop_after is not None else [])
     trainer.selection_metric = metric
     trainer.warn = (logger or log).warning
     if trainer.step == 0 and run_dir.has_state():

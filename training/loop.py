@@ -19,10 +19,19 @@ ranks before clipping, so a step equals the single-process step on the concatena
 differ by rank (rank r > 0 seeds its RNG from (seed, r)). Only rank 0 evaluates, saves the best checkpoint,
 writes the resume state (with every rank's RNG state) and logs; the others wait at a barrier. Resume works
 with the same or another world size (the schedule depends only on the global batch).
+
+Public step API (what benchmarks and probes use instead of subclassing): `TrainerHooks` passed as
+`Trainer(..., hooks=[...])` are called at phase start, around each step, around the forward and around the
+parameter update (clipping + optimizer + scheduler); `enter_phase(i)`, `batch_at(step)` (the real input
+preparation: the host batch the loop trains on at a global step), `train_step(batch)` (one optimiser step) and
+`precision_context()` (autocast + SDPA kernel) are the pieces `run()` is made of. `StopAfter(n)` simulates a kill.
+`LoopConfig.save_state=False` writes no resume state. On the meta device (shape checks) the loop runs with NaN
+metrics: meta tensors have no values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -51,7 +60,7 @@ log = logging.getLogger(__name__)
 
 
 class TrainingInterrupted(RuntimeError):
-    """Raised by `stop_after` to simulate a kill; the resume state of the last checkpoint is kept."""
+    """Raised by `StopAfter` to simulate a kill; the resume state of the last checkpoint is kept."""
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -121,6 +130,8 @@ class LoopConfig:
     # Build the next batch on a host thread while the device runs this step, in pinned memory with non-blocking
     # copies (None: on CUDA only; a CPU step gains nothing from it).
     prefetch: bool | None = None
+    # Write the resume state at checkpoint steps and at the end (False: nothing is written; the run cannot resume).
+    save_state: bool = True
 
 
 @dataclass
@@ -148,7 +159,79 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class TrainerHooks:
+    """Callbacks of the training loop; every method is a no-op, override the ones you need.
+
+    The loop calls, in order: `on_phase_start` (after the phase's optimizer and scheduler are built), then per
+    step `on_step_start`, `on_forward_start`/`on_forward_end` (around `model.training_step`),
+    `on_update_start`/`on_update_end` (around gradient clipping, the optimizer and scheduler steps: the
+    batch-independent part of a step) and `on_step_end` (after `trainer.step` is incremented and the step's
+    logging, dev evaluation and resume state are done, with the step's metrics as floats; an exception raised
+    there stops training, as `StopAfter` does). Every method gets the `Trainer`, whose `step`, `phase`,
+    `optimizer` and `model` are public.
+
+    Example:
+        >>> class Losses(TrainerHooks):
+        ...     def __init__(self):
+        ...         self.losses = []
+        ...     def on_step_end(self, trainer, batch, metrics):
+        ...         self.losses.append(metrics["loss"])
+    """
+
+    def on_phase_start(self, trainer: Trainer) -> None:
+        """`trainer.phase` was entered (fresh optimizer and scheduler)."""
+
+    def on_step_start(self, trainer: Trainer, batch) -> None:
+        """Step `trainer.step + 1` is about to run on `batch` (already on the device)."""
+
+    def on_forward_start(self, trainer: Trainer, batch) -> None:
+        """The model's `training_step` (the forward and the loss) is about to run."""
+
+    def on_forward_end(self, trainer: Trainer, batch) -> None:
+        """The model's `training_step` returned."""
+
+    def on_update_start(self, trainer: Trainer) -> None:
+        """The gradients are computed; clipping, the optimizer step and the scheduler step follow."""
+
+    def on_update_end(self, trainer: Trainer) -> None:
+        """The parameters and the learning rate were updated."""
+
+    def on_step_end(self, trainer: Trainer, batch, metrics: dict[str, float]) -> None:
+        """Step `trainer.step` ended with `metrics` (loss terms, grad_norm)."""
+
+
+class StopAfter(TrainerHooks):
+    """Raise `TrainingInterrupted` once `steps` steps have run (after that step's logging, evaluation and resume
+    state): simulates a kill for resume tests (`training.job.fit(stop_after=...)`).
+
+    Args:
+        steps: the global step after which training stops.
+    """
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def on_step_end(self, trainer: Trainer, batch, metrics: dict[str, float]) -> None:
+        """Raise `TrainingInterrupted` once `steps` steps have run."""
+        if trainer.step >= self.steps:
+            raise TrainingInterrupted(f"stopped after step {trainer.step} (stop_after)")
+
+
 class Trainer:
+    """Runs a job's phases with AdamW + linear decay (module docstring).
+
+    Args:
+        model: a `models.method.CSEModel` (its `training_step(batch, step, phase)`).
+        data: the rows of a single phase, or the job's `Phase`s.
+        cfg: the loop settings.
+        device: where the model trains.
+        state: the resume-state files (a bare folder: the same file names).
+        save_best: called with (model, step, score) when the dev score improves.
+        evaluate_dev: the dev score of the model.
+        log_metrics: called with (metrics, step) every `log_steps` steps and with dev scores.
+        hooks: `TrainerHooks` called around phases, steps, forwards and updates (e.g. `StopAfter`).
+    """
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -159,12 +242,12 @@ class Trainer:
         save_best: Callable[[torch.nn.Module, int, float], None],
         evaluate_dev: Callable[[torch.nn.Module], float],
         log_metrics: Callable[[dict[str, float], int], None],
-        stop_after: int | None = None,
+        hooks: list[TrainerHooks] | tuple[TrainerHooks, ...] = (),
     ):
         self.model, self.cfg, self.device = model, cfg, device
         self.state = state if isinstance(state, ResumeState) else ResumeState(state)  # a bare folder: the same file names
         self.save_best, self.evaluate_dev, self.log_metrics = save_best, evaluate_dev, log_metrics
-        self.stop_after = stop_after  # tests: simulate a kill after this many steps
+        self.hooks = list(hooks)
         self.warn: Callable[[str], None] = log.warning  # says that a damaged resume state was set aside
         if isinstance(data, TrainingRows):
             data = [Phase("main", data, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)]
@@ -192,7 +275,7 @@ class Trainer:
         self.step, self.best_score, self.best_step = 0, None, None
         self.phase_index = -1
         self._orders: dict[tuple[int, int, int], object] = {}
-        self._enter_phase(0)
+        self.enter_phase(0)
 
     def _check_shardable(self) -> None:
         """Every rank needs at least one row of every batch (the last batch of an epoch may be short)."""
@@ -240,8 +323,8 @@ class Trainer:
     def _phase_of(self, step: int) -> int:
         return max(i for i, off in enumerate(self.offsets) if step >= off) if step < self.total_steps else len(self.phases) - 1
 
-    def _enter_phase(self, index: int) -> None:
-        """Fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) over the model's parameter groups of phase `index` (a
+    def enter_phase(self, index: int) -> None:
+        """Enter phase `index` (no-op when it is the current one): fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) over the model's parameter groups of phase `index` (a
         group without its own `lr` takes the phase's) and one linear decay that scales every group."""
         if index == self.phase_index:
             return
@@ -258,9 +341,14 @@ class Trainer:
                                            **fused)
         horizon = phase.schedule_steps or phase.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
+        for h in self.hooks:
+            h.on_phase_start(self)
 
     # ------------------------------------------------------------------ state
     def save_state(self) -> None:
+        """Write the resume state (rank 0; every rank's RNG state); nothing when `LoopConfig.save_state` is off."""
+        if not self.cfg.save_state:
+            return
         if self.world > 1:  # every rank's RNG state goes into rank 0's file
             ranks_rng = distributed.all_gather_object(self._rng_state())
             if self.rank == 0:
@@ -320,7 +408,7 @@ class Trainer:
         meta, tensors, st = self._read_state()
         if meta.get("phases") != self._phase_signature() or meta["total_steps"] != self.total_steps:
             raise ValueError(f"resume state in {self.state.folder} belongs to another data size or schedule")
-        self._enter_phase(meta["phase"])
+        self.enter_phase(meta["phase"])
         missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         if unexpected:
             raise ValueError(f"resume state has tensors the model does not: {unexpected[:5]}")
@@ -337,25 +425,52 @@ class Trainer:
         self.step, self.best_score, self.best_step = meta["step"], meta["best_score"], meta["best_step"]
 
     # ------------------------------------------------------------------ loop
-    def _autocast(self):
+    def autocast(self):
+        """The autocast context of `LoopConfig.precision` (bf16/fp16; none for fp32)."""
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
-        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
-
-    def _sdpa_kernel(self):
-        if not self.cfg.sdpa_backend:
+        if dtype is None:
             return nullcontext()
-        return sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]())
+        return torch.autocast(self.device.type, dtype=dtype)
 
-    def _train_step(self, batch) -> dict[str, float]:
+    def precision_context(self):
+        """What the forward of a training step runs under: `autocast()` and the `LoopConfig.sdpa_backend` kernel."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.autocast())
+        if self.cfg.sdpa_backend:
+            stack.enter_context(sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()))
+        return stack
+
+    def _value(self, t) -> float:
+        """A metric as a Python float; NaN on the meta device (shapes only, no values)."""
+        if torch.is_tensor(t):
+            return float("nan") if t.device.type == "meta" else float(t.detach())
+        return float(t)
+
+    def train_step(self, batch) -> dict[str, float]:
+        """One optimiser step of the current phase on `batch` (on the device): forward under `precision_context()`,
+        backward, gradient reduction over ranks, clipping, AdamW and scheduler steps. Does not advance `step`.
+
+        Args:
+            batch: a `TrainBatch` on `device` (e.g. `batch_at(trainer.step)[0].to(trainer.device)`).
+
+        Returns:
+            The step's loss, its loss terms and the gradient norm, as floats.
+        """
         self.model.train()
-        with self._autocast(), self._sdpa_kernel():
+        for h in self.hooks:
+            h.on_forward_start(self, batch)
+        with self.precision_context():
             out = self._step_fn(batch, step=self.step, phase=self.phase.name)
+        for h in self.hooks:
+            h.on_forward_end(self, batch)
         self._require_finite("loss", out.loss, out.metrics)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
         if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
             distributed.all_reduce_gradients(self.params)
             distributed.check_replicated(out.loss, f"{self.phase.name}-phase loss of {type(self.model).__name__}")
+        for h in self.hooks:
+            h.on_update_start(self)
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         if not self.scaler.is_enabled():  # (fp16's scaler skips a step with inf gradients and lowers its scale itself)
@@ -363,16 +478,20 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
+        for h in self.hooks:
+            h.on_update_end(self)
         values = {"loss": out.loss, **out.metrics, "grad_norm": grad_norm}
-        return {n: float(v.detach()) for n, v in values.items()}
+        return {n: self._value(v) for n, v in values.items()}
 
     def _require_finite(self, what: str, value: torch.Tensor, terms: dict) -> None:
         """`NonFiniteLoss` naming the step (1-based, as logged), the phase, `what` and the step's loss terms when
-        `value` is inf or nan."""
+        `value` is inf or nan (never on the meta device, which has no values)."""
+        if value.device.type == "meta":
+            return
         v = float(value.detach())
         if math.isfinite(v):
             return
-        shown = ", ".join(f"{n}={float(t.detach()) if torch.is_tensor(t) else float(t):.6g}" for n, t in terms.items())
+        shown = ", ".join(f"{n}={self._value(t):.6g}" for n, t in terms.items())
         raise NonFiniteLoss(f"training stopped at step {self.step + 1} of {self.total_steps} (phase {self.phase.name!r}): "
                             f"the {what} is {v}" + (f" ({shown})" if shown else "")
                             + "; nothing of this step was applied. Lower the learning rate or check the data and "
@@ -386,7 +505,7 @@ class Trainer:
             self._orders[key] = epoch_order(n, seed, epoch)
         return self._orders[key]
 
-    def _batch(self, phase: Phase, phase_step: int, phase_index: int | None = None):
+    def phase_batch(self, phase: Phase, phase_step: int, phase_index: int | None = None):
         """The batch of in-phase step `phase_step`: a pure function of (seed, phase, step), so resume sees the same."""
         epoch, b = divmod(phase_step, phase.steps_per_epoch)
         seed = self.cfg.seed + 7919 * (self.phase_index if phase_index is None else phase_index)
@@ -399,12 +518,12 @@ class Trainer:
             batch.aux = phase.aux_rows.batch(aux_idx, ae)
         return batch, epoch, b
 
-    def _host_batch(self, step: int):
+    def batch_at(self, step: int):
         """(this rank's batch of global step `step` on the host, epoch, batch index, global sentences, global tokens);
         pinned when prefetching to CUDA. Pure (no RNG, no trainer state changed), so a host thread may build it."""
         index = self._phase_of(step)
         phase = self.phases[index]
-        batch, epoch, b = self._batch(phase, step - self.offsets[index], index)
+        batch, epoch, b = self.phase_batch(phase, step - self.offsets[index], index)
         n_sentences, n_tokens = batch.sentences, batch.tokens  # of the global batch
         batch = self._shard(batch)
         if self.prefetch and self.device.type == "cuda":
@@ -447,6 +566,7 @@ class Trainer:
         try:
             result = self._run_steps(pool, bar, t0, resumed)
         finally:
+            bar.close()
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             self.loop_s = time.perf_counter() - t0
@@ -456,21 +576,23 @@ class Trainer:
         sentences, window_t, window_sent, window_tok, window_wait = 0, time.perf_counter(), 0, 0, 0.0
         next_batch = None  # (step, future) of the prefetched batch
         while self.step < self.total_steps:
-            self._enter_phase(self._phase_of(self.step))
+            self.enter_phase(self._phase_of(self.step))
             phase = self.phase
             t_wait = time.perf_counter()
             if next_batch is not None and next_batch[0] == self.step:
                 host = next_batch[1].result()
             else:
-                host = self._host_batch(self.step)
+                host = self.batch_at(self.step)
             if pool is not None and self.step + 1 < self.total_steps:
-                next_batch = (self.step + 1, pool.submit(self._host_batch, self.step + 1))
+                next_batch = (self.step + 1, pool.submit(self.batch_at, self.step + 1))
             batch, epoch, b, n_sentences, n_tokens = host
             batch = batch.to(self.device)
             waited = time.perf_counter() - t_wait
             self.host_wait_s += waited
             window_wait += waited
-            metrics = self._train_step(batch)
+            for h in self.hooks:
+                h.on_step_start(self, batch)
+            metrics = self.train_step(batch)
             self.step += 1
             sentences += n_sentences
             window_sent += n_sentences
@@ -493,9 +615,8 @@ class Trainer:
                 self._main_only(self._maybe_evaluate)
             if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:
                 self.save_state()
-            if self.stop_after is not None and self.step >= self.stop_after:
-                bar.close()
-                raise TrainingInterrupted(f"stopped after step {self.step} (stop_after)")
+            for h in self.hooks:
+                h.on_step_end(self, batch, metrics)
         bar.close()
         if self.best_score is None and self.world == 1:  # a run shorter than eval_steps still yields a selected checkpoint
             self._maybe_evaluate()

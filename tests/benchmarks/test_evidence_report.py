@@ -68,3 +68,15 @@ def test_every_cell_of_the_protocol_is_planned():
     arms = sum(len(a) for a in ev.ARMS.values())
     assert len(cells) == arms * len(ev.PROTOCOL["seeds"]) + len(ev.PROTOCOL["head_lr_sensitivity"]["head_lrs"])
     assert ("d2cse", "ablation-c", 2) in cells and ("diffaug", "shared-prefix", 0) in cells
+
+
+def test_the_protocol_hash_is_the_one_the_recorded_cells_were_run_under():
+    """The arms, overrides and order now come from the model classes' benchmark facts: they must still hash to the
+    protocol every cell of benchmarks/results/evidence.json was run under."""
+    assert ev.protocol_hash() == "0713ae7325e122a8"
+    assert list(ev.ARMS) == ["simcse", "dcpcse", "d2cse", "diffcse", "diffaug"]
+    assert ev.MECHANISM_ARMS == {("d2cse", "method"), ("d2cse", "ablation-c"), ("diffcse", "method")}
+    assert ev.HEAD_LR_METHOD == "d2cse"
+    order = ev.expected_cells()
+    assert order[:3] == [("simcse", "method", s) for s in (0, 1, 2)] and order[-1] == ("diffaug", "shared-prefix", 2)
+    assert [c for c in order if c[1].startswith("head-lr-")] == [("d2cse", "head-lr-0.002", 0), ("d2cse", "head-lr-0.0002", 0)]

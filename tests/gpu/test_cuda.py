@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from benchmarks.gpu_check import (METHODS, backbone, build_model, job_phases, loop_config, preset, synthetic_rows,
                                   synthetic_tokenizer)
-from training.loop import Trainer, TrainingInterrupted
+from training.loop import StopAfter, Trainer, TrainingInterrupted
 
 CUDA = torch.cuda.is_available()
 REHEARSAL = os.environ.get("CSE_GPU_CHECK_DEVICE") == "cpu"
@@ -50,7 +50,8 @@ def _trainer(method, size, tok, precision, steps, state: Path, batch=4, length=1
     lc = loop_config(cfg, precision, steps)
     lc.checkpoint_steps, lc.deterministic = 1, True
     trainer = Trainer(model, job_phases(cfg, rows, nli, steps), lc, DEVICE, state, lambda *a: None, lambda m: 0.0,
-                      lambda m, step: "loss" in m and log.append((step, m)), stop_after=stop_after)
+                      lambda m, step: "loss" in m and log.append((step, m)),
+                      hooks=[StopAfter(stop_after)] if stop_after is not None else [])
     return trainer, log
 
 

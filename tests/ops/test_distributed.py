@@ -197,13 +197,13 @@ def _train(state_dir: Path, stop_after: int | None = None):
 def _train_in_default_dtype(state_dir: Path, stop_after: int | None = None):
     """D2CSE (BN-MLP + RTD) through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4 rows)."""
     from models.checkpoint import trainable_state_dict
-    from training.loop import LoopConfig, Trainer, TrainingInterrupted
+    from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 
     loop = LoopConfig(batch_size=6, learning_rate=0.01, epochs=2, max_steps=None, grad_clip=0.5, seed=5, eval_steps=3,
                       checkpoint_steps=3, log_steps=2, precision="fp32", deterministic=True)
     model, rec = _build("d2cse"), Recorder()
     trainer = Trainer(model, _training_rows(), loop, torch.device("cpu"), state_dir, rec.save_best, rec.evaluate, rec.log,
-                      stop_after=stop_after)
+                      hooks=[StopAfter(stop_after)] if stop_after is not None else [])
     try:
         result = trainer.run()
     except TrainingInterrupted:

@@ -10,7 +10,7 @@ from models.checkpoint import trainable_state_dict
 from models.d2cse import D2CSE, D2CSEModelConfig
 from storage.training_data import CorruptionRows, TokenRows
 from training.rows import TrainingRows, epoch_order
-from training.loop import LoopConfig, Trainer, TrainingInterrupted
+from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def probe(rows):
 
 def _trainer(model, rows, tmp_path, rec, stop_after=None, **kw):
     return Trainer(model, rows, _loop(**kw), torch.device("cpu"), tmp_path / "state", rec.save_best, rec.evaluate, rec.log,
-                   stop_after=stop_after)
+                   hooks=[StopAfter(stop_after)] if stop_after is not None else [])
 
 
 def test_epoch_order_is_a_function_of_seed_and_epoch():
@@ -132,3 +132,49 @@ def test_resume_state_of_another_schedule_is_refused(rows, tiny_bert_dir, tmp_pa
         _trainer(_model(tiny_bert_dir), rows, tmp_path, Recorder(probe), stop_after=4).run()
     with pytest.raises(ValueError, match="another data size or schedule"):
         _trainer(_model(tiny_bert_dir), rows, tmp_path, Recorder(probe), batch_size=8).run()
+
+
+def test_hooks_see_every_phase_step_forward_and_update_in_order_and_save_state_off_writes_nothing(tmp_path):
+    from tests.training.test_resume_state import _trainer as weighted_trainer
+    from training.loop import TrainerHooks
+
+    class Seen(TrainerHooks):
+        def __init__(self):
+            self.events = []
+
+        def on_phase_start(self, trainer):
+            self.events.append(("phase", trainer.phase.name))
+
+        def on_step_start(self, trainer, batch):
+            self.events.append(("step", trainer.step))
+
+        def on_forward_start(self, trainer, batch):
+            self.events.append("forward")
+
+        def on_forward_end(self, trainer, batch):
+            self.events.append("/forward")
+
+        def on_update_start(self, trainer):
+            self.events.append("update")
+
+        def on_update_end(self, trainer):
+            self.events.append("/update")
+
+        def on_step_end(self, trainer, batch, metrics):
+            self.events.append(("end", trainer.step, sorted(metrics)[:2]))
+
+    seen = Seen()
+    trainer = weighted_trainer(tmp_path / "state", hooks=[seen], save_state=False)
+    trainer.run()
+    per_step = lambda s: [("step", s), "forward", "/forward", "update", "/update"]  # noqa: E731
+    assert seen.events[:7] == [("phase", "main")] + per_step(0) + [("end", 1, ["epoch", "grad_norm"])]
+    assert [e for e in seen.events if e[0] == "end"] == [("end", s, ["epoch", "grad_norm"]) for s in (1, 2, 3, 4)]
+    assert not trainer.state.exists() and not (tmp_path / "state").exists()
+    # the public pieces run() is made of: the host batch of a step, one optimiser step (a fresh trainer: the LR of
+    # the finished one has decayed to 0)
+    trainer = weighted_trainer(tmp_path / "fresh")
+    batch, epoch, index, sentences, _ = trainer.batch_at(1)
+    assert (epoch, index, sentences) == (0, 1, 8)  # 4 rows x 2 dropout views
+    before = trainer.model.w.detach().clone()
+    metrics = trainer.train_step(batch.to(trainer.device))
+    assert set(metrics) == {"loss", "grad_norm"} and not torch.equal(before, trainer.model.w.detach())

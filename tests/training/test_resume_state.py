@@ -11,7 +11,7 @@ import torch
 from models.method import StepOutput
 from storage.runs import ResumeState, RunDir
 from storage.training_data import TokenRows
-from training.loop import LoopConfig, Trainer, TrainingInterrupted
+from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 from training.rows import TrainingRows
 
 
@@ -28,14 +28,14 @@ class Weighted(torch.nn.Module):
         return StepOutput(((batch.input_ids.float() @ self.w) ** 2).mean() / 100)
 
 
-def _trainer(state, stop_after=None) -> Trainer:
+def _trainer(state, stop_after=None, hooks=(), **loop_kw) -> Trainer:
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
     loop = LoopConfig(batch_size=4, learning_rate=0.01, epochs=2, max_steps=None, grad_clip=1.0, seed=0, eval_steps=2,
-                      checkpoint_steps=2, log_steps=1, precision="fp32", deterministic=True)
+                      checkpoint_steps=2, log_steps=1, precision="fp32", deterministic=True, **loop_kw)
     torch.manual_seed(0)
     return Trainer(Weighted(), rows, loop, torch.device("cpu"), state, lambda *a: None, lambda m: 0.0, lambda *a: None,
-                   stop_after=stop_after)
+                   hooks=[*hooks, *([StopAfter(stop_after)] if stop_after is not None else [])])
 
 
 def test_the_loop_writes_and_resumes_from_the_files_the_run_folder_names(tmp_path):
