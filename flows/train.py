@@ -18,7 +18,6 @@ from prefect import Flow, flow
 
 from config.methods import REGISTRY, MethodSpec
 from config.training import TrainConfig, resolve_train_config
-from evaluation.results import TASK_TITLES, TEST_TASKS
 from flows.corrupt import corrupt
 from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
@@ -41,6 +40,9 @@ from tracking.reporting import markdown_table, two_decimals
 
 def sts_table_text(metrics: dict[str, float]) -> str:
     """The seven STS test scores and their average as a markdown table (header, rule, one row; no final newline)."""
+    # lazy: the `evaluation` package imports scipy.stats (~1 s), which importing the flows does not need
+    from evaluation.results import TASK_TITLES, TEST_TASKS
+
     row = {TASK_TITLES[t]: float(metrics[t]) for t in TEST_TASKS}
     return markdown_table([{**row, "Avg.": float(metrics["sts_avg"])}], cell=two_decimals).rstrip("\n")
 

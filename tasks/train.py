@@ -38,17 +38,13 @@ from pydantic import BaseModel
 from config.methods import get_method
 from config.settings import get_settings
 from config.training import TrainConfig
-from evaluation.evaluator import Evaluator
 from models.checkpoint import load_checkpoint
 from models.loading import load_tokenizer, pick_device
-from models.peft_export import PeftExportError, export_peft_adapter
 from storage.datasets import DatasetRef
 from storage.evaluations import load_sts_input
 from storage.layout import DataRoot
 from storage.runs import RunDir
 from tasks.distributed_train import WORKER_MODULE
-from tasks.evaluate import record_evaluation
-from tasks.evaluate_transfer import record_transfer_evaluation
 from tasks.log import stage_logger
 from tracking.job_stages import job_stage
 from tracking.model_card import CardFacts, write_model_card
@@ -72,6 +68,9 @@ from training.loop import TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
+# LAZY: the stages import their heavy libraries when they run, not when flows/train.py is imported (deployments,
+# the CLI, experiment parents): sentence-transformers (models.st_export, ~5 s), peft (models.peft_export, ~3 s),
+# scipy.stats, matplotlib and scikit-learn (evaluation.evaluator, tasks.evaluate, tasks.evaluate_transfer, ~1.5 s).
 RETRIES = 2  # evaluate-test, evaluate-transfer, export: retried on a tracking outage only (`retry_on_outage`)
 RETRY_DELAYS = [30, 120]  # seconds before the first and the second retry
 
@@ -173,6 +172,8 @@ def fit_job(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None,
         stop_after: interrupt after that many steps (`TrainingInterrupted`; resume tests).
         extra_tags: tags added to the job's MLflow run (experiment membership, sweeps' parents).
     """
+    from evaluation.evaluator import Evaluator  # lazy: see LAZY
+
     plog = stage_logger()
     root = DataRoot(get_settings().data_root)
     device = pick_device(cfg.device)
@@ -228,6 +229,9 @@ def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[
         sts: the STS dataset.
 
     Returns the test metrics (the seven STS tasks, `sts_avg`, retrieval, alignment/uniformity)."""
+    from evaluation.evaluator import Evaluator  # lazy: see LAZY
+    from tasks.evaluate import record_evaluation
+
     root = DataRoot(get_settings().data_root)
     sts_input = load_sts_input(sts.key, root)
     with job_stage(fitted.run_id, "evaluate-test"):
@@ -247,6 +251,8 @@ def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
         fitted: the fit stage's result.
 
     Returns the transfer metrics (`mr` … `mrpc`, `transfer_avg`)."""
+    from tasks.evaluate_transfer import record_transfer_evaluation  # lazy: see LAZY
+
     plog = stage_logger()
     with job_stage(fitted.run_id, "evaluate-transfer"):
         transfer, source = train_job.transfer_evaluator(get_settings().data_root)
@@ -274,8 +280,7 @@ def export_model(cfg: TrainConfig, fitted: FitResult, test_metrics: dict[str, fl
         corruption: the corruption dataset the job read, else None.
         nli_tokens: the NLI tokens the job read, else None.
     """
-    # sentence-transformers costs seconds to import: only the export stage needs it
-    from models.st_export import export_sentence_transformer
+    from models.st_export import export_sentence_transformer  # lazy: see LAZY
 
     plog = stage_logger()
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
@@ -306,6 +311,8 @@ def export_adapter(method: str, run_dir: RunDir, logger):
     Only methods whose model exports one have one (`MethodSpec.exports_peft_adapter`). A backbone PEFT cannot prefix
     (e.g. DistilBERT: no past key/values) or a feature it cannot hold exactly is refused by the export with its
     reason, which is logged: the sentence-transformers export and the MLflow model stand either way."""
+    from models.peft_export import PeftExportError, export_peft_adapter  # lazy: see LAZY
+
     if not get_method(method).exports_peft_adapter:
         return None
     try:
