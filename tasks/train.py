@@ -106,7 +106,7 @@ class FitResult(BaseModel):
         return RunDir.at(self.run_dir)
 
 
-def retry_on_outage(task, task_run, state) -> bool:
+def retry_on_outage(_task, _task_run, state) -> bool:
     """Prefect's `retry_condition_fn` of the later stages: retry only when the exception says the tracking server
     could not be reached (an outage passes; a bug or bad data would fail the same way again)."""
     return isinstance(state.data, BaseException) and is_unreachable(state.data)
