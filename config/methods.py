@@ -62,6 +62,11 @@ class MethodSpec:
         return self.model_class.uses_corruption
 
     @property
+    def exports_peft_adapter(self) -> bool:
+        """The export stage also writes a PEFT prefix-tuning adapter (the prompt methods)."""
+        return getattr(self.model_class, "exports_peft_adapter", False)
+
+    @property
     def phases(self) -> tuple[str, ...]:
         return self.model_class.phases
 

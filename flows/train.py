@@ -1,33 +1,87 @@
 """Training flows, one per method of the registry (config/methods.py): ingest → tokenise → (corrupt) → train → evaluate, each stage cached by its inputs.
 
-`train-<method>` flows (train-d2cse, train-simcse, train-dcpcse, train-diffcse, train-diffaug) take a preset of
-config/presets.py and `overrides` (a nested dict merged into it), so any field changes per deployment or run:
-    prefect deployment run train-d2cse/default -p 'overrides={"learning_rate": 0.03, "model": {"prefix_len": 12}}'
-Only the stages a method needs run: the corruption stage for D2CSE and DiffCSE, NLI tokens for DiffAug's prefix
-phase and auxiliary loss. `tags` are added to the MLflow run (sweeps use them to nest children under a parent).
+`train-<method>` flows (one per registry entry; the Python objects are `train_<method>`, defined by
+`define_train_flows` below) take a preset of config/presets.py and `overrides` (a nested dict merged into it), so any
+field changes per deployment or run:
+    prefect deployment run train-<method>/default -p 'overrides={"learning_rate": 0.03, "model": {"prefix_len": 12}}'
+Only the stages a method needs run: the corruption stage for the methods that read corrupted sentences, NLI tokens
+for methods or presets that also read NLI rows. `tags` are added to the MLflow run (sweeps use them to nest children
+under a parent). The training itself is four Prefect tasks (tasks/train.py): fit, evaluate-test, evaluate-transfer
+(when configured), export; `train_job` composes them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import Flow, flow
 
 from config.methods import REGISTRY, MethodSpec
-from config.training import resolve_train_config
-from config.training import TrainConfig
+from config.training import TrainConfig, resolve_train_config
 from flows.corrupt import corrupt
 from flows.tokenization import prepare_tokens
-from storage.readers import SEVEN_TASKS
+from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
-from tasks.train import TrainResult, train_model
+from tasks.log import stage_logger
+from tasks.train import (
+    TrainResult,
+    evaluate_test,
+    evaluate_transfer,
+    export_model,
+    finished_result,
+    fit_job,
+    job_dir,
+    job_inputs,
+    note_membership,
+    record_result,
+)
 from tracking.reporting import markdown_table, two_decimals
 
 
 def sts_table_text(metrics: dict[str, float]) -> str:
     """The seven STS test scores and their average as a markdown table (header, rule, one row; no final newline)."""
-    row = {t.upper().replace("SICKR", "SICK-R").replace("STSB", "STS-B"): float(metrics[t]) for t in SEVEN_TASKS}
+    # lazy: the `evaluation` package imports scipy.stats (~1 s), which importing the flows does not need
+    from evaluation.results import TASK_TITLES, TEST_TASKS
+
+    row = {TASK_TITLES[t]: float(metrics[t]) for t in TEST_TASKS}
     return markdown_table([{**row, "Avg.": float(metrics["sts_avg"])}], cell=two_decimals).rstrip("\n")
+
+
+def train_job(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, sts: DatasetRef,
+              nli_tokens: DatasetRef | None = None, stop_after: int | None = None,
+              extra_tags: dict[str, str] | None = None) -> TrainResult:
+    """One training job as its stage tasks: fit, evaluate-test and evaluate-transfer (when configured), export.
+
+    The job's lock is held across the stages (a second flow of the same job waits, then resumes or returns the
+    result). A finished job (its verified `result.json`) is returned without running any stage. A stage that fails
+    after the fit leaves no result: the rerun's fit resumes at the last step (no training step runs again) and the
+    later stages run again.
+
+    Args:
+        cfg: the job's training config.
+        tokens: the training tokens.
+        corruption: the corruption dataset (methods that read corrupted sentences), else None.
+        sts: the STS dataset (dev selection, test evaluation).
+        nli_tokens: the NLI tokens (methods or presets that also read NLI rows), else None.
+        stop_after: interrupt the fit after that many steps (resume tests).
+        extra_tags: tags added to the job's MLflow run.
+    """
+    corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
+    run_dir = job_dir(cfg, tokens, corruption, nli_tokens)
+    with run_dir.exclusive():
+        plog = stage_logger()
+        if (done := finished_result(run_dir, plog)) is not None:
+            plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
+            note_membership(done, extra_tags)  # of the experiment that asked again for it
+            return done
+        fitted = fit_job(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=extra_tags)
+        test_metrics: dict[str, float] = {}
+        if cfg.test_evaluation:
+            test_metrics = evaluate_test(cfg, fitted, sts)
+            if cfg.transfer_evaluation or cfg.selection == "transfer":  # SentEval transfer tasks, test settings
+                test_metrics = {**test_metrics, **evaluate_transfer(cfg, fitted)}
+        export_model(cfg, fitted, test_metrics, tokens, corruption, nli_tokens)
+        return record_result(fitted, test_metrics)
 
 
 def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str, str] | None = None) -> TrainResult:
@@ -39,7 +93,7 @@ def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str
         nli_tokens = tokens if cfg.dataset == "nli" else prepare_tokens("nli", cfg.ingest, cfg.tokenize_config(), verify=True)
     sts = ingest_dataset("sts", cfg.ingest, verify=True)
     corruption = corrupt(tokens_key=tokens.key, config=cfg.corrupt, verify=True) if cfg.uses_corruption else None
-    result = train_model(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=tags)
+    result = train_job(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=tags)
     print(f"{cfg.method}/{cfg.preset}: MLflow run {result.run_id}, {result.steps} steps, best STS-B dev "
           f"{result.best_stsb_dev:.2f}" + (f" (resumed from step {result.resumed_from})" if result.resumed_from is not None else ""))
     if result.test_metrics:
@@ -47,7 +101,9 @@ def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str
     return result
 
 
-def _train_flow(spec: MethodSpec):
+def train_flow(spec: MethodSpec) -> Flow:
+    """The training flow of one registry method: `train-<name>`, a function named `spec.flow_function`."""
+
     @flow(name=spec.flow_name, log_prints=True, description=f"Train one {spec.title} job: {spec.summary}.")
     def train(preset: str = "default", overrides: dict[str, Any] | None = None, stop_after: int | None = None,
               tags: dict[str, str] | None = None) -> TrainResult:
@@ -58,6 +114,18 @@ def _train_flow(spec: MethodSpec):
     return train
 
 
-# One flow per registry entry, bound to this module's names (prefect.yaml's entrypoints `flows/train.py:train_<method>`).
-TRAIN_FLOWS = {name: _train_flow(spec) for name, spec in REGISTRY.items()}
-globals().update({spec.flow_function: TRAIN_FLOWS[name] for name, spec in REGISTRY.items()})
+def define_train_flows(namespace: dict[str, Any]) -> dict[str, Flow]:
+    """Define the flow `train_<method>` (`MethodSpec.flow_function`) of every registry method as a name of
+    `namespace`; returns method name → flow.
+
+    These are the objects prefect.yaml's entrypoints `flows/train.py:train_<method>` (`MethodSpec.entrypoint`) name:
+    Prefect imports this module and reads the attribute. A method added to config/methods.py gets its flow here
+    with no edit of this file (tests/flows/test_deployments.py checks prefect.yaml against the registry)."""
+    flows = {name: train_flow(spec) for name, spec in REGISTRY.items()}
+    for name, spec in REGISTRY.items():
+        namespace[spec.flow_function] = flows[name]
+    return flows
+
+
+# flows/train.py:train_<method>, one per registry entry (define_train_flows)
+TRAIN_FLOWS = define_train_flows(globals())

@@ -1,12 +1,25 @@
-"""Training stage: one Prefect task per training job, one MLflow run per job (resumed jobs continue it).
+"""Training stages: one Prefect task per stage of a training job, one MLflow run per job (resumed jobs continue it).
 
-The task is the seam between the training engine (training/: rows, loop, job, distributed) and orchestration and
-tracking: it holds the GPU slot, starts or resumes the job's MLflow run (tracking.runs), injects the MLflow metric
-logger into `training.job.fit`, then test-evaluates the best checkpoint and records artifacts and the result.
+A job runs four stages, each its own task in the Prefect UI with its own retries (composed by flows/train.py
+`train_job`, which holds the job's lock across them and checks the finished-job record first, `finished_result`):
+
+- `fit` (`fit_job`): holds the GPU slot, starts or resumes the job's MLflow run (tracking.training_runs), injects the MLflow
+  metric logger into `training.job.fit` and trains, selecting the best checkpoint on STS-B dev. No retries: a
+  deterministic failure (a non-finite loss, a bad config, out of memory) would only repeat, and a rerun resumes
+  from the last saved step anyway.
+- `evaluate-test` (`evaluate_test`): the best checkpoint on the STS test sets (plus retrieval, alignment/uniformity).
+- `evaluate-transfer` (`evaluate_transfer`): the SentEval transfer tasks, when the job asks for them.
+- `export` (`export_model`): the checkpoint and config as MLflow artifacts, the MLflow model and its registry
+  version, the sentence-transformers folder, the PEFT adapter (methods whose model exports one) and the model cards.
+The evaluation and export stages retry (`RETRIES`) only when the tracking server was unreachable
+(`tracking.spool.is_unreachable`); anything else fails the task at once. A failed later stage leaves the job's
+training intact: the MLflow run is tagged with the stage that failed (tracking.job_stages), no `result.json` is
+written, and a rerun resumes at the last step (no training step runs again) and runs the later stages again.
+`record_result` writes `result.json` last, when every stage has finished.
 
 A job with `nproc_per_node × nnodes` > 1 trains under torchrun (`training.distributed.launch`; every rank runs
 tasks/distributed_train.py, i.e. `fit` on its slice of each global batch, rank 0 logging into this job's MLflow run);
-the task waits for it and then does the rest (test evaluation, artifacts, export) as for a single-process job.
+the fit task waits for it; the later stages are the same as for a single-process job.
 """
 
 from __future__ import annotations
@@ -18,19 +31,27 @@ import os
 
 import torch
 from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
+from config.methods import get_method
 from config.settings import get_settings
 from config.training import TrainConfig
+from models.checkpoint import load_checkpoint
 from models.loading import load_tokenizer, pick_device
 from storage.datasets import DatasetRef
+from storage.evaluations import load_sts_input
 from storage.layout import DataRoot
 from storage.runs import RunDir
 from tasks.distributed_train import WORKER_MODULE
 from tasks.log import stage_logger
+from tracking.job_stages import job_stage
 from tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs
+from tracking.model_card import CardFacts, write_model_card
+from tracking.model_export import log_encoder_model, registered_model_name
 from tracking.provenance import git_commit, prefect_flow_run_id
-from tracking.spool import ResilientMetricLogger
+from tracking.spool import ResilientMetricLogger, is_unreachable
 from tracking.stage_runs import log_run_results
 from tracking.training_runs import training_run, training_run_exists
 from training import job as train_job
@@ -39,8 +60,16 @@ from training.loop import TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
+# LAZY: the stages import their heavy libraries when they run, not when flows/train.py is imported (deployments,
+# the CLI, experiment parents): sentence-transformers (models.st_export, ~5 s), peft (models.peft_export, ~3 s),
+# scipy.stats, matplotlib and scikit-learn (evaluation.evaluator, tasks.evaluate, tasks.evaluate_transfer, ~1.5 s).
+RETRIES = 2  # evaluate-test, evaluate-transfer, export: retried on a tracking outage only (`retry_on_outage`)
+RETRY_DELAYS = [30, 120]  # seconds before the first and the second retry
+
 
 class TrainResult(BaseModel):
+    """A finished job (all stages done), recorded as its `result.json`: a rerun returns it instead of training."""
+
     run_id: str
     run_dir: str
     best_checkpoint: str
@@ -50,47 +79,63 @@ class TrainResult(BaseModel):
     test_metrics: dict[str, float] = {}
 
 
+class FitResult(BaseModel):
+    """What the fit stage hands to the later stages: the job's folder and MLflow run and how training went.
+
+    `best_score` is the selection metric's best value (STS-B dev, or the transfer dev average with
+    `selection = "transfer"`) at `best_step`; `git_commit` the commit the job ran."""
+
+    run_id: str
+    run_dir: str
+    steps: int
+    best_score: float | None
+    best_step: int | None
+    resumed_from: int | None
+    git_commit: str
+
+    @property
+    def job(self) -> RunDir:
+        return RunDir.at(self.run_dir)
+
+
+def retry_on_outage(_task, _task_run, state) -> bool:
+    """Prefect's `retry_condition_fn` of the later stages: retry only when the exception says the tracking server
+    could not be reached (an outage passes; a bug or bad data would fail the same way again)."""
+    return isinstance(state.data, BaseException) and is_unreachable(state.data)
+
+
 def gpu_slot(device: torch.device, occupy: int = 1):
     """Hold `occupy` slots (one per GPU) of the Prefect global concurrency limit `$CSE_GPU_SLOT` (default `gpu`)
     while training on CUDA, so two jobs never share a GPU unless the limit allows it."""
     if device.type != "cuda" or not prefect_flow_run_id():
         return contextlib.nullcontext()
-    from prefect.concurrency.sync import concurrency
-
     return concurrency(os.environ.get("CSE_GPU_SLOT", "gpu"), occupy=occupy)
 
 
-@task(name="train")
-def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, sts: DatasetRef,
-                nli_tokens: DatasetRef | None = None, stop_after: int | None = None,
-                extra_tags: dict[str, str] | None = None) -> TrainResult:
-    """Train (or resume) one job; select on STS-B dev; test-evaluate the best checkpoint; log everything."""
-    from evaluation.evaluator import Evaluator
-    from models.checkpoint import load_checkpoint
-    from models.st_export import export_sentence_transformer
-    from storage.evaluations import load_sts_input
-    from tasks.evaluate import record_evaluation
-    from tracking.model_card import CardFacts, write_model_card
-    from tracking.model_export import log_encoder_model, registered_model_name
+def job_inputs(cfg: TrainConfig, corruption: DatasetRef | None,
+               nli_tokens: DatasetRef | None) -> tuple[DatasetRef | None, DatasetRef | None]:
+    """The corruption and NLI token datasets the job reads (None for those its method and preset do not read).
 
-    plog = stage_logger()
-    root = DataRoot(get_settings().data_root)
-    device = pick_device(cfg.device)
-    precision = train_job.resolve_precision(cfg, device)
+    Args:
+        cfg: the job's training config.
+        corruption: the corruption dataset (required when the method reads corrupted sentences).
+        nli_tokens: the NLI tokens (required when the method or preset also reads NLI rows).
+    """
     if cfg.uses_corruption and corruption is None:
         raise ValueError(f"method {cfg.method} reads corrupted sentences: pass the corruption dataset")
     if cfg.needs_nli and nli_tokens is None:
         raise ValueError(f"{cfg.method}/{cfg.preset} also reads NLI rows: pass nli_tokens")
-    corruption = corruption if cfg.uses_corruption else None
-    nli_tokens = nli_tokens if cfg.needs_nli else None
-    run_dir = RunDir(cfg.method, train_job.run_key(cfg, tokens, corruption, nli_tokens))
-    tokenizer = load_tokenizer(cfg.backbone)
+    return (corruption if cfg.uses_corruption else None), (nli_tokens if cfg.needs_nli else None)
 
-    if not cfg.distributed:  # (the ranks of a distributed job load their own)
-        rows, nli_rows = train_job.load_training_rows(cfg, root, tokens, corruption, nli_tokens, tokenizer.pad_token_id)
-    sts_input = load_sts_input(sts.key, root)
-    evaluator = Evaluator(sts_input.table)
 
+def job_dir(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None) -> RunDir:
+    """The job's folder, `<home>/runs/<method>/<run key>` (`training.job.run_key`; pass `job_inputs`' datasets)."""
+    return RunDir(cfg.method, train_job.run_key(cfg, tokens, corruption, nli_tokens))
+
+
+def job_tags(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None,
+             run_dir: RunDir, extra_tags: dict[str, str] | None = None) -> dict[str, str]:
+    """The tags of the job's MLflow run (method, backbone, preset, data hashes, commit, folder, worker, flow run)."""
     tags = {"method": cfg.method, "backbone": cfg.backbone, "preset": cfg.preset, "dataset": cfg.dataset,
             "tokens_hash": tokens.content_hash, "corruption_hash": corruption.content_hash if corruption else "none",
             "git_commit": git_commit(), "run_dir": str(run_dir.path)}
@@ -101,93 +146,187 @@ def train_model(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | N
     tags.update(extra_tags or {})
     if (fr := prefect_flow_run_id()) is not None:
         tags["prefect_flow_run_id"] = str(fr)
+    return tags
 
-    with run_dir.exclusive():  # a second flow of the same job waits, then resumes or returns the result
-        if (done := finished_result(run_dir, plog)) is not None:
-            plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
-            # membership of the experiment that asked again for it
-            log_run_results(done.run_id, tags={k: v for k, v in (extra_tags or {}).items() if k.startswith("cse.member.")})
-            return done
 
-        with training_run(cfg.method, run_dir, f"{cfg.method}-{cfg.preset}", tags, cfg.model_dump(), cfg.system_metrics,
-                          killed=(KeyboardInterrupt, TrainingInterrupted)) as run:
-            log_dataset_inputs(run.info.run_id, [(tokens, CONTEXT_TRAIN), *([(corruption, CONTEXT_CORRUPTION)] if corruption else []),
-                                                 *([(nli_tokens, CONTEXT_TRAIN)] if nli_tokens else []), (sts, CONTEXT_EVAL)])
-            # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
-            metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
-            try:
-                if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
-                    job = DistributedJob(config=cfg, tokens=tokens, corruption=corruption, nli_tokens=nli_tokens, sts=sts,
-                                         run_dir=str(run_dir.path), run_id=run.info.run_id, precision=precision,
-                                         stop_after=stop_after)
-                    result = launch(job, WORKER_MODULE, gpu_slot(device, occupy=cfg.nproc_per_node), plog)
-                else:
-                    result = train_job.fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator,
-                                           metrics_log.log_params, metrics_log.log_metrics, stop_after=stop_after,
-                                           slot=gpu_slot(device), logger=plog)
-            finally:
-                metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
-            log_run_results(run.info.run_id, metrics={"train_seconds": result.seconds,
-                                                      "train_sentences_per_s": result.sentences_per_s},
-                            tags={} if result.resumed_from is None else {"resumed_from_step": result.resumed_from})
+@task(name="fit", retries=0, cache_policy=NO_CACHE)
+def fit_job(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, sts: DatasetRef,
+            nli_tokens: DatasetRef | None = None, stop_after: int | None = None,
+            extra_tags: dict[str, str] | None = None) -> FitResult:
+    """Train (or resume) one job, selecting its best checkpoint on STS-B dev (or the transfer dev average).
 
-            test_metrics: dict[str, float] = {}
-            if cfg.test_evaluation:
-                best = load_checkpoint(run_dir.best, device=device)
-                res = evaluator.run(best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision)
-                record_evaluation(res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input,
-                                  what={"method": cfg.method, "checkpoint": str(run_dir.best), "run_id": run.info.run_id,
-                                        "backbone": cfg.backbone})
-                test_metrics = res.metrics()
-                if cfg.transfer_evaluation or cfg.selection == "transfer":  # SentEval transfer tasks, test settings
-                    from tasks.evaluate_transfer import record_transfer_evaluation
+    Args:
+        cfg: the job's training config.
+        tokens: the training tokens.
+        corruption: the corruption dataset (methods that read corrupted sentences), else None.
+        sts: the STS dataset (dev selection).
+        nli_tokens: the NLI tokens (methods or presets that also read NLI rows), else None.
+        stop_after: interrupt after that many steps (`TrainingInterrupted`; resume tests).
+        extra_tags: tags added to the job's MLflow run (experiment membership, sweeps' parents).
+    """
+    from evaluation.evaluator import Evaluator  # lazy: see LAZY
 
-                    transfer, source = train_job.transfer_evaluator(root.root)
-                    log_dataset_inputs(run.info.run_id, [(source, CONTEXT_EVAL)])
-                    tres = transfer.run(best, classifier="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision,
-                                        log=plog.info)
-                    record_transfer_evaluation(tres, label=f"{cfg.method}-{cfg.preset}", source=source,
-                                               what={"method": cfg.method, "checkpoint": str(run_dir.best),
-                                                     "run_id": run.info.run_id, "backbone": cfg.backbone})
-                    test_metrics.update(tres.metrics())
-            log_run_results(run.info.run_id, folders={"checkpoint": run_dir.best},
-                            texts={"config.json": json.dumps(cfg.model_dump(), indent=2)})
-            logged = log_encoder_model(run_dir.best, registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
-                                       version_tags={k: tags[k] for k in ("method", "backbone", "preset", "tokens_hash", "corruption_hash")})
-            export_sentence_transformer(run_dir.best, run_dir.export)
-            adapter = export_adapter(cfg.method, run_dir, plog)
-            facts = CardFacts.from_training(
-                cfg, test_metrics, tokens=tokens, corruption=corruption, nli_tokens=nli_tokens, run_id=run.info.run_id,
-                registered_name=logged.registered_name if logged.version else None, version=logged.version,
-                logged_model_uri=logged.model_uri, git_commit=tags["git_commit"], checkpoint=run_dir.best,
-                adapter=adapter, steps=result.steps, best_stsb_dev=result.best_score)
-            folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
-            if adapter is not None:
-                folders["peft-adapter"] = write_model_card(adapter.folder, facts).parent
-            log_run_results(run.info.run_id, folders=folders)
-        plog.info("trained %d steps; best %s %.2f at step %s", result.steps,
-                  "STS-B dev" if cfg.selection == "stsb" else "transfer dev average", result.best_score or float("nan"), result.best_step)
-        out = TrainResult(run_id=run.info.run_id, run_dir=str(run_dir.path), best_checkpoint=str(run_dir.best), steps=result.steps,
-                          best_stsb_dev=result.best_score, resumed_from=result.resumed_from, test_metrics=test_metrics)
-        run_dir.set_result(out.model_dump())
-        return out
+    plog = stage_logger()
+    root = DataRoot(get_settings().data_root)
+    device = pick_device(cfg.device)
+    precision = train_job.resolve_precision(cfg, device)
+    corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
+    run_dir = job_dir(cfg, tokens, corruption, nli_tokens)
+    tokenizer = load_tokenizer(cfg.backbone)
+    if not cfg.distributed:  # (the ranks of a distributed job load their own)
+        rows, nli_rows = train_job.load_training_rows(cfg, root, tokens, corruption, nli_tokens, tokenizer.pad_token_id)
+    evaluator = Evaluator(load_sts_input(sts.key, root).table)
+    tags = job_tags(cfg, tokens, corruption, nli_tokens, run_dir, extra_tags)
+
+    with training_run(cfg.method, run_dir, f"{cfg.method}-{cfg.preset}", tags, cfg.model_dump(), cfg.system_metrics,
+                      killed=(KeyboardInterrupt, TrainingInterrupted)) as run:
+        log_dataset_inputs(run.info.run_id, [(tokens, CONTEXT_TRAIN), *([(corruption, CONTEXT_CORRUPTION)] if corruption else []),
+                                             *([(nli_tokens, CONTEXT_TRAIN)] if nli_tokens else []), (sts, CONTEXT_EVAL)])
+        # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
+        metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
+        try:
+            if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
+                job = DistributedJob(config=cfg, tokens=tokens, corruption=corruption, nli_tokens=nli_tokens, sts=sts,
+                                     run_dir=str(run_dir.path), run_id=run.info.run_id, precision=precision,
+                                     stop_after=stop_after)
+                result = launch(job, WORKER_MODULE, gpu_slot(device, occupy=cfg.nproc_per_node), plog)
+            else:
+                result = train_job.fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator,
+                                       metrics_log.log_params, metrics_log.log_metrics, stop_after=stop_after,
+                                       slot=gpu_slot(device), logger=plog)
+        finally:
+            metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
+        log_run_results(run.info.run_id, metrics={"train_seconds": result.seconds,
+                                                  "train_sentences_per_s": result.sentences_per_s},
+                        tags={} if result.resumed_from is None else {"resumed_from_step": result.resumed_from})
+    plog.info("trained %d steps; best %s %.2f at step %s", result.steps,
+              "STS-B dev" if cfg.selection == "stsb" else "transfer dev average", result.best_score or float("nan"), result.best_step)
+    return FitResult(run_id=run.info.run_id, run_dir=str(run_dir.path), steps=result.steps, best_score=result.best_score,
+                     best_step=result.best_step, resumed_from=result.resumed_from, git_commit=tags["git_commit"])
+
+
+def _what(cfg: TrainConfig, fitted: FitResult) -> dict[str, str]:
+    """The evaluation rows' description of the job's best checkpoint."""
+    return {"method": cfg.method, "checkpoint": str(fitted.job.best), "run_id": fitted.run_id, "backbone": cfg.backbone}
+
+
+@task(name="evaluate-test", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_on_outage,
+      cache_policy=NO_CACHE)
+def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[str, float]:
+    """The job's best checkpoint on the STS test sets, recorded on the job's MLflow run and as an evaluation row.
+
+    Args:
+        cfg: the job's training config (evaluation batch size and precision).
+        fitted: the fit stage's result.
+        sts: the STS dataset.
+
+    Returns the test metrics (the seven STS tasks, `sts_avg`, retrieval, alignment/uniformity)."""
+    from evaluation.evaluator import Evaluator  # lazy: see LAZY
+    from tasks.evaluate import record_evaluation
+
+    root = DataRoot(get_settings().data_root)
+    sts_input = load_sts_input(sts.key, root)
+    with job_stage(fitted.run_id, "evaluate-test"):
+        best = load_checkpoint(fitted.job.best, device=pick_device(cfg.device))
+        res = Evaluator(sts_input.table).run(best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision)
+        record_evaluation(res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input, what=_what(cfg, fitted))
+    return res.metrics()
+
+
+@task(name="evaluate-transfer", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_on_outage,
+      cache_policy=NO_CACHE)
+def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
+    """The job's best checkpoint on the SentEval transfer tasks (test settings), recorded like `evaluate_test`.
+
+    Args:
+        cfg: the job's training config (evaluation batch size and precision).
+        fitted: the fit stage's result.
+
+    Returns the transfer metrics (`mr` … `mrpc`, `transfer_avg`)."""
+    from tasks.evaluate_transfer import record_transfer_evaluation  # lazy: see LAZY
+
+    plog = stage_logger()
+    with job_stage(fitted.run_id, "evaluate-transfer"):
+        transfer, source = train_job.transfer_evaluator(get_settings().data_root)
+        log_dataset_inputs(fitted.run_id, [(source, CONTEXT_EVAL)])
+        best = load_checkpoint(fitted.job.best, device=pick_device(cfg.device))
+        tres = transfer.run(best, classifier="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision,
+                            log=plog.info)
+        record_transfer_evaluation(tres, label=f"{cfg.method}-{cfg.preset}", source=source, what=_what(cfg, fitted))
+    return tres.metrics()
+
+
+@task(name="export", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_on_outage,
+      cache_policy=NO_CACHE)
+def export_model(cfg: TrainConfig, fitted: FitResult, test_metrics: dict[str, float], tokens: DatasetRef,
+                 corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> None:
+    """Record and export the job's best checkpoint: the checkpoint and config as MLflow artifacts, the MLflow model
+    and its registry version (`cse-<method>-<backbone>-<preset>`), the sentence-transformers folder, the PEFT adapter
+    (`export_adapter`) and a model card in each export (also logged as artifacts).
+
+    Args:
+        cfg: the job's training config.
+        fitted: the fit stage's result.
+        test_metrics: the evaluation stages' metrics (for the model cards; empty without test evaluation).
+        tokens: the training tokens (their hash goes on the registry version and the cards).
+        corruption: the corruption dataset the job read, else None.
+        nli_tokens: the NLI tokens the job read, else None.
+    """
+    from models.st_export import export_sentence_transformer  # lazy: see LAZY
+
+    plog = stage_logger()
+    corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
+    run_dir = fitted.job
+    with job_stage(fitted.run_id, "export"):
+        log_run_results(fitted.run_id, folders={"checkpoint": run_dir.best},
+                        texts={"config.json": json.dumps(cfg.model_dump(), indent=2)})
+        version_tags = {"method": cfg.method, "backbone": cfg.backbone, "preset": cfg.preset,
+                        "tokens_hash": tokens.content_hash, "corruption_hash": corruption.content_hash if corruption else "none"}
+        logged = log_encoder_model(run_dir.best, registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
+                                   version_tags=version_tags)
+        export_sentence_transformer(run_dir.best, run_dir.export)
+        adapter = export_adapter(cfg.method, run_dir, plog)
+        facts = CardFacts.from_training(
+            cfg, test_metrics, tokens=tokens, corruption=corruption, nli_tokens=nli_tokens, run_id=fitted.run_id,
+            registered_name=logged.registered_name if logged.version else None, version=logged.version,
+            logged_model_uri=logged.model_uri, git_commit=fitted.git_commit, checkpoint=run_dir.best,
+            adapter=adapter, steps=fitted.steps, best_stsb_dev=fitted.best_score)
+        folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
+        if adapter is not None:
+            folders["peft-adapter"] = write_model_card(adapter.folder, facts).parent
+        log_run_results(fitted.run_id, folders=folders)
 
 
 def export_adapter(method: str, run_dir: RunDir, logger):
-    """The best checkpoint of a prompt method as a PEFT prefix-tuning adapter (`models.peft_export`), or None.
+    """The best checkpoint as a PEFT prefix-tuning adapter (`models.peft_export`), or None.
 
-    Only prompt methods have one. A backbone PEFT cannot prefix (e.g. DistilBERT: no past key/values) or a feature it
-    cannot hold exactly is refused by the export with its reason, which is logged: the sentence-transformers export
-    and the MLflow model stand either way."""
-    from models.peft_export import PROMPT_METHODS, PeftExportError, export_peft_adapter
+    Only methods whose model exports one have one (`MethodSpec.exports_peft_adapter`). A backbone PEFT cannot prefix
+    (e.g. DistilBERT: no past key/values) or a feature it cannot hold exactly is refused by the export with its
+    reason, which is logged: the sentence-transformers export and the MLflow model stand either way."""
+    from models.peft_export import PeftExportError, export_peft_adapter  # lazy: see LAZY
 
-    if method not in PROMPT_METHODS:
+    if not get_method(method).exports_peft_adapter:
         return None
     try:
         return export_peft_adapter(run_dir.best, run_dir.peft_adapter)
     except PeftExportError as e:
         logger.warning("no PEFT adapter for %s: %s", run_dir.path, e)
         return None
+
+
+def record_result(fitted: FitResult, test_metrics: dict[str, float]) -> TrainResult:
+    """Write the finished job's `result.json` (every stage done; with its best checkpoint's file records) and return
+    it: from now on a rerun returns it (`finished_result`)."""
+    out = TrainResult(run_id=fitted.run_id, run_dir=fitted.run_dir, best_checkpoint=str(fitted.job.best),
+                      steps=fitted.steps, best_stsb_dev=fitted.best_score, resumed_from=fitted.resumed_from,
+                      test_metrics=test_metrics)
+    fitted.job.set_result(out.model_dump())
+    return out
+
+
+def note_membership(result: TrainResult, extra_tags: dict[str, str] | None) -> None:
+    """Tag a finished job's run with the membership tags (`cse.member.*`) of the experiment that asked for it again."""
+    log_run_results(result.run_id, tags={k: v for k, v in (extra_tags or {}).items() if k.startswith("cse.member.")})
 
 
 def finished_result(run_dir: RunDir, logger=None) -> TrainResult | None:

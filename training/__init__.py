@@ -1,7 +1,7 @@
 """The training engine: plain PyTorch plus the project's `config/`, `storage/`, `models/` and `evaluation/`.
 
 Nothing here imports Prefect or MLflow: tracking and orchestration inject their callbacks and context managers
-(tasks/train.py, the `train` task; tasks/distributed_train.py, the torchrun entry point of each rank).
+(tasks/train.py, the `fit` task; tasks/distributed_train.py, the torchrun entry point of each rank).
 
 - `training.rows`: `TrainingRows` (batches from the token and corruption datasets, a corruption variant per view
   and epoch) and `epoch_order` (the row order of an epoch, a pure function of seed and epoch);

@@ -106,3 +106,12 @@ def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):
     assert result.resumed_from == 4 and result.steps == 8
     assert result.run_id == runs[0].info.run_id
     assert mlflow.get_run(result.run_id).info.status == "FINISHED"
+
+
+def test_the_printed_sts_table_uses_the_evaluation_titles():
+    from flows.train import sts_table_text
+
+    metrics = {"sts12": 1, "sts13": 2, "sts14": 3, "sts15": 4, "sts16": 5, "stsb": 6, "sickr": 7, "sts_avg": 4}
+    assert sts_table_text(metrics).splitlines() == ["| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |",
+                                                    "|---|---|---|---|---|---|---|---|",
+                                                    "| 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 | 7.00 | 4.00 |"]

@@ -77,7 +77,7 @@ def test_training_verifies_content_hashes_of_every_input(monkeypatch):
     monkeypatch.setattr(train, "ingest_dataset", lambda *a, **k: calls.append(("sts", k)) or ref)
     monkeypatch.setattr(train, "corrupt", lambda *a, **k: calls.append(("corrupt", k)) or ref)
     result = SimpleNamespace(run_id="r", steps=0, best_stsb_dev=0.0, resumed_from=None, test_metrics={})
-    monkeypatch.setattr(train, "train_model", lambda *a, **k: result)
+    monkeypatch.setattr(train, "train_job", lambda *a, **k: result)
     train.run_training(resolve_train_config("smoke", None, method="d2cse"))
     assert [name for name, _ in calls] == ["tokens", "sts", "corrupt"]
     assert all(k.get("verify") is True for _, k in calls)

@@ -20,6 +20,8 @@ from storage.runs import ResumeState, RunDir
 from tests.reliability.conftest import ingest
 
 STEPS = 2
+# the job's stage tasks run here outside a flow (standalone task runs), whose logs Prefect cannot send to its API
+pytestmark = pytest.mark.filterwarnings("ignore:Logger 'prefect.task_runs' attempted to send logs:UserWarning")
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +52,18 @@ def data_root(tmp_path_factory, shared_data, tiny_bert_dir, _shared_tracking_sto
 
 
 @pytest.fixture
-def job(data_root, tiny_bert_dir, monkeypatch):
+def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
+    """Run the tiny job's stage tasks (flows/train.py `train_job`: fit, evaluate, export) with config overrides."""
     folder, refs = data_root
     monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
 
     def run(**overrides):
-        from tasks.train import train_model
+        from flows.train import train_job
 
         cfg = resolve_train_config("smoke", {"backbone": str(tiny_bert_dir), "max_steps": STEPS, "eval_steps": STEPS,
                                              "batch_size": 8, "max_train_sentences": 64, "test_evaluation": False,
                                              "system_metrics": False, "max_length": 32, **overrides}, method="simcse")
-        return train_model.fn(cfg, refs["tokens"], None, refs["sts"])
+        return train_job(cfg, refs["tokens"], None, refs["sts"])
 
     return run
 
@@ -113,6 +116,42 @@ def test_a_finished_jobs_damage_is_found_on_the_cache_hit(job, caplog):
     from models.checkpoint import load_checkpoint
 
     load_checkpoint(retrained.best_checkpoint)  # intact again
+
+
+def test_a_failed_export_fails_only_the_export_task_and_the_rerun_does_not_train_again(job):
+    """The stages are separate Prefect tasks: an export that fails (here the MLflow model logging) leaves a
+    completed `fit` task and a failed `export` task, the training state finished (resume state at the last step, no
+    `result.json`) and the run tagged with the failed stage; the rerun resumes at the last step (no training step
+    runs again) and exports."""
+    import flows.train as stages
+    from tracking.job_stages import FAILED_STAGE_TAG
+
+    ended: dict[str, str] = {}
+
+    def note(task, task_run, state):
+        ended[task.name] = state.type.value
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the model registry refused the model")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stages, "fit_job", stages.fit_job.with_options(on_completion=[note], on_failure=[note]))
+        mp.setattr(stages, "export_model", stages.export_model.with_options(on_completion=[note], on_failure=[note]))
+        mp.setattr("tasks.train.log_encoder_model", refuse)
+        with pytest.raises(RuntimeError, match="the model registry refused the model"):
+            job()
+    assert ended == {"fit": "COMPLETED", "export": "FAILED"}
+    [run] = mlflow.search_runs(experiment_names=["simcse"], output_format="list", max_results=1,
+                               order_by=["attributes.start_time DESC"])
+    assert run.info.status == "FAILED" and run.data.tags[FAILED_STAGE_TAG] == "export"
+    job_dir = RunDir.at(run.data.tags["run_dir"])
+    assert job_dir.result() is None and json.loads(job_dir.resume_state.progress.read_text())["step"] == STEPS
+
+    again = job()
+    assert again.run_id == run.info.run_id and again.resumed_from == STEPS and again.steps == STEPS  # not trained again
+    rerun = mlflow.get_run(again.run_id)
+    assert rerun.info.status == "FINISHED" and FAILED_STAGE_TAG not in rerun.data.tags
+    assert len(_versions(again.run_id)) == 1 and job_dir.result()["run_id"] == again.run_id
 
 
 def _tiny_trainer(state_folder, stop_after=None):

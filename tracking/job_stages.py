@@ -1,0 +1,45 @@
+"""The MLflow run of a training job across its later stages (test evaluation, transfer evaluation, export).
+
+The fit stage opens the job's run and ends it when training ends (tracking.training_runs `training_run`). Each later stage is
+its own Prefect task; `job_stage` makes the job's run the active run again for that stage (the evaluation recorders
+and the model logging write to the active run), so the stage's results land on the same run. A stage that raises
+ends the run FAILED and tags it `cse.failed_stage` = the stage, so MLflow says which stage failed (the training
+itself finished); the tag is removed when that stage later succeeds (the job's rerun).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import mlflow
+
+from tracking.store import configure_mlflow
+
+FAILED_STAGE_TAG = "cse.failed_stage"
+
+
+@contextmanager
+def job_stage(run_id: str, stage: str) -> Iterator[str]:
+    """Run the block with the training job's MLflow run `run_id` active again; yields `run_id`.
+
+    Args:
+        run_id: the job's MLflow run (the fit stage's `run_id`).
+        stage: the stage's name, written to the tag `cse.failed_stage` when the block raises.
+
+    The run ends FINISHED after the block, KILLED on an interrupt, FAILED on any other exception (which propagates).
+    """
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    try:
+        with mlflow.start_run(run_id=run_id):
+            try:
+                yield run_id
+            except KeyboardInterrupt:
+                mlflow.end_run(status="KILLED")
+                raise
+    except BaseException:
+        client.set_tag(run_id, FAILED_STAGE_TAG, stage)
+        raise
+    if client.get_run(run_id).data.tags.get(FAILED_STAGE_TAG) == stage:  # an earlier attempt of this stage failed
+        client.delete_tag(run_id, FAILED_STAGE_TAG)
