@@ -10,7 +10,8 @@ or fact that is missing renders as "—".
 The card holds: the STS table (STS12–16, STS-B, SICK-R, Avg.), retrieval recall@k and alignment/uniformity on
 STS-B test, each beside the published row and the difference (ours − published); trainable parameters; the data
 and corruption hashes; the full configuration; the git commit; how to load the model (the sentence-transformers
-folder, the PEFT adapter where one exists, the MLflow model URI) and the papers to cite.
+folder, the PEFT adapter where one exists, the MLflow model URI) and the papers to cite (the registry entry's
+`bibtex` and those of the methods it builds on, `MethodSpec.cites`; a method outside the registry cites none).
 
 `card_facts_of_job(run_dir)` (for `cse card RUN_DIR`) reads a finished job's recorded result and its MLflow run
 (config, tags, registered version); it is the only function here that talks to MLflow.
