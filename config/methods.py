@@ -95,6 +95,12 @@ class MethodSpec:
         return self.model_class.uses_corruption
 
     @property
+    def exports_peft_adapter(self) -> bool:
+        """The export stage also writes a PEFT prefix-tuning adapter: the model class defines `peft_plan` (the
+        prompt methods)."""
+        return self.model_class.exports_peft_adapter
+
+    @property
     def phases(self) -> tuple[str, ...]:
         return self.model_class.phases
 
@@ -102,13 +108,6 @@ class MethodSpec:
     def accepts_aux_nli(self) -> bool:
         """Takes NLI rows batched beside the main ones (`TrainConfig.aux_nli_batch_size`; DiffAug's semi w/ aux)."""
         return self.model_class.accepts_aux_nli
-
-    @property
-    def exports_peft_adapter(self) -> bool:
-        """Its export includes a PEFT prefix-tuning adapter (the model class defines `peft_plan`: the prompt methods)."""
-        from models.method import exports_peft_adapter
-
-        return exports_peft_adapter(self.model_class)
 
     @property
     def paper(self) -> str:

@@ -158,7 +158,8 @@ class CSEModel(SentenceEmbedder):
       of the methods whose papers its model card cites too, in order);
     - `ablations`: named model-config variants of the paper's ablation table (flows/ablate.py runs them), if any;
     - `peft_plan(plan)`: how a checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py); the
-      default, None, means the method exports no adapter.
+      default, None, means the method exports no adapter. `exports_peft_adapter` is set on every subclass: whether
+      it defines its own `peft_plan`.
     """
 
     method: ClassVar[str]
@@ -170,6 +171,11 @@ class CSEModel(SentenceEmbedder):
     bibtex: ClassVar[str] = ""
     builds_on: ClassVar[tuple[str, ...]] = ()
     ablations: ClassVar[dict[str, dict[str, Any]]] = {}
+    exports_peft_adapter: ClassVar[bool] = False  # derived in __init_subclass__, never set by hand
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.exports_peft_adapter = cls.peft_plan is not CSEModel.peft_plan
     # State-dict prefixes the evaluation embedding never reads (a trainable discriminator, RTD head): left out of
     # saved checkpoints (resume state keeps them), so a DiffCSE checkpoint holds one encoder, not two.
     not_for_inference: ClassVar[tuple[str, ...]] = ()
@@ -241,15 +247,11 @@ class CSEModel(SentenceEmbedder):
 
         `plan` holds what every prompted model shares (CLS pooling, the notes on prefix dropout and position shift);
         a method that exports an adapter adds its own pooling, carried modules and notes and returns it. The default
-        returns None: the method has no prompts to export (it fine-tunes the whole encoder), and
-        `exports_peft_adapter(cls)` is False.
+        returns None: the method has no prompts to export (it fine-tunes the whole encoder), and the class's
+        `exports_peft_adapter` is False.
 
         Args:
             plan: the shared part of the plan, to complete.
         """
         return None
 
-
-def exports_peft_adapter(model_class: type[CSEModel]) -> bool:
-    """Whether `model_class` writes a PEFT prefix-tuning adapter beside its exports: it defines its own `peft_plan`."""
-    return model_class.peft_plan is not CSEModel.peft_plan

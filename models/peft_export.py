@@ -41,7 +41,6 @@ from torch import nn
 
 from models import peft_loader
 from models.batching import pad_sequences
-from models.method import exports_peft_adapter
 
 TOLERANCE = 1e-5
 LOADER_FILE = "peft_embed.py"
@@ -132,7 +131,7 @@ def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor
 def adapter_plan(model) -> PeftPlan:
     """Map a loaded model onto PEFT: the part every prompted model shares, completed by its class's `peft_plan`
     (models/<method>.py). Raises `PeftExportError` for a method with no adapter and for what no adapter can carry."""
-    if not exports_peft_adapter(type(model)):
+    if not type(model).exports_peft_adapter:
         raise PeftExportError(f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; "
                               "use models.st_export")
     enc, backbone = model.encoder, model.backbone
@@ -209,7 +208,7 @@ def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allo
     if out == source or out in source.parents or source in out.parents:
         raise ValueError(f"exporting to {out_dir} would overwrite the checkpoint {checkpoint_dir}: choose another folder")
     meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint is named before anything is loaded
-    if not exports_peft_adapter(model_class_of(meta["method"])):
+    if not model_class_of(meta["method"]).exports_peft_adapter:
         raise PeftExportError(f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
                               "adapter (its model class defines no peft_plan); use models.st_export")
     model = load_checkpoint(checkpoint_dir)

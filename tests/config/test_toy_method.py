@@ -24,7 +24,7 @@ from config.settings import REPO_ROOT
 from config.training import preset_row, resolve_train_config
 from models.batching import TrainBatch, pad_sequences
 from models.losses import contrastive_loss
-from models.method import CSEModel, PromptConfig, StepOutput, exports_peft_adapter
+from models.method import CSEModel, PromptConfig, StepOutput
 from models.peft_export import PeftExportError, adapter_plan
 from models.prefix import PromptedModel
 from tracking.model_card import CardFacts, model_card
@@ -157,7 +157,7 @@ def test_an_unknown_method_is_cited_as_nothing():
 
 
 def test_the_peft_plan_is_the_model_classs(toy, tiny_bert_dir):
-    assert toy.exports_peft_adapter and not exports_peft_adapter(ToyWithoutAdapter)
+    assert toy.exports_peft_adapter and ToyCSE.exports_peft_adapter and not ToyWithoutAdapter.exports_peft_adapter
     torch.manual_seed(0)
     model = toy.build_model(toy.model_config(str(tiny_bert_dir), {"prefix_len": 2}))
     plan = adapter_plan(model)
