@@ -57,16 +57,19 @@ class MethodSpec:
         model: the model class as `"module:Class"` (`models.<name>:<Class>`), imported when a property needs it.
         summary: one line on what trains and how; the flow's description and the model card's first sentence.
 
-    Example:
-        ```python
-        from config.methods import get_method
-
-        spec = get_method("dcpcse")
-        spec.deployment("sup")  # "train-dcpcse/sup"
-        spec.exports_peft_adapter  # True: the model class defines peft_plan
-        spec.stages(supervised=False)  # ("ingest:wiki1m", "tokenize:wiki1m", "train", "evaluate")
-        model = spec.build_model(spec.model_config("packaged:minilm", {"prefix_len": 8}))
-        ```
+    Examples:
+        >>> from config.methods import get_method
+        >>> spec = get_method("dcpcse")
+        >>> spec.deployment("sup")
+        'train-dcpcse/sup'
+        >>> spec.exports_peft_adapter  # the model class defines peft_plan
+        True
+        >>> spec.stages(supervised=False)
+        ('ingest:wiki1m', 'tokenize:wiki1m', 'train', 'evaluate')
+        >>> spec.cites  # the model card cites DCPCSE's paper, then SimCSE's
+        ('dcpcse', 'simcse')
+        >>> spec.model_config("packaged:minilm", {"prefix_len": 8}).prefix_len
+        8
     """
 
     name: str

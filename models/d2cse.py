@@ -86,15 +86,13 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         tokenizer: attached for evaluation; loaded from `config.backbone` when the backbone is loaded here.
         cls_token_id: the embedding row that initialises the [CLS] prompt (default: the tokenizer's [CLS]).
 
-    Example:
-        ```python
-        from config.methods import build_model
-        from models.batching import pad_sequences
-
-        model = build_model("d2cse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
-        ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
-        vectors = model.embed(ids, mask)  # (1, 384)
-        ```
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("d2cse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape
+        torch.Size([1, 384])
     """
 
     def __init__(self, config: D2CSEModelConfig, backbone: nn.Module | None = None, tokenizer=None,

@@ -264,15 +264,13 @@ class DCPCSE(PromptedModel, CSEModel):
         mlm_head: an already built module mapping `(N, T, d)` token states to `(N, T, V)` logits, used instead of
             loading the pretrained head (tests).
 
-    Example:
-        ```python
-        from config.methods import build_model
-        from models.batching import pad_sequences
-
-        model = build_model("dcpcse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
-        ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
-        vectors = model.embed(ids, mask)  # (1, 384)
-        ```
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("dcpcse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape
+        torch.Size([1, 384])
     """
 
     method = "dcpcse"

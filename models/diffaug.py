@@ -163,15 +163,13 @@ class DiffAug(PromptedModel, CSEModel):
         backbone: an already built HF encoder; None loads `config.backbone`.
         tokenizer: needed for the template ids; loaded from `config.backbone` when not given.
 
-    Example:
-        ```python
-        from config.methods import build_model
-        from models.batching import pad_sequences
-
-        model = build_model("diffaug", {"backbone": "packaged:minilm"}).eval()
-        ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
-        vectors = model.embed(ids, mask)  # (1, 384): the template's [MASK] state
-        ```
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("diffaug", {"backbone": "packaged:minilm"}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape  # the template's [MASK] state
+        torch.Size([1, 384])
     """
 
     method = "diffaug"

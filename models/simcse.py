@@ -74,15 +74,13 @@ class SimCSE(CSEModel):
         backbone: an already built HF encoder; None loads `config.backbone`.
         tokenizer: attached for evaluation; loaded from `config.backbone` when the backbone is loaded here.
 
-    Example:
-        ```python
-        from config.methods import build_model
-        from models.batching import pad_sequences
-
-        model = build_model("simcse", {"backbone": "packaged:minilm"}).eval()
-        ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
-        vectors = model.embed(ids, mask)  # (1, 384)
-        ```
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("simcse", {"backbone": "packaged:minilm"}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape
+        torch.Size([1, 384])
     """
 
     method = "simcse"
