@@ -1,23 +1,33 @@
 """The method registry: one declarative entry per training method, the only list of methods in the project.
 
-An entry names the method's model class (`models/<name>.py`, imported when first asked for), its presets
-(config/presets.py) and a one-line summary. Everything else is derived from it:
+A method is one unit: a model module `models/<name>.py`, one `MethodSpec` entry below and its presets in
+config/presets.py (plus, for a published method, its rows in config/published.py). Everything per method is a field
+of the entry or an attribute/method of the model class, read through the entry:
 
-- the model's typed config (`config_class`), its evaluation pooler, whether it reads the corruption stage, its phases;
+- the typed model config (`config_class`), whether it reads the corruption stage, its phases, whether it takes
+  auxiliary NLI batches (`accepts_aux_nli`), hence its pipeline stages (`stages()`);
 - `TrainConfig.method` (the accepted names) and the validation of `TrainConfig.model`;
-- the training flows `train-<name>` of flows/train.py and the experiment children's dispatch target
+- its paper and BibTeX (`paper`, `bibtex`, `cites`: the model card's citation), its published rows (`published`),
+  its ablation variants (`ablations`, flows/ablate.py), whether its export includes a PEFT adapter
+  (`exports_peft_adapter`: the model class defines `peft_plan`);
+- the training flow `train-<name>` of flows/train.py and the experiment children's dispatch target
   (`deployment(preset)`), the comparison's rows (tasks/compare.py);
 - the deployments: prefect.yaml stays the file users read and edit, and tests/flows/test_deployments.py fails when
-  it and this registry disagree (every preset has its deployment, every deployment names an existing preset).
+  it and this registry disagree, printing the entries to add (`missing_deployments`).
 
-Adding a method: a module `models/<name>.py` with a `MethodConfig` dataclass and a `CSEModel` subclass whose
-`method` is `<name>`, its presets in config/presets.py, one `MethodSpec` below, its deployments in prefect.yaml.
+Adding a method (docs/architecture.md has the recipe; tests/config/test_toy_method.py adds a toy one):
+1. `models/<name>.py`: a `MethodConfig` dataclass and a `CSEModel` subclass with `method = "<name>"`, its
+   `config_class`, `paper`, `bibtex` (and `builds_on`, `peft_plan`, `ablations` where they apply);
+2. its presets in config/presets.py (at least `default`);
+3. one `MethodSpec` below;
+4. the prefect.yaml entries the deployment test prints (`missing_deployments(spec, deployments)`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
@@ -25,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
+from config import published
 from config.finite import check_finite_fields
 from config.presets import PRESETS
 
@@ -32,9 +43,34 @@ if TYPE_CHECKING:
     from models.method import CSEModel, MethodConfig
 
 
+DEFAULT_METHOD = "d2cse"  # the method a job, a sweep or a seed study trains when none is named
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """One training method. `model` is `"module:Class"`; the class is imported when a property needs it."""
+    """One training method of the registry; every other per-method fact is read from its model class.
+
+    Args:
+        name: the registry name (lowercase): `TrainConfig.method`, the `train-<name>` flow, MLflow experiment and
+            registered-model names, the checkpoint's `method`.
+        title: the name as the paper writes it (model cards, tables).
+        model: the model class as `"module:Class"` (`models.<name>:<Class>`), imported when a property needs it.
+        summary: one line on what trains and how; the flow's description and the model card's first sentence.
+
+    Examples:
+        >>> from config.methods import get_method
+        >>> spec = get_method("dcpcse")
+        >>> spec.deployment("sup")
+        'train-dcpcse/sup'
+        >>> spec.exports_peft_adapter  # the model class defines peft_plan
+        True
+        >>> spec.stages(supervised=False)
+        ('ingest:wiki1m', 'tokenize:wiki1m', 'train', 'evaluate')
+        >>> spec.cites  # the model card cites DCPCSE's paper, then SimCSE's
+        ('dcpcse', 'simcse')
+        >>> spec.model_config("packaged:minilm", {"prefix_len": 8}).prefix_len
+        8
+    """
 
     name: str
     title: str
@@ -63,12 +99,43 @@ class MethodSpec:
 
     @property
     def exports_peft_adapter(self) -> bool:
-        """The export stage also writes a PEFT prefix-tuning adapter (the prompt methods)."""
-        return getattr(self.model_class, "exports_peft_adapter", False)
+        """The export stage also writes a PEFT prefix-tuning adapter: the model class defines `peft_plan` (the
+        prompt methods)."""
+        return self.model_class.exports_peft_adapter
 
     @property
     def phases(self) -> tuple[str, ...]:
         return self.model_class.phases
+
+    @property
+    def accepts_aux_nli(self) -> bool:
+        """Takes NLI rows batched beside the main ones (`TrainConfig.aux_nli_batch_size`; DiffAug's semi w/ aux)."""
+        return self.model_class.accepts_aux_nli
+
+    @property
+    def paper(self) -> str:
+        """The method's paper in one line (authors, year, title, venue), from the model class."""
+        return self.model_class.paper
+
+    @property
+    def bibtex(self) -> str:
+        """The BibTeX entry of the method's paper, from the model class."""
+        return self.model_class.bibtex
+
+    @property
+    def cites(self) -> tuple[str, ...]:
+        """The methods whose papers a model card of this one cites: itself first, then those it builds on."""
+        return (self.name, *(m for m in self.model_class.builds_on if m != self.name))
+
+    @property
+    def ablations(self) -> Mapping[str, Mapping[str, Any]]:
+        """The paper's ablation variants (variant → model fields), from the model class; empty when it has none."""
+        return self.model_class.ablations
+
+    @property
+    def published(self) -> published.PublishedRows:
+        """The papers' numbers for this method (config/published.py), by table."""
+        return published.rows_of(self.name)
 
     @property
     def trains_prefix_phase(self) -> bool:
@@ -102,6 +169,14 @@ class MethodSpec:
         """The deployment that trains `preset` (`train-<name>/<preset>`); experiment children run `default`."""
         self.preset(preset)
         return f"{self.flow_name}/{preset}"
+
+    def deployment_entries(self) -> list[dict[str, Any]]:
+        """The prefect.yaml deployments this method needs: one per preset, named like it (without `work_pool`, which
+        prefect.yaml gives every deployment as `*local_pool`)."""
+        return [{"name": preset, "entrypoint": self.entrypoint,
+                 "description": f"{self.title}, preset {preset} (config/presets.py): {self.summary}.",
+                 "tags": ["train", self.name, *(["smoke"] if preset == "smoke" else [])],
+                 "parameters": {"preset": preset}} for preset in self.presets]
 
     def preset(self, name: str) -> Mapping[str, Any]:
         if name not in self.presets:
@@ -169,3 +244,22 @@ def build_model(method: str, model_config: dict[str, Any], backbone=None, tokeni
 def model_class(method: str) -> type[CSEModel]:
     """The model class of `method` (`get_method(method).model_class`)."""
     return get_method(method).model_class
+
+
+def missing_deployments(spec: MethodSpec, deployments: list[dict[str, Any]]) -> str:
+    """The prefect.yaml lines to add so that every preset of `spec` has its training deployment: YAML entries for the
+    `deployments:` list ("" when none is missing).
+
+    Args:
+        spec: the registry entry.
+        deployments: prefect.yaml's `deployments` (the parsed list).
+    """
+    have = {(d.get("entrypoint"), d.get("name")) for d in deployments}
+    lines = []
+    for entry in spec.deployment_entries():
+        if (entry["entrypoint"], entry["name"]) in have:
+            continue
+        lines += [f"  - name: {entry['name']}", f"    entrypoint: {entry['entrypoint']}",
+                  f"    description: {json.dumps(entry['description'], ensure_ascii=False)}", f"    tags: [{', '.join(entry['tags'])}]",
+                  f"    parameters: {{preset: {entry['parameters']['preset']}}}", "    work_pool: *local_pool", ""]
+    return "\n".join(lines)

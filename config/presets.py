@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# Where the presets' data come from by default (config/stages.py's source URLs): the SimCSE authors' release of
+# Wiki1M, the NLI triplets and SentEval on the HF hub, which every paper here trains and evaluates on.
+PRESET_DATA_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+
 _SMOKE_CORRUPT = {"generator": "random-init:distilbert-tiny", "shard_size": 4096, "batch_size": 128}
 # The cheaper, non-reference corruption: one variant per sentence shared by every view and epoch, generator dropout
 # off (the stage then costs 1/(epochs x views) of the reference's). Logged as the run parameter `corruption_reuse`.

@@ -3,10 +3,13 @@
 STS: Spearman ×100, STS12–16 "all", STS-B / SICK-R test, Avg. over the seven. Keys: (method, backbone, setting)
 with backbone `bert-base` / `bert-large` / `roberta-base` / `roberta-large` and setting `unsup` / `sup` /
 `semi` / `semi-aux`. Where a paper re-ran another method, the original paper's row is the reference and the
-re-run is kept under `reruns`.
+re-run is kept under `reruns`. `rows_of(method)` (`MethodSpec.published`) gathers one method's rows; which
+published row a preset reproduces is `config.training.preset_row`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from storage.readers import SEVEN_TASKS
 
@@ -138,26 +141,52 @@ def setting_of(method: str, preset: str, supervised: bool) -> str:
     return "sup" if supervised else "unsup"
 
 
-def preset_row(method: str, preset: str) -> tuple[str, str | None, str]:
-    """(method, backbone family, setting) of a preset: the published row it reproduces (family None: no paper row)."""
-    from config.training import resolve_train_config
-
-    cfg = resolve_train_config(preset, method=method)
-    return method, backbone_family(cfg.backbone), setting_of(method, preset, cfg.supervised)
-
-
 def published_keys() -> set[tuple[str, str, str]]:
     """Every (method, backbone family, setting) with a published number (STS, re-runs, retrieval, align/uniform,
     parameters at the unsupervised setting, and the D2CSE ablation cells on their base presets)."""
     keys = set(STS) | set(RERUNS) | set(RETRIEVAL) | set(ALIGN_UNIFORM)
     keys |= {(method, family, "unsup") for method, family in PARAMETERS}
-    keys |= {("d2cse", "bert-base", setting) for cells in D2CSE_ABLATION.values() for setting, _ in cells}
+    keys |= {(method, "bert-base", setting) for method, table in ABLATION.items() for cells in table.values()
+             for setting, _ in cells}
     return keys
 
 
-def presets_for(key: tuple[str, str, str]) -> list[str]:
-    """The presets of `key`'s method that reproduce that published row, in preset order (the first is canonical)."""
-    from config.presets import PRESETS
+@dataclass(frozen=True)
+class PublishedRows:
+    """The published numbers of one method (`MethodSpec.published`), each table keyed as below; empty where no paper
+    reports the method.
 
-    method = key[0]
-    return [p for p in PRESETS.get(method, {}) if preset_row(method, p) == key]
+    Args:
+        method: the registry name.
+        sts: (backbone family, setting) → the STS row of `STS`.
+        reruns: (family, setting) → a re-run by another paper (`RERUNS`).
+        retrieval: (family, setting) → recall@k on STS-B test (`RETRIEVAL`).
+        align_uniform: (family, setting) → alignment and uniformity (`ALIGN_UNIFORM`).
+        transfer: (family, setting) → SentEval transfer accuracies (`TRANSFER`).
+        parameters: family → trainable parameters at training time (`PARAMETERS`).
+        ablation: variant → {(setting, [CLS] prompt): STS avg} of the paper's ablation table, if it has one.
+    """
+
+    method: str
+    sts: dict[tuple[str, str], dict[str, float | str]] = field(default_factory=dict)
+    reruns: dict[tuple[str, str], dict[str, float | str]] = field(default_factory=dict)
+    retrieval: dict[tuple[str, str], dict[str, float | str]] = field(default_factory=dict)
+    align_uniform: dict[tuple[str, str], dict[str, float | str]] = field(default_factory=dict)
+    transfer: dict[tuple[str, str], dict[str, float | str]] = field(default_factory=dict)
+    parameters: dict[str, dict[str, float | str]] = field(default_factory=dict)
+    ablation: dict[str, dict[tuple[str, bool], float]] = field(default_factory=dict)
+
+
+# The ablation table of each method whose paper has one (flows/ablate.py runs the variants of the model class).
+ABLATION: dict[str, dict[str, dict[tuple[str, bool], float]]] = {"d2cse": D2CSE_ABLATION}
+
+
+def rows_of(method: str) -> PublishedRows:
+    """Every published number of `method`, by table (an unknown method has none)."""
+    def of(table: dict[tuple[str, str, str], dict[str, float | str]]) -> dict[tuple[str, str], dict[str, float | str]]:
+        return {(family, setting): row for (m, family, setting), row in table.items() if m == method}
+
+    return PublishedRows(method=method, sts=of(STS), reruns=of(RERUNS), retrieval=of(RETRIEVAL),
+                         align_uniform=of(ALIGN_UNIFORM), transfer=of(TRANSFER),
+                         parameters={family: row for (m, family), row in PARAMETERS.items() if m == method},
+                         ablation=ABLATION.get(method, {}))

@@ -8,9 +8,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.finite import FINITE_ONLY
+from config.presets import PRESET_DATA_URL
 from storage.hf_sources import HFSource
 
-_HF_DATA = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+_HF_DATA = PRESET_DATA_URL
 WIKI1M_URL = f"{_HF_DATA}/wiki1m_for_simcse.txt"
 NLI_URL = f"{_HF_DATA}/nli_for_simcse.csv"
 SENTEVAL_URL = f"{_HF_DATA}/senteval.tar"

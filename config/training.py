@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 
-from config.methods import METHODS, get_method
+from config import published
+from config.methods import DEFAULT_METHOD, REGISTRY, get_method
 from config.presets import deep_merge
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
 from models.method import MethodConfig
@@ -36,7 +37,6 @@ LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
 # The rule for every new model field that changes nothing at its default: add it here.
 KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {"dropout": None, "train_prompts": True, "shared_prefix": False,
                                               "head_learning_rate": None}
-Method = Literal[METHODS]  # the registry's names
 DEFAULT_BACKBONE = "bert-base-uncased"
 
 
@@ -60,7 +60,8 @@ class PrefixPhaseConfig(_Config):
 class TrainConfig(_Config):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    method: Method = "d2cse"
+    method: str = Field(default=DEFAULT_METHOD, description="a method of the registry (config/methods.py); an "
+                        "unknown name is refused with the known ones")
     preset: str = "default"
     backbone: str = Field(default=DEFAULT_BACKBONE, min_length=1, pattern=r"\S",
                           description="HF model id, local folder or packaged:minilm (never empty)")
@@ -110,7 +111,7 @@ class TrainConfig(_Config):
         """`model` as a dict (or a model config) → the method's typed config, with the job's backbone."""
         if not isinstance(data, dict):
             return data
-        spec = get_method(data.get("method", "d2cse"))
+        spec = get_method(data.get("method", DEFAULT_METHOD))
         fields = data.get("model") or {}
         if isinstance(fields, MethodConfig):
             fields = {k: v for k, v in fields.to_dict().items() if k != "backbone"}
@@ -140,8 +141,10 @@ class TrainConfig(_Config):
             raise ValueError(f"method {self.method} trains a prefix phase first: set prefix_phase")
         if "prefix" not in phases and self.prefix_phase is not None:
             raise ValueError(f"method {self.method} has no prefix phase; prefix_phase must be null")
-        if self.aux_nli_batch_size and self.method != "diffaug":
-            raise ValueError("aux_nli_batch_size is DiffAug's auxiliary NLI batch")
+        if self.aux_nli_batch_size and not spec.accepts_aux_nli:
+            takers = [name for name, other in REGISTRY.items() if other.accepts_aux_nli]
+            raise ValueError(f"aux_nli_batch_size: method {self.method} takes no auxiliary NLI batch (methods that do: "
+                             f"{takers})")
         world = self.world_size
         batches = {"batch_size": self.batch_size, "aux_nli_batch_size": self.aux_nli_batch_size or world,
                    "prefix_phase.batch_size": self.prefix_phase.batch_size if self.prefix_phase else world}
@@ -176,7 +179,8 @@ class TrainConfig(_Config):
         return TokenizeConfig(tokenizer=self.backbone, max_length=self.max_length)
 
 
-def resolve_train_config(preset: str = "default", overrides: dict[str, Any] | None = None, method: str = "d2cse") -> TrainConfig:
+def resolve_train_config(preset: str = "default", overrides: dict[str, Any] | None = None,
+                         method: str = DEFAULT_METHOD) -> TrainConfig:
     """The TrainConfig of `method`'s `preset` (config/presets.py) with `overrides` (a nested dict) merged in."""
     spec = get_method(method)
     fields = spec.preset(preset)
@@ -185,3 +189,18 @@ def resolve_train_config(preset: str = "default", overrides: dict[str, Any] | No
         raise ValueError(f"overrides name method {overrides['method']!r} but the preset belongs to {method!r}")
     base = {"method": method, "preset": preset}
     return TrainConfig.model_validate(deep_merge(deep_merge(base, dict(fields)), overrides))
+
+
+def preset_row(method: str, preset: str) -> tuple[str, str | None, str]:
+    """(method, backbone family, setting) of a preset: the published row it reproduces (config/published.py; family
+    None: no paper reports its backbone)."""
+    cfg = resolve_train_config(preset, method=method)
+    return method, published.backbone_family(cfg.backbone), published.setting_of(method, preset, cfg.supervised)
+
+
+def presets_for(key: tuple[str, str | None, str]) -> list[str]:
+    """The presets of `key`'s method that reproduce that published row, in preset order (the first is canonical)."""
+    from config.presets import PRESETS
+
+    method = key[0]
+    return [p for p in PRESETS.get(method, {}) if preset_row(method, p) == key]

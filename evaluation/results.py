@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from storage.readers import TASK_TITLES  # the one definition of the task titles
+
 TEST_TASKS: tuple[str, ...] = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 DEV_TASKS: tuple[str, ...] = ("stsb", "sickr")
-TASK_TITLES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
-               "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev", "sickr_dev": "SICK-R dev"}
 
 
 class Correlation(BaseModel):

@@ -5,7 +5,8 @@
 (c) shared prompts on encoder and discriminator, no conditional input;
 (d) shared prompts + conditional input (= D2CSE).
 Every cell is a child run of one MLflow parent (flows/children.py); the result is the matrix of STS averages
-beside the published Table 6 (methods.md §9.6), logged to the parent and as Prefect artifacts.
+beside the published Table 6 (methods.md §9.6), logged to the parent and as Prefect artifacts. The variants are the
+model class's `ablations` (models/d2cse.py), the published cells `MethodSpec.published.ablation`.
 """
 
 from __future__ import annotations
@@ -14,24 +15,22 @@ from typing import Any
 
 from prefect import flow
 
-from config import published
+from config.methods import REGISTRY
 from config.presets import deep_merge
 from config.training import resolve_train_config
 from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
 
-VARIANTS: dict[str, dict[str, bool]] = {
-    "a": {"discriminator_prompts": False, "condition_discriminator": True, "train_discriminator": False},
-    "b": {"discriminator_prompts": False, "condition_discriminator": True, "train_discriminator": True},
-    "c": {"discriminator_prompts": True, "condition_discriminator": False, "train_discriminator": False},
-    "d": {"discriminator_prompts": True, "condition_discriminator": True, "train_discriminator": False},
-}
+# The method whose paper's ablation table this flow runs: the registry's one entry with ablation variants (its model
+# class's `ablations`, models/d2cse.py) and the paper's numbers for them (`published.ablation`, config/published.py).
+ABLATED = next(spec for spec in REGISTRY.values() if spec.ablations)
+VARIANTS: dict[str, dict[str, bool]] = dict(ABLATED.ablations)
 
 
 def ablation_children(preset: str, overrides: dict[str, Any] | None, variants: list[str], cls_prompt: list[bool]) -> list[Child]:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown ablation variants {unknown}; known: {sorted(VARIANTS)}")
-    return [Child(label=f"{v}-{'cls-prompt' if c else 'static-cls'}", method="d2cse", preset=preset,
+    return [Child(label=f"{v}-{'cls-prompt' if c else 'static-cls'}", method=ABLATED.name, preset=preset,
                   overrides=deep_merge(overrides or {}, {"model": {**VARIANTS[v], "cls_prompt": c}}))
             for v in variants for c in cls_prompt]
 
@@ -40,7 +39,7 @@ def ablation_table(results: list[ChildResult], setting: str) -> list[dict[str, A
     rows = []
     for r in results:
         variant, cls = r.label.split("-", 1)
-        pub = published.D2CSE_ABLATION[variant].get((setting, cls == "cls-prompt"))
+        pub = ABLATED.published.ablation[variant].get((setting, cls == "cls-prompt"))
         ours = r.metrics.get("sts_avg")
         rows.append({"variant": variant, "cls": cls, "state": r.state, "sts_avg": ours, "best_stsb_dev": r.best_stsb_dev,
                      "published_avg": pub, "difference": None if ours is None or pub is None else round(ours - pub, 2),
@@ -48,14 +47,14 @@ def ablation_table(results: list[ChildResult], setting: str) -> list[dict[str, A
     return rows
 
 
-@flow(name="ablate-d2cse", log_prints=True)
+@flow(name=f"ablate-{ABLATED.name}", log_prints=True)  # ablate-d2cse
 def ablate_d2cse(preset: str = "default", overrides: dict[str, Any] | None = None, variants: list[str] | None = None,
                  cls_prompt: list[bool] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> list[dict]:
     variants = variants or list(VARIANTS)
     cls_prompt = [True, False] if cls_prompt is None else cls_prompt
-    cfg = resolve_train_config(preset, overrides, method="d2cse")
+    cfg = resolve_train_config(preset, overrides, method=ABLATED.name)
     children = ablation_children(preset, overrides, variants, cls_prompt)
-    group = Group("ablate", "d2cse", {"preset": preset, "overrides": overrides or {}, "variants": variants, "cls_prompt": cls_prompt})
+    group = Group("ablate", ABLATED.name, {"preset": preset, "overrides": overrides or {}, "variants": variants, "cls_prompt": cls_prompt})
     results = run_children(group, children, dispatch=dispatch, deployment=deployment)
     setting = "sup" if cfg.supervised else "unsup"
     rows = ablation_table(results, setting)

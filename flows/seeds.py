@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import flow
 
+from config.methods import DEFAULT_METHOD
 from config.presets import deep_merge
 from config.training import resolve_train_config
 from flows.children import Child, ChildResult, Dispatch, Group, alias_best, publish_table, raise_for_failures, run_children
@@ -34,7 +35,7 @@ def seed_summary(results: list[ChildResult], metrics: tuple[str, ...] = SUMMARY_
 
 
 @flow(name="seeds", log_prints=True)
-def seeds(method: str = "d2cse", preset: str = "default", n: int = 5, seed_list: list[int] | None = None,
+def seeds(method: str = DEFAULT_METHOD, preset: str = "default", n: int = 5, seed_list: list[int] | None = None,
           overrides: dict[str, Any] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> list[dict]:
     base = resolve_train_config(preset, overrides, method=method)  # fail fast on a bad preset/override
     seed_list = seed_list or [base.seed + i for i in range(n)]  # from the preset's own seed (42; DiffAug's scripts: 0)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from prefect import flow
 
+from config.methods import DEFAULT_METHOD
 from config.presets import deep_merge
 from config.training import resolve_train_config
 from flows.children import Child, ChildResult, Dispatch, Group, alias_best, publish_table, raise_for_failures, run_children
@@ -63,7 +64,7 @@ def selection_rows(children: list[Child], results: list[ChildResult], stage: str
 
 
 @flow(name="sweep", log_prints=True)
-def sweep(method: str = "d2cse", preset: str = "default", strategy: Literal["grid", "lr-two-step"] = "lr-two-step",
+def sweep(method: str = DEFAULT_METHOD, preset: str = "default", strategy: Literal["grid", "lr-two-step"] = "lr-two-step",
           grid: dict[str, list[Any]] | None = None, coarse: list[float] | None = None, fine_step: float = 0.001,
           overrides: dict[str, Any] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> dict:
     resolve_train_config(preset, overrides, method=method)  # fail fast

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ from models.crtd import ConditionalRTDModel, CRTDOutput, check_objective
 from models.heads import ProjectionMLP, RTDHead
 from models.method import PromptConfig
 from models.prefix import PrefixKeyValues, PromptedBackbone, PromptedModel
+
+if TYPE_CHECKING:
+    from models.peft_export import PeftPlan
 
 D2CSEOutput = CRTDOutput  # the name D2CSE's callers know
 
@@ -68,13 +72,27 @@ class D2CSEModelConfig(PromptConfig):
 
 
 class D2CSE(PromptedModel, ConditionalRTDModel):
-    """Frozen PLM + shared prompt module + BN-MLP + RTD head (+ optional [CLS] prompt) (methods.md §5).
+    """D2CSE: a frozen PLM with one shared deep-prompt module that is both the sentence encoder and the conditional
+    replaced-token discriminator, plus a BN-MLP and an RTD head (and an optional trainable [CLS] prompt).
 
-    A `models.embedder.SentenceEmbedder`: `embed` is the evaluation embedding, `tokenizer` its tokenizer.
+    Paper: Hyunjae Lee (2023). D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings.
+    arXiv:2304.08991. It builds on DCPCSE's deep prompts, DiffCSE's conditional replaced-token detection and
+    SimCSE's contrastive objective. The loss is `L_CL + rtd_weight · L_CRTD` on the corruption stage's replaced
+    tokens; `embed` (the evaluation embedding) is the CLS state before the pooler, prompts on.
 
-    `backbone`: an already built HF encoder (else loaded from `config.backbone`); `tokenizer`: attached for
-    evaluation (loaded from `config.backbone` when the backbone is loaded here); `cls_token_id`: the row that
-    initialises the [CLS] prompt (default: the tokenizer's).
+    Args:
+        config: the model hyperparameters (`D2CSEModelConfig`; defaults: unsupervised BERT-base, paper Table 7).
+        backbone: an already built HF encoder; None loads `config.backbone`.
+        tokenizer: attached for evaluation; loaded from `config.backbone` when the backbone is loaded here.
+        cls_token_id: the embedding row that initialises the [CLS] prompt (default: the tokenizer's [CLS]).
+
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("d2cse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape
+        torch.Size([1, 384])
     """
 
     def __init__(self, config: D2CSEModelConfig, backbone: nn.Module | None = None, tokenizer=None,
@@ -103,6 +121,24 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
 
     method = "d2cse"
     config_class = D2CSEModelConfig
+    paper = ("Hyunjae Lee (2023). D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence "
+             "Embeddings. arXiv:2304.08991.")
+    bibtex = """@article{lee2023d2cse,
+  title   = {{D2CSE}: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings},
+  author  = {Lee, Hyunjae},
+  journal = {arXiv preprint arXiv:2304.08991},
+  year    = {2023}
+}"""
+    builds_on = ("dcpcse", "diffcse", "simcse")  # deep prompts, conditional RTD, the contrastive framework
+    # The paper's ablation (Table 6, Fig. 3): variant → model fields; flows/ablate.py runs each with the [CLS] prompt
+    # on and off. (a) prompts on the encoder only, the frozen PLM conditioned on h as discriminator; (b) as (a) with
+    # a trainable copy of the PLM as discriminator; (c) shared prompts, no conditional input; (d) both = D2CSE.
+    ablations = {
+        "a": {"discriminator_prompts": False, "condition_discriminator": True, "train_discriminator": False},
+        "b": {"discriminator_prompts": False, "condition_discriminator": True, "train_discriminator": True},
+        "c": {"discriminator_prompts": True, "condition_discriminator": False, "train_discriminator": False},
+        "d": {"discriminator_prompts": True, "condition_discriminator": True, "train_discriminator": False},
+    }
 
     # --------------------------------------------------------------------------------- properties
 
@@ -160,6 +196,36 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Evaluation embedding `(B, d)`: CLS before the pooler with prompts active (§1.3, §5)."""
         return self.encode_cls(input_ids, attention_mask, token_type_ids)
+
+    def peft_plan(self, plan: PeftPlan) -> PeftPlan:
+        """The PEFT adapter: CLS pooling; the [CLS] prompt, if any, folded into a position-embedding row."""
+        plan.notes.append("training-heads: D2CSE's BN-MLP, RTD head and discriminator are training-only and not "
+                          "exported (evaluation uses the CLS state before the pooler)")
+        if self.cls_prompt is not None:
+            self._fold_cls_prompt(plan)
+        return plan
+
+    def _fold_cls_prompt(self, plan: PeftPlan) -> None:
+        """Fold the [CLS] prompt into the position-embedding row that only position 0 reads under PEFT's prefix shift
+        (models/peft_export.py's module docstring)."""
+        enc, backbone = self.encoder, self.backbone
+        embeddings = backbone.embeddings
+        cls_id = getattr(self.tokenizer, "cls_token_id", None)
+        absolute = getattr(backbone.config, "position_embedding_type", "absolute") == "absolute"
+        if cls_id is None or not absolute or not isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding):
+            plan.inexact.append("cls-prompt: the [CLS] prompt cannot be folded into an absolute position-embedding row "
+                                f"of {type(backbone).__name__}; the adapter would use the static [CLS] embedding")
+            return
+        probe = torch.tensor([[cls_id, cls_id]], device=embeddings.position_embeddings.weight.device)
+        row = int(enc.position_ids(probe, enc.prefix_encoder.prefix_len)[0, 0])  # PEFT always shifts by P
+        plan.cls_fold = (row, int(cls_id))
+        plan.modules_to_save.append("embeddings.position_embeddings")
+        plan.notes.append(
+            f"cls-prompt: the [CLS] prompt is folded into position-embedding row {row}, which only position 0 reads "
+            "under the prefix shift (modules_to_save=['embeddings.position_embeddings'], + max_position_embeddings x d "
+            "floats); exact for right-padded input that starts with the tokenizer's [CLS] (add_special_tokens=True)"
+            + ("; RoBERTa numbers positions by non-pad tokens, so left padding would move the fold off column 0"
+               if hasattr(embeddings, "create_position_ids_from_input_ids") else ""))
 
     def describe(self) -> dict:
         return {**super().describe(), "prefix_len": self.config.prefix_len, "cls_prompt": self.config.cls_prompt,

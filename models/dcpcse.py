@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,9 @@ from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
 from models.method import CSEModel, PromptConfig, StepOutput
 from models.prefix import PrefixKeyValues, PromptedModel
+
+if TYPE_CHECKING:
+    from models.peft_export import PeftPlan
 
 IGNORE_INDEX = -100
 
@@ -246,15 +250,40 @@ class DCPCSEOutput:
 
 
 class DCPCSE(PromptedModel, CSEModel):
-    """Frozen PLM + deep prefix prompts + SimCSE `cls` MLP (+ trainable LM head with `mlm=True`) (methods.md §3).
+    """DCPCSE: deep continuous prompts (a trainable prefix at every layer) on a frozen PLM, trained with SimCSE's
+    contrastive loss through its `cls` MLP, with an optional MLM auxiliary loss (a trainable LM head, `mlm=True`).
 
-    `backbone`: an already built HF encoder (else loaded from `config.backbone`); `tokenizer`: attached for
-    evaluation and needed for MLM masking (special/mask ids); `mlm_head`: an already built module mapping
-    `(N, T, d)` token states to `(N, T, V)` logits, used instead of loading the pretrained head (tests).
+    Paper: Yuxin Jiang and Wei Wang (2022). Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings.
+    arXiv:2203.06875 (reference code: the DCPCSE repository). Only the prompts (0.1 % of BERT-base's parameters)
+    and the MLP train; `embed` is the CLS state (unsupervised, `mlp_only_train=True`) or CLS → MLP (supervised).
+
+    Args:
+        config: the model hyperparameters (`DCPCSEConfig`; defaults: unsupervised BERT-base).
+        backbone: an already built HF encoder; None loads `config.backbone`.
+        tokenizer: attached for evaluation and needed for MLM masking (special and mask ids).
+        mlm_head: an already built module mapping `(N, T, d)` token states to `(N, T, V)` logits, used instead of
+            loading the pretrained head (tests).
+
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("dcpcse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape
+        torch.Size([1, 384])
     """
 
     method = "dcpcse"
     config_class = DCPCSEConfig
+    paper = ("Yuxin Jiang and Wei Wang (2022). Deep Continuous Prompt for Contrastive Learning of Sentence "
+             "Embeddings. arXiv:2203.06875.")
+    bibtex = """@article{jiang2022dcpcse,
+  title   = {Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings},
+  author  = {Jiang, Yuxin and Wang, Wei},
+  journal = {arXiv preprint arXiv:2203.06875},
+  year    = {2022}
+}"""
+    builds_on = ("simcse",)
 
     def __init__(self, config: DCPCSEConfig, backbone: nn.Module | None = None, tokenizer=None,
                  mlm_head: nn.Module | None = None):
@@ -354,6 +383,23 @@ class DCPCSE(PromptedModel, CSEModel):
         """Evaluation embedding `(B, d)` with prompts on: CLS (unsup) or CLS → MLP (sup) (§1.3, §3)."""
         cls = self.encode_cls(input_ids, attention_mask, token_type_ids)
         return cls if self.config.mlp_only_train else self.mlp(cls)
+
+    def peft_plan(self, plan: PeftPlan) -> PeftPlan:
+        """The PEFT adapter: CLS pooling (unsupervised), or the supervised `cls` MLP carried as the base's pooler."""
+        cfg = self.config
+        if cfg.mlp_only_train:
+            plan.notes.append("training-heads: DCPCSE's cls MLP" + (" and LM head are" if cfg.mlm else " is")
+                              + " training-only (mlp_only_train) and not exported")
+            return plan
+        plan.pooling = {"kind": "pooler_output"}
+        plan.modules_to_save.append("pooler")
+        plan.pooler_mlp = self.mlp
+        plan.notes.append("pooler-mlp: the supervised cls MLP (Linear + tanh on the first token) is carried as "
+                          "the base model's pooler (modules_to_save=['pooler']); embed with pooler_output, which "
+                          "needs the base loaded with its pooling layer (AutoModel's default)")
+        if cfg.mlm:
+            plan.notes.append("training-heads: the MLM LM head is training-only and not exported")
+        return plan
 
     def describe(self) -> dict:
         return {**super().describe(), "prefix_len": self.config.prefix_len, "prefix_projection": self.config.prefix_projection,

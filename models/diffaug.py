@@ -69,6 +69,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,9 @@ from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
 from models.method import CSEModel, MethodConfig, StepOutput
 from models.prefix import PrefixKeyValues, PromptedModel, prompted_backbone
+
+if TYPE_CHECKING:
+    from models.peft_export import PeftPlan
 
 SENTENCE_PLACEHOLDER = "{sentence}"
 MASK_PLACEHOLDER = "[MASK]"
@@ -145,15 +149,44 @@ class DiffAugConfig(MethodConfig):
 
 
 class DiffAug(PromptedModel, CSEModel):
-    """PLM + one 16-slot reparametrised prefix encoder (two halves = two modules) + SimCSE MLP + NLI classifier.
+    """DiffAug: a 16-slot reparametrised prefix encoder whose two halves are two prefix modules, a differentiable
+    augmentation trained first on NLI ("prefix" phase), then jointly with the fine-tuned PLM under a contrastive loss
+    on a prompt template's [MASK] state ("joint" phase); plus SimCSE's MLP and an NLI classifier.
 
-    See the module docstring (methods.md §6). `backbone`: an already built HF encoder (else loaded from
-    `config.backbone`); `tokenizer`: needed for the template ids (loaded from `config.backbone` if not given).
+    Paper: Tianduo Wang and Wei Lu (2022). Differentiable Data Augmentation for Contrastive Sentence Representation
+    Learning. EMNLP 2022, pages 7640-7653 (reference code: the DiffAug repository). See the module docstring for the
+    template, the per-row module masks and what is not reproduced. `embed` reads the template's [MASK] state with all
+    16 slots visible.
+
+    Args:
+        config: the model hyperparameters (`DiffAugConfig`; defaults: DiffAug BERT-base).
+        backbone: an already built HF encoder; None loads `config.backbone`.
+        tokenizer: needed for the template ids; loaded from `config.backbone` when not given.
+
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("diffaug", {"backbone": "packaged:minilm"}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape  # the template's [MASK] state
+        torch.Size([1, 384])
     """
 
     method = "diffaug"
     config_class = DiffAugConfig
     phases = ("prefix", "joint")
+    accepts_aux_nli = True  # semi-supervised "w/ aux": NLI rows batched beside each Wiki1M batch
+    paper = ("Tianduo Wang and Wei Lu (2022). Differentiable Data Augmentation for Contrastive Sentence "
+             "Representation Learning. EMNLP 2022, pages 7640-7653.")
+    bibtex = """@inproceedings{wang2022diffaug,
+  title     = {Differentiable Data Augmentation for Contrastive Sentence Representation Learning},
+  author    = {Wang, Tianduo and Lu, Wei},
+  booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
+  pages     = {7640--7653},
+  year      = {2022},
+  doi       = {10.18653/v1/2022.emnlp-main.520}
+}"""
+    builds_on = ("simcse",)
     evaluation_pooler = "mask"
 
     def __init__(self, config: DiffAugConfig, backbone: nn.Module | None = None, tokenizer=None):
@@ -407,6 +440,23 @@ class DiffAug(PromptedModel, CSEModel):
                              "DiffAug rows must be made by `token_ids` (the prompt template)")
         last = input_ids.shape[1] - 1 - is_mask.flip(1).to(torch.int8).argmax(dim=1)
         return out.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), last]
+
+    def peft_plan(self, plan: PeftPlan) -> PeftPlan:
+        """The PEFT adapter: [MASK] pooling of the evaluation template, all 16 slots visible (the inference form)."""
+        from models import peft_loader
+
+        template = self.eval_head + peft_loader.SENTENCE_PLACEHOLDER + self.eval_tail
+        plan.pooling = {"kind": "mask", "template": template, "mask_token_id": int(self.mask_token_id)}
+        plan.notes.append(f"template: DiffAug embeds the prompt {template!r} and reads the last [MASK] state; neither "
+                          "PEFT nor sentence-transformers' Pooling applies a template, peft_embed.py and "
+                          "cse_peft.json do")
+        half = self.config.module_len
+        plan.notes.append(f"diffaug-two-modules: the two prefix modules (slots 0-{half - 1} / {half}-{2 * half - 1}, "
+                          "selected per row by half masks) are training-only; PEFT has no per-slot visibility mask, so "
+                          "the adapter is the inference form (all slots visible) and the modules cannot be used "
+                          "separately")
+        plan.notes.append("training-heads: DiffAug's MLP, NLI classifier and template denoising are training-only")
+        return plan
 
     def describe(self) -> dict:
         return {**super().describe(), "prefix_len": self.config.prefix_len, "template": self.config.template,

@@ -50,15 +50,43 @@ class DiffCSEConfig(MethodConfig):
 
 
 class DiffCSE(ConditionalRTDModel):
-    """Trainable encoder + BN-MLP + trainable conditional discriminator (a copy of the pretrained backbone) + RTD head.
+    """DiffCSE: a fully fine-tuned encoder with a BN-MLP, trained with SimCSE's contrastive loss plus conditional
+    replaced-token detection: a trainable discriminator (a copy of the pretrained backbone) with an RTD head finds
+    the tokens a fixed masked-LM generator replaced (the corruption stage), conditioned on the sentence vector.
 
-    `backbone`: an already built HF encoder (else loaded from `config.backbone`); it becomes the encoder and is
-    fine-tuned in place. `tokenizer`: attached for evaluation (loaded from `config.backbone` when the backbone
-    is loaded here).
+    Paper: Yung-Sung Chuang, Rumen Dangovski, Hongyin Luo, Yang Zhang, Shiyu Chang, Marin Soljačić, Shang-Wen Li,
+    Wen-tau Yih, Yoon Kim and James Glass (2022). DiffCSE: Difference-based Contrastive Learning for Sentence
+    Embeddings. arXiv:2204.10298 (reference code: the DiffCSE repository). `embed` is the CLS state
+    before the pooler; the discriminator and heads are training-only (left out of checkpoints).
+
+    Args:
+        config: the model hyperparameters (`DiffCSEConfig`; defaults: unsupervised BERT-base).
+        backbone: an already built HF encoder; None loads `config.backbone`. It becomes the encoder and is
+            fine-tuned in place.
+        tokenizer: attached for evaluation; loaded from `config.backbone` when the backbone is loaded here.
+
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("diffcse", {"backbone": "packaged:minilm"}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape
+        torch.Size([1, 384])
     """
 
     method = "diffcse"
     config_class = DiffCSEConfig
+    paper = ("Yung-Sung Chuang, Rumen Dangovski, Hongyin Luo, Yang Zhang, Shiyu Chang, Marin Soljačić, Shang-Wen Li, "
+             "Wen-tau Yih, Yoon Kim and James Glass (2022). DiffCSE: Difference-based Contrastive Learning for "
+             "Sentence Embeddings. arXiv:2204.10298.")
+    bibtex = """@article{chuang2022diffcse,
+  title   = {{DiffCSE}: Difference-based Contrastive Learning for Sentence Embeddings},
+  author  = {Chuang, Yung-Sung and Dangovski, Rumen and Luo, Hongyin and Zhang, Yang and Chang, Shiyu and
+             Solja{\\v{c}}i{\\'c}, Marin and Li, Shang-Wen and Yih, Wen-tau and Kim, Yoon and Glass, James},
+  journal = {arXiv preprint arXiv:2204.10298},
+  year    = {2022}
+}"""
+    builds_on = ("simcse",)
 
     def __init__(self, config: DiffCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()

@@ -18,13 +18,16 @@ from __future__ import annotations
 import hashlib
 from abc import abstractmethod
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from models.batching import TrainBatch
 from models.embedder import SentenceEmbedder
+
+if TYPE_CHECKING:
+    from models.peft_export import PeftPlan
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -144,12 +147,35 @@ def load_backbone(config: MethodConfig, backbone: nn.Module | None, tokenizer):
 
 
 class CSEModel(SentenceEmbedder):
-    """Base class of the trainable methods (see the module docstring for the contract)."""
+    """Base class of the trainable methods (see the module docstring for the contract).
+
+    Everything the project knows about a method, beyond its registry entry (config/methods.py) and its presets, is an
+    attribute or a method of its subclass:
+
+    - `method`: the registry name; `config_class`: the typed model config;
+    - `uses_corruption`, `phases`, `accepts_aux_nli`: what the pipeline runs for a job of it;
+    - `paper` (one line: authors, year, title, venue), `bibtex` (its BibTeX entry) and `builds_on` (the registry names
+      of the methods whose papers its model card cites too, in order);
+    - `ablations`: named model-config variants of the paper's ablation table (flows/ablate.py runs them), if any;
+    - `peft_plan(plan)`: how a checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py); the
+      default, None, means the method exports no adapter. `exports_peft_adapter` is set on every subclass: whether
+      it defines its own `peft_plan`.
+    """
 
     method: ClassVar[str]
     config_class: ClassVar[type[MethodConfig]]
     uses_corruption: ClassVar[bool] = False  # reads the corruption stage's corrupted ids
     phases: ClassVar[tuple[str, ...]] = ("main",)
+    accepts_aux_nli: ClassVar[bool] = False  # takes NLI rows batched beside the main ones (`aux_nli_batch_size`)
+    paper: ClassVar[str] = ""
+    bibtex: ClassVar[str] = ""
+    builds_on: ClassVar[tuple[str, ...]] = ()
+    ablations: ClassVar[dict[str, dict[str, Any]]] = {}
+    exports_peft_adapter: ClassVar[bool] = False  # derived in __init_subclass__, never set by hand
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.exports_peft_adapter = cls.peft_plan is not CSEModel.peft_plan
     # State-dict prefixes the evaluation embedding never reads (a trainable discriminator, RTD head): left out of
     # saved checkpoints (resume state keeps them), so a DiffCSE checkpoint holds one encoder, not two.
     not_for_inference: ClassVar[tuple[str, ...]] = ()
@@ -215,3 +241,17 @@ class CSEModel(SentenceEmbedder):
     def describe(self) -> dict[str, Any]:
         return {"class": type(self).__name__, "method": self.method, "backbone": self.config.backbone,
                 "pooler": self.evaluation_pooler}
+
+    def peft_plan(self, plan: PeftPlan) -> PeftPlan | None:
+        """How this model's checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py).
+
+        `plan` holds what every prompted model shares (CLS pooling, the notes on prefix dropout and position shift);
+        a method that exports an adapter adds its own pooling, carried modules and notes and returns it. The default
+        returns None: the method has no prompts to export (it fine-tunes the whole encoder), and the class's
+        `exports_peft_adapter` is False.
+
+        Args:
+            plan: the shared part of the plan, to complete.
+        """
+        return None
+

@@ -42,7 +42,6 @@ from torch import nn
 from models import peft_loader
 from models.batching import pad_sequences
 
-PROMPT_METHODS = ("d2cse", "dcpcse", "diffaug")
 TOLERANCE = 1e-5
 LOADER_FILE = "peft_embed.py"
 README_FILE = "README.md"
@@ -94,8 +93,18 @@ class PeftExport:
 
 
 @dataclass
-class _Plan:
-    """How one checkpoint maps onto PEFT: pooling, carried modules, notes, and what would make it inexact."""
+class PeftPlan:
+    """How one checkpoint maps onto PEFT, built by `adapter_plan` and the model class's `peft_plan`.
+
+    Args:
+        pooling: how `peft_embed.py` reads the embedding: `{"kind": "cls"}`, `{"kind": "pooler_output"}` or
+            `{"kind": "mask", "template": ..., "mask_token_id": ...}`.
+        modules_to_save: base-model modules PEFT carries in the adapter (`modules_to_save`).
+        notes: `"<code>: <sentence>"` lines for the adapter's README and the model card.
+        inexact: notes on what the adapter cannot reproduce (the export refuses unless `allow_inexact=True`).
+        cls_fold: `(position row, [CLS] id)`: a [CLS] prompt folded into that position-embedding row.
+        pooler_mlp: a module with a `dense` Linear carried as the base model's pooler.
+    """
 
     pooling: dict[str, Any]
     modules_to_save: list[str] = field(default_factory=list)
@@ -119,9 +128,13 @@ def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor
     return torch.cat(out) if out else torch.zeros(0, model.hidden_size)
 
 
-def _plan(model) -> _Plan:
-    """Map a loaded prompt-method model onto PEFT; raises for what no adapter can carry at all."""
-    method, cfg, enc, backbone = model.method, model.config, model.encoder, model.backbone
+def adapter_plan(model) -> PeftPlan:
+    """Map a loaded model onto PEFT: the part every prompted model shares, completed by its class's `peft_plan`
+    (models/<method>.py). Raises `PeftExportError` for a method with no adapter and for what no adapter can carry."""
+    if not type(model).exports_peft_adapter:
+        raise PeftExportError(f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; "
+                              "use models.st_export")
+    enc, backbone = model.encoder, model.backbone
     arch = type(backbone).__name__
     if "past_key_values" not in inspect.signature(type(backbone).forward).parameters:
         raise PeftExportError(f"{arch}: its forward takes no past_key_values, so PEFT prefix tuning cannot inject "
@@ -129,7 +142,7 @@ def _plan(model) -> _Plan:
     if getattr(backbone.config, "is_encoder_decoder", False):
         raise PeftExportError(f"{arch} is an encoder-decoder; only encoder-only backbones are exported")
 
-    plan = _Plan(pooling={"kind": "cls"})
+    plan = PeftPlan(pooling={"kind": "cls"})
     if not enc.shift_positions:
         plan.inexact.append(
             "position-shift: trained with shift_positions=False (token positions from 0); under a PEFT prefix cache "
@@ -142,60 +155,10 @@ def _plan(model) -> _Plan:
                       "refused); prefix dropout and the training-only heads are not in the adapter")
     plan.notes.append("token-type-ids: PEFT drops token_type_ids (all-zero segments); equal for single sentences, "
                       "which is how every embedding here is computed")
-
-    if method == "d2cse":
-        plan.notes.append("training-heads: D2CSE's BN-MLP, RTD head and discriminator are training-only and not "
-                          "exported (evaluation uses the CLS state before the pooler)")
-        if model.cls_prompt is not None:
-            _plan_cls_prompt(model, plan)
-    elif method == "dcpcse":
-        if cfg.mlp_only_train:
-            plan.notes.append("training-heads: DCPCSE's cls MLP" + (" and LM head are" if cfg.mlm else " is")
-                              + " training-only (mlp_only_train) and not exported")
-        else:
-            plan.pooling = {"kind": "pooler_output"}
-            plan.modules_to_save.append("pooler")
-            plan.pooler_mlp = model.mlp
-            plan.notes.append("pooler-mlp: the supervised cls MLP (Linear + tanh on the first token) is carried as "
-                              "the base model's pooler (modules_to_save=['pooler']); embed with pooler_output, which "
-                              "needs the base loaded with its pooling layer (AutoModel's default)")
-            if cfg.mlm:
-                plan.notes.append("training-heads: the MLM LM head is training-only and not exported")
-    elif method == "diffaug":
-        template = model.eval_head + peft_loader.SENTENCE_PLACEHOLDER + model.eval_tail
-        plan.pooling = {"kind": "mask", "template": template, "mask_token_id": int(model.mask_token_id)}
-        plan.notes.append(f"template: DiffAug embeds the prompt {template!r} and reads the last [MASK] state; neither "
-                          "PEFT nor sentence-transformers' Pooling applies a template, peft_embed.py and "
-                          "cse_peft.json do")
-        half = cfg.module_len
-        plan.notes.append(f"diffaug-two-modules: the two prefix modules (slots 0-{half - 1} / {half}-{2 * half - 1}, "
-                          "selected per row by half masks) are training-only; PEFT has no per-slot visibility mask, so "
-                          "the adapter is the inference form (all slots visible) and the modules cannot be used "
-                          "separately")
-        plan.notes.append("training-heads: DiffAug's MLP, NLI classifier and template denoising are training-only")
-    return plan
-
-
-def _plan_cls_prompt(model, plan: _Plan) -> None:
-    """Fold D2CSE's [CLS] prompt into the position-embedding row that only position 0 reads (see module docstring)."""
-    enc, backbone = model.encoder, model.backbone
-    embeddings = backbone.embeddings
-    cls_id = getattr(model.tokenizer, "cls_token_id", None)
-    absolute = getattr(backbone.config, "position_embedding_type", "absolute") == "absolute"
-    if cls_id is None or not absolute or not isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding):
-        plan.inexact.append("cls-prompt: the [CLS] prompt cannot be folded into an absolute position-embedding row "
-                            f"of {type(backbone).__name__}; the adapter would use the static [CLS] embedding")
-        return
-    probe = torch.tensor([[cls_id, cls_id]], device=embeddings.position_embeddings.weight.device)
-    row = int(enc.position_ids(probe, enc.prefix_encoder.prefix_len)[0, 0])  # PEFT always shifts by P
-    plan.cls_fold = (row, int(cls_id))
-    plan.modules_to_save.append("embeddings.position_embeddings")
-    plan.notes.append(
-        f"cls-prompt: the [CLS] prompt is folded into position-embedding row {row}, which only position 0 reads under "
-        "the prefix shift (modules_to_save=['embeddings.position_embeddings'], + max_position_embeddings x d floats); "
-        "exact for right-padded input that starts with the tokenizer's [CLS] (add_special_tokens=True)"
-        + ("; RoBERTa numbers positions by non-pad tokens, so left padding would move the fold off column 0"
-           if hasattr(embeddings, "create_position_ids_from_input_ids") else ""))
+    completed = model.peft_plan(plan)
+    if completed is None:
+        raise PeftExportError(f"{type(model).__name__}.peft_plan returned no plan")
+    return completed
 
 
 def _sentence_transformers_note(pooling: dict[str, Any]) -> str:
@@ -227,7 +190,8 @@ def _backbone_changed(trained: nn.Module, fresh: nn.Module) -> bool:
 
 def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allow_inexact: bool = False,
                         probe_sentences: tuple[str, ...] = PROBE_SENTENCES) -> PeftExport:
-    """Write `checkpoint_dir` (a D2CSE, DCPCSE or DiffAug checkpoint) as a PEFT prefix-tuning adapter in `out_dir`.
+    """Write `checkpoint_dir` (a checkpoint of a method whose model class defines `peft_plan`: D2CSE, DCPCSE, DiffAug)
+    as a PEFT prefix-tuning adapter in `out_dir`.
 
     The adapter is loaded back with stock transformers + peft (`models.peft_loader`) and compared with our `embed` on
     `probe_sentences`; a difference above `TOLERANCE`, or a feature PEFT cannot express, raises `PeftExportError`
@@ -237,18 +201,18 @@ def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allo
     """
     from peft import PrefixTuningConfig, TaskType, get_peft_model
 
-    from models.checkpoint import load_checkpoint, validate_checkpoint
+    from models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
     from models.loading import load_encoder, resolve_model_path
 
     out, source = Path(out_dir).resolve(), Path(checkpoint_dir).resolve()
     if out == source or out in source.parents or source in out.parents:
         raise ValueError(f"exporting to {out_dir} would overwrite the checkpoint {checkpoint_dir}: choose another folder")
     meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint is named before anything is loaded
-    if meta["method"] not in PROMPT_METHODS:
+    if not model_class_of(meta["method"]).exports_peft_adapter:
         raise PeftExportError(f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
-                              f"adapter (prompt methods: {', '.join(PROMPT_METHODS)}); use models.st_export")
+                              "adapter (its model class defines no peft_plan); use models.st_export")
     model = load_checkpoint(checkpoint_dir)
-    plan = _plan(model)
+    plan = adapter_plan(model)
     if plan.inexact and not allow_inexact:
         raise PeftExportError(f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
                               + " | ".join(plan.inexact) + " (allow_inexact=True writes it marked inexact; "

@@ -638,7 +638,6 @@ class PromptedModel:
     """Mixin for methods whose `self.encoder` is a `PromptedBackbone`: the `prompts` and `backbone` accessors."""
 
     encoder: PromptedBackbone
-    exports_peft_adapter = True  # its prompts are a PEFT prefix-tuning adapter (models/peft_export.py)
 
     def attach_prompted_backbone(self, config, backbone: nn.Module | None, tokenizer):
         """Attach the frozen backbone (`CSEModel.attach_backbone`) and wrap it with the deep prompts of a

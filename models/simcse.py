@@ -61,14 +61,39 @@ class SimCSEConfig(MethodConfig):
 
 
 class SimCSE(CSEModel):
-    """Fully fine-tuned PLM + SimCSE `cls` MLP (methods.md §2).
+    """SimCSE: a fully fine-tuned PLM with a `cls` MLP, trained with the in-batch contrastive loss; unsupervised, the
+    two views of a sentence differ only by dropout; supervised, NLI entailments are the positives and
+    contradictions the hard negatives.
 
-    `backbone`: an already built HF encoder (else loaded from `config.backbone`); `tokenizer`: attached for
-    evaluation (loaded from `config.backbone` when the backbone is loaded here).
+    Paper: Tianyu Gao, Xingcheng Yao and Danqi Chen (2021). SimCSE: Simple Contrastive Learning of Sentence
+    Embeddings. EMNLP 2021, pages 6894-6910 (reference code: the SimCSE repository). `embed` is the CLS state
+    before the MLP (`mlp_only_train=True`, unsupervised) or after it (supervised).
+
+    Args:
+        config: the model hyperparameters (`SimCSEConfig`; defaults: unsupervised SimCSE).
+        backbone: an already built HF encoder; None loads `config.backbone`.
+        tokenizer: attached for evaluation; loaded from `config.backbone` when the backbone is loaded here.
+
+    Examples:
+        >>> from config.methods import build_model
+        >>> from models.batching import pad_sequences
+        >>> model = build_model("simcse", {"backbone": "packaged:minilm"}).eval()
+        >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
+        >>> model.embed(ids, mask).shape
+        torch.Size([1, 384])
     """
 
     method = "simcse"
     config_class = SimCSEConfig
+    paper = ("Tianyu Gao, Xingcheng Yao and Danqi Chen (2021). SimCSE: Simple Contrastive Learning of Sentence "
+             "Embeddings. EMNLP 2021, pages 6894-6910.")
+    bibtex = """@inproceedings{gao2021simcse,
+  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
+  pages     = {6894--6910},
+  year      = {2021}
+}"""
 
     def __init__(self, config: SimCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()

@@ -65,7 +65,7 @@ class HFSource(BaseModel):
     config: str | None = Field(default=None, description="the HF config name (load_dataset's `name`)")
     split: str | None = Field(default=None, description="None: the dataset's only split")
     data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
-        default=None, description="load_dataset's data_files (e.g. nli_for_simcse.csv of princeton-nlp/datasets-for-simcse)")
+        default=None, description="load_dataset's data_files (e.g. the one CSV file of a hub repository that holds several)")
     revision: str | None = None
     columns: dict[str, str] = Field(default_factory=dict, description="our column -> the dataset's column (default: "
                                                                       "the same name)")

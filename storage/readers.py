@@ -34,6 +34,9 @@ STS_DIRS = {t: f"STS{t[3:]}-en-test" for t in STS_SUBSETS}
 STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
 SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
 SEVEN_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+# How tables and model cards title the tasks and their average (the one definition; evaluation/results.py re-exports it).
+TASK_TITLES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+               "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev", "sickr_dev": "SICK-R dev", "sts_avg": "Avg."}
 
 
 class DataFormatError(ValueError):

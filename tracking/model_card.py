@@ -10,7 +10,8 @@ or fact that is missing renders as "—".
 The card holds: the STS table (STS12–16, STS-B, SICK-R, Avg.), retrieval recall@k and alignment/uniformity on
 STS-B test, each beside the published row and the difference (ours − published); trainable parameters; the data
 and corruption hashes; the full configuration; the git commit; how to load the model (the sentence-transformers
-folder, the PEFT adapter where one exists, the MLflow model URI) and the papers to cite.
+folder, the PEFT adapter where one exists, the MLflow model URI) and the papers to cite (the registry entry's
+`bibtex` and those of the methods it builds on, `MethodSpec.cites`; a method outside the registry cites none).
 
 `card_facts_of_job(run_dir)` (for `cse card RUN_DIR`) reads a finished job's recorded result and its MLflow run
 (config, tags, registered version); it is the only function here that talks to MLflow.
@@ -29,9 +30,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from config import published
-from config.methods import REGISTRY
+from config.methods import REGISTRY, MethodSpec
 from storage.atomic import atomic_file
-from storage.readers import SEVEN_TASKS
+from storage.readers import SEVEN_TASKS, TASK_TITLES
 
 if TYPE_CHECKING:
     from config.training import TrainConfig
@@ -41,61 +42,10 @@ if TYPE_CHECKING:
 CARD_FILE = "README.md"
 MISSING = "—"
 PACKAGED_MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what `packaged:minilm` packages (pyproject.toml)
-STS_TITLES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
-              "stsb": "STS-B", "sickr": "SICK-R", "sts_avg": "Avg."}
 STS_COLUMNS = (*SEVEN_TASKS, "sts_avg")
 ALIGN_COLUMNS = ("alignment", "uniformity")
 _RETRIEVAL = re.compile(r"^retrieval_r(\d+)$")
 Library = Literal["sentence-transformers", "peft"]
-
-# --- the papers (bibliographic facts from ../shared/papers: the papers' own headers and their reference lists) ---
-BIBTEX: dict[str, str] = {
-    "d2cse": """@article{lee2023d2cse,
-  title   = {{D2CSE}: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings},
-  author  = {Lee, Hyunjae},
-  journal = {arXiv preprint arXiv:2304.08991},
-  year    = {2023}
-}""",
-    "dcpcse": """@article{jiang2022dcpcse,
-  title   = {Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings},
-  author  = {Jiang, Yuxin and Wang, Wei},
-  journal = {arXiv preprint arXiv:2203.06875},
-  year    = {2022}
-}""",
-    "diffcse": """@article{chuang2022diffcse,
-  title   = {{DiffCSE}: Difference-based Contrastive Learning for Sentence Embeddings},
-  author  = {Chuang, Yung-Sung and Dangovski, Rumen and Luo, Hongyin and Zhang, Yang and Chang, Shiyu and
-             Solja{\\v{c}}i{\\'c}, Marin and Li, Shang-Wen and Yih, Wen-tau and Kim, Yoon and Glass, James},
-  journal = {arXiv preprint arXiv:2204.10298},
-  year    = {2022}
-}""",
-    "diffaug": """@inproceedings{wang2022diffaug,
-  title     = {Differentiable Data Augmentation for Contrastive Sentence Representation Learning},
-  author    = {Wang, Tianduo and Lu, Wei},
-  booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
-  pages     = {7640--7653},
-  year      = {2022},
-  doi       = {10.18653/v1/2022.emnlp-main.520}
-}""",
-    "simcse": """@inproceedings{gao2021simcse,
-  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
-  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
-  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
-  pages     = {6894--6910},
-  year      = {2021}
-}""",
-}
-# What a card of each method cites: the method's own paper first, then the work it builds on (D2CSE: DCPCSE's deep
-# prompts, DiffCSE's conditional replaced-token detection, SimCSE's contrastive framework).
-CITES: dict[str, tuple[str, ...]] = {
-    "d2cse": ("d2cse", "dcpcse", "diffcse", "simcse"),
-    "dcpcse": ("dcpcse", "simcse"),
-    "diffcse": ("diffcse", "simcse"),
-    "diffaug": ("diffaug", "simcse"),
-    "simcse": ("simcse",),
-}
-_PAPER_TITLES = {"d2cse": "D2CSE", "dcpcse": "DCPCSE", "diffcse": "DiffCSE", "diffaug": "DiffAug", "simcse": "SimCSE"}
-
 
 class AdapterInfo(BaseModel):
     """The PEFT adapter exported beside the model (models/peft_export.py's `PeftExport`, a dict of its fields, or the
@@ -158,10 +108,11 @@ class PublishedReference(BaseModel):
         family = published.backbone_family(backbone)
         if family is None:
             return None
-        key = (method, family, setting)
-        ref = cls(key=key, sts=published.STS.get(key, {}), retrieval=published.RETRIEVAL.get(key, {}),
-                  align_uniform=published.ALIGN_UNIFORM.get(key, {}),
-                  parameters=published.PARAMETERS.get((method, family), {}) if setting == "unsup" else {})
+        rows = REGISTRY[method].published if method in REGISTRY else published.rows_of(method)
+        cell = (family, setting)
+        ref = cls(key=(method, family, setting), sts=rows.sts.get(cell, {}), retrieval=rows.retrieval.get(cell, {}),
+                  align_uniform=rows.align_uniform.get(cell, {}),
+                  parameters=rows.parameters.get(family, {}) if setting == "unsup" else {})
         return ref if (ref.sts or ref.retrieval or ref.align_uniform or ref.parameters) else None
 
     def values(self) -> dict[str, float]:
@@ -300,7 +251,7 @@ def _front_matter(facts: CardFacts, library: Library) -> str:
     if facts.datasets:
         meta["datasets"] = list(facts.datasets)
     results = [{"task": {"type": "sentence-similarity", "name": "Semantic Textual Similarity"},
-                "dataset": {"name": f"{STS_TITLES[t]} (SentEval, test)", "type": f"senteval-{t}", "split": "test"},
+                "dataset": {"name": f"{TASK_TITLES[t]} (SentEval, test)", "type": f"senteval-{t}", "split": "test"},
                 "metrics": [{"type": "spearman", "value": round(facts.metrics[t], 2), "name": "Spearman x100"}]}
                for t in SEVEN_TASKS if _number(facts.metrics.get(t)) is not None]
     if results:
@@ -327,7 +278,7 @@ def _results(facts: CardFacts) -> str:
         lines += [f"Published row reproduced: `{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py). "
                   "Difference = this model − published.", ""]
     lines += ["### STS (Spearman × 100; STS12–16 \"all\", STS-B and SICK-R test)", ""]
-    lines += _table(facts, STS_COLUMNS, [STS_TITLES[c] for c in STS_COLUMNS], ref.sts if ref else {}, digits=2)
+    lines += _table(facts, STS_COLUMNS, [TASK_TITLES[c] for c in STS_COLUMNS], ref.sts if ref else {}, digits=2)
     ks = sorted({int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {}))
                  if (m := _RETRIEVAL.match(k))})
     lines += ["", "### Retrieval (STS-B test, gold-5.0 pairs as queries; recall@k × 100)", ""]
@@ -439,8 +390,10 @@ def _loading(facts: CardFacts, library: Library) -> str:
                       *[f"- {x}" for x in a.limitations]]
         lines.append("")
     else:
-        lines += ["None was exported with this model (methods that fine-tune the whole encoder, such as SimCSE and "
-                  "DiffCSE, have no prompts to export).", ""]
+        spec = REGISTRY.get(facts.method)
+        why = (f" ({spec.title} has no prompts to export: its model class defines no PEFT adapter plan)"
+               if spec is not None and not spec.exports_peft_adapter else "")
+        lines += [f"None was exported with this model{why}.", ""]
     lines += ["### MLflow", ""]
     if (uri := facts.model_uri) is not None:
         lines += ["```python", "import mlflow", "", f'model = mlflow.pyfunc.load_model("{uri}")',
@@ -461,11 +414,21 @@ def _configuration(facts: CardFacts) -> str:
             + "\n```\n\n</details>\n")
 
 
+def citations(method: str) -> list[MethodSpec]:
+    """The registry entries whose papers a card of `method` cites: the method's own first, then those it builds on
+    (`MethodSpec.cites`); none for a method the registry does not know."""
+    spec = REGISTRY.get(method)
+    return [] if spec is None else [REGISTRY[name] for name in spec.cites if name in REGISTRY]
+
+
 def _citation(facts: CardFacts) -> str:
-    keys = CITES.get(facts.method, ("simcse",))
-    names = ", ".join(_PAPER_TITLES[k] for k in keys)
+    cited = [spec for spec in citations(facts.method) if spec.bibtex]
+    if not cited:
+        return (f"## Citation\n\nNo paper is recorded for `{facts.method}`: it is not a method of this project's "
+                "registry (config/methods.py), or its model class names no `bibtex`.\n")
+    names = ", ".join(spec.title for spec in cited)
     return ("## Citation\n\n" + f"Please cite {names}:\n\n```bibtex\n"
-            + "\n\n".join(BIBTEX[k] for k in keys) + "\n```\n")
+            + "\n\n".join(spec.bibtex for spec in cited) + "\n```\n")
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -46,6 +46,19 @@ def test_derived_facts():
     assert (get_method("dcpcse").flow_name, get_method("dcpcse").entrypoint) == ("train-dcpcse", "flows/train.py:train_dcpcse")
 
 
+def test_the_model_classes_carry_papers_adapters_and_ablations():
+    for spec in REGISTRY.values():
+        assert spec.paper and spec.bibtex.startswith("@") and spec.title.lower() in spec.bibtex.lower()
+        assert spec.cites[0] == spec.name and set(spec.cites) <= set(REGISTRY)
+    assert get_method("d2cse").cites == ("d2cse", "dcpcse", "diffcse", "simcse")
+    assert {n for n, s in REGISTRY.items() if s.exports_peft_adapter} == {"d2cse", "dcpcse", "diffaug"}
+    assert {n for n, s in REGISTRY.items() if s.accepts_aux_nli} == {"diffaug"}
+    assert {n for n, s in REGISTRY.items() if s.ablations} == {"d2cse"}
+    d2cse = get_method("d2cse")
+    assert set(d2cse.ablations) == set(d2cse.published.ablation) == {"a", "b", "c", "d"}
+    assert d2cse.published.sts[("bert-base", "unsup")]["sts_avg"] == 79.02 and not get_method("diffaug").published.parameters
+
+
 def test_the_model_field_is_the_methods_typed_config():
     cfg = resolve_train_config("smoke", {"model": {"prefix_len": "12"}}, method="d2cse")
     assert isinstance(cfg.model, get_method("d2cse").config_class)

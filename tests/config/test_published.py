@@ -11,8 +11,8 @@ import pytest
 from config import published
 from config.presets import PRESETS
 from config.published import (ALIGN_UNIFORM, D2CSE_ABLATION, PARAMETERS, RERUNS, RETRIEVAL, STS, TRANSFER,
-                              TRANSFER_DEV_AVG, TRANSFER_TASKS, backbone_family, preset_row, presets_for, published_keys,
-                              setting_of)
+                              TRANSFER_DEV_AVG, TRANSFER_TASKS, backbone_family, published_keys, setting_of)
+from config.training import preset_row, presets_for
 from storage.readers import SEVEN_TASKS
 
 FAMILIES = {"bert-base", "bert-large", "roberta-base", "roberta-large"}

@@ -13,7 +13,8 @@ import yaml
 from config.evaluation import EvalConfig
 from config.presets import PRESETS
 from config.training import resolve_train_config
-from config.published import presets_for, published_keys
+from config.published import published_keys
+from config.training import presets_for
 from config.settings import REPO_ROOT
 from config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, CorruptConfig
 from config.training import required_variants

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prefect.flows import Flow
 
-from config.methods import METHODS, REGISTRY, get_method
+from config.methods import METHODS, REGISTRY, get_method, missing_deployments
 from config.settings import REPO_ROOT
 from config.training import resolve_train_config
 
@@ -65,6 +65,8 @@ def test_no_flow_module_shadows_the_standard_library():
 @pytest.mark.parametrize("method", METHODS)
 def test_every_preset_has_its_deployment(method):
     spec = get_method(method)
+    missing = missing_deployments(spec, DEPLOYMENTS)
+    assert not missing, f"prefect.yaml lacks deployments of {method}; add under `deployments:`\n{missing}"
     for preset in spec.presets:
         name = spec.deployment(preset)
         assert name in NAMES, f"preset {method}/{preset} has no deployment {name} in prefect.yaml"
