@@ -29,6 +29,7 @@ import sys
 import duckdb
 import pandas as pd
 
+from config.methods import DEFAULT_METHOD
 from config.settings import get_settings, install_log_redaction, redact
 from storage.catalog import damaged, query, refresh_catalog
 from storage.layout import KINDS, DataRoot
@@ -41,7 +42,7 @@ PRODUCED_BY = {
     "tokens": ("tokenize/default", " (corrupt/smoke tokenises too)"),
     "corruption": ("corrupt/smoke", " (or corrupt/default, or any D2CSE/DiffCSE training deployment)"),
     "evaluations": ("evaluate/default", " (every training job evaluates too)"),
-    "comparisons": ("compare/default", ", after a training run (e.g. train-d2cse/smoke)"),
+    "comparisons": ("compare/default", f", after a training run (e.g. train-{DEFAULT_METHOD}/smoke)"),
     "generator": ("fit-generator/default", ""),
 }
 
@@ -271,7 +272,7 @@ def _main(argv: list[str]) -> int:
     dp.add_argument("key", nargs="?", help="dataset key (default: the newest dataset of KIND)")
     dp.add_argument("--hf", action="store_true", help="print a Python line opening it as a memory-mapped HF Dataset")
     r = sub.add_parser("run", help="run a deployment, wait, and print why it failed when it did")
-    r.add_argument("deployment", metavar="DEPLOYMENT", help="FLOW/DEPLOYMENT, e.g. train-d2cse/smoke")
+    r.add_argument("deployment", metavar="DEPLOYMENT", help=f"FLOW/DEPLOYMENT, e.g. train-{DEFAULT_METHOD}/smoke")
     r.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable")
     r.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the run goes on)")

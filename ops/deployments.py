@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from config.methods import DEFAULT_METHOD
 from config.settings import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
@@ -184,7 +185,7 @@ async def start(deployment: str, parameters: dict[str, Any]):
     from prefect.settings import PREFECT_API_URL
 
     if "/" not in deployment:
-        raise ValueError(f"deployment {deployment!r} is not FLOW/DEPLOYMENT (e.g. train-d2cse/smoke)")
+        raise ValueError(f"deployment {deployment!r} is not FLOW/DEPLOYMENT (e.g. train-{DEFAULT_METHOD}/smoke)")
     try:
         return await run_deployment(deployment, parameters=parameters, timeout=0)
     except ObjectNotFound:

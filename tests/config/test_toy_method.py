@@ -111,9 +111,10 @@ def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
     """The flow comes from the registry entry; the deployment check prints the prefect.yaml lines to add."""
     from flows import train
 
-    # flows.train's factory of a registry method's flow (`train_flow` once training is split into stage tasks)
-    make_flow = getattr(train, "train_flow", None) or getattr(train, "_train_flow")
-    flow = make_flow(toy)
+    namespace: dict = {}
+    flows = train.define_train_flows(namespace)  # what flows/train.py does with its globals() at import
+    flow = namespace[toy.flow_function]
+    assert flows[toy.name] is flow
     assert flow.name == toy.flow_name == "train-toy" and toy.flow_function == "train_toy"
     assert toy.entrypoint == "flows/train.py:train_toy" and toy.deployment("smoke") == "train-toy/smoke"
     assert "deep prompts on a frozen encoder" in flow.description
