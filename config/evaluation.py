@@ -1,4 +1,4 @@
-"""Parameters of the evaluation stage (flow `evaluate`; methods.md §7)."""
+"""Parameters of the evaluation stage (flow `evaluate`; SimCSE's evaluation.py and SentEval)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class EvalConfig(_Config):
     place than the recorded backbone (e.g. a local copy), the backbone is loaded from there and must
     have the recorded shape and weights (`models.checkpoint` refuses it otherwise).
 
-    Open protocol choices (methods.md §11 q4–5), recorded here: retrieval reports both duplicate
+    Open protocol choices (docs/methods-overview.md), recorded here: retrieval reports both duplicate
     rules with `retrieval_match` as headline; alignment positives are gold >= 4 (338 STS-B test pairs;
     `alignment_inclusive=False` gives SimCSE paper's > 4, 231 pairs); uniformity uses all 2,758
     sentences unless `uniformity_dedup`.

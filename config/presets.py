@@ -17,7 +17,7 @@ _SMOKE_CORRUPT = {"generator": "random-init:distilbert-tiny", "shard_size": 4096
 # The cheaper, non-reference corruption: one variant per sentence shared by every view and epoch, generator dropout
 # off (the stage then costs 1/(epochs x views) of the reference's). Logged as the run parameter `corruption_reuse`.
 SINGLE_CORRUPTION = {"variants": 1, "generator_dropout": False}
-# SimCSE's supervised optimisation (methods.md §2) used by the D2CSE paper's self-built supervised DiffCSE (its
+# SimCSE's supervised optimisation (Gao et al., 2021) used by the D2CSE paper's self-built supervised DiffCSE (its
 # Table 8 gives no hyperparameters; [inferred]): batch 512, 3 epochs on NLI, LR 5e-5 (base) / 1e-5 (large).
 _DIFFCSE_SUP = {"supervised": True, "batch_size": 512, "learning_rate": 5e-5, "epochs": 3, "model": {"rtd_weight": 0.005}}
 # The packaged MiniLM, the local Wiki1M sample: minutes on 2 CPU cores (STS-B dev every 20 steps).
@@ -33,7 +33,7 @@ _DIFFAUG_SEMI = {**_DIFFAUG, "batch_size": 256, "learning_rate": 1e-5, "epochs":
 # Per method: preset name → the fields that differ from the TrainConfig defaults (D2CSE unsup BERT-base).
 # Every preset states its method; "default" is the paper's BERT-base unsupervised setting unless noted.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # D2CSE paper Table 7 (methods.md §5): masking 0.3 and λ 0.005 everywhere.
+    # D2CSE paper Table 7 (Lee, 2023): masking 0.3 and λ 0.005 everywhere.
     "d2cse": {
         "default": {},
         "single-corruption": {"corrupt": SINGLE_CORRUPTION},
@@ -52,7 +52,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "smoke": {**_SMOKE, "learning_rate": 0.02, "model": {"prefix_len": 8}, "corrupt": _SMOKE_CORRUPT},
     },
-    # SimCSE README / paper appendix (methods.md §2): τ 0.05, max length 32, full fine-tuning.
+    # SimCSE README / paper appendix (princeton-nlp/SimCSE): τ 0.05, max length 32, full fine-tuning.
     "simcse": {
         "default": {"batch_size": 64, "learning_rate": 3e-5, "epochs": 1, "model": {"mlp_only_train": True}},
         "bert-large": {"backbone": "bert-large-uncased", "batch_size": 64, "learning_rate": 1e-5, "epochs": 1,
@@ -70,7 +70,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                               "epochs": 3, "model": {"mlp_only_train": False}},
         "smoke": {**_SMOKE, "learning_rate": 3e-5, "model": {"mlp_only_train": True}},
     },
-    # DCPCSE paper appendix Tables 3/4 (methods.md §3); MLM auxiliary only for RoBERTa unsupervised.
+    # DCPCSE paper appendix Tables 3/4 (Jiang & Wang, 2022); MLM auxiliary only for RoBERTa unsupervised.
     "dcpcse": {
         "default": {"batch_size": 256, "learning_rate": 3e-2, "epochs": 1, "model": {"prefix_len": 16}},
         "bert-large": {"backbone": "bert-large-uncased", "batch_size": 256, "learning_rate": 3e-2, "epochs": 1,
@@ -89,7 +89,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                               "epochs": 10, "model": {"prefix_len": 10, "mlp_only_train": False}},
         "smoke": {**_SMOKE, "learning_rate": 0.02, "model": {"prefix_len": 8}},
     },
-    # DiffCSE paper Tables 12/13 (methods.md §4): STS settings; no BERT-large configuration exists. Each view of each
+    # DiffCSE (Chuang et al., 2022) Tables 12/13: STS settings; no BERT-large configuration exists. Each view of each
     # epoch reads its own corruption (the CorruptConfig/TrainConfig default), generator dropout on.
     "diffcse": {
         "default": {"batch_size": 64, "learning_rate": 7e-6, "epochs": 2, "model": {"rtd_weight": 0.005},
@@ -99,7 +99,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                          "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"}},
         "single-corruption": {"batch_size": 64, "learning_rate": 7e-6, "epochs": 2, "model": {"rtd_weight": 0.005},
                               "corrupt": {"mask_ratio": 0.3, **SINGLE_CORRUPTION}},
-        # DiffCSE's transfer models (paper Table 13, methods.md §4 "transfer" columns), test-evaluated on the 7 SentEval
+        # DiffCSE's transfer models (DiffCSE paper Table 13, "transfer" columns), test-evaluated on the 7 SentEval
         # transfer tasks as well. Checkpoints are selected on STS-B dev as the paper's appendix A says for every run
         # (Table 13's hyperparameters were chosen on the transfer dev average); `overrides={"selection": "transfer"}`
         # selects on the transfer dev average instead (SimCSE's trainer `eval_transfer`).
@@ -116,10 +116,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                              "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"}},
         "smoke": {**_SMOKE, "learning_rate": 2e-5, "model": {"rtd_weight": 0.005}, "corrupt": _SMOKE_CORRUPT},
     },
-    # DiffAug paper Table 5 and scripts (methods.md §6). Sentences are cut to 32 tokens inside the template, so the
+    # DiffAug paper Table 5 and TianduoWang/DiffAug scripts. Sentences are cut to 32 tokens inside the template, so the
     # tokeniser keeps 34 ids ([CLS] + 32 + [SEP]). The reference's global batches are used (2 GPUs × 128 = 256 for
     # semi; the supervised script's gradient accumulation 4 is not reproduced: contrastive batch 128 either way).
-    # The scripts evaluate STS-B dev every 50 steps (paper appendix A) and use seed 0 (methods.md §1.5).
+    # The scripts evaluate STS-B dev every 50 steps (paper appendix A) and use seed 0 (SimCSE's default is 42).
     "diffaug": {
         "default": _DIFFAUG_SEMI,
         "semi": _DIFFAUG_SEMI,

@@ -1,4 +1,4 @@
-"""Published numbers of the four papers (methods.md §9), for side-by-side comparison with our runs.
+"""Published numbers of the four papers (their tables), for side-by-side comparison with our runs.
 
 STS: Spearman ×100, STS12–16 "all", STS-B / SICK-R test, Avg. over the seven. Keys: (method, backbone, setting)
 with backbone `bert-base` / `bert-large` / `roberta-base` / `roberta-large` and setting `unsup` / `sup` /
@@ -86,10 +86,12 @@ ALIGN_UNIFORM: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("d2cse", "bert-base", "sup"): {"source": "D2CSE paper ([CLS] prompt)", "alignment": 0.0862, "uniformity": -2.1093},
 }
 
-# Trainable parameters at training time, BERT-base (methods.md §1.4 arithmetic; papers quote the rounded values).
+# Trainable parameters at training time, BERT-base (from DCPCSE's prefix layout; papers quote rounded values).
 PARAMETERS: dict[tuple[str, str], dict[str, float | str]] = {
-    ("d2cse", "bert-base"): {"source": "methods.md §1.4 (paper: 2.6M)", "trainable_parameters": 294_912 + 2_362_368 + 1_538},
-    ("dcpcse", "bert-base"): {"source": "methods.md §1.4", "trainable_parameters": 294_912 + 590_592},
+    ("d2cse", "bert-base"): {"source": "computed from the prefix layout (DCPCSE reference code; paper: 2.6M)",
+                              "trainable_parameters": 294_912 + 2_362_368 + 1_538},
+    ("dcpcse", "bert-base"): {"source": "computed from the prefix layout (DCPCSE reference code, YJiangcm/DCPCSE)",
+                               "trainable_parameters": 294_912 + 590_592},
     ("diffcse", "bert-base"): {"source": "DiffCSE paper (≈220M)", "trainable_parameters": 220_000_000},
 }
 

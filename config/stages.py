@@ -1,4 +1,4 @@
-"""Parameters of the data stages. Defaults follow the papers (see ../shared/design/methods.md)."""
+"""Parameters of the data stages. Defaults follow the papers and their reference code."""
 
 from __future__ import annotations
 
@@ -113,12 +113,12 @@ class TokenizeConfig(_Config):
 # training presets, so a stand-alone corruption is the one a seed-42 job reads.
 STANDALONE_SEED = 42
 
-# Unsupervised D2CSE/DiffCSE: 2 dropout views x 2 epochs, each with its own corruption (methods.md §4 step 2).
+# Unsupervised D2CSE/DiffCSE: 2 dropout views x 2 epochs, each with its own corruption (DiffCSE, Chuang et al., 2022).
 UNSUP_REFERENCE_VARIANTS = 4
 
 
 class CorruptConfig(_Config):
-    """Offline replaced-token corruption with a frozen masked-LM generator (methods.md §4)."""
+    """Offline replaced-token corruption with a frozen masked-LM generator (DiffCSE, Chuang et al., 2022)."""
 
     generator: str = Field(
         default="distilbert-base-uncased",
@@ -151,7 +151,7 @@ class CorruptConfig(_Config):
     batch_size: int = Field(default=256, ge=1)
     generator_dropout: bool = Field(
         default=True,
-        description="run the generator in train mode (dropout on), as the reference code does (methods.md §4, §10.1)",
+        description="run the generator in train mode (dropout on), as the reference code does (voidism/DiffCSE)",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = Field(default=True, description="bf16 autocast on GPU (ignored on CPU)")

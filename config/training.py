@@ -4,10 +4,10 @@
 (config/methods.py) names for `method` (`D2CSEModelConfig`, `SimCSEConfig`, ...), the single typed source of those
 fields. It is given as a dict (presets, overrides, deployment parameters), validated and completed with the
 method's defaults, and dumped as a dict again (so hashes and MLflow params name every field). `backbone` is a
-top-level field only; the model config's own `backbone` is always the job's. The job-level defaults are the D2CSE paper's unsupervised BERT-base setting (Table 7; methods.md §5):
+top-level field only; the model config's own `backbone` is always the job's. The job-level defaults are the D2CSE paper's unsupervised BERT-base setting (Lee, 2023, Table 7):
 bert-base-uncased, Wiki1M, batch 144, lr 0.021, masking 0.3, λ 0.005, 2 epochs, prompt length 16,
 no [CLS] prompt, generator distilbert-base-uncased. Optimisation follows the HF Trainer defaults
-all references use (methods.md §1.5): AdamW (β 0.9/0.999, ε 1e-8, no weight decay), linear decay
+all references use (SimCSE, princeton-nlp/SimCSE): AdamW (β 0.9/0.999, ε 1e-8, no weight decay), linear decay
 to 0 without warm-up, gradient clipping at 1.0, STS-B dev every 125 steps, best checkpoint kept.
 
 Distributed training (`nproc_per_node` × `nnodes` > 1): the `train` task launches torchrun
@@ -42,13 +42,13 @@ DEFAULT_BACKBONE = "bert-base-uncased"
 
 def required_variants(epochs: int, supervised: bool) -> int:
     """Corruption variants for a fresh corruption of every view of every epoch (the reference's on-the-fly
-    generation, methods.md §4 step 2): each column is read by 2 views unsupervised (the sentence twice) and by 1
+    generation, voidism/DiffCSE): each column is read by 2 views unsupervised (the sentence twice) and by 1
     supervised (anchor, entailment and contradiction are columns). See training/rows.py."""
     return epochs * (1 if supervised else 2)
 
 
 class PrefixPhaseConfig(_Config):
-    """DiffAug stage 1 (methods.md §6): prefix-only tuning on NLI for a fixed number of steps, cycling the data."""
+    """DiffAug stage 1 (Wang & Lu, 2022): prefix-only tuning on NLI for a fixed number of steps, cycling the data."""
 
     steps: int = Field(default=2000, ge=1)
     learning_rate: float = Field(default=1e-3, gt=0)

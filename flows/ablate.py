@@ -5,7 +5,7 @@
 (c) shared prompts on encoder and discriminator, no conditional input;
 (d) shared prompts + conditional input (= D2CSE).
 Every cell is a child run of one MLflow parent (flows/children.py); the result is the matrix of STS averages
-beside the published Table 6 (methods.md §9.6), logged to the parent and as Prefect artifacts. The variants are the
+beside the published Table 6 (Lee, 2023), logged to the parent and as Prefect artifacts. The variants are the
 model class's `ablations` (models/d2cse.py), the published cells `MethodSpec.published.ablation`.
 """
 

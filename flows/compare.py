@@ -8,7 +8,7 @@
 Outputs: a Prefect table + markdown artifact, an MLflow run in experiment `compare` (comparison.md / .csv and the
 MLflow table `comparison_table.json`), the Parquet dataset `comparisons/<id>` (DuckDB view `comparisons`), and the
 registry alias `best` on each compared model's version with the best STS-B dev. Tables: STS, retrieval,
-alignment/uniformity and trainable parameters (methods.md §9).
+alignment/uniformity and trainable parameters (the papers' tables).
 """
 
 from __future__ import annotations

@@ -262,8 +262,8 @@ def load_checkpoint_folder(
     cfg = read_checkpoint_config(folder)
     if expect_pooler is not None and expect_pooler != cfg["pooler"]:
         raise CheckpointMismatchError(
-            f"checkpoint {folder} evaluates with pooler {cfg['pooler']!r}, not {expect_pooler!r} (methods.md §7.2: "
-            "a checkpoint must be evaluated with its own pooler)")
+            f"checkpoint {folder} evaluates with pooler {cfg['pooler']!r}, not {expect_pooler!r} "
+            "(SimCSE's evaluation.py: a checkpoint must be evaluated with its own pooler)")
     if expect_backbone is not None and not _same_model(expect_backbone, cfg["backbone"]):
         emb = load_checkpoint(Path(folder), torch.device(device), backbone_override=expect_backbone)
     else:

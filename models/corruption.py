@@ -1,4 +1,4 @@
-"""Replaced-token corruption with a frozen masked-LM generator (methods.md §4 steps 2-4, DiffCSE).
+"""Replaced-token corruption with a frozen masked-LM generator (DiffCSE, Chuang et al., 2022; voidism/DiffCSE).
 
 Pure PyTorch + transformers: no Prefect, no MLflow.
 

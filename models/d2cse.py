@@ -1,4 +1,4 @@
-"""D2CSE: shared deep prompts on a frozen PLM that is both sentence encoder and conditional discriminator (methods.md §5).
+"""D2CSE: shared deep prompts on a frozen PLM that is both sentence encoder and conditional discriminator (Lee, 2023).
 
 Per step (§5 "Concrete reading"): the frozen PLM with prompts encodes the `(B·n, T)` rows; CLS → BN-MLP → `h`
 (contrastive vector and conditioning vector, not detached). The same PLM with the same prompt module then runs
@@ -39,7 +39,7 @@ D2CSEOutput = CRTDOutput  # the name D2CSE's callers know
 
 @dataclass(frozen=True)
 class D2CSEModelConfig(PromptConfig):
-    """Model hyperparameters (defaults: D2CSE unsupervised BERT-base, methods.md §5 Table 7 and §1.4)."""
+    """Model hyperparameters (defaults: D2CSE unsupervised BERT-base, Lee, 2023, Table 7)."""
 
     cls_prompt: bool = False
     temperature: float = 0.05
@@ -50,7 +50,7 @@ class D2CSEModelConfig(PromptConfig):
     condition_discriminator: bool = True
     train_discriminator: bool = False
     # Ablation (b) only: the trainable discriminator's own AdamW learning rate. The D2CSE paper gives none; DiffCSE
-    # trains the same kind of discriminator (a full BERT-base copy) at its encoder LR, 7e-6 (methods.md §4), whereas
+    # trains the same kind of discriminator (a full BERT-base copy) at its encoder LR, 7e-6 (DiffCSE paper), whereas
     # the prompt LR (0.021 / 0.055) would be ~3,000x that.
     discriminator_learning_rate: float = 7e-6
     discriminator_reuses_prefix_sample: bool = False

@@ -1,4 +1,4 @@
-"""DCPCSE: deep continuous prompts on a frozen PLM, SimCSE loss, optional MLM auxiliary (methods.md §3).
+"""DCPCSE: deep continuous prompts on a frozen PLM, SimCSE loss, optional MLM auxiliary (Jiang & Wang, 2022).
 
 Architecture (§3, §1.4): the pretrained encoder is frozen (`requires_grad=False`) but stays in train mode
 during training, so its dropout still makes the two contrastive views (§1.4 item 7, §10.6). Trainable: the
@@ -55,7 +55,7 @@ IGNORE_INDEX = -100
 # ------------------------------------------------------------------------------------------------ config
 @dataclass(frozen=True)
 class DCPCSEConfig(PromptConfig):
-    """Model hyperparameters (defaults: DCPCSE unsupervised BERT-base, methods.md §3 and §1.4).
+    """Model hyperparameters (defaults: DCPCSE unsupervised BERT-base, Jiang & Wang, 2022; YJiangcm/DCPCSE).
 
     Paper settings (§3 tables): unsup BERT-base P=16, BERT-large P=10, RoBERTa-base P=14 with `mlm=True`;
     supervised runs use `mlp_only_train=False` (evaluate `cls` with the MLP) and P = 10–12.
@@ -212,7 +212,7 @@ def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys=()) -> MaskedLMHe
     absent = sorted(k for k in missing_keys if k.startswith(prefix) and k not in tied)
     if absent:
         raise ValueError(f"the checkpoint has no MLM head weights (missing {absent}); DCPCSE's MLM auxiliary "
-                         "loads the pretrained head (methods.md §3). Use a checkpoint with its MLM head "
+                         "loads the pretrained head (YJiangcm/DCPCSE). Use a checkpoint with its MLM head "
                          "(e.g. bert-base-uncased, roberta-base) or set mlm_head_random_init=True for a fresh head")
     return MaskedLMHead.from_hf_head(head)
 

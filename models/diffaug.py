@@ -1,4 +1,4 @@
-"""DiffAug: two prefix modules as a differentiable augmentation, two-stage training (methods.md §6).
+"""DiffAug: two prefix modules as a differentiable augmentation, two-stage training (Wang & Lu, 2022).
 
 Model (BERT family; the LM is fully fine-tuned in the joint stage, so this is not a frozen-backbone method):
 
@@ -90,7 +90,7 @@ MASK_PLACEHOLDER = "[MASK]"
 
 @dataclass(frozen=True)
 class DiffAugConfig(MethodConfig):
-    """Model hyperparameters (defaults: DiffAug BERT-base, methods.md §6 and §1.4).
+    """Model hyperparameters (defaults: DiffAug BERT-base, Wang & Lu, 2022; TianduoWang/DiffAug).
 
     `template`: the hard prompt with a `{sentence}` placeholder and a literal `[MASK]` (replaced by the
     tokenizer's mask token); the default is PromptBERT's template "00" as DiffAug uses it.

@@ -1,4 +1,4 @@
-"""DiffCSE: SimCSE + conditional replaced-token detection with a trainable encoder and discriminator (methods.md §4).
+"""DiffCSE: SimCSE + conditional replaced-token detection with a trainable encoder and discriminator (DiffCSE paper).
 
 Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `models.crtd.ConditionalRTDModel`):
 1. the trainable encoder f (the full backbone, no prompts, pretrained pooler removed) encodes the rows;
@@ -35,7 +35,7 @@ from models.prefix import PromptedBackbone
 
 @dataclass(frozen=True)
 class DiffCSEConfig(MethodConfig):
-    """Model hyperparameters (defaults: DiffCSE BERT-base for STS, methods.md §4 and paper Table 12).
+    """Model hyperparameters (defaults: DiffCSE BERT-base for STS, Chuang et al., 2022, Table 12).
 
     The learning rate (7e-6) and masking ratio (0.30) belong to the training and corruption stages.
     """

@@ -1,4 +1,4 @@
-"""Data-parallel training over `torch.distributed` with the objective of the global batch (methods.md §1.2, §10.4).
+"""Data-parallel training over `torch.distributed` with the objective of the global batch (docs/methods-overview.md).
 
 The batch size of a job is the global batch; each rank trains on its contiguous slice (`shard_bounds`,
 `shard_batch`). The convention every helper follows: **every rank computes the value of the global objective

@@ -53,7 +53,7 @@ class MethodConfig:
 
 @dataclass(frozen=True)
 class PromptConfig(MethodConfig):
-    """The deep-prompt fields of the frozen-PLM methods (D2CSE, DCPCSE; methods.md §1.4): P, prefix dropout,
+    """The deep-prompt fields of the frozen-PLM methods (D2CSE, DCPCSE; layout of YJiangcm/DCPCSE): P, prefix dropout,
     optional reparametrisation (`prefix_projection`, hidden `prefix_hidden`) and the reference position shift.
 
     `train_prompts` (default True): False freezes the prompts (the prefix table or its reparametrisation, and D2CSE's

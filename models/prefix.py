@@ -1,9 +1,9 @@
-"""Deep continuous prompts (P-tuning v2 prefixes) on a frozen HF encoder (methods.md §1.4), on eight encoder families.
+"""Deep continuous prompts (P-tuning v2 prefixes) on a frozen HF encoder (YJiangcm/DCPCSE), on eight encoder families.
 
 `PrefixEncoder` holds the trainable key/value prefixes; `PromptedBackbone` runs a Hugging Face encoder
 with those prefixes prepended to every self-attention layer's keys and values.
 
-Injection (transformers 5.x, where tuples as `past_key_values` are gone, methods.md §1.4 note and §10.23). The
+Injection (transformers 5.x, where tuples as `past_key_values` are gone; see docs/methods-overview.md). The
 family of the backbone (`EncoderFamily`, looked up from `config.model_type` by `encoder_family`) says which of two
 routes its attention takes:
 
@@ -179,7 +179,7 @@ class PrefixKeyValues:
 
 
 class PrefixEncoder(nn.Module):
-    """Trainable key/value prefixes for every layer (methods.md §1.4, "Parameters" and steps 1–3).
+    """Trainable key/value prefixes for every layer (the P-tuning v2 layout of YJiangcm/DCPCSE).
 
     Without reparametrisation: one table `P × (2·L·d)`. With it: `P × d` → Linear(d, h_p) → tanh →
     Linear(h_p, 2·L·d). Weights N(0, init_std), biases 0. Dropout (p = hidden dropout 0.1) acts on the

@@ -1,4 +1,4 @@
-"""SimCSE: full fine-tuning of the PLM with the in-batch contrastive loss (methods.md §2).
+"""SimCSE: full fine-tuning of the PLM with the in-batch contrastive loss (Gao et al., 2021).
 
 Per step (§1.1, §1.2, §2): the `(B, n, T)` rows are flattened row-major to `(B·n, T)` and encoded in one
 forward pass of the backbone in train mode (its dropout, p = 0.1, is the only augmentation of the
@@ -34,7 +34,7 @@ from models.method import CSEModel, MethodConfig, StepOutput, set_backbone_dropo
 
 @dataclass(frozen=True)
 class SimCSEConfig(MethodConfig):
-    """Model hyperparameters (defaults: unsupervised SimCSE, methods.md §2 and §1.2/§1.3).
+    """Model hyperparameters (defaults: unsupervised SimCSE, Gao et al., 2021; princeton-nlp/SimCSE).
 
     `mlp_only_train`: True = MLP in training only, evaluate `cls_before_pooler` (unsup); False = evaluate
     `cls` with the trained MLP (sup). `hard_negative_weight`: added to the logit of each anchor's own hard

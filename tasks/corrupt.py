@@ -1,4 +1,4 @@
-"""Offline replaced-token corruption of a tokens dataset (methods.md §4), sharded and cached: the stage.
+"""Offline replaced-token corruption of a tokens dataset (DiffCSE, Chuang et al., 2022), sharded and cached: the stage.
 
 The key (`storage.keys.corruption_key`) hashes the tokens' content, the generator (name or folder + its config.json;
 a `generator:<key>` dataset of the fit-generator stage, by key or by folder, by its key and content hash; "unigram"

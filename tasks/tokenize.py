@@ -41,7 +41,7 @@ SCHEMA_VERSION = SCHEMA_VERSIONS["tokens"]
 
 
 def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
-    # SimCSE replaces empty/None cells by a single space before tokenisation (methods.md §1.1).
+    # SimCSE replaces empty/None cells by a single space before tokenisation (princeton-nlp/SimCSE train.py).
     texts = [t if t and t.strip() else " " for t in texts]
     return tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
 

@@ -52,7 +52,7 @@ def build_model(cfg: TrainConfig, device: torch.device):
 
 
 def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None) -> list[Phase]:
-    """One phase for every method but DiffAug: prefix-only NLI steps, then joint tuning (methods.md §6)."""
+    """One phase for every method but DiffAug: prefix-only NLI steps, then joint tuning (DiffAug, Wang & Lu, 2022)."""
     joint = Phase("main", rows, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)
     if cfg.prefix_phase is None:
         return [joint]

@@ -6,7 +6,7 @@ at the seams (training/job.py builds them; tasks/train.py injects the MLflow log
 every method but DiffAug, whose prefix-only NLI stage precedes joint tuning); each phase has its
 own data, batch size, learning rate, AdamW over `model.parameter_groups(phase)` and linear decay;
 the global step counts across phases, and dev evaluation / best-checkpoint selection span them all
-(methods.md §6 "Schedules and step counting"). Resume state holds the trainable tensors, optimizer,
+(as DiffAug's reference code, TianduoWang/DiffAug, counts steps). Resume state holds the trainable tensors, optimizer,
 scheduler, RNG states, the position in the data and the best dev score, in the files that
 `storage.runs.ResumeState` names (the job folder's `RunDir.resume_state`); with `deterministic=True` a
 killed and resumed run ends with the same weights as an uninterrupted one.
@@ -535,7 +535,7 @@ class Trainer:
     def _maybe_evaluate(self) -> None:
         score = self.evaluate_dev(self.model)
         self.log_metrics({self.selection_metric: score}, self.step)
-        if self.best_score is None or score > self.best_score:  # strictly better (methods.md §1.5)
+        if self.best_score is None or score > self.best_score:  # strictly better (SimCSE's trainer)
             self.best_score, self.best_step = score, self.step
             self.save_best(self.model, self.step, score)
             self.log_metrics({f"best_{self.selection_metric}": score}, self.step)

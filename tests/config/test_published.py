@@ -1,6 +1,6 @@
 """The papers' numbers (config/published.py): the row helpers, the mapping from presets to published rows, and the
 tables' internal consistency (every STS / transfer row has its seven tasks and an average that is their mean, up to
-the papers' rounding and the one typo methods.md §10 item 10 records)."""
+the papers' rounding and the one typo in DCPCSE's table)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from storage.readers import SEVEN_TASKS
 
 FAMILIES = {"bert-base", "bert-large", "roberta-base", "roberta-large"}
 SETTINGS = {"unsup", "sup", "semi", "semi-aux"}
-# methods.md §10 item 10: DCPCSE's own supervised BERT-base average reads 81.65 but its seven scores average 81.66.
+# DCPCSE (Jiang & Wang, 2022): its own supervised BERT-base average reads 81.65 but its seven scores average 81.66.
 KNOWN_AVERAGE_TYPOS = {("dcpcse", "bert-base", "sup"): (81.65, 81.66)}
 
 
@@ -137,7 +137,7 @@ def test_transfer_rows_have_the_seven_tasks_and_their_average():
         mean = statistics.fmean(row[t] for t in TRANSFER_TASKS)
         assert abs(mean - row["transfer_avg"]) <= 0.005 + 1e-9, (key, mean, row["transfer_avg"])
     assert {k for k in TRANSFER if k[0] != "simcse-mlm"} <= set(STS)  # a second number for an existing STS row
-    assert TRANSFER[("diffcse", "bert-base", "unsup")]["transfer_avg"] == 86.86  # methods.md §9.7
+    assert TRANSFER[("diffcse", "bert-base", "unsup")]["transfer_avg"] == 86.86  # DiffCSE paper (Chuang et al., 2022)
     assert TRANSFER[("diffcse", "roberta-base", "unsup")]["transfer_avg"] == 87.04
 
 
@@ -152,7 +152,7 @@ def test_reruns_sit_beside_an_original_row():
     assert set(RERUNS) <= set(STS)
     for key, row in RERUNS.items():
         assert "re-run" in row["source"] and row["source"] != STS[key]["source"]
-    assert RERUNS[("dcpcse", "bert-base", "sup")]["sts_avg"] == 81.28  # methods.md §10 item 9
+    assert RERUNS[("dcpcse", "bert-base", "sup")]["sts_avg"] == 81.28  # D2CSE paper's rerun (Lee, 2023)
     assert RERUNS[("dcpcse", "roberta-base", "sup")]["sts_avg"] == 82.27
 
 

@@ -1,5 +1,6 @@
-"""Every default equals the reference setup (methods.md): corruption variety, fp32 evaluation, DiffAug's cadence and
-seed, D2CSE ablation (b)'s discriminator learning rate, a preset for every published row, a `default` per method."""
+"""Every default equals the reference setup (docs/methods-overview.md): corruption variety, fp32 evaluation,
+DiffAug's cadence and seed, D2CSE ablation (b)'s discriminator learning rate, a preset for every published row,
+a `default` per method."""
 
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def test_dropout_only_when_asked_and_bad_settings_refused(generator, special):
 
 
 def test_all_positions_is_the_reference_full_argmax(generator, special, wiki_ids, tokenizer):
-    """`all_positions`: G's argmax at every real position, then [CLS] restored and pads kept (methods.md §4 step 3);
+    """`all_positions`: G's argmax at every real position, then [CLS] restored and pads kept (voidism/DiffCSE);
     the default touches the selected positions only, and the two agree there."""
     generator.eval()
     seqs = wiki_ids[:48]

@@ -1,6 +1,6 @@
 """The objective D2CSE and DiffCSE share (models/crtd.py): `check_objective`, `align_corruption` (shapes, the
 `(B, 1, T)` broadcast, default RTD labels, errors) and `ConditionalRTDModel`'s forward / `training_step` through both
-concrete subclasses on the tiny BERT (methods.md §1.2, §4 steps 4–6)."""
+concrete subclasses on the tiny BERT (SimCSE loss, DiffCSE's RTD)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The D2CSE model (models/d2cse.py): trainable set, frozen backbone, conditioning, ablation wiring (methods.md §5)."""
+"""The D2CSE model (models/d2cse.py): trainable set, frozen backbone, conditioning, ablation wiring (Lee, 2023)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The DCPCSE model (models/dcpcse.py): frozen PLM + prefixes + `cls` MLP, the MLM auxiliary (methods.md §3, §1.4)."""
+"""The DCPCSE model (models/dcpcse.py): frozen PLM + prefixes + `cls` MLP, the MLM auxiliary (Jiang & Wang, 2022)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_trainable_set_and_tiny_counts(make_model):
 
 
 def test_bert_base_trainable_parameter_counts(bert_base_mlm):
-    """methods.md §1.4 table: prefix P·2·L·d = 16·2·12·768 = 294,912, `cls` MLP 768·768 + 768 = 590,592.
+    """YJiangcm/DCPCSE layout: prefix P·2·L·d = 16·2·12·768 = 294,912, `cls` MLP 768·768 + 768 = 590,592.
 
     With MLM the BERT LM head is trainable too (§3, §10.7): dense 768·768 + 768 = 590,592, LayerNorm 1,536,
     untied decoder 30522·768 = 23,440,896 and its bias 30,522 → 24,063,546.

@@ -1,4 +1,4 @@
-"""The DiffAug model (models/diffaug.py): template, prefix halves, both stages, denoising, counts (methods.md §6, §1.4)."""
+"""The DiffAug model (models/diffaug.py): template, prefix halves, both stages, denoising, counts (Wang & Lu, 2022)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The DiffCSE model (models/diffcse.py): trainable set, separate discriminator copy, conditioning through h,
-supervised rows, parameter count and checkpoint round trip (methods.md §4)."""
+supervised rows, parameter count and checkpoint round trip (Chuang et al., 2022)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Heads (models/heads.py) and losses (models/losses.py) on hand-computed cases (methods.md §1.2, §1.3, §4)."""
+"""Heads (models/heads.py) and losses (models/losses.py) on hand-computed cases (SimCSE, DiffCSE)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The SimCSE model (models/simcse.py): full fine-tuning, `cls` MLP, poolers, checkpoints (methods.md §2, §1.2, §1.3)."""
+"""The SimCSE model (models/simcse.py): full fine-tuning, `cls` MLP, poolers, checkpoints (Gao et al., 2021)."""
 
 from __future__ import annotations
 

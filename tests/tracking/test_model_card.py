@@ -93,7 +93,7 @@ def test_full_card_tables_and_published_differences(full_facts):
     diffs = published_differences(full_facts)
     assert set(diffs) == {*cols, "retrieval_r1", "retrieval_r3", "retrieval_r5", "alignment", "uniformity"}
     assert math.isclose(diffs["sts_avg"], 78.90 - 79.02) and math.isclose(diffs["uniformity"], -1.3 + 1.2627)
-    assert "Published: 2,658,818 (source: methods.md §1.4" in card and "This model: 2,658,818" in card
+    assert "Published: 2,658,818 (source: computed from the prefix layout" in card and "This model: 2,658,818" in card
     assert "Best STS-B dev (checkpoint selection): 83.25; training steps: 13,889." in card
 
 
