@@ -602,7 +602,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
         checks.append(f"prefix-phase trainable {got:,} {'==' if exp_prefix == got else '!='} reference {exp_prefix:,}")
         if exp_prefix != got:
             raise AssertionError(f"prefix-phase trainable parameters {got:,} differ from reference {exp_prefix:,}")
-    rec["parameter_check"] = "; ".join(checks) if checks else "no §1.4 figure for this configuration"
+    rec["parameter_check"] = "; ".join(checks) if checks else "no DCPCSE reference prefixes figure for this configuration"
     info = describe_model(method, cfg, model, backbone)
 
     # ---- data at the real batch (two batches' worth of rows: 2 steps = one epoch)

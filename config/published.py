@@ -26,7 +26,7 @@ def _sts(source: str, *scores: float) -> dict[str, float | str]:
 
 
 STS: dict[tuple[str, str, str], dict[str, float | str]] = {
-    # §9.1 unsupervised (Wiki1M)
+    # unsupervised (Wiki1M)
     ("simcse", "bert-base", "unsup"): _sts("SimCSE paper", 68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25),
     ("dcpcse", "bert-base", "unsup"): _sts("DCPCSE paper", 73.03, 85.18, 76.70, 84.19, 79.69, 80.62, 70.00, 78.49),
     ("diffcse", "bert-base", "unsup"): _sts("DiffCSE paper", 72.28, 84.43, 76.47, 83.90, 80.54, 80.59, 71.23, 78.49),
@@ -38,7 +38,7 @@ STS: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("dcpcse", "roberta-base", "unsup"): _sts("DCPCSE paper", 70.57, 81.91, 74.60, 82.90, 80.96, 82.84, 71.70, 77.93),
     ("diffcse", "roberta-base", "unsup"): _sts("DiffCSE paper", 70.05, 83.43, 75.49, 82.81, 82.12, 82.38, 71.19, 78.21),
     ("d2cse", "roberta-base", "unsup"): _sts("D2CSE paper", 70.53, 83.22, 75.61, 83.64, 82.53, 83.08, 72.54, 78.74),
-    # §9.2 supervised (NLI) and semi-supervised
+    # supervised (NLI) and semi-supervised
     ("simcse", "bert-base", "sup"): _sts("SimCSE paper", 75.30, 84.67, 80.19, 85.40, 80.82, 84.25, 80.39, 81.57),
     ("dcpcse", "bert-base", "sup"): _sts("DCPCSE paper", 75.58, 84.33, 79.67, 85.79, 81.24, 84.25, 80.79, 81.65),
     ("diffcse", "bert-base", "sup"): _sts("D2CSE paper (built)", 76.79, 82.41, 79.18, 85.77, 82.09, 83.91, 79.74, 81.41),
@@ -63,7 +63,7 @@ RERUNS: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("dcpcse", "roberta-base", "sup"): _sts("D2CSE re-run", 74.71, 85.96, 80.42, 86.13, 83.19, 85.76, 79.70, 82.27),
 }
 
-# §9.4 retrieval on STS-B test (D2CSE paper: R@1/3/5; DiffCSE paper: R@1/5/10).
+# retrieval on STS-B test (D2CSE paper: R@1/3/5; DiffCSE paper: R@1/5/10).
 RETRIEVAL: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("dcpcse", "bert-base", "unsup"): {"source": "D2CSE paper (re-trained)", "retrieval_r1": 90.21, "retrieval_r3": 96.91, "retrieval_r5": 98.97},
     ("diffcse", "bert-base", "unsup"): {"source": "D2CSE paper (released)", "retrieval_r1": 89.69, "retrieval_r3": 97.42, "retrieval_r5": 98.97},
@@ -74,7 +74,7 @@ RETRIEVAL: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("simcse", "bert-base", "unsup"): {"source": "DiffCSE paper", "retrieval_r1": 77.84, "retrieval_r5": 92.78, "retrieval_r10": 95.88},
 }
 
-# §9.5 alignment / uniformity on STS-B test (lower is better).
+# alignment / uniformity on STS-B test (lower is better).
 ALIGN_UNIFORM: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("simcse", "bert-base", "unsup"): {"source": "DiffCSE paper", "alignment": 0.177, "uniformity": -2.313},
     ("dcpcse", "bert-base", "unsup"): {"source": "D2CSE paper", "alignment": 0.0842, "uniformity": -1.5074},
@@ -116,10 +116,10 @@ TRANSFER: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("diffcse", "roberta-base", "unsup"): _transfer("DiffCSE paper (transfer model)", 82.82, 88.61, 94.32, 87.71, 88.63, 90.40, 76.81, 87.04),
 }
 
-# DiffCSE Tables 3–6 (§9.7): average dev accuracy of the 7 transfer tasks (SentEval "fasttest" devacc), BERT-base.
+# DiffCSE Tables 3–6 (the papers' tables): average dev accuracy of the 7 transfer tasks (SentEval "fasttest" devacc), BERT-base.
 TRANSFER_DEV_AVG: dict[str, float] = {"simcse": 83.91, "simcse-batchnorm": 85.66, "diffcse": 85.95, "diffcse-no-batchnorm": 85.24}
 
-# §9.6 D2CSE ablation (Table 6), avg of 7 STS: variant → {(setting, cls_prompt): avg}.
+# D2CSE ablation (Table 6), avg of 7 STS: variant → {(setting, cls_prompt): avg}.
 D2CSE_ABLATION: dict[str, dict[tuple[str, bool], float]] = {
     "a": {("unsup", True): 78.22, ("unsup", False): 78.22, ("sup", True): 81.23, ("sup", False): 81.21},
     "b": {("unsup", True): 78.02, ("unsup", False): 78.38, ("sup", True): 81.32, ("sup", False): 81.18},

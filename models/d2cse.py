@@ -1,11 +1,11 @@
 """D2CSE: shared deep prompts on a frozen PLM that is both sentence encoder and conditional discriminator (Lee, 2023).
 
-Per step (§5 "Concrete reading"): the frozen PLM with prompts encodes the `(B·n, T)` rows; CLS → BN-MLP → `h`
+Per step (D2CSE paper): the frozen PLM with prompts encodes the `(B·n, T)` rows; CLS → BN-MLP → `h`
 (contrastive vector and conditioning vector, not detached). The same PLM with the same prompt module then runs
 on the corrupted ids with the embedding-layer output at position 0 replaced by `h`; an RTD head on its last
 hidden states gives `L_CRTD`. `L = L_CL + λ·L_CRTD`. Evaluation embedding: CLS before the pooler, prompts on.
 
-Ablations of §5 (Fig. 3 / Table 6) are configuration switches:
+Ablations of the D2CSE paper (Fig. 3 / Table 6) are configuration switches:
 (a) `discriminator_prompts=False` — the frozen PLM without prompts as discriminator (a separate frozen copy
     computes exactly the same function, so the shared frozen module is reused), conditioned on `h`;
 (b) as (a) plus `train_discriminator=True` — a trainable copy of the PLM as discriminator, in its own AdamW group at
@@ -194,7 +194,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         return groups + [{"params": [p for p in params if id(p) in ids], "lr": lr, "name": name} for name, ids, lr in own]
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Evaluation embedding `(B, d)`: CLS before the pooler with prompts active (§1.3, §5)."""
+        """Evaluation embedding `(B, d)`: CLS before the pooler with prompts active (SimCSE, D2CSE paper)."""
         return self.encode_cls(input_ids, attention_mask, token_type_ids)
 
     def peft_plan(self, plan: PeftPlan) -> PeftPlan:

@@ -1,15 +1,15 @@
 """DCPCSE: deep continuous prompts on a frozen PLM, SimCSE loss, optional MLM auxiliary (Jiang & Wang, 2022).
 
-Architecture (§3, §1.4): the pretrained encoder is frozen (`requires_grad=False`) but stays in train mode
-during training, so its dropout still makes the two contrastive views (§1.4 item 7, §10.6). Trainable: the
+Architecture (DCPCSE, DCPCSE reference prefixes): the pretrained encoder is frozen (`requires_grad=False`) but stays in train mode
+during training, so its dropout still makes the two contrastive views (DCPCSE reference prefixes, docs/methods-overview.md). Trainable: the
 prefix table (`PrefixEncoder`, no reparametrisation by default, P = 16, prefix dropout 0.1, N(0,
 initializer_range) init), SimCSE's `cls` MLP (`Linear(d, d) + tanh`), and — with `mlm=True` — the LM head.
-Token positions are shifted by P under the prefix as in the HF 4.x references (§1.4 item 6;
+Token positions are shifted by P under the prefix as in the HF 4.x references (DCPCSE reference prefixes;
 `shift_positions=False` turns the quirk off).
 
 Per step: one prefix sample (fresh dropout) is drawn for the `B·n` flattened rows; the frozen PLM with that
-prefix encodes them; CLS → MLP → contrastive loss (§1.2: `B×B` unsup, `B×2B` sup with every in-batch hard
-negative). With `mlm=True` (§3 "MLM auxiliary", the RoBERTa-unsup setting):
+prefix encodes them; CLS → MLP → contrastive loss (SimCSE: `B×B` unsup, `B×2B` sup with every in-batch hard
+negative). With `mlm=True` (DCPCSE, the RoBERTa-unsup setting):
 
 - each flattened row is masked independently (`mask_tokens`: 15 % of the non-special, non-pad tokens; of
   those 80 % → mask token, 10 % → a uniform random id over the whole vocabulary, 10 % unchanged; labels
@@ -20,12 +20,12 @@ negative). With `mlm=True` (§3 "MLM auxiliary", the RoBERTa-unsup setting):
 - `loss = L_CL + λ_t · L_MLM`, `λ_t = mlm_weight · mlm_decay^(step / mlm_decay_steps)` (continuous exponent,
   `step` = completed optimiser steps; `mlm_weight_at`).
 
-The LM head is trainable and not tied to the frozen input embeddings (§3, §10.7). It is loaded from the
+The LM head is trainable and not tied to the frozen input embeddings (DCPCSE, docs/methods-overview.md). It is loaded from the
 pretrained checkpoint's MLM head (BERT: `cls.predictions`; RoBERTa: `lm_head`) through
 `models.loading.load_masked_lm`; a checkpoint without MLM head weights (e.g. the packaged MiniLM, a bare
 `BertModel`) is refused unless `mlm_head_random_init=True`.
 
-Evaluation embedding (§3, §1.3): prefix always applied (dropout off in eval mode); `mlp_only_train=True`
+Evaluation embedding (DCPCSE, SimCSE): prefix always applied (dropout off in eval mode); `mlp_only_train=True`
 (unsup) → CLS before the MLP (`cls_before_pooler`), False (sup) → CLS → MLP (`cls`).
 """
 
@@ -57,11 +57,11 @@ IGNORE_INDEX = -100
 class DCPCSEConfig(PromptConfig):
     """Model hyperparameters (defaults: DCPCSE unsupervised BERT-base, Jiang & Wang, 2022; YJiangcm/DCPCSE).
 
-    Paper settings (§3 tables): unsup BERT-base P=16, BERT-large P=10, RoBERTa-base P=14 with `mlm=True`;
+    Paper settings (DCPCSE paper): unsup BERT-base P=16, BERT-large P=10, RoBERTa-base P=14 with `mlm=True`;
     supervised runs use `mlp_only_train=False` (evaluate `cls` with the MLP) and P = 10–12.
 
-    `shift_positions`: reproduce the HF 4.x position shift under the prefix (§1.4 item 6, §10.5).
-    `mlm_*`: the MLM auxiliary of §3 (λ_t = `mlm_weight · mlm_decay^(step / mlm_decay_steps)`).
+    `shift_positions`: reproduce the HF 4.x position shift under the prefix (DCPCSE reference prefixes, docs/methods-overview.md).
+    `mlm_*`: the MLM auxiliary of DCPCSE (λ_t = `mlm_weight · mlm_decay^(step / mlm_decay_steps)`).
     `mlm_head_random_init`: allow a freshly initialised LM head when `backbone` has no MLM head weights
     (otherwise such a backbone is refused with `mlm=True`); a backbone with a head always loads it.
     """
@@ -92,7 +92,7 @@ class DCPCSEConfig(PromptConfig):
 
 # ------------------------------------------------------------------------------------------------ MLM pieces
 def mlm_weight_at(step: int, weight: float = 0.1, decay: float = 0.95, decay_steps: int = 100) -> float:
-    """λ_t = weight · decay^(step / decay_steps), continuous exponent; `step` = completed optimiser steps (§3)."""
+    """λ_t = weight · decay^(step / decay_steps), continuous exponent; `step` = completed optimiser steps (DCPCSE)."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     return weight * decay ** (step / decay_steps)
@@ -107,7 +107,7 @@ def mask_tokens(
     probability: float = 0.15,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT-style masking of `(N, T)` rows, each position independently (§3 "MLM auxiliary").
+    """BERT-style masking of `(N, T)` rows, each position independently (DCPCSE).
 
     Candidates are real tokens (`attention_mask == 1`) whose id is not in `special_token_ids`; each is
     selected with `probability`. Of the selected: 80 % → `mask_token_id`, 10 % → a uniform random id in
@@ -134,10 +134,10 @@ def mask_tokens(
 
 
 class MaskedLMHead(nn.Module):
-    """A pretrained PLM's MLM head as one trainable module: dense → activation → LayerNorm → decoder (§3).
+    """A pretrained PLM's MLM head as one trainable module: dense → activation → LayerNorm → decoder (DCPCSE).
 
     Same function as BERT's `BertLMPredictionHead` (`cls.predictions`) and RoBERTa's `RobertaLMHead`
-    (`lm_head`). The decoder weight is a copy, not tied to the frozen input embeddings (§3, §10.7), and its
+    (`lm_head`). The decoder weight is a copy, not tied to the frozen input embeddings (DCPCSE, docs/methods-overview.md), and its
     bias is the checkpoint's output bias, held once (no shared tensors, so checkpoints save it plainly).
     """
 
@@ -218,7 +218,7 @@ def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys=()) -> MaskedLMHe
 
 
 def load_mlm_head(config: DCPCSEConfig, backbone: nn.Module) -> MaskedLMHead:
-    """The pretrained MLM head of `config.backbone` (§3), or — if it has none and `mlm_head_random_init` allows
+    """The pretrained MLM head of `config.backbone` (DCPCSE), or — if it has none and `mlm_head_random_init` allows
     it — a fresh head whose decoder starts from a copy of `backbone`'s input embeddings (`MaskedLMHead.fresh`)."""
     from models.loading import load_masked_lm
 
@@ -320,7 +320,7 @@ class DCPCSE(PromptedModel, CSEModel):
 
     def mask_for_mlm(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(masked_ids, labels)` of `(N, T)` rows, each row masked independently (§3; see `mask_tokens`).
+        """`(masked_ids, labels)` of `(N, T)` rows, each row masked independently (DCPCSE; see `mask_tokens`).
 
         Excluded: padding and the tokenizer's special ids; random replacements are uniform over the backbone's
         `vocab_size` (= `len(tokenizer)` of the reference collator for the paper's backbones).
@@ -380,7 +380,7 @@ class DCPCSE(PromptedModel, CSEModel):
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Evaluation embedding `(B, d)` with prompts on: CLS (unsup) or CLS → MLP (sup) (§1.3, §3)."""
+        """Evaluation embedding `(B, d)` with prompts on: CLS (unsup) or CLS → MLP (sup) (SimCSE, DCPCSE)."""
         cls = self.encode_cls(input_ids, attention_mask, token_type_ids)
         return cls if self.config.mlp_only_train else self.mlp(cls)
 

@@ -2,18 +2,18 @@
 
 Model (BERT family; the LM is fully fine-tuned in the joint stage, so this is not a frozen-backbone method):
 
-- Hard prompt (PromptBERT template "00", §6): training rows arrive from the tokenisation stage as
+- Hard prompt (PromptBERT template "00", DiffAug): training rows arrive from the tokenisation stage as
   `[CLS] sentence [SEP]`; `wrap_rows` strips the special tokens, cuts the sentence to `max_sentence_tokens`
   (32) and wraps it in the template ids `enc_bs = [CLS] this sentence of "` and `enc_es = " means [MASK] . [SEP]`
   (5 + 5 ids for BERT). Evaluation (`token_ids`) tokenises the string `This sentence of "<s>" means[MASK].`
   normally, with special tokens and without truncation, as the reference `evaluation.py` does.
-- Sentence vector = last hidden state at the template's `[MASK]` token (§1.3 "`[MASK]` pooling").
-- Prefixes (§1.4, §6, §10.16): ONE `PrefixEncoder` with `prefix_len = 16` slots and reparametrisation
+- Sentence vector = last hidden state at the template's `[MASK]` token (SimCSE).
+- Prefixes (DCPCSE reference prefixes, DiffAug, docs/methods-overview.md): ONE `PrefixEncoder` with `prefix_len = 16` slots and reparametrisation
   (`Embedding(16, d) → Linear(d, h_p = d) → tanh → Linear(d, 2·L·d)`), prefix dropout 0.1. The "two prefix
   modules" are its halves: module A = slots 0–7, module B = slots 8–15; they have their own embedding rows
   but share the reparametrisation MLP [code]. All 16 K/V slots are passed to every layer; a per-row
   visibility mask selects the module (A rows `[1×8, 0×8]`, B rows `[0×8, 1×8]`). Since 16 slots are passed,
-  token positions are shifted by 16, not 8 (§1.4 item 6, §10.16; `shift_positions`).
+  token positions are shifted by 16, not 8 (DCPCSE reference prefixes, docs/methods-overview.md; `shift_positions`).
   Roles: anchor / premise / first view → A; positive / entailment / contradiction / second view → B.
   Inference: all 16 slots visible.
 - SimCSE MLP `Linear(d, d) + tanh` on the (denoised) `[MASK]` vector in training, in both stages
@@ -25,20 +25,20 @@ Phases (`phases = ("prefix", "joint")`):
 - "prefix" (stage 1): `(B, 3, T)` NLI triplets. (premise, entailment) → label 1, (premise, contradiction) →
   label 0; cross-entropy averaged over the 2B rows; no template denoising. Only the prefix encoder and the
   classifier are stepped (`phase_parameters("prefix")`). The reference lets the LM (and the MLP) receive
-  gradients it never steps (§6, §10.18); those gradients influence nothing but the reference's fp16 clipping
+  gradients it never steps (DiffAug, docs/methods-overview.md); those gradients influence nothing but the reference's fp16 clipping
   quirk, which the trainer here does not reproduce (it clips over the phase's parameters only), so this
   implementation does not compute them: during the stage-1 forward every parameter outside the phase is
   temporarily excluded from autograd. The LM still runs in train mode (its dropout is active).
 - "joint" (stage 2): everything (LM, prefix encoder, MLP, classifier) is stepped.
   `(B, 2, T)` unsupervised rows (Wiki sentence twice; view 1 with A, view 2 with B, plus dropout): contrastive
-  loss §1.2 without hard negatives, plus — when `aux_weight` α > 0 — the stage-1 cross-entropy on the NLI
+  loss SimCSE without hard negatives, plus — when `aux_weight` α > 0 — the stage-1 cross-entropy on the NLI
   batch `batch.aux` (`(B', 3, T')`, same A/B assignment): `L = L_CL + α·L_CE`. The reference encodes the
   auxiliary rows in the same forward pass as the main rows, and so does this implementation. With α = 0 an
   attached `aux` batch is ignored (the reference's `use_aux_loss` off).
   `(B, 3, T)` supervised triplets: anchor with A, positive and hard negative with B; contrastive loss with
-  every in-batch hard negative, no hard-negative weight (DiffAug has none, §1.2).
+  every in-batch hard negative, no hard-negative weight (DiffAug has none, SimCSE).
 
-Template denoising (PromptBERT; joint stage only, `denoise`, §6 and §10.17): for each module the bare
+Template denoising (PromptBERT; joint stage only, `denoise`, DiffAug, docs/methods-overview.md): for each module the bare
 template (`enc_bs + enc_es`, 10 ids) is encoded `denoise_copies` (128) times with explicit position ids —
 `base + j` for the `enc_bs` ids and `base + j + i` for the `enc_es` ids of copy `i` (a simulated sentence of
 `i` tokens), `base` = the first position of a prefixed row (16 for BERT with the shift) — and `δ[i]` is the
@@ -60,7 +60,7 @@ subtracts δ_A from every row. The paper leaves the rest of the variant unspecif
 so the control differs from the method in the stage-2 views only: stage 1 still trains modules A and B on NLI, and
 inference still sees all 16 slots (checkpoints and exports are unchanged).
 
-Not reproduced (trainer matters, see §6 "Schedules"): the stage-1 clipping over all parameters, the
+Not reproduced (trainer matters, see DiffAug): the stage-1 clipping over all parameters, the
 stage-1 scheduler sized by stage 2, multi-GPU gathering of negatives.
 """
 
@@ -96,7 +96,7 @@ class DiffAugConfig(MethodConfig):
     tokenizer's mask token); the default is PromptBERT's template "00" as DiffAug uses it.
     `prefix_hidden`: `h_p` of the reparametrisation MLP; None = the hidden size d (DiffAug always uses d).
     `aux_weight`: α of the joint-stage auxiliary NLI cross-entropy (0 = off; the "semi w/ aux" preset uses 1e-3).
-    `denoise_index_quirk`: reproduce the reference's off-by-`prefix_len/2` δ index (§10.17).
+    `denoise_index_quirk`: reproduce the reference's off-by-`prefix_len/2` δ index (docs/methods-overview.md).
     `shared_prefix`: the paper's "same prefix" ablation (Table 3): every joint-stage row uses module A, so both
     views share one prefix module (stage 1 and inference unchanged; see the module docstring).
     """
@@ -195,7 +195,7 @@ class DiffAug(PromptedModel, CSEModel):
             from models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(config.backbone)
-        # DiffAug fine-tunes the whole LM in the joint stage (§6)
+        # DiffAug fine-tunes the whole LM in the joint stage (DiffAug)
         backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)
         bcfg = backbone.config
         d = bcfg.hidden_size
@@ -238,7 +238,7 @@ class DiffAug(PromptedModel, CSEModel):
         shift = self.config.prefix_len if self.config.shift_positions else 0
         longest = len(enc_bs) + self.config.max_sentence_tokens + len(enc_es)
         self.encoder.position_ids(torch.full((1, longest), self.cls_token_id), shift)  # raises if the longest row does not fit
-        # Denoising inputs (§6): the bare template repeated `denoise_copies` times; copy i places enc_es as if
+        # Denoising inputs (DiffAug): the bare template repeated `denoise_copies` times; copy i places enc_es as if
         # a sentence of i tokens stood between enc_bs and enc_es.
         copies = self.config.denoise_copies
         template = torch.tensor(enc_bs + enc_es, dtype=torch.long).unsqueeze(0).repeat(copies, 1)
@@ -252,12 +252,12 @@ class DiffAug(PromptedModel, CSEModel):
         self.denoise_mask_index = self.mask_offset if self.mask_in_head else len(enc_bs) + self.mask_offset
 
     def token_ids(self, sentences: Sequence[str]) -> list[list[int]]:
-        """Evaluation input: `This sentence of "<s>" means[MASK].` tokenised normally, no truncation (§6)."""
+        """Evaluation input: `This sentence of "<s>" means[MASK].` tokenised normally, no truncation (DiffAug)."""
         texts = [(self.eval_head + s + self.eval_tail).strip() for s in sentences]
         return self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
 
     def wrap_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(R, T)` rows `[CLS] sentence [SEP]` (right-padded) → templated training rows (§6 "Training").
+        """`(R, T)` rows `[CLS] sentence [SEP]` (right-padded) → templated training rows (DiffAug).
 
         Returns `(ids, mask, lengths, mask_positions)`: the `(R, W)` ids `enc_bs + sentence[:max_sentence_tokens]
         + enc_es` right-padded with the tokenizer's pad id, their mask, the kept sentence lengths `(R,)` and the
@@ -320,7 +320,7 @@ class DiffAug(PromptedModel, CSEModel):
         return states, lengths
 
     def template_deltas(self) -> torch.Tensor:
-        """`(2, denoise_copies, d)`: δ_A and δ_B, the [MASK] states of the bare template per module (§6)."""
+        """`(2, denoise_copies, d)`: δ_A and δ_B, the [MASK] states of the bare template per module (DiffAug)."""
         copies = self.config.denoise_copies
         ids = self.denoise_ids.repeat(2, 1)
         modules = torch.arange(2, device=ids.device).repeat_interleave(copies)
@@ -335,7 +335,7 @@ class DiffAug(PromptedModel, CSEModel):
         return states - deltas[modules, index].to(states.dtype)
 
     def nli_loss(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(B, 3, d)` (premise, entailment, contradiction) → (CE over the 2B pairs, accuracy) (§6 stage 1)."""
+        """`(B, 3, d)` (premise, entailment, contradiction) → (CE over the 2B pairs, accuracy) (DiffAug stage 1)."""
         u, pos, neg = z[:, 0], z[:, 1], z[:, 2]
         feats = torch.cat([torch.cat([u, pos, (u - pos).abs()], dim=1), torch.cat([u, neg, (u - neg).abs()], dim=1)], dim=0)
         batch = z.shape[0]
@@ -360,7 +360,7 @@ class DiffAug(PromptedModel, CSEModel):
                 p.requires_grad_(True)
 
     def phase_parameters(self, phase: str) -> list[nn.Parameter]:
-        """"prefix": the prefix encoder and the NLI classifier; "joint": every parameter (§6)."""
+        """"prefix": the prefix encoder and the NLI classifier; "joint": every parameter (DiffAug)."""
         params = super().phase_parameters(phase)
         if phase == "prefix":
             return [*self.prompts.parameters(), *self.classifier.parameters()]

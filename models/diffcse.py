@@ -3,20 +3,20 @@
 Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `models.crtd.ConditionalRTDModel`):
 1. the trainable encoder f (the full backbone, no prompts, pretrained pooler removed) encodes the rows;
    CLS → BN-MLP → `h`, the contrastive vector and, not detached, the conditioning vector (`before_mlp` = false);
-2. contrastive loss on `h` (§1.2; with the contradiction column as hard negatives when n = 3);
+2. contrastive loss on `h` (SimCSE; with the contradiction column as hard negatives when n = 3);
 3. the discriminator D — a second, trainable copy of the pretrained backbone made when the model is built —
-   reads the corrupted ids with its embedding-layer output at position 0 replaced by `h` (§4 step 5, §10.3);
+   reads the corrupted ids with its embedding-layer output at position 0 replaced by `h` (DiffCSE step 5, docs/methods-overview.md);
    `RTDHead` on D's last hidden states gives the RTD logits; the loss is the mean over all positions,
-   padding included (§10.2), or over real tokens with `rtd_mean_over_padding=False`;
+   padding included (docs/methods-overview.md), or over real tokens with `rtd_mean_over_padding=False`;
 4. `L = L_CL + λ·L_RTD`, λ = 0.005, τ = 0.05.
 
 The corrupted ids and their labels come precomputed from the corruption stage (`TrainBatch.corrupted_ids` /
-`rtd_labels`; the fixed DistilBERT generator of §4 steps 2–4 runs offline, not in this model).
+`rtd_labels`; the fixed DistilBERT generator of DiffCSE steps 2–4 runs offline, not in this model).
 
-Supervised DiffCSE (D2CSE's Table 8 construction, §4 last paragraph): `(B, 3, T)` rows, hard-negative
+Supervised DiffCSE (D2CSE's Table 8 construction, DiffCSE): `(B, 3, T)` rows, hard-negative
 contrastive loss, conditional RTD on all three sentences.
 
-Evaluation embedding: CLS before the pooler of the encoder (§1.3); D, the RTD head and the BN-MLP are unused.
+Evaluation embedding: CLS before the pooler of the encoder (SimCSE); D, the RTD head and the BN-MLP are unused.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class DiffCSE(ConditionalRTDModel):
         return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Evaluation embedding `(B, d)`: the encoder's CLS state before any pooler (§1.3, §4)."""
+        """Evaluation embedding `(B, d)`: the encoder's CLS state before any pooler (SimCSE, DiffCSE)."""
         return self.encode_cls(input_ids, attention_mask, token_type_ids)
 
     def describe(self) -> dict:

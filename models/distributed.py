@@ -14,7 +14,7 @@ The batch size of a job is the global batch; each rank trains on its contiguous 
   the same loss value (`check_replicated`), which catches a term still averaged per rank;
 - BatchNorm (`convert_batchnorm` → `GlobalBatchNorm1d`): in training, batch statistics over the global batch.
   Their all-reduce sums the statistics' gradients over ranks in the backward, because rank r's graph reaches
-  the statistics only through its own rows. (The DiffCSE reference under DDP keeps per-GPU statistics, §10.4;
+  the statistics only through its own rows. (The DiffCSE reference under DDP keeps per-GPU statistics, docs/methods-overview.md;
   here the statistics are those of the single-process run. `torch.nn.SyncBatchNorm` is not used: it refuses
   CPU tensors, so it cannot run under gloo.) Running statistics are updated with the global statistics;
 - `all_reduce_gradients(params)`: parameter gradients are SUMMED over ranks (not averaged as DDP does):

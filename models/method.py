@@ -105,7 +105,7 @@ def backbone_fingerprint(backbone: nn.Module) -> str:
 
 
 def drop_pooler(backbone: nn.Module) -> None:
-    """No method evaluates with the pretrained pooler (§1.3), so it is removed and never run."""
+    """No method evaluates with the pretrained pooler (SimCSE), so it is removed and never run."""
     if getattr(backbone, "pooler", None) is not None:
         backbone.pooler = None
 

@@ -14,7 +14,7 @@ starts after the P cached slots (the HF 4.x shift our prompts were trained with,
 builder takes the key length from PEFT's prefix-extended 2-D mask (transformers special-cases prefix tuning there).
 
 Features a plain prefix-tuning adapter cannot hold are carried with PEFT's own `modules_to_save` where that is exact:
-- D2CSE's [CLS] prompt (§5) replaces the word embedding at position 0. Position 0 is the only token that reads
+- D2CSE's [CLS] prompt (D2CSE paper) replaces the word embedding at position 0. Position 0 is the only token that reads
   position-embedding row `r` = P (BERT) or `padding_idx + 1 + P` (RoBERTa) under the shift, so adding
   `p_cls − E_word[CLS]` to that row gives the same embedding-layer input: `modules_to_save=["embeddings.position_embeddings"]`.
 - DCPCSE's supervised `cls` MLP (Linear + tanh on the first token) is exactly an HF pooler:

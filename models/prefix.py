@@ -33,7 +33,7 @@ What the prefix slots are, per family (the choices a relative-position or rotary
 - ModernBERT: prefix keys are used as given, i.e. unrotated (post-RoPE space; a fixed rotation would only
   reparametrise a free parameter), and are visible to every token in global and sliding-window (local) layers alike.
 
-`shift_positions` (the HF 4.x quirk, §1.4 item 6: token positions continue after a P-long past) means, per family:
+`shift_positions` (the HF 4.x quirk, DCPCSE reference prefixes: token positions continue after a P-long past) means, per family:
 BERT/ELECTRA/DistilBERT absolute positions `P … P+T-1`; RoBERTa/XLM-RoBERTa/MPNet padding-aware positions from
 `padding_idx + 1 + P` (MPNet's relative bias among tokens is unchanged); DeBERTa-v2 with `position_biased_input`
 absolute positions `P …`, DeBERTa-v3 (no absolute positions) nothing — no shift is possible, the flag is a no-op;
@@ -160,7 +160,7 @@ def _attention_of(family: EncoderFamily, layer: nn.Module) -> nn.Module:
 class PrefixKeyValues:
     """One sample of prefix keys/values: per layer `(key, value)`, each `(B', H, P, Dh)`.
 
-    `mask` is an optional `(B', P)` (or `(P,)`) visibility mask, 1 = visible; None = all visible (§1.4 step 5).
+    `mask` is an optional `(B', P)` (or `(P,)`) visibility mask, 1 = visible; None = all visible (DCPCSE reference prefixes step 5).
     """
 
     layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
@@ -231,7 +231,7 @@ class PrefixEncoder(nn.Module):
         return self.transform(x) if self.transform is not None else x
 
     def forward(self, batch_size: int, mask: torch.Tensor | None = None) -> PrefixKeyValues:
-        """Steps 1–3 of §1.4: expand to `B'` rows, reshape, dropout, permute to `(2L, B', H, P, Dh)`, pair up."""
+        """Steps 1–3 of DCPCSE reference prefixes: expand to `B'` rows, reshape, dropout, permute to `(2L, B', H, P, Dh)`, pair up."""
         x = self.rows().unsqueeze(0).expand(batch_size, -1, -1)
         x = x.view(batch_size, self.prefix_len, 2 * self.num_layers, self.num_heads, self.head_dim)
         x = self.dropout(x)
@@ -241,7 +241,7 @@ class PrefixEncoder(nn.Module):
 
 # ============================================================================================== injection
 def _prefix_visibility(prefix: PrefixKeyValues, batch: int, device: torch.device) -> torch.Tensor:
-    """`(B', P)` bool: which prefix slots the tokens may attend to (§1.4 step 5)."""
+    """`(B', P)` bool: which prefix slots the tokens may attend to (DCPCSE reference prefixes step 5)."""
     if prefix.mask is None:
         return torch.ones(batch, prefix.length, dtype=torch.bool, device=device)
     return prefix.mask.to(device=device, dtype=torch.bool).expand(batch, prefix.length)
@@ -273,7 +273,7 @@ def _eager_attention(module: nn.Module):
 
 
 def _prefix_attention(inner: str):
-    """An attention function that prepends this layer's prefix K/V (§1.4 step 4), then runs `inner`.
+    """An attention function that prepends this layer's prefix K/V (DCPCSE reference prefixes step 4), then runs `inner`.
 
     A mask that covers only the token keys (ModernBERT's own global / sliding-window masks, or none) gets the
     prefix columns in front; the BERT-style families receive the `(B', 1, T, P+T)` mask `PromptedBackbone` built.
@@ -392,7 +392,7 @@ _MODULE_ROUTE: dict[type, type] = {MPNetSelfAttention: PrefixMPNetSelfAttention,
 
 @contextmanager
 def _replace_position0_output(embeddings: nn.Module, vectors: torch.Tensor) -> Iterator[None]:
-    """While active, the embedding module's output at position 0 is `vectors` (B', d) (§4 step 5, §10.3)."""
+    """While active, the embedding module's output at position 0 is `vectors` (B', d) (DiffCSE step 5, docs/methods-overview.md)."""
 
     def hook(module, args, output):
         return torch.cat([vectors.unsqueeze(1).to(output.dtype), output[:, 1:]], dim=1)
@@ -412,11 +412,11 @@ def _checkpointing(backbone: nn.Module) -> bool:
 
 
 class PromptedBackbone(nn.Module):
-    """An HF encoder of a supported family whose self-attention layers attend to prefix K/V (§1.4 steps 4–6).
+    """An HF encoder of a supported family whose self-attention layers attend to prefix K/V (DCPCSE reference prefixes steps 4–6).
 
     `forward(prefix=True)` draws a prefix sample from the owned `PrefixEncoder`, `prefix=False` runs the plain
     model, a `PrefixKeyValues` uses that sample. With a prefix, token positions are shifted by P as HF 4.x
-    did (§1.4 item 6: BERT `P … P+T-1`, RoBERTa from `padding_idx + 1 + P`; the other families in the module
+    did (DCPCSE reference prefixes: BERT `P … P+T-1`, RoBERTa from `padding_idx + 1 + P`; the other families in the module
     docstring) unless `shift_positions=False`. The family comes from `encoder_family(backbone)`; an architecture
     prompts cannot reach raises `TypeError` naming it.
     """
@@ -532,7 +532,7 @@ class PromptedBackbone(nn.Module):
                 raise ValueError(f"position_ids span [{low}, {high}], outside [0, max_position_embeddings={limit})")
 
     def attention_mask(self, token_mask: torch.Tensor, prefix: PrefixKeyValues, dtype: torch.dtype) -> torch.Tensor:
-        """The 4-D `(B', 1, T, P+T)` mask: prefix slots visible unless `prefix.mask` says otherwise (§1.4 step 5)."""
+        """The 4-D `(B', 1, T, P+T)` mask: prefix slots visible unless `prefix.mask` says otherwise (DCPCSE reference prefixes step 5)."""
         batch, length = token_mask.shape
         if prefix.mask is None:
             prefix_visible = torch.ones(batch, prefix.length, dtype=torch.bool, device=token_mask.device)
@@ -565,11 +565,11 @@ class PromptedBackbone(nn.Module):
         """Run the encoder on `(B', T)` ids; returns the HF output (`last_hidden_state`, `hidden_states`).
 
         `cls_embedding` (`(d_e,)` or `(B', d_e)`, d_e the word-embedding width) replaces the word embedding at
-        position 0 ([CLS] prompt, §5); `position0_output` (`(B', d)`) replaces the input of the first layer at
+        position 0 ([CLS] prompt, D2CSE paper); `position0_output` (`(B', d)`) replaces the input of the first layer at
         position 0 — the embedding-layer output after LayerNorm and dropout (ELECTRA: after its projection)
-        (conditioning, §4 step 5). `position_ids` (`(B', T)`, optional): explicit positions used as given instead
+        (conditioning, DiffCSE step 5). `position_ids` (`(B', T)`, optional): explicit positions used as given instead
         of the default (shifted) numbering — DiffAug's template denoising places the template tokens at chosen
-        positions (§6); None keeps the default behaviour. `token_type_ids` on a family without token types
+        positions (DiffAug); None keeps the default behaviour. `token_type_ids` on a family without token types
         (DistilBERT, MPNet, ModernBERT) must be None or all zero.
         """
         batch, length = input_ids.shape
@@ -626,7 +626,7 @@ class PromptedBackbone(nn.Module):
 
 def prompted_backbone(backbone: nn.Module, prefix_len: int, dropout: float = 0.1, projection: bool = False,
                       projection_hidden: int | None = None, shift_positions: bool = True) -> PromptedBackbone:
-    """`backbone` with a fresh `PrefixEncoder` sized for it (N(0, initializer_range) init, §1.4)."""
+    """`backbone` with a fresh `PrefixEncoder` sized for it (N(0, initializer_range) init, DCPCSE reference prefixes)."""
     cfg = backbone.config
     prompts = PrefixEncoder(prefix_len, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, dropout=dropout,
                             projection=projection, projection_hidden=projection_hidden or cfg.hidden_size,

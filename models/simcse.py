@@ -1,17 +1,17 @@
 """SimCSE: full fine-tuning of the PLM with the in-batch contrastive loss (Gao et al., 2021).
 
-Per step (§1.1, §1.2, §2): the `(B, n, T)` rows are flattened row-major to `(B·n, T)` and encoded in one
+Per step (SimCSE): the `(B, n, T)` rows are flattened row-major to `(B·n, T)` and encoded in one
 forward pass of the backbone in train mode (its dropout, p = 0.1, is the only augmentation of the
 unsupervised setting: the two copies of a sentence differ only by dropout noise). The last-layer state at
 position 0 goes through SimCSE's `cls` MLP (`Linear(d, d) + tanh`, newly initialised; the pretrained pooler
-is dropped, §1.3) and the contrastive loss of §1.2 is taken on the reshaped `(B, n, d)` vectors:
+is dropped, SimCSE) and the contrastive loss of SimCSE is taken on the reshaped `(B, n, d)` vectors:
 unsupervised `B×B` logits (n = 2), supervised `B×2B` with every in-batch hard negative (n = 3).
 
-Evaluation embedding (§1.3 table): `mlp_only_train=True` (unsupervised reference) evaluates the CLS state
+Evaluation embedding (SimCSE): `mlp_only_train=True` (unsupervised reference) evaluates the CLS state
 before the MLP (`cls_before_pooler`); `mlp_only_train=False` (supervised reference) keeps the MLP (`cls`).
 
 Every backbone tensor is trainable (the optional MLM auxiliary of the SimCSE code is not part of the STS
-configurations, §2, and is not implemented here).
+configurations, SimCSE, and is not implemented here).
 
 `dropout` (default None: the backbone's own rates, 0.1 for BERT) sets every dropout of the backbone — hidden
 states, attention probabilities, embeddings — to one probability; 0.0 is the SimCSE paper's "no dropout" row
@@ -38,7 +38,7 @@ class SimCSEConfig(MethodConfig):
 
     `mlp_only_train`: True = MLP in training only, evaluate `cls_before_pooler` (unsup); False = evaluate
     `cls` with the trained MLP (sup). `hard_negative_weight`: added to the logit of each anchor's own hard
-    negative (§1.2; 0 = weight 1, all reported runs).
+    negative (SimCSE; 0 = weight 1, all reported runs).
     """
 
     temperature: float = 0.05
@@ -97,7 +97,7 @@ class SimCSE(CSEModel):
 
     def __init__(self, config: SimCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()
-        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)  # full fine-tuning (§2)
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)  # full fine-tuning (SimCSE)
         if config.dropout is not None:
             set_backbone_dropout(backbone, config.dropout)
         self.encoder = backbone
@@ -122,7 +122,7 @@ class SimCSE(CSEModel):
         return out.last_hidden_state[:, 0]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Contrastive loss of `(B, n, T)` rows (n = 2 unsup, 3 sup) and the `(B, n, d)` MLP outputs (§1.1, §1.2)."""
+        """Contrastive loss of `(B, n, T)` rows (n = 2 unsup, 3 sup) and the `(B, n, d)` MLP outputs (SimCSE)."""
         if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
             raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
         if attention_mask.shape != input_ids.shape:
@@ -140,7 +140,7 @@ class SimCSE(CSEModel):
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Evaluation embedding `(B, d)`: CLS before the MLP (unsup) or CLS → MLP (sup) (§1.3, §2)."""
+        """Evaluation embedding `(B, d)`: CLS before the MLP (unsup) or CLS → MLP (sup) (SimCSE)."""
         cls = self.encode_cls(input_ids, attention_mask, token_type_ids)
         return cls if self.config.mlp_only_train else self.mlp(cls)
 

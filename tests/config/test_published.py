@@ -163,7 +163,7 @@ def test_retrieval_recalls_grow_with_k():
         assert ks == (d2cse_ks if row["source"].startswith("D2CSE paper") else diffcse_ks), key
         values = [row[k] for k in ks]
         assert values == sorted(values) and 0 < values[0] and values[-1] <= 100, key
-        assert all(round(v * 194 / 100) == pytest.approx(v * 194 / 100, abs=0.02) for v in values), key  # k/194 (§10.14)
+        assert all(round(v * 194 / 100) == pytest.approx(v * 194 / 100, abs=0.02) for v in values), key  # k/194 (docs/methods-overview.md)
 
 
 def test_alignment_and_uniformity_signs():

@@ -105,7 +105,7 @@ def test_trainable_set_and_tiny_counts(make_model):
 def test_bert_base_trainable_parameter_counts(bert_base_mlm):
     """YJiangcm/DCPCSE layout: prefix P·2·L·d = 16·2·12·768 = 294,912, `cls` MLP 768·768 + 768 = 590,592.
 
-    With MLM the BERT LM head is trainable too (§3, §10.7): dense 768·768 + 768 = 590,592, LayerNorm 1,536,
+    With MLM the BERT LM head is trainable too (DCPCSE, docs/methods-overview.md): dense 768·768 + 768 = 590,592, LayerNorm 1,536,
     untied decoder 30522·768 = 23,440,896 and its bias 30,522 → 24,063,546.
     """
     backbone = bert_base_mlm.bert
@@ -125,7 +125,7 @@ def test_bert_base_trainable_parameter_counts(bert_base_mlm):
 
 
 def test_roberta_base_lm_head_count():
-    """§1.4 table: RoBERTa-base LM head ≈ 39.2 M = 590,592 + 1,536 + 50265·768 (38,603,520) + 50,265."""
+    """DCPCSE reference prefixes: RoBERTa-base LM head ≈ 39.2 M = 590,592 + 1,536 + 50265·768 (38,603,520) + 50,265."""
     cfg = RobertaConfig()
     with torch.device("meta"):  # shapes only: no 39 M random draws
         head = MaskedLMHead.fresh(cfg)
