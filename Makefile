@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast main smoke-all clean install-offline gpu-check docs
+.PHONY: lint setup test test-fast main smoke-all clean install-offline gpu-check docs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,9 +19,14 @@ setup: $(VENV)/.installed
 
 # The docs site first (mkdocs build --strict: a broken link or a docstring that disagrees with its signature fails it),
 # into a temporary folder, then the suite.
-test: setup
+test: setup lint
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+
+# Ruff: lint (rules and their reasons in pyproject.toml) and formatting, on the whole tree.
+lint: setup
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/ruff format --check --quiet .
 
 # The edit-run loop: every test but the end-to-end ones (marked slow: flows, ops, reliability, real MiniLM runs).
 test-fast: setup

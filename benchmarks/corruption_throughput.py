@@ -57,8 +57,12 @@ def workloads() -> dict[str, int]:
             variants = cfg.corrupt.variants or required_variants(cfg.epochs, cfg.supervised)
             data, columns = ("NLI", 3) if cfg.supervised else ("Wiki1M", 1)
             groups.setdefault((data, columns, variants), []).append(f"{method}/{preset}")
-    return {f"{', '.join(names)} ({data}, {columns} column(s) x {variants} variant(s))":
-            (NLI if data == "NLI" else WIKI1M) * columns * variants for (data, columns, variants), names in groups.items()}
+    return {
+        f"{', '.join(names)} ({data}, {columns} column(s) x {variants} variant(s))": (NLI if data == "NLI" else WIKI1M)
+        * columns
+        * variants
+        for (data, columns, variants), names in groups.items()
+    }
 
 
 def load_generator(name: str) -> tuple[torch.nn.Module, object, str]:
@@ -110,19 +114,28 @@ def main(argv: list[str] | None = None) -> dict:
     flat = np.concatenate(seqs).astype(np.int64)
 
     bf16 = not args.no_bf16
-    corruptor = Corruptor(model, SpecialTokens.from_tokenizer(tokenizer), args.mask_ratio, args.mode,
-                          device=device, bf16=bf16, dropout=not args.no_generator_dropout,
-                          all_positions=args.positions == "all")
+    corruptor = Corruptor(
+        model,
+        SpecialTokens.from_tokenizer(tokenizer),
+        args.mask_ratio,
+        args.mode,
+        device=device,
+        bf16=bf16,
+        dropout=not args.no_generator_dropout,
+        all_positions=args.positions == "all",
+    )
     flat_t = torch.from_numpy(flat)
     order = np.argsort(-np.diff(offsets), kind="stable")  # the same batches corrupt_sequences builds
-    batches = [pad_batch(flat_t, offsets, order[i:i + args.batch_size], tokenizer.pad_token_id)[:2]
-               for i in range(0, len(seqs), args.batch_size)]
+    batches = [
+        pad_batch(flat_t, offsets, order[i : i + args.batch_size], tokenizer.pad_token_id)[:2]
+        for i in range(0, len(seqs), args.batch_size)
+    ]
 
     @torch.inference_mode()
     def bare() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=corruptor.autocast):
             for ids, attention in batches:
-                model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
+                _ = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
 
     def stage() -> None:
         corrupt_sequences(corruptor, flat, offsets, torch.Generator().manual_seed(0), args.batch_size)
@@ -135,16 +148,24 @@ def main(argv: list[str] | None = None) -> dict:
         stage_times.append(_timed(stage, device))
     n = len(seqs)
     result = {
-        "generator": used, "device": str(device), "torch_threads": torch.get_num_threads(),
-        "autocast_bf16": corruptor.autocast, "sentences": n, "tokens": int(len(flat)), "batch_size": args.batch_size,
-        "mask_ratio": args.mask_ratio, "mode": args.mode, "repeats": args.repeats,
+        "generator": used,
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "autocast_bf16": corruptor.autocast,
+        "sentences": n,
+        "tokens": int(len(flat)),
+        "batch_size": args.batch_size,
+        "mask_ratio": args.mask_ratio,
+        "mode": args.mode,
+        "repeats": args.repeats,
         "bare_forward_sentences_per_s": round(n / min(bare_times), 1),
         "corruption_sentences_per_s": round(n / min(stage_times), 1),
     }
     result.update(generator_dropout=not args.no_generator_dropout, positions=args.positions)
     result["ratio"] = round(result["corruption_sentences_per_s"] / result["bare_forward_sentences_per_s"], 3)
-    result["projected_minutes"] = {name: round(n_sent / result["corruption_sentences_per_s"] / 60, 1)
-                                   for name, n_sent in workloads().items()}
+    result["projected_minutes"] = {
+        name: round(n_sent / result["corruption_sentences_per_s"] / 60, 1) for name, n_sent in workloads().items()
+    }
     result["target"] = TARGET
     result["meets_target"] = result["ratio"] >= TARGET
     print(json.dumps(result, indent=2))

@@ -98,13 +98,21 @@ from pathlib import Path
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="", help="comma-separated methods (default: every method of config.methods.REGISTRY)")
+    p.add_argument(
+        "--methods", default="", help="comma-separated methods (default: every method of config.methods.REGISTRY)"
+    )
     p.add_argument("--presets", default="", help="comma-separated preset names or method/name pairs (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--max-memory-gb", type=float, default=8.0, help="predicted peak RSS budget of a CPU run")
-    p.add_argument("--step-budget-s", type=float, default=4.0,
-                   help="predicted CPU seconds of the batch-proportional part of one step (picks the micro batch)")
-    p.add_argument("--include-smoke", action="store_true", help="also run the smoke* presets (MiniLM-sized, covered by tests)")
+    p.add_argument(
+        "--step-budget-s",
+        type=float,
+        default=4.0,
+        help="predicted CPU seconds of the batch-proportional part of one step (picks the micro batch)",
+    )
+    p.add_argument(
+        "--include-smoke", action="store_true", help="also run the smoke* presets (MiniLM-sized, covered by tests)"
+    )
     p.add_argument("--no-meta", action="store_true", help="skip the real-batch meta-device run")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results", help="output folder")
     return p.parse_args(argv)
@@ -142,21 +150,21 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-
+from config.methods import REGISTRY, model_class  # noqa: E402
 from config.training import resolve_train_config  # noqa: E402
 from models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
 from models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
-from config.methods import REGISTRY, model_class  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
 from training.job import loop_config, training_phases  # noqa: E402
-from training.rows import TrainingRows  # noqa: E402
 from training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
+from training.rows import TrainingRows  # noqa: E402
 
 MB = 2**20
 GB = 2**30
 MICRO_CANDIDATES = (64, 32, 16, 8, 4, 2)
 CORRUPT_POOL = 16  # distinct sentences the generator corrupts per (column, variant)
 SUP_COLUMNS = ("sent0", "sent1", "hard_neg")
+
 
 # ---------------------------------------------------------------------------------------------- shapes
 def backbone_model(name: str, seed: int) -> nn.Module:
@@ -166,8 +174,15 @@ def backbone_model(name: str, seed: int) -> nn.Module:
     if name == PACKAGED_MINILM:
         return load_encoder(name)
     large = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-    roberta = dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0,
-                   eos_token_id=2, layer_norm_eps=1e-5)
+    roberta = dict(
+        vocab_size=50265,
+        max_position_embeddings=514,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        layer_norm_eps=1e-5,
+    )
     shapes = {
         "bert-base-uncased": lambda: BertConfig(),
         "bert-large-uncased": lambda: BertConfig(**large),
@@ -190,15 +205,29 @@ def generator_model(name: str, seed: int) -> nn.Module:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         if name == "distilbert-base-uncased":
-            return DistilBertForMaskedLM(DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12,
-                                                          hidden_dim=3072, pad_token_id=0))
+            return DistilBertForMaskedLM(
+                DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, pad_token_id=0)
+            )
         if name == "distilroberta-base":
-            return RobertaForMaskedLM(RobertaConfig(vocab_size=50265, hidden_size=768, num_hidden_layers=6,
-                                                    num_attention_heads=12, intermediate_size=3072,
-                                                    max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
-                                                    bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
-    raise ValueError(f"no random-init shape for generator {name!r}; known: distilbert-base-uncased, "
-                     "distilroberta-base, random-init:*")
+            return RobertaForMaskedLM(
+                RobertaConfig(
+                    vocab_size=50265,
+                    hidden_size=768,
+                    num_hidden_layers=6,
+                    num_attention_heads=12,
+                    intermediate_size=3072,
+                    max_position_embeddings=514,
+                    type_vocab_size=1,
+                    pad_token_id=1,
+                    bos_token_id=0,
+                    eos_token_id=2,
+                    layer_norm_eps=1e-5,
+                )
+            )
+    raise ValueError(
+        f"no random-init shape for generator {name!r}; known: distilbert-base-uncased, "
+        "distilroberta-base, random-init:*"
+    )
 
 
 class RobertaIdsStandIn:
@@ -219,8 +248,10 @@ class RobertaIdsStandIn:
         return self.vocab_size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = [self.mask_token_id if piece == self.mask_token else 4 + zlib.crc32(piece.encode()) % (self.vocab_size - 5)
-               for piece in re.findall(r"<mask>|\w+|[^\w\s]", text)]
+        ids = [
+            self.mask_token_id if piece == self.mask_token else 4 + zlib.crc32(piece.encode()) % (self.vocab_size - 5)
+            for piece in re.findall(r"<mask>|\w+|[^\w\s]", text)
+        ]
         return [self.cls_token_id, *ids, self.sep_token_id] if add_special_tokens else ids
 
     def __call__(self, texts, add_special_tokens: bool = True, truncation: bool = False, **_):
@@ -248,15 +279,18 @@ def token_rows(tokenizer, n: int, length: int, columns: tuple[str, ...], seed: i
     seqs = {}
     for c in columns:
         body = rng.integers(low, high, size=(n, length - 2), dtype=np.int64)
-        full = np.concatenate([np.full((n, 1), tokenizer.cls_token_id), body, np.full((n, 1), tokenizer.sep_token_id)], 1)
+        full = np.concatenate(
+            [np.full((n, 1), tokenizer.cls_token_id), body, np.full((n, 1), tokenizer.sep_token_id)], 1
+        )
         seqs[c] = list(full.astype(np.int64))
     return TokenRows(ids=np.arange(n), seqs=seqs)
 
 
 def special_tokens(tokenizer) -> SpecialTokens:
     if isinstance(tokenizer, RobertaIdsStandIn):
-        return SpecialTokens(pad=1, mask=tokenizer.mask_token_id, special=tuple(tokenizer.all_special_ids),
-                             vocab_size=len(tokenizer))
+        return SpecialTokens(
+            pad=1, mask=tokenizer.mask_token_id, special=tuple(tokenizer.all_special_ids), vocab_size=len(tokenizer)
+        )
     return SpecialTokens.from_tokenizer(tokenizer)
 
 
@@ -266,8 +300,15 @@ def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) 
     gen = generator_model(cfg.corrupt.generator, seed)
     n_gen = sum(p.numel() for p in gen.parameters())
     variants = n_views if cfg.corrupt.variants is None else min(cfg.corrupt.variants, n_views)
-    corruptor = Corruptor(gen, special_tokens(tokenizer), cfg.corrupt.mask_ratio, cfg.corrupt.mode, device="cpu",
-                          bf16=False, dropout=cfg.corrupt.generator_dropout)
+    corruptor = Corruptor(
+        gen,
+        special_tokens(tokenizer),
+        cfg.corrupt.mask_ratio,
+        cfg.corrupt.mode,
+        device="cpu",
+        bf16=False,
+        dropout=cfg.corrupt.generator_dropout,
+    )
     corrupted, labels, replaced = {}, {}, []
     pool = min(CORRUPT_POOL, len(tokens))
     for c in tokens.columns:
@@ -275,16 +316,23 @@ def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) 
         flat = np.concatenate(seqs)
         offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])])
         for v in range(variants):
-            out = corrupt_sequences(corruptor, flat, offsets, torch.Generator().manual_seed(seed * 1009 + 31 * v),
-                                    batch_size=pool)
-            cor = [out.corrupted[offsets[i]:offsets[i + 1]] for i in range(pool)]
-            lab = [out.labels[offsets[i]:offsets[i + 1]] for i in range(pool)]
+            out = corrupt_sequences(
+                corruptor, flat, offsets, torch.Generator().manual_seed(seed * 1009 + 31 * v), batch_size=pool
+            )
+            cor = [out.corrupted[offsets[i] : offsets[i + 1]] for i in range(pool)]
+            lab = [out.labels[offsets[i] : offsets[i + 1]] for i in range(pool)]
             corrupted[(c, v)] = [cor[i % pool] for i in range(len(tokens))]
             labels[(c, v)] = [lab[i % pool] for i in range(len(tokens))]
             replaced.append(float(out.n_replaced.sum()) / float(offsets[-1]))
-    info = {"generator": cfg.corrupt.generator, "generator_parameters": n_gen, "mask_ratio": cfg.corrupt.mask_ratio,
-            "mode": cfg.corrupt.mode, "variants": variants, "replaced_token_share": round(statistics.mean(replaced), 4),
-            "generator_seconds": round(time.perf_counter() - t0, 2)}
+    info = {
+        "generator": cfg.corrupt.generator,
+        "generator_parameters": n_gen,
+        "mask_ratio": cfg.corrupt.mask_ratio,
+        "mode": cfg.corrupt.mode,
+        "variants": variants,
+        "replaced_token_share": round(statistics.mean(replaced), 4),
+        "generator_seconds": round(time.perf_counter() - t0, 2),
+    }
     # The corruption is tiled from the pool: the original ids of the tiled rows must be the pool's as well.
     for c in tokens.columns:
         tokens.seqs[c] = [tokens.seqs[c][i % pool] for i in range(len(tokens))]
@@ -378,12 +426,23 @@ class StepProbe(TrainerHooks):
     def on_step_end(self, trainer: Trainer, batch, metrics: dict[str, float]) -> None:
         self.step_peak.__exit__(None, None, None)
         aux = batch.aux.input_ids.shape[0] if batch.aux is not None else 0
-        self.records.append({"phase": trainer.phase.name, "rows": int(batch.input_ids.shape[0]), "aux_rows": int(aux),
-                             "views": int(batch.input_ids.shape[1]), "length": int(batch.input_ids.shape[2]),
-                             "seconds": self.seconds, "cpu_seconds": self.cpu_seconds,
-                             "const_s": self.const_s, "const_cpu_s": self.const_cpu_s, "rss_before": self.before,
-                             "peak_rss": max(self.step_peak.peak, self.forward_peak.peak),
-                             "forward_peak_rss": self.forward_peak.peak, "loss": metrics.get("loss")})
+        self.records.append(
+            {
+                "phase": trainer.phase.name,
+                "rows": int(batch.input_ids.shape[0]),
+                "aux_rows": int(aux),
+                "views": int(batch.input_ids.shape[1]),
+                "length": int(batch.input_ids.shape[2]),
+                "seconds": self.seconds,
+                "cpu_seconds": self.cpu_seconds,
+                "const_s": self.const_s,
+                "const_cpu_s": self.const_cpu_s,
+                "rss_before": self.before,
+                "peak_rss": max(self.step_peak.peak, self.forward_peak.peak),
+                "forward_peak_rss": self.forward_peak.peak,
+                "loss": metrics.get("loss"),
+            }
+        )
 
 
 def build_full_masks(model: nn.Module) -> None:
@@ -406,8 +465,12 @@ def build_full_masks(model: nn.Module) -> None:
     inner = {id(s) for m in outer for s in m.modules() if s is not m}
     for m in outer:
         name = attention_implementation(m)
-        if id(m) in inner or name.endswith("+full-mask") or name not in ALL_ATTENTION_FUNCTIONS \
-                or name not in ALL_MASK_ATTENTION_FUNCTIONS:
+        if (
+            id(m) in inner
+            or name.endswith("+full-mask")
+            or name not in ALL_ATTENTION_FUNCTIONS
+            or name not in ALL_MASK_ATTENTION_FUNCTIONS
+        ):
             continue
         AttentionInterface.register(f"{name}+full-mask", ALL_ATTENTION_FUNCTIONS[name])
         AttentionMaskInterface.register(f"{name}+full-mask", full_mask(ALL_MASK_ATTENTION_FUNCTIONS[name]))
@@ -416,9 +479,15 @@ def build_full_masks(model: nn.Module) -> None:
 
 def dry_run_loop_config(cfg) -> LoopConfig:
     """The job's loop settings (`training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
-    return dataclasses.replace(loop_config(cfg.model_copy(update={"eval_steps": 10**9, "checkpoint_steps": 10**9,
-                                                                  "log_steps": 10**9, "deterministic": False}), "fp32"),
-                               save_state=False)
+    return dataclasses.replace(
+        loop_config(
+            cfg.model_copy(
+                update={"eval_steps": 10**9, "checkpoint_steps": 10**9, "log_steps": 10**9, "deterministic": False}
+            ),
+            "fp32",
+        ),
+        save_state=False,
+    )
 
 
 def steps_per_phase(cfg) -> int:
@@ -430,11 +499,18 @@ def scaled_config(cfg, batch: int):
     """`cfg` with 2 optimiser steps (`steps_per_phase`), every batch size scaled by batch / cfg.batch_size."""
     scale = batch / cfg.batch_size
     n = steps_per_phase(cfg)
-    update = {"batch_size": batch, "max_steps": n, "eval_steps": 10**9, "precision": "fp32", "device": "cpu",
-              "aux_nli_batch_size": max(1, round(cfg.aux_nli_batch_size * scale)) if cfg.aux_nli_batch_size else 0}
+    update = {
+        "batch_size": batch,
+        "max_steps": n,
+        "eval_steps": 10**9,
+        "precision": "fp32",
+        "device": "cpu",
+        "aux_nli_batch_size": max(1, round(cfg.aux_nli_batch_size * scale)) if cfg.aux_nli_batch_size else 0,
+    }
     if cfg.prefix_phase is not None:
         update["prefix_phase"] = cfg.prefix_phase.model_copy(
-            update={"steps": n, "batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))})
+            update={"steps": n, "batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))}
+        )
     return cfg.model_copy(update=update)
 
 
@@ -444,9 +520,17 @@ def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[StepP
     if device.type == "meta":
         build_full_masks(model)
     with tempfile.TemporaryDirectory(prefix="dry-run-state-") as state:
-        trainer = Trainer(model, training_phases(cfg, rows, nli_rows), dry_run_loop_config(cfg), device,
-                          Path(state) / "state", save_best=lambda m, step, score: None, evaluate_dev=lambda m: 0.0,
-                          log_metrics=lambda values, step: metrics_log.append((step, values)), hooks=[probe])
+        trainer = Trainer(
+            model,
+            training_phases(cfg, rows, nli_rows),
+            dry_run_loop_config(cfg),
+            device,
+            Path(state) / "state",
+            save_best=lambda m, step, score: None,
+            evaluate_dev=lambda m: 0.0,
+            log_metrics=lambda values, step: metrics_log.append((step, values)),
+            hooks=[probe],
+        )
         trainer.run()
     return probe, metrics_log
 
@@ -541,10 +625,17 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     layer_params = sum(p.numel() for p in backbone.encoder.parameters())
     passes = encoder_passes(model_class(method), cfg.model)
     views_main = 3 if cfg.supervised else 2
-    info = {"layers": backbone.config.num_hidden_layers, "hidden": backbone.config.hidden_size,
-            "layer_params": layer_params, "main_phase": phases[-1],
-            "views_by_phase": {}, "length_by_phase": {}, "passes_by_phase": {}, "backbone_trainable_by_phase": {},
-            "real_rows_by_phase": {}}
+    info = {
+        "layers": backbone.config.num_hidden_layers,
+        "hidden": backbone.config.hidden_size,
+        "layer_params": layer_params,
+        "main_phase": phases[-1],
+        "views_by_phase": {},
+        "length_by_phase": {},
+        "passes_by_phase": {},
+        "backbone_trainable_by_phase": {},
+        "real_rows_by_phase": {},
+    }
     template = getattr(model_class(method), "dry_run_template_ids", 0)  # ids a prompt template wraps a sentence in
     for ph in phases:
         trainable_ids = {id(p) for p in model.phase_parameters(ph)}
@@ -561,13 +652,18 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     return info
 
 
-def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
+def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: C901 (one record, filled step by step: each branch is a reported check)
     rec: dict = {"method": method, "preset": name, "status": "running"}
     t_start = time.perf_counter()
     release_memory()
     cfg = resolve_train_config(name, method=method)
-    rec.update(backbone=cfg.backbone, supervised=cfg.supervised, max_length=cfg.max_length, batch_size=cfg.batch_size,
-               model_config=cfg.model_dump()["model"])
+    rec.update(
+        backbone=cfg.backbone,
+        supervised=cfg.supervised,
+        max_length=cfg.max_length,
+        batch_size=cfg.batch_size,
+        model_config=cfg.model_dump()["model"],
+    )
     if cfg.prefix_phase is not None:
         rec["prefix_phase_batch_size"] = cfg.prefix_phase.batch_size
     if cfg.aux_nli_batch_size:
@@ -581,16 +677,23 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
     backbone = backbone_model(cfg.backbone, cfg.seed)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        model = cls(cfg.model, backbone=backbone,
-                    tokenizer=tokenizer, **model_kwargs(cls, cfg, backbone))
+        model = cls(cfg.model, backbone=backbone, tokenizer=tokenizer, **model_kwargs(cls, cfg, backbone))
     rec["build_seconds"] = round(time.perf_counter() - t0, 1)
     n_all = sum(p.numel() for p in model.parameters())
     n_train = model.trainable_parameter_count()
     by_phase = {ph: sum(p.numel() for p in model.phase_parameters(ph)) for ph in cls.phases}
-    rec.update(total_parameters=n_all, trainable_parameters=n_train, trainable_parameters_by_phase=by_phase,
-               backbone_shape={"layers": backbone.config.num_hidden_layers, "hidden": backbone.config.hidden_size,
-                               "heads": backbone.config.num_attention_heads, "vocab": backbone.config.vocab_size},
-               tokenizer=getattr(tokenizer, "name_or_path", type(tokenizer).__name__))
+    rec.update(
+        total_parameters=n_all,
+        trainable_parameters=n_train,
+        trainable_parameters_by_phase=by_phase,
+        backbone_shape={
+            "layers": backbone.config.num_hidden_layers,
+            "hidden": backbone.config.hidden_size,
+            "heads": backbone.config.num_attention_heads,
+            "vocab": backbone.config.vocab_size,
+        },
+        tokenizer=getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
+    )
     exp, exp_prefix = expected_trainable(method, cfg)
     checks = []
     if exp is not None:
@@ -602,7 +705,9 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
         checks.append(f"prefix-phase trainable {got:,} {'==' if exp_prefix == got else '!='} reference {exp_prefix:,}")
         if exp_prefix != got:
             raise AssertionError(f"prefix-phase trainable parameters {got:,} differ from reference {exp_prefix:,}")
-    rec["parameter_check"] = "; ".join(checks) if checks else "no DCPCSE reference prefixes figure for this configuration"
+    rec["parameter_check"] = (
+        "; ".join(checks) if checks else "no DCPCSE reference prefixes figure for this configuration"
+    )
     info = describe_model(method, cfg, model, backbone)
 
     # ---- data at the real batch (two batches' worth of rows: 2 steps = one epoch)
@@ -617,24 +722,39 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
     nli_rows = None
     if cfg.needs_nli:
         n_nli = 2 * max(cfg.prefix_phase.batch_size if cfg.prefix_phase else 0, cfg.aux_nli_batch_size)
-        nli_rows = TrainingRows(token_rows(tokenizer, n_nli, cfg.max_length, SUP_COLUMNS, cfg.seed + 1), None, True,
-                                tokenizer.pad_token_id)
+        nli_rows = TrainingRows(
+            token_rows(tokenizer, n_nli, cfg.max_length, SUP_COLUMNS, cfg.seed + 1), None, True, tokenizer.pad_token_id
+        )
 
     # ---- CPU run at the micro batch
     release_memory()
     rss_model = rss()
     fixed = rss_model + 12 * max(by_phase.values())
     micro, prediction = pick_micro(cost, info, cfg, args, fixed)
-    rec.update(micro_batch=micro, real_batch_run=micro == cfg.batch_size, prediction=prediction,
-               model_rss_mb=round((rss_model - rss_start) / MB), process_rss_before_steps_mb=round(rss_model / MB))
+    rec.update(
+        micro_batch=micro,
+        real_batch_run=micro == cfg.batch_size,
+        prediction=prediction,
+        model_rss_mb=round((rss_model - rss_start) / MB),
+        process_rss_before_steps_mb=round(rss_model / MB),
+    )
     mcfg = scaled_config(cfg, micro)
     n_micro = 2 * micro
-    sub = lambda tr, n: TrainingRows(  # noqa: E731
-        TokenRows(tr.tokens.ids[:n], {c: s[:n] for c, s in tr.tokens.seqs.items()}),
-        None if tr.corruption is None else CorruptionRows(tr.corruption.variants,
-                                                          {k: v[:n] for k, v in tr.corruption.corrupted.items()},
-                                                          {k: v[:n] for k, v in tr.corruption.labels.items()}),
-        len(tr.view_columns) == 3, tr.pad_id)
+
+    def sub(tr, n):
+        return TrainingRows(
+            TokenRows(tr.tokens.ids[:n], {c: s[:n] for c, s in tr.tokens.seqs.items()}),
+            None
+            if tr.corruption is None
+            else CorruptionRows(
+                tr.corruption.variants,
+                {k: v[:n] for k, v in tr.corruption.corrupted.items()},
+                {k: v[:n] for k, v in tr.corruption.labels.items()},
+            ),
+            len(tr.view_columns) == 3,
+            tr.pad_id,
+        )
+
     micro_rows = sub(rows, n_micro)
     micro_nli = None
     if nli_rows is not None:
@@ -646,7 +766,9 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
 
     # batch-independent forward of a step (DiffAug: template denoising), timed on its own (warm)
     const_fwd_s, const_fwd_cpu, const_fwd_bytes = 0.0, 0.0, 0
-    constant = model.dry_run_batch_independent_forward() if hasattr(model, "dry_run_batch_independent_forward") else None
+    constant = (
+        model.dry_run_batch_independent_forward() if hasattr(model, "dry_run_batch_independent_forward") else None
+    )
     if constant is not None:
         model.train()
         release_memory()
@@ -657,8 +779,11 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
             const_fwd_s, const_fwd_cpu = time.perf_counter() - t0, time.process_time() - c0
         const_fwd_bytes = max(0, peak.peak - before)
         model.zero_grad(set_to_none=True)
-        rec["template_denoising"] = {"seconds": round(const_fwd_s, 2), "cpu_seconds": round(const_fwd_cpu, 2),
-                                     "activation_mb": round(const_fwd_bytes / MB)}
+        rec["template_denoising"] = {
+            "seconds": round(const_fwd_s, 2),
+            "cpu_seconds": round(const_fwd_cpu, 2),
+            "activation_mb": round(const_fwd_bytes / MB),
+        }
 
     phases_out = {}
     for ph in cls.phases:
@@ -683,15 +808,22 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
         cpu_peak = warm["rss_before"] + act * ratio + (const_fwd_bytes if denoise else 0)
         cost.update(info, warm["rows"], ph, warm["cpu_seconds"] - const_cpu, act)
         phases_out[ph] = {
-            "steps": len(recs), "rows_measured": warm["rows"], "aux_rows_measured": warm["aux_rows"], "real_rows": real_rows,
-            "views": warm["views"], "length": warm["length"],
-            "s_per_step_all": [round(r["seconds"], 2) for r in recs], "s_per_step_measured": round(warm["seconds"], 2),
+            "steps": len(recs),
+            "rows_measured": warm["rows"],
+            "aux_rows_measured": warm["aux_rows"],
+            "real_rows": real_rows,
+            "views": warm["views"],
+            "length": warm["length"],
+            "s_per_step_all": [round(r["seconds"], 2) for r in recs],
+            "s_per_step_measured": round(warm["seconds"], 2),
             "cpu_s_per_step_all": [round(r["cpu_seconds"], 2) for r in recs],
             "cpu_s_per_step_measured": round(warm["cpu_seconds"], 2),
-            "const_s": round(const, 2), "const_cpu_s": round(const_cpu, 2),
+            "const_s": round(const, 2),
+            "const_cpu_s": round(const_cpu, 2),
             "s_per_step_projected_real_batch": round(projected_s, 1),
             "cpu_s_per_step_projected_real_batch": round(projected_cpu, 1),
-            "peak_rss_mb": round(max(r["peak_rss"] for r in recs) / MB), "activation_mb_measured": round(act / MB),
+            "peak_rss_mb": round(max(r["peak_rss"] for r in recs) / MB),
+            "activation_mb_measured": round(act / MB),
             "step_peak_delta_mb": round(step_delta / MB),
             "projected_cpu_peak_gb_real_batch": round(cpu_peak / GB, 1),
             "projected_gpu_gb_real_batch_bf16": round(gpu / GB, 1),
@@ -701,12 +833,16 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
             raise FloatingPointError(f"phase {ph}: non-finite loss {[r['loss'] for r in recs]}")
     rec["phases"] = phases_out
     main = phases_out[info["main_phase"]]
-    rec.update(steps_run=sum(p["steps"] for p in phases_out.values()), rows_per_step_measured=main["rows_measured"],
-               peak_cpu_mb=max(p["peak_rss_mb"] for p in phases_out.values()),
-               s_per_step_measured=main["s_per_step_measured"], cpu_s_per_step_measured=main["cpu_s_per_step_measured"],
-               s_per_step_projected=main["s_per_step_projected_real_batch"],
-               cpu_s_per_step_projected=main["cpu_s_per_step_projected_real_batch"],
-               projected_gpu_gb=max(p["projected_gpu_gb_real_batch_bf16"] for p in phases_out.values()))
+    rec.update(
+        steps_run=sum(p["steps"] for p in phases_out.values()),
+        rows_per_step_measured=main["rows_measured"],
+        peak_cpu_mb=max(p["peak_rss_mb"] for p in phases_out.values()),
+        s_per_step_measured=main["s_per_step_measured"],
+        cpu_s_per_step_measured=main["cpu_s_per_step_measured"],
+        s_per_step_projected=main["s_per_step_projected_real_batch"],
+        cpu_s_per_step_projected=main["cpu_s_per_step_projected_real_batch"],
+        projected_gpu_gb=max(p["projected_gpu_gb_real_batch_bf16"] for p in phases_out.values()),
+    )
     del trainer
     release_memory()
 
@@ -724,8 +860,17 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
     return rec
 
 
-_META_UNSUPPORTED = ("meta tensor", "meta tensors", "on meta", "data-dependent", "Cannot copy out of meta",
-                     "nonzero", "cannot be called on meta", "is not supported for meta", "NotImplementedError")
+_META_UNSUPPORTED = (
+    "meta tensor",
+    "meta tensors",
+    "on meta",
+    "data-dependent",
+    "Cannot copy out of meta",
+    "nonzero",
+    "cannot be called on meta",
+    "is not supported for meta",
+    "NotImplementedError",
+)
 
 
 def meta_run(model, cfg, rows, nli_rows) -> str:
@@ -740,20 +885,28 @@ def meta_run(model, cfg, rows, nli_rows) -> str:
         trainer, _ = run_trainer(model, real, rows, nli_rows, meta)
     except Exception as e:  # noqa: BLE001
         frames = traceback.extract_tb(e.__traceback__)
-        own = [f for f in frames if str(REPO_ROOT) in f.filename and "/benchmarks/" not in f.filename
-               and "/.venv/" not in f.filename] or frames
+        own = [
+            f
+            for f in frames
+            if str(REPO_ROOT) in f.filename and "/benchmarks/" not in f.filename and "/.venv/" not in f.filename
+        ] or frames
         lib = frames[-1]
-        where = f"{Path(own[-1].filename).relative_to(REPO_ROOT) if str(REPO_ROOT) in own[-1].filename else own[-1].filename}" \
-                f":{own[-1].lineno}"
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} at {where}" \
-              + (f" (raised in {Path(lib.filename).name}:{lib.lineno})" if lib is not own[-1] else "")
+        where = (
+            f"{Path(own[-1].filename).relative_to(REPO_ROOT) if str(REPO_ROOT) in own[-1].filename else own[-1].filename}"
+            f":{own[-1].lineno}"
+        )
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} at {where}" + (
+            f" (raised in {Path(lib.filename).name}:{lib.lineno})" if lib is not own[-1] else ""
+        )
         text = f"{type(e).__name__}: {e}"
         if any(s.lower() in text.lower() for s in _META_UNSUPPORTED):
             return f"unsupported on meta ({msg})"
         traceback.print_exc()
         return f"FAILED ({msg})"
-    shapes = ", ".join(f"{r['phase']} {r['rows']}×{r['views']}×{r['length']}" + (f"+aux {r['aux_rows']}" if r["aux_rows"] else "")
-                       for r in trainer.records)
+    shapes = ", ".join(
+        f"{r['phase']} {r['rows']}×{r['views']}×{r['length']}" + (f"+aux {r['aux_rows']}" if r["aux_rows"] else "")
+        for r in trainer.records
+    )
     return f"ok ({len(trainer.records)} steps at the real batch: {shapes})"
 
 
@@ -767,7 +920,12 @@ def selected_presets(args) -> list[tuple[str, str]]:
     out = []
     for m in methods:
         for name in REGISTRY[m].presets:
-            if not args.include_smoke and name.startswith("smoke") and f"{m}/{name}" not in wanted and name not in wanted:
+            if (
+                not args.include_smoke
+                and name.startswith("smoke")
+                and f"{m}/{name}" not in wanted
+                and name not in wanted
+            ):
                 continue
             if wanted and name not in wanted and f"{m}/{name}" not in wanted:
                 continue
@@ -815,19 +973,36 @@ def markdown(results: list[dict], meta: dict) -> str:
         rows = f"{r.get('rows_per_step_measured', '–')}" + (" (real)" if r.get("real_batch_run") else "")
         meta_s = r.get("meta", "–")
         meta_short = meta_s.split(" (")[0] if isinstance(meta_s, str) else "–"
-        lines.append("| " + " | ".join([
-            r["method"], r["preset"], r.get("backbone", "–"), str(r.get("batch_size", "–")), rows,
-            str(r.get("steps_run", "–")), fmt_int(r.get("trainable_parameters")), fmt_int(r.get("peak_cpu_mb")),
-            f"{r['s_per_step_measured']} / {r['cpu_s_per_step_measured']}" if ok else "–",
-            str(r.get("cpu_s_per_step_projected", "–")),
-            str(r.get("projected_gpu_gb", "–")), meta_short, r["status"] if ok else "**FAILED**"]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["method"],
+                    r["preset"],
+                    r.get("backbone", "–"),
+                    str(r.get("batch_size", "–")),
+                    rows,
+                    str(r.get("steps_run", "–")),
+                    fmt_int(r.get("trainable_parameters")),
+                    fmt_int(r.get("peak_cpu_mb")),
+                    f"{r['s_per_step_measured']} / {r['cpu_s_per_step_measured']}" if ok else "–",
+                    str(r.get("cpu_s_per_step_projected", "–")),
+                    str(r.get("projected_gpu_gb", "–")),
+                    meta_short,
+                    r["status"] if ok else "**FAILED**",
+                ]
+            )
+            + " |"
+        )
         if "prefix" in r.get("phases", {}):
             p = r["phases"]["prefix"]
-            notes.append(f"- {r['method']}/{r['preset']} prefix phase: batch {p['real_rows']} (measured {p['rows_measured']}), "
-                         f"trainable {fmt_int(r['trainable_parameters_by_phase']['prefix'])}, {p['s_per_step_measured']} / "
-                         f"{p['cpu_s_per_step_measured']} s/step measured (wall / CPU), "
-                         f"{p['cpu_s_per_step_projected_real_batch']} CPU s/step projected, "
-                         f"GPU {p['projected_gpu_gb_real_batch_bf16']} GB projected.")
+            notes.append(
+                f"- {r['method']}/{r['preset']} prefix phase: batch {p['real_rows']} (measured {p['rows_measured']}), "
+                f"trainable {fmt_int(r['trainable_parameters_by_phase']['prefix'])}, {p['s_per_step_measured']} / "
+                f"{p['cpu_s_per_step_measured']} s/step measured (wall / CPU), "
+                f"{p['cpu_s_per_step_projected_real_batch']} CPU s/step projected, "
+                f"GPU {p['projected_gpu_gb_real_batch_bf16']} GB projected."
+            )
         if isinstance(meta_s, str) and not meta_s.startswith("ok") and meta_s != "–":
             notes.append(f"- {r['method']}/{r['preset']} meta run: {meta_s}")
         if not ok:
@@ -850,11 +1025,16 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
     started = time.perf_counter()
-    meta = {"command": "python benchmarks/dry_run.py " + " ".join(sys.argv[1:]), "host": f"{platform.node()} "
-            f"({psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / GB:.0f} GB RAM)", "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "max_memory_gb": args.max_memory_gb, "step_budget_s": args.step_budget_s,
-            "peak_rss_method": "VmHWM reset via /proc/self/clear_refs" if PeakRSS.use_hwm else "psutil sampling (2 ms)"}
+    meta = {
+        "command": "python benchmarks/dry_run.py " + " ".join(sys.argv[1:]),
+        "host": f"{platform.node()} ({psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / GB:.0f} GB RAM)",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "max_memory_gb": args.max_memory_gb,
+        "step_budget_s": args.step_budget_s,
+        "peak_rss_method": "VmHWM reset via /proc/self/clear_refs" if PeakRSS.use_hwm else "psutil sampling (2 ms)",
+    }
     cost = CostModel()
     results: list[dict] = []
     failed = []
@@ -864,26 +1044,45 @@ def main(args: argparse.Namespace) -> int:
             rec = run_preset(method, name, args, cost)
         except Exception as e:  # noqa: BLE001 — report, continue, fail at the end
             traceback.print_exc()
-            rec = {"method": method, "preset": name, "status": "FAILED", "error": f"{type(e).__name__}: {e}"[:2000],
-                   "traceback": traceback.format_exc()[-6000:]}
+            rec = {
+                "method": method,
+                "preset": name,
+                "status": "FAILED",
+                "error": f"{type(e).__name__}: {e}"[:2000],
+                "traceback": traceback.format_exc()[-6000:],
+            }
             with contextlib.suppress(Exception):
                 cfg = resolve_train_config(name, method=method)
                 rec.update(backbone=cfg.backbone, batch_size=cfg.batch_size)
             failed.append(f"{method}/{name}")
             release_memory()
         results.append(rec)
-        print(f"[dry-run] {method}/{name}: {rec['status']} "
-              f"(micro batch {rec.get('micro_batch')}, {rec.get('s_per_step_measured')} / {rec.get('cpu_s_per_step_measured')} "
-              f"s/step measured (wall / CPU), {rec.get('cpu_s_per_step_projected')} CPU s/step projected, "
-              f"GPU {rec.get('projected_gpu_gb')} GB, "
-              f"meta {str(rec.get('meta', '–'))[:60]}; {rec.get('seconds')} s)", file=sys.stderr, flush=True)
+        print(
+            f"[dry-run] {method}/{name}: {rec['status']} "
+            f"(micro batch {rec.get('micro_batch')}, {rec.get('s_per_step_measured')} / {rec.get('cpu_s_per_step_measured')} "
+            f"s/step measured (wall / CPU), {rec.get('cpu_s_per_step_projected')} CPU s/step projected, "
+            f"GPU {rec.get('projected_gpu_gb')} GB, "
+            f"meta {str(rec.get('meta', '–'))[:60]}; {rec.get('seconds')} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         meta["wall_seconds"] = round(time.perf_counter() - started)
         write_outputs(results, meta, args.out)
     meta["wall_seconds"] = round(time.perf_counter() - started)
     meta["failed"] = failed
     write_outputs(results, meta, args.out)
-    print(json.dumps({"wall_seconds": meta["wall_seconds"], "presets": len(results), "failed": failed,
-                      "json": str(args.out / "dry_run.json"), "markdown": str(args.out / "dry_run.md")}, indent=2))
+    print(
+        json.dumps(
+            {
+                "wall_seconds": meta["wall_seconds"],
+                "presets": len(results),
+                "failed": failed,
+                "json": str(args.out / "dry_run.json"),
+                "markdown": str(args.out / "dry_run.md"),
+            },
+            indent=2,
+        )
+    )
     if failed:
         print(f"[dry-run] FAILED presets: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -33,8 +33,10 @@ from storage.readers import read_senteval  # noqa: E402
 
 def bare_forward_seconds(enc: PooledEncoder, token_ids, batch_size: int, precision: str) -> float:
     device = enc.device
-    batches = [pad_batch([token_ids[i] for i in idx], enc.pad_token_id) for idx in
-               length_sorted_batches([len(x) for x in token_ids], batch_size)]
+    batches = [
+        pad_batch([token_ids[i] for i in idx], enc.pad_token_id)
+        for idx in length_sorted_batches([len(x) for x in token_ids], batch_size)
+    ]
     batches = [(a.to(device), m.to(device)) for a, m in batches]
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -78,16 +80,28 @@ def main(argv=None) -> dict:
         embed_s.append(result.timing.embed_seconds)
     n = len(sentences)
     out = {
-        "model": args.model, "pooler": args.pooler, "mode": args.mode, "batch_size": args.batch_size,
-        "precision": args.precision, "device": str(device), "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(), "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()], "repeat": args.repeat,
-        "unique_sentences": n, "tokens": sum(len(x) for x in token_ids),
-        "bare_forward_s": round(min(bare), 2), "bare_sentences_per_s": round(n / min(bare), 1),
+        "model": args.model,
+        "pooler": args.pooler,
+        "mode": args.mode,
+        "batch_size": args.batch_size,
+        "precision": args.precision,
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "repeat": args.repeat,
+        "unique_sentences": n,
+        "tokens": sum(len(x) for x in token_ids),
+        "bare_forward_s": round(min(bare), 2),
+        "bare_sentences_per_s": round(n / min(bare), 1),
         "evaluator_embed_s": round(min(embed_s), 2),
-        "evaluator_wall_s": round(min(wall), 2), "evaluator_sentences_per_s": round(n / min(wall), 1),
-        "ratio": round(min(bare) / min(wall), 3), "target_ratio": 0.9,
-        "full_evaluation_wall_s": round(min(wall), 2), "goal_wall_s": 60 if args.mode == "test" else None,
+        "evaluator_wall_s": round(min(wall), 2),
+        "evaluator_sentences_per_s": round(n / min(wall), 1),
+        "ratio": round(min(bare) / min(wall), 3),
+        "target_ratio": 0.9,
+        "full_evaluation_wall_s": round(min(wall), 2),
+        "goal_wall_s": 60 if args.mode == "test" else None,
         "scores": result.table_record(f"{args.model} {args.pooler}"),
     }
     print(json.dumps(out, indent=2))

@@ -70,12 +70,23 @@ set_offline_environment()
 
 # ---------------------------------------------------------------------------------------------- the protocol
 PROTOCOL: dict[str, Any] = {
-    "backbone": "packaged:minilm", "max_length": 32, "batch_size": 32, "steps": 200, "eval_every": 50,
-    "seeds": [0, 1, 2], "train_sentences": 6400, "heldout_sentences": 1024, "prefix_steps": 100,
-    "nli_train_triplets": 5352, "nli_heldout_triplets": 512, "mask_ratio": 0.3, "corruption_variants": 2,
-    "generator": "fit-generator default (MLM head on the frozen MiniLM, Wiki1M sample)", "precision": "fp32",
-    "outcome": "STS-B dev at the last step minus at step 0", "head_lr_sensitivity": {"seed": 0, "steps": 50,
-                                                                                     "head_lrs": [2e-3, 2e-4]},
+    "backbone": "packaged:minilm",
+    "max_length": 32,
+    "batch_size": 32,
+    "steps": 200,
+    "eval_every": 50,
+    "seeds": [0, 1, 2],
+    "train_sentences": 6400,
+    "heldout_sentences": 1024,
+    "prefix_steps": 100,
+    "nli_train_triplets": 5352,
+    "nli_heldout_triplets": 512,
+    "mask_ratio": 0.3,
+    "corruption_variants": 2,
+    "generator": "fit-generator default (MLM head on the frozen MiniLM, Wiki1M sample)",
+    "precision": "fp32",
+    "outcome": "STS-B dev at the last step minus at step 0",
+    "head_lr_sensitivity": {"seed": 0, "steps": 50, "head_lrs": [2e-3, 2e-4]},
 }
 
 
@@ -102,13 +113,19 @@ def _evidence_methods() -> list:
 
 # Each method's arms, what the protocol sets over its preset, the arms with the held-out RTD mechanism check, and the
 # method of the head-LR sensitivity rows: facts of the model classes (their "benchmark facts" block).
-ARMS: dict[str, tuple[Arm, ...]] = {s.name: tuple(Arm(*a) for a in s.model_class.evidence_arms)
-                                    for s in _evidence_methods()}
+ARMS: dict[str, tuple[Arm, ...]] = {
+    s.name: tuple(Arm(*a) for a in s.model_class.evidence_arms) for s in _evidence_methods()
+}
 PROTOCOL_OVERRIDES: dict[str, dict[str, Any]] = {
     s.name: s.model_class.evidence_overrides(PROTOCOL) if hasattr(s.model_class, "evidence_overrides") else {}
-    for s in _evidence_methods()}
-MECHANISM_ARMS = {(s.name, arm) for s in _evidence_methods() for arm in getattr(s.model_class, "evidence_mechanism_arms", ())}
-HEAD_LR_METHOD = next(s.name for s in _evidence_methods() if getattr(s.model_class, "evidence_head_lr_sensitivity", False))
+    for s in _evidence_methods()
+}
+MECHANISM_ARMS = {
+    (s.name, arm) for s in _evidence_methods() for arm in getattr(s.model_class, "evidence_mechanism_arms", ())
+}
+HEAD_LR_METHOD = next(
+    s.name for s in _evidence_methods() if getattr(s.model_class, "evidence_head_lr_sensitivity", False)
+)
 
 
 def protocol_hash() -> str:
@@ -137,7 +154,11 @@ def mean_std(values: list[float]) -> dict[str, Any]:
     """Mean and sample standard deviation (0 for one value) of a list, with n."""
     if not values:
         return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -180,8 +201,10 @@ class Bench:
             from tasks.tokenize import tokenize_dataset
 
             config = GeneratorConfig()
-            tokens = tokenize_dataset.fn(ingest_dataset.fn("wiki1m", self.ingest),
-                                         TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL["max_length"]))
+            tokens = tokenize_dataset.fn(
+                ingest_dataset.fn("wiki1m", self.ingest),
+                TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL["max_length"]),
+            )
             _log("fitting (or reusing) the generator: fit-generator default on the Wiki1M sample")
             ref = fit_generator.fn(tokens.key, config)
             self._generator = f"generator:{ref.key}"  # by key: corruption keys do not depend on where --home is
@@ -203,21 +226,39 @@ class Bench:
         from config.presets import deep_merge
         from config.training import resolve_train_config
 
-        base = {"backbone": PROTOCOL["backbone"], "max_length": PROTOCOL["max_length"],
-                "batch_size": PROTOCOL["batch_size"], "max_steps": steps or PROTOCOL["steps"], "epochs": 1,
-                "max_train_sentences": PROTOCOL["train_sentences"], "eval_steps": PROTOCOL["eval_every"],
-                "log_steps": 1, "system_metrics": False, "device": "cpu", "precision": "fp32", "seed": seed,
-                "test_evaluation": False, "ingest": self.ingest.model_dump(mode="json")}
+        base = {
+            "backbone": PROTOCOL["backbone"],
+            "max_length": PROTOCOL["max_length"],
+            "batch_size": PROTOCOL["batch_size"],
+            "max_steps": steps or PROTOCOL["steps"],
+            "epochs": 1,
+            "max_train_sentences": PROTOCOL["train_sentences"],
+            "eval_steps": PROTOCOL["eval_every"],
+            "log_steps": 1,
+            "system_metrics": False,
+            "device": "cpu",
+            "precision": "fp32",
+            "seed": seed,
+            "test_evaluation": False,
+            "ingest": self.ingest.model_dump(mode="json"),
+        }
         if cfg_uses_corruption(method):
-            base["corrupt"] = {"generator": self.generator(), "mask_ratio": PROTOCOL["mask_ratio"], "mode": "argmax",
-                               "generator_dropout": True, "variants": PROTOCOL["corruption_variants"]}
+            base["corrupt"] = {
+                "generator": self.generator(),
+                "mask_ratio": PROTOCOL["mask_ratio"],
+                "mode": "argmax",
+                "generator_dropout": True,
+                "variants": PROTOCOL["corruption_variants"],
+            }
         overrides = deep_merge(deep_merge(base, PROTOCOL_OVERRIDES[method]), arm.overrides)
         return resolve_train_config("smoke", overrides, method=method)
 
 
 # ---------------------------------------------------------------------------------------------- one cell
 def stsb_dev(bench: Bench, model) -> float:
-    return round(float(bench.evaluator.run(model, mode="dev", batch_size=128, precision="fp32").metrics()["stsb_dev"]), 2)
+    return round(
+        float(bench.evaluator.run(model, mode="dev", batch_size=128, precision="fp32").metrics()["stsb_dev"]), 2
+    )
 
 
 def heldout_rtd(bench: Bench, model, tokens, corruption, pad_id: int) -> dict[str, dict[str, float]]:
@@ -236,12 +277,14 @@ def heldout_rtd(bench: Bench, model, tokens, corruption, pad_id: int) -> dict[st
     heldout = np.arange(n - PROTOCOL["heldout_sentences"], n)
     if heldout[0] < PROTOCOL["train_sentences"]:
         raise RuntimeError("held-out sentences overlap the training sentences")
-    sums = {k: {"loss": 0.0, "correct": 0.0, "tokens": 0.0, "replaced_correct": 0.0, "replaced": 0.0}
-            for k in ("true_h", "shuffled_h", "no_h")}
+    sums = {
+        k: {"loss": 0.0, "correct": 0.0, "tokens": 0.0, "replaced_correct": 0.0, "replaced": 0.0}
+        for k in ("true_h", "shuffled_h", "no_h")
+    }
     model.eval()
     with torch.no_grad():
         for start in range(0, len(heldout), 64):
-            batch = rows.batch(heldout[start:start + 64], 0)
+            batch = rows.batch(heldout[start : start + 64], 0)
             ids, mask = batch.input_ids[:, 0], batch.attention_mask[:, 0]
             corrupted, labels = batch.corrupted_ids[:, 0], batch.rtd_labels[:, 0]
             h = model.projection(model.encode_cls(ids, mask))
@@ -254,9 +297,15 @@ def heldout_rtd(bench: Bench, model, tokens, corruption, pad_id: int) -> dict[st
                 replaced = labels.bool() & mask.bool()
                 sums[name]["replaced_correct"] += float((logits.argmax(-1).bool() & replaced).sum())
                 sums[name]["replaced"] += float(replaced.sum())
-    return {k: {"loss": round(v["loss"] / v["tokens"], 5), "accuracy": round(v["correct"] / v["tokens"], 5),
-                "replaced_recall": round(v["replaced_correct"] / max(v["replaced"], 1.0), 5),
-                "replaced_share": round(v["replaced"] / v["tokens"], 5)} for k, v in sums.items()}
+    return {
+        k: {
+            "loss": round(v["loss"] / v["tokens"], 5),
+            "accuracy": round(v["correct"] / v["tokens"], 5),
+            "replaced_recall": round(v["replaced_correct"] / max(v["replaced"], 1.0), 5),
+            "replaced_share": round(v["replaced"] / v["tokens"], 5),
+        }
+        for k, v in sums.items()
+    }
 
 
 def heldout_nli(model, nli_rows) -> float:
@@ -270,7 +319,7 @@ def heldout_nli(model, nli_rows) -> float:
     heldout = np.arange(n - PROTOCOL["nli_heldout_triplets"], n)
     with torch.no_grad():
         for start in range(0, len(heldout), 64):
-            batch = nli_rows.batch(heldout[start:start + 64], 0)
+            batch = nli_rows.batch(heldout[start : start + 64], 0)
             out = model.prefix_stage_step(batch)
             rows = 2 * batch.input_ids.shape[0]
             correct += float(out.metrics["nli_accuracy"]) * rows
@@ -300,8 +349,9 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
     if cfg.needs_nli:
         nli = bench.tokens("nli", cfg)
         cols = ("sent0", "sent1", "hard_neg")
-        nli_rows = TrainingRows(load_token_rows(bench.root, nli.key, cols, limit=PROTOCOL["nli_train_triplets"]), None,
-                                True, pad)
+        nli_rows = TrainingRows(
+            load_token_rows(bench.root, nli.key, cols, limit=PROTOCOL["nli_train_triplets"]), None, True, pad
+        )
         nli_heldout_rows = TrainingRows(load_token_rows(bench.root, nli.key, cols), None, True, pad)
         if len(nli_heldout_rows) - PROTOCOL["nli_heldout_triplets"] < len(nli_rows):
             raise RuntimeError("held-out NLI triplets overlap the stage-1 triplets")
@@ -311,8 +361,10 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
     model = build_model(cfg, device)
     phases = training_phases(cfg, rows, nli_rows)
     total = sum(p.total_steps for p in phases)
-    _log(f"{method}/{arm.name}/seed {seed}: {total} steps, batch {cfg.batch_size}, lr {cfg.learning_rate:g}"
-         + (f" (stage 1 {cfg.prefix_phase.learning_rate:g})" if cfg.prefix_phase else ""))
+    _log(
+        f"{method}/{arm.name}/seed {seed}: {total} steps, batch {cfg.batch_size}, lr {cfg.learning_rate:g}"
+        + (f" (stage 1 {cfg.prefix_phase.learning_rate:g})" if cfg.prefix_phase else "")
+    )
 
     t_eval = time.perf_counter()
     curve = [(0, stsb_dev(bench, model))]
@@ -334,36 +386,57 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
         return score
 
     def log_metrics(metrics: dict[str, float], step: int) -> None:
-        keep = {k: round(float(v), 5) for k, v in metrics.items()
-                if k.startswith("loss") or k in ("rtd_accuracy", "nli_accuracy", "grad_norm")}
+        keep = {
+            k: round(float(v), 5)
+            for k, v in metrics.items()
+            if k.startswith("loss") or k in ("rtd_accuracy", "nli_accuracy", "grad_norm")
+        }
         if keep:
             losses.append({"step": step, **keep})
 
     start_eval_s = eval_s
     with tempfile.TemporaryDirectory(prefix="evidence-state-") as state:
-        trainer = Trainer(model, phases, loop_config(cfg, "fp32"), device, Path(state), lambda *a: None, evaluate_dev,
-                          log_metrics)
+        trainer = Trainer(
+            model, phases, loop_config(cfg, "fp32"), device, Path(state), lambda *a: None, evaluate_dev, log_metrics
+        )
         result = trainer.run()
     train_s = result.seconds - (eval_s - start_eval_s)  # the loop's seconds without its dev evaluations
     if curve[-1][0] != result.steps:
         raise RuntimeError(f"the last dev point is step {curve[-1][0]}, not the last step {result.steps}")
     out: dict[str, Any] = {
-        "method": method, "arm": arm.name, "label": arm.label, "seed": seed, "protocol": protocol_hash(),
-        "steps": result.steps, "learning_rate": cfg.learning_rate, "batch_size": cfg.batch_size,
-        "overrides": arm.overrides, "dev_curve": curve, "start": curve[0][1], "final": curve[-1][1],
-        "delta": round(curve[-1][1] - curve[0][1], 2), "best": max(s for _, s in curve),
-        "best_step": max(curve, key=lambda p: p[1])[0], "losses": losses,
+        "method": method,
+        "arm": arm.name,
+        "label": arm.label,
+        "seed": seed,
+        "protocol": protocol_hash(),
+        "steps": result.steps,
+        "learning_rate": cfg.learning_rate,
+        "batch_size": cfg.batch_size,
+        "overrides": arm.overrides,
+        "dev_curve": curve,
+        "start": curve[0][1],
+        "final": curve[-1][1],
+        "delta": round(curve[-1][1] - curve[0][1], 2),
+        "best": max(s for _, s in curve),
+        "best_step": max(curve, key=lambda p: p[1])[0],
+        "losses": losses,
         "corruption": cfg.corrupt.model_dump() if cfg.uses_corruption else None,
         "corruption_key": corruption.key if corruption is not None else None,
-        "seconds": {"data": round(data_s, 1), "train": round(train_s, 1), "eval": round(eval_s, 1),
-                    "train_and_eval": round(train_s + eval_s, 1)},
+        "seconds": {
+            "data": round(data_s, 1),
+            "train": round(train_s, 1),
+            "eval": round(eval_s, 1),
+            "train_and_eval": round(train_s + eval_s, 1),
+        },
     }
     if nli_acc:
         out["nli_heldout_accuracy"] = nli_acc
     if (method, arm.name) in MECHANISM_ARMS:
         out["mechanism"] = heldout_rtd(bench, model, tokens, corruption, pad)
-    _log(f"{method}/{arm.name}/seed {seed}: STS-B dev {out['start']:.2f} -> {out['final']:.2f} ({out['delta']:+.2f}); "
-         f"{out['seconds']['train_and_eval']:.0f} s")
+    _log(
+        f"{method}/{arm.name}/seed {seed}: STS-B dev {out['start']:.2f} -> {out['final']:.2f} ({out['delta']:+.2f}); "
+        f"{out['seconds']['train_and_eval']:.0f} s"
+    )
     return out
 
 
@@ -405,40 +478,73 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             if not ac:
                 continue
             per_arm[arm.name] = {
-                "label": arm.label, "seeds": [c["seed"] for c in ac], "delta": mean_std([c["delta"] for c in ac]),
-                "start": mean_std([c["start"] for c in ac]), "final": mean_std([c["final"] for c in ac]),
-                "best": mean_std([c["best"] for c in ac]), "train_seconds": mean_std([c["seconds"]["train_and_eval"] for c in ac]),
+                "label": arm.label,
+                "seeds": [c["seed"] for c in ac],
+                "delta": mean_std([c["delta"] for c in ac]),
+                "start": mean_std([c["start"] for c in ac]),
+                "final": mean_std([c["final"] for c in ac]),
+                "best": mean_std([c["best"] for c in ac]),
+                "train_seconds": mean_std([c["seconds"]["train_and_eval"] for c in ac]),
             }
             if any("mechanism" in c for c in ac):
                 mech = {}
                 for cond in ("true_h", "shuffled_h", "no_h"):
-                    mech[cond] = {m: mean_std([c["mechanism"][cond][m] for c in ac if "mechanism" in c])
-                                  for m in ("loss", "accuracy", "replaced_recall")}
+                    mech[cond] = {
+                        m: mean_std([c["mechanism"][cond][m] for c in ac if "mechanism" in c])
+                        for m in ("loss", "accuracy", "replaced_recall")
+                    }
                 per_arm[arm.name]["mechanism"] = mech
             if any("nli_heldout_accuracy" in c for c in ac):
                 per_arm[arm.name]["nli_heldout_accuracy"] = {
                     k: mean_std([c["nli_heldout_accuracy"][k] for c in ac if k in c.get("nli_heldout_accuracy", {})])
-                    for k in ("start", "after_stage1")}
+                    for k in ("start", "after_stage1")
+                }
         paired = {}
         for arm in arms[1:]:
             by_seed = {c["seed"]: c for c in mcells if c["arm"] == METHOD}
-            diffs = [(by_seed[c["seed"]]["final"] - c["final"]) for c in mcells if c["arm"] == arm.name and c["seed"] in by_seed]
+            diffs = [
+                (by_seed[c["seed"]]["final"] - c["final"])
+                for c in mcells
+                if c["arm"] == arm.name and c["seed"] in by_seed
+            ]
             if diffs:
                 paired[arm.name] = {**mean_std(diffs), "method_better_in": sum(d > 0 for d in diffs)}
         out[method] = {"arms": per_arm, "method_minus_control": paired}
-    sens = sorted((c for c in _cells(report) if c["arm"].startswith("head-lr-")), key=lambda c: -c["head_learning_rate"])
-    base = next((c for c in cells if c["method"] == HEAD_LR_METHOD and c["arm"] == METHOD
-                 and c["seed"] == PROTOCOL["head_lr_sensitivity"]["seed"]), None)
+    sens = sorted(
+        (c for c in _cells(report) if c["arm"].startswith("head-lr-")), key=lambda c: -c["head_learning_rate"]
+    )
+    base = next(
+        (
+            c
+            for c in cells
+            if c["method"] == HEAD_LR_METHOD
+            and c["arm"] == METHOD
+            and c["seed"] == PROTOCOL["head_lr_sensitivity"]["seed"]
+        ),
+        None,
+    )
     rows = []
     if sens and base is not None:
         dev50 = dict(map(tuple, base["dev_curve"])).get(PROTOCOL["head_lr_sensitivity"]["steps"])
         fl = first_losses(base)
-        rows.append({"head_lr": f"job's ({base['learning_rate']:g})", "loss_step1": fl[0] if fl else None,
-                     "max_loss_1_10": max(fl) if fl else None, "dev_at_50": dev50})
+        rows.append(
+            {
+                "head_lr": f"job's ({base['learning_rate']:g})",
+                "loss_step1": fl[0] if fl else None,
+                "max_loss_1_10": max(fl) if fl else None,
+                "dev_at_50": dev50,
+            }
+        )
     for c in sens:
         fl = first_losses(c)
-        rows.append({"head_lr": f"{c['head_learning_rate']:g}", "loss_step1": fl[0] if fl else None,
-                     "max_loss_1_10": max(fl) if fl else None, "dev_at_50": c["final"]})
+        rows.append(
+            {
+                "head_lr": f"{c['head_learning_rate']:g}",
+                "loss_step1": fl[0] if fl else None,
+                "max_loss_1_10": max(fl) if fl else None,
+                "dev_at_50": c["final"],
+            }
+        )
     if rows:
         out["head_lr_sensitivity"] = rows
     return out
@@ -454,49 +560,88 @@ def _pm(ms: dict[str, Any], digits: int = 2, signed: bool = False) -> str:
 def markdown(report: dict[str, Any]) -> str:
     s = report["summary"]
     env = report.get("environment", {})
-    lines = [f"# Evidence benchmark (CPU, MiniLM; protocol {report['protocol']})", "",
-             f"Cells: {len(_cells(report))}. Missing: {', '.join('/'.join(map(str, m)) for m in report.get('missing', [])) or 'none'}.",
-             f"Torch threads per process: {env.get('torch_threads')}; cpu: {env.get('cpu')}.", "",
-             "## STS-B dev, step 0 → last step (Spearman × 100; mean ± std over seeds)", "",
-             "| method | arm | seeds | start | final | Δ | best point | method − this control (paired) | s / run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Evidence benchmark (CPU, MiniLM; protocol {report['protocol']})",
+        "",
+        f"Cells: {len(_cells(report))}. Missing: {', '.join('/'.join(map(str, m)) for m in report.get('missing', [])) or 'none'}.",
+        f"Torch threads per process: {env.get('torch_threads')}; cpu: {env.get('cpu')}.",
+        "",
+        "## STS-B dev, step 0 → last step (Spearman × 100; mean ± std over seeds)",
+        "",
+        "| method | arm | seeds | start | final | Δ | best point | method − this control (paired) | s / run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for method, m in s.items():
         if method == "head_lr_sensitivity":
             continue
         for name, a in m["arms"].items():
             pair = m["method_minus_control"].get(name)
-            ptxt = "–" if pair is None else f"{_pm(pair, signed=True)} (method better in {pair['method_better_in']}/{pair['n']})"
-            lines.append(f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(a['start'])} | {_pm(a['final'])} | "
-                         f"{_pm(a['delta'], signed=True)} | {_pm(a['best'])} | {ptxt} | {a['train_seconds']['mean']:.0f} |")
-    mech_rows = [(method, a) for method, m in s.items() if method != "head_lr_sensitivity"
-                 for a in m["arms"].values() if "mechanism" in a]
+            ptxt = (
+                "–"
+                if pair is None
+                else f"{_pm(pair, signed=True)} (method better in {pair['method_better_in']}/{pair['n']})"
+            )
+            lines.append(
+                f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(a['start'])} | {_pm(a['final'])} | "
+                f"{_pm(a['delta'], signed=True)} | {_pm(a['best'])} | {ptxt} | {a['train_seconds']['mean']:.0f} |"
+            )
+    mech_rows = [
+        (method, a)
+        for method, m in s.items()
+        if method != "head_lr_sensitivity"
+        for a in m["arms"].values()
+        if "mechanism" in a
+    ]
     if mech_rows:
-        lines += ["", "## Mechanism: held-out RTD of the trained discriminator (1,024 unseen sentences, variant 0)", "",
-                  "| method | arm | loss, true h | loss, shuffled h | loss, no h | acc. true h | acc. shuffled h | acc. no h | "
-                  "replaced recall, true / shuffled / no h |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Mechanism: held-out RTD of the trained discriminator (1,024 unseen sentences, variant 0)",
+            "",
+            "| method | arm | loss, true h | loss, shuffled h | loss, no h | acc. true h | acc. shuffled h | acc. no h | "
+            "replaced recall, true / shuffled / no h |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for method, a in mech_rows:
             me = a["mechanism"]
-            lines.append(f"| {method} | {a['label']} | {_pm(me['true_h']['loss'], 4)} | {_pm(me['shuffled_h']['loss'], 4)} | "
-                         f"{_pm(me['no_h']['loss'], 4)} | {_pm(me['true_h']['accuracy'], 4)} | "
-                         f"{_pm(me['shuffled_h']['accuracy'], 4)} | {_pm(me['no_h']['accuracy'], 4)} | "
-                         f"{me['true_h']['replaced_recall']['mean']:.3f} / {me['shuffled_h']['replaced_recall']['mean']:.3f} / "
-                         f"{me['no_h']['replaced_recall']['mean']:.3f} |")
-    nli_rows = [(method, a) for method, m in s.items() if method != "head_lr_sensitivity"
-                for a in m["arms"].values() if "nli_heldout_accuracy" in a]
+            lines.append(
+                f"| {method} | {a['label']} | {_pm(me['true_h']['loss'], 4)} | {_pm(me['shuffled_h']['loss'], 4)} | "
+                f"{_pm(me['no_h']['loss'], 4)} | {_pm(me['true_h']['accuracy'], 4)} | "
+                f"{_pm(me['shuffled_h']['accuracy'], 4)} | {_pm(me['no_h']['accuracy'], 4)} | "
+                f"{me['true_h']['replaced_recall']['mean']:.3f} / {me['shuffled_h']['replaced_recall']['mean']:.3f} / "
+                f"{me['no_h']['replaced_recall']['mean']:.3f} |"
+            )
+    nli_rows = [
+        (method, a)
+        for method, m in s.items()
+        if method != "head_lr_sensitivity"
+        for a in m["arms"].values()
+        if "nli_heldout_accuracy" in a
+    ]
     if nli_rows:
-        lines += ["", "## DiffAug stage 1: held-out NLI accuracy (512 unseen triplets, 1,024 pairs; %)", "",
-                  "| arm | before stage 1 | after stage 1 (prefix + classifier only) |", "|---|---|---|"]
+        lines += [
+            "",
+            "## DiffAug stage 1: held-out NLI accuracy (512 unseen triplets, 1,024 pairs; %)",
+            "",
+            "| arm | before stage 1 | after stage 1 (prefix + classifier only) |",
+            "|---|---|---|",
+        ]
         for _, a in nli_rows:
             acc = a["nli_heldout_accuracy"]
             lines.append(f"| {a['label']} | {_pm(acc['start'])} | {_pm(acc['after_stage1'])} |")
     if "head_lr_sensitivity" in s:
-        lines += ["", "## D2CSE head learning rate (seed 0, 50 steps; the default is the job's single rate)", "",
-                  "| BN-MLP + RTD head LR | contrastive loss at step 1 | max over steps 1–10 | STS-B dev at step 50 |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "## D2CSE head learning rate (seed 0, 50 steps; the default is the job's single rate)",
+            "",
+            "| BN-MLP + RTD head LR | contrastive loss at step 1 | max over steps 1–10 | STS-B dev at step 50 |",
+            "|---|---|---|---|",
+        ]
         for r in s["head_lr_sensitivity"]:
             f = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
-            lines.append(f"| {r['head_lr']} | {f(r['loss_step1'])} | {f(r['max_loss_1_10'])} | "
-                         f"{'–' if r['dev_at_50'] is None else format(r['dev_at_50'], '.2f')} |")
+            lines.append(
+                f"| {r['head_lr']} | {f(r['loss_step1'])} | {f(r['max_loss_1_10'])} | "
+                f"{'–' if r['dev_at_50'] is None else format(r['dev_at_50'], '.2f')} |"
+            )
     lines += ["", "Commands:", ""] + [f"- `{c}`" for c in report.get("commands", [])]
     return "\n".join(lines) + "\n"
 
@@ -522,9 +667,14 @@ def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:
             steps = sorted({s for c in ac for s, _ in c["dev_curve"]})
             per_step = {s: [v for c in ac for st, v in c["dev_curve"] if st == s] for s in steps}
             mean = [statistics.fmean(per_step[s]) for s in steps]
-            line, = ax.plot(steps, mean, marker="o", label=f"{arm.label} (n={len(ac)})")
-            ax.fill_between(steps, [min(per_step[s]) for s in steps], [max(per_step[s]) for s in steps],
-                            alpha=0.2, color=line.get_color())
+            (line,) = ax.plot(steps, mean, marker="o", label=f"{arm.label} (n={len(ac)})")
+            ax.fill_between(
+                steps,
+                [min(per_step[s]) for s in steps],
+                [max(per_step[s]) for s in steps],
+                alpha=0.2,
+                color=line.get_color(),
+            )
         ax.set_xlabel("step")
         ax.set_ylabel("STS-B dev Spearman × 100")
         ax.set_title(f"{method}: method vs control (MiniLM, batch {PROTOCOL['batch_size']})")
@@ -549,8 +699,10 @@ def expected_cells(methods=None, seeds=None, arms=None) -> list[tuple]:
             for seed in seeds or PROTOCOL["seeds"]:
                 out.append((method, arm.name, seed))
         if method == HEAD_LR_METHOD and (not arms or "head-lr" in arms):
-            out += [(HEAD_LR_METHOD, f"head-lr-{lr:g}", PROTOCOL["head_lr_sensitivity"]["seed"])
-                    for lr in PROTOCOL["head_lr_sensitivity"]["head_lrs"]]
+            out += [
+                (HEAD_LR_METHOD, f"head-lr-{lr:g}", PROTOCOL["head_lr_sensitivity"]["seed"])
+                for lr in PROTOCOL["head_lr_sensitivity"]["head_lrs"]
+            ]
     return out
 
 
@@ -572,10 +724,18 @@ def load(out: Path) -> dict[str, Any]:
     if out.is_file():
         report = json.loads(out.read_text())
         if report.get("protocol") != protocol_hash():
-            raise SystemExit(f"{out} was made under protocol {report.get('protocol')}, not {protocol_hash()}: the protocol "
-                             "is fixed; write to another --out")
+            raise SystemExit(
+                f"{out} was made under protocol {report.get('protocol')}, not {protocol_hash()}: the protocol "
+                "is fixed; write to another --out"
+            )
         return report
-    return {"benchmark": "evidence", "protocol": protocol_hash(), "protocol_text": PROTOCOL, "cells": [], "commands": []}
+    return {
+        "benchmark": "evidence",
+        "protocol": protocol_hash(),
+        "protocol_text": PROTOCOL,
+        "cells": [],
+        "commands": [],
+    }
 
 
 def merge(paths: list[Path], out: Path, command: str) -> int:
@@ -605,9 +765,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default=None, help="comma-separated subset of the protocol's seeds")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "evidence.json")
-    p.add_argument("--home", type=Path, default=REPO_ROOT / ".cse" / "evidence",
-                   help="CSE_HOME of the data stages and the fitted generator (kept between runs)")
-    p.add_argument("--generator", default=None, help="generator folder or HF id instead of fitting one (not the protocol)")
+    p.add_argument(
+        "--home",
+        type=Path,
+        default=REPO_ROOT / ".cse" / "evidence",
+        help="CSE_HOME of the data stages and the fitted generator (kept between runs)",
+    )
+    p.add_argument(
+        "--generator", default=None, help="generator folder or HF id instead of fitting one (not the protocol)"
+    )
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON")
     p.add_argument("--report", action="store_true", help="re-render the markdown and the PNGs of --out, then exit")
     args = p.parse_args(argv)
@@ -642,8 +808,10 @@ def main(argv: list[str] | None = None) -> int:
     report["commands"] = list(dict.fromkeys(report.get("commands", []) + [command.strip()]))
     done = {cell_id(c) for c in _cells(report)}
     todo = [c for c in expected_cells(methods, seeds, arms) if c not in done]
-    _log(f"protocol {protocol_hash()}; {len(todo)} cells to run ({len(done)} already in {args.out}); "
-         f"torch threads {report['environment']['torch_threads']}")
+    _log(
+        f"protocol {protocol_hash()}; {len(todo)} cells to run ({len(done)} already in {args.out}); "
+        f"torch threads {report['environment']['torch_threads']}"
+    )
     bench = Bench(args.generator)
     for method, arm_name, seed in todo:
         if arm_name.startswith("head-lr-"):

@@ -36,9 +36,7 @@ Exit status: non-zero if the tests or any measurement failed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -66,7 +64,8 @@ import torch  # noqa: E402
 from config.methods import REGISTRY, model_class  # noqa: E402
 from config.training import resolve_train_config  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.job import loop_config as job_loop_config, training_phases  # noqa: E402
+from training.job import loop_config as job_loop_config  # noqa: E402
+from training.job import training_phases  # noqa: E402
 from training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
 from training.rows import TrainingRows  # noqa: E402
 
@@ -74,8 +73,15 @@ METHODS = tuple(REGISTRY)  # every registered method, in registry order
 VOCAB = 30522  # bert-base-uncased's size and special-id layout
 WIKI1M, NLI = 1_000_000, 275_601
 # SentEval STS pairs: STS12–16 (all subsets), STS-B test, SICK-R test.
-STS_PAIRS = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186, "STSBenchmark": 1379,
-             "SICKRelatedness": 4927}
+STS_PAIRS = {
+    "STS12": 3108,
+    "STS13": 1500,
+    "STS14": 3750,
+    "STS15": 3000,
+    "STS16": 1186,
+    "STSBenchmark": 1379,
+    "SICKRelatedness": 4927,
+}
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity), by a substring of torch.cuda.get_device_name().
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0, "V100": 125.0}
 SIZES = {
@@ -123,7 +129,8 @@ def preset(method: str, size: str, batch: int | None = None, length: int | None 
             update["aux_nli_batch_size"] = max(1, round(cfg.aux_nli_batch_size * scale))
         if cfg.prefix_phase is not None:
             update["prefix_phase"] = cfg.prefix_phase.model_copy(
-                update={"batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))})
+                update={"batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))}
+            )
     return cfg.model_copy(update=update)
 
 
@@ -145,8 +152,9 @@ def synthetic_rows(cfg, method: str, n: int, tokenizer, seed: int = 0) -> tuple[
 
     def tokens(columns, count):
         body = rng.integers(1000, VOCAB, size=(count, cfg.max_length - 2))
-        full = np.concatenate([np.full((count, 1), tokenizer.cls_token_id), body,
-                               np.full((count, 1), tokenizer.sep_token_id)], 1).astype(np.int64)
+        full = np.concatenate(
+            [np.full((count, 1), tokenizer.cls_token_id), body, np.full((count, 1), tokenizer.sep_token_id)], 1
+        ).astype(np.int64)
         return TokenRows(ids=np.arange(count), seqs={c: list(full) for c in columns})
 
     columns = ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",)
@@ -176,8 +184,16 @@ def synthetic_rows(cfg, method: str, n: int, tokenizer, seed: int = 0) -> tuple[
 def loop_config(cfg, precision: str, steps: int, **switches) -> LoopConfig:
     """The job's loop settings (`training.job.loop_config`) for `steps` steps of one epoch, no dev evaluation, a log
     every step and the speed `switches`."""
-    job = cfg.model_copy(update={"epochs": 1, "max_steps": steps, "eval_steps": 10**9, "checkpoint_steps": 10**9,
-                                 "log_steps": 1, "deterministic": False})
+    job = cfg.model_copy(
+        update={
+            "epochs": 1,
+            "max_steps": steps,
+            "eval_steps": 10**9,
+            "checkpoint_steps": 10**9,
+            "log_steps": 1,
+            "deterministic": False,
+        }
+    )
     return dataclasses.replace(job_loop_config(job, precision), **switches)
 
 
@@ -216,9 +232,19 @@ def count_step_flops(trainer: Trainer, batch) -> int:
     return int(counter.get_total_flops())
 
 
-def training_throughput(method: str, device: torch.device, size: str, precision: str, steps: int, warmup: int,
-                        tokenizer, batch: int | None, length: int | None, peak_tflops: float | None,
-                        switches: dict) -> dict:
+def training_throughput(
+    method: str,
+    device: torch.device,
+    size: str,
+    precision: str,
+    steps: int,
+    warmup: int,
+    tokenizer,
+    batch: int | None,
+    length: int | None,
+    peak_tflops: float | None,
+    switches: dict,
+) -> dict:
     cfg = preset(method, size, batch, length)
     model = build_model(method, cfg, size, tokenizer, cfg.seed).to(device)
     n_steps = warmup + steps
@@ -239,8 +265,17 @@ def training_throughput(method: str, device: torch.device, size: str, precision:
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="gpu-check-state-") as state:
         loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
-        trainer = Trainer(model, job_phases(cfg, rows, nli, n_steps), loop, device, Path(state) / "state",
-                          lambda *a: None, lambda m: 0.0, lambda *a: None, hooks=[Timed()])
+        trainer = Trainer(
+            model,
+            job_phases(cfg, rows, nli, n_steps),
+            loop,
+            device,
+            Path(state) / "state",
+            lambda *a: None,
+            lambda m: 0.0,
+            lambda *a: None,
+            hooks=[Timed()],
+        )
         trainer.run()
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         last = trainer.phases[-1]
@@ -253,15 +288,27 @@ def training_throughput(method: str, device: torch.device, size: str, precision:
     measured = times[-steps:]
     step_s = statistics.median(measured)
     tflops = flops / step_s / 1e12
-    rec = {"method": method, "preset": "default", "size": size, "precision": precision, "batch_size": cfg.batch_size,
-           "max_length": cfg.max_length, "steps": steps, "warmup": warmup, "step_s": round(step_s, 5),
-           "steps_per_s": round(1 / step_s, 3), "tokens_per_step": tokens, "tokens_per_s": round(tokens / step_s, 1),
-           "peak_memory_gib": None if peak is None else round(peak, 2), "flops_per_step": flops,
-           "achieved_tflops": round(tflops, 2),
-           "mfu": None if not peak_tflops else round(tflops / peak_tflops, 4),
-           "host_wait_share": round(trainer.host_wait_s / max(trainer.loop_s, 1e-9), 4),
-           "projected_schedule_steps": projected_steps(resolve_train_config("default", method=method)),
-           "switches": switches}
+    rec = {
+        "method": method,
+        "preset": "default",
+        "size": size,
+        "precision": precision,
+        "batch_size": cfg.batch_size,
+        "max_length": cfg.max_length,
+        "steps": steps,
+        "warmup": warmup,
+        "step_s": round(step_s, 5),
+        "steps_per_s": round(1 / step_s, 3),
+        "tokens_per_step": tokens,
+        "tokens_per_s": round(tokens / step_s, 1),
+        "peak_memory_gib": None if peak is None else round(peak, 2),
+        "flops_per_step": flops,
+        "achieved_tflops": round(tflops, 2),
+        "mfu": None if not peak_tflops else round(tflops / peak_tflops, 4),
+        "host_wait_share": round(trainer.host_wait_s / max(trainer.loop_s, 1e-9), 4),
+        "projected_schedule_steps": projected_steps(resolve_train_config("default", method=method)),
+        "switches": switches,
+    }
     rec["projected_schedule_h"] = round(rec["projected_schedule_steps"] * step_s / 3600, 2)
     return rec
 
@@ -271,8 +318,11 @@ def corruption_throughput(device: torch.device, size: str, sentences: int, lengt
 
     from models.corruption import Corruptor, SpecialTokens
 
-    dims = dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072) if size == "base" else \
-        dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+    dims = (
+        dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072)
+        if size == "base"
+        else dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+    )
     torch.manual_seed(0)
     gen = DistilBertForMaskedLM(DistilBertConfig(vocab_size=VOCAB, pad_token_id=0, **dims)).to(device).eval()
     tokens = SpecialTokens(pad=0, mask=103, special=(0, 100, 101, 102, 103), vocab_size=VOCAB)
@@ -285,12 +335,18 @@ def corruption_throughput(device: torch.device, size: str, sentences: int, lengt
     sync(device)
     t0 = time.perf_counter()
     for i in range(0, sentences, batch):
-        corruptor(ids[i:i + batch], mask[i:i + batch])
+        corruptor(ids[i : i + batch], mask[i : i + batch])
     sync(device)
     rate = sentences / (time.perf_counter() - t0)
     views = 2 * 2  # d2cse/default: 2 epochs × 2 views, a fresh corruption each
-    return {"generator": f"random DistilBERT {dims}", "length": length, "batch": batch, "sentences": sentences,
-            "sentences_per_s": round(rate, 1), "wiki1m_faithful_minutes": round(WIKI1M * views / rate / 60, 1)}
+    return {
+        "generator": f"random DistilBERT {dims}",
+        "length": length,
+        "batch": batch,
+        "sentences": sentences,
+        "sentences_per_s": round(rate, 1),
+        "wiki1m_faithful_minutes": round(WIKI1M * views / rate / 60, 1),
+    }
 
 
 def evaluation_throughput(device: torch.device, size: str, sentences: int, tokenizer) -> dict:
@@ -308,8 +364,13 @@ def evaluation_throughput(device: torch.device, size: str, sentences: int, token
     sync(device)
     rate = sentences / (time.perf_counter() - t0)
     total = 2 * sum(STS_PAIRS.values())
-    return {"encoder": f"random BERT {size}", "sentences": sentences, "sentences_per_s": round(rate, 1),
-            "sts7_sentences": total, "sts7_wall_s": round(total / rate, 1)}
+    return {
+        "encoder": f"random BERT {size}",
+        "sentences": sentences,
+        "sentences_per_s": round(rate, 1),
+        "sts7_sentences": total,
+        "sts7_wall_s": round(total / rate, 1),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -320,41 +381,70 @@ def device_slug(device: torch.device) -> str:
 
 def markdown(result: dict) -> str:
     env = result["environment"]
-    lines = [f"GPU check on **{env['device_name']}** (torch {env['torch']}, CUDA {env['cuda']}), "
-             f"{result['date']}; `{result['command']}`", "",
-             f"Tests (`pytest -m gpu`): {result['tests']['summary']}", "",
-             "| method (default preset) | batch × length | precision | steps/s | tokens/s | peak GiB | TFLOP/s | MFU | "
-             "host wait | projected schedule |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"GPU check on **{env['device_name']}** (torch {env['torch']}, CUDA {env['cuda']}), "
+        f"{result['date']}; `{result['command']}`",
+        "",
+        f"Tests (`pytest -m gpu`): {result['tests']['summary']}",
+        "",
+        "| method (default preset) | batch × length | precision | steps/s | tokens/s | peak GiB | TFLOP/s | MFU | "
+        "host wait | projected schedule |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["training"]:
         if "error" in r:
             lines.append(f"| {r['method']} | failed: {r['error']} | | | | | | | | |")
             continue
         mfu = "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
         mem = "–" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}"
-        lines.append(f"| {r['method']} | {r['batch_size']} × {r['max_length']} | {r['precision']} | {r['steps_per_s']:.2f} | "
-                     f"{r['tokens_per_s']:,.0f} | {mem} | {r['achieved_tflops']:.1f} | {mfu} | "
-                     f"{100 * r['host_wait_share']:.1f} % | {r['projected_schedule_steps']:,} steps ≈ "
-                     f"{r['projected_schedule_h']:.2f} h |")
+        lines.append(
+            f"| {r['method']} | {r['batch_size']} × {r['max_length']} | {r['precision']} | {r['steps_per_s']:.2f} | "
+            f"{r['tokens_per_s']:,.0f} | {mem} | {r['achieved_tflops']:.1f} | {mfu} | "
+            f"{100 * r['host_wait_share']:.1f} % | {r['projected_schedule_steps']:,} steps ≈ "
+            f"{r['projected_schedule_h']:.2f} h |"
+        )
     c, e = result.get("corruption", {}), result.get("evaluation", {})
     if "sentences_per_s" in c:
-        lines += ["", f"Corruption ({c['generator']}, length {c['length']}): {c['sentences_per_s']:,.0f} sentences/s; "
-                      f"faithful Wiki1M corruption (4 M sentences) ≈ {c['wiki1m_faithful_minutes']:.1f} min."]
+        lines += [
+            "",
+            f"Corruption ({c['generator']}, length {c['length']}): {c['sentences_per_s']:,.0f} sentences/s; "
+            f"faithful Wiki1M corruption (4 M sentences) ≈ {c['wiki1m_faithful_minutes']:.1f} min.",
+        ]
     if "sentences_per_s" in e:
-        lines += ["", f"Evaluation ({e['encoder']}): {e['sentences_per_s']:,.0f} sentences/s; seven-task STS "
-                      f"({e['sts7_sentences']:,} sentences) ≈ {e['sts7_wall_s']:.1f} s."]
+        lines += [
+            "",
+            f"Evaluation ({e['encoder']}): {e['sentences_per_s']:,.0f} sentences/s; seven-task STS "
+            f"({e['sts7_sentences']:,} sentences) ≈ {e['sts7_wall_s']:.1f} s.",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def run_tests(device: torch.device, out: Path) -> dict:
     env = {**os.environ, "CSE_GPU_CHECK_DEVICE": device.type}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-           str(REPO_ROOT / "tests" / "gpu"), f"--junitxml={out / 'gpu_tests.xml'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "gpu",
+        "-p",
+        "no:cacheprovider",
+        str(REPO_ROOT / "tests" / "gpu"),
+        f"--junitxml={out / 'gpu_tests.xml'}",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
-    summary = next((ln for ln in reversed(tail) if re.search(r"\d+ (passed|failed|error)", ln)), tail[-1] if tail else "")
+    summary = next(
+        (ln for ln in reversed(tail) if re.search(r"\d+ (passed|failed|error)", ln)), tail[-1] if tail else ""
+    )
     print("\n".join(tail[-40:]), flush=True)
-    return {"returncode": proc.returncode, "summary": summary.strip("= "), "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "returncode": proc.returncode,
+        "summary": summary.strip("= "),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,14 +474,24 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
     peak = args.peak_tflops or (next((v for k, v in PEAK_TFLOPS.items() if k in name), None) if cuda else None)
     result: dict = {
-        "benchmark": "gpu_check", "date": time.strftime("%Y-%m-%d %H:%M"),
+        "benchmark": "gpu_check",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "environment": {"device_name": name, "device": device.type, "torch": torch.__version__, "cuda": torch.version.cuda,
-                        "gpus": torch.cuda.device_count() if cuda else 0, "python": platform.python_version(),
-                        "peak_bf16_tflops": peak},
+        "environment": {
+            "device_name": name,
+            "device": device.type,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "gpus": torch.cuda.device_count() if cuda else 0,
+            "python": platform.python_version(),
+            "peak_bf16_tflops": peak,
+        },
         "flops_counting": "torch.utils.flop_counter.FlopCounterMode over one whole training step (forward + backward as "
-                          "run: matmuls, attention, convolutions; elementwise not counted)",
-        "tests": {"summary": "not run (--skip-tests)"}, "training": [], "corruption": {}, "evaluation": {},
+        "run: matmuls, attention, convolutions; elementwise not counted)",
+        "tests": {"summary": "not run (--skip-tests)"},
+        "training": [],
+        "corruption": {},
+        "evaluation": {},
     }
     failed = False
     if not args.skip_tests:
@@ -404,8 +504,9 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = synthetic_tokenizer()
         for method in methods:
             try:
-                rec = training_throughput(method, device, size, precision, steps, warmup, tokenizer, batch, length,
-                                          peak, switches)
+                rec = training_throughput(
+                    method, device, size, precision, steps, warmup, tokenizer, batch, length, peak, switches
+                )
             except Exception as e:  # one method's failure is reported; the others still run
                 traceback.print_exc()
                 rec, failed = {"method": method, "error": f"{type(e).__name__}: {e}"[:300]}, True
@@ -413,8 +514,10 @@ def main(argv: list[str] | None = None) -> int:
             result["training"].append(rec)
             if cuda:
                 torch.cuda.empty_cache()
-        for key, fn in (("corruption", lambda: corruption_throughput(device, size, 8192 if cuda else 16, 32, precision)),
-                        ("evaluation", lambda: evaluation_throughput(device, size, 8192 if cuda else 32, tokenizer))):
+        for key, fn in (
+            ("corruption", lambda: corruption_throughput(device, size, 8192 if cuda else 16, 32, precision)),
+            ("evaluation", lambda: evaluation_throughput(device, size, 8192 if cuda else 32, tokenizer)),
+        ):
             try:
                 result[key] = fn()
             except Exception as e:

@@ -122,7 +122,9 @@ def _runs() -> tuple[dict[str, dict[str, Any]], str]:
 RUNS, PEER_RUN = _runs()
 # The peer run's method first (its run, then the peer check), then the other runs in registry order.
 _FIRST = [r for r in RUNS if RUNS[r]["method"] == RUNS[PEER_RUN]["method"]]
-ALL = tuple(n for run in sorted(RUNS, key=lambda r: r not in _FIRST) for n in ((run, "peer") if run == PEER_RUN else (run,)))
+ALL = tuple(
+    n for run in sorted(RUNS, key=lambda r: r not in _FIRST) for n in ((run, "peer") if run == PEER_RUN else (run,))
+)
 
 
 def _log(msg: str) -> None:
@@ -177,8 +179,10 @@ class Bench:
                 starts.append((f"{PEER_RUN}-peerlike", rep["peer"]["start"]))
             for run, st in starts:
                 if st.get("probe") and "shared_with" not in st:
-                    self._starts.setdefault((st.get("pooler"), st["probe"]), {
-                        **{k: v for k, v in st.items() if k != "probe"}, "evaluated_for": f"{run} ({Path(f).name})"})
+                    self._starts.setdefault(
+                        (st.get("pooler"), st["probe"]),
+                        {**{k: v for k, v in st.items() if k != "probe"}, "evaluated_for": f"{run} ({Path(f).name})"},
+                    )
 
     # ------------------------------------------------------------------ data stages
     def tokens(self, dataset: str, cfg):
@@ -209,9 +213,19 @@ class Bench:
         """The resolved TrainConfig of a run: the preset + CPU-scale overrides (epochs raised to cover the steps)."""
         from config.training import resolve_train_config
 
-        base = {"batch_size": self.batch_size, "max_steps": steps, "epochs": 1, "max_train_sentences": None,
-                "eval_steps": spec["eval_steps"], "log_steps": 10, "system_metrics": False, "device": "cpu",
-                "precision": "fp32", "ingest": self.ingest.model_dump(mode="json"), **spec["overrides"]}
+        base = {
+            "batch_size": self.batch_size,
+            "max_steps": steps,
+            "epochs": 1,
+            "max_train_sentences": None,
+            "eval_steps": spec["eval_steps"],
+            "log_steps": 10,
+            "system_metrics": False,
+            "device": "cpu",
+            "precision": "fp32",
+            "ingest": self.ingest.model_dump(mode="json"),
+            **spec["overrides"],
+        }
         cfg = resolve_train_config(spec["preset"], base, method=spec["method"])
         rows = self.tokens(cfg.dataset, cfg).rows
         epochs = max(1, math.ceil(steps * cfg.batch_size / rows))
@@ -265,9 +279,12 @@ class Bench:
         t0 = time.perf_counter()
         res = self.evaluator.run(model, mode="test", extras=False, batch_size=128, precision=precision)
         m = res.metrics()
-        return {"sts_avg": float(m["sts_avg"]), "tasks": {t: round(float(m[t]), 2) for t in SEVEN},
-                "seconds": round(time.perf_counter() - t0, 1), "pooler": getattr(model, "evaluation_pooler", None)
-                or model.describe().get("pooler")}
+        return {
+            "sts_avg": float(m["sts_avg"]),
+            "tasks": {t: round(float(m[t]), 2) for t in SEVEN},
+            "seconds": round(time.perf_counter() - t0, 1),
+            "pooler": getattr(model, "evaluation_pooler", None) or model.describe().get("pooler"),
+        }
 
 
 def state_hash(model) -> str:
@@ -327,29 +344,64 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
 
     torch.manual_seed(cfg.seed)  # fit builds the model first: the same init as the start model above
     t0 = time.perf_counter()
-    loop = fit(cfg, rows, nli_rows, run_dir, "learning-benchmark", bench.device, "fp32", bench.evaluator,
-               params.update, log_metrics)
+    loop = fit(
+        cfg,
+        rows,
+        nli_rows,
+        run_dir,
+        "learning-benchmark",
+        bench.device,
+        "fp32",
+        bench.evaluator,
+        params.update,
+        log_metrics,
+    )
     train_s = time.perf_counter() - t0
     best = load_checkpoint(run_dir.best, device=bench.device)
     trained = bench.evaluate(best, cfg)
     meta = read_checkpoint_meta(run_dir.best)["meta"]
     del best
-    _log(f"{name}: trained STS Avg. {trained['sts_avg']:.2f} (best dev {loop.best_score:.2f} at step {loop.best_step}; "
-         f"train {train_s:.0f} s)")
+    _log(
+        f"{name}: trained STS Avg. {trained['sts_avg']:.2f} (best dev {loop.best_score:.2f} at step {loop.best_step}; "
+        f"train {train_s:.0f} s)"
+    )
     return {
-        "run": name, "method": cfg.method, "preset": cfg.preset, "dataset": cfg.dataset,
-        "overrides": {k: v for k, v in {**spec["overrides"], "batch_size": cfg.batch_size, "max_steps": cfg.max_steps,
-                                        "epochs": cfg.epochs, "max_train_sentences": None,
-                                        "eval_steps": cfg.eval_steps}.items()},
-        "steps": loop.steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
-        "prefix_phase": cfg.prefix_phase.model_dump() if cfg.prefix_phase else None, "lr_note": spec["lr_note"],
-        "seed": cfg.seed, "eval_steps": cfg.eval_steps, "train_rows": len(rows),
+        "run": name,
+        "method": cfg.method,
+        "preset": cfg.preset,
+        "dataset": cfg.dataset,
+        "overrides": {
+            k: v
+            for k, v in {
+                **spec["overrides"],
+                "batch_size": cfg.batch_size,
+                "max_steps": cfg.max_steps,
+                "epochs": cfg.epochs,
+                "max_train_sentences": None,
+                "eval_steps": cfg.eval_steps,
+            }.items()
+        },
+        "steps": loop.steps,
+        "batch_size": cfg.batch_size,
+        "learning_rate": cfg.learning_rate,
+        "prefix_phase": cfg.prefix_phase.model_dump() if cfg.prefix_phase else None,
+        "lr_note": spec["lr_note"],
+        "seed": cfg.seed,
+        "eval_steps": cfg.eval_steps,
+        "train_rows": len(rows),
         "corruption": cfg.corrupt.model_dump() if cfg.uses_corruption else None,
-        "corruption_reuse": params.get("corruption_reuse"), "trainable_parameters": params.get("trainable_parameters"),
-        "selection": "best STS-B dev checkpoint", "best_step": loop.best_step, "best_stsb_dev": loop.best_score,
-        "checkpoint_step": meta.get("step"), "dev_curve": dev, "loss_curve": losses,
+        "corruption_reuse": params.get("corruption_reuse"),
+        "trainable_parameters": params.get("trainable_parameters"),
+        "selection": "best STS-B dev checkpoint",
+        "best_step": loop.best_step,
+        "best_stsb_dev": loop.best_score,
+        "checkpoint_step": meta.get("step"),
+        "dev_curve": dev,
+        "loss_curve": losses,
         "start_state_hash": start_hash,
-        "start": start, "trained": trained, "delta": round(trained["sts_avg"] - start["sts_avg"], 2),
+        "start": start,
+        "trained": trained,
+        "delta": round(trained["sts_avg"] - start["sts_avg"], 2),
         "seconds": {"train": round(train_s, 1), "eval_start": start["seconds"], "eval_trained": trained["seconds"]},
         "improved": trained["sts_avg"] > start["sts_avg"],
         "config": cfg.model_dump(mode="json"),
@@ -368,16 +420,34 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     spec = {**RUNS[PEER_RUN], "eval_steps": 10**9}
     cfg = bench.config(spec, steps)
     _, _, _, rows, _ = bench.inputs(cfg)
-    out: dict[str, Any] = {"steps": steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
-                           "seed": cfg.seed, "temperature": cfg.model.temperature, "scale": 1.0 / cfg.model.temperature}
+    out: dict[str, Any] = {
+        "steps": steps,
+        "batch_size": cfg.batch_size,
+        "learning_rate": cfg.learning_rate,
+        "seed": cfg.seed,
+        "temperature": cfg.model.temperature,
+        "scale": 1.0 / cfg.model.temperature,
+    }
 
     # --- ours, like the peer (the start is evaluated at the end, on a fresh seeded build: the same model)
-    cfg = cfg.model_copy(update={"model": dataclasses.replace(cfg.model, train_mlp=False)})  # no training-time MLP, like the peer
+    cfg = cfg.model_copy(
+        update={"model": dataclasses.replace(cfg.model, train_mlp=False)}
+    )  # no training-time MLP, like the peer
     model = seeded_build(cfg, bench.device)
     start_hash = state_hash(model)
-    loop = LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
-                      max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=10**9,
-                      checkpoint_steps=10**9, log_steps=cfg.log_steps, precision="fp32", deterministic=False)
+    loop = LoopConfig(
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        grad_clip=cfg.grad_clip,
+        seed=cfg.seed,
+        eval_steps=10**9,
+        checkpoint_steps=10**9,
+        log_steps=cfg.log_steps,
+        precision="fp32",
+        deterministic=False,
+    )
     state = Path(tempfile.mkdtemp(prefix="peerlike-state-"))
     noop = lambda *a: None  # noqa: E731
     trainer = Trainer(model, training_phases(cfg, rows, None), loop, bench.device, state, noop, lambda m: 0.0, noop)
@@ -424,8 +494,12 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
             st_losses.append((step + 1, round(float(loss.detach()), 4)))
     st_s = time.perf_counter() - t0
     st.eval()
-    enc = PooledEncoder(tr.auto_model, "cls_before_pooler", tokenizer=load_tokenizer(PACKAGED_MINILM),
-                        name="sentence-transformers MNRL (CLS pooling)")
+    enc = PooledEncoder(
+        tr.auto_model,
+        "cls_before_pooler",
+        tokenizer=load_tokenizer(PACKAGED_MINILM),
+        name="sentence-transformers MNRL (CLS pooling)",
+    )
     peer = bench.evaluate(enc, cfg)
     peer["pooler"] = "cls (ST Pooling) = cls_before_pooler"
     del st, enc, tr
@@ -438,38 +512,64 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     del start_model
     _log(f"peer: start (MiniLM CLS) STS Avg. {start['sts_avg']:.2f}")
     diff = round(ours["sts_avg"] - peer["sts_avg"], 2)
-    out.update({
-        "batches_hash": order_hash,
-        "start": start,
-        "simcse_peerlike": {"trained": ours, "seconds": {"train": round(ours_s, 1)}, "selection": "final weights",
-                            "training_mlp": False, "delta": round(ours["sts_avg"] - start["sts_avg"], 2)},
-        "st_peer": {"trained": peer, "seconds": {"train": round(st_s, 1)}, "selection": "final weights",
-                    "loss": "MultipleNegativesRankingLoss(scale=20) on (s, s)", "loss_curve": st_losses,
-                    "delta": round(peer["sts_avg"] - start["sts_avg"], 2)},
-        "difference": diff, "limit": PEER_DIFF_LIMIT, "agree": abs(diff) <= PEER_DIFF_LIMIT,
-    })
+    out.update(
+        {
+            "batches_hash": order_hash,
+            "start": start,
+            "simcse_peerlike": {
+                "trained": ours,
+                "seconds": {"train": round(ours_s, 1)},
+                "selection": "final weights",
+                "training_mlp": False,
+                "delta": round(ours["sts_avg"] - start["sts_avg"], 2),
+            },
+            "st_peer": {
+                "trained": peer,
+                "seconds": {"train": round(st_s, 1)},
+                "selection": "final weights",
+                "loss": "MultipleNegativesRankingLoss(scale=20) on (s, s)",
+                "loss_curve": st_losses,
+                "delta": round(peer["sts_avg"] - start["sts_avg"], 2),
+            },
+            "difference": diff,
+            "limit": PEER_DIFF_LIMIT,
+            "agree": abs(diff) <= PEER_DIFF_LIMIT,
+        }
+    )
     if default_simcse is not None:
-        out["simcse_default"] = {"trained": default_simcse["trained"], "steps": default_simcse["steps"],
-                                 "selection": default_simcse["selection"], "best_step": default_simcse["best_step"],
-                                 "training_mlp": True}
+        out["simcse_default"] = {
+            "trained": default_simcse["trained"],
+            "steps": default_simcse["steps"],
+            "selection": default_simcse["selection"],
+            "best_step": default_simcse["best_step"],
+            "training_mlp": True,
+        }
     return out
 
 
 # ---------------------------------------------------------------------------------------------- tables
 def method_table(results: list[dict[str, Any]]) -> str:
-    head = ("| run | preset | data | steps | batch | lr | start | trained | Δ | best step | train s | eval s |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| run | preset | data | steps | batch | lr | start | trained | Δ | best step | train s | eval s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for r in results:
         steps = str(r["steps"])
         if r.get("prefix_phase"):
             pp = r["prefix_phase"]
             steps = f"{pp['steps']}+{r['steps'] - pp['steps']}"
-        lr = f"{r['learning_rate']:g}" + (f" (stage 1 {r['prefix_phase']['learning_rate']:g})" if r.get("prefix_phase") else "")
-        data = {"wiki1m": "Wiki1M sample", "nli": "NLI sample"}[r["dataset"]] + (" (+NLI)" if r.get("prefix_phase") else "")
-        lines.append(f"| {r['run']} | {r['method']}/{r['preset']} | {data} | {steps} | {r['batch_size']} | {lr} | "
-                     f"{r['start']['sts_avg']:.2f} | {r['trained']['sts_avg']:.2f} | {r['delta']:+.2f} | {r['best_step']} | "
-                     f"{r['seconds']['train']:.0f} | {r['seconds']['eval_start'] + r['seconds']['eval_trained']:.0f} |")
+        lr = f"{r['learning_rate']:g}" + (
+            f" (stage 1 {r['prefix_phase']['learning_rate']:g})" if r.get("prefix_phase") else ""
+        )
+        data = {"wiki1m": "Wiki1M sample", "nli": "NLI sample"}[r["dataset"]] + (
+            " (+NLI)" if r.get("prefix_phase") else ""
+        )
+        lines.append(
+            f"| {r['run']} | {r['method']}/{r['preset']} | {data} | {steps} | {r['batch_size']} | {lr} | "
+            f"{r['start']['sts_avg']:.2f} | {r['trained']['sts_avg']:.2f} | {r['delta']:+.2f} | {r['best_step']} | "
+            f"{r['seconds']['train']:.0f} | {r['seconds']['eval_start'] + r['seconds']['eval_trained']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -478,47 +578,90 @@ def task_table(results: list[dict[str, Any]]) -> str:
     for r in results:
         for which in ("start", "trained"):
             e = r[which]
-            lines.append(f"| {r['run']} | {which} | " + " | ".join(f"{e['tasks'][t]:.2f}" for t in SEVEN) + f" | {e['sts_avg']:.2f} |")
+            lines.append(
+                f"| {r['run']} | {which} | "
+                + " | ".join(f"{e['tasks'][t]:.2f}" for t in SEVEN)
+                + f" | {e['sts_avg']:.2f} |"
+            )
     return "\n".join(lines)
 
 
 def peer_table(p: dict[str, Any]) -> str:
-    lines = ["| model | training MLP | selection | steps | STS Avg. | Δ vs start | train s |", "|---|---|---|---|---|---|---|",
-             f"| MiniLM CLS (start) | – | – | 0 | {p['start']['sts_avg']:.2f} | – | – |",
-             f"| ours, peer-like | no | final | {p['steps']} | {p['simcse_peerlike']['trained']['sts_avg']:.2f} | "
-             f"{p['simcse_peerlike']['delta']:+.2f} | {p['simcse_peerlike']['seconds']['train']:.0f} |",
-             f"| sentence-transformers MNRL | no | final | {p['steps']} | {p['st_peer']['trained']['sts_avg']:.2f} | "
-             f"{p['st_peer']['delta']:+.2f} | {p['st_peer']['seconds']['train']:.0f} |"]
+    lines = [
+        "| model | training MLP | selection | steps | STS Avg. | Δ vs start | train s |",
+        "|---|---|---|---|---|---|---|",
+        f"| MiniLM CLS (start) | – | – | 0 | {p['start']['sts_avg']:.2f} | – | – |",
+        f"| ours, peer-like | no | final | {p['steps']} | {p['simcse_peerlike']['trained']['sts_avg']:.2f} | "
+        f"{p['simcse_peerlike']['delta']:+.2f} | {p['simcse_peerlike']['seconds']['train']:.0f} |",
+        f"| sentence-transformers MNRL | no | final | {p['steps']} | {p['st_peer']['trained']['sts_avg']:.2f} | "
+        f"{p['st_peer']['delta']:+.2f} | {p['st_peer']['seconds']['train']:.0f} |",
+    ]
     if "simcse_default" in p:
         d = p["simcse_default"]
-        lines.append(f"| ours, default | yes | best dev (step {d['best_step']}) | {d['steps']} | {d['trained']['sts_avg']:.2f} | "
-                     f"{d['trained']['sts_avg'] - p['start']['sts_avg']:+.2f} | – |")
-    lines.append(f"\nours (peer-like) − sentence-transformers = {p['difference']:+.2f} (limit ±{p['limit']:.1f}): "
-                 + ("agree" if p["agree"] else "DISAGREE"))
+        lines.append(
+            f"| ours, default | yes | best dev (step {d['best_step']}) | {d['steps']} | {d['trained']['sts_avg']:.2f} | "
+            f"{d['trained']['sts_avg'] - p['start']['sts_avg']:+.2f} | – |"
+        )
+    lines.append(
+        f"\nours (peer-like) − sentence-transformers = {p['difference']:+.2f} (limit ±{p['limit']:.1f}): "
+        + ("agree" if p["agree"] else "DISAGREE")
+    )
     return "\n".join(lines)
 
 
 def write_report(args, argv, env, bench, results, peer, total: float, complete: bool) -> tuple[str, list[str]]:
     """JSON + markdown (written after every run, so an interrupted benchmark leaves its finished runs)."""
-    failures = [f"{r['run']}: trained {r['trained']['sts_avg']:.2f} <= start {r['start']['sts_avg']:.2f}"
-                for r in results if not r["improved"]]
+    failures = [
+        f"{r['run']}: trained {r['trained']['sts_avg']:.2f} <= start {r['start']['sts_avg']:.2f}"
+        for r in results
+        if not r["improved"]
+    ]
     if peer is not None and not peer["agree"]:
         failures.append(f"peer: |{peer['difference']:+.2f}| > {PEER_DIFF_LIMIT}")
     command = "python benchmarks/learning.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = {"benchmark": "learning", "command": command.strip(), "complete": complete, "environment": env,
-              "batch_size": args.batch_size, "data_seconds": round(bench.data_seconds, 1) if bench else None,
-              "total_seconds": round(total, 1), "runs": results, "peer": peer, "failures": failures,
-              "passed": complete and not failures,
-              "data": {"wiki1m": str(SHARED_DATA / "wiki1m_head.txt"), "nli": str(SHARED_DATA / "snli_triplets.csv"),
-                       "sts": str(SHARED_DATA / "senteval")}}
-    md = [f"# Learning benchmark (CPU, {env['torch_threads']} torch threads, {env['cpu']})", "",
-          f"`{report['command']}`: total {total / 60:.1f} min" + (f" (data stages {bench.data_seconds:.0f} s)" if bench else "")
-          + ("" if complete else " — INCOMPLETE (interrupted or still running)"), ""]
+    report = {
+        "benchmark": "learning",
+        "command": command.strip(),
+        "complete": complete,
+        "environment": env,
+        "batch_size": args.batch_size,
+        "data_seconds": round(bench.data_seconds, 1) if bench else None,
+        "total_seconds": round(total, 1),
+        "runs": results,
+        "peer": peer,
+        "failures": failures,
+        "passed": complete and not failures,
+        "data": {
+            "wiki1m": str(SHARED_DATA / "wiki1m_head.txt"),
+            "nli": str(SHARED_DATA / "snli_triplets.csv"),
+            "sts": str(SHARED_DATA / "senteval"),
+        },
+    }
+    md = [
+        f"# Learning benchmark (CPU, {env['torch_threads']} torch threads, {env['cpu']})",
+        "",
+        f"`{report['command']}`: total {total / 60:.1f} min"
+        + (f" (data stages {bench.data_seconds:.0f} s)" if bench else "")
+        + ("" if complete else " — INCOMPLETE (interrupted or still running)"),
+        "",
+    ]
     if results:
-        md += ["## Start vs trained STS Avg. (7 tasks, Spearman × 100; trained = best STS-B dev checkpoint)", "",
-               method_table(results), "", "### Per task", "", task_table(results)]
+        md += [
+            "## Start vs trained STS Avg. (7 tasks, Spearman × 100; trained = best STS-B dev checkpoint)",
+            "",
+            method_table(results),
+            "",
+            "### Per task",
+            "",
+            task_table(results),
+        ]
     if peer is not None:
-        md += ["", "## SimCSE vs sentence-transformers (same sentences, order, batch, steps, lr, seed)", "", peer_table(peer)]
+        md += [
+            "",
+            "## SimCSE vs sentence-transformers (same sentences, order, batch, steps, lr, seed)",
+            "",
+            peer_table(peer),
+        ]
     md += ["", ("PASS" if not failures else "FAIL: " + "; ".join(failures)) if complete else "(incomplete)"]
     text = "\n".join(md) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -545,17 +688,29 @@ def merge(args, argv) -> int:
             peer = rep["peer"]
     if peer is not None and "simcse_default" not in peer and PEER_RUN in by_run:
         d = by_run[PEER_RUN]
-        peer["simcse_default"] = {"trained": d["trained"], "steps": d["steps"], "selection": d["selection"],
-                                  "best_step": d["best_step"], "training_mlp": True}
+        peer["simcse_default"] = {
+            "trained": d["trained"],
+            "steps": d["steps"],
+            "selection": d["selection"],
+            "best_step": d["best_step"],
+            "training_mlp": True,
+        }
     results = [by_run[n] for n in ALL if n in by_run]
     ends = [path.stat().st_mtime for path, _ in parts]
     starts = [path.stat().st_mtime - rep["total_seconds"] for path, rep in parts]
     wall = max(ends) - min(starts)
     env = dict(parts[0][1]["environment"])
-    processes = [{"file": str(path), "command": rep["command"], "total_seconds": rep["total_seconds"],
-                  "runs": [r["run"] for r in rep["runs"]] + (["peer"] if rep.get("peer") else []),
-                  "data_seconds": rep.get("data_seconds"), "torch_threads": rep["environment"]["torch_threads"]}
-                 for path, rep in parts]
+    processes = [
+        {
+            "file": str(path),
+            "command": rep["command"],
+            "total_seconds": rep["total_seconds"],
+            "runs": [r["run"] for r in rep["runs"]] + (["peer"] if rep.get("peer") else []),
+            "data_seconds": rep.get("data_seconds"),
+            "torch_threads": rep["environment"]["torch_threads"],
+        }
+        for path, rep in parts
+    ]
     missing = [n for n in ALL if n not in by_run and not (n == "peer" and peer is not None)]
 
     class _B:  # the report writer reads only data_seconds
@@ -563,13 +718,29 @@ def merge(args, argv) -> int:
 
     text, failures = write_report(args, argv, env, _B, results, peer, wall, complete=not missing)
     report = json.loads(args.out.read_text())
-    report.update({"merged_from": processes, "wall_seconds": round(wall, 1), "missing": missing,
-                   "cpu_seconds_sum_of_processes": round(sum(p["total_seconds"] for p in processes), 1)})
+    report.update(
+        {
+            "merged_from": processes,
+            "wall_seconds": round(wall, 1),
+            "missing": missing,
+            "cpu_seconds_sum_of_processes": round(sum(p["total_seconds"] for p in processes), 1),
+        }
+    )
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    extra = "\n## Processes (run side by side, 1 torch thread each)\n\n| file | command | runs | seconds |\n|---|---|---|---|\n" + "\n".join(
-        f"| {Path(p['file']).name} | `{p['command']}` | {', '.join(p['runs'])} | {p['total_seconds']:.0f} |" for p in processes)
-    text = text + extra + f"\n\nwall time {wall / 60:.1f} min (earliest start to latest end)" + (
-        f"; missing: {missing}" if missing else "") + "\n"
+    extra = (
+        "\n## Processes (run side by side, 1 torch thread each)\n\n| file | command | runs | seconds |\n|---|---|---|---|\n"
+        + "\n".join(
+            f"| {Path(p['file']).name} | `{p['command']}` | {', '.join(p['runs'])} | {p['total_seconds']:.0f} |"
+            for p in processes
+        )
+    )
+    text = (
+        text
+        + extra
+        + f"\n\nwall time {wall / 60:.1f} min (earliest start to latest end)"
+        + (f"; missing: {missing}" if missing else "")
+        + "\n"
+    )
     args.out.with_suffix(".md").write_text(text)
     print("\n" + text)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
@@ -582,13 +753,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="steps of every run (default: per run, see the docstring)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "learning.json")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: torch's own, = the cores); 1 is far faster on a shared machine")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's own, = the cores); 1 is far faster on a shared machine",
+    )
     p.add_argument("--keep-home", action="store_true", help="keep the temporary CSE_HOME (runs, data) and print it")
-    p.add_argument("--start-cache", nargs="+", type=Path, default=None, metavar="JSON",
-                   help="reuse start evaluations from these reports when a start model is bit-identical on the probe")
-    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
-                   help="write one report (--out) from the JSON files of several runs of this script, then exit")
+    p.add_argument(
+        "--start-cache",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="reuse start evaluations from these reports when a start model is bit-identical on the probe",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="write one report (--out) from the JSON files of several runs of this script, then exit",
+    )
     args = p.parse_args(argv)
     if args.merge:
         return merge(args, argv)

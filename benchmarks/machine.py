@@ -7,9 +7,14 @@ import platform
 from pathlib import Path
 from typing import Any
 
-OFFLINE_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                       "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false",
-                       "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false"}
+OFFLINE_ENVIRONMENT = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+}
 
 
 def set_offline_environment() -> None:
@@ -34,9 +39,18 @@ def cpu_environment(**extra: Any) -> dict[str, Any]:
     import torch
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-            "cpu": cpu_model(), "cpu_count": os.cpu_count(), "device": "cpu", "platform": platform.platform(), **extra}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "device": "cpu",
+        "platform": platform.platform(),
+        **extra,
+    }
 
 
 def subject_method(benchmark: str):

@@ -38,19 +38,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from config.settings import get_settings  # noqa: E402
-from models.checkpoint import save_checkpoint  # noqa: E402
 from benchmarks.machine import subject_method  # noqa: E402
+from config.settings import get_settings  # noqa: E402
+from models import peft_loader  # noqa: E402
+from models.checkpoint import save_checkpoint  # noqa: E402
 from models.loading import resolve_model_path  # noqa: E402
 from models.peft_export import export_peft_adapter  # noqa: E402
-from models import peft_loader  # noqa: E402
 from models.st_export import CHECKPOINT_SUBDIR, export_sentence_transformer  # noqa: E402
 from storage.readers import read_senteval  # noqa: E402
 
 
 def folder_bytes(folder: Path, exclude: str | None = None) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*")
-               if p.is_file() and (exclude is None or exclude not in p.relative_to(folder).parts))
+    return sum(
+        p.stat().st_size
+        for p in folder.rglob("*")
+        if p.is_file() and (exclude is None or exclude not in p.relative_to(folder).parts)
+    )
 
 
 def timed(fn) -> float:
@@ -85,8 +88,14 @@ def fresh_process_load(script: str, folder: Path, cwd: Path) -> dict[str, float]
     """Run one load in a new interpreter; returns its import and load seconds."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-c", script, str(folder)], cwd=cwd, capture_output=True, text=True,
-                          check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(folder)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -94,8 +103,12 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="packaged:minilm")
     p.add_argument("--prefix-len", type=int, default=16)
-    p.add_argument("--cls-prompt", action="store_true", help="also train a [CLS] prompt (carried in the position table)")
-    p.add_argument("--checkpoint", default=None, help="a trained D2CSE/DCPCSE/DiffAug checkpoint instead of fresh prompts")
+    p.add_argument(
+        "--cls-prompt", action="store_true", help="also train a [CLS] prompt (carried in the position table)"
+    )
+    p.add_argument(
+        "--checkpoint", default=None, help="a trained D2CSE/DCPCSE/DiffAug checkpoint instead of fresh prompts"
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--senteval", default=None, help="SentEval folder (default: $CSE_SHARED_DATA/senteval)")
     p.add_argument("--out", default=None, help="also write the JSON here")
@@ -111,7 +124,9 @@ def main(argv=None) -> dict:
     else:
         torch.manual_seed(0)
         spec = subject_method("peft_adapter")
-        model = spec.build_model(spec.model_config(args.backbone, {"prefix_len": args.prefix_len, "cls_prompt": args.cls_prompt}))
+        model = spec.build_model(
+            spec.model_config(args.backbone, {"prefix_len": args.prefix_len, "cls_prompt": args.cls_prompt})
+        )
         checkpoint = save_checkpoint(model.eval(), work / "checkpoint")
     st_dir = export_sentence_transformer(checkpoint, work / "st")
     t0 = time.perf_counter()
@@ -126,7 +141,7 @@ def main(argv=None) -> dict:
         st_s = fresh_process_load(_ST_LOAD, st_dir, cwd=repo)  # our package must be importable for the ST folder
         peft_s = fresh_process_load(_PEFT_LOAD, export.folder, cwd=work)  # outside the repository
         base = AutoModel.from_pretrained(base_path)
-        attach_s = timed(lambda: PeftModel.from_pretrained(base, str(export.folder)))
+        attach_s = timed(lambda base=base: PeftModel.from_pretrained(base, str(export.folder)))
         if i:  # the first round warms the disk cache
             rounds["st_import"].append(st_s["import"])
             rounds["st_load"].append(st_s["load"])
@@ -140,8 +155,14 @@ def main(argv=None) -> dict:
     sentences = list(df[(df.task == "stsb") & (df.split == "test")].sentence1[:32])
     st = SentenceTransformer(str(st_dir), trust_remote_code=True, device="cpu")
     model, tokenizer, spec = peft_loader.load_prefix_encoder(export.folder)
-    diff = float((st.encode(sentences, convert_to_tensor=True).float()
-                  - peft_loader.embed_sentences(model, tokenizer, spec, sentences)).abs().max())
+    diff = float(
+        (
+            st.encode(sentences, convert_to_tensor=True).float()
+            - peft_loader.embed_sentences(model, tokenizer, spec, sentences)
+        )
+        .abs()
+        .max()
+    )
 
     result = {
         "backbone": args.backbone,

@@ -47,14 +47,20 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     shared = Path(os.environ.get("CSE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     ingest = local_mirror_ingest(shared)
-    evaluator = Evaluator(load_sts_input(ingest_dataset.fn("sts", ingest).key, DataRoot(get_settings().data_root)).table)
+    evaluator = Evaluator(
+        load_sts_input(ingest_dataset.fn("sts", ingest).key, DataRoot(get_settings().data_root)).table
+    )
 
     def dev(model) -> float:
         return round(float(evaluator.run(model, mode="dev", batch_size=128).metrics()["stsb_dev"]), 2)
 
     model = None
     for shift in (True, False):
-        cfg = resolve_train_config("smoke", {"seed": args.seed, "model": {"shift_positions": shift}}, method=subject_method("prompt_start").name)
+        cfg = resolve_train_config(
+            "smoke",
+            {"seed": args.seed, "model": {"shift_positions": shift}},
+            method=subject_method("prompt_start").name,
+        )
         set_seed(cfg.seed)
         model = build_model(cfg, torch.device("cpu")).eval()
         print(f"D2CSE step 0, prompts as initialised, shift_positions={shift}: {dev(model):.2f}", flush=True)
@@ -62,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             for param in model.encoder.prefix_encoder.parameters():
                 param.zero_()
         print(f"D2CSE step 0, every prompt value 0,     shift_positions={shift}: {dev(model):.2f}", flush=True)
-    plain = PooledEncoder(model.backbone, "cls_before_pooler", tokenizer=load_tokenizer(PACKAGED_MINILM), name="MiniLM CLS")
+    plain = PooledEncoder(
+        model.backbone, "cls_before_pooler", tokenizer=load_tokenizer(PACKAGED_MINILM), name="MiniLM CLS"
+    )
     print(f"MiniLM CLS state, no prompts: {dev(plain):.2f}", flush=True)
     return 0
 

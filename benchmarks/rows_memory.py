@@ -116,9 +116,15 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
         for start in range(0, rows, PART_ROWS):
             stop = min(rows, start + PART_ROWS)
             lengths, flat, _ = sentences(start, stop)
-            yield pa.table({"id": pa.array(np.arange(start, stop)), "column": pa.array(["text"] * (stop - start)),
-                            "input_ids": lists(lengths, flat, np.int32), "length": pa.array(lengths.astype(np.int16))},
-                           schema=schemas.TOKENS)
+            yield pa.table(
+                {
+                    "id": pa.array(np.arange(start, stop)),
+                    "column": pa.array(["text"] * (stop - start)),
+                    "input_ids": lists(lengths, flat, np.int32),
+                    "length": pa.array(lengths.astype(np.int16)),
+                },
+                schema=schemas.TOKENS,
+            )
 
     def corruption_parts():
         rng = np.random.default_rng(0)
@@ -138,31 +144,50 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
             take = ranges((order // n) * len(flat) + starts[order % n], lengths[order % n])
 
-            def interleave(arrays):
+            def interleave(arrays, take=take):
                 return np.concatenate(arrays)[take]
 
             all_lengths = np.tile(lengths, variants)[order]
-            table = pa.table({
-                "id": pa.array(np.tile(np.arange(start, stop), variants)[order]),
-                "column": pa.array(["text"] * (n * variants)),
-                "variant": pa.array(np.repeat(np.arange(variants), n)[order].astype(np.int16)),
-                "input_ids": lists(all_lengths, interleave([flat] * variants), np.int32),
-                "corrupted_ids": lists(all_lengths, interleave([c for _, c, _ in per_variant]), np.int32),
-                "labels": lists(all_lengths, interleave([lab for _, _, lab in per_variant]), np.int8),
-                "n_masked": pa.array(np.concatenate([np.bincount(row_of, m, n) for m, _, _ in per_variant])[order]
-                                     .astype(np.int16)),
-                "n_replaced": pa.array(np.concatenate([np.bincount(row_of, lab, n) for _, _, lab in per_variant])[order]
-                                       .astype(np.int16)),
-            }, schema=schemas.CORRUPTION)
+            table = pa.table(
+                {
+                    "id": pa.array(np.tile(np.arange(start, stop), variants)[order]),
+                    "column": pa.array(["text"] * (n * variants)),
+                    "variant": pa.array(np.repeat(np.arange(variants), n)[order].astype(np.int16)),
+                    "input_ids": lists(all_lengths, interleave([flat] * variants), np.int32),
+                    "corrupted_ids": lists(all_lengths, interleave([c for _, c, _ in per_variant]), np.int32),
+                    "labels": lists(all_lengths, interleave([lab for _, _, lab in per_variant]), np.int8),
+                    "n_masked": pa.array(
+                        np.concatenate([np.bincount(row_of, m, n) for m, _, _ in per_variant])[order].astype(np.int16)
+                    ),
+                    "n_replaced": pa.array(
+                        np.concatenate([np.bincount(row_of, lab, n) for _, _, lab in per_variant])[order].astype(
+                            np.int16
+                        )
+                    ),
+                },
+                schema=schemas.CORRUPTION,
+            )
             yield table
 
     t0 = time.perf_counter()
     if not root.find("tokens", tokens_key):
-        write_dataset(root, "tokens", tokens_key, token_parts(), schemas.TOKENS,
-                      params={"benchmark": "rows_memory", "rows": rows, "sample": "wiki1m_head.txt"})
+        write_dataset(
+            root,
+            "tokens",
+            tokens_key,
+            token_parts(),
+            schemas.TOKENS,
+            params={"benchmark": "rows_memory", "rows": rows, "sample": "wiki1m_head.txt"},
+        )
     if not root.find("corruption", corruption_key):
-        write_dataset(root, "corruption", corruption_key, corruption_parts(), schemas.CORRUPTION,
-                      params={"benchmark": "rows_memory", "rows": rows, "variants": variants, "mask_ratio": 0.3})
+        write_dataset(
+            root,
+            "corruption",
+            corruption_key,
+            corruption_parts(),
+            schemas.CORRUPTION,
+            params={"benchmark": "rows_memory", "rows": rows, "variants": variants, "mask_ratio": 0.3},
+        )
     print(f"built the benchmark datasets under {data_root} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     return tokens_key, corruption_key
 
@@ -193,33 +218,60 @@ def measure(tree: str, data_root: str, tokens_key: str, corruption_key: str, bat
     for epoch in (0, 1):
         order = epoch_order(len(rows), seed=42, epoch=epoch)
         for b in range(batches // 2):
-            batch = rows.batch(order[b * batch_size:(b + 1) * batch_size], epoch)
+            batch = rows.batch(order[b * batch_size : (b + 1) * batch_size], epoch)
             checksum += int(batch.corrupted_ids.sum()) + int(batch.input_ids.sum())
     done = time.perf_counter()
     sampler.stop.set()
     sampler.join()
     end = _status()
     mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
-    return {"rows": len(rows), "variants": rows.corruption.variants, "rss_after_imports": mib(after_imports["VmRSS"]),
-            "anon_after_imports": mib(after_imports["RssAnon"]), "file_after_imports": mib(after_imports["RssFile"]),
-            "rss_after_load": mib(after_load["VmRSS"]), "peak_rss": mib(end["VmHWM"]),
-            "peak_anon": mib(sampler.peak["RssAnon"]), "peak_file": mib(sampler.peak["RssFile"]),
-            "load_seconds": round(loaded - t0, 1), "batch_seconds": round(done - loaded, 1),
-            "batches": 2 * (batches // 2), "batch_size": batch_size, "checksum": checksum,
-            "code": str(Path(sys.modules[load_token_rows.__module__].__file__).parents[1])}
+    return {
+        "rows": len(rows),
+        "variants": rows.corruption.variants,
+        "rss_after_imports": mib(after_imports["VmRSS"]),
+        "anon_after_imports": mib(after_imports["RssAnon"]),
+        "file_after_imports": mib(after_imports["RssFile"]),
+        "rss_after_load": mib(after_load["VmRSS"]),
+        "peak_rss": mib(end["VmHWM"]),
+        "peak_anon": mib(sampler.peak["RssAnon"]),
+        "peak_file": mib(sampler.peak["RssFile"]),
+        "load_seconds": round(loaded - t0, 1),
+        "batch_seconds": round(done - loaded, 1),
+        "batches": 2 * (batches // 2),
+        "batch_size": batch_size,
+        "checksum": checksum,
+        "code": str(Path(sys.modules[load_token_rows.__module__].__file__).parents[1]),
+    }
 
 
 def run_path(name: str, tree: Path, args, keys: tuple[str, str]) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(tree), "--data-root", str(args.data_root), "--tokens-key", keys[0],
-           "--corruption-key", keys[1], "--batches", str(args.batches), "--batch-size", str(args.batch_size)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(tree),
+        "--data-root",
+        str(args.data_root),
+        "--tokens-key",
+        keys[0],
+        "--corruption-key",
+        keys[1],
+        "--batches",
+        str(args.batches),
+        "--batch-size",
+        str(args.batch_size),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree)
     if out.returncode != 0:
         raise RuntimeError(f"the {name} path failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"{name:3s}: peak RSS {result['peak_rss']:8.1f} MiB (anon {result['peak_anon']:.1f}, file pages "
-          f"{result['peak_file']:.1f}); after imports {result['rss_after_imports']:.1f} (anon "
-          f"{result['anon_after_imports']:.1f}, file {result['file_after_imports']:.1f}); load {result['load_seconds']}s, "
-          f"{result['batches']} batches {result['batch_seconds']}s", file=sys.stderr)
+    print(
+        f"{name:3s}: peak RSS {result['peak_rss']:8.1f} MiB (anon {result['peak_anon']:.1f}, file pages "
+        f"{result['peak_file']:.1f}); after imports {result['rss_after_imports']:.1f} (anon "
+        f"{result['anon_after_imports']:.1f}, file {result['file_after_imports']:.1f}); load {result['load_seconds']}s, "
+        f"{result['batches']} batches {result['batch_seconds']}s",
+        file=sys.stderr,
+    )
     return result
 
 
@@ -237,8 +289,13 @@ def main() -> None:
     p.add_argument("--corruption-key", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, str(args.data_root), args.tokens_key, args.corruption_key, args.batches,
-                                 args.batch_size)))
+        print(
+            json.dumps(
+                measure(
+                    args.child, str(args.data_root), args.tokens_key, args.corruption_key, args.batches, args.batch_size
+                )
+            )
+        )
         return
     keys = build_data(args.data_root, args.rows, args.variants)
     results = {}
@@ -246,7 +303,9 @@ def main() -> None:
         for name in args.paths.split(","):
             tree = REPO_ROOT
             if name == "old":
-                archive = subprocess.run(["git", "archive", args.old_ref], cwd=REPO_ROOT, capture_output=True, check=True)
+                archive = subprocess.run(
+                    ["git", "archive", args.old_ref], cwd=REPO_ROOT, capture_output=True, check=True
+                )
                 subprocess.run(["tar", "-x", "-C", old_tree], input=archive.stdout, check=True)
                 tree = Path(old_tree)
             results[name] = run_path(name, tree, args, keys)

@@ -47,8 +47,8 @@ from torch import nn  # noqa: E402
 from benchmarks.machine import subject_method  # noqa: E402
 from models.loading import PACKAGED_MINILM, load_encoder, load_tokenizer, pick_device  # noqa: E402
 from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.rows import TrainingRows, epoch_order  # noqa: E402
 from training.loop import LoopConfig, Trainer  # noqa: E402
+from training.rows import TrainingRows, epoch_order  # noqa: E402
 
 TARGET = 1.10
 WIKI1M_SENTENCES, PAPER_BATCH, EPOCHS = 1_000_000, 144, 2
@@ -98,8 +98,9 @@ class BareStep:
         with self.autocast():
             cls = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
             tok = self.encoder(input_ids=cor, attention_mask=mask).last_hidden_state
-            loss = self.head(cls).float().logsumexp(-1).mean() \
-                + F.cross_entropy(self.head(tok).reshape(-1, 2).float(), lab.reshape(-1).long())
+            loss = self.head(cls).float().logsumexp(-1).mean() + F.cross_entropy(
+                self.head(tok).reshape(-1, 2).float(), lab.reshape(-1).long()
+            )
         self.head.zero_grad(set_to_none=True)
         loss.backward()
         return float(loss.detach())
@@ -120,15 +121,22 @@ def timed(fn, device: torch.device) -> tuple[float, float | None]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backbone", default=PACKAGED_MINILM, help="packaged:minilm, bert-base (random init) or a model folder")
+    p.add_argument(
+        "--backbone", default=PACKAGED_MINILM, help="packaged:minilm, bert-base (random init) or a model folder"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="sentences per step (each gives 2 views)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--prefix-len", type=int, default=16)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
-    p.add_argument("--seq-len-from-wiki", dest="wiki", type=Path,
-                   default=REPO_ROOT.parent / "shared" / "data" / "wiki1m_head.txt", help="sentence file")
+    p.add_argument(
+        "--seq-len-from-wiki",
+        dest="wiki",
+        type=Path,
+        default=REPO_ROOT.parent / "shared" / "data" / "wiki1m_head.txt",
+        help="sentence file",
+    )
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 2:
         p.error("--steps must be >= 1 and --batch-size >= 2")
@@ -140,27 +148,45 @@ def main(argv: list[str] | None = None) -> dict:
     bare_encoder.pooler = None  # D2CSE never runs the pooler either
     torch.manual_seed(0)
     spec = subject_method("training_throughput")
-    model = spec.build_model(spec.model_config(args.backbone, {"prefix_len": args.prefix_len}), backbone, tokenizer).to(device)
+    model = spec.build_model(spec.model_config(args.backbone, {"prefix_len": args.prefix_len}), backbone, tokenizer).to(
+        device
+    )
 
     n_steps = args.warmup + args.steps
     rows = training_rows(tokenizer, args.wiki, n_steps * args.batch_size)
     order = np.resize(epoch_order(len(rows), 0, 0), n_steps * args.batch_size)
-    batches = [rows.batch(order[i * args.batch_size:(i + 1) * args.batch_size], 0).to(device) for i in range(n_steps)]
+    batches = [rows.batch(order[i * args.batch_size : (i + 1) * args.batch_size], 0).to(device) for i in range(n_steps)]
 
-    cfg = LoopConfig(batch_size=args.batch_size, learning_rate=0.021, epochs=1, max_steps=None, grad_clip=1.0, seed=0,
-                     eval_steps=10**9, checkpoint_steps=10**9, log_steps=10**9, precision=precision, deterministic=False)
+    cfg = LoopConfig(
+        batch_size=args.batch_size,
+        learning_rate=0.021,
+        epochs=1,
+        max_steps=None,
+        grad_clip=1.0,
+        seed=0,
+        eval_steps=10**9,
+        checkpoint_steps=10**9,
+        log_steps=10**9,
+        precision=precision,
+        deterministic=False,
+    )
     noop = lambda *a: None  # noqa: E731
-    trainer = Trainer(model, rows, cfg, device, Path(tempfile.gettempdir()) / "unused-benchmark-state", noop, noop, noop)
+    trainer = Trainer(
+        model, rows, cfg, device, Path(tempfile.gettempdir()) / "unused-benchmark-state", noop, noop, noop
+    )
     bare = BareStep(bare_encoder.to(device), trainer.autocast)
 
     t_d2cse, t_bare, mem_d2cse, mem_bare = [], [], [], []
     for i, batch in enumerate(batches):  # alternate, so drift (thermal, allocator) hits both alike
-        (tb, mb), (td, md) = timed(lambda: bare(batch), device), timed(lambda: trainer.train_step(batch), device)
+        (tb, mb), (td, md) = (
+            timed(lambda b=batch: bare(b), device),
+            timed(lambda b=batch: trainer.train_step(b), device),
+        )
         if i >= args.warmup:
             t_bare.append(tb), t_d2cse.append(td), mem_bare.append(mb), mem_d2cse.append(md)
 
-    views = sum(b.sentences for b in batches[args.warmup:]) / args.steps  # 2B view sentences per step
-    tokens = sum(b.tokens for b in batches[args.warmup:]) / args.steps
+    views = sum(b.sentences for b in batches[args.warmup :]) / args.steps  # 2B view sentences per step
+    tokens = sum(b.tokens for b in batches[args.warmup :]) / args.steps
     step_d, step_b = statistics.median(t_d2cse), statistics.median(t_bare)
     ratio = step_d / step_b
     # Wiki1M in steps of B_paper = 144 sentences; the measured throughput is scaled to that batch
@@ -177,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batch_size": args.batch_size,
         "view_sentences_per_step": views,
         "mean_tokens_per_step": tokens,
-        "mean_padded_length": statistics.mean(b.input_ids.shape[-1] for b in batches[args.warmup:]),
+        "mean_padded_length": statistics.mean(b.input_ids.shape[-1] for b in batches[args.warmup :]),
         "prefix_len": args.prefix_len,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -193,19 +219,26 @@ def main(argv: list[str] | None = None) -> dict:
         "paired_ratio_median": statistics.median(d / b for d, b in zip(t_d2cse, t_bare)),
         "target": TARGET,
         "meets_target": ratio <= TARGET,
-        "baseline": ("same HF encoder, frozen, no prompts/pooler, train mode, same autocast and batches: forward on "
-                     "the 2B view rows + forward on the 2B corrupted rows, trivial trainable Linear(d,2) head "
-                     "(logsumexp on CLS + token cross-entropy), backward; the embedding output is a leaf that "
-                     "requires grad so backward runs through all layers (activation grads only), as prompt "
-                     "tuning's does; no optimizer step"),
+        "baseline": (
+            "same HF encoder, frozen, no prompts/pooler, train mode, same autocast and batches: forward on "
+            "the 2B view rows + forward on the 2B corrupted rows, trivial trainable Linear(d,2) head "
+            "(logsumexp on CLS + token cross-entropy), backward; the embedding output is a leaf that "
+            "requires grad so backward runs through all layers (activation grads only), as prompt "
+            "tuning's does; no optimizer step"
+        ),
         "d2cse_step": "training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
     }
-    projection_key = "projected_wiki1m_2_epochs_minutes" if device.type == "cuda" else \
-        "projected_wiki1m_2_epochs_minutes_cpu_info_only"
+    projection_key = (
+        "projected_wiki1m_2_epochs_minutes"
+        if device.type == "cuda"
+        else "projected_wiki1m_2_epochs_minutes_cpu_info_only"
+    )
     result[projection_key] = projected
-    result["projection"] = (f"(1e6 / {PAPER_BATCH}) * {EPOCHS} * step_time_at_batch_{PAPER_BATCH} / 60, step time scaled "
-                            f"linearly from batch {args.batch_size}" + ("" if args.batch_size == PAPER_BATCH else
-                                                                       " (run --batch-size 144 for the exact figure)"))
+    result["projection"] = (
+        f"(1e6 / {PAPER_BATCH}) * {EPOCHS} * step_time_at_batch_{PAPER_BATCH} / 60, step time scaled "
+        f"linearly from batch {args.batch_size}"
+        + ("" if args.batch_size == PAPER_BATCH else " (run --batch-size 144 for the exact figure)")
+    )
     if device.type == "cuda":
         result["peak_gpu_memory_gib"] = {spec.name: max(mem_d2cse), "bare": max(mem_bare)}
         result["goal_minutes_h100"] = 15

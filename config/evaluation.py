@@ -29,42 +29,78 @@ class EvalConfig(_Config):
     sentences unless `uniformity_dedup`.
     """
 
-    model: str | None = Field(default=None, min_length=1, pattern=r"\S", description="HF model id, local folder or `packaged:minilm`")
+    model: str | None = Field(
+        default=None, min_length=1, pattern=r"\S", description="HF model id, local folder or `packaged:minilm`"
+    )
     pooler: Pooler | None = Field(default=None, description="required with `model`; a checkpoint brings its own")
-    checkpoint: str | None = Field(default=None, min_length=1, pattern=r"\S",
-                                   description="checkpoint folder, `runs:/<run id>` or a bare MLflow run id (never empty)")
+    checkpoint: str | None = Field(
+        default=None,
+        min_length=1,
+        pattern=r"\S",
+        description="checkpoint folder, `runs:/<run id>` or a bare MLflow run id (never empty)",
+    )
     first_layer: Literal[0, 1] = Field(
-        default=0, description="hidden_states index used as 'first' by avg_first_last: 0 = embeddings (DiffCSE/DCPCSE code), 1 = first layer (SimCSE's current code)")
-    template: str | None = Field(default=None, description="prompt template with {sentence} (and [MASK] for pooler 'mask')")
+        default=0,
+        description="hidden_states index used as 'first' by avg_first_last: 0 = embeddings (DiffCSE/DCPCSE code), 1 = first layer (SimCSE's current code)",
+    )
+    template: str | None = Field(
+        default=None, description="prompt template with {sentence} (and [MASK] for pooler 'mask')"
+    )
     mode: Literal["test", "dev", "transfer"] = Field(
-        default="test", description="test: the seven STS tasks (+ extras); dev: STS-B/SICK-R dev; transfer: SentEval's "
-                                    "seven classification tasks (evaluation/transfer.py)")
-    tasks: tuple[Task, ...] | None = Field(default=None, description="test-mode subset of the seven tasks; None = all (Avg. needs all)")
+        default="test",
+        description="test: the seven STS tasks (+ extras); dev: STS-B/SICK-R dev; transfer: SentEval's "
+        "seven classification tasks (evaluation/transfer.py)",
+    )
+    tasks: tuple[Task, ...] | None = Field(
+        default=None, description="test-mode subset of the seven tasks; None = all (Avg. needs all)"
+    )
     sts: str | None = Field(
-        default=None, description="an `sts` dataset key in the data root or a SentEval folder; None = the shared mirror, else the newest ingested `sts` dataset")
+        default=None,
+        description="an `sts` dataset key in the data root or a SentEval folder; None = the shared mirror, else the newest ingested `sts` dataset",
+    )
     transfer: str | None = Field(
-        default=None, description="mode transfer: a `transfer` dataset key or a SentEval folder; None = the shared mirror, else "
-                                  "the newest ingested `transfer` dataset")
+        default=None,
+        description="mode transfer: a `transfer` dataset key or a SentEval folder; None = the shared mirror, else "
+        "the newest ingested `transfer` dataset",
+    )
     transfer_tasks: tuple[TransferTask, ...] | None = Field(
-        default=None, description="mode transfer: subset of MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC; None = all (Avg. needs all)")
+        default=None,
+        description="mode transfer: subset of MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC; None = all (Avg. needs all)",
+    )
     transfer_classifier: Literal["test", "fasttest"] = Field(
-        default="test", description="SentEval classifier settings: test = the papers' (Adam, batch 64, tenacity 5, epoch "
-                                    "size 4, 10 folds); fasttest = their dev mode (RMSprop, batch 128, tenacity 3, epoch size 2, 5 folds)")
+        default="test",
+        description="SentEval classifier settings: test = the papers' (Adam, batch 64, tenacity 5, epoch "
+        "size 4, 10 folds); fasttest = their dev mode (RMSprop, batch 128, tenacity 3, epoch size 2, 5 folds)",
+    )
     transfer_limit: int | None = Field(
-        default=None, ge=10, description="mode transfer: keep about this many evenly spaced examples per task split (smoke runs, tests)")
+        default=None,
+        ge=10,
+        description="mode transfer: keep about this many evenly spaced examples per task split (smoke runs, tests)",
+    )
     batch_size: int = Field(default=128, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        default="fp32", description="fp32 as the reference evaluates; bf16 (or auto: bf16 on GPU) only when asked, and recorded")
+        default="fp32",
+        description="fp32 as the reference evaluates; bf16 (or auto: bf16 on GPU) only when asked, and recorded",
+    )
     retrieval_match: Literal["index", "string"] = Field(
-        default="string", description="headline duplicate rule of retrieval (both are logged): index = exact corpus position, string = deduplicated corpus")
+        default="string",
+        description="headline duplicate rule of retrieval (both are logged): index = exact corpus position, string = deduplicated corpus",
+    )
     retrieval_ks: tuple[int, ...] = (1, 3, 5, 10)
-    alignment_threshold: float = Field(default=4.0, ge=0.0, le=5.0, description="positive pairs: gold >= threshold (> when alignment_inclusive is false)")
+    alignment_threshold: float = Field(
+        default=4.0,
+        ge=0.0,
+        le=5.0,
+        description="positive pairs: gold >= threshold (> when alignment_inclusive is false)",
+    )
     alignment_inclusive: bool = True
     uniformity_t: float = Field(default=2.0, gt=0.0)
     uniformity_dedup: bool = Field(default=False, description="uniformity over distinct sentences instead of all 2,758")
     extras: bool = Field(default=True, description="test mode: retrieval, alignment/uniformity, qualitative, plots")
-    label: str | None = Field(default=None, description="row label in tables; default: model + pooler or the checkpoint")
+    label: str | None = Field(
+        default=None, description="row label in tables; default: model + pooler or the checkpoint"
+    )
     experiment: str = Field(default="evaluation", min_length=1, pattern=r"\S")
     progress: bool = True
 

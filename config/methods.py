@@ -30,7 +30,7 @@ import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
@@ -173,10 +173,16 @@ class MethodSpec:
     def deployment_entries(self) -> list[dict[str, Any]]:
         """The prefect.yaml deployments this method needs: one per preset, named like it (without `work_pool`, which
         prefect.yaml gives every deployment as `*local_pool`)."""
-        return [{"name": preset, "entrypoint": self.entrypoint,
-                 "description": f"{self.title}, preset {preset} (config/presets.py): {self.summary}.",
-                 "tags": ["train", self.name, *(["smoke"] if preset == "smoke" else [])],
-                 "parameters": {"preset": preset}} for preset in self.presets]
+        return [
+            {
+                "name": preset,
+                "entrypoint": self.entrypoint,
+                "description": f"{self.title}, preset {preset} (config/presets.py): {self.summary}.",
+                "tags": ["train", self.name, *(["smoke"] if preset == "smoke" else [])],
+                "parameters": {"preset": preset},
+            }
+            for preset in self.presets
+        ]
 
     def preset(self, name: str) -> Mapping[str, Any]:
         if name not in self.presets:
@@ -191,19 +197,25 @@ class MethodSpec:
         known = {f.name for f in dataclasses.fields(self.config_class)}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ValueError(f"unknown {self.config_class.__name__} keys {unknown}; known: {sorted(known - {'backbone'})}")
+            raise ValueError(
+                f"unknown {self.config_class.__name__} keys {unknown}; known: {sorted(known - {'backbone'})}"
+            )
         # types checked ("16" → 16, "x" refused) before the dataclass's own checks run
         config = _adapter(self.config_class).validate_python({"backbone": backbone, **fields})
-        return check_finite_fields(config, f"model ({self.config_class.__name__})")  # inf / nan refused (config/finite.py)
+        return check_finite_fields(
+            config, f"model ({self.config_class.__name__})"
+        )  # inf / nan refused (config/finite.py)
 
-    def build_model(self, config: MethodConfig, backbone=None, tokenizer=None, backbone_name: str | None = None) -> CSEModel:
+    def build_model(
+        self, config: MethodConfig, backbone=None, tokenizer=None, backbone_name: str | None = None
+    ) -> CSEModel:
         """The model from its typed config (`backbone_name` replaces the config's backbone name: the job's own)."""
         if backbone_name is not None:
             config = replace(config, backbone=backbone_name)
         return self.model_class(config, backbone=backbone, tokenizer=tokenizer)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _adapter(config_class: type) -> TypeAdapter:
     return TypeAdapter(config_class)
 
@@ -211,14 +223,28 @@ def _adapter(config_class: type) -> TypeAdapter:
 REGISTRY: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
-        MethodSpec("d2cse", "D2CSE", "models.d2cse:D2CSE",
-                   "deep prompts on a frozen PLM that is also the CRTD discriminator (optional [CLS] prompt)"),
+        MethodSpec(
+            "d2cse",
+            "D2CSE",
+            "models.d2cse:D2CSE",
+            "deep prompts on a frozen PLM that is also the CRTD discriminator (optional [CLS] prompt)",
+        ),
         MethodSpec("simcse", "SimCSE", "models.simcse:SimCSE", "dropout views, full fine-tuning (unsup and sup)"),
-        MethodSpec("dcpcse", "DCPCSE", "models.dcpcse:DCPCSE", "deep prompts on a frozen PLM (optional MLM auxiliary loss)"),
-        MethodSpec("diffcse", "DiffCSE", "models.diffcse:DiffCSE",
-                   "trainable encoder + trainable discriminator, fixed DistilBERT generator"),
-        MethodSpec("diffaug", "DiffAug", "models.diffaug:DiffAug",
-                   "two prefix modules: NLI prefix tuning, then joint contrastive tuning"),
+        MethodSpec(
+            "dcpcse", "DCPCSE", "models.dcpcse:DCPCSE", "deep prompts on a frozen PLM (optional MLM auxiliary loss)"
+        ),
+        MethodSpec(
+            "diffcse",
+            "DiffCSE",
+            "models.diffcse:DiffCSE",
+            "trainable encoder + trainable discriminator, fixed DistilBERT generator",
+        ),
+        MethodSpec(
+            "diffaug",
+            "DiffAug",
+            "models.diffaug:DiffAug",
+            "two prefix modules: NLI prefix tuning, then joint contrastive tuning",
+        ),
     )
 }
 METHODS: tuple[str, ...] = tuple(REGISTRY)
@@ -259,7 +285,13 @@ def missing_deployments(spec: MethodSpec, deployments: list[dict[str, Any]]) -> 
     for entry in spec.deployment_entries():
         if (entry["entrypoint"], entry["name"]) in have:
             continue
-        lines += [f"  - name: {entry['name']}", f"    entrypoint: {entry['entrypoint']}",
-                  f"    description: {json.dumps(entry['description'], ensure_ascii=False)}", f"    tags: [{', '.join(entry['tags'])}]",
-                  f"    parameters: {{preset: {entry['parameters']['preset']}}}", "    work_pool: *local_pool", ""]
+        lines += [
+            f"  - name: {entry['name']}",
+            f"    entrypoint: {entry['entrypoint']}",
+            f"    description: {json.dumps(entry['description'], ensure_ascii=False)}",
+            f"    tags: [{', '.join(entry['tags'])}]",
+            f"    parameters: {{preset: {entry['parameters']['preset']}}}",
+            "    work_pool: *local_pool",
+            "",
+        ]
     return "\n".join(lines)

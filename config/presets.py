@@ -19,16 +19,35 @@ _SMOKE_CORRUPT = {"generator": "random-init:distilbert-tiny", "shard_size": 4096
 SINGLE_CORRUPTION = {"variants": 1, "generator_dropout": False}
 # SimCSE's supervised optimisation (Gao et al., 2021) used by the D2CSE paper's self-built supervised DiffCSE (its
 # Table 8 gives no hyperparameters; [inferred]): batch 512, 3 epochs on NLI, LR 5e-5 (base) / 1e-5 (large).
-_DIFFCSE_SUP = {"supervised": True, "batch_size": 512, "learning_rate": 5e-5, "epochs": 3, "model": {"rtd_weight": 0.005}}
+_DIFFCSE_SUP = {
+    "supervised": True,
+    "batch_size": 512,
+    "learning_rate": 5e-5,
+    "epochs": 3,
+    "model": {"rtd_weight": 0.005},
+}
 # The packaged MiniLM, the local Wiki1M sample: minutes on 2 CPU cores (STS-B dev every 20 steps).
-_SMOKE = {"backbone": "packaged:minilm", "batch_size": 32, "epochs": 1, "max_steps": 40, "max_train_sentences": 2048,
-          "eval_steps": 20, "log_steps": 5, "system_metrics": False}
+_SMOKE = {
+    "backbone": "packaged:minilm",
+    "batch_size": 32,
+    "epochs": 1,
+    "max_steps": 40,
+    "max_train_sentences": 2048,
+    "eval_steps": 20,
+    "log_steps": 5,
+    "system_metrics": False,
+}
 
 _DIFFAUG = {"max_length": 34, "eval_steps": 50, "seed": 0}
 # DiffAug's main semi-supervised setting (paper Table 1; stage 1 NLI prefix tuning, stage 2 Wiki1M): also its `default`,
 # the preset experiment children start from.
-_DIFFAUG_SEMI = {**_DIFFAUG, "batch_size": 256, "learning_rate": 1e-5, "epochs": 1,
-                 "prefix_phase": {"steps": 2000, "learning_rate": 1e-3, "batch_size": 128}}
+_DIFFAUG_SEMI = {
+    **_DIFFAUG,
+    "batch_size": 256,
+    "learning_rate": 1e-5,
+    "epochs": 1,
+    "prefix_phase": {"steps": 2000, "learning_rate": 1e-3, "batch_size": 128},
+}
 
 # Per method: preset name → the fields that differ from the TrainConfig defaults (D2CSE unsup BERT-base).
 # Every preset states its method; "default" is the paper's BERT-base unsupervised setting unless noted.
@@ -39,81 +58,198 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "single-corruption": {"corrupt": SINGLE_CORRUPTION},
         "bert-large": {"backbone": "bert-large-uncased", "learning_rate": 0.034},
         "roberta-base": {
-            "backbone": "roberta-base", "batch_size": 128, "learning_rate": 0.044,
-            "model": {"cls_prompt": True}, "corrupt": {"generator": "distilroberta-base"},
+            "backbone": "roberta-base",
+            "batch_size": 128,
+            "learning_rate": 0.044,
+            "model": {"cls_prompt": True},
+            "corrupt": {"generator": "distilroberta-base"},
         },
         "sup": {
-            "supervised": True, "batch_size": 256, "learning_rate": 0.055, "epochs": 10,
+            "supervised": True,
+            "batch_size": 256,
+            "learning_rate": 0.055,
+            "epochs": 10,
             "model": {"prefix_len": 12, "cls_prompt": True},
         },
         "sup-roberta-base": {
-            "supervised": True, "backbone": "roberta-base", "batch_size": 256, "learning_rate": 0.024, "epochs": 10,
-            "model": {"prefix_len": 12, "cls_prompt": True}, "corrupt": {"generator": "distilroberta-base"},
+            "supervised": True,
+            "backbone": "roberta-base",
+            "batch_size": 256,
+            "learning_rate": 0.024,
+            "epochs": 10,
+            "model": {"prefix_len": 12, "cls_prompt": True},
+            "corrupt": {"generator": "distilroberta-base"},
         },
         "smoke": {**_SMOKE, "learning_rate": 0.02, "model": {"prefix_len": 8}, "corrupt": _SMOKE_CORRUPT},
     },
     # SimCSE README / paper appendix (princeton-nlp/SimCSE): τ 0.05, max length 32, full fine-tuning.
     "simcse": {
         "default": {"batch_size": 64, "learning_rate": 3e-5, "epochs": 1, "model": {"mlp_only_train": True}},
-        "bert-large": {"backbone": "bert-large-uncased", "batch_size": 64, "learning_rate": 1e-5, "epochs": 1,
-                       "model": {"mlp_only_train": True}},
-        "roberta-base": {"backbone": "roberta-base", "batch_size": 512, "learning_rate": 1e-5, "epochs": 1,
-                         "model": {"mlp_only_train": True}},
-        "sup": {"supervised": True, "batch_size": 512, "learning_rate": 5e-5, "epochs": 3, "model": {"mlp_only_train": False}},
-        "sup-bert-large": {"supervised": True, "backbone": "bert-large-uncased", "batch_size": 512, "learning_rate": 1e-5,
-                           "epochs": 3, "model": {"mlp_only_train": False}},
-        "sup-roberta-base": {"supervised": True, "backbone": "roberta-base", "batch_size": 512, "learning_rate": 5e-5,
-                             "epochs": 3, "model": {"mlp_only_train": False}},
-        "roberta-large": {"backbone": "roberta-large", "batch_size": 512, "learning_rate": 3e-5, "epochs": 1,
-                          "model": {"mlp_only_train": True}},
-        "sup-roberta-large": {"supervised": True, "backbone": "roberta-large", "batch_size": 512, "learning_rate": 1e-5,
-                              "epochs": 3, "model": {"mlp_only_train": False}},
+        "bert-large": {
+            "backbone": "bert-large-uncased",
+            "batch_size": 64,
+            "learning_rate": 1e-5,
+            "epochs": 1,
+            "model": {"mlp_only_train": True},
+        },
+        "roberta-base": {
+            "backbone": "roberta-base",
+            "batch_size": 512,
+            "learning_rate": 1e-5,
+            "epochs": 1,
+            "model": {"mlp_only_train": True},
+        },
+        "sup": {
+            "supervised": True,
+            "batch_size": 512,
+            "learning_rate": 5e-5,
+            "epochs": 3,
+            "model": {"mlp_only_train": False},
+        },
+        "sup-bert-large": {
+            "supervised": True,
+            "backbone": "bert-large-uncased",
+            "batch_size": 512,
+            "learning_rate": 1e-5,
+            "epochs": 3,
+            "model": {"mlp_only_train": False},
+        },
+        "sup-roberta-base": {
+            "supervised": True,
+            "backbone": "roberta-base",
+            "batch_size": 512,
+            "learning_rate": 5e-5,
+            "epochs": 3,
+            "model": {"mlp_only_train": False},
+        },
+        "roberta-large": {
+            "backbone": "roberta-large",
+            "batch_size": 512,
+            "learning_rate": 3e-5,
+            "epochs": 1,
+            "model": {"mlp_only_train": True},
+        },
+        "sup-roberta-large": {
+            "supervised": True,
+            "backbone": "roberta-large",
+            "batch_size": 512,
+            "learning_rate": 1e-5,
+            "epochs": 3,
+            "model": {"mlp_only_train": False},
+        },
         "smoke": {**_SMOKE, "learning_rate": 3e-5, "model": {"mlp_only_train": True}},
     },
     # DCPCSE paper appendix Tables 3/4 (Jiang & Wang, 2022); MLM auxiliary only for RoBERTa unsupervised.
     "dcpcse": {
         "default": {"batch_size": 256, "learning_rate": 3e-2, "epochs": 1, "model": {"prefix_len": 16}},
-        "bert-large": {"backbone": "bert-large-uncased", "batch_size": 256, "learning_rate": 3e-2, "epochs": 1,
-                       "model": {"prefix_len": 10}},
-        "roberta-base": {"backbone": "roberta-base", "batch_size": 64, "learning_rate": 3e-2, "epochs": 1,
-                         "model": {"prefix_len": 14, "mlm": True}},
-        "roberta-large": {"backbone": "roberta-large", "batch_size": 64, "learning_rate": 1e-2, "epochs": 1,
-                          "model": {"prefix_len": 10, "mlm": True}},
-        "sup": {"supervised": True, "batch_size": 256, "learning_rate": 5e-3, "epochs": 10,
-                "model": {"prefix_len": 12, "mlp_only_train": False}},
-        "sup-bert-large": {"supervised": True, "backbone": "bert-large-uncased", "batch_size": 256, "learning_rate": 5e-3,
-                           "epochs": 10, "model": {"prefix_len": 12, "mlp_only_train": False}},
-        "sup-roberta-base": {"supervised": True, "backbone": "roberta-base", "batch_size": 256, "learning_rate": 1e-2,
-                             "epochs": 10, "model": {"prefix_len": 10, "mlp_only_train": False}},
-        "sup-roberta-large": {"supervised": True, "backbone": "roberta-large", "batch_size": 256, "learning_rate": 5e-3,
-                              "epochs": 10, "model": {"prefix_len": 10, "mlp_only_train": False}},
+        "bert-large": {
+            "backbone": "bert-large-uncased",
+            "batch_size": 256,
+            "learning_rate": 3e-2,
+            "epochs": 1,
+            "model": {"prefix_len": 10},
+        },
+        "roberta-base": {
+            "backbone": "roberta-base",
+            "batch_size": 64,
+            "learning_rate": 3e-2,
+            "epochs": 1,
+            "model": {"prefix_len": 14, "mlm": True},
+        },
+        "roberta-large": {
+            "backbone": "roberta-large",
+            "batch_size": 64,
+            "learning_rate": 1e-2,
+            "epochs": 1,
+            "model": {"prefix_len": 10, "mlm": True},
+        },
+        "sup": {
+            "supervised": True,
+            "batch_size": 256,
+            "learning_rate": 5e-3,
+            "epochs": 10,
+            "model": {"prefix_len": 12, "mlp_only_train": False},
+        },
+        "sup-bert-large": {
+            "supervised": True,
+            "backbone": "bert-large-uncased",
+            "batch_size": 256,
+            "learning_rate": 5e-3,
+            "epochs": 10,
+            "model": {"prefix_len": 12, "mlp_only_train": False},
+        },
+        "sup-roberta-base": {
+            "supervised": True,
+            "backbone": "roberta-base",
+            "batch_size": 256,
+            "learning_rate": 1e-2,
+            "epochs": 10,
+            "model": {"prefix_len": 10, "mlp_only_train": False},
+        },
+        "sup-roberta-large": {
+            "supervised": True,
+            "backbone": "roberta-large",
+            "batch_size": 256,
+            "learning_rate": 5e-3,
+            "epochs": 10,
+            "model": {"prefix_len": 10, "mlp_only_train": False},
+        },
         "smoke": {**_SMOKE, "learning_rate": 0.02, "model": {"prefix_len": 8}},
     },
     # DiffCSE (Chuang et al., 2022) Tables 12/13: STS settings; no BERT-large configuration exists. Each view of each
     # epoch reads its own corruption (the CorruptConfig/TrainConfig default), generator dropout on.
     "diffcse": {
-        "default": {"batch_size": 64, "learning_rate": 7e-6, "epochs": 2, "model": {"rtd_weight": 0.005},
-                    "corrupt": {"mask_ratio": 0.3}},
-        "roberta-base": {"backbone": "roberta-base", "batch_size": 64, "learning_rate": 1e-5, "epochs": 2,
-                         "model": {"rtd_weight": 0.005},
-                         "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"}},
-        "single-corruption": {"batch_size": 64, "learning_rate": 7e-6, "epochs": 2, "model": {"rtd_weight": 0.005},
-                              "corrupt": {"mask_ratio": 0.3, **SINGLE_CORRUPTION}},
+        "default": {
+            "batch_size": 64,
+            "learning_rate": 7e-6,
+            "epochs": 2,
+            "model": {"rtd_weight": 0.005},
+            "corrupt": {"mask_ratio": 0.3},
+        },
+        "roberta-base": {
+            "backbone": "roberta-base",
+            "batch_size": 64,
+            "learning_rate": 1e-5,
+            "epochs": 2,
+            "model": {"rtd_weight": 0.005},
+            "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"},
+        },
+        "single-corruption": {
+            "batch_size": 64,
+            "learning_rate": 7e-6,
+            "epochs": 2,
+            "model": {"rtd_weight": 0.005},
+            "corrupt": {"mask_ratio": 0.3, **SINGLE_CORRUPTION},
+        },
         # DiffCSE's transfer models (DiffCSE paper Table 13, "transfer" columns), test-evaluated on the 7 SentEval
         # transfer tasks as well. Checkpoints are selected on STS-B dev as the paper's appendix A says for every run
         # (Table 13's hyperparameters were chosen on the transfer dev average); `overrides={"selection": "transfer"}`
         # selects on the transfer dev average instead (SimCSE's trainer `eval_transfer`).
-        "transfer": {"batch_size": 64, "learning_rate": 2e-6, "epochs": 2, "model": {"rtd_weight": 0.05},
-                     "corrupt": {"mask_ratio": 0.15}, "transfer_evaluation": True},
-        "transfer-roberta-base": {"backbone": "roberta-base", "batch_size": 128, "learning_rate": 3e-6, "epochs": 2,
-                                  "model": {"rtd_weight": 0.05},
-                                  "corrupt": {"mask_ratio": 0.15, "generator": "distilroberta-base"},
-                                  "transfer_evaluation": True},
+        "transfer": {
+            "batch_size": 64,
+            "learning_rate": 2e-6,
+            "epochs": 2,
+            "model": {"rtd_weight": 0.05},
+            "corrupt": {"mask_ratio": 0.15},
+            "transfer_evaluation": True,
+        },
+        "transfer-roberta-base": {
+            "backbone": "roberta-base",
+            "batch_size": 128,
+            "learning_rate": 3e-6,
+            "epochs": 2,
+            "model": {"rtd_weight": 0.05},
+            "corrupt": {"mask_ratio": 0.15, "generator": "distilroberta-base"},
+            "transfer_evaluation": True,
+        },
         # Supervised DiffCSE as the D2CSE paper built it (Table 8; contrastive with hard negatives + CRTD on all three
         # sentences): DiffCSE's CRTD settings per backbone with SimCSE's supervised optimisation ([inferred]).
         "sup": {**_DIFFCSE_SUP, "corrupt": {"mask_ratio": 0.3}},
-        "sup-roberta-base": {**_DIFFCSE_SUP, "backbone": "roberta-base",
-                             "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"}},
+        "sup-roberta-base": {
+            **_DIFFCSE_SUP,
+            "backbone": "roberta-base",
+            "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"},
+        },
         "smoke": {**_SMOKE, "learning_rate": 2e-5, "model": {"rtd_weight": 0.005}, "corrupt": _SMOKE_CORRUPT},
     },
     # DiffAug paper Table 5 and TianduoWang/DiffAug scripts. Sentences are cut to 32 tokens inside the template, so the
@@ -123,14 +259,33 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "diffaug": {
         "default": _DIFFAUG_SEMI,
         "semi": _DIFFAUG_SEMI,
-        "semi-aux": {**_DIFFAUG, "batch_size": 256, "learning_rate": 1e-5, "epochs": 1, "aux_nli_batch_size": 128,
-                     "model": {"aux_weight": 1e-3},
-                     "prefix_phase": {"steps": 1500, "learning_rate": 1e-3, "batch_size": 128}},
-        "sup": {**_DIFFAUG, "supervised": True, "batch_size": 128, "learning_rate": 5e-5, "epochs": 3,
-                "prefix_phase": {"steps": 1250, "learning_rate": 1e-3, "batch_size": 128}},
-        "smoke": {**_SMOKE, **_DIFFAUG, "max_steps": 20, "learning_rate": 2e-5, "eval_steps": 10,
-                  "aux_nli_batch_size": 16, "model": {"aux_weight": 1e-3},
-                  "prefix_phase": {"steps": 10, "learning_rate": 1e-3, "batch_size": 32}},
+        "semi-aux": {
+            **_DIFFAUG,
+            "batch_size": 256,
+            "learning_rate": 1e-5,
+            "epochs": 1,
+            "aux_nli_batch_size": 128,
+            "model": {"aux_weight": 1e-3},
+            "prefix_phase": {"steps": 1500, "learning_rate": 1e-3, "batch_size": 128},
+        },
+        "sup": {
+            **_DIFFAUG,
+            "supervised": True,
+            "batch_size": 128,
+            "learning_rate": 5e-5,
+            "epochs": 3,
+            "prefix_phase": {"steps": 1250, "learning_rate": 1e-3, "batch_size": 128},
+        },
+        "smoke": {
+            **_SMOKE,
+            **_DIFFAUG,
+            "max_steps": 20,
+            "learning_rate": 2e-5,
+            "eval_steps": 10,
+            "aux_nli_batch_size": 16,
+            "model": {"aux_weight": 1e-3},
+            "prefix_phase": {"steps": 10, "learning_rate": 1e-3, "batch_size": 32},
+        },
     },
 }
 D2CSE_PRESETS = PRESETS["d2cse"]

@@ -41,19 +41,29 @@ STS: dict[tuple[str, str, str], dict[str, float | str]] = {
     # supervised (NLI) and semi-supervised
     ("simcse", "bert-base", "sup"): _sts("SimCSE paper", 75.30, 84.67, 80.19, 85.40, 80.82, 84.25, 80.39, 81.57),
     ("dcpcse", "bert-base", "sup"): _sts("DCPCSE paper", 75.58, 84.33, 79.67, 85.79, 81.24, 84.25, 80.79, 81.65),
-    ("diffcse", "bert-base", "sup"): _sts("D2CSE paper (built)", 76.79, 82.41, 79.18, 85.77, 82.09, 83.91, 79.74, 81.41),
+    ("diffcse", "bert-base", "sup"): _sts(
+        "D2CSE paper (built)", 76.79, 82.41, 79.18, 85.77, 82.09, 83.91, 79.74, 81.41
+    ),
     ("d2cse", "bert-base", "sup"): _sts("D2CSE paper", 75.08, 84.34, 79.80, 86.35, 81.75, 83.93, 79.38, 81.52),
-    ("diffaug", "bert-base", "sup"): _sts("DiffAug paper (3 runs)", 76.92, 85.17, 80.81, 86.91, 82.52, 84.32, 80.27, 82.42),
+    ("diffaug", "bert-base", "sup"): _sts(
+        "DiffAug paper (3 runs)", 76.92, 85.17, 80.81, 86.91, 82.52, 84.32, 80.27, 82.42
+    ),
     ("simcse", "bert-large", "sup"): _sts("SimCSE paper", 75.78, 86.33, 80.44, 86.06, 80.86, 84.87, 81.14, 82.21),
     ("dcpcse", "bert-large", "sup"): _sts("DCPCSE paper", 77.97, 86.54, 81.04, 86.33, 81.81, 85.24, 81.31, 82.89),
     ("simcse", "roberta-base", "sup"): _sts("SimCSE paper", 76.53, 85.21, 80.95, 86.03, 82.57, 85.83, 80.50, 82.52),
     ("dcpcse", "roberta-base", "sup"): _sts("DCPCSE paper", 76.75, 85.86, 80.98, 86.51, 83.51, 86.58, 80.41, 82.94),
-    ("diffcse", "roberta-base", "sup"): _sts("D2CSE paper (built)", 76.37, 85.59, 80.65, 85.34, 83.44, 85.79, 77.99, 82.17),
+    ("diffcse", "roberta-base", "sup"): _sts(
+        "D2CSE paper (built)", 76.37, 85.59, 80.65, 85.34, 83.44, 85.79, 77.99, 82.17
+    ),
     ("d2cse", "roberta-base", "sup"): _sts("D2CSE paper", 75.65, 87.26, 81.39, 86.31, 84.46, 86.17, 78.68, 82.85),
     ("simcse", "roberta-large", "sup"): _sts("SimCSE paper", 77.46, 87.27, 82.36, 86.66, 83.93, 86.70, 81.95, 83.76),
     ("dcpcse", "roberta-large", "sup"): _sts("DCPCSE paper", 79.14, 88.64, 83.73, 87.33, 84.57, 87.84, 82.07, 84.76),
-    ("diffaug", "bert-base", "semi"): _sts("DiffAug paper (3 runs)", 75.28, 85.20, 78.57, 85.20, 81.01, 82.42, 73.24, 80.13),
-    ("diffaug", "bert-base", "semi-aux"): _sts("DiffAug paper (3 runs)", 73.46, 85.61, 78.93, 85.82, 80.74, 82.70, 77.00, 80.61),
+    ("diffaug", "bert-base", "semi"): _sts(
+        "DiffAug paper (3 runs)", 75.28, 85.20, 78.57, 85.20, 81.01, 82.42, 73.24, 80.13
+    ),
+    ("diffaug", "bert-base", "semi-aux"): _sts(
+        "DiffAug paper (3 runs)", 73.46, 85.61, 78.93, 85.82, 80.74, 82.70, 77.00, 80.61
+    ),
 }
 
 RERUNS: dict[tuple[str, str, str], dict[str, float | str]] = {
@@ -65,13 +75,48 @@ RERUNS: dict[tuple[str, str, str], dict[str, float | str]] = {
 
 # retrieval on STS-B test (D2CSE paper: R@1/3/5; DiffCSE paper: R@1/5/10).
 RETRIEVAL: dict[tuple[str, str, str], dict[str, float | str]] = {
-    ("dcpcse", "bert-base", "unsup"): {"source": "D2CSE paper (re-trained)", "retrieval_r1": 90.21, "retrieval_r3": 96.91, "retrieval_r5": 98.97},
-    ("diffcse", "bert-base", "unsup"): {"source": "D2CSE paper (released)", "retrieval_r1": 89.69, "retrieval_r3": 97.42, "retrieval_r5": 98.97},
-    ("d2cse", "bert-base", "unsup"): {"source": "D2CSE paper", "retrieval_r1": 91.24, "retrieval_r3": 96.91, "retrieval_r5": 98.97},
-    ("dcpcse", "bert-base", "sup"): {"source": "D2CSE paper (re-trained)", "retrieval_r1": 92.78, "retrieval_r3": 97.94, "retrieval_r5": 98.45},
-    ("diffcse", "bert-base", "sup"): {"source": "D2CSE paper (built)", "retrieval_r1": 91.24, "retrieval_r3": 97.42, "retrieval_r5": 98.45},
-    ("d2cse", "bert-base", "sup"): {"source": "D2CSE paper", "retrieval_r1": 92.78, "retrieval_r3": 98.45, "retrieval_r5": 99.48},
-    ("simcse", "bert-base", "unsup"): {"source": "DiffCSE paper", "retrieval_r1": 77.84, "retrieval_r5": 92.78, "retrieval_r10": 95.88},
+    ("dcpcse", "bert-base", "unsup"): {
+        "source": "D2CSE paper (re-trained)",
+        "retrieval_r1": 90.21,
+        "retrieval_r3": 96.91,
+        "retrieval_r5": 98.97,
+    },
+    ("diffcse", "bert-base", "unsup"): {
+        "source": "D2CSE paper (released)",
+        "retrieval_r1": 89.69,
+        "retrieval_r3": 97.42,
+        "retrieval_r5": 98.97,
+    },
+    ("d2cse", "bert-base", "unsup"): {
+        "source": "D2CSE paper",
+        "retrieval_r1": 91.24,
+        "retrieval_r3": 96.91,
+        "retrieval_r5": 98.97,
+    },
+    ("dcpcse", "bert-base", "sup"): {
+        "source": "D2CSE paper (re-trained)",
+        "retrieval_r1": 92.78,
+        "retrieval_r3": 97.94,
+        "retrieval_r5": 98.45,
+    },
+    ("diffcse", "bert-base", "sup"): {
+        "source": "D2CSE paper (built)",
+        "retrieval_r1": 91.24,
+        "retrieval_r3": 97.42,
+        "retrieval_r5": 98.45,
+    },
+    ("d2cse", "bert-base", "sup"): {
+        "source": "D2CSE paper",
+        "retrieval_r1": 92.78,
+        "retrieval_r3": 98.45,
+        "retrieval_r5": 99.48,
+    },
+    ("simcse", "bert-base", "unsup"): {
+        "source": "DiffCSE paper",
+        "retrieval_r1": 77.84,
+        "retrieval_r5": 92.78,
+        "retrieval_r10": 95.88,
+    },
 }
 
 # alignment / uniformity on STS-B test (lower is better).
@@ -88,10 +133,14 @@ ALIGN_UNIFORM: dict[tuple[str, str, str], dict[str, float | str]] = {
 
 # Trainable parameters at training time, BERT-base (from DCPCSE's prefix layout; papers quote rounded values).
 PARAMETERS: dict[tuple[str, str], dict[str, float | str]] = {
-    ("d2cse", "bert-base"): {"source": "computed from the prefix layout (DCPCSE reference code; paper: 2.6M)",
-                              "trainable_parameters": 294_912 + 2_362_368 + 1_538},
-    ("dcpcse", "bert-base"): {"source": "computed from the prefix layout (DCPCSE reference code, YJiangcm/DCPCSE)",
-                               "trainable_parameters": 294_912 + 590_592},
+    ("d2cse", "bert-base"): {
+        "source": "computed from the prefix layout (DCPCSE reference code; paper: 2.6M)",
+        "trainable_parameters": 294_912 + 2_362_368 + 1_538,
+    },
+    ("dcpcse", "bert-base"): {
+        "source": "computed from the prefix layout (DCPCSE reference code, YJiangcm/DCPCSE)",
+        "trainable_parameters": 294_912 + 590_592,
+    },
     ("diffcse", "bert-base"): {"source": "DiffCSE paper (≈220M)", "trainable_parameters": 220_000_000},
 }
 
@@ -108,16 +157,33 @@ def _transfer(source: str, *scores: float) -> dict[str, float | str]:
 
 
 TRANSFER: dict[tuple[str, str, str], dict[str, float | str]] = {
-    ("simcse", "bert-base", "unsup"): _transfer("SimCSE paper (DiffCSE Table 2)", 81.18, 86.46, 94.45, 88.88, 85.50, 89.80, 74.43, 85.81),
-    ("simcse-mlm", "bert-base", "unsup"): _transfer("SimCSE paper, w/ MLM (DiffCSE Table 2)", 82.92, 87.23, 95.71, 88.73, 86.81, 87.01, 78.07, 86.64),
-    ("diffcse", "bert-base", "unsup"): _transfer("DiffCSE paper (transfer model)", 82.69, 87.23, 95.23, 89.28, 86.60, 90.40, 76.58, 86.86),
-    ("simcse", "roberta-base", "unsup"): _transfer("SimCSE paper (DiffCSE Table 2)", 81.04, 87.74, 93.28, 86.94, 86.60, 84.60, 73.68, 84.84),
-    ("simcse-mlm", "roberta-base", "unsup"): _transfer("SimCSE paper, w/ MLM (DiffCSE Table 2)", 83.37, 87.76, 95.05, 87.16, 89.02, 90.80, 75.13, 86.90),
-    ("diffcse", "roberta-base", "unsup"): _transfer("DiffCSE paper (transfer model)", 82.82, 88.61, 94.32, 87.71, 88.63, 90.40, 76.81, 87.04),
+    ("simcse", "bert-base", "unsup"): _transfer(
+        "SimCSE paper (DiffCSE Table 2)", 81.18, 86.46, 94.45, 88.88, 85.50, 89.80, 74.43, 85.81
+    ),
+    ("simcse-mlm", "bert-base", "unsup"): _transfer(
+        "SimCSE paper, w/ MLM (DiffCSE Table 2)", 82.92, 87.23, 95.71, 88.73, 86.81, 87.01, 78.07, 86.64
+    ),
+    ("diffcse", "bert-base", "unsup"): _transfer(
+        "DiffCSE paper (transfer model)", 82.69, 87.23, 95.23, 89.28, 86.60, 90.40, 76.58, 86.86
+    ),
+    ("simcse", "roberta-base", "unsup"): _transfer(
+        "SimCSE paper (DiffCSE Table 2)", 81.04, 87.74, 93.28, 86.94, 86.60, 84.60, 73.68, 84.84
+    ),
+    ("simcse-mlm", "roberta-base", "unsup"): _transfer(
+        "SimCSE paper, w/ MLM (DiffCSE Table 2)", 83.37, 87.76, 95.05, 87.16, 89.02, 90.80, 75.13, 86.90
+    ),
+    ("diffcse", "roberta-base", "unsup"): _transfer(
+        "DiffCSE paper (transfer model)", 82.82, 88.61, 94.32, 87.71, 88.63, 90.40, 76.81, 87.04
+    ),
 }
 
 # DiffCSE Tables 3–6 (the papers' tables): average dev accuracy of the 7 transfer tasks (SentEval "fasttest" devacc), BERT-base.
-TRANSFER_DEV_AVG: dict[str, float] = {"simcse": 83.91, "simcse-batchnorm": 85.66, "diffcse": 85.95, "diffcse-no-batchnorm": 85.24}
+TRANSFER_DEV_AVG: dict[str, float] = {
+    "simcse": 83.91,
+    "simcse-batchnorm": 85.66,
+    "diffcse": 85.95,
+    "diffcse-no-batchnorm": 85.24,
+}
 
 # D2CSE ablation (Table 6), avg of 7 STS: variant → {(setting, cls_prompt): avg}.
 D2CSE_ABLATION: dict[str, dict[tuple[str, bool], float]] = {
@@ -148,8 +214,12 @@ def published_keys() -> set[tuple[str, str, str]]:
     parameters at the unsupervised setting, and the D2CSE ablation cells on their base presets)."""
     keys = set(STS) | set(RERUNS) | set(RETRIEVAL) | set(ALIGN_UNIFORM)
     keys |= {(method, family, "unsup") for method, family in PARAMETERS}
-    keys |= {(method, "bert-base", setting) for method, table in ABLATION.items() for cells in table.values()
-             for setting, _ in cells}
+    keys |= {
+        (method, "bert-base", setting)
+        for method, table in ABLATION.items()
+        for cells in table.values()
+        for setting, _ in cells
+    }
     return keys
 
 
@@ -185,10 +255,17 @@ ABLATION: dict[str, dict[str, dict[tuple[str, bool], float]]] = {"d2cse": D2CSE_
 
 def rows_of(method: str) -> PublishedRows:
     """Every published number of `method`, by table (an unknown method has none)."""
+
     def of(table: dict[tuple[str, str, str], dict[str, float | str]]) -> dict[tuple[str, str], dict[str, float | str]]:
         return {(family, setting): row for (m, family, setting), row in table.items() if m == method}
 
-    return PublishedRows(method=method, sts=of(STS), reruns=of(RERUNS), retrieval=of(RETRIEVAL),
-                         align_uniform=of(ALIGN_UNIFORM), transfer=of(TRANSFER),
-                         parameters={family: row for (m, family), row in PARAMETERS.items() if m == method},
-                         ablation=ABLATION.get(method, {}))
+    return PublishedRows(
+        method=method,
+        sts=of(STS),
+        reruns=of(RERUNS),
+        retrieval=of(RETRIEVAL),
+        align_uniform=of(ALIGN_UNIFORM),
+        transfer=of(TRANSFER),
+        parameters={family: row for (m, family), row in PARAMETERS.items() if m == method},
+        ablation=ABLATION.get(method, {}),
+    )

@@ -51,7 +51,9 @@ class Settings:
 
 
 _URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@:\s'\"]*):(?P<secret>[^/@\s'\"]+)@")
-_SECRET_PARAM = re.compile(r"(?i)(?P<name>\b(?:password|passwd|pwd|secret|token|api_key|apikey|access_key)=)(?P<secret>[^&\s'\"]+)")
+_SECRET_PARAM = re.compile(
+    r"(?i)(?P<name>\b(?:password|passwd|pwd|secret|token|api_key|apikey|access_key)=)(?P<secret>[^&\s'\"]+)"
+)
 
 
 def redact(text: object) -> str:

@@ -21,9 +21,11 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, **FINITE_ONLY)  # inf / nan refused (config/finite.py)
 
 
-_HF_HELP = ("Hugging Face dataset(s) instead of the file: `hf:<dataset>[:<config>][@<split>]` or {dataset, config, "
-            "split, data_files, columns, values, ...} (storage/hf_sources.py), a hub id, a save_to_disk folder or a "
-            "folder of Parquet files; several are read one after the other")
+_HF_HELP = (
+    "Hugging Face dataset(s) instead of the file: `hf:<dataset>[:<config>][@<split>]` or {dataset, config, "
+    "split, data_files, columns, values, ...} (storage/hf_sources.py), a hub id, a save_to_disk folder or a "
+    "folder of Parquet files; several are read one after the other"
+)
 
 
 class _Source(_Config):
@@ -72,7 +74,8 @@ class SentEvalSource(_Source):
     expected_rows: dict[str, int] | None = Field(
         default_factory=lambda: dict(_senteval_expected_rows()),
         description="scored pairs per task (sts12 …) or split (stsb/dev, sickr/test …), checked after reading; "
-                    "default: the counts of ../shared/data/README.md; None skips the check")
+        "default: the counts of ../shared/data/README.md; None skips the check",
+    )
 
 
 def _senteval_expected_rows() -> dict[str, int]:
@@ -81,7 +84,9 @@ def _senteval_expected_rows() -> dict[str, int]:
     return SENTEVAL_EXPECTED_ROWS
 
 
-Dataset = Literal["wiki1m", "nli", "sts", "transfer"]  # transfer: SentEval's 7 classification tasks (tasks/transfer_data.py)
+Dataset = Literal[
+    "wiki1m", "nli", "sts", "transfer"
+]  # transfer: SentEval's 7 classification tasks (tasks/transfer_data.py)
 
 
 class IngestConfig(_Config):
@@ -90,23 +95,37 @@ class IngestConfig(_Config):
     nli: NliSource = NliSource()
     senteval: SentEvalSource = SentEvalSource()
     download_retries: int = Field(default=3, ge=0)
-    strict: bool = Field(default=False, description="control characters and over-long lines in a source are errors "
-                         "naming file and line (by default they are counted in the manifest and the MLflow run)")
-    max_line_chars: int = Field(default=10_000, ge=1, description="a source line longer than this is counted (an error "
-                                "with strict)")
-    verify: bool = Field(default=False, description="a cache hit also checks the content hash of every file it "
-                         "reuses (file sizes and row counts are always checked)")
+    strict: bool = Field(
+        default=False,
+        description="control characters and over-long lines in a source are errors "
+        "naming file and line (by default they are counted in the manifest and the MLflow run)",
+    )
+    max_line_chars: int = Field(
+        default=10_000, ge=1, description="a source line longer than this is counted (an error with strict)"
+    )
+    verify: bool = Field(
+        default=False,
+        description="a cache hit also checks the content hash of every file it "
+        "reuses (file sizes and row counts are always checked)",
+    )
 
 
 class TokenizeConfig(_Config):
     """Pre-tokenisation of training text. max_length counts [CLS]/[SEP] (plain HF truncation)."""
 
-    tokenizer: str = Field(default="bert-base-uncased", min_length=1, pattern=r"\S",
-                           description="HF tokenizer id, local folder or packaged:minilm (never empty)")
+    tokenizer: str = Field(
+        default="bert-base-uncased",
+        min_length=1,
+        pattern=r"\S",
+        description="HF tokenizer id, local folder or packaged:minilm (never empty)",
+    )
     max_length: int = Field(default=32, ge=4)
     batch_size: int = Field(default=10_000, ge=1)
-    verify: bool = Field(default=False, description="a cache hit also checks the content hash of every file it "
-                         "reuses (file sizes and row counts are always checked)")
+    verify: bool = Field(
+        default=False,
+        description="a cache hit also checks the content hash of every file it "
+        "reuses (file sizes and row counts are always checked)",
+    )
 
 
 # The corruption seed of the stage run on its own (`CorruptConfig.seed` None outside a training job): the seed of the
@@ -123,30 +142,36 @@ class CorruptConfig(_Config):
     generator: str = Field(
         default="distilbert-base-uncased",
         description="the frozen masked LM: an HF id, a local model folder, `generator:<key>` (a dataset of the "
-                    "fit-generator stage) or `random-init:<size>`; unused with mode unigram")
+        "fit-generator stage) or `random-init:<size>`; unused with mode unigram",
+    )
     mask_ratio: float = Field(default=0.3, gt=0.0, lt=1.0)
     mode: Literal["argmax", "sample", "unigram"] = Field(
         default="argmax",
         description="argmax = the reference code (greedy); sample = draw from the generator's softmax (DiffCSE paper "
-                    "text); unigram = no generator: draw from the tokens dataset's non-special token frequencies (a "
-                    "cheap contrast)",
+        "text); unigram = no generator: draw from the tokens dataset's non-special token frequencies (a "
+        "cheap contrast)",
     )
     positions: Literal["masked", "all"] = Field(
         default="masked",
         description="where G's prediction replaces the input: masked = the selected positions only (3x cheaper); "
-                    "all = every real token but [CLS], as the reference code (G may rewrite an unmasked token)")
+        "all = every real token but [CLS], as the reference code (G may rewrite an unmasked token)",
+    )
     variants: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="independent corruptions per sentence; None = the reference's fresh corruption for every view of "
-                    "every epoch (a training job resolves it to epochs x views per column; the stage alone uses "
-                    f"{UNSUP_REFERENCE_VARIANTS}, the 2 views x 2 epochs of unsupervised D2CSE/DiffCSE); 1 = the cheaper "
-                    "single corruption shared by all views and epochs")
+        "every epoch (a training job resolves it to epochs x views per column; the stage alone uses "
+        f"{UNSUP_REFERENCE_VARIANTS}, the 2 views x 2 epochs of unsupervised D2CSE/DiffCSE); 1 = the cheaper "
+        "single corruption shared by all views and epochs",
+    )
     seed: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="seed of the masks, random replacements and generator dropout; None = follow the training job's "
-                    f"`seed` (the references draw them on the fly from the training-seeded RNG, so every seed of a job "
-                    f"trains on its own corruptions); the stage run alone uses {STANDALONE_SEED}, a seed-{STANDALONE_SEED} "
-                    "job's corruption")
+        f"`seed` (the references draw them on the fly from the training-seeded RNG, so every seed of a job "
+        f"trains on its own corruptions); the stage run alone uses {STANDALONE_SEED}, a seed-{STANDALONE_SEED} "
+        "job's corruption",
+    )
     shard_size: int = Field(default=50_000, ge=1, description="sentences per shard")
     batch_size: int = Field(default=256, ge=1)
     generator_dropout: bool = Field(
@@ -168,8 +193,11 @@ class CorruptConfig(_Config):
 
     def resolved(self) -> CorruptConfig:
         """This config with `variants` and `seed` made explicit (what the stage computes and hashes)."""
-        update = {k: v for k, v in (("variants", self.resolved_variants), ("seed", self.resolved_seed))
-                  if getattr(self, k) is None}
+        update = {
+            k: v
+            for k, v in (("variants", self.resolved_variants), ("seed", self.resolved_seed))
+            if getattr(self, k) is None
+        }
         return self.model_copy(update=update) if update else self
 
     def for_job(self, job_seed: int, variants: int) -> CorruptConfig:
@@ -194,33 +222,51 @@ class CorruptConfig(_Config):
 class GeneratorConfig(_Config):
     """Fitting a masked-LM head on a frozen encoder (the fit-generator stage): BERT's MLM head, masking and loss."""
 
-    backbone: str = Field(default="packaged:minilm", min_length=1, pattern=r"\S",
-                          description="the frozen encoder: an HF id, a local folder or packaged:minilm; its vocabulary "
-                                      "must be the tokens dataset's")
+    backbone: str = Field(
+        default="packaged:minilm",
+        min_length=1,
+        pattern=r"\S",
+        description="the frozen encoder: an HF id, a local folder or packaged:minilm; its vocabulary "
+        "must be the tokens dataset's",
+    )
     mask_ratio: float = Field(default=0.15, gt=0.0, lt=1.0, description="BERT's 15 %, then 80/10/10")
     heldout_fraction: float = Field(default=0.1, gt=0.0, lt=1.0, description="share of sentences held out")
     max_heldout: int = Field(default=1000, ge=1, description="at most this many held-out sentences")
     split_seed: int = Field(default=0, description="the seeded permutation choosing the held-out sentences")
-    epochs: int = Field(default=1, ge=1, description="passes of the frozen encoder over the training split, each with "
-                        "fresh masks")
-    reuse: int = Field(default=4, ge=1, description="head passes over each chunk of encoder features (computed once "
-                       "under no_grad): the encoder's forward pass is the cost, the head's steps are cheap")
-    chunk_batches: int = Field(default=32, ge=1, description="batches whose features are held at once (memory: "
-                               "chunk_batches x batch_size x masked tokens x hidden floats)")
-    max_steps: int | None = Field(default=None, ge=1, description="stop after this many head steps (None: epochs x "
-                                  "reuse x batches per epoch)")
+    epochs: int = Field(
+        default=1, ge=1, description="passes of the frozen encoder over the training split, each with fresh masks"
+    )
+    reuse: int = Field(
+        default=4,
+        ge=1,
+        description="head passes over each chunk of encoder features (computed once "
+        "under no_grad): the encoder's forward pass is the cost, the head's steps are cheap",
+    )
+    chunk_batches: int = Field(
+        default=32,
+        ge=1,
+        description="batches whose features are held at once (memory: "
+        "chunk_batches x batch_size x masked tokens x hidden floats)",
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, description="stop after this many head steps (None: epochs x reuse x batches per epoch)"
+    )
     batch_size: int = Field(default=64, ge=1, description="sentences per step")
     lr: float = Field(default=2e-3, gt=0.0)
     weight_decay: float = Field(default=0.01, ge=0.0)
     warmup_ratio: float = Field(default=0.05, ge=0.0, lt=1.0)
     bias_init: Literal["unigram", "zeros"] = Field(
-        default="unigram", description="output bias at the start: the centred log unigram frequencies of the training "
-                                       "split, or zeros (BERT's init)")
+        default="unigram",
+        description="output bias at the start: the centred log unigram frequencies of the training "
+        "split, or zeros (BERT's init)",
+    )
     eval_every: int = Field(default=100, ge=1, description="held-out accuracy every this many steps (and at the end)")
     seed: int = Field(default=0, description="head init, masks, batch order")
-    baseline_generator: str | None = Field(default="random-init:distilbert-tiny",
-                                           description="a masked LM scored on the same held-out positions for contrast "
-                                                       "(the smoke presets' generator); None: none")
+    baseline_generator: str | None = Field(
+        default="random-init:distilbert-tiny",
+        description="a masked LM scored on the same held-out positions for contrast "
+        "(the smoke presets' generator); None: none",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 

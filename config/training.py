@@ -19,7 +19,6 @@ job's identity (`LAUNCH_FIELDS`), so a job resumes on another number of GPUs.
 from __future__ import annotations
 
 from dataclasses import replace
-
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, model_validator
@@ -35,8 +34,12 @@ LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
 # Model fields added after jobs had been keyed, with their defaults: a field at its default is left out of the job's
 # identity (training.job.run_key), so the jobs that finished before it existed keep their run keys and stay cache hits.
 # The rule for every new model field that changes nothing at its default: add it here.
-KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {"dropout": None, "train_prompts": True, "shared_prefix": False,
-                                              "head_learning_rate": None}
+KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {
+    "dropout": None,
+    "train_prompts": True,
+    "shared_prefix": False,
+    "head_learning_rate": None,
+}
 DEFAULT_BACKBONE = "bert-base-uncased"
 
 
@@ -54,56 +57,95 @@ class PrefixPhaseConfig(_Config):
     learning_rate: float = Field(default=1e-3, gt=0)
     batch_size: int = Field(default=128, ge=2)
     schedule_over_joint_steps: bool = Field(
-        default=True, description="reference quirk: its linear decay is computed over the stage-2 step count, so it never reaches 0")
+        default=True,
+        description="reference quirk: its linear decay is computed over the stage-2 step count, so it never reaches 0",
+    )
 
 
 class TrainConfig(_Config):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    method: str = Field(default=DEFAULT_METHOD, description="a method of the registry (config/methods.py); an "
-                        "unknown name is refused with the known ones")
+    method: str = Field(
+        default=DEFAULT_METHOD,
+        description="a method of the registry (config/methods.py); an unknown name is refused with the known ones",
+    )
     preset: str = "default"
-    backbone: str = Field(default=DEFAULT_BACKBONE, min_length=1, pattern=r"\S",
-                          description="HF model id, local folder or packaged:minilm (never empty)")
+    backbone: str = Field(
+        default=DEFAULT_BACKBONE,
+        min_length=1,
+        pattern=r"\S",
+        description="HF model id, local folder or packaged:minilm (never empty)",
+    )
     supervised: bool = False
     ingest: IngestConfig = IngestConfig()
     max_length: int = Field(default=32, ge=4)
     corrupt: CorruptConfig = CorruptConfig()
-    model: MethodConfig = Field(default=None, validate_default=True,
-                                description="the method's typed model config (given and dumped as a dict, backbone excluded)")
-    prefix_phase: PrefixPhaseConfig | None = Field(default=None, description="DiffAug stage 1; None for every other method")
-    aux_nli_batch_size: int = Field(default=0, ge=0, description="DiffAug semi w/ aux: NLI rows batched beside each Wiki batch")
+    model: MethodConfig = Field(
+        default=None,
+        validate_default=True,
+        description="the method's typed model config (given and dumped as a dict, backbone excluded)",
+    )
+    prefix_phase: PrefixPhaseConfig | None = Field(
+        default=None, description="DiffAug stage 1; None for every other method"
+    )
+    aux_nli_batch_size: int = Field(
+        default=0, ge=0, description="DiffAug semi w/ aux: NLI rows batched beside each Wiki batch"
+    )
 
     batch_size: int = Field(default=144, ge=2)
     learning_rate: float = Field(default=0.021, gt=0)
     epochs: int = Field(default=2, ge=1)
-    max_steps: int | None = Field(default=None, ge=1, description="stop after this many optimiser steps (smoke runs); "
-                                  "None = no limit (0 is refused, never a synonym of None)")
-    max_train_sentences: int | None = Field(default=None, ge=1, description="use only the first N training rows; None = all")
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="stop after this many optimiser steps (smoke runs); "
+        "None = no limit (0 is refused, never a synonym of None)",
+    )
+    max_train_sentences: int | None = Field(
+        default=None, ge=1, description="use only the first N training rows; None = all"
+    )
     grad_clip: float = Field(default=1.0, gt=0, description="global gradient-norm clipping threshold")
     seed: int = Field(default=42, ge=0)
     eval_steps: int = Field(default=125, ge=1)
     checkpoint_steps: int | None = Field(default=None, ge=1, description="resume-state cadence; None = eval_steps")
     eval_batch_size: int = Field(default=128, ge=1)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(default="auto", description="training autocast; auto: bf16 on GPU, fp32 on CPU")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        default="auto", description="training autocast; auto: bf16 on GPU, fp32 on CPU"
+    )
     eval_precision: Literal["fp32", "bf16"] = Field(
-        default="fp32", description="STS-B dev selection and the test evaluation: fp32 as the reference evaluates; bf16 only when asked")
+        default="fp32",
+        description="STS-B dev selection and the test evaluation: fp32 as the reference evaluates; bf16 only when asked",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    deterministic: bool = Field(default=False, description="torch deterministic algorithms (resume gives bit-identical weights)")
+    deterministic: bool = Field(
+        default=False, description="torch deterministic algorithms (resume gives bit-identical weights)"
+    )
     log_steps: int = Field(default=10, ge=1)
     system_metrics: bool = True
     test_evaluation: bool = True
     selection: Literal["stsb", "transfer"] = Field(
-        default="stsb", description="checkpoint selection every eval_steps: stsb = STS-B dev Spearman (the papers); transfer = "
-                                    "the average dev accuracy of SentEval's 7 transfer tasks in SimCSE's fasttest settings "
-                                    "(SimCSE's trainer `eval_transfer`; metric transfer_dev_avg)")
+        default="stsb",
+        description="checkpoint selection every eval_steps: stsb = STS-B dev Spearman (the papers); transfer = "
+        "the average dev accuracy of SentEval's 7 transfer tasks in SimCSE's fasttest settings "
+        "(SimCSE's trainer `eval_transfer`; metric transfer_dev_avg)",
+    )
     transfer_evaluation: bool = Field(
-        default=False, description="test-evaluate the selected checkpoint on the 7 transfer tasks too (SentEval test settings; "
-                                   "metrics mr … mrpc, transfer_avg in the training run); implied by selection transfer")
-    nproc_per_node: int = Field(default=1, ge=1, description="training processes (one per GPU) on each node; > 1 "
-                                "launches torchrun (training/distributed.py); batch sizes stay global")
-    nnodes: int = Field(default=1, ge=1, description="nodes of a multi-node job: rendezvous at $CSE_RDZV_ENDPOINT "
-                        "(host:port); the task runs node 0's torchrun and logs the command the other nodes run")
+        default=False,
+        description="test-evaluate the selected checkpoint on the 7 transfer tasks too (SentEval test settings; "
+        "metrics mr … mrpc, transfer_avg in the training run); implied by selection transfer",
+    )
+    nproc_per_node: int = Field(
+        default=1,
+        ge=1,
+        description="training processes (one per GPU) on each node; > 1 "
+        "launches torchrun (training/distributed.py); batch sizes stay global",
+    )
+    nnodes: int = Field(
+        default=1,
+        ge=1,
+        description="nodes of a multi-node job: rendezvous at $CSE_RDZV_ENDPOINT "
+        "(host:port); the task runs node 0's torchrun and logs the command the other nodes run",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -116,7 +158,9 @@ class TrainConfig(_Config):
         if isinstance(fields, MethodConfig):
             fields = {k: v for k, v in fields.to_dict().items() if k != "backbone"}
         if not isinstance(fields, dict):
-            raise ValueError(f"model must be a dict of {spec.config_class.__name__} fields, got {type(fields).__name__}")
+            raise ValueError(
+                f"model must be a dict of {spec.config_class.__name__} fields, got {type(fields).__name__}"
+            )
         return {**data, "model": spec.model_config(str(data.get("backbone", DEFAULT_BACKBONE)), fields)}
 
     @field_serializer("model")
@@ -134,8 +178,9 @@ class TrainConfig(_Config):
             object.__setattr__(self, "model", replace(self.model, backbone=self.backbone))
         cls = spec.model_class
         if cls.uses_corruption:  # the reference: a fresh corruption per view and epoch, drawn from the job's seed
-            object.__setattr__(self, "corrupt", self.corrupt.for_job(
-                self.seed, required_variants(self.epochs, self.supervised)))
+            object.__setattr__(
+                self, "corrupt", self.corrupt.for_job(self.seed, required_variants(self.epochs, self.supervised))
+            )
         phases = cls.phases
         if "prefix" in phases and self.prefix_phase is None:
             raise ValueError(f"method {self.method} trains a prefix phase first: set prefix_phase")
@@ -143,11 +188,15 @@ class TrainConfig(_Config):
             raise ValueError(f"method {self.method} has no prefix phase; prefix_phase must be null")
         if self.aux_nli_batch_size and not spec.accepts_aux_nli:
             takers = [name for name, other in REGISTRY.items() if other.accepts_aux_nli]
-            raise ValueError(f"aux_nli_batch_size: method {self.method} takes no auxiliary NLI batch (methods that do: "
-                             f"{takers})")
+            raise ValueError(
+                f"aux_nli_batch_size: method {self.method} takes no auxiliary NLI batch (methods that do: {takers})"
+            )
         world = self.world_size
-        batches = {"batch_size": self.batch_size, "aux_nli_batch_size": self.aux_nli_batch_size or world,
-                   "prefix_phase.batch_size": self.prefix_phase.batch_size if self.prefix_phase else world}
+        batches = {
+            "batch_size": self.batch_size,
+            "aux_nli_batch_size": self.aux_nli_batch_size or world,
+            "prefix_phase.batch_size": self.prefix_phase.batch_size if self.prefix_phase else world,
+        }
         small = {k: v for k, v in batches.items() if v < world}
         if small:
             raise ValueError(f"global batch sizes {small} are smaller than the {world} training processes")
@@ -179,8 +228,9 @@ class TrainConfig(_Config):
         return TokenizeConfig(tokenizer=self.backbone, max_length=self.max_length)
 
 
-def resolve_train_config(preset: str = "default", overrides: dict[str, Any] | None = None,
-                         method: str = DEFAULT_METHOD) -> TrainConfig:
+def resolve_train_config(
+    preset: str = "default", overrides: dict[str, Any] | None = None, method: str = DEFAULT_METHOD
+) -> TrainConfig:
     """The TrainConfig of `method`'s `preset` (config/presets.py) with `overrides` (a nested dict) merged in."""
     spec = get_method(method)
     fields = spec.preset(preset)

@@ -37,7 +37,9 @@ def alignment(x: Tensor, y: Tensor, alpha: float = 2.0) -> float:
     """
     x, y = _unit(x), _unit(y)
     if x.shape != y.shape or x.shape[0] == 0:
-        raise ValueError(f"alignment needs two non-empty [N, d] tensors of one shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"alignment needs two non-empty [N, d] tensors of one shape, got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     return float((x - y).norm(dim=1).pow(alpha).mean())
 
 

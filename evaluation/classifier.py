@@ -71,7 +71,7 @@ class ClassifierSettings:
     max_epoch: int = 200
     kfold: int = 10
     seed: int = 1111
-    regs: tuple[float, ...] = tuple(10.0 ** t for t in range(-5, -1))  # SentEval with usepytorch: 1e-5 … 1e-2
+    regs: tuple[float, ...] = tuple(10.0**t for t in range(-5, -1))  # SentEval with usepytorch: 1e-5 … 1e-2
     validation_split: float = 0.05  # the held-out fraction of a final fit that has no validation set
 
     def __post_init__(self):
@@ -120,8 +120,13 @@ class Fitted:
         return (x.to(self.weight.device, self.weight.dtype) @ self.weight + self.bias).argmax(dim=1)
 
 
-def group(train: np.ndarray, regs: Sequence[float], seed: int, valid: np.ndarray | None = None,
-          validation_split: float | None = None) -> Group:
+def group(
+    train: np.ndarray,
+    regs: Sequence[float],
+    seed: int,
+    valid: np.ndarray | None = None,
+    validation_split: float | None = None,
+) -> Group:
     """A group with SentEval's data preparation.
 
     With `valid` the fits validate on it; else the first permutation of the seeded generator moves
@@ -184,8 +189,9 @@ def initial_weights(d: int, nclasses: int, seed: int) -> tuple[Tensor, Tensor]:
     return w.t().contiguous(), b
 
 
-def fit_groups(x: Tensor, y: Tensor, nclasses: int, groups: Sequence[Group], settings: ClassifierSettings,
-               chunk: int = 16) -> list[list[Fitted]]:
+def fit_groups(
+    x: Tensor, y: Tensor, nclasses: int, groups: Sequence[Group], settings: ClassifierSettings, chunk: int = 16
+) -> list[list[Fitted]]:
     """Train every group's fits (SentEval's `fit`, one per penalty), `chunk` groups side by side.
 
     Args:
@@ -215,13 +221,15 @@ def fit_groups(x: Tensor, y: Tensor, nclasses: int, groups: Sequence[Group], set
         by_width.setdefault(len(g.regs), []).append(i)
     for idx in by_width.values():
         for i in range(0, len(idx), chunk):
-            part = idx[i:i + chunk]
+            part = idx[i : i + chunk]
             for k, fits in zip(part, _fit_batch(x, y, nclasses, [groups[k] for k in part], settings)):
                 out[k] = fits
     return out  # type: ignore[return-value]
 
 
-def _batches(groups: list[Group], alive: np.ndarray, sizes: np.ndarray, bs: int, device) -> tuple[Tensor, Tensor, Tensor, int]:
+def _batches(
+    groups: list[Group], alive: np.ndarray, sizes: np.ndarray, bs: int, device
+) -> tuple[Tensor, Tensor, Tensor, int]:
     """One epoch of shuffled mini-batches per live group: row indices [G, S, bs], per-row weights 1/|batch| (0 on
     padding) and the [G, S] mask of real steps."""
     nsteps = -(-sizes // bs)
@@ -234,12 +242,17 @@ def _batches(groups: list[Group], alive: np.ndarray, sizes: np.ndarray, bs: int,
         pos = np.arange(n)
         wgt[j, :n] = 1.0 / np.minimum(bs, n - (pos // bs) * bs)  # mean over each batch, the last one possibly short
     g = len(alive)
-    return (torch.from_numpy(idx).to(device).view(g, smax, bs), torch.from_numpy(wgt).to(device).view(g, smax, bs),
-            torch.from_numpy(nsteps[:, None] > np.arange(smax)[None, :]).to(device), smax)
+    return (
+        torch.from_numpy(idx).to(device).view(g, smax, bs),
+        torch.from_numpy(wgt).to(device).view(g, smax, bs),
+        torch.from_numpy(nsteps[:, None] > np.arange(smax)[None, :]).to(device),
+        smax,
+    )
 
 
-def _accuracy(x: Tensor, y: Tensor, w: Tensor, b: Tensor, rows: list[np.ndarray], r: int, c: int,
-              max_floats: int = 1 << 24) -> np.ndarray:
+def _accuracy(
+    x: Tensor, y: Tensor, w: Tensor, b: Tensor, rows: list[np.ndarray], r: int, c: int, max_floats: int = 1 << 24
+) -> np.ndarray:
     """[G, R] accuracy of each group's R weight blocks on its rows."""
     out = np.zeros((len(rows), r))
     d = x.shape[1]
@@ -247,16 +260,16 @@ def _accuracy(x: Tensor, y: Tensor, w: Tensor, b: Tensor, rows: list[np.ndarray]
     while i < len(rows):
         longest = max(len(q) for q in rows[i:])
         step = max(1, min(len(rows) - i, max_floats // max(1, longest * d)))
-        part = rows[i:i + step]
+        part = rows[i : i + step]
         n = max(len(q) for q in part)
         idx = np.zeros((len(part), n), dtype=np.int64)
         mask = np.zeros((len(part), n), dtype=bool)
         for j, q in enumerate(part):
-            idx[j, :len(q)], mask[j, :len(q)] = q, True
+            idx[j, : len(q)], mask[j, : len(q)] = q, True
         it = torch.from_numpy(idx).to(x.device)
-        pred = torch.baddbmm(b[i:i + step], x[it], w[i:i + step]).view(len(part), n, r, c).argmax(dim=3)
+        pred = torch.baddbmm(b[i : i + step], x[it], w[i : i + step]).view(len(part), n, r, c).argmax(dim=3)
         ok = (pred == y[it].unsqueeze(2)) & torch.from_numpy(mask).to(x.device).unsqueeze(2)
-        out[i:i + step] = ok.sum(dim=1).cpu().numpy() / np.array([len(q) for q in part])[:, None]
+        out[i : i + step] = ok.sum(dim=1).cpu().numpy() / np.array([len(q) for q in part])[:, None]
         i += step
     return out
 
@@ -271,7 +284,9 @@ def _fit_batch(x: Tensor, y: Tensor, c: int, groups: list[Group], s: ClassifierS
     m1w, m1b = torch.zeros_like(w), torch.zeros_like(b)  # Adam's first moment (unused by RMSprop)
     m2w, m2b = torch.zeros_like(w), torch.zeros_like(b)  # second moment / square average
     steps = torch.zeros(g_all, 1, 1, device=dev)
-    reg = torch.tensor([[q for q in grp.regs for _ in range(c)] for grp in groups], device=dev, dtype=x.dtype).unsqueeze(1)
+    reg = torch.tensor(
+        [[q for q in grp.regs for _ in range(c)] for grp in groups], device=dev, dtype=x.dtype
+    ).unsqueeze(1)
     best_w, best_b = w.clone(), b.clone()
     best_acc = np.full((g_all, r), -1.0)
     count = np.zeros((g_all, r), dtype=np.int64)
@@ -286,7 +301,7 @@ def _fit_batch(x: Tensor, y: Tensor, c: int, groups: list[Group], s: ClassifierS
         if s.optim == "adam":
             nm1 = m1 * b1 + g * (1 - b1)
             nm2 = m2 * b2 + g * g * (1 - b2)
-            upd = nm1 / (nm2.sqrt() / torch.sqrt(1 - b2 ** steps) + eps) * (lr / (1 - b1 ** steps))
+            upd = nm1 / (nm2.sqrt() / torch.sqrt(1 - b2**steps) + eps) * (lr / (1 - b1**steps))
         else:  # rmsprop: alpha 0.99, eps 1e-8, no momentum, not centred
             nm1, nm2 = m1, m2 * alpha + g * g * (1 - alpha)
             upd = g / (nm2.sqrt() + eps) * lr
@@ -304,7 +319,9 @@ def _fit_batch(x: Tensor, y: Tensor, c: int, groups: list[Group], s: ClassifierS
                 rows = idx_t[:, st]
                 xb = x[rows]  # [G, bs, d]
                 p = torch.softmax(torch.baddbmm(b, xb, w).view(len(alive), bs, r, c), dim=3)
-                p.scatter_add_(3, y[rows].view(len(alive), bs, 1, 1).expand(-1, -1, r, 1), torch.full_like(p[..., :1], -1.0))
+                p.scatter_add_(
+                    3, y[rows].view(len(alive), bs, 1, 1).expand(-1, -1, r, 1), torch.full_like(p[..., :1], -1.0)
+                )
                 p = p.mul_(wgt_t[:, st].view(len(alive), bs, 1, 1)).view(len(alive), bs, r * c)  # d(mean CE)/d logits
                 gw = torch.bmm(xb.transpose(1, 2), p).add_(w * reg)
                 gb = p.sum(dim=1, keepdim=True).add_(b * reg)
@@ -331,8 +348,20 @@ def _fit_batch(x: Tensor, y: Tensor, c: int, groups: list[Group], s: ClassifierS
         keep = np.flatnonzero(~stopped[alive].all(axis=1))
         if len(keep) < len(alive):
             k_t = torch.from_numpy(keep).to(dev)
-            w, b, m1w, m1b, m2w, m2b, steps, reg = (t.index_select(0, k_t) for t in (w, b, m1w, m1b, m2w, m2b, steps, reg))
+            w, b, m1w, m1b, m2w, m2b, steps, reg = (
+                t.index_select(0, k_t) for t in (w, b, m1w, m1b, m2w, m2b, steps, reg)
+            )
             alive = alive[keep]
-    return [[Fitted(valid_accuracy=float(best_acc[k, j]), weight=best_w[k, :, j * c:(j + 1) * c].clone(),
-                    bias=best_b[k, 0, j * c:(j + 1) * c].clone(), epochs=int(epochs[k, j]), reg=groups[k].regs[j])
-             for j in range(r)] for k in range(g_all)]
+    return [
+        [
+            Fitted(
+                valid_accuracy=float(best_acc[k, j]),
+                weight=best_w[k, :, j * c : (j + 1) * c].clone(),
+                bias=best_b[k, 0, j * c : (j + 1) * c].clone(),
+                epochs=int(epochs[k, j]),
+                reg=groups[k].regs[j],
+            )
+            for j in range(r)
+        ]
+        for k in range(g_all)
+    ]

@@ -71,7 +71,7 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -142,13 +142,19 @@ def embed_token_ids(
     out: Tensor | None = None
     pad_id = embedder.pad_token_id
     t0 = time.perf_counter()
-    with eval_mode(embedder), torch.inference_mode(), autocast_context(device, precision), \
-            tqdm(total=n, desc=desc, unit="sent", disable=not progress, mininterval=1.0) as bar:
+    with (
+        eval_mode(embedder),
+        torch.inference_mode(),
+        autocast_context(device, precision),
+        tqdm(total=n, desc=desc, unit="sent", disable=not progress, mininterval=1.0) as bar,
+    ):
         for idx in batches:
             input_ids, mask = pad_batch([token_ids[i] for i in idx], pad_id)
             emb = embedder.embed(input_ids.to(device, non_blocking=True), mask.to(device, non_blocking=True))
             if emb.dim() != 2 or emb.shape[0] != len(idx):
-                raise ValueError(f"{type(embedder).__name__}.embed returned shape {tuple(emb.shape)}, expected [{len(idx)}, d]")
+                raise ValueError(
+                    f"{type(embedder).__name__}.embed returned shape {tuple(emb.shape)}, expected [{len(idx)}, d]"
+                )
             if out is None:
                 out = torch.empty((n, emb.shape[1]), dtype=torch.float32)
             out[torch.as_tensor(idx)] = emb.float().cpu()

@@ -53,7 +53,9 @@ class _Plan:
     """What one (mode, tasks, extras) call embeds and scores; sentence positions are unique."""
 
     sentences: list[str]
-    scored: dict[str, tuple[str, str, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]]  # name → (task, split, {subset: (i1, i2, gold)})
+    scored: dict[
+        str, tuple[str, str, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]
+    ]  # name → (task, split, {subset: (i1, i2, gold)})
     stsb_test: tuple[np.ndarray, np.ndarray] | None  # positions of sentence1/sentence2 of STS-B test
     queries: np.ndarray | None
 
@@ -107,7 +109,9 @@ class Evaluator:
     ):
         missing = [c for c in REQUIRED_COLUMNS if c not in sts_table.column_names]
         if missing:
-            raise MissingDataError(f"the STS table lacks columns {missing} (expected the schema of storage.schemas.STS)")
+            raise MissingDataError(
+                f"the STS table lacks columns {missing} (expected the schema of storage.schemas.STS)"
+            )
         if retrieval_match not in RULES:
             raise ValueError(f"unknown retrieval duplicate rule {retrieval_match!r}; known: {', '.join(RULES)}")
         self.retrieval_match = retrieval_match
@@ -133,14 +137,18 @@ class Evaluator:
             data[key] = {}
             for name, items in subsets.items():
                 items.sort(key=lambda r: r[0])
-                data[key][name] = _Subset([r[1] for r in items], [r[2] for r in items], np.array([r[3] for r in items], dtype=np.float64))
+                data[key][name] = _Subset(
+                    [r[1] for r in items], [r[2] for r in items], np.array([r[3] for r in items], dtype=np.float64)
+                )
         return data
 
     def _need(self, task: str, split: str) -> dict[str, _Subset]:
         got = self._data.get((task, split))
         if not got:
-            raise MissingDataError(f"the STS table has no pairs for task {task!r}, split {split!r}; "
-                                   "ingest the SentEval data (flow `ingest`) or point `sts` at a SentEval folder")
+            raise MissingDataError(
+                f"the STS table has no pairs for task {task!r}, split {split!r}; "
+                "ingest the SentEval data (flow `ingest`) or point `sts` at a SentEval folder"
+            )
         return got
 
     # ------------------------------------------------------------------ planning
@@ -158,7 +166,11 @@ class Evaluator:
         scored = {}
         for task in tasks:
             name = task if mode == "test" else f"{task}_dev"
-            scored[name] = (task, split, {sub: (at(d.s1), at(d.s2), d.gold) for sub, d in self._need(task, split).items()})
+            scored[name] = (
+                task,
+                split,
+                {sub: (at(d.s1), at(d.s2), d.gold) for sub, d in self._need(task, split).items()},
+            )
         stsb_test = queries = None
         if mode == "test" and extras:
             d = self._need("stsb", "test")["all"]
@@ -240,17 +252,30 @@ class Evaluator:
         key = (mode, task_names, extras)
         plan = self._plan(*key)
         ids = self._token_ids(embedder, key, plan.sentences)
-        emb_t, st = embed_token_ids(embedder, ids, batch_size=batch_size, precision=precision, progress=progress,
-                                    desc=f"evaluate ({mode})")
+        emb_t, st = embed_token_ids(
+            embedder, ids, batch_size=batch_size, precision=precision, progress=progress, desc=f"evaluate ({mode})"
+        )
         emb = emb_t.numpy().astype(np.float64)
 
         scores = {}
         for name, (task, split, subsets) in plan.scored.items():
-            scores[name] = score_task(task, split, {sub: (cosine_pairs(emb[i1], emb[i2], identical=i1 == i2), g)
-                                                    for sub, (i1, i2, g) in subsets.items()})
-        result = EvalResult(mode=mode, tasks=scores, timing=Timing(seconds=0.0, embed_seconds=st.seconds, sentences=st.sentences,
-                                                                     tokens=st.tokens, sentences_per_s=st.sentences_per_s),
-                            embedder=embedder.describe())
+            scores[name] = score_task(
+                task,
+                split,
+                {sub: (cosine_pairs(emb[i1], emb[i2], identical=i1 == i2), g) for sub, (i1, i2, g) in subsets.items()},
+            )
+        result = EvalResult(
+            mode=mode,
+            tasks=scores,
+            timing=Timing(
+                seconds=0.0,
+                embed_seconds=st.seconds,
+                sentences=st.sentences,
+                tokens=st.tokens,
+                sentences_per_s=st.sentences_per_s,
+            ),
+            embedder=embedder.describe(),
+        )
         if mode == "test" and all(t in scores for t in TEST_TASKS):
             result.sts_avg = rounded_average([scores[t].spearman for t in TEST_TASKS])
             result.sts_avg_pearson = rounded_average([scores[t].pearson for t in TEST_TASKS])
@@ -264,10 +289,14 @@ class Evaluator:
         i1, i2 = plan.stsb_test
         e1, e2 = emb[i1], emb[i2]
         result.stsb_test_pairs = {"cosine": cosine_pairs(e1, e2, identical=i1 == i2).tolist(), "gold": d.gold.tolist()}
-        result.retrieval = retrieval_scores(d.s1, d.s2, d.gold, e1, e2, ks=self.retrieval_ks, match=self.retrieval_match)
+        result.retrieval = retrieval_scores(
+            d.s1, d.s2, d.gold, e1, e2, ks=self.retrieval_ks, match=self.retrieval_match
+        )
         pos = d.gold >= self.alignment_threshold if self.alignment_inclusive else d.gold > self.alignment_threshold
         if not pos.any():
-            raise MissingDataError(f"no STS-B test pair has gold {'>=' if self.alignment_inclusive else '>'} {self.alignment_threshold}")
+            raise MissingDataError(
+                f"no STS-B test pair has gold {'>=' if self.alignment_inclusive else '>'} {self.alignment_threshold}"
+            )
         if self.uniformity_dedup:
             everything = emb[np.unique(np.concatenate([i1, i2]))]
         else:
@@ -284,5 +313,10 @@ class Evaluator:
         )
         if plan.queries is not None:
             result.qualitative = nearest_neighbours(
-                self.qualitative_queries, emb[plan.queries], d.s1 + d.s2, np.concatenate([e1, e2]), k=self.qualitative_k,
-                answers=[answers_of(q, d.s1, d.s2, d.gold) for q in self.qualitative_queries])
+                self.qualitative_queries,
+                emb[plan.queries],
+                d.s1 + d.s2,
+                np.concatenate([e1, e2]),
+                k=self.qualitative_k,
+                answers=[answers_of(q, d.s1, d.s2, d.gold) for q in self.qualitative_queries],
+            )

@@ -27,7 +27,9 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return np.divide(x, n, out=np.zeros_like(x), where=n > 0)
 
 
-def answers_of(query: str, sentence1: Sequence[str], sentence2: Sequence[str], gold: Sequence[float], score: float = 5.0) -> list[str]:
+def answers_of(
+    query: str, sentence1: Sequence[str], sentence2: Sequence[str], gold: Sequence[float], score: float = 5.0
+) -> list[str]:
     """The partners of `query` in the pairs of gold `score`, each once.
 
     Args:
@@ -91,9 +93,11 @@ def nearest_neighbours(
             row[texts.index(q)] = -np.inf
         top = np.argsort(-row, kind="stable")[:k]
         ans = list(answers[qi]) if answers is not None else []
-        out.append(QueryNeighbours(
-            query=q,
-            answers=ans,
-            neighbours=[Neighbour(sentence=texts[j], cosine=float(row[j]), is_answer=texts[j] in ans) for j in top],
-        ))
+        out.append(
+            QueryNeighbours(
+                query=q,
+                answers=ans,
+                neighbours=[Neighbour(sentence=texts[j], cosine=float(row[j]), is_answer=texts[j] in ans) for j in top],
+            )
+        )
     return out

@@ -94,7 +94,9 @@ class EvalResult(BaseModel):
     retrieval: RetrievalScore | None = None
     align_uniform: AlignUniform | None = None
     qualitative: list[QueryNeighbours] = Field(default_factory=list)
-    stsb_test_pairs: dict[str, list[float]] | None = Field(default=None, description="cosine and gold of STS-B test (plots)")
+    stsb_test_pairs: dict[str, list[float]] | None = Field(
+        default=None, description="cosine and gold of STS-B test (plots)"
+    )
     timing: Timing
     embedder: dict = Field(default_factory=dict)
 
@@ -155,10 +157,19 @@ class EvalResult(BaseModel):
         """One row per task: headline Spearman/Pearson, pairs, and the subset aggregations."""
         rows = []
         for name, t in self.tasks.items():
-            rows.append({"task": name, "split": t.split, "n": t.n, "spearman": round(t.spearman, 4),
-                         "pearson": round(t.pearson, 4),
-                         "spearman_mean": _r(t.spearman_mean), "spearman_wmean": _r(t.spearman_wmean),
-                         "pearson_mean": _r(t.pearson_mean), "pearson_wmean": _r(t.pearson_wmean)})
+            rows.append(
+                {
+                    "task": name,
+                    "split": t.split,
+                    "n": t.n,
+                    "spearman": round(t.spearman, 4),
+                    "pearson": round(t.pearson, 4),
+                    "spearman_mean": _r(t.spearman_mean),
+                    "spearman_wmean": _r(t.spearman_wmean),
+                    "pearson_mean": _r(t.pearson_mean),
+                    "pearson_wmean": _r(t.pearson_wmean),
+                }
+            )
         return rows
 
     def subset_rows(self) -> list[dict]:
@@ -168,18 +179,58 @@ class EvalResult(BaseModel):
             if not t.subsets:
                 continue
             for sub, c in t.subsets.items():
-                rows.append({"task": name, "subset": sub, "n": c.n, "spearman": round(c.spearman, 4), "pearson": round(c.pearson, 4)})
-            rows.append({"task": name, "subset": "all", "n": t.n, "spearman": round(t.spearman, 4), "pearson": round(t.pearson, 4)})
-            rows.append({"task": name, "subset": "mean", "n": len(t.subsets), "spearman": _r(t.spearman_mean), "pearson": _r(t.pearson_mean)})
-            rows.append({"task": name, "subset": "wmean", "n": t.n, "spearman": _r(t.spearman_wmean), "pearson": _r(t.pearson_wmean)})
+                rows.append(
+                    {
+                        "task": name,
+                        "subset": sub,
+                        "n": c.n,
+                        "spearman": round(c.spearman, 4),
+                        "pearson": round(c.pearson, 4),
+                    }
+                )
+            rows.append(
+                {
+                    "task": name,
+                    "subset": "all",
+                    "n": t.n,
+                    "spearman": round(t.spearman, 4),
+                    "pearson": round(t.pearson, 4),
+                }
+            )
+            rows.append(
+                {
+                    "task": name,
+                    "subset": "mean",
+                    "n": len(t.subsets),
+                    "spearman": _r(t.spearman_mean),
+                    "pearson": _r(t.pearson_mean),
+                }
+            )
+            rows.append(
+                {
+                    "task": name,
+                    "subset": "wmean",
+                    "n": t.n,
+                    "spearman": _r(t.spearman_wmean),
+                    "pearson": _r(t.pearson_wmean),
+                }
+            )
         return rows
 
     def retrieval_rows(self) -> list[dict]:
         if self.retrieval is None:
             return []
         r = self.retrieval
-        return [{"rule": rule, "headline": rule == r.match, "corpus": r.corpus_size[rule], "queries": r.n_queries,
-                 **{f"R@{k}": round(v, 2) for k, v in rec.items()}} for rule, rec in r.recall.items()]
+        return [
+            {
+                "rule": rule,
+                "headline": rule == r.match,
+                "corpus": r.corpus_size[rule],
+                "queries": r.n_queries,
+                **{f"R@{k}": round(v, 2) for k, v in rec.items()},
+            }
+            for rule, rec in r.recall.items()
+        ]
 
 
 def _r(x: float | None) -> float | None:

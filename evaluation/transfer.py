@@ -55,7 +55,12 @@ TITLES = {"mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST",
 CV_TASKS = ("mr", "cr", "subj", "mpqa")
 NCLASSES = {"mr": 2, "cr": 2, "subj": 2, "mpqa": 2, "sst2": 2, "trec": 6, "mrpc": 2}
 REQUIRED_COLUMNS = ("task", "split", "example_index", "sentence1", "sentence2", "label")
-_SPLITS = {**{t: ("all",) for t in CV_TASKS}, "sst2": ("train", "dev", "test"), "trec": ("train", "test"), "mrpc": ("train", "test")}
+_SPLITS = {
+    **{t: ("all",) for t in CV_TASKS},
+    "sst2": ("train", "dev", "test"),
+    "trec": ("train", "test"),
+    "mrpc": ("train", "test"),
+}
 
 
 class TransferDataError(ValueError):
@@ -130,15 +135,30 @@ class TransferResult(BaseModel):
         return row
 
     def task_rows(self) -> list[dict]:
-        return [{"task": t.task, "acc": t.acc, "devacc": t.devacc, "f1": t.f1, "n_train": t.n_train, "n_test": t.n_test,
-                 "regs": " ".join(f"{r:g}" for r in t.regs), "fits": t.fits, "epochs": t.epochs, "seconds": round(t.seconds, 2),
-                 "sentences": t.sentences} for t in self.tasks.values()]
+        return [
+            {
+                "task": t.task,
+                "acc": t.acc,
+                "devacc": t.devacc,
+                "f1": t.f1,
+                "n_train": t.n_train,
+                "n_test": t.n_test,
+                "regs": " ".join(f"{r:g}" for r in t.regs),
+                "fits": t.fits,
+                "epochs": t.epochs,
+                "seconds": round(t.seconds, 2),
+                "sentences": t.sentences,
+            }
+            for t in self.tasks.values()
+        ]
 
 
 @dataclass
 class _Task:
     name: str
-    splits: dict[str, dict[str, np.ndarray]]  # split → {"i1": sentence positions, "i2": (MRPC), "y": labels}, SentEval order
+    splits: dict[
+        str, dict[str, np.ndarray]
+    ]  # split → {"i1": sentence positions, "i2": (MRPC), "y": labels}, SentEval order
 
 
 def _r2(x: float) -> float:
@@ -148,9 +168,9 @@ def _r2(x: float) -> float:
 def _senteval_order(s1: list[str], s2: list[str] | None, y: np.ndarray) -> np.ndarray:
     """SentEval's stable sort before embedding: (words, label), MRPC (words 1, words 2, label)."""
     if s2 is None:
-        keys = [(len(a.split()), int(l)) for a, l in zip(s1, y)]
+        keys = [(len(a.split()), int(label)) for a, label in zip(s1, y)]
     else:
-        keys = [(len(a.split()), len(b.split()), int(l)) for a, b, l in zip(s1, s2, y)]
+        keys = [(len(a.split()), len(b.split()), int(label)) for a, b, label in zip(s1, s2, y)]
     return np.array(sorted(range(len(keys)), key=lambda i: keys[i]), dtype=np.int64)
 
 
@@ -187,7 +207,9 @@ class TransferEvaluator:
     def __init__(self, table: pa.Table, *, limit: int | None = None):
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
-            raise TransferDataError(f"the transfer table lacks columns {missing} (expected the schema of storage.transfer.TRANSFER)")
+            raise TransferDataError(
+                f"the transfer table lacks columns {missing} (expected the schema of storage.transfer.TRANSFER)"
+            )
         if limit is not None and limit < 10:
             raise ValueError(f"limit must be >= 10 examples per split, got {limit}")
         self.limit = limit
@@ -229,9 +251,11 @@ class TransferEvaluator:
             for split in _SPLITS[task]:
                 items = self._rows.get((task, split))
                 if not items:
-                    raise TransferDataError(f"the transfer table has no examples for task {task!r}, split {split!r}; "
-                                            "ingest the SentEval transfer data (flow `ingest`, dataset `transfer`) or point "
-                                            "`transfer` at a SentEval downstream folder")
+                    raise TransferDataError(
+                        f"the transfer table has no examples for task {task!r}, split {split!r}; "
+                        "ingest the SentEval transfer data (flow `ingest`, dataset `transfer`) or point "
+                        "`transfer` at a SentEval downstream folder"
+                    )
                 s1 = [r[1] for r in items]
                 s2 = [r[2] or "" for r in items] if task == "mrpc" else None
                 y = np.array([r[3] for r in items], dtype=np.int64)
@@ -255,9 +279,18 @@ class TransferEvaluator:
 
     # ------------------------------------------------------------------ run
 
-    def run(self, embedder: SentenceEmbedder, *, tasks: Sequence[str] | None = None, classifier: str = "test",
-            batch_size: int = 128, precision: str = "fp32", progress: bool = False, chunk: int = 64,
-            log=None) -> TransferResult:
+    def run(
+        self,
+        embedder: SentenceEmbedder,
+        *,
+        tasks: Sequence[str] | None = None,
+        classifier: str = "test",
+        batch_size: int = 128,
+        precision: str = "fp32",
+        progress: bool = False,
+        chunk: int = 64,
+        log=None,
+    ) -> TransferResult:
         """Embed every unique sentence once, then run the protocol task by task.
 
         Args:
@@ -288,8 +321,9 @@ class TransferEvaluator:
         names = self._tasks(tasks)
         sentences, plan = self._plan(names)
         ids = self._token_ids(embedder, names, sentences)
-        emb, st = embed_token_ids(embedder, ids, batch_size=batch_size, precision=precision, progress=progress,
-                                  desc="evaluate (transfer)")
+        emb, st = embed_token_ids(
+            embedder, ids, batch_size=batch_size, precision=precision, progress=progress, desc="evaluate (transfer)"
+        )
         device = embedder.device
         emb = emb.to(device)
         scores: dict[str, TransferTaskScore] = {}
@@ -298,14 +332,26 @@ class TransferEvaluator:
             scores[name] = self._score(plan[name], emb, settings, chunk)
             scores[name].seconds = time.perf_counter() - t1
             if log is not None:
-                log(f"transfer {name}: acc {scores[name].acc:.2f} (dev {scores[name].devacc:.2f}) in {scores[name].seconds:.1f}s")
+                log(
+                    f"transfer {name}: acc {scores[name].acc:.2f} (dev {scores[name].devacc:.2f}) in {scores[name].seconds:.1f}s"
+                )
         total = time.perf_counter() - t0
         result = TransferResult(
-            classifier=classifier, settings=settings.__dict__ | {"regs": list(settings.regs)}, tasks=scores,
-            limit=self.limit, device=str(device), embedder=embedder.describe(),
-            timing=TransferTiming(seconds=total, embed_seconds=st.seconds,
-                                  classifier_seconds=sum(s.seconds for s in scores.values()),
-                                  sentences=st.sentences, tokens=st.tokens, sentences_per_s=st.sentences_per_s))
+            classifier=classifier,
+            settings=settings.__dict__ | {"regs": list(settings.regs)},
+            tasks=scores,
+            limit=self.limit,
+            device=str(device),
+            embedder=embedder.describe(),
+            timing=TransferTiming(
+                seconds=total,
+                embed_seconds=st.seconds,
+                classifier_seconds=sum(s.seconds for s in scores.values()),
+                sentences=st.sentences,
+                tokens=st.tokens,
+                sentences_per_s=st.sentences_per_s,
+            ),
+        )
         if all(t in scores for t in TRANSFER_TASKS):
             result.transfer_avg = rounded_average([scores[t].acc for t in TRANSFER_TASKS])
             result.transfer_devacc_avg = rounded_average([scores[t].devacc for t in TRANSFER_TASKS])
@@ -322,14 +368,24 @@ class TransferEvaluator:
     def _score(self, task: _Task, emb: torch.Tensor, s: ClassifierSettings, chunk: int) -> TransferTaskScore:
         sp = task.splits
         nsent = len(np.unique(np.concatenate([e[k] for e in sp.values() for k in ("i1", "i2") if k in e])))
-        score = score_features(task.name, {split: self._features(emb, e) for split, e in sp.items()},
-                               {split: e["y"] for split, e in sp.items()}, s, chunk=chunk)
+        score = score_features(
+            task.name,
+            {split: self._features(emb, e) for split, e in sp.items()},
+            {split: e["y"] for split, e in sp.items()},
+            s,
+            chunk=chunk,
+        )
         score.sentences = nsent
         return score
 
 
-def score_features(task: str, features: dict[str, torch.Tensor], labels: dict[str, np.ndarray],
-                   settings: ClassifierSettings, chunk: int = 64) -> TransferTaskScore:
+def score_features(
+    task: str,
+    features: dict[str, torch.Tensor],
+    labels: dict[str, np.ndarray],
+    settings: ClassifierSettings,
+    chunk: int = 64,
+) -> TransferTaskScore:
     """SentEval's protocol for `task` on ready features, rows in SentEval's order.
 
     Splits: `all` (MR, CR, SUBJ, MPQA: nested CV), `train`/`dev`/`test` (SST-2), `train`/`test` (TREC, MRPC: CV on
@@ -350,7 +406,9 @@ def score_features(task: str, features: dict[str, torch.Tensor], labels: dict[st
         raise ValueError(f"unknown transfer task {task!r}; known: {', '.join(TRANSFER_TASKS)}")
     need = _SPLITS[task]
     if sorted(features) != sorted(need) or sorted(labels) != sorted(need):
-        raise TransferDataError(f"{task} needs the splits {need}, got features {sorted(features)} and labels {sorted(labels)}")
+        raise TransferDataError(
+            f"{task} needs the splits {need}, got features {sorted(features)} and labels {sorted(labels)}"
+        )
     x = torch.cat([features[sp].float() for sp in need]).contiguous()
     y = torch.from_numpy(np.concatenate([np.asarray(labels[sp], dtype=np.int64) for sp in need])).to(x.device)
     offs, o = {}, 0
@@ -394,26 +452,53 @@ def _inner_kfold(name, x, y, rows, ncls, s: ClassifierSettings, chunk, nsent) ->
         per_reg = [_r2(100 * np.mean([fs[i].valid_accuracy for fs in inner])) for i in range(len(s.regs))]
         chosen.append(s.regs[int(np.argmax(per_reg))])
         dev.append(max(per_reg))
-    finals = fit_groups(x, y, ncls, [group(rows[tr], [chosen[f]], s.seed, validation_split=s.validation_split)
-                                     for f, (tr, _) in enumerate(outer)], s, chunk=chunk)
+    finals = fit_groups(
+        x,
+        y,
+        ncls,
+        [group(rows[tr], [chosen[f]], s.seed, validation_split=s.validation_split) for f, (tr, _) in enumerate(outer)],
+        s,
+        chunk=chunk,
+    )
     test = [_r2(100 * _acc(ft[0], x, y, rows[te])[0]) for ft, (_, te) in zip(finals, outer)]
     all_fits = [f for fs in fits + finals for f in fs]
-    return TransferTaskScore(task=name, acc=_r2(np.mean(test)), devacc=_r2(np.mean(dev)), n_train=len(rows), n_test=len(rows),
-                             regs=chosen, fits=len(all_fits), epochs=_mean_epochs(all_fits), seconds=0.0, sentences=nsent)
+    return TransferTaskScore(
+        task=name,
+        acc=_r2(np.mean(test)),
+        devacc=_r2(np.mean(dev)),
+        n_train=len(rows),
+        n_test=len(rows),
+        regs=chosen,
+        fits=len(all_fits),
+        epochs=_mean_epochs(all_fits),
+        seconds=0.0,
+        sentences=nsent,
+    )
 
 
 def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, nsent, f1: bool) -> TransferTaskScore:
     yn = y[torch.from_numpy(train).to(y.device)].cpu().numpy()
     folds = _folds(yn, s.kfold, s.seed)
-    fits = fit_groups(x, y, ncls, [group(train[tr], s.regs, s.seed, valid=train[te]) for tr, te in folds], s, chunk=chunk)
+    fits = fit_groups(
+        x, y, ncls, [group(train[tr], s.regs, s.seed, valid=train[te]) for tr, te in folds], s, chunk=chunk
+    )
     per_reg = [_r2(100 * np.mean([fs[i].valid_accuracy for fs in fits])) for i in range(len(s.regs))]
     best = int(np.argmax(per_reg))
     final = fit_groups(x, y, ncls, [group(train, [s.regs[best]], s.seed, validation_split=s.validation_split)], s)[0][0]
     acc, pred = _acc(final, x, y, test)
     all_fits = [f for fs in fits for f in fs] + [final]
-    score = TransferTaskScore(task=name, acc=_r2(100 * acc), devacc=max(per_reg), n_train=len(train), n_test=len(test),
-                              regs=[s.regs[best]], fits=len(all_fits), epochs=_mean_epochs(all_fits), seconds=0.0,
-                              sentences=nsent)
+    score = TransferTaskScore(
+        task=name,
+        acc=_r2(100 * acc),
+        devacc=max(per_reg),
+        n_train=len(train),
+        n_test=len(test),
+        regs=[s.regs[best]],
+        fits=len(all_fits),
+        epochs=_mean_epochs(all_fits),
+        seconds=0.0,
+        sentences=nsent,
+    )
     if f1:
         gold = y[torch.from_numpy(test).to(y.device)].cpu().numpy()
         tp = int(((pred == 1) & (gold == 1)).sum())
@@ -427,8 +512,18 @@ def _split(name, x, y, train, dev, test, ncls, s: ClassifierSettings, chunk, nse
     per_reg = [_r2(100 * ft.valid_accuracy) for ft in fits]
     best = int(np.argmax(per_reg))
     acc, _ = _acc(fits[best], x, y, test)
-    return TransferTaskScore(task=name, acc=_r2(100 * acc), devacc=max(per_reg), n_train=len(train), n_test=len(test),
-                             regs=[s.regs[best]], fits=len(fits), epochs=_mean_epochs(fits), seconds=0.0, sentences=nsent)
+    return TransferTaskScore(
+        task=name,
+        acc=_r2(100 * acc),
+        devacc=max(per_reg),
+        n_train=len(train),
+        n_test=len(test),
+        regs=[s.regs[best]],
+        fits=len(fits),
+        epochs=_mean_epochs(fits),
+        seconds=0.0,
+        sentences=nsent,
+    )
 
 
 def _mean_epochs(fits: list[Fitted]) -> float:

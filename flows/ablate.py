@@ -26,13 +26,22 @@ ABLATED = next(spec for spec in REGISTRY.values() if spec.ablations)
 VARIANTS: dict[str, dict[str, bool]] = dict(ABLATED.ablations)
 
 
-def ablation_children(preset: str, overrides: dict[str, Any] | None, variants: list[str], cls_prompt: list[bool]) -> list[Child]:
+def ablation_children(
+    preset: str, overrides: dict[str, Any] | None, variants: list[str], cls_prompt: list[bool]
+) -> list[Child]:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown ablation variants {unknown}; known: {sorted(VARIANTS)}")
-    return [Child(label=f"{v}-{'cls-prompt' if c else 'static-cls'}", method=ABLATED.name, preset=preset,
-                  overrides=deep_merge(overrides or {}, {"model": {**VARIANTS[v], "cls_prompt": c}}))
-            for v in variants for c in cls_prompt]
+    return [
+        Child(
+            label=f"{v}-{'cls-prompt' if c else 'static-cls'}",
+            method=ABLATED.name,
+            preset=preset,
+            overrides=deep_merge(overrides or {}, {"model": {**VARIANTS[v], "cls_prompt": c}}),
+        )
+        for v in variants
+        for c in cls_prompt
+    ]
 
 
 def ablation_table(results: list[ChildResult], setting: str) -> list[dict[str, Any]]:
@@ -41,20 +50,39 @@ def ablation_table(results: list[ChildResult], setting: str) -> list[dict[str, A
         variant, cls = r.label.split("-", 1)
         pub = ABLATED.published.ablation[variant].get((setting, cls == "cls-prompt"))
         ours = r.metrics.get("sts_avg")
-        rows.append({"variant": variant, "cls": cls, "state": r.state, "sts_avg": ours, "best_stsb_dev": r.best_stsb_dev,
-                     "published_avg": pub, "difference": None if ours is None or pub is None else round(ours - pub, 2),
-                     "run_id": r.run_id})
+        rows.append(
+            {
+                "variant": variant,
+                "cls": cls,
+                "state": r.state,
+                "sts_avg": ours,
+                "best_stsb_dev": r.best_stsb_dev,
+                "published_avg": pub,
+                "difference": None if ours is None or pub is None else round(ours - pub, 2),
+                "run_id": r.run_id,
+            }
+        )
     return rows
 
 
 @flow(name=f"ablate-{ABLATED.name}", log_prints=True)  # ablate-d2cse
-def ablate_d2cse(preset: str = "default", overrides: dict[str, Any] | None = None, variants: list[str] | None = None,
-                 cls_prompt: list[bool] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> list[dict]:
+def ablate_d2cse(
+    preset: str = "default",
+    overrides: dict[str, Any] | None = None,
+    variants: list[str] | None = None,
+    cls_prompt: list[bool] | None = None,
+    dispatch: Dispatch = "deployment",
+    deployment: str = "default",
+) -> list[dict]:
     variants = variants or list(VARIANTS)
     cls_prompt = [True, False] if cls_prompt is None else cls_prompt
     cfg = resolve_train_config(preset, overrides, method=ABLATED.name)
     children = ablation_children(preset, overrides, variants, cls_prompt)
-    group = Group("ablate", ABLATED.name, {"preset": preset, "overrides": overrides or {}, "variants": variants, "cls_prompt": cls_prompt})
+    group = Group(
+        "ablate",
+        ABLATED.name,
+        {"preset": preset, "overrides": overrides or {}, "variants": variants, "cls_prompt": cls_prompt},
+    )
     results = run_children(group, children, dispatch=dispatch, deployment=deployment)
     setting = "sup" if cfg.supervised else "unsup"
     rows = ablation_table(results, setting)

@@ -25,10 +25,10 @@ from pydantic import BaseModel
 
 from config.methods import get_method
 from storage.hashing import stable_hash
-from tracking.model_export import BEST_ALIAS, set_best_alias
-from tracking.reporting import markdown_table, publish_artifacts, two_decimals
 from tracking.group_runs import start_group_run
+from tracking.model_export import BEST_ALIAS, set_best_alias
 from tracking.provenance import prefect_flow_run_id
+from tracking.reporting import markdown_table, publish_artifacts, two_decimals
 from tracking.stage_runs import log_run_results
 from tracking.store import ensure_experiment, search_runs
 
@@ -78,11 +78,20 @@ class Group:
             self.run_id = start_group_run(exp_id, f"{kind}-{method}-{self.id[:6]}", tags, params)
 
     def child_tags(self, child: Child) -> dict[str, str]:
-        return {"mlflow.parentRunId": self.run_id, "cse.group": self.id, "cse.child": child.label, "cse.kind": self.kind,
-                member_tag(self.id): child.label}
+        return {
+            "mlflow.parentRunId": self.run_id,
+            "cse.group": self.id,
+            "cse.child": child.label,
+            "cse.kind": self.kind,
+            member_tag(self.id): child.label,
+        }
 
-    def log(self, metrics: dict[str, float] | None = None, artifacts: dict[str, str] | None = None,
-            tags: dict[str, str] | None = None) -> None:
+    def log(
+        self,
+        metrics: dict[str, float] | None = None,
+        artifacts: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         """Log to the parent run through the client (no fluent active-run or active-experiment state involved)."""
         log_run_results(self.run_id, metrics=metrics, tags=tags, texts=artifacts)
 
@@ -91,16 +100,30 @@ class Group:
         exp_id = ensure_experiment(child.method)
         runs = search_runs([exp_id], {member_tag(self.id): child.label}, newest_first=True, max_results=1)
         if not runs:
-            return ChildResult(label=child.label, state=state if state != "COMPLETED" else "FAILED",
-                               error=error or "no MLflow run found for this child")
+            return ChildResult(
+                label=child.label,
+                state=state if state != "COMPLETED" else "FAILED",
+                error=error or "no MLflow run found for this child",
+            )
         run = runs[0]
         metrics = dict(run.data.metrics)
-        return ChildResult(label=child.label, state=state, run_id=run.info.run_id, best_stsb_dev=metrics.get("best_stsb_dev"),
-                           metrics=metrics, error=error)
+        return ChildResult(
+            label=child.label,
+            state=state,
+            run_id=run.info.run_id,
+            best_stsb_dev=metrics.get("best_stsb_dev"),
+            metrics=metrics,
+            error=error,
+        )
 
 
-def run_children(group: Group, children: list[Child], dispatch: Dispatch = "deployment",
-                 deployment: str = "default", poll_seconds: float = 5.0) -> list[ChildResult]:
+def run_children(
+    group: Group,
+    children: list[Child],
+    dispatch: Dispatch = "deployment",
+    deployment: str = "default",
+    poll_seconds: float = 5.0,
+) -> list[ChildResult]:
     """Run every child and return their results in order; a failed child is reported, not raised."""
     for c in children:  # fail before anything runs: an unknown method or preset, or a deployment the registry lacks
         get_method(c.method).preset(c.preset)
@@ -134,8 +157,16 @@ def _run_deployments(group: Group, children: list[Child], deployment: str, poll_
     from prefect.deployments import run_deployment
 
     # the child's preset travels as a parameter; `deployment` names the one it runs through (registry: train-<method>/...)
-    runs = [run_deployment(name=get_method(c.method).deployment(deployment), parameters=_parameters(group, c), timeout=0,
-                           as_subflow=True, tags=["child", group.kind]) for c in children]
+    runs = [
+        run_deployment(
+            name=get_method(c.method).deployment(deployment),
+            parameters=_parameters(group, c),
+            timeout=0,
+            as_subflow=True,
+            tags=["child", group.kind],
+        )
+        for c in children
+    ]
     with get_client(sync_client=True) as client:
         states = _wait(lambda rid: client.read_flow_run(rid), runs, poll_seconds)
     return [group.read(c, states[r.id][0], states[r.id][1]) for c, r in zip(children, runs)]
@@ -182,5 +213,6 @@ def raise_for_failures(results: list[ChildResult], what: str) -> None:
     failed = [r.label for r in results if r.state != "COMPLETED"]
     if failed:
         errors = "; ".join(f"{r.label}: {r.error}" for r in results if r.state != "COMPLETED" and r.error)
-        raise RuntimeError(f"{what} failed: {failed} ({errors}). Run the flow again: finished children are not "
-                           "trained again")
+        raise RuntimeError(
+            f"{what} failed: {failed} ({errors}). Run the flow again: finished children are not trained again"
+        )

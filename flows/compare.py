@@ -25,12 +25,26 @@ def compare_task(selection: dict) -> ComparisonSummary:
 
 
 @flow(name="compare", log_prints=True)
-def compare(methods: list[str] | None = None, run_ids: list[str] | None = None, tags: dict[str, str] | None = None,
-            experiments: list[str] | None = None, group: str | None = None, latest_per_label: bool = True) -> ComparisonSummary:
-    selection = {"methods": methods, "run_ids": run_ids, "tags": tags, "experiments": experiments, "group": group,
-                 "latest_per_label": latest_per_label}
+def compare(
+    methods: list[str] | None = None,
+    run_ids: list[str] | None = None,
+    tags: dict[str, str] | None = None,
+    experiments: list[str] | None = None,
+    group: str | None = None,
+    latest_per_label: bool = True,
+) -> ComparisonSummary:
+    selection = {
+        "methods": methods,
+        "run_ids": run_ids,
+        "tags": tags,
+        "experiments": experiments,
+        "group": group,
+        "latest_per_label": latest_per_label,
+    }
     summary = compare_task({k: v for k, v in selection.items() if v is not None})
-    print(f"comparison {summary.comparison_id}: {summary.runs} runs (MLflow run {summary.mlflow_run_id})\n\n{summary.markdown}")
+    print(
+        f"comparison {summary.comparison_id}: {summary.runs} runs (MLflow run {summary.mlflow_run_id})\n\n{summary.markdown}"
+    )
     for name, version in summary.best_versions.items():
         print(f"models:/{name}@best = version {version}")
     return summary

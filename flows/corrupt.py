@@ -29,8 +29,8 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from config.settings import shard_task_runner
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig
 from flows.tokenization import prepare_tokens
-from storage.datasets import DatasetRef
 from storage.corruption_stats import ShardResult
+from storage.datasets import DatasetRef
 from storage.sharded import building
 from tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
 

@@ -8,7 +8,6 @@ from prefect import flow
 from config.evaluation import EvalConfig
 from tasks.evaluate import EvalSummary, evaluate_task
 
-
 # The deployment default: the one pretrained model reachable offline, mean pooling.
 DEFAULT_CONFIG = EvalConfig(model="packaged:minilm", pooler="avg")
 

@@ -32,6 +32,8 @@ def fit_generator(
         tokenize_config = tokenize_config or TokenizeConfig(tokenizer=config.backbone)
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key
     ref = fit_generator_task(tokens_key, config, verify=verify)
-    print(f"generator {ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}\n"
-          f"use it with corrupt.generator: \"generator:{ref.key}\"")
+    print(
+        f"generator {ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}\n"
+        f'use it with corrupt.generator: "generator:{ref.key}"'
+    )
     return ref

@@ -13,7 +13,12 @@ from tasks.transfer_data import ingest_transfer
 
 @flow(name="ingest", log_prints=True)
 def ingest(config: IngestConfig = IngestConfig()) -> dict[str, DatasetRef]:
-    refs = {name: ingest_transfer(config) if name == "transfer" else ingest_dataset(name, config) for name in config.datasets}
+    refs = {
+        name: ingest_transfer(config) if name == "transfer" else ingest_dataset(name, config)
+        for name in config.datasets
+    }
     for name, ref in refs.items():
-        print(f"{name:7s} {ref.rows:>9,d} rows  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
+        print(
+            f"{name:7s} {ref.rows:>9,d} rows  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}"
+        )
     return refs

@@ -15,7 +15,16 @@ from prefect import flow
 from config.methods import DEFAULT_METHOD
 from config.presets import deep_merge
 from config.training import resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, alias_best, publish_table, raise_for_failures, run_children
+from flows.children import (
+    Child,
+    ChildResult,
+    Dispatch,
+    Group,
+    alias_best,
+    publish_table,
+    raise_for_failures,
+    run_children,
+)
 from storage.readers import SEVEN_TASKS
 
 SUMMARY_METRICS = (*SEVEN_TASKS, "sts_avg", "best_stsb_dev", "retrieval_r1", "alignment", "uniformity")
@@ -29,18 +38,35 @@ def seed_summary(results: list[ChildResult], metrics: tuple[str, ...] = SUMMARY_
         values = [r.metrics[m] for r in done if m in r.metrics]
         if not values:
             continue
-        rows.append({"metric": m, "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                     "n": len(values), "min": min(values), "max": max(values)})
+        rows.append(
+            {
+                "metric": m,
+                "mean": statistics.fmean(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "n": len(values),
+                "min": min(values),
+                "max": max(values),
+            }
+        )
     return rows
 
 
 @flow(name="seeds", log_prints=True)
-def seeds(method: str = DEFAULT_METHOD, preset: str = "default", n: int = 5, seed_list: list[int] | None = None,
-          overrides: dict[str, Any] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> list[dict]:
+def seeds(
+    method: str = DEFAULT_METHOD,
+    preset: str = "default",
+    n: int = 5,
+    seed_list: list[int] | None = None,
+    overrides: dict[str, Any] | None = None,
+    dispatch: Dispatch = "deployment",
+    deployment: str = "default",
+) -> list[dict]:
     base = resolve_train_config(preset, overrides, method=method)  # fail fast on a bad preset/override
     seed_list = seed_list or [base.seed + i for i in range(n)]  # from the preset's own seed (42; DiffAug's scripts: 0)
-    children = [Child(label=f"seed-{s}", method=method, preset=preset, overrides=deep_merge(overrides or {}, {"seed": s}))
-                for s in seed_list]
+    children = [
+        Child(label=f"seed-{s}", method=method, preset=preset, overrides=deep_merge(overrides or {}, {"seed": s}))
+        for s in seed_list
+    ]
     group = Group("seeds", method, {"preset": preset, "overrides": overrides or {}, "seeds": seed_list})
     results = run_children(group, children, dispatch=dispatch, deployment=deployment)
     rows = seed_summary(results)

@@ -20,7 +20,16 @@ from prefect import flow
 from config.methods import DEFAULT_METHOD
 from config.presets import deep_merge
 from config.training import resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, alias_best, publish_table, raise_for_failures, run_children
+from flows.children import (
+    Child,
+    ChildResult,
+    Dispatch,
+    Group,
+    alias_best,
+    publish_table,
+    raise_for_failures,
+    run_children,
+)
 
 COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]
 
@@ -33,8 +42,9 @@ def nested(path: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def grid_children(method: str, preset: str, overrides: dict[str, Any] | None, grid: dict[str, list[Any]],
-                  prefix: str = "") -> list[Child]:
+def grid_children(
+    method: str, preset: str, overrides: dict[str, Any] | None, grid: dict[str, list[Any]], prefix: str = ""
+) -> list[Child]:
     if not grid or any(not v for v in grid.values()):
         raise ValueError(f"grid needs at least one value per key, got {grid}")
     keys = list(grid)
@@ -59,24 +69,42 @@ def fine_grid(results: list[tuple[float, float]], step: float) -> list[float]:
 
 
 def selection_rows(children: list[Child], results: list[ChildResult], stage: str) -> list[dict[str, Any]]:
-    return [{"stage": stage, "child": c.label, "state": r.state, "best_stsb_dev": r.best_stsb_dev, "run_id": r.run_id}
-            for c, r in zip(children, results)]
+    return [
+        {"stage": stage, "child": c.label, "state": r.state, "best_stsb_dev": r.best_stsb_dev, "run_id": r.run_id}
+        for c, r in zip(children, results)
+    ]
 
 
 @flow(name="sweep", log_prints=True)
-def sweep(method: str = DEFAULT_METHOD, preset: str = "default", strategy: Literal["grid", "lr-two-step"] = "lr-two-step",
-          grid: dict[str, list[Any]] | None = None, coarse: list[float] | None = None, fine_step: float = 0.001,
-          overrides: dict[str, Any] | None = None, dispatch: Dispatch = "deployment", deployment: str = "default") -> dict:
+def sweep(
+    method: str = DEFAULT_METHOD,
+    preset: str = "default",
+    strategy: Literal["grid", "lr-two-step"] = "lr-two-step",
+    grid: dict[str, list[Any]] | None = None,
+    coarse: list[float] | None = None,
+    fine_step: float = 0.001,
+    overrides: dict[str, Any] | None = None,
+    dispatch: Dispatch = "deployment",
+    deployment: str = "default",
+) -> dict:
     resolve_train_config(preset, overrides, method=method)  # fail fast
-    params = {"preset": preset, "strategy": strategy, "grid": grid, "coarse": coarse, "fine_step": fine_step,
-              "overrides": overrides or {}}
+    params = {
+        "preset": preset,
+        "strategy": strategy,
+        "grid": grid,
+        "coarse": coarse,
+        "fine_step": fine_step,
+        "overrides": overrides or {},
+    }
     group = Group("sweep", method, params)
     if strategy == "grid":
         children = grid_children(method, preset, overrides, grid or {})
         results = run_children(group, children, dispatch=dispatch, deployment=deployment)
         rows = selection_rows(children, results, "grid")
     elif strategy == "lr-two-step":
-        coarse_children = grid_children(method, preset, overrides, {"learning_rate": coarse or COARSE_LR}, prefix="coarse:")
+        coarse_children = grid_children(
+            method, preset, overrides, {"learning_rate": coarse or COARSE_LR}, prefix="coarse:"
+        )
         coarse_results = run_children(group, coarse_children, dispatch=dispatch, deployment=deployment)
         results = list(coarse_results)
         lrs = [(c.overrides["learning_rate"], r.best_stsb_dev) for c, r in zip(coarse_children, coarse_results)]
@@ -93,8 +121,13 @@ def sweep(method: str = DEFAULT_METHOD, preset: str = "default", strategy: Liter
     if not scored:
         raise RuntimeError("no child of the sweep produced a dev score")
     best = max(scored, key=lambda r: r["best_stsb_dev"])
-    group.log(metrics={"best_stsb_dev": best["best_stsb_dev"]}, tags={"best_child": best["child"], "best_run_id": str(best["run_id"])})
-    md = publish_table(group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep")
+    group.log(
+        metrics={"best_stsb_dev": best["best_stsb_dev"]},
+        tags={"best_child": best["child"], "best_run_id": str(best["run_id"])},
+    )
+    md = publish_table(
+        group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep"
+    )
     print(md)
     best_versions = alias_best(group, results)
     raise_for_failures(results, "sweep children")

@@ -19,8 +19,12 @@ from tasks.ingest import ingest_dataset
 from tasks.tokenize import tokenize_dataset
 
 
-def prepare_tokens(dataset: Literal["wiki1m", "nli"], ingest_config: IngestConfig, tokenize_config: TokenizeConfig,
-                   verify: bool = False) -> DatasetRef:
+def prepare_tokens(
+    dataset: Literal["wiki1m", "nli"],
+    ingest_config: IngestConfig,
+    tokenize_config: TokenizeConfig,
+    verify: bool = False,
+) -> DatasetRef:
     """Ingest → tokenise, both cached: the building block of every training flow. `verify`: cache hits also check
     content hashes (training always asks for it)."""
     source = ingest_dataset(dataset, ingest_config, verify=verify)

@@ -47,9 +47,15 @@ def sts_table_text(metrics: dict[str, float]) -> str:
     return markdown_table([{**row, "Avg.": float(metrics["sts_avg"])}], cell=two_decimals).rstrip("\n")
 
 
-def train_job(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, sts: DatasetRef,
-              nli_tokens: DatasetRef | None = None, stop_after: int | None = None,
-              extra_tags: dict[str, str] | None = None) -> TrainResult:
+def train_job(
+    cfg: TrainConfig,
+    tokens: DatasetRef,
+    corruption: DatasetRef | None,
+    sts: DatasetRef,
+    nli_tokens: DatasetRef | None = None,
+    stop_after: int | None = None,
+    extra_tags: dict[str, str] | None = None,
+) -> TrainResult:
     """One training job as its stage tasks: fit, evaluate-test and evaluate-transfer (when configured), export.
 
     The job's lock is held across the stages (a second flow of the same job waits, then resumes or returns the
@@ -74,7 +80,9 @@ def train_job(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | Non
             plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
             note_membership(done, extra_tags)  # of the experiment that asked again for it
             return done
-        fitted = fit_job(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=extra_tags)
+        fitted = fit_job(
+            cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=extra_tags
+        )
         test_metrics: dict[str, float] = {}
         if cfg.test_evaluation:
             test_metrics = evaluate_test(cfg, fitted, sts)
@@ -90,12 +98,17 @@ def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str
     tokens = prepare_tokens(cfg.dataset, cfg.ingest, cfg.tokenize_config(), verify=True)
     nli_tokens = None
     if cfg.needs_nli:
-        nli_tokens = tokens if cfg.dataset == "nli" else prepare_tokens("nli", cfg.ingest, cfg.tokenize_config(), verify=True)
+        nli_tokens = (
+            tokens if cfg.dataset == "nli" else prepare_tokens("nli", cfg.ingest, cfg.tokenize_config(), verify=True)
+        )
     sts = ingest_dataset("sts", cfg.ingest, verify=True)
     corruption = corrupt(tokens_key=tokens.key, config=cfg.corrupt, verify=True) if cfg.uses_corruption else None
     result = train_job(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=tags)
-    print(f"{cfg.method}/{cfg.preset}: MLflow run {result.run_id}, {result.steps} steps, best STS-B dev "
-          f"{result.best_stsb_dev:.2f}" + (f" (resumed from step {result.resumed_from})" if result.resumed_from is not None else ""))
+    print(
+        f"{cfg.method}/{cfg.preset}: MLflow run {result.run_id}, {result.steps} steps, best STS-B dev "
+        f"{result.best_stsb_dev:.2f}"
+        + (f" (resumed from step {result.resumed_from})" if result.resumed_from is not None else "")
+    )
     if result.test_metrics:
         print("\n" + sts_table_text(result.test_metrics))
     return result
@@ -105,8 +118,12 @@ def train_flow(spec: MethodSpec) -> Flow:
     """The training flow of one registry method: `train-<name>`, a function named `spec.flow_function`."""
 
     @flow(name=spec.flow_name, log_prints=True, description=f"Train one {spec.title} job: {spec.summary}.")
-    def train(preset: str = "default", overrides: dict[str, Any] | None = None, stop_after: int | None = None,
-              tags: dict[str, str] | None = None) -> TrainResult:
+    def train(
+        preset: str = "default",
+        overrides: dict[str, Any] | None = None,
+        stop_after: int | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> TrainResult:
         """Train one job of this method (`stop_after` interrupts after that many steps: resume tests)."""
         return run_training(resolve_train_config(preset, overrides, method=spec.name), stop_after, tags)
 

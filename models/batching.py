@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 
-def pad_sequences(seqs: Sequence[np.ndarray | Sequence[int]], pad_id: int, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_sequences(
+    seqs: Sequence[np.ndarray | Sequence[int]], pad_id: int, length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention_mask), right-padded to `length` (default: the longest sequence)."""
     n = max((len(s) for s in seqs), default=0) if length is None else length
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
@@ -35,14 +37,24 @@ class TrainBatch:
 
     def to(self, device: torch.device) -> TrainBatch:
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return TrainBatch(move(self.input_ids), move(self.attention_mask), move(self.corrupted_ids), move(self.rtd_labels),
-                          None if self.aux is None else self.aux.to(device))
+        return TrainBatch(
+            move(self.input_ids),
+            move(self.attention_mask),
+            move(self.corrupted_ids),
+            move(self.rtd_labels),
+            None if self.aux is None else self.aux.to(device),
+        )
 
     def pin_memory(self) -> TrainBatch:
         """The same batch in page-locked host memory (a later `.to(cuda)` copies asynchronously)."""
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return TrainBatch(pin(self.input_ids), pin(self.attention_mask), pin(self.corrupted_ids), pin(self.rtd_labels),
-                          None if self.aux is None else self.aux.pin_memory())
+        return TrainBatch(
+            pin(self.input_ids),
+            pin(self.attention_mask),
+            pin(self.corrupted_ids),
+            pin(self.rtd_labels),
+            None if self.aux is None else self.aux.pin_memory(),
+        )
 
     @property
     def n_views(self) -> int:

@@ -57,11 +57,14 @@ def _check_safetensors(path: Path) -> list[str]:
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise CheckpointError(f"{path}: not a safetensors file: {size} bytes, shorter than the 8-byte header length")
+            raise CheckpointError(
+                f"{path}: not a safetensors file: {size} bytes, shorter than the 8-byte header length"
+            )
         (n,) = struct.unpack("<Q", head)
         if n > _SAFETENSORS_MAX_HEADER or 8 + n > size:
-            raise CheckpointError(f"{path}: truncated or not a safetensors file: its header claims {n:,d} bytes, the "
-                                  f"file has {size:,d}")
+            raise CheckpointError(
+                f"{path}: truncated or not a safetensors file: its header claims {n:,d} bytes, the file has {size:,d}"
+            )
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -79,8 +82,10 @@ def _check_safetensors(path: Path) -> list[str]:
         except (TypeError, KeyError, ValueError):
             raise CheckpointError(f"{path}: damaged safetensors header: tensor {name!r} has no data_offsets") from None
         if not 0 <= lo <= hi <= data_len:
-            raise CheckpointError(f"{path}: truncated: tensor {name!r} needs bytes {lo:,d}-{hi:,d} of the data, the file "
-                                  f"holds {data_len:,d}")
+            raise CheckpointError(
+                f"{path}: truncated: tensor {name!r} needs bytes {lo:,d}-{hi:,d} of the data, the file "
+                f"holds {data_len:,d}"
+            )
         end = max(end, hi)
         names.append(name)
     if end != data_len:
@@ -94,8 +99,10 @@ def validate_checkpoint(folder: str | Path) -> dict[str, Any]:
     lists). Returns the metadata; raises `CheckpointError` / `FileNotFoundError` naming the file and what is wrong."""
     folder = Path(folder)
     if not str(folder).strip() or not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist (expected a folder holding {META_FILE} "
-                                f"and {WEIGHTS_FILE})")
+        raise FileNotFoundError(
+            f"checkpoint folder {str(folder)!r} does not exist (expected a folder holding {META_FILE} "
+            f"and {WEIGHTS_FILE})"
+        )
     meta = read_checkpoint_meta(folder)
     path = folder / META_FILE
     if not isinstance(meta, dict):
@@ -103,7 +110,9 @@ def validate_checkpoint(folder: str | Path) -> dict[str, Any]:
     if missing := [k for k in _REQUIRED_META if k not in meta]:
         raise CheckpointError(f"{path}: lacks the keys {missing} (not a checkpoint written by this project?)")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {meta.get('format_version')} (this code reads {FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{path}: checkpoint format {meta.get('format_version')} (this code reads {FORMAT_VERSION})"
+        )
     names = set(_check_safetensors(folder / WEIGHTS_FILE))
     if absent := sorted(set(meta.get("tensors", ())) - names):
         raise CheckpointError(f"{folder / WEIGHTS_FILE}: lacks tensors that {META_FILE} lists: {absent[:5]}")
@@ -116,7 +125,9 @@ def frozen_parameter_names(model: nn.Module) -> set[str]:
     values, `train_prompts=False`) cannot be rebuilt, so it is saved like a trainable one."""
     backbone = getattr(model, "backbone", None)
     pretrained = {id(p) for p in backbone.parameters()} if isinstance(backbone, nn.Module) else None
-    return {n for n, p in model.named_parameters() if not p.requires_grad and (pretrained is None or id(p) in pretrained)}
+    return {
+        n for n, p in model.named_parameters() if not p.requires_grad and (pretrained is None or id(p) in pretrained)
+    }
 
 
 def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -137,7 +148,11 @@ def save_checkpoint(model: CSEModel, folder: str | Path, extra_meta: dict[str, A
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     skip = tuple(getattr(model, "not_for_inference", ()))
-    state = {k: v for k, v in trainable_state_dict(model).items() if not k.startswith(skip)} if skip else trainable_state_dict(model)
+    state = (
+        {k: v for k, v in trainable_state_dict(model).items() if not k.startswith(skip)}
+        if skip
+        else trainable_state_dict(model)
+    )
     meta = {
         "format_version": FORMAT_VERSION,
         "method": model.method,
@@ -166,7 +181,9 @@ def read_checkpoint_meta(folder: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: damaged: not UTF-8 text ({e})") from None
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: damaged: not valid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+        raise CheckpointError(
+            f"{path}: damaged: not valid JSON at line {e.lineno} column {e.colno} ({e.msg})"
+        ) from None
 
 
 def model_class_of(method: str) -> type[CSEModel]:
@@ -184,7 +201,9 @@ def model_class_of(method: str) -> type[CSEModel]:
     raise CheckpointError(f"models/{method}.py has no CSEModel subclass with method = {method!r}")
 
 
-def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", backbone_override: str | None = None) -> CSEModel:
+def load_checkpoint(
+    folder: str | Path, device: str | torch.device = "cpu", backbone_override: str | None = None
+) -> CSEModel:
     """Rebuild the model of a checkpoint folder in eval mode on `device`.
 
     `backbone_override`: another name/path of the same backbone (e.g. a local copy); it must match the
@@ -206,19 +225,25 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", back
     if diff:
         raise BackboneMismatchError(
             f"checkpoint {folder} was trained on {meta['backbone']!r}; backbone {config.backbone!r} differs in "
-            + ", ".join(f"{k} (checkpoint {a}, found {b})" for k, (a, b) in diff.items()))
+            + ", ".join(f"{k} (checkpoint {a}, found {b})" for k, (a, b) in diff.items())
+        )
     if backbone_fingerprint(backbone) != meta["backbone_fingerprint"]:
         raise BackboneMismatchError(
             f"checkpoint {folder} was trained on {meta['backbone']!r}; backbone {config.backbone!r} has the same shape "
-            "but different weights (fingerprint mismatch)")
+            "but different weights (fingerprint mismatch)"
+        )
 
     model = cls(config, backbone=backbone, tokenizer=load_tokenizer(config.backbone))
     state = load_file(str(folder / WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict(state, strict=False)
     skipped = tuple(meta.get("not_for_inference", ()))
-    not_frozen = sorted(k for k in set(missing) - frozen_parameter_names(model) if not (skipped and k.startswith(skipped)))
+    not_frozen = sorted(
+        k for k in set(missing) - frozen_parameter_names(model) if not (skipped and k.startswith(skipped))
+    )
     if unexpected or not_frozen:
-        raise ValueError(f"{folder}: weights do not fit the model (unexpected {unexpected[:5]}, missing {not_frozen[:5]})")
+        raise ValueError(
+            f"{folder}: weights do not fit the model (unexpected {unexpected[:5]}, missing {not_frozen[:5]})"
+        )
     return model.to(device).eval()
 
 
@@ -227,10 +252,14 @@ def read_checkpoint_config(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     cfg_path = folder / CHECKPOINT_CONFIG
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"{folder} is not a checkpoint folder: expected {CHECKPOINT_CONFIG} (and {CHECKPOINT_WEIGHTS})")
+        raise FileNotFoundError(
+            f"{folder} is not a checkpoint folder: expected {CHECKPOINT_CONFIG} (and {CHECKPOINT_WEIGHTS})"
+        )
     if not (folder / CHECKPOINT_WEIGHTS).is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no {CHECKPOINT_WEIGHTS}")
-    cfg = validate_checkpoint(folder)  # JSON and the safetensors layout, before anything is loaded; errors name the file
+    cfg = validate_checkpoint(
+        folder
+    )  # JSON and the safetensors layout, before anything is loaded; errors name the file
     for key in ("method", "backbone", "pooler"):
         if key not in cfg:
             raise ValueError(f"{cfg_path} lacks the key {key!r}")
@@ -263,7 +292,8 @@ def load_checkpoint_folder(
     if expect_pooler is not None and expect_pooler != cfg["pooler"]:
         raise CheckpointMismatchError(
             f"checkpoint {folder} evaluates with pooler {cfg['pooler']!r}, not {expect_pooler!r} "
-            "(SimCSE's evaluation.py: a checkpoint must be evaluated with its own pooler)")
+            "(SimCSE's evaluation.py: a checkpoint must be evaluated with its own pooler)"
+        )
     if expect_backbone is not None and not _same_model(expect_backbone, cfg["backbone"]):
         emb = load_checkpoint(Path(folder), torch.device(device), backbone_override=expect_backbone)
     else:

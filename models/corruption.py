@@ -50,9 +50,15 @@ class SpecialTokens:
         ids = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, *tokenizer.all_special_ids}
         ids.discard(None)
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
-            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no [MASK] or pad token: it cannot drive an MLM generator")
-        return cls(pad=tokenizer.pad_token_id, mask=tokenizer.mask_token_id, special=tuple(sorted(ids)),
-                   vocab_size=len(tokenizer))
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r} has no [MASK] or pad token: it cannot drive an MLM generator"
+            )
+        return cls(
+            pad=tokenizer.pad_token_id,
+            mask=tokenizer.mask_token_id,
+            special=tuple(sorted(ids)),
+            vocab_size=len(tokenizer),
+        )
 
 
 @dataclass
@@ -79,8 +85,12 @@ class Noise:
 
     def take(self, index: torch.Tensor) -> Noise:
         """Gather the draws of flat positions `index` (any shape) from a 1-D Noise."""
-        return Noise(self.select[index], self.action[index], self.random_ids[index],
-                     None if self.sample is None else self.sample[index])
+        return Noise(
+            self.select[index],
+            self.action[index],
+            self.random_ids[index],
+            None if self.sample is None else self.sample[index],
+        )
 
 
 def candidate_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, tokens: SpecialTokens) -> torch.Tensor:
@@ -105,15 +115,16 @@ def mlm_head(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] |
     """The head mapping final hidden states to vocabulary logits, or None for an unknown architecture."""
     if all(hasattr(model, n) for n in ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")):
         return lambda h: model.vocab_projector(model.vocab_layer_norm(model.activation(model.vocab_transform(h))))
-    if hasattr(model, "cls") and hasattr(getattr(model, "cls"), "predictions"):  # BertForMaskedLM
+    if hasattr(model, "cls") and hasattr(model.cls, "predictions"):  # BertForMaskedLM
         return model.cls
     if hasattr(model, "lm_head"):  # RobertaForMaskedLM and relatives
         return model.lm_head
     return None
 
 
-def logits_at(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-              selected: torch.Tensor) -> torch.Tensor:
+def logits_at(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, selected: torch.Tensor
+) -> torch.Tensor:
     """G's logits at the selected positions only, shape (n_selected, vocab).
 
     The base model runs on the whole batch; the MLM head only on the selected rows. An unknown head
@@ -163,9 +174,18 @@ class Corruptor:
     Mode "unigram" takes no model (`model=None`) but `unigram_counts` (one count per token id): each selected
     position is replaced by a token drawn from those frequencies."""
 
-    def __init__(self, model: torch.nn.Module | None, tokens: SpecialTokens, mask_ratio: float, mode: Mode = "argmax",
-                 device: torch.device | str = "cpu", bf16: bool = True, dropout: bool = False, all_positions: bool = False,
-                 unigram_counts: np.ndarray | Sequence[int] | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module | None,
+        tokens: SpecialTokens,
+        mask_ratio: float,
+        mode: Mode = "argmax",
+        device: torch.device | str = "cpu",
+        bf16: bool = True,
+        dropout: bool = False,
+        all_positions: bool = False,
+        unigram_counts: np.ndarray | Sequence[int] | None = None,
+    ):
         if not 0.0 < mask_ratio < 1.0:
             raise ValueError(f"mask_ratio must lie in (0, 1), got {mask_ratio}")
         if mode not in ("argmax", "sample", "unigram"):
@@ -174,7 +194,9 @@ class Corruptor:
         self.unigram = None
         if mode == "unigram":
             if model is not None or unigram_counts is None or all_positions:
-                raise ValueError("mode 'unigram' takes unigram_counts and no generator model, and only the masked positions")
+                raise ValueError(
+                    "mode 'unigram' takes unigram_counts and no generator model, and only the masked positions"
+                )
             self.unigram = unigram_cdf(unigram_counts, tokens.vocab_size)
             self.model = None
         else:
@@ -182,7 +204,9 @@ class Corruptor:
                 raise ValueError(f"mode {mode!r} needs a generator model")
             vocab = model.config.vocab_size
             if vocab < tokens.vocab_size:
-                raise ValueError(f"generator vocabulary ({vocab}) is smaller than the tokenizer's ({tokens.vocab_size})")
+                raise ValueError(
+                    f"generator vocabulary ({vocab}) is smaller than the tokenizer's ({tokens.vocab_size})"
+                )
             self.model = model.to(self.device).train(dropout)
         self.tokens, self.mask_ratio, self.mode = tokens, mask_ratio, mode
         self.autocast = self.device.type == "cuda" and bf16
@@ -192,8 +216,13 @@ class Corruptor:
         return Noise.draw(shape, self.tokens.vocab_size, generator, with_sample=self.mode in ("sample", "unigram"))
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, noise: Noise | None = None,
-                 generator: torch.Generator | None = None) -> CorruptedBatch:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        noise: Noise | None = None,
+        generator: torch.Generator | None = None,
+    ) -> CorruptedBatch:
         """Corrupt a padded (B, T) batch. `noise` defaults to fresh draws from `generator`."""
         if noise is None:
             noise = self.draw_noise(input_ids.shape, generator)
@@ -212,14 +241,19 @@ class Corruptor:
         elif predict.any():
             dev_sel = predict.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                logits = logits_at(self.model, masked.to(self.device, non_blocking=True),
-                                   attention_mask.to(self.device, non_blocking=True), dev_sel)
+                logits = logits_at(
+                    self.model,
+                    masked.to(self.device, non_blocking=True),
+                    attention_mask.to(self.device, non_blocking=True),
+                    dev_sel,
+                )
             logits = logits[:, : self.tokens.vocab_size]
             uniform = None if noise.sample is None else noise.sample[predict]
             corrupted[predict] = pick_tokens(logits, self.mode, uniform).cpu().to(corrupted.dtype)
         labels = (corrupted != input_ids) & attention_mask.bool()
-        return CorruptedBatch(corrupted=corrupted, labels=labels.to(torch.int8),
-                              n_masked=selected.sum(1), n_replaced=labels.sum(1))
+        return CorruptedBatch(
+            corrupted=corrupted, labels=labels.to(torch.int8), n_masked=selected.sum(1), n_replaced=labels.sum(1)
+        )
 
 
 @dataclass
@@ -232,8 +266,9 @@ class SequenceCorruption:
     n_replaced: np.ndarray
 
 
-def pad_batch(flat_ids: torch.Tensor, offsets: np.ndarray, rows: np.ndarray,
-              pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_batch(
+    flat_ids: torch.Tensor, offsets: np.ndarray, rows: np.ndarray, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Padded (B, T) ids of the given rows, their attention mask, and the flat index of each cell (0 on pads)."""
     lengths = offsets[rows + 1] - offsets[rows]
     width = int(lengths.max()) if len(rows) else 0
@@ -244,8 +279,14 @@ def pad_batch(flat_ids: torch.Tensor, offsets: np.ndarray, rows: np.ndarray,
     return flat_ids[index].masked_fill(~valid_t, pad_id), valid_t.long(), index
 
 
-def corrupt_sequences(corruptor: Corruptor, flat_ids: np.ndarray, offsets: np.ndarray, generator: torch.Generator,
-                      batch_size: int, on_batch: Callable[[int], None] | None = None) -> SequenceCorruption:
+def corrupt_sequences(
+    corruptor: Corruptor,
+    flat_ids: np.ndarray,
+    offsets: np.ndarray,
+    generator: torch.Generator,
+    batch_size: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> SequenceCorruption:
     """Corrupt sequences given flat (concatenated ids, offsets of length n+1).
 
     Noise is drawn for every token in input order first; batches of `batch_size` sequences sorted by
@@ -256,10 +297,14 @@ def corrupt_sequences(corruptor: Corruptor, flat_ids: np.ndarray, offsets: np.nd
     n = len(offsets) - 1
     noise = corruptor.draw_noise((len(flat),), generator)
     order = np.argsort(-np.diff(offsets), kind="stable")
-    out = SequenceCorruption(corrupted=flat.numpy().copy(), labels=np.zeros(len(flat), np.int8),
-                             n_masked=np.zeros(n, np.int64), n_replaced=np.zeros(n, np.int64))
+    out = SequenceCorruption(
+        corrupted=flat.numpy().copy(),
+        labels=np.zeros(len(flat), np.int8),
+        n_masked=np.zeros(n, np.int64),
+        n_replaced=np.zeros(n, np.int64),
+    )
     for start in range(0, n, batch_size):
-        rows = order[start:start + batch_size]
+        rows = order[start : start + batch_size]
         input_ids, attention, index = pad_batch(flat, offsets, rows, corruptor.tokens.pad)
         batch = corruptor(input_ids, attention, noise=noise.take(index))
         valid = attention.bool()
@@ -284,9 +329,15 @@ def _seeded_dropout(seed: int, device: torch.device, enabled: bool) -> Iterator[
         yield
 
 
-def corrupt_variants(corruptor: Corruptor, flat_ids: np.ndarray, offsets: np.ndarray, seeds: Sequence[int],
-                     batch_size: int, seeded_dropout: bool = False,
-                     on_batch: Callable[[int], None] | None = None) -> list[SequenceCorruption]:
+def corrupt_variants(
+    corruptor: Corruptor,
+    flat_ids: np.ndarray,
+    offsets: np.ndarray,
+    seeds: Sequence[int],
+    batch_size: int,
+    seeded_dropout: bool = False,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[SequenceCorruption]:
     """Several independent corruptions (variants) of the same sequences, one per seed: `corrupt_sequences` with
     draws from `torch.Generator().manual_seed(seed)`.
 
@@ -303,6 +354,9 @@ def corrupt_variants(corruptor: Corruptor, flat_ids: np.ndarray, offsets: np.nda
     out = []
     for seed in seeds:
         with _seeded_dropout(seed, corruptor.device, seeded_dropout):
-            out.append(corrupt_sequences(corruptor, flat_ids, offsets, torch.Generator().manual_seed(seed), batch_size,
-                                         on_batch=on_batch))
+            out.append(
+                corrupt_sequences(
+                    corruptor, flat_ids, offsets, torch.Generator().manual_seed(seed), batch_size, on_batch=on_batch
+                )
+            )
     return out

@@ -23,6 +23,7 @@ from models.heads import ProjectionMLP, RTDHead
 from models.losses import contrastive_loss, rtd_accuracy, rtd_loss
 from models.method import CSEModel, StepOutput
 
+
 def check_objective(temperature: float, rtd_weight: float) -> None:
     """Check the hyperparameters every contrastive + conditional-RTD config has.
 
@@ -43,8 +44,9 @@ def check_objective(temperature: float, rtd_weight: float) -> None:
         raise ValueError(f"rtd_weight must be >= 0, got {rtd_weight}")
 
 
-def align_corruption(input_ids: torch.Tensor, attention_mask: torch.Tensor, corrupted_ids: torch.Tensor,
-                     rtd_labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def align_corruption(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, corrupted_ids: torch.Tensor, rtd_labels: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Checked `(B, n, T)` corrupted ids and RTD labels for `(B, n, T)` rows, n = 2 (unsup) or 3 (sup).
 
     Labels default to `corrupted != original` on non-pad positions, as DiffCSE's reference code derives them.
@@ -77,9 +79,15 @@ def align_corruption(input_ids: torch.Tensor, attention_mask: torch.Tensor, corr
         raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
     if corrupted_ids is None:
         raise ValueError("corrupted_ids are required (the corruption stage's output)")
-    if corrupted_ids.dim() != 3 or corrupted_ids.shape[0] != batch or corrupted_ids.shape[1] not in (1, n) \
-            or corrupted_ids.shape[2] != length:
-        raise ValueError(f"corrupted_ids must be (B, {n}|1, T) = ({batch}, {n}|1, {length}), got {tuple(corrupted_ids.shape)}")
+    if (
+        corrupted_ids.dim() != 3
+        or corrupted_ids.shape[0] != batch
+        or corrupted_ids.shape[1] not in (1, n)
+        or corrupted_ids.shape[2] != length
+    ):
+        raise ValueError(
+            f"corrupted_ids must be (B, {n}|1, T) = ({batch}, {n}|1, {length}), got {tuple(corrupted_ids.shape)}"
+        )
     corrupted_ids = corrupted_ids.expand(batch, n, length)
     if rtd_labels is None:
         rtd_labels = (corrupted_ids != input_ids) & attention_mask.bool()
@@ -105,8 +113,6 @@ class CRTDOutput:
     rtd_loss: torch.Tensor
     rtd_accuracy: torch.Tensor
     h: torch.Tensor
-
-
 
 
 class ConditionalRTDModel(CSEModel):
@@ -142,8 +148,9 @@ class ConditionalRTDModel(CSEModel):
     rtd_head: RTDHead
 
     @abstractmethod
-    def encode_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+    def encode_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Any]:
         """Last-layer CLS states `(B', d)` of the training pass, and a context handed to `discriminate_rows`.
 
         Args:
@@ -153,8 +160,14 @@ class ConditionalRTDModel(CSEModel):
         """
 
     @abstractmethod
-    def discriminate_rows(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor,
-                          token_type_ids: torch.Tensor | None, context: Any) -> torch.Tensor:
+    def discriminate_rows(
+        self,
+        corrupted_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        h: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        context: Any,
+    ) -> torch.Tensor:
         """RTD logits `(B', T, 2)` of the training pass's discriminator on `(B', T)` corrupted rows given `h`.
 
         Args:
@@ -165,8 +178,14 @@ class ConditionalRTDModel(CSEModel):
             context: what `encode_rows` returned beside the CLS states.
         """
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, corrupted_ids: torch.Tensor,
-                rtd_labels: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None) -> CRTDOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        corrupted_ids: torch.Tensor,
+        rtd_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> CRTDOutput:
         """One training forward on `(B, n, T)` rows, n = 2 (unsup, two dropout views) or 3 (sup, with hard negative).
 
         Args:
@@ -189,16 +208,22 @@ class ConditionalRTDModel(CSEModel):
         h = self.projection(cls)
         z = h.view(batch, n, -1)
         cfg = self.config
-        l_cl = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None,
-                                temperature=cfg.temperature, hard_negative_weight=cfg.hard_negative_weight)
+        l_cl = contrastive_loss(
+            z[:, 0],
+            z[:, 1],
+            z[:, 2] if n == 3 else None,
+            temperature=cfg.temperature,
+            hard_negative_weight=cfg.hard_negative_weight,
+        )
 
         logits = self.discriminate_rows(flat(corrupted_ids), mask, h, types, context)
         labels = flat(rtd_labels)
         l_rtd = rtd_loss(logits, labels, mask, mean_over_padding=cfg.rtd_mean_over_padding)
         with torch.no_grad():
             acc = rtd_accuracy(logits, labels, mask)
-        return CRTDOutput(loss=l_cl + cfg.rtd_weight * l_rtd, contrastive_loss=l_cl, rtd_loss=l_rtd,
-                          rtd_accuracy=acc, h=z)
+        return CRTDOutput(
+            loss=l_cl + cfg.rtd_weight * l_rtd, contrastive_loss=l_cl, rtd_loss=l_rtd, rtd_accuracy=acc, h=z
+        )
 
     def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
         """The loss of one batch and its logged terms (`loss_contrastive`, `loss_rtd`, `rtd_accuracy`).
@@ -209,5 +234,11 @@ class ConditionalRTDModel(CSEModel):
             phase: the training phase (these methods have one, `main`).
         """
         out = self(batch.input_ids, batch.attention_mask, batch.corrupted_ids, batch.rtd_labels)
-        return StepOutput(out.loss, {"loss_contrastive": out.contrastive_loss.detach(), "loss_rtd": out.rtd_loss.detach(),
-                                     "rtd_accuracy": out.rtd_accuracy})
+        return StepOutput(
+            out.loss,
+            {
+                "loss_contrastive": out.contrastive_loss.detach(),
+                "loss_rtd": out.rtd_loss.detach(),
+                "rtd_accuracy": out.rtd_accuracy,
+            },
+        )

@@ -64,11 +64,11 @@ class D2CSEModelConfig(PromptConfig):
         if self.discriminator_learning_rate <= 0:
             raise ValueError(f"discriminator_learning_rate must be positive, got {self.discriminator_learning_rate}")
         if self.head_learning_rate is not None and not self.head_learning_rate > 0:
-            raise ValueError(f"head_learning_rate must be positive (or None: the job's rate), got {self.head_learning_rate}")
+            raise ValueError(
+                f"head_learning_rate must be positive (or None: the job's rate), got {self.head_learning_rate}"
+            )
         if self.discriminator_reuses_prefix_sample and not self.discriminator_prompts:
             raise ValueError("discriminator_reuses_prefix_sample needs discriminator_prompts=True")
-
-
 
 
 class D2CSE(PromptedModel, ConditionalRTDModel):
@@ -95,8 +95,13 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         torch.Size([1, 384])
     """
 
-    def __init__(self, config: D2CSEModelConfig, backbone: nn.Module | None = None, tokenizer=None,
-                 cls_token_id: int | None = None):
+    def __init__(
+        self,
+        config: D2CSEModelConfig,
+        backbone: nn.Module | None = None,
+        tokenizer=None,
+        cls_token_id: int | None = None,
+    ):
         super().__init__()
         bcfg = self.attach_prompted_backbone(config, backbone, tokenizer)
         d = bcfg.hidden_size
@@ -121,8 +126,10 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
 
     method = "d2cse"
     config_class = D2CSEModelConfig
-    paper = ("Hyunjae Lee (2023). D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence "
-             "Embeddings. arXiv:2304.08991.")
+    paper = (
+        "Hyunjae Lee (2023). D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence "
+        "Embeddings. arXiv:2304.08991."
+    )
     bibtex = """@article{lee2023d2cse,
   title   = {{D2CSE}: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings},
   author  = {Lee, Hyunjae},
@@ -143,38 +150,65 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
     # --------------------------------------------------------------------------------- properties
 
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                   prefix: PrefixKeyValues | None = None) -> torch.Tensor:
+    def encode_cls(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        prefix: PrefixKeyValues | None = None,
+    ) -> torch.Tensor:
         """Last-layer CLS state of `(B', T)` rows with prompts (and the [CLS] prompt if on): `(B', d)`."""
         if prefix is None:
             prefix = self.prompts(input_ids.shape[0])
         out = self.encoder(input_ids, attention_mask, token_type_ids, prefix=prefix, cls_embedding=self.cls_prompt)
         return out.last_hidden_state[:, 0]
 
-    def discriminate(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor | None,
-                     token_type_ids: torch.Tensor | None = None, prefix: PrefixKeyValues | None = None) -> torch.Tensor:
+    def discriminate(
+        self,
+        corrupted_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        h: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None = None,
+        prefix: PrefixKeyValues | None = None,
+    ) -> torch.Tensor:
         """RTD logits `(B', T, 2)` of the discriminator on corrupted ids, position 0 conditioned on `h` if given."""
         use_prompts = self.config.discriminator_prompts
         if use_prompts and prefix is None:
             prefix = self.prompts(corrupted_ids.shape[0])
         body = self.discriminator if self.discriminator is not None else self.encoder
-        out = body(corrupted_ids, attention_mask, token_type_ids,
-                   prefix=prefix if use_prompts else False,
-                   cls_embedding=self.cls_prompt if use_prompts else None,
-                   position0_output=h)
+        out = body(
+            corrupted_ids,
+            attention_mask,
+            token_type_ids,
+            prefix=prefix if use_prompts else False,
+            cls_embedding=self.cls_prompt if use_prompts else None,
+            position0_output=h,
+        )
         return self.rtd_head(out.last_hidden_state)
 
-    def encode_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor | None) -> tuple[torch.Tensor, PrefixKeyValues]:
+    def encode_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, PrefixKeyValues]:
         """Training encoder pass with one prefix sample for all rows; the sample is the context."""
         prefix = self.prompts(input_ids.shape[0])
         return self.encode_cls(input_ids, attention_mask, token_type_ids, prefix=prefix), prefix
 
-    def discriminate_rows(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor,
-                          token_type_ids: torch.Tensor | None, context: PrefixKeyValues) -> torch.Tensor:
+    def discriminate_rows(
+        self,
+        corrupted_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        h: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        context: PrefixKeyValues,
+    ) -> torch.Tensor:
         """Conditioned on `h` unless ablation (c); a fresh prefix sample unless `discriminator_reuses_prefix_sample`."""
-        return self.discriminate(corrupted_ids, attention_mask, h if self.config.condition_discriminator else None,
-                                 token_type_ids, prefix=context if self.config.discriminator_reuses_prefix_sample else None)
+        return self.discriminate(
+            corrupted_ids,
+            attention_mask,
+            h if self.config.condition_discriminator else None,
+            token_type_ids,
+            prefix=context if self.config.discriminator_reuses_prefix_sample else None,
+        )
 
     def parameter_groups(self, phase: str) -> list[dict]:
         """Prompts, [CLS] prompt, BN-MLP and RTD head at the job's LR; ablation (b)'s trainable discriminator in a group of
@@ -185,22 +219,33 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             head = [*self.projection.parameters(), *self.rtd_head.parameters()]
             own.append(("head", {id(p) for p in head}, self.config.head_learning_rate))
         if self.discriminator is not None:
-            own.append(("discriminator", {id(p) for p in self.discriminator.parameters()},
-                        self.config.discriminator_learning_rate))
+            own.append(
+                (
+                    "discriminator",
+                    {id(p) for p in self.discriminator.parameters()},
+                    self.config.discriminator_learning_rate,
+                )
+            )
         if not own:
             return [{"params": params}]
         taken = set().union(*(ids for _, ids, _ in own))
         groups = [{"params": [p for p in params if id(p) not in taken]}]
-        return groups + [{"params": [p for p in params if id(p) in ids], "lr": lr, "name": name} for name, ids, lr in own]
+        return groups + [
+            {"params": [p for p in params if id(p) in ids], "lr": lr, "name": name} for name, ids, lr in own
+        ]
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Evaluation embedding `(B, d)`: CLS before the pooler with prompts active (SimCSE, D2CSE paper)."""
         return self.encode_cls(input_ids, attention_mask, token_type_ids)
 
     def peft_plan(self, plan: PeftPlan) -> PeftPlan:
         """The PEFT adapter: CLS pooling; the [CLS] prompt, if any, folded into a position-embedding row."""
-        plan.notes.append("training-heads: D2CSE's BN-MLP, RTD head and discriminator are training-only and not "
-                          "exported (evaluation uses the CLS state before the pooler)")
+        plan.notes.append(
+            "training-heads: D2CSE's BN-MLP, RTD head and discriminator are training-only and not "
+            "exported (evaluation uses the CLS state before the pooler)"
+        )
         if self.cls_prompt is not None:
             self._fold_cls_prompt(plan)
         return plan
@@ -212,9 +257,15 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         embeddings = backbone.embeddings
         cls_id = getattr(self.tokenizer, "cls_token_id", None)
         absolute = getattr(backbone.config, "position_embedding_type", "absolute") == "absolute"
-        if cls_id is None or not absolute or not isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding):
-            plan.inexact.append("cls-prompt: the [CLS] prompt cannot be folded into an absolute position-embedding row "
-                                f"of {type(backbone).__name__}; the adapter would use the static [CLS] embedding")
+        if (
+            cls_id is None
+            or not absolute
+            or not isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding)
+        ):
+            plan.inexact.append(
+                "cls-prompt: the [CLS] prompt cannot be folded into an absolute position-embedding row "
+                f"of {type(backbone).__name__}; the adapter would use the static [CLS] embedding"
+            )
             return
         probe = torch.tensor([[cls_id, cls_id]], device=embeddings.position_embeddings.weight.device)
         row = int(enc.position_ids(probe, enc.prefix_encoder.prefix_len)[0, 0])  # PEFT always shifts by P
@@ -224,12 +275,21 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             f"cls-prompt: the [CLS] prompt is folded into position-embedding row {row}, which only position 0 reads "
             "under the prefix shift (modules_to_save=['embeddings.position_embeddings'], + max_position_embeddings x d "
             "floats); exact for right-padded input that starts with the tokenizer's [CLS] (add_special_tokens=True)"
-            + ("; RoBERTa numbers positions by non-pad tokens, so left padding would move the fold off column 0"
-               if hasattr(embeddings, "create_position_ids_from_input_ids") else ""))
+            + (
+                "; RoBERTa numbers positions by non-pad tokens, so left padding would move the fold off column 0"
+                if hasattr(embeddings, "create_position_ids_from_input_ids")
+                else ""
+            )
+        )
 
     def describe(self) -> dict:
-        return {**super().describe(), "prefix_len": self.config.prefix_len, "cls_prompt": self.config.cls_prompt,
-                "rtd_weight": self.config.rtd_weight, "train_prompts": self.config.train_prompts}
+        return {
+            **super().describe(),
+            "prefix_len": self.config.prefix_len,
+            "cls_prompt": self.config.cls_prompt,
+            "rtd_weight": self.config.rtd_weight,
+            "train_prompts": self.config.train_prompts,
+        }
 
     # --- benchmark facts (benchmarks/...) ---
     # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the controls remove the
@@ -237,15 +297,21 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
     # mechanism check (held-out RTD with true / shuffled / no h) runs on the arms whose RTD head trains, and the
     # head-learning-rate sensitivity rows are this method's.
     evidence_position = 2
-    evidence_arms = (("method", "D2CSE (lambda 0.005, conditioned)", {}),
-                     ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
-                     ("ablation-c", "control: ablation (c), unconditioned discriminator",
-                      {"model": {"condition_discriminator": False}}))
+    evidence_arms = (
+        ("method", "D2CSE (lambda 0.005, conditioned)", {}),
+        ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
+        (
+            "ablation-c",
+            "control: ablation (c), unconditioned discriminator",
+            {"model": {"condition_discriminator": False}},
+        ),
+    )
     evidence_mechanism_arms = ("method", "ablation-c")
     evidence_head_lr_sensitivity = True
     # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {"d2cse": dict(preset="smoke", steps=30, eval_steps=15, overrides={},
-                                   lr_note="smoke preset 2e-2 (paper 2.1e-2)")}
+    learning_runs = {
+        "d2cse": dict(preset="smoke", steps=30, eval_steps=15, overrides={}, lr_note="smoke preset 2e-2 (paper 2.1e-2)")
+    }
     # The single-method benchmarks that measure this method (training_throughput: its step vs a bare encoder step;
     # peft_adapter: its PEFT export; prompt_start: position shifting of its prompts).
     benchmark_subject_of = ("training_throughput", "peft_adapter", "prompt_start")

@@ -141,8 +141,14 @@ class MaskedLMHead(nn.Module):
     bias is the checkpoint's output bias, held once (no shared tensors, so checkpoints save it plainly).
     """
 
-    def __init__(self, hidden_size: int, vocab_size: int, activation: nn.Module, layer_norm_eps: float = 1e-12,
-                 init_std: float = 0.02):
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        activation: nn.Module,
+        layer_norm_eps: float = 1e-12,
+        init_std: float = 0.02,
+    ):
         super().__init__()
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.activation = activation
@@ -160,9 +166,13 @@ class MaskedLMHead(nn.Module):
         given, is copied into the decoder weight: the starting point an HF masked LM built on a head-less
         checkpoint has (its decoder is tied to the input embeddings), here as an untied trainable copy.
         """
-        head = cls(config.hidden_size, config.vocab_size, ACT2FN[config.hidden_act],
-                   layer_norm_eps=getattr(config, "layer_norm_eps", 1e-12),
-                   init_std=getattr(config, "initializer_range", 0.02))
+        head = cls(
+            config.hidden_size,
+            config.vocab_size,
+            ACT2FN[config.hidden_act],
+            layer_norm_eps=getattr(config, "layer_norm_eps", 1e-12),
+            init_std=getattr(config, "initializer_range", 0.02),
+        )
         if input_embeddings is not None:
             with torch.no_grad():
                 head.decoder.weight.copy_(input_embeddings)
@@ -211,9 +221,11 @@ def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys=()) -> MaskedLMHe
     tied = (prefix + "decoder.weight", prefix + "decoder.bias")
     absent = sorted(k for k in missing_keys if k.startswith(prefix) and k not in tied)
     if absent:
-        raise ValueError(f"the checkpoint has no MLM head weights (missing {absent}); DCPCSE's MLM auxiliary "
-                         "loads the pretrained head (YJiangcm/DCPCSE). Use a checkpoint with its MLM head "
-                         "(e.g. bert-base-uncased, roberta-base) or set mlm_head_random_init=True for a fresh head")
+        raise ValueError(
+            f"the checkpoint has no MLM head weights (missing {absent}); DCPCSE's MLM auxiliary "
+            "loads the pretrained head (YJiangcm/DCPCSE). Use a checkpoint with its MLM head "
+            "(e.g. bert-base-uncased, roberta-base) or set mlm_head_random_init=True for a fresh head"
+        )
     return MaskedLMHead.from_hf_head(head)
 
 
@@ -232,8 +244,10 @@ def load_mlm_head(config: DCPCSEConfig, backbone: nn.Module) -> MaskedLMHead:
             raise ValueError(f"{config.backbone!r}: {e}") from e
         return MaskedLMHead.fresh(backbone_config, backbone.embeddings.word_embeddings.weight.detach())
     if head.decoder.out_features != backbone_config.vocab_size or head.dense.in_features != backbone_config.hidden_size:
-        raise ValueError(f"{config.backbone!r}: MLM head shape (d={head.dense.in_features}, V={head.decoder.out_features}) "
-                         f"does not fit the backbone (d={backbone_config.hidden_size}, V={backbone_config.vocab_size})")
+        raise ValueError(
+            f"{config.backbone!r}: MLM head shape (d={head.dense.in_features}, V={head.decoder.out_features}) "
+            f"does not fit the backbone (d={backbone_config.hidden_size}, V={backbone_config.vocab_size})"
+        )
     return head
 
 
@@ -275,8 +289,10 @@ class DCPCSE(PromptedModel, CSEModel):
 
     method = "dcpcse"
     config_class = DCPCSEConfig
-    paper = ("Yuxin Jiang and Wei Wang (2022). Deep Continuous Prompt for Contrastive Learning of Sentence "
-             "Embeddings. arXiv:2203.06875.")
+    paper = (
+        "Yuxin Jiang and Wei Wang (2022). Deep Continuous Prompt for Contrastive Learning of Sentence "
+        "Embeddings. arXiv:2203.06875."
+    )
     bibtex = """@article{jiang2022dcpcse,
   title   = {Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings},
   author  = {Jiang, Yuxin and Wang, Wei},
@@ -285,8 +301,9 @@ class DCPCSE(PromptedModel, CSEModel):
 }"""
     builds_on = ("simcse",)
 
-    def __init__(self, config: DCPCSEConfig, backbone: nn.Module | None = None, tokenizer=None,
-                 mlm_head: nn.Module | None = None):
+    def __init__(
+        self, config: DCPCSEConfig, backbone: nn.Module | None = None, tokenizer=None, mlm_head: nn.Module | None = None
+    ):
         super().__init__()
         bcfg = self.attach_prompted_backbone(config, backbone, tokenizer)
         d = bcfg.hidden_size
@@ -301,7 +318,9 @@ class DCPCSE(PromptedModel, CSEModel):
             self.lm_head.requires_grad_(True)
             if self.tokenizer is not None:
                 self.mask_token_id = self.tokenizer.mask_token_id
-                specials = sorted(set(self.tokenizer.all_special_ids) | {i for i in (self.tokenizer.pad_token_id,) if i is not None})
+                specials = sorted(
+                    set(self.tokenizer.all_special_ids) | {i for i in (self.tokenizer.pad_token_id,) if i is not None}
+                )
                 self.special_token_ids = torch.tensor(specials, dtype=torch.long)
 
     # --------------------------------------------------------------------------------- properties
@@ -311,27 +330,48 @@ class DCPCSE(PromptedModel, CSEModel):
         return "cls_before_pooler" if self.config.mlp_only_train else "cls"
 
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                   prefix: PrefixKeyValues | None = None) -> torch.Tensor:
+    def encode_cls(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        prefix: PrefixKeyValues | None = None,
+    ) -> torch.Tensor:
         """Last-layer CLS state of `(B', T)` rows with prompts (a fresh prefix sample unless given): `(B', d)`."""
         if prefix is None:
             prefix = self.prompts(input_ids.shape[0])
         return self.encoder(input_ids, attention_mask, token_type_ids, prefix=prefix).last_hidden_state[:, 0]
 
-    def mask_for_mlm(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask_for_mlm(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(masked_ids, labels)` of `(N, T)` rows, each row masked independently (DCPCSE; see `mask_tokens`).
 
         Excluded: padding and the tokenizer's special ids; random replacements are uniform over the backbone's
         `vocab_size` (= `len(tokenizer)` of the reference collator for the paper's backbones).
         """
         if self.mask_token_id is None:
-            raise ValueError("MLM masking needs the tokenizer's mask and special-token ids: build DCPCSE with a tokenizer")
-        return mask_tokens(input_ids, attention_mask, self.special_token_ids, self.mask_token_id,
-                           self.backbone.config.vocab_size, self.config.mlm_probability, generator=generator)
+            raise ValueError(
+                "MLM masking needs the tokenizer's mask and special-token ids: build DCPCSE with a tokenizer"
+            )
+        return mask_tokens(
+            input_ids,
+            attention_mask,
+            self.special_token_ids,
+            self.mask_token_id,
+            self.backbone.config.vocab_size,
+            self.config.mlm_probability,
+            generator=generator,
+        )
 
-    def mlm_loss(self, masked_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-                 prefix: PrefixKeyValues, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def mlm_loss(
+        self,
+        masked_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        prefix: PrefixKeyValues,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Cross-entropy mean over the masked positions of the LM head on the prompted encoder's token states.
 
         Only the masked positions go through the head (the same loss and gradients as running it on every
@@ -346,8 +386,13 @@ class DCPCSE(PromptedModel, CSEModel):
             return logits.sum() * 0.0
         return F.cross_entropy(logits.float(), labels[selected])
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step: int = 0,
-                token_type_ids: torch.Tensor | None = None) -> DCPCSEOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        step: int = 0,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> DCPCSEOutput:
         """One training forward on `(B, n, T)` rows, n = 2 (unsup, two dropout views) or 3 (sup, hard negative)."""
         if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
             raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
@@ -360,8 +405,13 @@ class DCPCSE(PromptedModel, CSEModel):
 
         prefix = self.prompts(rows)  # one dropout sample, shared by the contrastive and the MLM pass
         z = self.mlp(self.encode_cls(ids, mask, types, prefix=prefix)).view(batch, n, -1)
-        l_cl = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None,
-                                temperature=self.config.temperature, hard_negative_weight=self.config.hard_negative_weight)
+        l_cl = contrastive_loss(
+            z[:, 0],
+            z[:, 1],
+            z[:, 2] if n == 3 else None,
+            temperature=self.config.temperature,
+            hard_negative_weight=self.config.hard_negative_weight,
+        )
         if not self.config.mlm:
             return DCPCSEOutput(loss=l_cl, contrastive_loss=l_cl, mlm_loss=None, mlm_weight=0.0, z=z)
 
@@ -378,8 +428,9 @@ class DCPCSE(PromptedModel, CSEModel):
             metrics["mlm_weight"] = torch.tensor(out.mlm_weight)
         return StepOutput(out.loss, metrics)
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-              token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Evaluation embedding `(B, d)` with prompts on: CLS (unsup) or CLS → MLP (sup) (SimCSE, DCPCSE)."""
         cls = self.encode_cls(input_ids, attention_mask, token_type_ids)
         return cls if self.config.mlp_only_train else self.mlp(cls)
@@ -388,33 +439,49 @@ class DCPCSE(PromptedModel, CSEModel):
         """The PEFT adapter: CLS pooling (unsupervised), or the supervised `cls` MLP carried as the base's pooler."""
         cfg = self.config
         if cfg.mlp_only_train:
-            plan.notes.append("training-heads: DCPCSE's cls MLP" + (" and LM head are" if cfg.mlm else " is")
-                              + " training-only (mlp_only_train) and not exported")
+            plan.notes.append(
+                "training-heads: DCPCSE's cls MLP"
+                + (" and LM head are" if cfg.mlm else " is")
+                + " training-only (mlp_only_train) and not exported"
+            )
             return plan
         plan.pooling = {"kind": "pooler_output"}
         plan.modules_to_save.append("pooler")
         plan.pooler_mlp = self.mlp
-        plan.notes.append("pooler-mlp: the supervised cls MLP (Linear + tanh on the first token) is carried as "
-                          "the base model's pooler (modules_to_save=['pooler']); embed with pooler_output, which "
-                          "needs the base loaded with its pooling layer (AutoModel's default)")
+        plan.notes.append(
+            "pooler-mlp: the supervised cls MLP (Linear + tanh on the first token) is carried as "
+            "the base model's pooler (modules_to_save=['pooler']); embed with pooler_output, which "
+            "needs the base loaded with its pooling layer (AutoModel's default)"
+        )
         if cfg.mlm:
             plan.notes.append("training-heads: the MLM LM head is training-only and not exported")
         return plan
 
     def describe(self) -> dict:
-        return {**super().describe(), "prefix_len": self.config.prefix_len, "prefix_projection": self.config.prefix_projection,
-                "mlp_only_train": self.config.mlp_only_train, "mlm": self.config.mlm,
-                "train_prompts": self.config.train_prompts, "trainable_parameters": self.trainable_parameter_count()}
+        return {
+            **super().describe(),
+            "prefix_len": self.config.prefix_len,
+            "prefix_projection": self.config.prefix_projection,
+            "mlp_only_train": self.config.mlp_only_train,
+            "mlm": self.config.mlm,
+            "train_prompts": self.config.train_prompts,
+            "trainable_parameters": self.trainable_parameter_count(),
+        }
 
     # --- benchmark facts (benchmarks/...) ---
     # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the control freezes the
     # prompts, the method's only trained part besides the training-time MLP.
     evidence_position = 1
-    evidence_arms = (("method", "DCPCSE (prompts learn)", {}),
-                     ("frozen-prompts", "control: prompts frozen", {"model": {"train_prompts": False}}))
+    evidence_arms = (
+        ("method", "DCPCSE (prompts learn)", {}),
+        ("frozen-prompts", "control: prompts frozen", {"model": {"train_prompts": False}}),
+    )
     # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {"dcpcse": dict(preset="smoke", steps=40, eval_steps=20, overrides={},
-                                    lr_note="smoke preset 2e-2 (paper 3e-2 at batch 256)")}
+    learning_runs = {
+        "dcpcse": dict(
+            preset="smoke", steps=40, eval_steps=20, overrides={}, lr_note="smoke preset 2e-2 (paper 3e-2 at batch 256)"
+        )
+    }
     # benchmarks/dry_run.py: trainable parameters by (backbone, prefix_len, mlm) where the reference gives the figure:
     # prefix P·2·L·d + the cls MLP (+ with mlm the LM head: dense, LayerNorm, decoder and bias).
     dry_run_trainable_figures = {

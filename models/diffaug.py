@@ -116,7 +116,9 @@ class DiffAugConfig(MethodConfig):
 
     def __post_init__(self):
         if self.prefix_len < 2 or self.prefix_len % 2:
-            raise ValueError(f"prefix_len must be an even number >= 2 (two modules = two halves), got {self.prefix_len}")
+            raise ValueError(
+                f"prefix_len must be an even number >= 2 (two modules = two halves), got {self.prefix_len}"
+            )
         if not 0.0 <= self.prefix_dropout < 1.0:
             raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
         if self.prefix_hidden is not None and self.prefix_hidden < 1:
@@ -134,9 +136,15 @@ class DiffAugConfig(MethodConfig):
         if self.denoise_copies < 1:
             raise ValueError(f"denoise_copies must be >= 1, got {self.denoise_copies}")
         if self.denoise and self.denoise_copies <= self.max_denoise_index:
-            raise ValueError(f"denoise_copies={self.denoise_copies} is too small: the δ index reaches {self.max_denoise_index} "
-                             f"(max_sentence_tokens {self.max_sentence_tokens}"
-                             + (f" + prefix_len/2 = {self.prefix_len // 2} from the index quirk)" if self.denoise_index_quirk else ")"))
+            raise ValueError(
+                f"denoise_copies={self.denoise_copies} is too small: the δ index reaches {self.max_denoise_index} "
+                f"(max_sentence_tokens {self.max_sentence_tokens}"
+                + (
+                    f" + prefix_len/2 = {self.prefix_len // 2} from the index quirk)"
+                    if self.denoise_index_quirk
+                    else ")"
+                )
+            )
 
     @property
     def module_len(self) -> int:
@@ -176,8 +184,10 @@ class DiffAug(PromptedModel, CSEModel):
     config_class = DiffAugConfig
     phases = ("prefix", "joint")
     accepts_aux_nli = True  # semi-supervised "w/ aux": NLI rows batched beside each Wiki1M batch
-    paper = ("Tianduo Wang and Wei Lu (2022). Differentiable Data Augmentation for Contrastive Sentence "
-             "Representation Learning. EMNLP 2022, pages 7640-7653.")
+    paper = (
+        "Tianduo Wang and Wei Lu (2022). Differentiable Data Augmentation for Contrastive Sentence "
+        "Representation Learning. EMNLP 2022, pages 7640-7653."
+    )
     bibtex = """@inproceedings{wang2022diffaug,
   title     = {Differentiable Data Augmentation for Contrastive Sentence Representation Learning},
   author    = {Wang, Tianduo and Lu, Wei},
@@ -201,8 +211,14 @@ class DiffAug(PromptedModel, CSEModel):
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)
 
-        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, projection=True,
-                                         projection_hidden=config.prefix_hidden or d, shift_positions=config.shift_positions)
+        self.encoder = prompted_backbone(
+            backbone,
+            config.prefix_len,
+            config.prefix_dropout,
+            projection=True,
+            projection_hidden=config.prefix_hidden or d,
+            shift_positions=config.shift_positions,
+        )
         self.mlp = SimCSEPoolerMLP(d, init_std=init_std)
         # The reference creates `sup_classifier` before `init_weights()`: N(0, initializer_range), zero bias.
         self.classifier = nn.Linear(3 * d, 2)
@@ -237,16 +253,20 @@ class DiffAug(PromptedModel, CSEModel):
         limit = self.encoder.config.max_position_embeddings
         shift = self.config.prefix_len if self.config.shift_positions else 0
         longest = len(enc_bs) + self.config.max_sentence_tokens + len(enc_es)
-        self.encoder.position_ids(torch.full((1, longest), self.cls_token_id), shift)  # raises if the longest row does not fit
+        self.encoder.position_ids(
+            torch.full((1, longest), self.cls_token_id), shift
+        )  # raises if the longest row does not fit
         # Denoising inputs (DiffAug): the bare template repeated `denoise_copies` times; copy i places enc_es as if
         # a sentence of i tokens stood between enc_bs and enc_es.
         copies = self.config.denoise_copies
         template = torch.tensor(enc_bs + enc_es, dtype=torch.long).unsqueeze(0).repeat(copies, 1)
         positions = self.encoder.position_ids(template, shift).clone()
-        positions[:, len(enc_bs):] += torch.arange(copies).unsqueeze(1)
+        positions[:, len(enc_bs) :] += torch.arange(copies).unsqueeze(1)
         if self.config.denoise and int(positions.max()) >= limit:
-            raise ValueError(f"template denoising with {copies} copies reaches position {int(positions.max())} >= "
-                             f"max_position_embeddings={limit}; lower denoise_copies")
+            raise ValueError(
+                f"template denoising with {copies} copies reaches position {int(positions.max())} >= "
+                f"max_position_embeddings={limit}; lower denoise_copies"
+            )
         self.register_buffer("denoise_ids", template, persistent=False)
         self.register_buffer("denoise_positions", positions, persistent=False)
         self.denoise_mask_index = self.mask_offset if self.mask_in_head else len(enc_bs) + self.mask_offset
@@ -256,7 +276,9 @@ class DiffAug(PromptedModel, CSEModel):
         texts = [(self.eval_head + s + self.eval_tail).strip() for s in sentences]
         return self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
 
-    def wrap_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def wrap_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`(R, T)` rows `[CLS] sentence [SEP]` (right-padded) → templated training rows (DiffAug).
 
         Returns `(ids, mask, lengths, mask_positions)`: the `(R, W)` ids `enc_bs + sentence[:max_sentence_tokens]
@@ -264,8 +286,10 @@ class DiffAug(PromptedModel, CSEModel):
         index of the template's [MASK] in every row `(R,)`.
         """
         if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
-            raise ValueError(f"rows must be (R, T) ids and mask of equal shape, got {tuple(input_ids.shape)} / "
-                             f"{tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"rows must be (R, T) ids and mask of equal shape, got {tuple(input_ids.shape)} / "
+                f"{tuple(attention_mask.shape)}"
+            )
         rows, width = input_ids.shape
         device = input_ids.device
         n_tokens = attention_mask.long().sum(-1)
@@ -273,8 +297,10 @@ class DiffAug(PromptedModel, CSEModel):
             raise ValueError("every training row must hold at least [CLS] and [SEP]")
         last = input_ids.gather(1, (n_tokens - 1).clamp_min(0).unsqueeze(1)).squeeze(1)
         if rows and (bool((input_ids[:, 0] != self.cls_token_id).any()) or bool((last != self.sep_token_id).any())):
-            raise ValueError(f"training rows must be `[CLS] sentence [SEP]` (ids {self.cls_token_id} … {self.sep_token_id}) "
-                             "as the tokenisation stage writes them")
+            raise ValueError(
+                f"training rows must be `[CLS] sentence [SEP]` (ids {self.cls_token_id} … {self.sep_token_id}) "
+                "as the tokenisation stage writes them"
+            )
         lengths = (n_tokens - 2).clamp(max=self.config.max_sentence_tokens)
         nb, ne = len(self.enc_bs), len(self.enc_es)
         out_width = nb + (int(lengths.max()) if rows else 0) + ne
@@ -284,9 +310,13 @@ class DiffAug(PromptedModel, CSEModel):
         head = self.bs_ids[pos.clamp(max=nb - 1)].expand(rows, out_width)
         tail = self.es_ids[(pos - nb - k).clamp(0, ne - 1)]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.where(pos < nb, head, torch.where(pos < nb + k, sentence, torch.where(pos < nb + k + ne, tail, pad)))
+        ids = torch.where(
+            pos < nb, head, torch.where(pos < nb + k, sentence, torch.where(pos < nb + k + ne, tail, pad))
+        )
         mask = (pos < nb + k + ne).long().expand(rows, out_width).contiguous()
-        mask_positions = torch.full_like(lengths, self.mask_offset) if self.mask_in_head else nb + lengths + self.mask_offset
+        mask_positions = (
+            torch.full_like(lengths, self.mask_offset) if self.mask_in_head else nb + lengths + self.mask_offset
+        )
         return ids, mask, lengths, mask_positions
 
     # --------------------------------------------------------------------------------- prefixes
@@ -312,7 +342,9 @@ class DiffAug(PromptedModel, CSEModel):
         return self.view_modules(batch, n_views, device)
 
     # --------------------------------------------------------------------------------- passes
-    def mask_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(R, T)` tokenisation-stage rows → (`(R, d)` [MASK] states with each row's module, `(R,)` sentence lengths)."""
         ids, mask, lengths, mask_pos = self.wrap_rows(input_ids, attention_mask)
         out = self.encoder(ids, mask, prefix=self.prefix_sample(modules, ids.shape[0]))
@@ -324,8 +356,12 @@ class DiffAug(PromptedModel, CSEModel):
         copies = self.config.denoise_copies
         ids = self.denoise_ids.repeat(2, 1)
         modules = torch.arange(2, device=ids.device).repeat_interleave(copies)
-        out = self.encoder(ids, torch.ones_like(ids), prefix=self.prefix_sample(modules, ids.shape[0]),
-                           position_ids=self.denoise_positions.repeat(2, 1))
+        out = self.encoder(
+            ids,
+            torch.ones_like(ids),
+            prefix=self.prefix_sample(modules, ids.shape[0]),
+            position_ids=self.denoise_positions.repeat(2, 1),
+        )
         return out.last_hidden_state[:, self.denoise_mask_index].view(2, copies, -1)
 
     def denoise(self, states: torch.Tensor, lengths: torch.Tensor, modules: torch.Tensor) -> torch.Tensor:
@@ -337,9 +373,16 @@ class DiffAug(PromptedModel, CSEModel):
     def nli_loss(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(B, 3, d)` (premise, entailment, contradiction) → (CE over the 2B pairs, accuracy) (DiffAug stage 1)."""
         u, pos, neg = z[:, 0], z[:, 1], z[:, 2]
-        feats = torch.cat([torch.cat([u, pos, (u - pos).abs()], dim=1), torch.cat([u, neg, (u - neg).abs()], dim=1)], dim=0)
+        feats = torch.cat(
+            [torch.cat([u, pos, (u - pos).abs()], dim=1), torch.cat([u, neg, (u - neg).abs()], dim=1)], dim=0
+        )
         batch = z.shape[0]
-        labels = torch.cat([torch.ones(batch, dtype=torch.long, device=z.device), torch.zeros(batch, dtype=torch.long, device=z.device)])
+        labels = torch.cat(
+            [
+                torch.ones(batch, dtype=torch.long, device=z.device),
+                torch.zeros(batch, dtype=torch.long, device=z.device),
+            ]
+        )
         logits = self.classifier(feats)
         loss = F.cross_entropy(logits.float(), labels)
         with torch.no_grad():
@@ -360,7 +403,7 @@ class DiffAug(PromptedModel, CSEModel):
                 p.requires_grad_(True)
 
     def phase_parameters(self, phase: str) -> list[nn.Parameter]:
-        """"prefix": the prefix encoder and the NLI classifier; "joint": every parameter (DiffAug)."""
+        """ "prefix": the prefix encoder and the NLI classifier; "joint": every parameter (DiffAug)."""
         params = super().phase_parameters(phase)
         if phase == "prefix":
             return [*self.prompts.parameters(), *self.classifier.parameters()]
@@ -401,7 +444,9 @@ class DiffAug(PromptedModel, CSEModel):
             ab, an, at = aux.input_ids.shape
             width = max(t, at)
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            ids = torch.cat([F.pad(ids, (0, width - t), value=pad), F.pad(aux.flat(aux.input_ids), (0, width - at), value=pad)])
+            ids = torch.cat(
+                [F.pad(ids, (0, width - t), value=pad), F.pad(aux.flat(aux.input_ids), (0, width - at), value=pad)]
+            )
             mask = torch.cat([F.pad(mask, (0, width - t)), F.pad(aux.flat(aux.attention_mask), (0, width - at))])
             modules = torch.cat([modules, self.joint_modules(ab, an, device)])
         states, lengths = self.mask_states(ids, mask, modules)
@@ -426,18 +471,24 @@ class DiffAug(PromptedModel, CSEModel):
             return self.joint_stage_step(batch)
         raise ValueError(f"{self.method} has phases {self.phases}, not {phase!r}")
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Evaluation embedding `(B, d)`: raw [MASK] state with all 16 prefix slots visible, no MLP, no denoising.
 
         Rows come from `token_ids` (the evaluation template); the state is read at the last attended mask token
         of each row (the template's, even if a sentence spells out a mask token itself).
         """
-        out = self.encoder(input_ids, attention_mask, token_type_ids, prefix=self.prefix_sample(None, input_ids.shape[0]))
+        out = self.encoder(
+            input_ids, attention_mask, token_type_ids, prefix=self.prefix_sample(None, input_ids.shape[0])
+        )
         is_mask = (input_ids == self.mask_token_id) & attention_mask.bool()
         has = is_mask.any(dim=1)
         if not bool(has.all()):
-            raise ValueError(f"{int((~has).sum())} of {len(has)} rows contain no mask token (id {self.mask_token_id}); "
-                             "DiffAug rows must be made by `token_ids` (the prompt template)")
+            raise ValueError(
+                f"{int((~has).sum())} of {len(has)} rows contain no mask token (id {self.mask_token_id}); "
+                "DiffAug rows must be made by `token_ids` (the prompt template)"
+            )
         last = input_ids.shape[1] - 1 - is_mask.flip(1).to(torch.int8).argmax(dim=1)
         return out.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), last]
 
@@ -447,39 +498,61 @@ class DiffAug(PromptedModel, CSEModel):
 
         template = self.eval_head + peft_loader.SENTENCE_PLACEHOLDER + self.eval_tail
         plan.pooling = {"kind": "mask", "template": template, "mask_token_id": int(self.mask_token_id)}
-        plan.notes.append(f"template: DiffAug embeds the prompt {template!r} and reads the last [MASK] state; neither "
-                          "PEFT nor sentence-transformers' Pooling applies a template, peft_embed.py and "
-                          "cse_peft.json do")
+        plan.notes.append(
+            f"template: DiffAug embeds the prompt {template!r} and reads the last [MASK] state; neither "
+            "PEFT nor sentence-transformers' Pooling applies a template, peft_embed.py and "
+            "cse_peft.json do"
+        )
         half = self.config.module_len
-        plan.notes.append(f"diffaug-two-modules: the two prefix modules (slots 0-{half - 1} / {half}-{2 * half - 1}, "
-                          "selected per row by half masks) are training-only; PEFT has no per-slot visibility mask, so "
-                          "the adapter is the inference form (all slots visible) and the modules cannot be used "
-                          "separately")
+        plan.notes.append(
+            f"diffaug-two-modules: the two prefix modules (slots 0-{half - 1} / {half}-{2 * half - 1}, "
+            "selected per row by half masks) are training-only; PEFT has no per-slot visibility mask, so "
+            "the adapter is the inference form (all slots visible) and the modules cannot be used "
+            "separately"
+        )
         plan.notes.append("training-heads: DiffAug's MLP, NLI classifier and template denoising are training-only")
         return plan
 
     def describe(self) -> dict:
-        return {**super().describe(), "prefix_len": self.config.prefix_len, "template": self.config.template,
-                "denoise": self.config.denoise, "denoise_index_quirk": self.config.denoise_index_quirk,
-                "aux_weight": self.config.aux_weight, "shared_prefix": self.config.shared_prefix}
+        return {
+            **super().describe(),
+            "prefix_len": self.config.prefix_len,
+            "template": self.config.template,
+            "denoise": self.config.denoise,
+            "denoise_index_quirk": self.config.denoise_index_quirk,
+            "aux_weight": self.config.aux_weight,
+            "shared_prefix": self.config.shared_prefix,
+        }
 
     # --- benchmark facts (benchmarks/...) ---
     # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the control is the
     # DiffAug paper's "same prefix for both views" ablation in stage 2.
     evidence_position = 4
-    evidence_arms = (("method", "DiffAug (two prefix modules)", {}),
-                     ("shared-prefix", "control: same prefix for both views", {"model": {"shared_prefix": True}}))
+    evidence_arms = (
+        ("method", "DiffAug (two prefix modules)", {}),
+        ("shared-prefix", "control: same prefix for both views", {"model": {"shared_prefix": True}}),
+    )
 
     @classmethod
     def evidence_overrides(cls, protocol: dict) -> dict:
         """What the evidence protocol sets over the smoke preset: the main semi-supervised setting (no auxiliary NLI
         loss) and the smoke preset's rates, stage 1 for the protocol's `prefix_steps`."""
-        return {"aux_nli_batch_size": 0, "model": {"aux_weight": 0.0},
-                "prefix_phase": {"steps": protocol["prefix_steps"], "learning_rate": 1e-3, "batch_size": 32}}
+        return {
+            "aux_nli_batch_size": 0,
+            "model": {"aux_weight": 0.0},
+            "prefix_phase": {"steps": protocol["prefix_steps"], "learning_rate": 1e-3, "batch_size": 32},
+        }
 
     # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {"diffaug": dict(preset="smoke", steps=24, eval_steps=18, overrides={"prefix_phase": {"steps": 12}},
-                                     lr_note="smoke preset: stage 1 1e-3 (paper), stage 2 2e-5 (paper 1e-5 at batch 256)")}
+    learning_runs = {
+        "diffaug": dict(
+            preset="smoke",
+            steps=24,
+            eval_steps=18,
+            overrides={"prefix_phase": {"steps": 12}},
+            lr_note="smoke preset: stage 1 1e-3 (paper), stage 2 2e-5 (paper 1e-5 at batch 256)",
+        )
+    }
     # benchmarks/dry_run.py: encoder passes per view, the ids the template adds to a sentence (~10), and the
     # prefix-phase trainable parameters on bert-base-uncased with P 16 (reparametrised prefix 14,777,088 + NLI
     # classifier 4,610).

@@ -76,9 +76,11 @@ class DiffCSE(ConditionalRTDModel):
 
     method = "diffcse"
     config_class = DiffCSEConfig
-    paper = ("Yung-Sung Chuang, Rumen Dangovski, Hongyin Luo, Yang Zhang, Shiyu Chang, Marin Soljačić, Shang-Wen Li, "
-             "Wen-tau Yih, Yoon Kim and James Glass (2022). DiffCSE: Difference-based Contrastive Learning for "
-             "Sentence Embeddings. arXiv:2204.10298.")
+    paper = (
+        "Yung-Sung Chuang, Rumen Dangovski, Hongyin Luo, Yang Zhang, Shiyu Chang, Marin Soljačić, Shang-Wen Li, "
+        "Wen-tau Yih, Yoon Kim and James Glass (2022). DiffCSE: Difference-based Contrastive Learning for "
+        "Sentence Embeddings. arXiv:2204.10298."
+    )
     bibtex = """@article{chuang2022diffcse,
   title   = {{DiffCSE}: Difference-based Contrastive Learning for Sentence Embeddings},
   author  = {Chuang, Yung-Sung and Dangovski, Rumen and Luo, Hongyin and Zhang, Yang and Chang, Shiyu and
@@ -108,27 +110,44 @@ class DiffCSE(ConditionalRTDModel):
         return self.encoder
 
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def encode_cls(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Last-layer CLS state of the encoder on `(B', T)` rows: `(B', d)`."""
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True)
+        out = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        )
         return out.last_hidden_state[:, 0]
 
-    def discriminate(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor | None,
-                     token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def discriminate(
+        self,
+        corrupted_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        h: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """RTD logits `(B', T, 2)` of D on corrupted ids; D's embedding output at position 0 is `h` if given."""
         out = self.discriminator(corrupted_ids, attention_mask, token_type_ids, prefix=False, position0_output=h)
         return self.rtd_head(out.last_hidden_state)
 
-    def encode_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+    def encode_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, None]:
         return self.encode_cls(input_ids, attention_mask, token_type_ids), None
 
-    def discriminate_rows(self, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor, h: torch.Tensor,
-                          token_type_ids: torch.Tensor | None, context: None) -> torch.Tensor:
+    def discriminate_rows(
+        self,
+        corrupted_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        h: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        context: None,
+    ) -> torch.Tensor:
         return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Evaluation embedding `(B, d)`: the encoder's CLS state before any pooler (SimCSE, DiffCSE)."""
         return self.encode_cls(input_ids, attention_mask, token_type_ids)
 
@@ -139,11 +158,20 @@ class DiffCSE(ConditionalRTDModel):
     # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the control removes the
     # RTD loss (lambda = 0: SimCSE with DiffCSE's BN-MLP head); the mechanism check runs on the method arm.
     evidence_position = 3
-    evidence_arms = (("method", "DiffCSE (lambda 0.005)", {}),
-                     ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}))
+    evidence_arms = (
+        ("method", "DiffCSE (lambda 0.005)", {}),
+        ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
+    )
     evidence_mechanism_arms = ("method",)
     # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {"diffcse": dict(preset="smoke", steps=30, eval_steps=15, overrides={},
-                                     lr_note="smoke preset 2e-5 (paper 7e-6 at batch 64, 2 epochs of 1M)")}
+    learning_runs = {
+        "diffcse": dict(
+            preset="smoke",
+            steps=30,
+            eval_steps=15,
+            overrides={},
+            lr_note="smoke preset 2e-5 (paper 7e-6 at batch 64, 2 epochs of 1M)",
+        )
+    }
     # benchmarks/dry_run.py: encoder passes per view (the discriminator reads the corrupted sentence).
     dry_run_encoder_passes = 2

@@ -296,7 +296,7 @@ def all_reduce_gradients(params: Iterable[nn.Parameter]) -> None:
             dist.all_reduce(flat)
             offset = 0
             for p in group:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
                 offset += p.numel()
 
 
@@ -339,4 +339,5 @@ def check_replicated(value: torch.Tensor, what: str = "loss", rtol: float = 1e-4
             f"the {what} differs across ranks ({low:.8g} … {high:.8g}): some term of the objective is a mean over the "
             "rank's own rows instead of the global batch. Build such terms with models.losses (contrastive_loss, "
             "rtd_loss, cross_entropy_mean) or models.distributed.global_mean so that distributed training computes "
-            "the single-process objective (models/distributed.py)")
+            "the single-process objective (models/distributed.py)"
+        )

@@ -101,14 +101,18 @@ class PooledEncoder(SentenceEmbedder):
         self.mlp = mlp if pooler_name == "cls" else None
         if template is not None and "{sentence}" not in template:
             raise ValueError(f"template {template!r} has no '{{sentence}}' placeholder")
-        self.template = template.replace("[MASK]", tokenizer.mask_token) if template and tokenizer.mask_token else template
+        self.template = (
+            template.replace("[MASK]", tokenizer.mask_token) if template and tokenizer.mask_token else template
+        )
         self.mask_token_id = tokenizer.mask_token_id
         if pooler_name == "mask":
             if self.mask_token_id is None:
                 raise ValueError("pooler 'mask' needs a tokenizer with a mask token")
             if template is None:
-                raise ValueError("pooler 'mask' needs a prompt template containing [MASK], "
-                                 "e.g. 'This sentence : \"{sentence}\" means [MASK] .'")
+                raise ValueError(
+                    "pooler 'mask' needs a prompt template containing [MASK], "
+                    "e.g. 'This sentence : \"{sentence}\" means [MASK] .'"
+                )
             if tokenizer.mask_token not in self.template:
                 raise ValueError(f"template {template!r} contains no mask token ({tokenizer.mask_token})")
 
@@ -127,10 +131,18 @@ class PooledEncoder(SentenceEmbedder):
         backbone, info = load_encoder(name_or_path, output_loading_info=True)
         missing = [k for k in info.get("missing_keys", ()) if "pooler" in k]
         if pooler_name == "cls" and missing:
-            raise ValueError(f"{name_or_path!r} has no pretrained pooler weights ({missing}); pooler 'cls' would use "
-                             "random weights: use 'cls_before_pooler' or a checkpoint with a trained MLP")
-        enc = cls(backbone, pooler_name, tokenizer=load_tokenizer(name_or_path), first_layer=first_layer,
-                  template=template, name=name_or_path)
+            raise ValueError(
+                f"{name_or_path!r} has no pretrained pooler weights ({missing}); pooler 'cls' would use "
+                "random weights: use 'cls_before_pooler' or a checkpoint with a trained MLP"
+            )
+        enc = cls(
+            backbone,
+            pooler_name,
+            tokenizer=load_tokenizer(name_or_path),
+            first_layer=first_layer,
+            template=template,
+            name=name_or_path,
+        )
         return enc.to(device).eval()
 
     def token_ids(self, sentences: Sequence[str]) -> list[list[int]]:

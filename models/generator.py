@@ -32,8 +32,10 @@ def tied_output_embeddings(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder (output embeddings) of a masked LM, checked to share its weight with the word embeddings."""
     out = model.get_output_embeddings()
     if out is None or out.weight is not model.get_input_embeddings().weight:
-        raise ValueError(f"{type(model).__name__}: the MLM decoder is not tied to the word embeddings "
-                         "(config.tie_word_embeddings must be true): a frozen-backbone head needs the tied decoder")
+        raise ValueError(
+            f"{type(model).__name__}: the MLM decoder is not tied to the word embeddings "
+            "(config.tie_word_embeddings must be true): a frozen-backbone head needs the tied decoder"
+        )
     if getattr(out, "bias", None) is None:
         raise ValueError(f"{type(model).__name__}: the MLM decoder has no output bias")
     return out
@@ -88,8 +90,14 @@ class MaskedBatch:
     targets: torch.Tensor  # (n_selected,) original ids, row-major over `selected`
 
 
-def mask_batch(flat_ids: torch.Tensor, offsets: np.ndarray, rows: np.ndarray, tokens: SpecialTokens,
-               mask_ratio: float, generator: torch.Generator) -> MaskedBatch:
+def mask_batch(
+    flat_ids: torch.Tensor,
+    offsets: np.ndarray,
+    rows: np.ndarray,
+    tokens: SpecialTokens,
+    mask_ratio: float,
+    generator: torch.Generator,
+) -> MaskedBatch:
     """BERT's 80/10/10 masking of the sequences `rows` (flat ids + offsets), padded to their longest."""
     ids, attention, _ = pad_batch(flat_ids, offsets, rows, tokens.pad)
     noise = Noise.draw(ids.shape, tokens.vocab_size, generator, with_sample=False)
@@ -101,14 +109,22 @@ def batches(n_rows: int, batch_size: int, generator: torch.Generator | None) -> 
     """Row indices in batches: shuffled with `generator`, or in order when None."""
     order = np.arange(n_rows) if generator is None else torch.randperm(n_rows, generator=generator).numpy()
     for start in range(0, n_rows, batch_size):
-        yield order[start:start + batch_size]
+        yield order[start : start + batch_size]
 
 
 class HeadFitter:
     """AdamW on the head of a frozen-encoder masked LM, with linear warmup and linear decay to zero."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, lr: float, weight_decay: float, total_steps: int,
-                 warmup_steps: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab_size: int,
+        lr: float,
+        weight_decay: float,
+        total_steps: int,
+        warmup_steps: int,
+        device: torch.device | str = "cpu",
+    ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.params = freeze_backbone(model)
@@ -118,19 +134,22 @@ class HeadFitter:
         self.vocab_size = vocab_size
         decay = [p for p in self.params if p.ndim >= 2]
         no_decay = [p for p in self.params if p.ndim < 2]  # biases and LayerNorm, as BERT
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+        )
         total, warm = max(total_steps, 1), max(warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(total - warm, 1)))
+            self.optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(total - warm, 1))
+        )
         self.steps = 0
 
     @torch.no_grad()
     def features(self, batch: MaskedBatch) -> torch.Tensor:
         """The frozen encoder's final hidden states at the selected positions, (n_selected, hidden)."""
         self.model.base_model.eval()
-        hidden = self.model.base_model(input_ids=batch.input_ids.to(self.device),
-                                       attention_mask=batch.attention_mask.to(self.device))[0]
+        hidden = self.model.base_model(
+            input_ids=batch.input_ids.to(self.device), attention_mask=batch.attention_mask.to(self.device)
+        )[0]
         return hidden[batch.selected.to(self.device)]
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -152,13 +171,17 @@ class HeadFitter:
     def predict(self, features: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
         """Top-1 ids for precomputed features (chunked over positions)."""
         self.model.eval()
-        return torch.cat([self.logits(features[i:i + chunk]).argmax(-1).cpu()
-                          for i in range(0, len(features), chunk)]) if len(features) else torch.zeros(0, dtype=torch.long)
+        return (
+            torch.cat([self.logits(features[i : i + chunk]).argmax(-1).cpu() for i in range(0, len(features), chunk)])
+            if len(features)
+            else torch.zeros(0, dtype=torch.long)
+        )
 
 
 @torch.no_grad()
-def masked_lm_predictions(model: torch.nn.Module, batch: MaskedBatch, vocab_size: int,
-                          device: torch.device | str = "cpu") -> torch.Tensor:
+def masked_lm_predictions(
+    model: torch.nn.Module, batch: MaskedBatch, vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Top-1 ids of any masked LM (eval mode: no dropout) at the batch's selected positions."""
     device = torch.device(device)
     model.to(device).eval()
@@ -174,4 +197,7 @@ def unigram_accuracies(counts: np.ndarray, targets: np.ndarray) -> dict[str, flo
     if not len(targets):
         return {"unigram_argmax": 0.0, "unigram_sample": 0.0}
     p = counts / max(counts.sum(), 1)
-    return {"unigram_argmax": float((targets == int(counts.argmax())).mean()), "unigram_sample": float(p[targets].mean())}
+    return {
+        "unigram_argmax": float((targets == int(counts.argmax())).mean()),
+        "unigram_sample": float(p[targets].mean()),
+    }

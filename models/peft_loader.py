@@ -98,7 +98,7 @@ def embed_sentences(model, tokenizer, spec: dict[str, Any], sentences: list[str]
     texts = model_inputs(spec, sentences)
     out = []
     for i in range(0, len(texts), batch_size):
-        enc = tokenizer(texts[i:i + batch_size], padding=True, truncation=False, return_tensors="pt")
+        enc = tokenizer(texts[i : i + batch_size], padding=True, truncation=False, return_tensors="pt")
         ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         output = model(input_ids=ids, attention_mask=mask)  # no token_type_ids: PEFT would drop them with a warning
         out.append(pool(spec, output, ids, mask).float().cpu())

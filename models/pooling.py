@@ -95,8 +95,10 @@ def mask_token_states(last: Tensor, input_ids: Tensor, mask_token_id: int) -> Te
     has = is_mask.any(dim=1)
     if not bool(has.all()):
         missing = int((~has).sum())
-        raise ValueError(f"pooler 'mask': {missing} of {len(has)} inputs contain no [MASK] token (id {mask_token_id}); "
-                         "use a prompt template that contains the tokenizer's mask token")
+        raise ValueError(
+            f"pooler 'mask': {missing} of {len(has)} inputs contain no [MASK] token (id {mask_token_id}); "
+            "use a prompt template that contains the tokenizer's mask token"
+        )
     first = is_mask.to(torch.int8).argmax(dim=1)
     return last[torch.arange(last.shape[0], device=last.device), first]
 

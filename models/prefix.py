@@ -93,20 +93,50 @@ class EncoderFamily:
         return self.positions
 
 
-_BERT_LIKE = dict(layers="encoder.layer", attention="attention.self", injection="interface", prebuilt_mask=True, token_types=True)
+_BERT_LIKE = dict(
+    layers="encoder.layer", attention="attention.self", injection="interface", prebuilt_mask=True, token_types=True
+)
 ENCODER_FAMILIES: dict[str, EncoderFamily] = {
     "bert": EncoderFamily("BERT", positions="absolute", **_BERT_LIKE),
     "roberta": EncoderFamily("RoBERTa", positions="padding", **_BERT_LIKE),
     "xlm-roberta": EncoderFamily("XLM-RoBERTa", positions="padding", **_BERT_LIKE),
     "electra": EncoderFamily("ELECTRA", positions="absolute", **_BERT_LIKE),
-    "distilbert": EncoderFamily("DistilBERT", layers="transformer.layer", attention="attention", injection="interface",
-                                positions="absolute", prebuilt_mask=True, token_types=False),
-    "mpnet": EncoderFamily("MPNet", layers="encoder.layer", attention="attention.attn", injection="module",
-                           positions="padding", prebuilt_mask=False, token_types=False),
-    "deberta-v2": EncoderFamily("DeBERTa-v2/v3", layers="encoder.layer", attention="attention.self", injection="module",
-                                positions="absolute", prebuilt_mask=False, token_types=True),
-    "modernbert": EncoderFamily("ModernBERT", layers="layers", attention="attn", injection="interface",
-                                positions="rotary", prebuilt_mask=False, token_types=False),
+    "distilbert": EncoderFamily(
+        "DistilBERT",
+        layers="transformer.layer",
+        attention="attention",
+        injection="interface",
+        positions="absolute",
+        prebuilt_mask=True,
+        token_types=False,
+    ),
+    "mpnet": EncoderFamily(
+        "MPNet",
+        layers="encoder.layer",
+        attention="attention.attn",
+        injection="module",
+        positions="padding",
+        prebuilt_mask=False,
+        token_types=False,
+    ),
+    "deberta-v2": EncoderFamily(
+        "DeBERTa-v2/v3",
+        layers="encoder.layer",
+        attention="attention.self",
+        injection="module",
+        positions="absolute",
+        prebuilt_mask=False,
+        token_types=True,
+    ),
+    "modernbert": EncoderFamily(
+        "ModernBERT",
+        layers="layers",
+        attention="attn",
+        injection="interface",
+        positions="rotary",
+        prebuilt_mask=False,
+        token_types=False,
+    ),
 }
 """Supported `config.model_type`s. Another model type with the BERT layout (embeddings + `encoder.layer`, attention
 modules with `layer_idx` and `query` that call the `AttentionInterface`, e.g. CamemBERT) runs as "BERT-like"."""
@@ -129,17 +159,24 @@ def encoder_family(backbone: nn.Module) -> EncoderFamily:
     if family is not None:
         return family
     layers = getattr(getattr(backbone, "encoder", None), "layer", None)
-    if hasattr(backbone, "embeddings") and layers is not None and len(layers) and all(
-            _bert_layout_attention(layer) is not None for layer in layers):
+    if (
+        hasattr(backbone, "embeddings")
+        and layers is not None
+        and len(layers)
+        and all(_bert_layout_attention(layer) is not None for layer in layers)
+    ):
         emb = backbone.embeddings
-        return EncoderFamily(f"BERT-like ({model_type})",
-                             positions="padding" if hasattr(emb, "create_position_ids_from_input_ids") else "absolute",
-                             **{**_BERT_LIKE, "attention": ""})
+        return EncoderFamily(
+            f"BERT-like ({model_type})",
+            positions="padding" if hasattr(emb, "create_position_ids_from_input_ids") else "absolute",
+            **{**_BERT_LIKE, "attention": ""},
+        )
     supported = ", ".join(f.name for f in ENCODER_FAMILIES.values())
     raise TypeError(
         f"{type(backbone).__name__} (model_type {model_type!r}) is not an encoder family that deep prompts support "
         f"({supported}, or another model type with the BERT layout): its attention code has no place where prefix "
-        "keys/values can be prepended here")
+        "keys/values can be prepended here"
+    )
 
 
 def encoder_layers(backbone: nn.Module) -> nn.ModuleList:
@@ -203,13 +240,20 @@ class PrefixEncoder(nn.Module):
             raise ValueError(f"prefix_len must be >= 1, got {prefix_len}")
         if hidden_size % num_heads != 0:
             raise ValueError(f"hidden size {hidden_size} is not a multiple of the head count {num_heads}")
-        self.prefix_len, self.num_layers, self.hidden_size, self.num_heads = prefix_len, num_layers, hidden_size, num_heads
+        self.prefix_len, self.num_layers, self.hidden_size, self.num_heads = (
+            prefix_len,
+            num_layers,
+            hidden_size,
+            num_heads,
+        )
         self.head_dim = hidden_size // num_heads
         width = 2 * num_layers * hidden_size
         self.register_buffer("prefix_ids", torch.arange(prefix_len), persistent=False)
         if projection:
             self.embedding = nn.Embedding(prefix_len, hidden_size)
-            self.transform = nn.Sequential(nn.Linear(hidden_size, projection_hidden), nn.Tanh(), nn.Linear(projection_hidden, width))
+            self.transform = nn.Sequential(
+                nn.Linear(hidden_size, projection_hidden), nn.Tanh(), nn.Linear(projection_hidden, width)
+            )
         else:
             self.embedding = nn.Embedding(prefix_len, width)
             self.transform = None
@@ -247,7 +291,9 @@ def _prefix_visibility(prefix: PrefixKeyValues, batch: int, device: torch.device
     return prefix.mask.to(device=device, dtype=torch.bool).expand(batch, prefix.length)
 
 
-def _extend_mask(mask: torch.Tensor | None, prefix: PrefixKeyValues, query: torch.Tensor, boolean: bool) -> torch.Tensor | None:
+def _extend_mask(
+    mask: torch.Tensor | None, prefix: PrefixKeyValues, query: torch.Tensor, boolean: bool
+) -> torch.Tensor | None:
     """A mask over the T token keys (None, bool, or additive float; `(b, h, T, T)` with b ∈ {1, B'}, h ∈ {1, H})
     with the P prefix columns put in front: visible slots True / 0, hidden slots False / −inf. −inf rather than
     `finfo.min`: with an additive mask, a query row whose token keys are all masked attends exactly as in the plain
@@ -257,8 +303,11 @@ def _extend_mask(mask: torch.Tensor | None, prefix: PrefixKeyValues, query: torc
     batch, _, length, _ = query.shape
     visible = _prefix_visibility(prefix, batch, query.device)[:, None, None, :]
     if mask is None:
-        mask = (torch.ones(1, 1, length, length, dtype=torch.bool, device=query.device) if boolean
-                else torch.zeros(1, 1, length, length, dtype=query.dtype, device=query.device))
+        mask = (
+            torch.ones(1, 1, length, length, dtype=torch.bool, device=query.device)
+            if boolean
+            else torch.zeros(1, 1, length, length, dtype=query.dtype, device=query.device)
+        )
     if mask.dtype == torch.bool:
         columns = visible
     else:
@@ -329,7 +378,9 @@ class PrefixMPNetSelfAttention(MPNetSelfAttention):
     def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
         scoped = _scoped_prefix(self)
         if scoped is None:
-            return super().forward(hidden_states, attention_mask, position_bias, output_attentions=output_attentions, **kwargs)
+            return super().forward(
+                hidden_states, attention_mask, position_bias, output_attentions=output_attentions, **kwargs
+            )
         k_p, v_p, prefix = scoped
         shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
         q = self.q(hidden_states).view(shape).transpose(1, 2)
@@ -353,31 +404,49 @@ class PrefixDisentangledSelfAttention(DisentangledSelfAttention):
     visible to the query rows DeBERTa lets see any token (padded rows see none, as in the plain model). Without a
     prefix in scope it is `DisentangledSelfAttention`."""
 
-    def forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
-                rel_embeddings=None):
+    def forward(
+        self,
+        hidden_states,
+        attention_mask,
+        output_attentions=False,
+        query_states=None,
+        relative_pos=None,
+        rel_embeddings=None,
+    ):
         scoped = _scoped_prefix(self)
         if scoped is None:
-            return super().forward(hidden_states, attention_mask, output_attentions, query_states=query_states,
-                                   relative_pos=relative_pos, rel_embeddings=rel_embeddings)
+            return super().forward(
+                hidden_states,
+                attention_mask,
+                output_attentions,
+                query_states=query_states,
+                relative_pos=relative_pos,
+                rel_embeddings=rel_embeddings,
+            )
         k_p, v_p, prefix = scoped
         heads = self.num_attention_heads
-        query = self.transpose_for_scores(self.query_proj(hidden_states if query_states is None else query_states), heads)
+        query = self.transpose_for_scores(
+            self.query_proj(hidden_states if query_states is None else query_states), heads
+        )
         key = self.transpose_for_scores(self.key_proj(hidden_states), heads)
         value = self.transpose_for_scores(self.value_proj(hidden_states), heads)
         scale_factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
         scale = scaled_size_sqrt(query, scale_factor).to(dtype=query.dtype)
         scores = torch.bmm(query, key.transpose(-1, -2) / scale)
         if self.relative_attention:
-            scores = scores + self.disentangled_attention_bias(query, key, relative_pos, self.pos_dropout(rel_embeddings),
-                                                               scale_factor)
+            scores = scores + self.disentangled_attention_bias(
+                query, key, relative_pos, self.pos_dropout(rel_embeddings), scale_factor
+            )
         rows, length, head_dim = query.shape
         k_p = k_p.to(key.dtype).reshape(rows, prefix.length, head_dim)
         v_p = v_p.to(value.dtype).reshape(rows, prefix.length, head_dim)
         prefix_scores = torch.bmm(query, k_p.transpose(-1, -2) / scale)
 
         token_visible = attention_mask.bool()  # (B', 1, T, T): DeBERTa's query-and-key padding product
-        slot_visible = token_visible.any(-1, keepdim=True) & _prefix_visibility(prefix, token_visible.shape[0],
-                                                                               query.device)[:, None, None, :]
+        slot_visible = (
+            token_visible.any(-1, keepdim=True)
+            & _prefix_visibility(prefix, token_visible.shape[0], query.device)[:, None, None, :]
+        )
         scores = scores.view(-1, heads, length, key.shape[1]).masked_fill(~token_visible, torch.finfo(query.dtype).min)
         prefix_scores = prefix_scores.view(-1, heads, length, prefix.length).masked_fill(~slot_visible, float("-inf"))
         probs = self.dropout(nn.functional.softmax(torch.cat([prefix_scores, scores], dim=-1), dim=-1))
@@ -386,8 +455,10 @@ class PrefixDisentangledSelfAttention(DisentangledSelfAttention):
         return (context, probs if output_attentions else None)
 
 
-_MODULE_ROUTE: dict[type, type] = {MPNetSelfAttention: PrefixMPNetSelfAttention,
-                                   DisentangledSelfAttention: PrefixDisentangledSelfAttention}
+_MODULE_ROUTE: dict[type, type] = {
+    MPNetSelfAttention: PrefixMPNetSelfAttention,
+    DisentangledSelfAttention: PrefixDisentangledSelfAttention,
+}
 
 
 @contextmanager
@@ -429,8 +500,10 @@ class PromptedBackbone(nn.Module):
         if family.injection == "interface":
             inner = next((k for k, v in _PREFIX_IMPLEMENTATIONS.items() if v == impl), impl)
             if inner not in _PREFIX_IMPLEMENTATIONS:
-                raise ValueError(f"{family.name}: prefix injection supports the 'sdpa' and 'eager' attention "
-                                 f"implementations, not {impl!r}")
+                raise ValueError(
+                    f"{family.name}: prefix injection supports the 'sdpa' and 'eager' attention "
+                    f"implementations, not {impl!r}"
+                )
             if impl != _PREFIX_IMPLEMENTATIONS[inner]:
                 backbone.set_attn_implementation(_PREFIX_IMPLEMENTATIONS[inner])
         else:
@@ -467,7 +540,7 @@ class PromptedBackbone(nn.Module):
 
     @property
     def position_kind(self) -> str:
-        """"absolute", "padding", "rotary", or "none" (no position the prefix shift could move; see the module docstring)."""
+        """ "absolute", "padding", "rotary", or "none" (no position the prefix shift could move; see the module docstring)."""
         return self.family.position_kind(self.config)
 
     def attention_modules(self) -> list[nn.Module]:
@@ -477,7 +550,9 @@ class PromptedBackbone(nn.Module):
     def check_prefix_shape(self, num_layers: int, num_heads: int, head_dim: int) -> None:
         want = (self.num_layers, self.num_heads, self.hidden_size // self.num_heads)
         if (num_layers, num_heads, head_dim) != want:
-            raise ValueError(f"prefix shape (layers, heads, head_dim) = {(num_layers, num_heads, head_dim)} does not fit the backbone's {want}")
+            raise ValueError(
+                f"prefix shape (layers, heads, head_dim) = {(num_layers, num_heads, head_dim)} does not fit the backbone's {want}"
+            )
 
     def _prepare_attention_modules(self) -> None:
         """Every self-attention module must know its layer index (the prefix lookup key); the "module" route also
@@ -489,15 +564,19 @@ class PromptedBackbone(nn.Module):
                 raise ValueError(f"attention module of layer {i} reports layer_idx={attn.layer_idx}")
             head_dim = getattr(attn, "attention_head_size", None) or getattr(attn, "head_dim", None)
             if head_dim is not None and head_dim != self.hidden_size // self.num_heads:
-                raise TypeError(f"{self.family.name}: attention head size {head_dim} != hidden_size / heads = "
-                                f"{self.hidden_size // self.num_heads}; the prefix layout (H × d/H per layer) cannot fit it")
+                raise TypeError(
+                    f"{self.family.name}: attention head size {head_dim} != hidden_size / heads = "
+                    f"{self.hidden_size // self.num_heads}; the prefix layout (H × d/H per layer) cannot fit it"
+                )
             if self.family.injection == "module":
                 swapped = _MODULE_ROUTE.get(type(attn))
                 if swapped is not None:
                     attn.__class__ = swapped
                 elif type(attn) not in _MODULE_ROUTE.values():
-                    raise TypeError(f"{self.family.name}: unexpected self-attention class {type(attn).__name__}; "
-                                    f"prefix injection knows {[c.__name__ for c in _MODULE_ROUTE]}")
+                    raise TypeError(
+                        f"{self.family.name}: unexpected self-attention class {type(attn).__name__}; "
+                        f"prefix injection knows {[c.__name__ for c in _MODULE_ROUTE]}"
+                    )
 
     # ----------------------------------------------------------------------------------------- inputs
     def position_ids(self, input_ids: torch.Tensor, offset: int) -> torch.Tensor:
@@ -518,13 +597,17 @@ class PromptedBackbone(nn.Module):
             highest = offset + length - 1
         limit = self.config.max_position_embeddings
         if kind != "none" and highest >= limit:
-            raise ValueError(f"position {highest} exceeds max_position_embeddings={limit} (length {length} + prefix shift {offset})")
+            raise ValueError(
+                f"position {highest} exceeds max_position_embeddings={limit} (length {length} + prefix shift {offset})"
+            )
         return pos
 
     def check_position_ids(self, position_ids: torch.Tensor, input_ids: torch.Tensor) -> None:
         """Explicit positions must have the ids' shape and stay inside the position table."""
         if position_ids.shape != input_ids.shape:
-            raise ValueError(f"position_ids {tuple(position_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"position_ids {tuple(position_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+            )
         if position_ids.numel():
             low, high = int(position_ids.min()), int(position_ids.max())
             limit = self.config.max_position_embeddings
@@ -542,7 +625,9 @@ class PromptedBackbone(nn.Module):
         if self.inner == "sdpa":
             mask = visible
         else:
-            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+                ~visible, torch.finfo(dtype).min
+            )
         return mask.expand(batch, 1, length, prefix.length + length)
 
     def _position0_module(self) -> nn.Module:
@@ -551,7 +636,7 @@ class PromptedBackbone(nn.Module):
         return projection if projection is not None else self.backbone.embeddings
 
     # ----------------------------------------------------------------------------------------- forward
-    def forward(
+    def forward(  # noqa: C901 (one pass with optional inputs per encoder family; split, the hot path would copy tensors)
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -584,7 +669,9 @@ class PromptedBackbone(nn.Module):
         if prefix is not None and prefix.batch_size != batch:
             raise ValueError(f"prefix sample has {prefix.batch_size} rows, the input {batch}")
         if prefix is not None and len(prefix.layers) != self.num_layers:
-            raise ValueError(f"prefix sample has {len(prefix.layers)} layers, the {self.family.name} backbone {self.num_layers}")
+            raise ValueError(
+                f"prefix sample has {len(prefix.layers)} layers, the {self.family.name} backbone {self.num_layers}"
+            )
 
         if position_ids is None:
             shift = prefix is not None and self.shift_positions and self.position_kind != "none"
@@ -605,8 +692,10 @@ class PromptedBackbone(nn.Module):
         if prefix is not None and self.family.injection == "interface":
             kwargs[PREFIX_KWARG] = prefix
         if prefix is not None and self.family.injection == "module" and self.training and _checkpointing(self.backbone):
-            raise ValueError(f"{self.family.name}: prefixes reach its attention only inside this forward call, so "
-                             "gradient checkpointing (which re-runs layers during backward) cannot be used with them")
+            raise ValueError(
+                f"{self.family.name}: prefixes reach its attention only inside this forward call, so "
+                "gradient checkpointing (which re-runs layers during backward) cannot be used with them"
+            )
         if cls_embedding is not None:
             embeds = self.backbone.get_input_embeddings()(input_ids)
             first = cls_embedding.to(embeds.dtype).expand(batch, embeds.shape[-1]).unsqueeze(1)
@@ -614,23 +703,40 @@ class PromptedBackbone(nn.Module):
         else:
             kwargs["input_ids"] = input_ids
 
-        with _prefix_scope(self.attention_modules() if self.family.injection == "module" else [],
-                           prefix if self.family.injection == "module" else None):
+        with _prefix_scope(
+            self.attention_modules() if self.family.injection == "module" else [],
+            prefix if self.family.injection == "module" else None,
+        ):
             if position0_output is None:
                 return self.backbone(**kwargs)
             if position0_output.shape != (batch, self.hidden_size):
-                raise ValueError(f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}")
+                raise ValueError(
+                    f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}"
+                )
             with _replace_position0_output(self._position0_module(), position0_output):
                 return self.backbone(**kwargs)
 
 
-def prompted_backbone(backbone: nn.Module, prefix_len: int, dropout: float = 0.1, projection: bool = False,
-                      projection_hidden: int | None = None, shift_positions: bool = True) -> PromptedBackbone:
+def prompted_backbone(
+    backbone: nn.Module,
+    prefix_len: int,
+    dropout: float = 0.1,
+    projection: bool = False,
+    projection_hidden: int | None = None,
+    shift_positions: bool = True,
+) -> PromptedBackbone:
     """`backbone` with a fresh `PrefixEncoder` sized for it (N(0, initializer_range) init, DCPCSE reference prefixes)."""
     cfg = backbone.config
-    prompts = PrefixEncoder(prefix_len, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, dropout=dropout,
-                            projection=projection, projection_hidden=projection_hidden or cfg.hidden_size,
-                            init_std=getattr(cfg, "initializer_range", 0.02))
+    prompts = PrefixEncoder(
+        prefix_len,
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        dropout=dropout,
+        projection=projection,
+        projection_hidden=projection_hidden or cfg.hidden_size,
+        init_std=getattr(cfg, "initializer_range", 0.02),
+    )
     return PromptedBackbone(backbone, prompts, shift_positions=shift_positions)
 
 
@@ -643,8 +749,14 @@ class PromptedModel:
         """Attach the frozen backbone (`CSEModel.attach_backbone`) and wrap it with the deep prompts of a
         `PromptConfig` as `self.encoder`; returns the backbone's config."""
         backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
-        self.encoder = prompted_backbone(backbone, config.prefix_len, config.prefix_dropout, config.prefix_projection,
-                                         config.prefix_hidden, config.shift_positions)
+        self.encoder = prompted_backbone(
+            backbone,
+            config.prefix_len,
+            config.prefix_dropout,
+            config.prefix_projection,
+            config.prefix_hidden,
+            config.shift_positions,
+        )
         self.encoder.prefix_encoder.requires_grad_(config.train_prompts)  # False: the prompts-frozen control
         return backbone.config
 

@@ -85,8 +85,10 @@ class SimCSE(CSEModel):
 
     method = "simcse"
     config_class = SimCSEConfig
-    paper = ("Tianyu Gao, Xingcheng Yao and Danqi Chen (2021). SimCSE: Simple Contrastive Learning of Sentence "
-             "Embeddings. EMNLP 2021, pages 6894-6910.")
+    paper = (
+        "Tianyu Gao, Xingcheng Yao and Danqi Chen (2021). SimCSE: Simple Contrastive Learning of Sentence "
+        "Embeddings. EMNLP 2021, pages 6894-6910."
+    )
     bibtex = """@inproceedings{gao2021simcse,
   title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
   author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
@@ -114,11 +116,13 @@ class SimCSE(CSEModel):
         return "cls_before_pooler" if self.config.mlp_only_train else "cls"
 
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def encode_cls(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Last-layer state at position 0 of `(B', T)` rows: `(B', d)` (before the MLP)."""
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           return_dict=True)
+        out = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        )
         return out.last_hidden_state[:, 0]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,40 +134,57 @@ class SimCSE(CSEModel):
         batch, n, length = input_ids.shape
         cls = self.encode_cls(input_ids.reshape(-1, length), attention_mask.reshape(-1, length))
         z = (self.mlp(cls) if self.config.train_mlp else cls).view(batch, n, -1)
-        loss = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None, temperature=self.config.temperature,
-                                hard_negative_weight=self.config.hard_negative_weight)
+        loss = contrastive_loss(
+            z[:, 0],
+            z[:, 1],
+            z[:, 2] if n == 3 else None,
+            temperature=self.config.temperature,
+            hard_negative_weight=self.config.hard_negative_weight,
+        )
         return loss, z
 
     def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
         loss, _ = self(batch.input_ids, batch.attention_mask)
         return StepOutput(loss, {"loss_contrastive": loss.detach()})
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-              token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Evaluation embedding `(B, d)`: CLS before the MLP (unsup) or CLS → MLP (sup) (SimCSE)."""
         cls = self.encode_cls(input_ids, attention_mask, token_type_ids)
         return cls if self.config.mlp_only_train else self.mlp(cls)
 
     def describe(self) -> dict:
-        return {**super().describe(), "mlp_only_train": self.config.mlp_only_train,
-                "temperature": self.config.temperature, "dropout": self.config.dropout,
-                "trainable_parameters": self.trainable_parameter_count()}
+        return {
+            **super().describe(),
+            "mlp_only_train": self.config.mlp_only_train,
+            "temperature": self.config.temperature,
+            "dropout": self.config.dropout,
+            "trainable_parameters": self.trainable_parameter_count(),
+        }
 
     # --- benchmark facts (benchmarks/...) ---
     # benchmarks/evidence.py (fixed protocol: its hash covers these): the position of this method's cells and its arms
     # (name, label, overrides over the protocol); the control removes the defining mechanism, dropout noise (the SimCSE
     # paper's "no dropout" row).
     evidence_position = 0
-    evidence_arms = (("method", "SimCSE unsup (dropout 0.1)", {}),
-                     ("no-dropout", "control: dropout 0", {"model": {"dropout": 0.0}}))
+    evidence_arms = (
+        ("method", "SimCSE unsup (dropout 0.1)", {}),
+        ("no-dropout", "control: dropout 0", {"model": {"dropout": 0.0}}),
+    )
     # benchmarks/learning.py: run name -> preset, default steps, eval_steps, overrides and a note on the learning rate;
     # `learning_peer_run` is the run the sentence-transformers peer cross-check reproduces.
     learning_runs = {
-        "simcse": dict(preset="smoke", steps=80, eval_steps=40, overrides={},
-                       lr_note="preset 3e-5 (SimCSE BERT-base unsup)"),
-        "simcse-sup": dict(preset="sup", steps=30, eval_steps=15,
-                           overrides={"backbone": "packaged:minilm", "system_metrics": False},
-                           lr_note="preset 5e-5 (SimCSE sup)"),
+        "simcse": dict(
+            preset="smoke", steps=80, eval_steps=40, overrides={}, lr_note="preset 3e-5 (SimCSE BERT-base unsup)"
+        ),
+        "simcse-sup": dict(
+            preset="sup",
+            steps=30,
+            eval_steps=15,
+            overrides={"backbone": "packaged:minilm", "system_metrics": False},
+            lr_note="preset 5e-5 (SimCSE sup)",
+        ),
     }
     learning_peer_run = "simcse"
     # benchmarks/dry_run.py: encoder passes per view of a training step (its cost model; an int, or a classmethod of

@@ -40,12 +40,18 @@ class PromptedEncoderModule(InputModule):
         texts = [str(t) for t in inputs]
         if prompt:
             texts = [prompt + t for t in texts]
-        return self.tokenizer(texts, padding=True, truncation=self.max_seq_length is not None,
-                              max_length=self.max_seq_length, return_tensors="pt")
+        return self.tokenizer(
+            texts,
+            padding=True,
+            truncation=self.max_seq_length is not None,
+            max_length=self.max_seq_length,
+            return_tensors="pt",
+        )
 
     def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
         features["sentence_embedding"] = self.encoder.embed(
-            features["input_ids"], features["attention_mask"], features.get("token_type_ids"))
+            features["input_ids"], features["attention_mask"], features.get("token_type_ids")
+        )
         return features
 
     def get_sentence_embedding_dimension(self) -> int:

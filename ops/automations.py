@@ -46,17 +46,28 @@ def zombie_automation(heartbeat: int, miss_factor: int = DEFAULT_MISSED_HEARTBEA
         description=f"Mark a flow run CRASHED when it misses {miss_factor} heartbeats of {heartbeat} s (a killed worker).",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
-                    "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+            expect={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Completed",
+                "prefect.flow-run.Failed",
+                "prefect.flow-run.Cancelled",
+                "prefect.flow-run.Crashed",
+            },
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
             within=timedelta(seconds=miss_factor * heartbeat),
         ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=(
-            f"no heartbeat for {miss_factor * heartbeat} s: the worker or its machine died. "
-            "Run the deployment again to resume from the last checkpoint."))],
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=(
+                    f"no heartbeat for {miss_factor * heartbeat} s: the worker or its machine died. "
+                    "Run the deployment again to resume from the last checkpoint."
+                ),
+            )
+        ],
     )
 
 
@@ -73,8 +84,12 @@ def ensure_zombie_automation(heartbeat: int | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--heartbeat-seconds", type=int, default=None,
-                        help="heartbeat period of the workers (default: $PREFECT_FLOWS_HEARTBEAT_FREQUENCY or 30)")
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=int,
+        default=None,
+        help="heartbeat period of the workers (default: $PREFECT_FLOWS_HEARTBEAT_FREQUENCY or 30)",
+    )
     args = parser.parse_args(argv)
     print(f"automation {NAME}: {ensure_zombie_automation(args.heartbeat_seconds)}")
 

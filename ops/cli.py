@@ -34,11 +34,12 @@ from config.settings import get_settings, install_log_redaction, redact
 from storage.catalog import damaged, query, refresh_catalog
 from storage.layout import KINDS, DataRoot
 
-
 # The deployment that makes each kind of dataset (named when there is none yet)
 PRODUCED_BY = {
-    "wiki1m": ("ingest/default", ""), "nli": ("ingest/default", ""), "sts": ("ingest/default", ""),
-    "transfer": ("ingest/default -p 'config={\"datasets\": [\"transfer\"]}'", ""),
+    "wiki1m": ("ingest/default", ""),
+    "nli": ("ingest/default", ""),
+    "sts": ("ingest/default", ""),
+    "transfer": ('ingest/default -p \'config={"datasets": ["transfer"]}\'', ""),
     "tokens": ("tokenize/default", " (corrupt/smoke tokenises too)"),
     "corruption": ("corrupt/smoke", " (or corrupt/default, or any D2CSE/DiffCSE training deployment)"),
     "evaluations": ("evaluate/default", " (every training job evaluates too)"),
@@ -67,10 +68,17 @@ def _views(root: DataRoot) -> list[str]:
 def report(root: DataRoot) -> None:
     refresh_catalog(root)
     print(f"Data root: {root.root}\n\nDatasets:")
-    _print(query(root, "SELECT kind, dataset_key, rows, created[:19] AS created, "
-                       "json_extract_string(source, '$.file') AS source FROM manifests ORDER BY created"))
+    _print(
+        query(
+            root,
+            "SELECT kind, dataset_key, rows, created[:19] AS created, "
+            "json_extract_string(source, '$.file') AS source FROM manifests ORDER BY created",
+        )
+    )
     if bad := damaged(root):
-        print("\nDamaged datasets (left out of the views; `cse verify` checks everything, the next stage run rebuilds them):")
+        print(
+            "\nDamaged datasets (left out of the views; `cse verify` checks everything, the next stage run rebuilds them):"
+        )
         for p in bad:
             print(f"  {p}")
     if root.list("corruption"):
@@ -79,11 +87,16 @@ def report(root: DataRoot) -> None:
     if root.list("evaluations"):
         print("\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last:")
         scores = ("sts12", "sts13", "sts14", "sts15", "sts16", "sts-b", "sick-r", "avg", "r1")
-        _print(query(root, "SELECT created[:19] AS created, label, sts12, sts13, sts14, sts15, sts16, "
-                           "stsb AS \"sts-b\", sickr AS \"sick-r\", sts_avg AS avg, retrieval_r1 AS r1, "
-                           "alignment AS align, uniformity AS uniform "
-                           "FROM evaluations_all WHERE mode = 'test' ORDER BY created"),
-               {**dict.fromkeys(scores, 2), "align": 4, "uniform": 4})
+        _print(
+            query(
+                root,
+                "SELECT created[:19] AS created, label, sts12, sts13, sts14, sts15, sts16, "
+                'stsb AS "sts-b", sickr AS "sick-r", sts_avg AS avg, retrieval_r1 AS r1, '
+                "alignment AS align, uniformity AS uniform "
+                "FROM evaluations_all WHERE mode = 'test' ORDER BY created",
+            ),
+            {**dict.fromkeys(scores, 2), "align": 4, "uniform": 4},
+        )
 
 
 def deliver_metrics(run_dirs: list[str]) -> int:
@@ -112,7 +125,9 @@ def card(run_dir: str, adapter: str | None = None) -> int:
 
     job = RunDir.at(run_dir)
     if not (job.export / "modules.json").is_file():
-        raise FileNotFoundError(f"{job.export} holds no sentence-transformers export (modules.json): has the job finished?")
+        raise FileNotFoundError(
+            f"{job.export} holds no sentence-transformers export (modules.json): has the job finished?"
+        )
     if adapter is None and (job.peft_adapter / "adapter_config.json").is_file():
         adapter = str(job.peft_adapter)
     facts = card_facts_of_job(job, adapter=AdapterInfo.from_folder(adapter) if adapter else None)
@@ -137,17 +152,20 @@ def dataset(root: DataRoot, kind: str, key: str | None, hf: bool) -> int:
 
     if key is None and not root.list(kind) and not root.dataset_dirs(kind):
         deployment, note = PRODUCED_BY[kind]
-        raise FileNotFoundError(f"no {kind} dataset under {root.root} yet: run the deployment that makes it, "
-                                f"`cse run {deployment}`{note}")
+        raise FileNotFoundError(
+            f"no {kind} dataset under {root.root} yet: run the deployment that makes it, `cse run {deployment}`{note}"
+        )
     if hf:
         print(ensure_arrow_copy(root, kind, key).snippet())
         return 0
     ds = find_dataset(root, kind, key)
     m = ds.manifest
-    print(f"{kind}/{ds.key}: {m.rows:,d} rows, content hash {m.content_hash}, written {m.created[:19]}\n"
-          f"folder:  {ds.folder}\nparts:   {', '.join(m.files)}\n"
-          f"arrow:   {', '.join(m.arrow.files) if m.arrow else '(not built yet: --hf builds it)'}\n"
-          f"schema:  {', '.join(f'{f.name}: {f.type}' for f in ds.arrow_schema())}")
+    print(
+        f"{kind}/{ds.key}: {m.rows:,d} rows, content hash {m.content_hash}, written {m.created[:19]}\n"
+        f"folder:  {ds.folder}\nparts:   {', '.join(m.files)}\n"
+        f"arrow:   {', '.join(m.arrow.files) if m.arrow else '(not built yet: --hf builds it)'}\n"
+        f"schema:  {', '.join(f'{f.name}: {f.type}' for f in ds.arrow_schema())}"
+    )
     return 0
 
 
@@ -190,14 +208,21 @@ def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
     what = "sizes, row counts and content hashes" if full else "sizes and row counts"
     summary = "all intact"
     if bad:
-        summary = f"{bad} damaged" + ("" if move else "; marked: the next stage run that needs one quarantines and "
-                                      "rebuilds it (or run `cse verify --quarantine`)")
+        summary = f"{bad} damaged" + (
+            ""
+            if move
+            else "; marked: the next stage run that needs one quarantines and "
+            "rebuilds it (or run `cse verify --quarantine`)"
+        )
     print(f"{checked} datasets checked ({what}) under {root.root}: {summary}")
     if not_written:
         print(f"repairs not written (is the data root read-only?): {'; '.join(not_written)}")
     if stale:
-        print(f"{len(stale)} leftover temporaries of interrupted builds (removed by the next run of their stage): "
-              + ", ".join(str(p) for p in stale[:5]) + (" ..." if len(stale) > 5 else ""))
+        print(
+            f"{len(stale)} leftover temporaries of interrupted builds (removed by the next run of their stage): "
+            + ", ".join(str(p) for p in stale[:5])
+            + (" ..." if len(stale) > 5 else "")
+        )
     if bad and not not_written:
         refresh_catalog(root)
     return 1 if bad else 0
@@ -259,22 +284,35 @@ def _main(argv: list[str]) -> int:
     v.add_argument("--quarantine", action="store_true", help="move damaged datasets to the quarantine now")
     c = sub.add_parser("card", help="(re)write the model card of a finished training job's export")
     c.add_argument("run_dir", metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)")
-    c.add_argument("--adapter", metavar="DIR", help="the job's PEFT adapter folder: listed in the card, and given the card too")
+    c.add_argument(
+        "--adapter", metavar="DIR", help="the job's PEFT adapter folder: listed in the card, and given the card too"
+    )
     u = sub.add_parser("push", help="upload an export folder (with its model card) to the Hugging Face hub")
     u.add_argument("export_dir", metavar="EXPORT_DIR", help="a sentence-transformers export or a PEFT adapter folder")
     u.add_argument("repo_id", metavar="REPO_ID", help="hub model repository (owner/name), created when missing")
     u.add_argument("--private", action="store_true", help="create the repository private")
     u.add_argument("--revision", help="branch to commit to (created when missing; default: main)")
-    u.add_argument("--token-env", metavar="VAR", help="environment variable holding the hub token "
-                   "(default: HF_TOKEN when set, else the hub's stored login)")
-    dp = sub.add_parser("dataset", help="where a dataset is and what it holds; --hf: the line that opens it in HF datasets")
+    u.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="environment variable holding the hub token (default: HF_TOKEN when set, else the hub's stored login)",
+    )
+    dp = sub.add_parser(
+        "dataset", help="where a dataset is and what it holds; --hf: the line that opens it in HF datasets"
+    )
     dp.add_argument("kind", choices=KINDS)
     dp.add_argument("key", nargs="?", help="dataset key (default: the newest dataset of KIND)")
     dp.add_argument("--hf", action="store_true", help="print a Python line opening it as a memory-mapped HF Dataset")
     r = sub.add_parser("run", help="run a deployment, wait, and print why it failed when it did")
     r.add_argument("deployment", metavar="DEPLOYMENT", help=f"FLOW/DEPLOYMENT, e.g. train-{DEFAULT_METHOD}/smoke")
-    r.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable")
+    r.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable",
+    )
     r.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the run goes on)")
     args = p.parse_args(argv)
     if args.cmd == "run":
@@ -300,8 +338,10 @@ def _main(argv: list[str]) -> int:
             df = query(root, args.sql)
         except duckdb.CatalogException as e:  # a view missing because its datasets are damaged: say which
             if bad := damaged(root):
-                raise RuntimeError(f"{' '.join(str(e).split())}; damaged datasets left out of the catalog: "
-                                   + "; ".join(str(p) for p in bad)) from e
+                raise RuntimeError(
+                    f"{' '.join(str(e).split())}; damaged datasets left out of the catalog: "
+                    + "; ".join(str(p) for p in bad)
+                ) from e
             first = str(e).split("\nLINE ")[0]
             raise SqlError(f"{first} (views: {', '.join(_views(root)) or 'none yet: run a stage first'})") from e
         except duckdb.Error as e:

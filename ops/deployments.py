@@ -21,7 +21,11 @@ from config.methods import DEFAULT_METHOD
 from config.settings import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
-_PREFIXES = ("Task run encountered an exception", "Flow run encountered an exception", "Flow run encountered an exception:")
+_PREFIXES = (
+    "Task run encountered an exception",
+    "Flow run encountered an exception",
+    "Flow run encountered an exception:",
+)
 # The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them): the summary after a run
 STAGE_LINE = re.compile(r"\b(cache hit|written|already finished)\b")
 REASON_CHARS = 400
@@ -44,7 +48,9 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"parameter {item!r} is not key=value (e.g. -p n=3 or -p 'config={{\"mask_ratio\": 0.15}}')")
+            raise ValueError(
+                f"parameter {item!r} is not key=value (e.g. -p n=3 or -p 'config={{\"mask_ratio\": 0.15}}')"
+            )
         try:
             params[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
@@ -58,7 +64,7 @@ def one_line_reason(message: str | None) -> str:
     text = " ".join((message or "").split())
     for prefix in sorted(_PREFIXES, key=len, reverse=True):
         if text.startswith(prefix):
-            text = text[len(prefix):].lstrip(" .:")
+            text = text[len(prefix) :].lstrip(" .:")
             break
     text = redact(text) or "(no message)"
     return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
@@ -114,13 +120,15 @@ async def failures_of(client, flow_run_id: UUID, _path: list[str] | None = None)
     run = await client.read_flow_run(flow_run_id)
     path = [*(_path or []), f"{(await client.read_flow(run.flow_id)).name}/{run.name}"]
     children = await client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+    )
     stands_for_child = {c.parent_task_run_id for c in children}
     found: list[Failure] = []
     for child in sorted((c for c in children if _failed(c.state)), key=_when):
         found += await failures_of(client, child.id, path)
-    tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
-                                        sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+    tasks = await client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), sort=TaskRunSort.EXPECTED_START_TIME_ASC
+    )
     for t in sorted((t for t in tasks if _failed(t.state) and t.id not in stands_for_child), key=_when):
         found.append(Failure(path, t.name, one_line_reason(t.state.message)))
     if not found and _failed(run.state):
@@ -131,22 +139,30 @@ async def failures_of(client, flow_run_id: UUID, _path: list[str] | None = None)
 async def stage_lines(client, flow_run_id: UUID) -> list[str]:
     """The log lines of the flow run and its child flow runs that say whether a stage reused its result (cache hit,
     an already finished job) or wrote it, oldest first: those the stage tasks log, else those the flows print."""
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter,
-                                                LogFilterFlowRunId)
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
     from prefect.client.schemas.sorting import LogSort
 
     ids, frontier = [flow_run_id], [flow_run_id]
     while frontier:
         children = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier))
+        )
         frontier = [c.id for c in children if c.id not in ids]
         ids += frontier
     # a run's processes send their logs in batches (every PREFECT_LOGGING_TO_API_BATCH_INTERVAL seconds): its last
     # lines may reach the server after its final state; read until nothing new came for one interval (+0.5 s)
     from prefect.settings import PREFECT_LOGGING_TO_API_BATCH_INTERVAL
 
-    quiet_s = LOG_QUIET_S if LOG_QUIET_S is not None else \
-        min(max(float(PREFECT_LOGGING_TO_API_BATCH_INTERVAL.value()) + 0.5, 1.0), 5.0)
+    quiet_s = (
+        LOG_QUIET_S
+        if LOG_QUIET_S is not None
+        else min(max(float(PREFECT_LOGGING_TO_API_BATCH_INTERVAL.value()) + 0.5, 1.0), 5.0)
+    )
     logs, previous = [], -1
     for _ in range(4):
         logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)), sort=LogSort.TIMESTAMP_ASC)
@@ -154,8 +170,9 @@ async def stage_lines(client, flow_run_id: UUID) -> list[str]:
             break
         previous = len(logs)
         await asyncio.sleep(quiet_s)
-    found = [(log.task_run_id is not None, (log.message.strip().splitlines() or [""])[0])
-             for log in logs if log.level == 20]  # INFO: no tracebacks
+    found = [
+        (log.task_run_id is not None, (log.message.strip().splitlines() or [""])[0]) for log in logs if log.level == 20
+    ]  # INFO: no tracebacks
     found = [(in_task, line) for in_task, line in found if STAGE_LINE.search(line)]
     if any(in_task for in_task, _ in found):  # the stage tasks' own lines; the flows print a summary of the same
         found = [(in_task, line) for in_task, line in found if in_task]
@@ -169,9 +186,14 @@ async def outcome_of(flow_run_id: UUID) -> RunOutcome:
     async with get_client() as client:
         run = await client.read_flow_run(flow_run_id)
         completed = run.state is not None and run.state.is_completed()
-        return RunOutcome(flow_run_id, run.name, run.state.name if run.state else "unknown", completed,
-                          stage_lines=await stage_lines(client, flow_run_id),
-                          failures=[] if completed else await failures_of(client, flow_run_id))
+        return RunOutcome(
+            flow_run_id,
+            run.name,
+            run.state.name if run.state else "unknown",
+            completed,
+            stage_lines=await stage_lines(client, flow_run_id),
+            failures=[] if completed else await failures_of(client, flow_run_id),
+        )
 
 
 async def start(deployment: str, parameters: dict[str, Any]):
@@ -189,13 +211,16 @@ async def start(deployment: str, parameters: dict[str, Any]):
     try:
         return await run_deployment(deployment, parameters=parameters, timeout=0)
     except ObjectNotFound:
-        raise LookupError(f"deployment {deployment!r} not found on the Prefect server at {redact(PREFECT_API_URL.value())}"
-                          " (`make main` or `scripts/services.sh up` registers the deployments; `prefect deployment "
-                          "ls` lists them)") from None
+        raise LookupError(
+            f"deployment {deployment!r} not found on the Prefect server at {redact(PREFECT_API_URL.value())}"
+            " (`make main` or `scripts/services.sh up` registers the deployments; `prefect deployment "
+            "ls` lists them)"
+        ) from None
 
 
-async def wait(flow_run_id: UUID, on_state: Callable[[str], None], poll_s: float = 2.0,
-               timeout_s: float | None = None) -> None:
+async def wait(
+    flow_run_id: UUID, on_state: Callable[[str], None], poll_s: float = 2.0, timeout_s: float | None = None
+) -> None:
     """Poll the flow run until its state is final, calling `on_state(line)` at each change of state (and once with a
     hint when no worker has picked it up after a minute).
 
@@ -216,11 +241,15 @@ async def wait(flow_run_id: UUID, on_state: Callable[[str], None], poll_s: float
                 return
             waited = time.monotonic() - began
             if not hinted and run.state is not None and run.state.is_scheduled() and waited > LATE_HINT_AFTER_S:
-                on_state(f"{name}: no worker has taken it after {waited:.0f} s (is one running? "
-                         "`scripts/services.sh status`; `scripts/services.sh worker` starts it)")
+                on_state(
+                    f"{name}: no worker has taken it after {waited:.0f} s (is one running? "
+                    "`scripts/services.sh status`; `scripts/services.sh worker` starts it)"
+                )
                 hinted = True
             if timeout_s is not None and waited > timeout_s:
-                raise TimeoutError(f"flow run {run.name} ({flow_run_id}) not finished after {timeout_s:.0f} s: it goes on")
+                raise TimeoutError(
+                    f"flow run {run.name} ({flow_run_id}) not finished after {timeout_s:.0f} s: it goes on"
+                )
             await asyncio.sleep(poll_s)
 
 
@@ -228,9 +257,14 @@ def _stdout(line: str) -> None:
     print(line, flush=True)  # in order with the stderr lines, even through a pipe or a log file
 
 
-def run_deployment_cli(deployment: str, params: list[str] | None, timeout_s: float | None = None,
-                       poll_s: float = 2.0, out: Callable[[str], None] = _stdout,
-                       err: Callable[[str], None] | None = None) -> int:
+def run_deployment_cli(
+    deployment: str,
+    params: list[str] | None,
+    timeout_s: float | None = None,
+    poll_s: float = 2.0,
+    out: Callable[[str], None] = _stdout,
+    err: Callable[[str], None] | None = None,
+) -> int:
     """`cse run`: start `deployment`, wait, print the stage lines; on failure the reason of each failing task.
     Returns 0 when the run completed, else 1.
 

@@ -90,8 +90,10 @@ def main(environ: Mapping[str, str] = os.environ) -> int:
     previous = write_profile(path, api_url, name)
     from config.settings import redact
 
-    print(f"Prefect profile {name!r} (PREFECT_API_URL={redact(api_url)}) is active in {path}: plain shells reach this "
-          "server" + (f"; `prefect profile use {previous}` goes back to the profile active before" if previous else ""))
+    print(
+        f"Prefect profile {name!r} (PREFECT_API_URL={redact(api_url)}) is active in {path}: plain shells reach this "
+        "server" + (f"; `prefect profile use {previous}` goes back to the profile active before" if previous else "")
+    )
     return 0
 
 

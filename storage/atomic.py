@@ -79,7 +79,7 @@ def temporary_owner(path: str | Path) -> tuple[str, int] | None:
     name = Path(path).name
     if not name.startswith(TMP_PREFIX):
         return None
-    parts = name[len(TMP_PREFIX):].rsplit("-", 2)
+    parts = name[len(TMP_PREFIX) :].rsplit("-", 2)
     if len(parts) != 3 or not parts[1].isdigit():
         return None
     return parts[0], int(parts[1])

@@ -43,7 +43,9 @@ def intact_datasets(root: DataRoot, kind: str) -> tuple[list, list[Problem]]:
     listed = {folder for folder, _ in root.list(kind)}
     for folder in root.dataset_dirs(kind):
         if folder not in listed:  # an unreadable manifest, or a listed file missing
-            problems += check_dataset(folder, kind, folder.name) or [Problem(kind, folder.name, str(folder), "incomplete")]
+            problems += check_dataset(folder, kind, folder.name) or [
+                Problem(kind, folder.name, str(folder), "incomplete")
+            ]
     for folder, m in root.list(kind):
         found = check_dataset(folder, kind, folder.name)
         if found:
@@ -54,8 +56,10 @@ def intact_datasets(root: DataRoot, kind: str) -> tuple[list, list[Problem]]:
 
 
 def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
-    stmts = ["CREATE OR REPLACE TABLE manifests (kind VARCHAR, dataset_key VARCHAR, rows BIGINT, content_hash VARCHAR, "
-             "created VARCHAR, path VARCHAR, params JSON, stats JSON, source JSON)"]
+    stmts = [
+        "CREATE OR REPLACE TABLE manifests (kind VARCHAR, dataset_key VARCHAR, rows BIGINT, content_hash VARCHAR, "
+        "created VARCHAR, path VARCHAR, params JSON, stats JSON, source JSON)"
+    ]
     present = set()
     damaged: list[Problem] = []
     for kind in KINDS:
@@ -64,9 +68,20 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
         for folder, m in datasets:
             stmts.append(
                 "INSERT INTO manifests VALUES ("
-                + ", ".join("'" + str(v).replace("'", "''") + "'" for v in (
-                    m.kind, m.key, m.rows, m.content_hash, m.created, folder,
-                    json.dumps(m.params), json.dumps(m.stats), json.dumps(m.source)))
+                + ", ".join(
+                    "'" + str(v).replace("'", "''") + "'"
+                    for v in (
+                        m.kind,
+                        m.key,
+                        m.rows,
+                        m.content_hash,
+                        m.created,
+                        folder,
+                        json.dumps(m.params),
+                        json.dumps(m.stats),
+                        json.dumps(m.source),
+                    )
+                )
                 + ")"
             )
         if not datasets or kind in NO_PARQUET_KINDS:  # a generator holds model files: in `manifests`, no views
@@ -74,17 +89,21 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
             continue
         present.add(kind)
         newest_dir, newest = datasets[-1]
-        stmts.append(f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet({_sql_list(newest.paths(newest_dir))})")
+        stmts.append(
+            f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet({_sql_list(newest.paths(newest_dir))})"
+        )
         union = " UNION ALL BY NAME ".join(
             f"SELECT '{m.key}' AS dataset_key, * FROM read_parquet({_sql_list(m.paths(d))})" for d, m in datasets
         )
         stmts.append(f"CREATE OR REPLACE VIEW {kind}_all AS {union}")
     stmts.append("CREATE OR REPLACE TABLE damaged_datasets (kind VARCHAR, key VARCHAR, file VARCHAR, reason VARCHAR)")
-    stmts += [f"INSERT INTO damaged_datasets VALUES ({_q(p.kind)}, {_q(p.key)}, {_q(p.file)}, {_q(p.reason)})"
-              for p in damaged]
+    stmts += [
+        f"INSERT INTO damaged_datasets VALUES ({_q(p.kind)}, {_q(p.key)}, {_q(p.file)}, {_q(p.reason)})"
+        for p in damaged
+    ]
     if "tokens" in present:
         stmts.append(
-            "CREATE OR REPLACE VIEW token_lengths AS SELECT dataset_key, \"column\", length, count(*) AS n "
+            'CREATE OR REPLACE VIEW token_lengths AS SELECT dataset_key, "column", length, count(*) AS n '
             "FROM tokens_all GROUP BY ALL ORDER BY ALL"
         )
     if "corruption" in present:
@@ -102,15 +121,24 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
 
 
 _IN_MEMORY: dict[Path, duckdb.DuckDBPyConnection] = {}  # data root → its catalog, when the file cannot be written
+
+
 def _writable(folder: Path) -> bool:
-    return folder.is_dir() and os.access(folder, os.W_OK) and (
-        not (folder / "catalog.duckdb").exists() or os.access(folder / "catalog.duckdb", os.W_OK))
+    return (
+        folder.is_dir()
+        and os.access(folder, os.W_OK)
+        and (not (folder / "catalog.duckdb").exists() or os.access(folder / "catalog.duckdb", os.W_OK))
+    )
 
 
 def _read_only_error(e: BaseException) -> bool:
     text = str(e).lower()
-    return isinstance(e, PermissionError) or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES) or \
-        "read-only" in text or "permission denied" in text
+    return (
+        isinstance(e, PermissionError)
+        or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES)
+        or "read-only" in text
+        or "permission denied" in text
+    )
 
 
 def _in_memory(root: DataRoot, stmts: list[str]) -> None:
@@ -125,7 +153,7 @@ def _in_memory(root: DataRoot, stmts: list[str]) -> None:
         old.close()
 
 
-def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
+def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:  # noqa: C901 (each branch is one failure it survives)
     """Rebuild the catalog's views. The file is single-writer: a busy catalog is retried, then skipped
     with a warning (the data itself is unaffected; the next stage refreshes it). Damaged datasets are left out
     and named (one warning per dataset per process, and the table `damaged_datasets`); any other catalog error is a

@@ -15,9 +15,14 @@ from storage.layout import DataRoot
 from storage.manifest import Manifest
 
 
-def write_comparison(root: DataRoot, comparison_id: str, rows: Sequence[Mapping[str, Any]],
-                     params: Mapping[str, Any] | None = None) -> Manifest:
-    table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schemas.COMPARISONS} for r in rows], schema=schemas.COMPARISONS)
-    m = write_dataset(root, "comparisons", comparison_id, [table], schemas.COMPARISONS, params=dict(params or {}), inputs={})
+def write_comparison(
+    root: DataRoot, comparison_id: str, rows: Sequence[Mapping[str, Any]], params: Mapping[str, Any] | None = None
+) -> Manifest:
+    table = pa.Table.from_pylist(
+        [{f.name: r.get(f.name) for f in schemas.COMPARISONS} for r in rows], schema=schemas.COMPARISONS
+    )
+    m = write_dataset(
+        root, "comparisons", comparison_id, [table], schemas.COMPARISONS, params=dict(params or {}), inputs={}
+    )
     refresh_catalog(root)
     return m

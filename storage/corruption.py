@@ -42,12 +42,20 @@ def corruption_rows(tokens: pa.Table, flat: np.ndarray, offsets: np.ndarray, var
     """
     n = tokens.num_rows
     originals = _list_array(offsets, flat, pa.int32())
-    tables = [pa.table({
-        "id": tokens.column("id"), "column": tokens.column("column"),
-        "variant": pa.array(np.full(n, v), pa.int16()), "input_ids": originals,
-        "corrupted_ids": _list_array(offsets, out.corrupted, pa.int32()),
-        "labels": _list_array(offsets, out.labels, pa.int8()),
-        "n_masked": pa.array(out.n_masked, pa.int16()), "n_replaced": pa.array(out.n_replaced, pa.int16()),
-    }) for v, out in enumerate(variants)]
+    tables = [
+        pa.table(
+            {
+                "id": tokens.column("id"),
+                "column": tokens.column("column"),
+                "variant": pa.array(np.full(n, v), pa.int16()),
+                "input_ids": originals,
+                "corrupted_ids": _list_array(offsets, out.corrupted, pa.int32()),
+                "labels": _list_array(offsets, out.labels, pa.int8()),
+                "n_masked": pa.array(out.n_masked, pa.int16()),
+                "n_replaced": pa.array(out.n_replaced, pa.int16()),
+            }
+        )
+        for v, out in enumerate(variants)
+    ]
     interleave = np.arange(n * len(variants)).reshape(len(variants), n).T.ravel()  # row i, variants 0..V-1, row i+1
     return pa.concat_tables(tables).take(pa.array(interleave))

@@ -24,8 +24,9 @@ class ShardResult(ShardDone):
     seconds: float
 
 
-def shard_result(shard: int, table: pa.Table, special_ids: list[int], variants: int, computed: bool,
-                 seconds: float) -> ShardResult:
+def shard_result(
+    shard: int, table: pa.Table, special_ids: list[int], variants: int, computed: bool, seconds: float
+) -> ShardResult:
     """The counts of shard `shard` from its corruption rows.
 
     Args:
@@ -38,11 +39,14 @@ def shard_result(shard: int, table: pa.Table, special_ids: list[int], variants: 
     """
     flat = pc.list_flatten(table.column("input_ids")).to_numpy()
     return ShardResult(
-        shard=shard, sentences=table.num_rows // variants, rows=table.num_rows,
+        shard=shard,
+        sentences=table.num_rows // variants,
+        rows=table.num_rows,
         tokens=int(len(flat) - np.isin(flat, special_ids).sum()),
         masked=int(pc.sum(table.column("n_masked")).as_py() or 0),
         replaced=int(pc.sum(table.column("n_replaced")).as_py() or 0),
-        computed=computed, seconds=seconds,
+        computed=computed,
+        seconds=seconds,
     )
 
 
@@ -61,14 +65,24 @@ def corruption_stats(shards: list[ShardResult]) -> dict[str, Any]:
     computed = [s for s in shards if s.computed]
     seconds = sum(s.seconds for s in computed)
     return {
-        "sentences": sum(s.sentences for s in shards), "rows": sum(s.rows for s in shards),
-        "masked_ratio": _ratio(masked, tokens), "replaced_ratio": _ratio(replaced, tokens),
-        "replaced_of_masked": _ratio(replaced, masked), "shards": len(shards), "shards_computed": len(computed),
-        "compute_seconds": seconds, "sentences_per_s": _ratio(sum(s.rows for s in computed), seconds),
+        "sentences": sum(s.sentences for s in shards),
+        "rows": sum(s.rows for s in shards),
+        "masked_ratio": _ratio(masked, tokens),
+        "replaced_ratio": _ratio(replaced, tokens),
+        "replaced_of_masked": _ratio(replaced, masked),
+        "shards": len(shards),
+        "shards_computed": len(computed),
+        "compute_seconds": seconds,
+        "sentences_per_s": _ratio(sum(s.rows for s in computed), seconds),
         "per_shard": [
-            {"shard": s.shard, "rows": s.rows, "masked_ratio": _ratio(s.masked, s.tokens),
-             "replaced_ratio": _ratio(s.replaced, s.tokens), "computed": s.computed,
-             "sentences_per_s": _ratio(s.rows, s.seconds)}
+            {
+                "shard": s.shard,
+                "rows": s.rows,
+                "masked_ratio": _ratio(s.masked, s.tokens),
+                "replaced_ratio": _ratio(s.replaced, s.tokens),
+                "computed": s.computed,
+                "sentences_per_s": _ratio(s.rows, s.seconds),
+            }
             for s in shards
         ],
     }

@@ -97,10 +97,18 @@ def publish_files(
             names.append(target.name)
             rows += pq.ParquetFile(target).metadata.num_rows
         facts = file_facts(tmp, names)
-        m = Manifest(kind=kind, key=key, rows=rows, files=names, **facts,
-                     arrow=write_arrow_copy(tmp, names, kind=kind, key=key, content_hash=facts["content_hash"]),
-                     params=dict(params or {}), source=dict(source or {}), inputs=dict(inputs or {}),
-                     stats=dict(stats or {}))
+        m = Manifest(
+            kind=kind,
+            key=key,
+            rows=rows,
+            files=names,
+            **facts,
+            arrow=write_arrow_copy(tmp, names, kind=kind, key=key, content_hash=facts["content_hash"]),
+            params=dict(params or {}),
+            source=dict(source or {}),
+            inputs=dict(inputs or {}),
+            stats=dict(stats or {}),
+        )
         m.write(tmp)
     return m
 
@@ -130,12 +138,17 @@ class DatasetRef(BaseModel):
 
     @classmethod
     def of(cls, root: DataRoot, m: Manifest, cache_hit: bool) -> DatasetRef:
-        return cls(kind=m.kind, key=m.key, path=str(root.dataset_dir(m.kind, m.key)), rows=m.rows,
-                   content_hash=m.content_hash, cache_hit=cache_hit)
+        return cls(
+            kind=m.kind,
+            key=m.key,
+            path=str(root.dataset_dir(m.kind, m.key)),
+            rows=m.rows,
+            content_hash=m.content_hash,
+            cache_hit=cache_hit,
+        )
 
 
-def resolve_input(root, kind: str, spec: str | None, *, from_folder, from_dataset, default=None,
-                  no_default, not_found):
+def resolve_input(root, kind: str, spec: str | None, *, from_folder, from_dataset, default=None, no_default, not_found):
     """An evaluation input of `kind` from `spec`: an existing folder (`from_folder`), else a dataset key of `kind`
     (`from_dataset(manifest)`). `spec=None`: `default()` when it gives one, else the newest dataset of `kind`, else a
     FileNotFoundError saying `no_default()`; an unknown `spec` raises FileNotFoundError saying `not_found()` (messages

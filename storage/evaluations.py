@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,33 +41,59 @@ def load_sts_input(spec: str | None, root: DataRoot, shared_data: Path | None = 
     senteval = Path(shared_data) / "senteval" if shared_data is not None else None
     where = f"{senteval} does not exist and " if senteval is not None else ""
     return resolve_input(
-        root, "sts", spec, from_folder=_from_folder, from_dataset=lambda m: _from_dataset(root, m),
+        root,
+        "sts",
+        spec,
+        from_folder=_from_folder,
+        from_dataset=lambda m: _from_dataset(root, m),
         default=lambda: _from_folder(senteval) if senteval is not None and senteval.is_dir() else None,
-        no_default=lambda: f"no STS data: {where}no `sts` dataset under {root.root}; run the `ingest` flow "
-                   "(or pass `sts` = a SentEval folder or an sts dataset key)",
-        not_found=lambda: f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {root.root}; "
-                  "run the `ingest` flow or pass an existing folder")
+        no_default=lambda: (
+            f"no STS data: {where}no `sts` dataset under {root.root}; run the `ingest` flow "
+            "(or pass `sts` = a SentEval folder or an sts dataset key)"
+        ),
+        not_found=lambda: (
+            f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {root.root}; "
+            "run the `ingest` flow or pass an existing folder"
+        ),
+    )
 
 
 def _from_folder(folder: Path) -> StsInput:
     table, _ = read_senteval(folder)
-    return StsInput(table=table, origin="folder", location=str(senteval_root(folder)),
-                    content_hash=sha256_files(senteval_source_files(folder)))
+    return StsInput(
+        table=table,
+        origin="folder",
+        location=str(senteval_root(folder)),
+        content_hash=sha256_files(senteval_source_files(folder)),
+    )
 
 
 def _from_dataset(root: DataRoot, m: Manifest) -> StsInput:
-    root.verify("sts", m.key, full=True)  # scores must come from intact data: a damaged dataset is named (DatasetDamaged)
-    return StsInput(table=read_dataset(root, "sts", m.key), origin="dataset", location=m.key, content_hash=m.content_hash)
+    root.verify(
+        "sts", m.key, full=True
+    )  # scores must come from intact data: a damaged dataset is named (DatasetDamaged)
+    return StsInput(
+        table=read_dataset(root, "sts", m.key), origin="dataset", location=m.key, content_hash=m.content_hash
+    )
 
 
-def row_identity(*, evaluation_id: str, mode: str, label: str, what: Mapping[str, Any], embedder: Mapping[str, Any],
-                 mlflow_run_id: str | None, source: str, source_hash: str) -> dict[str, Any]:
+def row_identity(
+    *,
+    evaluation_id: str,
+    mode: str,
+    label: str,
+    what: Mapping[str, Any],
+    embedder: Mapping[str, Any],
+    mlflow_run_id: str | None,
+    source: str,
+    source_hash: str,
+) -> dict[str, Any]:
     """The columns every evaluation row shares (STS and transfer): which model, evaluated on which data, when.
     `what` names the evaluated model (keys model or backbone, pooler, checkpoint, method); missing keys come from
     the result's `embedder` description."""
     return {
         "evaluation_id": evaluation_id,
-        "created": datetime.now(timezone.utc).isoformat(),
+        "created": datetime.now(UTC).isoformat(),
         "mode": mode,
         "label": label,
         "model": what.get("model") or what.get("backbone") or embedder.get("model") or embedder.get("backbone"),
@@ -80,13 +106,22 @@ def row_identity(*, evaluation_id: str, mode: str, label: str, what: Mapping[str
     }
 
 
-def write_evaluation_row(root: DataRoot, row: Mapping[str, Any], *, params: Mapping[str, Any] | None = None) -> Manifest:
+def write_evaluation_row(
+    root: DataRoot, row: Mapping[str, Any], *, params: Mapping[str, Any] | None = None
+) -> Manifest:
     """Publish one evaluation row as dataset `evaluations/<evaluation_id>` and refresh the catalog."""
     missing = [f.name for f in schemas.EVALUATIONS if not f.nullable and row.get(f.name) is None]
     if missing:
         raise ValueError(f"evaluation row lacks required fields {missing}")
     table = pa.Table.from_pylist([{f.name: row.get(f.name) for f in schemas.EVALUATIONS}], schema=schemas.EVALUATIONS)
-    m = write_dataset(root, "evaluations", str(row["evaluation_id"]), [table], schemas.EVALUATIONS,
-                      params=dict(params or {}), inputs={"sts": str(row["sts_hash"])})
+    m = write_dataset(
+        root,
+        "evaluations",
+        str(row["evaluation_id"]),
+        [table],
+        schemas.EVALUATIONS,
+        params=dict(params or {}),
+        inputs={"sts": str(row["sts_hash"])},
+    )
     refresh_catalog(root)
     return m

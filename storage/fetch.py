@@ -42,11 +42,11 @@ def mirror_lookup(canonical: str) -> Path | None:
     for name in MIRROR_NAMES.get(canonical, (canonical,)):
         if (root / name).exists():
             if name != canonical:
-                log.warning("reading %s from the mirror's sample %s, not the full canonical file", canonical, root / name)
+                log.warning(
+                    "reading %s from the mirror's sample %s, not the full canonical file", canonical, root / name
+                )
             return (root / name).resolve()
-    raise FileNotFoundError(
-        f"CSE_SOURCE_MIRROR={root} holds none of {list(MIRROR_NAMES.get(canonical, (canonical,)))}"
-    )
+    raise FileNotFoundError(f"CSE_SOURCE_MIRROR={root} holds none of {list(MIRROR_NAMES.get(canonical, (canonical,)))}")
 
 
 def verify(path: Path, sha256: str | None = None, size: int | None = None) -> None:
@@ -68,9 +68,11 @@ def download(url: str, dest: str | Path, *, retries: int = 3, sha256: str | None
             with requests.get(url, stream=True, timeout=timeout) as r:
                 r.raise_for_status()
                 total = int(r.headers.get("content-length", 0)) or None
-                with atomic_file(dest) as tmp, open(tmp, "wb") as f, tqdm(
-                    total=total, unit="B", unit_scale=True, desc=f"download {dest.name}"
-                ) as bar:
+                with (
+                    atomic_file(dest) as tmp,
+                    open(tmp, "wb") as f,
+                    tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}") as bar,
+                ):
                     for chunk in r.iter_content(chunk_size=1 << 20):
                         f.write(chunk)
                         bar.update(len(chunk))

@@ -25,9 +25,17 @@ GENERATOR_PREFIX = "generator:"
 HELDOUT_FILE = "heldout.json"
 
 
-def publish_model_folder(root: DataRoot, key: str, write: Callable[[Path], None], *, heldout: Mapping[str, Any],
-                         params: Mapping[str, Any] | None = None, inputs: Mapping[str, str] | None = None,
-                         stats: Mapping[str, Any] | None = None, source: Mapping[str, Any] | None = None) -> Manifest:
+def publish_model_folder(
+    root: DataRoot,
+    key: str,
+    write: Callable[[Path], None],
+    *,
+    heldout: Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, str] | None = None,
+    stats: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
+) -> Manifest:
     """Publish the files `write(folder)` saves (a model and its tokenizer) and `heldout` (as `heldout.json`) as
     dataset `generator/<key>`, atomically, with a manifest recording every file's size and sha256."""
     final = root.dataset_dir(KIND, key)
@@ -36,10 +44,19 @@ def publish_model_folder(root: DataRoot, key: str, write: Callable[[Path], None]
         write_json(dict(heldout), tmp / HELDOUT_FILE)
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
         hashes = {f: sha256_file(tmp / f) for f in files}
-        m = Manifest(kind=KIND, key=key, rows=0, files=files, content_hash=combine_hashes([hashes[f] for f in files]),
-                     file_sizes={f: (tmp / f).stat().st_size for f in files}, file_hashes=hashes,
-                     params=dict(params or {}), inputs=dict(inputs or {}), stats=dict(stats or {}),
-                     source=dict(source or {}))
+        m = Manifest(
+            kind=KIND,
+            key=key,
+            rows=0,
+            files=files,
+            content_hash=combine_hashes([hashes[f] for f in files]),
+            file_sizes={f: (tmp / f).stat().st_size for f in files},
+            file_hashes=hashes,
+            params=dict(params or {}),
+            inputs=dict(inputs or {}),
+            stats=dict(stats or {}),
+            source=dict(source or {}),
+        )
         m.write(tmp)
     return m
 
@@ -48,13 +65,15 @@ def generator_dataset(root: DataRoot, spec: str) -> Manifest | None:
     """The manifest of the generator dataset `spec` names: `generator:<key>`, or a folder that is one (under the
     data root's `datasets/generator/`); None when `spec` is neither. An unknown key raises FileNotFoundError."""
     if spec.startswith(GENERATOR_PREFIX):
-        key = spec[len(GENERATOR_PREFIX):].strip()
+        key = spec[len(GENERATOR_PREFIX) :].strip()
         if not key:
             raise ValueError(f"{spec!r}: name a generator dataset key after {GENERATOR_PREFIX!r}")
         m = root.find(KIND, key)
         if m is None:
-            raise FileNotFoundError(f"generator dataset {key!r} not found under {root.kind_dir(KIND)}: run the "
-                                    "fit-generator stage first (or give the folder of a masked LM)")
+            raise FileNotFoundError(
+                f"generator dataset {key!r} not found under {root.kind_dir(KIND)}: run the "
+                "fit-generator stage first (or give the folder of a masked LM)"
+            )
         return m
     path = Path(spec).expanduser()
     if path.is_dir() and path.resolve().parent == root.kind_dir(KIND):

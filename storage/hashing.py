@@ -50,20 +50,23 @@ def arrow_column_hash(column) -> str:
     import pyarrow.compute as pc
 
     lengths, data, nulls, row = hashlib.sha256(), hashlib.sha256(), hashlib.sha256(), 0
-    text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_string_view(column.type)
+    text = (
+        pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_string_view(column.type)
+    )
     for chunk in column.chunks:
         if chunk.null_count:
             nulls.update((np.flatnonzero(chunk.is_null().to_numpy(zero_copy_only=False)) + row).astype("<i8").tobytes())
         if text:
             chunk = chunk.cast(pa.large_string())
-            offsets = np.frombuffer(chunk.buffers()[1], dtype="<i8")[chunk.offset:chunk.offset + len(chunk) + 1]
+            offsets = np.frombuffer(chunk.buffers()[1], dtype="<i8")[chunk.offset : chunk.offset + len(chunk) + 1]
             lengths.update(np.diff(offsets).astype("<i8").tobytes())
             if len(chunk) and chunk.buffers()[2] is not None:
-                data.update(memoryview(chunk.buffers()[2])[offsets[0]:offsets[-1]])
+                data.update(memoryview(chunk.buffers()[2])[offsets[0] : offsets[-1]])
         else:
             values = pc.cast(chunk, pa.float64()).to_numpy(zero_copy_only=False)
             data.update(np.nan_to_num(values, nan=0.0).astype("<f8").tobytes())
         row += len(chunk)
     kind = "text" if text else "number"
-    return combine_hashes([hashlib.sha256(f"{kind}:{row}".encode()).hexdigest(), lengths.hexdigest(), data.hexdigest(),
-                           nulls.hexdigest()])
+    return combine_hashes(
+        [hashlib.sha256(f"{kind}:{row}".encode()).hexdigest(), lengths.hexdigest(), data.hexdigest(), nulls.hexdigest()]
+    )

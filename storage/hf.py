@@ -79,7 +79,8 @@ def find_dataset(root: DataRoot, kind: str, key: str | None = None) -> Published
             damaged = [p for folder in root.dataset_dirs(kind) for p in check_dataset(folder, kind, folder.name)[:1]]
             if damaged:
                 raise DatasetDamaged(damaged[-1:]) from FileNotFoundError(
-                    f"no intact {kind} dataset under {root.root}: {len(damaged)} damaged")
+                    f"no intact {kind} dataset under {root.root}: {len(damaged)} damaged"
+                )
             raise FileNotFoundError(f"no {kind} dataset under {root.root}: run the stage that produces it first")
         folder, m = found[-1]
         return PublishedDataset(kind, m.key, folder, m)
@@ -88,8 +89,10 @@ def find_dataset(root: DataRoot, kind: str, key: str | None = None) -> Published
         if root.dataset_dir(kind, key).is_dir() and (problems := check_dataset(root.dataset_dir(kind, key), kind, key)):
             raise DatasetDamaged(problems)  # there, but damaged: not "missing"
         newest = [mm.key for _, mm in root.list(kind)[-5:]][::-1]
-        raise FileNotFoundError(f"no {kind} dataset {key!r} under {root.root}"
-                                + (f" (newest: {', '.join(newest)})" if newest else f": no {kind} dataset at all"))
+        raise FileNotFoundError(
+            f"no {kind} dataset {key!r} under {root.root}"
+            + (f" (newest: {', '.join(newest)})" if newest else f": no {kind} dataset at all")
+        )
     return PublishedDataset(kind, key, root.dataset_dir(kind, key), m)
 
 

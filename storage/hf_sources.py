@@ -60,19 +60,28 @@ class HFSource(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dataset: str = Field(min_length=1, description="hub id, a local save_to_disk folder or a local folder of Parquet "
-                                                   "files (a path starting with /, ./, ../ or ~ is always local)")
+    dataset: str = Field(
+        min_length=1,
+        description="hub id, a local save_to_disk folder or a local folder of Parquet "
+        "files (a path starting with /, ./, ../ or ~ is always local)",
+    )
     config: str | None = Field(default=None, description="the HF config name (load_dataset's `name`)")
     split: str | None = Field(default=None, description="None: the dataset's only split")
     data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
-        default=None, description="load_dataset's data_files (e.g. the one CSV file of a hub repository that holds several)")
+        default=None,
+        description="load_dataset's data_files (e.g. the one CSV file of a hub repository that holds several)",
+    )
     revision: str | None = None
-    columns: dict[str, str] = Field(default_factory=dict, description="our column -> the dataset's column (default: "
-                                                                      "the same name)")
-    values: dict[str, str] = Field(default_factory=dict, description="STS: our column -> one value for every row "
-                                                                     "(task, subset, split)")
-    options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of load_dataset (e.g. "
-                                                                      "keep_default_na: false for CSV files)")
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="our column -> the dataset's column (default: the same name)"
+    )
+    values: dict[str, str] = Field(
+        default_factory=dict, description="STS: our column -> one value for every row (task, subset, split)"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="more keyword arguments of load_dataset (e.g. keep_default_na: false for CSV files)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -117,13 +126,21 @@ class HFRows:
 
     def content_hash(self) -> str:
         """Hash of the rows read: every column's values (`arrow_column_hash`) and the constants."""
-        head = hashlib.sha256(canonical_json({"kind": self.kind, "rows": self.table.num_rows,
-                                              "constants": self.constants}).encode()).hexdigest()
-        return combine_hashes([head] + [arrow_column_hash(self.table.column(c)) for c in sorted(self.table.column_names)])
+        head = hashlib.sha256(
+            canonical_json({"kind": self.kind, "rows": self.table.num_rows, "constants": self.constants}).encode()
+        ).hexdigest()
+        return combine_hashes(
+            [head] + [arrow_column_hash(self.table.column(c)) for c in sorted(self.table.column_names)]
+        )
 
     def describe(self) -> dict:
-        return {**self.spec.model_dump(exclude_defaults=True), "split": self.split, "rows": self.table.num_rows,
-                "loaded_with": self.loaded_with, "files": self.files}
+        return {
+            **self.spec.model_dump(exclude_defaults=True),
+            "split": self.split,
+            "rows": self.table.num_rows,
+            "loaded_with": self.loaded_with,
+            "files": self.files,
+        }
 
 
 def _is_local(name: str) -> bool:
@@ -137,31 +154,44 @@ def load_hf(spec: HFSource, cache_dir: Path):
     where = spec.describe()
     local = Path(spec.dataset).expanduser()
     if _is_local(spec.dataset) and not local.is_dir():
-        raise FileNotFoundError(f"missing HF dataset source {where}: expected a folder (written by save_to_disk, or "
-                                f"holding Parquet files) at {local.resolve()}")
+        raise FileNotFoundError(
+            f"missing HF dataset source {where}: expected a folder (written by save_to_disk, or "
+            f"holding Parquet files) at {local.resolve()}"
+        )
     from_disk = local.is_dir() and any((local / f).is_file() for f in ("state.json", "dataset_dict.json"))
     how = "load_from_disk" if from_disk else "load_dataset"
     if from_disk and (spec.config or spec.data_files or spec.revision or spec.options):
-        raise HFSourceError(f"{where}: a save_to_disk folder takes no config, data_files, revision or options "
-                            "(they are load_dataset's)")
+        raise HFSourceError(
+            f"{where}: a save_to_disk folder takes no config, data_files, revision or options (they are load_dataset's)"
+        )
     try:
         if from_disk:
             loaded = datasets.load_from_disk(str(local), keep_in_memory=False)
         else:
-            loaded = datasets.load_dataset(str(local) if local.is_dir() else spec.dataset, spec.config,
-                                           split=spec.split, data_files=spec.data_files, revision=spec.revision,
-                                           cache_dir=str(cache_dir), **spec.options)
+            loaded = datasets.load_dataset(
+                str(local) if local.is_dir() else spec.dataset,
+                spec.config,
+                split=spec.split,
+                data_files=spec.data_files,
+                revision=spec.revision,
+                cache_dir=str(cache_dir),
+                **spec.options,
+            )
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds (offline, not found, bad split): name the source
-        raise HFSourceError(f"{where}: datasets.{how} failed ({type(e).__name__}: "
-                            f"{(str(e).splitlines() or [''])[0]})") from e
+        raise HFSourceError(
+            f"{where}: datasets.{how} failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+        ) from e
     split = spec.split
     if isinstance(loaded, datasets.DatasetDict):
         names = list(loaded)
         if split is None and len(names) == 1:
             split = names[0]
         if split is None or split not in loaded:
-            raise HFSourceError(f"{where}: " + (f"no split {split!r}" if split else "several splits")
-                                + f"; it has {', '.join(names)} (choose one with @<split> or split:)")
+            raise HFSourceError(
+                f"{where}: "
+                + (f"no split {split!r}" if split else "several splits")
+                + f"; it has {', '.join(names)} (choose one with @<split> or split:)"
+            )
         loaded = loaded[split]
     if not isinstance(loaded, datasets.Dataset):
         raise HFSourceError(f"{where}: loaded a {type(loaded).__name__}; a map-style Dataset is needed (no streaming)")
@@ -174,7 +204,7 @@ def _targets(kind: str) -> tuple[str, ...]:
     return TEXT_TARGETS[kind] + NUMBER_TARGETS.get(kind, ()) + LABEL_TARGETS.get(kind, ())
 
 
-def hf_rows(kind: str, spec: HFSource, cache_dir: Path) -> HFRows:
+def hf_rows(kind: str, spec: HFSource, cache_dir: Path) -> HFRows:  # noqa: C901 (one check per way a mapping can be wrong)
     """Load one source and map its columns to ours (see the module docstring); types are checked here, values when
     the rows are read (`read_hf`)."""
     if kind not in TEXT_TARGETS:
@@ -183,8 +213,10 @@ def hf_rows(kind: str, spec: HFSource, cache_dir: Path) -> HFRows:
     for what, mapping in (("columns", spec.columns), ("values", spec.values)):
         allowed = _targets(kind) if what == "columns" else LABEL_TARGETS.get(kind, ())
         if unknown := sorted(set(mapping) - set(allowed)):
-            raise HFSourceError(f"{where}: {what} names {', '.join(map(repr, unknown))}; a {kind} source takes "
-                                + (f"{what} for {', '.join(allowed)} only" if allowed else f"no {what}"))
+            raise HFSourceError(
+                f"{where}: {what} names {', '.join(map(repr, unknown))}; a {kind} source takes "
+                + (f"{what} for {', '.join(allowed)} only" if allowed else f"no {what}")
+            )
     ds, split, how = load_hf(spec, cache_dir)
     have = ds.column_names
     selected: dict[str, str] = {}  # ours -> theirs
@@ -201,12 +233,16 @@ def hf_rows(kind: str, spec: HFSource, cache_dir: Path) -> HFRows:
         elif target == "split" and split is not None:
             constants[target] = _SPLIT_NAMES.get(split.split("[")[0], split.split("[")[0])
         else:
-            raise HFSourceError(f"{where}: no column {target!r} and no value for it: give one with values: "
-                                f"{{{target}: ...}}" + (f" (one of {', '.join(SEVEN_TASKS)})" if target == "task" else ""))
+            raise HFSourceError(
+                f"{where}: no column {target!r} and no value for it: give one with values: "
+                f"{{{target}: ...}}" + (f" (one of {', '.join(SEVEN_TASKS)})" if target == "task" else "")
+            )
     for target, theirs in selected.items():
         if theirs not in have:
-            raise HFSourceError(f"{where}: no column {theirs!r} (for our {target!r}); its columns: {', '.join(have)}"
-                                + ("" if target in spec.columns else f" (map one with columns: {{{target}: <column>}})"))
+            raise HFSourceError(
+                f"{where}: no column {theirs!r} (for our {target!r}); its columns: {', '.join(have)}"
+                + ("" if target in spec.columns else f" (map one with columns: {{{target}: <column>}})")
+            )
     table = ds.select_columns(list(dict.fromkeys(selected.values()))).with_format("arrow")[:]
     table = pa.table({target: table.column(theirs) for target, theirs in selected.items()})
     for target in selected:
@@ -214,14 +250,17 @@ def hf_rows(kind: str, spec: HFSource, cache_dir: Path) -> HFRows:
         is_text = pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
         if target in NUMBER_TARGETS.get(kind, ()):
             if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-                raise HFSourceError(f"{where}: column {selected[target]!r} (our {target!r}) holds {t}, expected numbers")
+                raise HFSourceError(
+                    f"{where}: column {selected[target]!r} (our {target!r}) holds {t}, expected numbers"
+                )
         elif not is_text:
             raise HFSourceError(f"{where}: column {selected[target]!r} (our {target!r}) holds {t}, expected text")
     files = [f["filename"] for f in ds.cache_files]
     local = Path(spec.dataset).expanduser()
     folder = local.resolve() if local.is_dir() else Path(files[0]).parent if files else cache_dir
-    return HFRows(spec=spec, kind=kind, table=table, constants=constants, split=split, loaded_with=how, folder=folder,
-                  files=files)
+    return HFRows(
+        spec=spec, kind=kind, table=table, constants=constants, split=split, loaded_with=how, folder=folder, files=files
+    )
 
 
 def _texts(rows: HFRows, column: str, stats: ReadStats) -> list[str]:
@@ -230,8 +269,16 @@ def _texts(rows: HFRows, column: str, stats: ReadStats) -> list[str]:
     values = rows.table.column(column).to_pylist()
     for i, v in enumerate(values):
         if v is None:
-            raise HFRowError(rows.where, i, f"{column!r} is missing (null)" + (
-                "; for CSV files pass options: {keep_default_na: false}" if rows.loaded_with == "load_dataset" else ""))
+            raise HFRowError(
+                rows.where,
+                i,
+                f"{column!r} is missing (null)"
+                + (
+                    "; for CSV files pass options: {keep_default_na: false}"
+                    if rows.loaded_with == "load_dataset"
+                    else ""
+                ),
+            )
         for finding, what, rule in text_findings(v, stats.max_line_chars):
             if stats.strict:
                 raise HFRowError(rows.where, i, f"{column}: {what} ({rule})")

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -91,7 +91,9 @@ def _fmt(n: int) -> str:
     return f"{n:,d}"
 
 
-def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False, marker: bool = True) -> list[Problem]:
+def check_dataset(  # noqa: C901 (a checklist: one branch per kind of damage, each reported, none nested)
+    folder: str | Path, kind: str, key: str, full: bool = False, marker: bool = True
+) -> list[Problem]:
     """Everything wrong with the published dataset in `folder` ([] when intact). See the module docstring.
     `marker=False` leaves an earlier `cse verify` mark out (a full check that finds everything again)."""
     folder = Path(folder)
@@ -145,16 +147,20 @@ def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False, m
         bad(mpath, f"the files hold {_fmt(total)} rows, the manifest records {_fmt(m.rows)}")
     if full and not problems:
         digests = [sha256_file(folder / name) for name in m.files]
-        per_file = [(name, d) for name, d in zip(m.files, digests) if name in m.file_hashes and d != m.file_hashes[name]]
+        per_file = [
+            (name, d) for name, d in zip(m.files, digests) if name in m.file_hashes and d != m.file_hashes[name]
+        ]
         for name, d in per_file:
             bad(folder / name, f"content hash {d[:12]}… differs from the manifest's {m.file_hashes[name][:12]}…")
         if not per_file and combine_hashes(digests) != m.content_hash:
             if m.file_hashes:  # every file matches its own hash: the manifest's content hash was changed
                 bad(mpath, f"content hash {m.content_hash[:12]}… does not match its own per-file hashes")
             else:  # an older manifest without per-file hashes: name every file
-                bad(folder / m.files[0] if len(m.files) == 1 else folder,
+                bad(
+                    folder / m.files[0] if len(m.files) == 1 else folder,
                     f"content hash differs from the manifest's {m.content_hash[:12]}… (files: {', '.join(m.files)}; "
-                    "this manifest records no per-file hashes)")
+                    "this manifest records no per-file hashes)",
+                )
     for file, reason in check_arrow_copy(folder, m, full=full and not problems):
         bad(file, reason)
     return problems
@@ -166,8 +172,9 @@ def copy_only(folder: str | Path, problems: list[Problem]) -> bool:
     return bool(problems) and all(in_copy(folder, p.file) for p in problems)
 
 
-def repair_arrow_copy(data_root: str | Path, folder: str | Path, kind: str, key: str,
-                      problems: list[Problem]) -> tuple[Manifest, Quarantined]:
+def repair_arrow_copy(
+    data_root: str | Path, folder: str | Path, kind: str, key: str, problems: list[Problem]
+) -> tuple[Manifest, Quarantined]:
     """Move a damaged Arrow copy (`folder/hf`) to `<data_root>/quarantine/<kind>/<key>-<time>-hf/` (one rename, with
     `quarantine.json`), rebuild it from the intact Parquet parts and drop a `cse verify` marker that named only it.
     The caller holds the dataset's build lock and found `copy_only(folder, problems)`."""
@@ -182,29 +189,45 @@ def repair_arrow_copy(data_root: str | Path, folder: str | Path, kind: str, key:
     else:
         dest.mkdir()
     record = Quarantined(kind=kind, key=key, moved_to=str(dest), problems=[asdict(p) for p in problems])
-    write_json({**asdict(record), "from": str(folder / ARROW_DIR), "when": datetime.now(timezone.utc).isoformat(),
-                "pid": os.getpid(), "what": "the Arrow copy only; the Parquet parts were intact and kept"},
-               dest / QUARANTINE_RECORD)
+    write_json(
+        {
+            **asdict(record),
+            "from": str(folder / ARROW_DIR),
+            "when": datetime.now(UTC).isoformat(),
+            "pid": os.getpid(),
+            "what": "the Arrow copy only; the Parquet parts were intact and kept",
+        },
+        dest / QUARANTINE_RECORD,
+    )
     (folder / DAMAGED_MARKER).unlink(missing_ok=True)
     m = rebuild_arrow_copy(folder)
-    log.warning("the Arrow copy of dataset %s/%s was damaged (%s): moved to %s and rebuilt from the Parquet parts",
-                kind, key, record.summary(), dest)
+    log.warning(
+        "the Arrow copy of dataset %s/%s was damaged (%s): moved to %s and rebuilt from the Parquet parts",
+        kind,
+        key,
+        record.summary(),
+        dest,
+    )
     return m, record
 
 
 def mark_damaged(folder: str | Path, problems: list[Problem]) -> Path:
     """Leave a `damaged.json` marker in the dataset folder: the next stage run that needs it quarantines and
     rebuilds it (the files themselves are not touched)."""
-    return write_json({"problems": [asdict(p) for p in problems],
-                       "found": datetime.now(timezone.utc).isoformat()}, Path(folder) / DAMAGED_MARKER)
+    return write_json(
+        {"problems": [asdict(p) for p in problems], "found": datetime.now(UTC).isoformat()},
+        Path(folder) / DAMAGED_MARKER,
+    )
 
 
 def quarantine_path(data_root: Path, kind: str, key: str) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     return data_root / QUARANTINE_DIR / kind / f"{key}-{stamp}"
 
 
-def quarantine(data_root: str | Path, folder: str | Path, kind: str, key: str, problems: list[Problem]) -> Quarantined | None:
+def quarantine(
+    data_root: str | Path, folder: str | Path, kind: str, key: str, problems: list[Problem]
+) -> Quarantined | None:
     """Move a damaged dataset folder to the quarantine (one rename, nothing deleted) and record why there.
     None when the folder is already gone (another process moved it)."""
     folder = Path(folder)
@@ -215,7 +238,9 @@ def quarantine(data_root: str | Path, folder: str | Path, kind: str, key: str, p
     except FileNotFoundError:
         return None
     record = Quarantined(kind=kind, key=key, moved_to=str(dest), problems=[asdict(p) for p in problems])
-    write_json({**asdict(record), "from": str(folder), "when": datetime.now(timezone.utc).isoformat(),
-                "pid": os.getpid()}, dest / QUARANTINE_RECORD)
+    write_json(
+        {**asdict(record), "from": str(folder), "when": datetime.now(UTC).isoformat(), "pid": os.getpid()},
+        dest / QUARANTINE_RECORD,
+    )
     log.warning("dataset %s/%s is damaged (%s): moved to %s; it is rebuilt", kind, key, record.summary(), dest)
     return record

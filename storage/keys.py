@@ -40,7 +40,9 @@ RUN_ADDED_LATER: dict[str, Any] = {"nli_tokens": None}  # the NLI tokens dataset
 
 # The settings of config.stages.CorruptConfig that enter a corruption key (`corruption_key`'s keyword arguments):
 # `corruption_key(..., **config.model_dump(include=CORRUPTION_SETTINGS))`.
-CORRUPTION_SETTINGS = frozenset({"mask_ratio", "mode", "variants", "seed", "shard_size", "generator_dropout", "positions"})
+CORRUPTION_SETTINGS = frozenset(
+    {"mask_ratio", "mode", "variants", "seed", "shard_size", "generator_dropout", "positions"}
+)
 
 
 def without_defaults(params: Mapping[str, Any], added_later: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,8 +71,9 @@ def transfer_key(source_hash: str) -> str:
     Args:
         source_hash: the combined sha256 of the SentEval files read.
     """
-    return stable_hash({"stage": "ingest", "dataset": "transfer", "source": source_hash,
-                        "v": SCHEMA_VERSIONS["transfer"]})
+    return stable_hash(
+        {"stage": "ingest", "dataset": "transfer", "source": source_hash, "v": SCHEMA_VERSIONS["transfer"]}
+    )
 
 
 def tokens_key(input_hash: str, tokenizer_fingerprint: str, max_length: int) -> str:
@@ -81,12 +84,20 @@ def tokens_key(input_hash: str, tokenizer_fingerprint: str, max_length: int) -> 
         tokenizer_fingerprint: `models.loading.tokenizer_fingerprint` of the tokenizer.
         max_length: the truncation length.
     """
-    return stable_hash({"stage": "tokenize", "input": input_hash, "tokenizer": tokenizer_fingerprint,
-                        "max_length": max_length, "v": SCHEMA_VERSIONS["tokens"]})
+    return stable_hash(
+        {
+            "stage": "tokenize",
+            "input": input_hash,
+            "tokenizer": tokenizer_fingerprint,
+            "max_length": max_length,
+            "v": SCHEMA_VERSIONS["tokens"],
+        }
+    )
 
 
-def generator_key(tokens_hash: str, tokenizer_fingerprint: str | None, backbone: Mapping[str, str],
-                  config: Mapping[str, Any]) -> str:
+def generator_key(
+    tokens_hash: str, tokenizer_fingerprint: str | None, backbone: Mapping[str, str], config: Mapping[str, Any]
+) -> str:
     """The key of a fitted generator (the fit-generator stage): the tokens it was fitted on, the frozen backbone and
     the whole config (its fields added later only off their defaults, `GENERATOR_ADDED_LATER`).
 
@@ -96,14 +107,32 @@ def generator_key(tokens_hash: str, tokenizer_fingerprint: str | None, backbone:
         backbone: the backbone's identity (name or folder, hash of its config.json).
         config: the stage's config as a dict, without the fields that change nothing (`device`).
     """
-    return stable_hash({"stage": "generator", "input": tokens_hash, "tokenizer": tokenizer_fingerprint,
-                        "backbone": dict(backbone), "config": without_defaults(config, GENERATOR_ADDED_LATER),
-                        "v": SCHEMA_VERSIONS["generator"]})
+    return stable_hash(
+        {
+            "stage": "generator",
+            "input": tokens_hash,
+            "tokenizer": tokenizer_fingerprint,
+            "backbone": dict(backbone),
+            "config": without_defaults(config, GENERATOR_ADDED_LATER),
+            "v": SCHEMA_VERSIONS["generator"],
+        }
+    )
 
 
-def corruption_key(tokens_hash: str, tokenizer_fingerprint: str | None, generator: Mapping[str, str], precision: str,
-                   *, mask_ratio: float, mode: str, variants: int, seed: int, shard_size: int,
-                   generator_dropout: bool, positions: str = "masked") -> str:
+def corruption_key(
+    tokens_hash: str,
+    tokenizer_fingerprint: str | None,
+    generator: Mapping[str, str],
+    precision: str,
+    *,
+    mask_ratio: float,
+    mode: str,
+    variants: int,
+    seed: int,
+    shard_size: int,
+    generator_dropout: bool,
+    positions: str = "masked",
+) -> str:
     """The key of a corruption dataset: the tokens' content, the generator's identity, the precision and every setting
     that changes the corrupted rows; `positions` (added later) only when not `"masked"`.
 
@@ -116,16 +145,28 @@ def corruption_key(tokens_hash: str, tokenizer_fingerprint: str | None, generato
         mask_ratio, mode, variants, seed, shard_size, generator_dropout, positions: the corruption settings
             (`config.stages.CorruptConfig`, resolved: `variants` and `seed` explicit).
     """
-    return stable_hash({
-        "stage": "corruption", "input": tokens_hash, "generator": dict(generator), "tokenizer": tokenizer_fingerprint,
-        "mask_ratio": mask_ratio, "mode": mode, "variants": variants, "seed": seed, "shard_size": shard_size,
-        "generator_dropout": generator_dropout, "precision": precision, "v": SCHEMA_VERSIONS["corruption"],
-        **without_defaults({"positions": positions}, CORRUPTION_ADDED_LATER),
-    })
+    return stable_hash(
+        {
+            "stage": "corruption",
+            "input": tokens_hash,
+            "generator": dict(generator),
+            "tokenizer": tokenizer_fingerprint,
+            "mask_ratio": mask_ratio,
+            "mode": mode,
+            "variants": variants,
+            "seed": seed,
+            "shard_size": shard_size,
+            "generator_dropout": generator_dropout,
+            "precision": precision,
+            "v": SCHEMA_VERSIONS["corruption"],
+            **without_defaults({"positions": positions}, CORRUPTION_ADDED_LATER),
+        }
+    )
 
 
-def run_key(config: Mapping[str, Any], tokens_hash: str, corruption_hash: str | None,
-            nli_tokens_hash: str | None = None) -> str:
+def run_key(
+    config: Mapping[str, Any], tokens_hash: str, corruption_hash: str | None, nli_tokens_hash: str | None = None
+) -> str:
     """A training job's identity (`runs/<method>/<key>`): its resolved config and the content of every dataset it reads.
 
     Args:
@@ -135,5 +176,11 @@ def run_key(config: Mapping[str, Any], tokens_hash: str, corruption_hash: str | 
         corruption_hash: the content hash of the corruption dataset (None for methods without one).
         nli_tokens_hash: the content hash of DiffAug's NLI tokens dataset (added later: None leaves it out).
     """
-    return stable_hash({"config": dict(config), "tokens": tokens_hash, "corruption": corruption_hash,
-                        **without_defaults({"nli_tokens": nli_tokens_hash}, RUN_ADDED_LATER)})
+    return stable_hash(
+        {
+            "config": dict(config),
+            "tokens": tokens_hash,
+            "corruption": corruption_hash,
+            **without_defaults({"nli_tokens": nli_tokens_hash}, RUN_ADDED_LATER),
+        }
+    )

@@ -1,15 +1,15 @@
 """The data root's layout. Only this module knows where datasets live.
 
-    <data_root>/
-      downloads/<name>                      canonical source files fetched from the network
-      datasets/<kind>/<key>/part-*.parquet  one folder per dataset, addressed by its key
-      datasets/<kind>/<key>/hf/             its memory-mappable Arrow copy (HF `save_to_disk` layout; arrow_copy.py)
-      datasets/<kind>/<key>/manifest.json   written last: its presence marks the dataset complete
-      datasets/generator/<key>/             a fitted masked LM (config, weights, tokenizer files; no Parquet)
-      datasets/<kind>/<key>.shards/         finished shards of a dataset still being built
-      datasets/<kind>/<key>.lock            held (flock) by the one process building the dataset
-      catalog.duckdb                        DuckDB views over the Parquet outputs
-      quarantine/<kind>/<key>-<time>/       damaged datasets moved aside (never deleted), with quarantine.json
+<data_root>/
+  downloads/<name>                      canonical source files fetched from the network
+  datasets/<kind>/<key>/part-*.parquet  one folder per dataset, addressed by its key
+  datasets/<kind>/<key>/hf/             its memory-mappable Arrow copy (HF `save_to_disk` layout; arrow_copy.py)
+  datasets/<kind>/<key>/manifest.json   written last: its presence marks the dataset complete
+  datasets/generator/<key>/             a fitted masked LM (config, weights, tokenizer files; no Parquet)
+  datasets/<kind>/<key>.shards/         finished shards of a dataset still being built
+  datasets/<kind>/<key>.lock            held (flock) by the one process building the dataset
+  catalog.duckdb                        DuckDB views over the Parquet outputs
+  quarantine/<kind>/<key>-<time>/       damaged datasets moved aside (never deleted), with quarantine.json
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ class DataRoot:
         """The data root at `path` as a shard task on another worker sees it; a worker that does not see it
         (no shared filesystem) fails naming `what` it was building."""
         if not Path(path).is_dir():
-            raise FileNotFoundError(f"data root {path} of {what} is not visible here: every worker must see the "
-                                    "flow's data root at the same path (a shared filesystem)")
+            raise FileNotFoundError(
+                f"data root {path} of {what} is not visible here: every worker must see the "
+                "flow's data root at the same path (a shared filesystem)"
+            )
         return cls(path)
 
     def __repr__(self) -> str:
@@ -87,9 +89,12 @@ class DataRoot:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 # the bare error names neither the dataset nor where it was written: say both (nothing was published)
-                raise OSError(e.errno, f"{e.strerror or 'no space left on device'} while building dataset {kind}/{key} in "
-                              f"{self.kind_dir(kind)} ({e.filename or 'a file of the build'}); nothing was published: "
-                              "free space there and rerun the stage") from e
+                raise OSError(
+                    e.errno,
+                    f"{e.strerror or 'no space left on device'} while building dataset {kind}/{key} in "
+                    f"{self.kind_dir(kind)} ({e.filename or 'a file of the build'}); nothing was published: "
+                    "free space there and rerun the stage",
+                ) from e
 
     def clean_stale(self, kind: str, held_key: str | None = None) -> list[Path]:
         """Remove the `.tmp-*` leftovers of killed writers of this kind (dataset folders being built, shard files):
@@ -119,8 +124,12 @@ class DataRoot:
                 remove_path(p)
             removed.append(p)
         if removed:
-            log.warning("removed %d leftover temporaries of killed %s builds: %s", len(removed), kind,
-                        ", ".join(str(p) for p in removed))
+            log.warning(
+                "removed %d leftover temporaries of killed %s builds: %s",
+                len(removed),
+                kind,
+                ", ".join(str(p) for p in removed),
+            )
         return removed
 
     def find(self, kind: str, key: str) -> Manifest | None:
@@ -170,8 +179,11 @@ class DataRoot:
         d = self.kind_dir(kind)
         if not d.is_dir():
             return []
-        return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX)
-                      and not p.name.endswith(".shards"))
+        return sorted(
+            p
+            for p in d.iterdir()
+            if p.is_dir() and not p.name.startswith(TMP_PREFIX) and not p.name.endswith(".shards")
+        )
 
     def require(self, kind: str, key: str) -> Manifest:
         m = self.find(kind, key)

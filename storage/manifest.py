@@ -14,7 +14,7 @@ written before it existed have none, and the copy is built on first open.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ class Manifest(BaseModel):
     file_rows: dict[str, int] = Field(default_factory=dict, description="file -> rows")
     file_hashes: dict[str, str] = Field(default_factory=dict, description="file -> sha256")
     arrow: ArrowCopy | None = Field(default=None, description="the memory-mappable Arrow copy; None before it is built")
-    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    created: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
     schema_version: int = 1
 
     def write(self, folder: str | Path) -> Path:
@@ -107,5 +107,9 @@ def file_facts(folder: str | Path, files: list[str]) -> dict[str, dict]:
         sizes[f] = p.stat().st_size
         rows[f] = pq.ParquetFile(p).metadata.num_rows
         hashes[f] = sha256_file(p)
-    return {"file_sizes": sizes, "file_rows": rows, "file_hashes": hashes,
-            "content_hash": combine_hashes([hashes[f] for f in files])}
+    return {
+        "file_sizes": sizes,
+        "file_rows": rows,
+        "file_hashes": hashes,
+        "content_hash": combine_hashes([hashes[f] for f in files]),
+    }

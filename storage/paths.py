@@ -30,8 +30,10 @@ def check_key(key: object, what: str = "dataset key") -> str:
         what: what the key names, for the message ("nli dataset key", "run key", ...).
     """
     if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key or key.endswith(_RESERVED_SUFFIXES):
-        raise PathRefused(f"{what} {key!r} refused: a key is one name of letters, digits, '.', '_' and '-' "
-                          "(no '/', no '..', at most 200 characters), e.g. the key `cse report` lists")
+        raise PathRefused(
+            f"{what} {key!r} refused: a key is one name of letters, digits, '.', '_' and '-' "
+            "(no '/', no '..', at most 200 characters), e.g. the key `cse report` lists"
+        )
     return key
 
 

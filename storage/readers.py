@@ -35,8 +35,18 @@ STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.
 SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
 SEVEN_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 # How tables and model cards title the tasks and their average (the one definition; evaluation/results.py re-exports it).
-TASK_TITLES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
-               "stsb": "STS-B", "sickr": "SICK-R", "stsb_dev": "STS-B dev", "sickr_dev": "SICK-R dev", "sts_avg": "Avg."}
+TASK_TITLES = {
+    "sts12": "STS12",
+    "sts13": "STS13",
+    "sts14": "STS14",
+    "sts15": "STS15",
+    "sts16": "STS16",
+    "stsb": "STS-B",
+    "sickr": "SICK-R",
+    "stsb_dev": "STS-B dev",
+    "sickr_dev": "SICK-R dev",
+    "sts_avg": "Avg.",
+}
 
 
 class DataFormatError(ValueError):
@@ -97,7 +107,9 @@ def iter_lines(path: str | Path, stats: ReadStats | None = None) -> Iterator[tup
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataFormatError(path, n, f"invalid UTF-8 at byte {e.start}: {raw[max(0, e.start - 10):e.end + 10]!r}") from None
+                raise DataFormatError(
+                    path, n, f"invalid UTF-8 at byte {e.start}: {raw[max(0, e.start - 10) : e.end + 10]!r}"
+                ) from None
             text = text.rstrip("\r\n")
             if n == 1 and text.startswith("\ufeff"):
                 text = text[1:]
@@ -113,11 +125,21 @@ def text_findings(text: str, max_line_chars: int) -> list[tuple[str, str, str]]:
     rule of every text source (files here, Hugging Face datasets in storage/hf_sources.py)."""
     found = []
     if (m := _CONTROL.search(text)) is not None:
-        found.append(("control_lines", f"control character U+{ord(m.group()):04X} at column {m.start() + 1}",
-                      "strict: control characters are errors"))
+        found.append(
+            (
+                "control_lines",
+                f"control character U+{ord(m.group()):04X} at column {m.start() + 1}",
+                "strict: control characters are errors",
+            )
+        )
     if len(text) > max_line_chars:
-        found.append(("long_lines", f"{len(text):,d} characters, over max_line_chars {max_line_chars:,d}",
-                      "strict: over-long lines are errors"))
+        found.append(
+            (
+                "long_lines",
+                f"{len(text):,d} characters, over max_line_chars {max_line_chars:,d}",
+                "strict: over-long lines are errors",
+            )
+        )
     return found
 
 
@@ -157,7 +179,9 @@ def read_wiki1m(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Ta
         if not line.strip():
             st.empty += 1
     st.rows = len(texts)
-    table = pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": pa.array(texts, pa.string())}, schema=schemas.WIKI1M)
+    table = pa.table(
+        {"id": pa.array(range(len(texts)), pa.int64()), "text": pa.array(texts, pa.string())}, schema=schemas.WIKI1M
+    )
     return table, st
 
 
@@ -186,7 +210,10 @@ def read_nli(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Table
         for c, v in zip(NLI_HEADER, row):
             cols[c].append(v)
     st.rows = len(cols["sent0"])
-    table = pa.table({"id": pa.array(range(st.rows), pa.int64()), **{c: pa.array(v, pa.string()) for c, v in cols.items()}}, schema=schemas.NLI)
+    table = pa.table(
+        {"id": pa.array(range(st.rows), pa.int64()), **{c: pa.array(v, pa.string()) for c, v in cols.items()}},
+        schema=schemas.NLI,
+    )
     return table, st
 
 
@@ -264,7 +291,9 @@ def _read_stsb(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
     for ln, line in iter_lines(path, st):
         parts = line.strip().split("\t")
         if len(parts) < 7:
-            raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected >= 7 (genre, file, year, id, score, s1, s2)")
+            raise DataFormatError(
+                path, ln, f"{len(parts)} tab-separated fields, expected >= 7 (genre, file, year, id, score, s1, s2)"
+            )
         s1, s2 = _senteval_words(parts[5]), _senteval_words(parts[6])
         if not s1 or not s2:
             st.empty += 1
@@ -282,8 +311,12 @@ def _read_sick(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
         if ln == 1:  # the header is checked, not skipped: a file without it would silently lose its first pair
             found = tuple(line.strip().split("\t")[:4])
             if found != SICK_HEADER:
-                raise DataFormatError(path, 1, f"expected the SICK header ({', '.join(SICK_HEADER)}, ...), found "
-                                               f"{line[:80]!r} (a file without its header line?)")
+                raise DataFormatError(
+                    path,
+                    1,
+                    f"expected the SICK header ({', '.join(SICK_HEADER)}, ...), found "
+                    f"{line[:80]!r} (a file without its header line?)",
+                )
             continue
         parts = line.strip().split("\t")
         if len(parts) < 4:
@@ -316,9 +349,17 @@ def read_senteval(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.
 
 # The scored pairs of every SentEval STS file set, as ../shared/data/README.md and the papers count them.
 SENTEVAL_EXPECTED_ROWS: dict[str, int] = {
-    "sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186,
-    "stsb/train": 5749, "stsb/dev": 1500, "stsb/test": 1379,
-    "sickr/train": 4500, "sickr/dev": 500, "sickr/test": 4927,
+    "sts12": 3108,
+    "sts13": 1500,
+    "sts14": 3750,
+    "sts15": 3000,
+    "sts16": 1186,
+    "stsb/train": 5749,
+    "stsb/dev": 1500,
+    "stsb/test": 1379,
+    "sickr/train": 4500,
+    "sickr/dev": 500,
+    "sickr/test": 4927,
 }
 
 
@@ -347,8 +388,9 @@ def check_senteval_counts(path: str | Path, stats: ReadStats, expected: dict[str
             where = root / ("STS/STSBenchmark" if task == "stsb" else "SICK") / files.get(split, "?")
         else:
             where = root / "STS" / STS_DIRS.get(name, name)
-        raise DataFormatError(where, None, f"{found:,d} scored pairs of {name}, expected {want:,d} "
-                                            "(a truncated or different file?)")
+        raise DataFormatError(
+            where, None, f"{found:,d} scored pairs of {name}, expected {want:,d} (a truncated or different file?)"
+        )
 
 
 def senteval_source_files(path: str | Path) -> list[Path]:

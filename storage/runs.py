@@ -20,28 +20,30 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from config.settings import get_settings
-from storage.locks import exclusive
 from storage.atomic import atomic_file, write_json
 from storage.hashing import sha256_file
+from storage.locks import exclusive
 from storage.paths import check_key, job_folder
-
 
 QUARANTINE = "quarantine"  # <home>/quarantine/runs/<method>/<key>-<time>/, <job>/quarantine/<what>-<time>/
 
 
 def _stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
 def file_records(folder: Path) -> dict[str, dict[str, Any]]:
     """`{relative name: {"size", "sha256"}}` of every file under `folder` (recorded when a result is saved)."""
-    return {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def check_file_records(folder: Path, records: dict[str, dict[str, Any]]) -> list[str]:
@@ -63,8 +65,15 @@ def move_aside(src: Path, dest: Path, reason: str | list[str]) -> Path:
     `quarantine.json` saying what was wrong; returns `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
     os.rename(src, dest / src.name)
-    write_json({"from": str(src), "problems": [reason] if isinstance(reason, str) else list(reason),
-                "when": datetime.now(timezone.utc).isoformat(), "pid": os.getpid()}, dest / "quarantine.json")
+    write_json(
+        {
+            "from": str(src),
+            "problems": [reason] if isinstance(reason, str) else list(reason),
+            "when": datetime.now(UTC).isoformat(),
+            "pid": os.getpid(),
+        },
+        dest / "quarantine.json",
+    )
     return dest
 
 
@@ -213,8 +222,9 @@ class RunDir:
         """Move the whole job folder to `<home>/quarantine/runs/<method>/<key>-<time>/` (nothing deleted) and
         start an empty one in its place (the job is trained again)."""
         home = self.path.parents[2]
-        dest = move_aside(self.path, home / QUARANTINE / "runs" / self.path.parent.name / f"{self.path.name}-{_stamp()}",
-                          reason)
+        dest = move_aside(
+            self.path, home / QUARANTINE / "runs" / self.path.parent.name / f"{self.path.name}-{_stamp()}", reason
+        )
         self.path.mkdir(parents=True, exist_ok=True)
         return dest
 

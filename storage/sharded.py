@@ -51,8 +51,15 @@ def part_rows(root: DataRoot, kind: str, key: str) -> list[int]:
     return [pq.ParquetFile(p).metadata.num_rows for p in root.require(kind, key).paths(root.dataset_dir(kind, key))]
 
 
-def read_rows(root: DataRoot, source: DatasetRef, rows_per_part: Sequence[int], start: int, stop: int,
-              columns: Sequence[str], planned_for: str = "") -> pa.Table:
+def read_rows(
+    root: DataRoot,
+    source: DatasetRef,
+    rows_per_part: Sequence[int],
+    start: int,
+    stop: int,
+    columns: Sequence[str],
+    planned_for: str = "",
+) -> pa.Table:
     """Rows [start, stop) of dataset `source` (its `columns`), reading only the parts that overlap them.
 
     `rows_per_part` are the part sizes read when the work was planned: the dataset must still be the one planned
@@ -112,8 +119,9 @@ class ShardedPlan(BaseModel):
         return shard_path(self.root(), self.kind, self.key, shard)
 
 
-def build_shard(plan: ShardedPlan, shard: int, columns: Sequence[str],
-                compute: Callable[[pa.Table], pa.Table]) -> tuple[pa.Table, bool]:
+def build_shard(
+    plan: ShardedPlan, shard: int, columns: Sequence[str], compute: Callable[[pa.Table], pa.Table]
+) -> tuple[pa.Table, bool]:
     """(The shard's table, whether it was computed now). A shard file already there is read back as it is;
     otherwise `compute` gets the shard's input rows (`columns` of them) and what it returns is written atomically
     in the plan's schema."""
@@ -121,8 +129,14 @@ def build_shard(plan: ShardedPlan, shard: int, columns: Sequence[str],
     path = shard_path(root, plan.kind, plan.key, shard)
     if path.is_file():
         return pq.read_table(path), False
-    rows = read_rows(root, plan.source, plan.part_rows, *plan.shard_range(shard), columns=columns,
-                     planned_for=f"{plan.kind} {plan.key}")
+    rows = read_rows(
+        root,
+        plan.source,
+        plan.part_rows,
+        *plan.shard_range(shard),
+        columns=columns,
+        planned_for=f"{plan.kind} {plan.key}",
+    )
     table = compute(rows)
     write_parquet(table, path, plan.output_schema)
     return table, True
@@ -139,20 +153,35 @@ class ShardDone(BaseModel):
 Done = TypeVar("Done", bound=ShardDone)
 
 
-def publish_shards(root: DataRoot, plan: ShardedPlan, done: Sequence[Done], *, params: dict[str, Any],
-                   stats: Callable[[list[Done]], dict[str, Any]]) -> Manifest:
+def publish_shards(
+    root: DataRoot,
+    plan: ShardedPlan,
+    done: Sequence[Done],
+    *,
+    params: dict[str, Any],
+    stats: Callable[[list[Done]], dict[str, Any]],
+) -> Manifest:
     """Publish the finished shards of `plan` as the parts of dataset `kind/key`, in shard order, with a manifest
     recording `params`, the input (`source`, `inputs`) and `stats(done in shard order)`; then remove the work
     folder. Every shard 0..n-1 must be done and its file present (ValueError / FileNotFoundError otherwise)."""
     done = sorted(done, key=lambda d: d.shard)
     if [d.shard for d in done] != list(range(plan.n_shards)):
-        raise ValueError(f"{plan.kind} {plan.key}: expected shards 0..{plan.n_shards - 1}, got {[d.shard for d in done]}")
+        raise ValueError(
+            f"{plan.kind} {plan.key}: expected shards 0..{plan.n_shards - 1}, got {[d.shard for d in done]}"
+        )
     files = [shard_path(root, plan.kind, plan.key, d.shard) for d in done]
     if missing := [str(f) for f in files if not f.is_file()]:
         raise FileNotFoundError(f"{plan.kind} {plan.key}: shard files vanished before publishing: {missing}")
-    manifest = publish_files(root, plan.kind, plan.key, files, params=params,
-                             source={"kind": plan.source.kind, "key": plan.source.key},
-                             inputs={plan.source.kind: plan.source.content_hash}, stats=stats(done))
+    manifest = publish_files(
+        root,
+        plan.kind,
+        plan.key,
+        files,
+        params=params,
+        source={"kind": plan.source.kind, "key": plan.source.key},
+        inputs={plan.source.kind: plan.source.content_hash},
+        stats=stats(done),
+    )
     remove_shards(root, plan.kind, plan.key)
     return manifest
 

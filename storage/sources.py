@@ -43,8 +43,16 @@ class ResolvedSource:
         return out
 
 
-def resolve_source(root: DataRoot, dataset: str, path: str | None, url: str, *, sha256: str | None, retries: int,
-                   hf: Sequence[HFSource] = ()) -> ResolvedSource:
+def resolve_source(
+    root: DataRoot,
+    dataset: str,
+    path: str | None,
+    url: str,
+    *,
+    sha256: str | None,
+    retries: int,
+    hf: Sequence[HFSource] = (),
+) -> ResolvedSource:
     """Local `path` wins; then the HF dataset(s) `hf` (loaded, memory-mapped; hub downloads cached under
     `<data_root>/downloads/hf`); then `$CSE_SOURCE_MIRROR`; else the canonical URL (downloaded once, cached).
     `sha256` is checked against the file, or against the rows' content hash of an HF source."""
@@ -55,12 +63,15 @@ def resolve_source(root: DataRoot, dataset: str, path: str | None, url: str, *, 
         location = " + ".join(p.where for p in parts)
         if sha256 is not None and digest != sha256.lower():
             raise ChecksumError(f"{location}: sha256 of the rows read is {digest}, expected {sha256.lower()}")
-        return ResolvedSource(dataset=dataset, path=parts[0].folder, origin="hf", location=location, content_hash=digest,
-                              hf=parts)
+        return ResolvedSource(
+            dataset=dataset, path=parts[0].folder, origin="hf", location=location, content_hash=digest, hf=parts
+        )
     if path is not None:
         p, origin, location = Path(path).expanduser().resolve(), "path", str(path)
         if not p.exists():
-            raise FileNotFoundError(f"missing {dataset} source: expected {'a folder' if dataset == 'sts' else 'a file'} at {p}")
+            raise FileNotFoundError(
+                f"missing {dataset} source: expected {'a folder' if dataset == 'sts' else 'a file'} at {p}"
+            )
     elif (m := mirror_lookup(canonical)) is not None:
         p, origin, location = m, "mirror", str(m)
     else:
@@ -82,8 +93,9 @@ def resolve_source(root: DataRoot, dataset: str, path: str | None, url: str, *, 
     return ResolvedSource(dataset=dataset, path=p, origin=origin, location=location, content_hash=digest)
 
 
-def read_source(src: ResolvedSource, *, strict: bool = False,
-                max_line_chars: int = readers.MAX_LINE_CHARS) -> tuple[pa.Table, ReadStats]:
+def read_source(
+    src: ResolvedSource, *, strict: bool = False, max_line_chars: int = readers.MAX_LINE_CHARS
+) -> tuple[pa.Table, ReadStats]:
     """Parse the source; `strict` turns control characters and lines over `max_line_chars` into errors."""
     stats = ReadStats(strict=strict, max_line_chars=max_line_chars)
     if src.origin == "hf":
@@ -101,5 +113,9 @@ def check_sts_counts(src: ResolvedSource, stats: ReadStats, expected: dict[str, 
     for name, found, want in readers.sts_count_mismatches(stats, expected)[:1]:
         task = name.split("/")[0]
         holders = [rows.where for rows in src.hf if rows.constants.get("task") in (task, None)] or [src.location]
-        raise DataFormatError(" + ".join(holders), None, f"{found:,d} scored pairs of {name}, expected {want:,d} "
-                                                         "(a different or partial dataset? set senteval.expected_rows)")
+        raise DataFormatError(
+            " + ".join(holders),
+            None,
+            f"{found:,d} scored pairs of {name}, expected {want:,d} "
+            "(a different or partial dataset? set senteval.expected_rows)",
+        )

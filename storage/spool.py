@@ -66,7 +66,9 @@ def read_records(path: Path) -> list[SpoolRecord]:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            log.warning("skipping unreadable line %d of the metrics spool %s (torn by a kill while it was written)", n, path)
+            log.warning(
+                "skipping unreadable line %d of the metrics spool %s (torn by a kill while it was written)", n, path
+            )
     return records
 
 

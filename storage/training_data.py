@@ -48,7 +48,7 @@ class ArrowLists(Sequence):
         chunk = np.searchsorted(self._starts, pos, side="right") - 1
         local = pos - self._starts[chunk]
         offsets, values = self._offsets, self._values
-        return [values[c][offsets[c][j]:offsets[c][j + 1]] for c, j in zip(chunk.tolist(), local.tolist())]
+        return [values[c][offsets[c][j] : offsets[c][j + 1]] for c, j in zip(chunk.tolist(), local.tolist())]
 
 
 def take_rows(seqs: Sequence[np.ndarray], rows) -> list[np.ndarray]:
@@ -90,8 +90,10 @@ def load_token_rows(root: DataRoot, key: str, columns: tuple[str, ...], limit: i
     ValueError when a column is missing or the columns hold different ids."""
     table = open_arrow_table(root, "tokens", key)
     if table.num_rows == 0:
-        raise ValueError(f"tokens dataset {key} ({root.dataset_dir('tokens', key)}) has 0 rows: its source had no usable "
-                         "rows (ingestion refuses an empty source; rerun it)")
+        raise ValueError(
+            f"tokens dataset {key} ({root.dataset_dir('tokens', key)}) has 0 rows: its source had no usable "
+            "rows (ingestion refuses an empty source; rerun it)"
+        )
     all_ids = table.column("id").to_numpy()
     seqs: dict[str, Sequence[np.ndarray]] = {}
     ids = None

@@ -29,7 +29,15 @@ import pyarrow as pa
 from storage.readers import DataFormatError, ReadStats, require_file
 
 TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
-TASK_DIRS = {"mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST/binary", "trec": "TREC", "mrpc": "MRPC"}
+TASK_DIRS = {
+    "mr": "MR",
+    "cr": "CR",
+    "subj": "SUBJ",
+    "mpqa": "MPQA",
+    "sst2": "SST/binary",
+    "trec": "TREC",
+    "mrpc": "MRPC",
+}
 BINARY_FILES = {  # (label-1 file, label-0 file)
     "mr": ("rt-polarity.pos", "rt-polarity.neg"),
     "cr": ("custrev.pos", "custrev.neg"),
@@ -41,14 +49,25 @@ TREC_FILES = {"train": "train_5500.label", "test": "TREC_10.label"}
 MRPC_FILES = {"train": "msr_paraphrase_train.txt", "test": "msr_paraphrase_test.txt"}
 TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 NCLASSES = {"mr": 2, "cr": 2, "subj": 2, "mpqa": 2, "sst2": 2, "trec": 6, "mrpc": 2}
-SPLITS = {t: ("all",) for t in BINARY_FILES} | {"sst2": tuple(SST_FILES), "trec": tuple(TREC_FILES), "mrpc": tuple(MRPC_FILES)}
+SPLITS = {t: ("all",) for t in BINARY_FILES} | {
+    "sst2": tuple(SST_FILES),
+    "trec": tuple(TREC_FILES),
+    "mrpc": tuple(MRPC_FILES),
+}
 
 # SentEval's task sizes (../shared/data/README.md): (task, split) → examples.
 EXPECTED_COUNTS: dict[tuple[str, str], int] = {
-    ("mr", "all"): 10_662, ("cr", "all"): 3_775, ("subj", "all"): 10_000, ("mpqa", "all"): 10_606,
-    ("sst2", "train"): 67_349, ("sst2", "dev"): 872, ("sst2", "test"): 1_821,
-    ("trec", "train"): 5_452, ("trec", "test"): 500,
-    ("mrpc", "train"): 4_076, ("mrpc", "test"): 1_725,
+    ("mr", "all"): 10_662,
+    ("cr", "all"): 3_775,
+    ("subj", "all"): 10_000,
+    ("mpqa", "all"): 10_606,
+    ("sst2", "train"): 67_349,
+    ("sst2", "dev"): 872,
+    ("sst2", "test"): 1_821,
+    ("trec", "train"): 5_452,
+    ("trec", "test"): 500,
+    ("mrpc", "train"): 4_076,
+    ("mrpc", "test"): 1_725,
 }
 
 TRANSFER = pa.schema(
@@ -76,8 +95,10 @@ def transfer_root(path: str | Path) -> Path:
         if all((cand / d).is_dir() for d in TASK_DIRS.values()):
             return cand
     missing = [d for d in TASK_DIRS.values() if not (p / "downstream" / d).is_dir() and not (p / d).is_dir()]
-    raise FileNotFoundError(f"missing SentEval transfer data: expected folders {', '.join(TASK_DIRS.values())} under {p} "
-                            f"(or {p}/downstream); not found: {', '.join(missing)}")
+    raise FileNotFoundError(
+        f"missing SentEval transfer data: expected folders {', '.join(TASK_DIRS.values())} under {p} "
+        f"(or {p}/downstream); not found: {', '.join(missing)}"
+    )
 
 
 def _words(s: str) -> str:
@@ -89,8 +110,10 @@ def _decode(path: Path, encoding: str) -> str:
     try:
         return raw.decode(encoding)
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise DataFormatError(path, line, f"invalid {encoding} at byte {e.start}: {raw[max(0, e.start - 10):e.end + 10]!r}") from None
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataFormatError(
+            path, line, f"invalid {encoding} at byte {e.start}: {raw[max(0, e.start - 10) : e.end + 10]!r}"
+        ) from None
 
 
 def _lines_by_iteration(text: str) -> list[str]:
@@ -106,8 +129,10 @@ class _Rows:
     cols: dict[str, list] = field(default_factory=lambda: {f.name: [] for f in TRANSFER})
 
     def add(self, task: str, split: str, idx: int, s1: str, s2: str | None, label: int, file: str, line: int) -> None:
-        for k, v in zip(("task", "split", "example_index", "sentence1", "sentence2", "label", "file", "line"),
-                        (task, split, idx, s1, s2, label, file, line)):
+        for k, v in zip(
+            ("task", "split", "example_index", "sentence1", "sentence2", "label", "file", "line"),
+            (task, split, idx, s1, s2, label, file, line),
+        ):
             self.cols[k].append(v)
 
     def table(self) -> pa.Table:
@@ -172,12 +197,18 @@ def _read_mrpc(root: Path, rows: _Rows, st: ReadStats) -> None:
         rel = f"MRPC/{name}"
         lines = _lines_by_iteration(_decode(path, "utf-8"))
         if not lines or not lines[0].lstrip("\ufeff").startswith("Quality"):
-            raise DataFormatError(path, 1, "expected the header `Quality\\t#1 ID\\t#2 ID\\t#1 String\\t#2 String` (BOM allowed)")
+            raise DataFormatError(
+                path, 1, "expected the header `Quality\\t#1 ID\\t#2 ID\\t#1 String\\t#2 String` (BOM allowed)"
+            )
         idx = 0
         for ln, line in enumerate(lines[1:], start=2):  # SentEval drops the header line
             parts = line.strip().split("\t")
             if len(parts) < 5:
-                raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected 5 (Quality, #1 ID, #2 ID, #1 String, #2 String)")
+                raise DataFormatError(
+                    path,
+                    ln,
+                    f"{len(parts)} tab-separated fields, expected 5 (Quality, #1 ID, #2 ID, #1 String, #2 String)",
+                )
             if parts[0] not in ("0", "1"):
                 raise DataFormatError(path, ln, f"quality {parts[0]!r} is not 0 or 1")
             s1, s2 = _words(parts[3]), _words(parts[4])
@@ -187,7 +218,9 @@ def _read_mrpc(root: Path, rows: _Rows, st: ReadStats) -> None:
             idx += 1
 
 
-def read_transfer(path: str | Path, tasks: tuple[str, ...] = TRANSFER_TASKS, check_counts: bool = True) -> tuple[pa.Table, ReadStats]:
+def read_transfer(
+    path: str | Path, tasks: tuple[str, ...] = TRANSFER_TASKS, check_counts: bool = True
+) -> tuple[pa.Table, ReadStats]:
     """The transfer tasks' examples (schema `TRANSFER`). With `check_counts`, every (task, split) must hold
     SentEval's number of examples (`EXPECTED_COUNTS`), else `CountMismatchError` naming the files."""
     unknown = [t for t in tasks if t not in TRANSFER_TASKS]
@@ -207,10 +240,13 @@ def read_transfer(path: str | Path, tasks: tuple[str, ...] = TRANSFER_TASKS, che
     for (t, s), n in counts.items():
         st.details[f"{t}/{s}"] = n
     if check_counts:
-        bad = {f"{t}/{s}": (counts.get((t, s), 0), n) for (t, s), n in EXPECTED_COUNTS.items()
-               if t in tasks and counts.get((t, s), 0) != n}
+        bad = {
+            f"{t}/{s}": (counts.get((t, s), 0), n)
+            for (t, s), n in EXPECTED_COUNTS.items()
+            if t in tasks and counts.get((t, s), 0) != n
+        }
         if bad:
-            files = ", ".join(str(root / TASK_DIRS[k.split('/')[0]]) for k in bad)
+            files = ", ".join(str(root / TASK_DIRS[k.split("/")[0]]) for k in bad)
             raise CountMismatchError(f"transfer task sizes differ from SentEval's (got, expected): {bad} ({files})")
     st.rows = table.num_rows
     return table, st
@@ -251,12 +287,17 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
 
     def from_folder(folder: Path) -> TransferInput:
         table, _ = read_transfer(folder)
-        return TransferInput(table=table, origin="folder", location=str(transfer_root(folder)),
-                             content_hash=sha256_files(transfer_source_files(folder)))
+        return TransferInput(
+            table=table,
+            origin="folder",
+            location=str(transfer_root(folder)),
+            content_hash=sha256_files(transfer_source_files(folder)),
+        )
 
     def from_dataset(m) -> TransferInput:
-        return TransferInput(table=read_dataset(root, "transfer", m.key), origin="dataset", location=m.key,
-                             content_hash=m.content_hash)
+        return TransferInput(
+            table=read_dataset(root, "transfer", m.key), origin="dataset", location=m.key, content_hash=m.content_hash
+        )
 
     def default() -> TransferInput | None:
         if shared_data is None:
@@ -267,9 +308,19 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
             return None
 
     return resolve_input(
-        root, "transfer", spec, from_folder=from_folder, from_dataset=from_dataset, default=default,
-        no_default=lambda: f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} nor a "
-                   f"`transfer` dataset under {root.root}; run the `ingest` flow with datasets [\"transfer\"] (or pass "
-                   "`transfer` = a SentEval folder or a transfer dataset key)",
-        not_found=lambda: f"transfer input {spec!r} is neither a SentEval folder nor a `transfer` dataset under {root.root}; "
-                  "run the `ingest` flow (dataset transfer) or pass an existing folder")
+        root,
+        "transfer",
+        spec,
+        from_folder=from_folder,
+        from_dataset=from_dataset,
+        default=default,
+        no_default=lambda: (
+            f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} nor a "
+            f'`transfer` dataset under {root.root}; run the `ingest` flow with datasets ["transfer"] (or pass '
+            "`transfer` = a SentEval folder or a transfer dataset key)"
+        ),
+        not_found=lambda: (
+            f"transfer input {spec!r} is neither a SentEval folder nor a `transfer` dataset under {root.root}; "
+            "run the `ingest` flow (dataset transfer) or pass an existing folder"
+        ),
+    )

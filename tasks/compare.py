@@ -14,7 +14,7 @@ of each compared model at its version with the best STS-B dev.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,9 +25,9 @@ from storage.comparisons import write_comparison
 from storage.hashing import stable_hash
 from storage.layout import DataRoot
 from storage.readers import SEVEN_TASKS
-from tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
-from tracking.model_export import set_best_alias
 from tracking.group_runs import log_comparison
+from tracking.model_export import set_best_alias
+from tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
 from tracking.store import experiment_ids, get_runs, search_runs
 
 TABLES: dict[str, tuple[str, ...]] = {
@@ -37,8 +37,12 @@ TABLES: dict[str, tuple[str, ...]] = {
     "parameters": ("trainable_parameters",),
     "transfer": (*published.TRANSFER_TASKS, "transfer_avg"),
 }
-_SOURCES = {"sts": published.STS, "retrieval": published.RETRIEVAL, "align_uniform": published.ALIGN_UNIFORM,
-            "transfer": published.TRANSFER}
+_SOURCES = {
+    "sts": published.STS,
+    "retrieval": published.RETRIEVAL,
+    "align_uniform": published.ALIGN_UNIFORM,
+    "transfer": published.TRANSFER,
+}
 
 
 class RunRecord(BaseModel):
@@ -55,8 +59,14 @@ class RunRecord(BaseModel):
         return published.setting_of(self.method, self.preset, self.supervised)
 
 
-def select_runs(methods: list[str] | None = None, run_ids: list[str] | None = None, tags: dict[str, str] | None = None,
-                experiments: list[str] | None = None, group: str | None = None, latest_per_label: bool = True) -> list[RunRecord]:
+def select_runs(
+    methods: list[str] | None = None,
+    run_ids: list[str] | None = None,
+    tags: dict[str, str] | None = None,
+    experiments: list[str] | None = None,
+    group: str | None = None,
+    latest_per_label: bool = True,
+) -> list[RunRecord]:
     """Finished training runs with test STS metrics, oldest first; parent runs (sweeps, seeds) are skipped."""
     from config.methods import METHODS
 
@@ -66,8 +76,9 @@ def select_runs(methods: list[str] | None = None, run_ids: list[str] | None = No
         exp_ids = experiment_ids(experiments or list(methods or METHODS))
         if not exp_ids:
             return []
-        runs = search_runs(exp_ids, {**(tags or {}), **({"cse.group": group} if group else {})}, finished=True,
-                           newest_first=False)
+        runs = search_runs(
+            exp_ids, {**(tags or {}), **({"cse.group": group} if group else {})}, finished=True, newest_first=False
+        )
     records = []
     for run in runs:
         t, p, m = run.data.tags, run.data.params, run.data.metrics
@@ -76,10 +87,24 @@ def select_runs(methods: list[str] | None = None, run_ids: list[str] | None = No
         if methods and t["method"] not in methods:
             continue
         label = t.get("cse.child") or run.info.run_name or run.info.run_id
-        records.append(RunRecord(run_id=run.info.run_id, label=label, method=t["method"], backbone=t.get("backbone", "?"),
-                                 preset=t.get("preset", "?"), supervised=p.get("supervised", "False") == "True",
-                                 metrics={**m, **({"trainable_parameters": float(p["trainable_parameters"])}
-                                                  if "trainable_parameters" in p else {})}))
+        records.append(
+            RunRecord(
+                run_id=run.info.run_id,
+                label=label,
+                method=t["method"],
+                backbone=t.get("backbone", "?"),
+                preset=t.get("preset", "?"),
+                supervised=p.get("supervised", "False") == "True",
+                metrics={
+                    **m,
+                    **(
+                        {"trainable_parameters": float(p["trainable_parameters"])}
+                        if "trainable_parameters" in p
+                        else {}
+                    ),
+                },
+            )
+        )
     if latest_per_label:
         newest: dict[str, RunRecord] = {}
         for r in records:
@@ -106,22 +131,40 @@ def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for table, metrics in TABLES.items():
         for run in runs:
-            common = {"table": table, "label": run.label, "method": run.method, "backbone": run.backbone,
-                      "setting": run.setting, "mlflow_run_id": run.run_id}
+            common = {
+                "table": table,
+                "label": run.label,
+                "method": run.method,
+                "backbone": run.backbone,
+                "setting": run.setting,
+                "mlflow_run_id": run.run_id,
+            }
             ours = {k: run.metrics.get(k) for k in metrics}
             if all(v is None for v in ours.values()):
                 continue
-            rows += [{**common, "row_kind": "run", "source": "this project", "metric": k, "value": v} for k, v in ours.items()]
+            rows += [
+                {**common, "row_kind": "run", "source": "this project", "metric": k, "value": v}
+                for k, v in ours.items()
+            ]
             pub, fam = _published_row(table, run)
             if pub is None:
                 continue
-            rows += [{**common, "row_kind": "published", "source": pub["source"], "metric": k, "value": pub.get(k)}
-                     for k in metrics]
+            rows += [
+                {**common, "row_kind": "published", "source": pub["source"], "metric": k, "value": pub.get(k)}
+                for k in metrics
+            ]
             if table == "parameters" and published.backbone_family(run.backbone) is None:
                 continue  # a parameter count of another backbone size: shown, but a difference would mean nothing
-            rows += [{**common, "row_kind": "difference", "source": f"run − published ({fam})", "metric": k,
-                      "value": None if ours[k] is None or pub.get(k) is None else round(ours[k] - float(pub[k]), 4)}
-                     for k in metrics]
+            rows += [
+                {
+                    **common,
+                    "row_kind": "difference",
+                    "source": f"run − published ({fam})",
+                    "metric": k,
+                    "value": None if ours[k] is None or pub.get(k) is None else round(ours[k] - float(pub[k]), 4),
+                }
+                for k in metrics
+            ]
     return rows
 
 
@@ -134,31 +177,54 @@ def wide_tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
             if r["table"] != table:
                 continue
             key = (r["mlflow_run_id"], r["row_kind"])
-            row = seen.setdefault(key, {"label": r["label"], "row": r["row_kind"], "method": r["method"],
-                                        "backbone": r["backbone"], "setting": r["setting"], "source": r["source"],
-                                        **{m: None for m in metrics}})
+            row = seen.setdefault(
+                key,
+                {
+                    "label": r["label"],
+                    "row": r["row_kind"],
+                    "method": r["method"],
+                    "backbone": r["backbone"],
+                    "setting": r["setting"],
+                    "source": r["source"],
+                    **{m: None for m in metrics},
+                },
+            )
             row[r["metric"]] = r["value"]
         if seen:
             out[table] = list(seen.values())
     return out
 
 
-TITLES = {"sts": "STS (Spearman ×100, test)", "retrieval": "Retrieval (STS-B test)",
-          "align_uniform": "Alignment / uniformity (STS-B test, lower is better)", "parameters": "Trainable parameters",
-          "transfer": "SentEval transfer tasks (accuracy ×100, test; DiffCSE Table 2)"}
+TITLES = {
+    "sts": "STS (Spearman ×100, test)",
+    "retrieval": "Retrieval (STS-B test)",
+    "align_uniform": "Alignment / uniformity (STS-B test, lower is better)",
+    "parameters": "Trainable parameters",
+    "transfer": "SentEval transfer tasks (accuracy ×100, test; DiffCSE Table 2)",
+}
 
 
 def render_markdown(tables: dict[str, list[dict[str, Any]]]) -> str:
     """One titled markdown table per wide table (columns: label, row, its metrics, source), blank-line separated."""
-    return "\n".join(markdown_table(rows, ["label", "row", *TABLES[table], "source"], title=TITLES[table],
-                                    cell=compact_number) for table, rows in tables.items())
+    return "\n".join(
+        markdown_table(rows, ["label", "row", *TABLES[table], "source"], title=TITLES[table], cell=compact_number)
+        for table, rows in tables.items()
+    )
 
 
 def flat_rows(tables: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[dict[str, Any]]]:
     """Every wide table as one list of rows (a `table` column first; the metric columns of all tables) and its
     columns: the CSV's rows and the MLflow table's."""
-    fields = ["table", "label", "row", "method", "backbone", "setting", "source",
-              *dict.fromkeys(m for ms in TABLES.values() for m in ms)]
+    fields = [
+        "table",
+        "label",
+        "row",
+        "method",
+        "backbone",
+        "setting",
+        "source",
+        *dict.fromkeys(m for ms in TABLES.values() for m in ms),
+    ]
     return fields, [{"table": table, **r} for table, table_rows in tables.items() for r in table_rows]
 
 
@@ -191,17 +257,34 @@ def record_comparison(runs: list[RunRecord], selection: dict[str, Any]) -> Compa
     tables = wide_tables(rows)
     markdown = render_markdown(tables)
     comparison_id = stable_hash({"runs": [r.run_id for r in runs], "selection": selection})[:16]
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    created = datetime.now(UTC).isoformat(timespec="seconds")
     root = DataRoot(get_settings().data_root)
-    write_comparison(root, comparison_id, [{**r, "comparison_id": comparison_id, "created": created} for r in rows],
-                     params=selection)
+    write_comparison(
+        root, comparison_id, [{**r, "comparison_id": comparison_id, "created": created} for r in rows], params=selection
+    )
     best_versions = set_best_alias([r.run_id for r in runs])
-    run_id = log_comparison(comparison_id, selection, markdown, render_csv(tables), len(runs), table=table_columns(tables),
-                            tags={f"cse.best.{name}": version for name, version in best_versions.items()})
+    run_id = log_comparison(
+        comparison_id,
+        selection,
+        markdown,
+        render_csv(tables),
+        len(runs),
+        table=table_columns(tables),
+        tags={f"cse.best.{name}": version for name, version in best_versions.items()},
+    )
     published_tables = {"sts": "STS vs published", "transfer": "transfer tasks vs published"}
     publish_artifacts(
-        tables={f"comparison-{t}": (tables[t], f"comparison {comparison_id}: {what}")
-                for t, what in published_tables.items() if t in tables},
-        markdown={"comparison": (markdown, f"comparison {comparison_id}")})
-    return ComparisonSummary(comparison_id=comparison_id, runs=len(runs), mlflow_run_id=run_id, markdown=markdown,
-                             best_versions=best_versions)
+        tables={
+            f"comparison-{t}": (tables[t], f"comparison {comparison_id}: {what}")
+            for t, what in published_tables.items()
+            if t in tables
+        },
+        markdown={"comparison": (markdown, f"comparison {comparison_id}")},
+    )
+    return ComparisonSummary(
+        comparison_id=comparison_id,
+        runs=len(runs),
+        mlflow_run_id=run_id,
+        markdown=markdown,
+        best_versions=best_versions,
+    )

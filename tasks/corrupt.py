@@ -119,15 +119,19 @@ def generator_identity(name: str) -> dict[str, str]:
         return {"name": name}
     resolved = Path(resolve_model_path(name))
     if resolved.is_dir():
-        return {"name": name if name == PACKAGED_MINILM else str(resolved),
-                "config_sha256": sha256_file(resolved / "config.json")}
+        return {
+            "name": name if name == PACKAGED_MINILM else str(resolved),
+            "config_sha256": sha256_file(resolved / "config.json"),
+        }
     from transformers.utils import cached_file
 
     try:
         config_file = cached_file(name, "config.json")
     except OSError as e:
-        raise ValueError(f"generator {name!r} is neither a local model folder nor an HF model available "
-                         f"online or in the local cache: {e}") from e
+        raise ValueError(
+            f"generator {name!r} is neither a local model folder nor an HF model available "
+            f"online or in the local cache: {e}"
+        ) from e
     return {"name": name, "config_sha256": sha256_file(config_file)}
 
 
@@ -141,7 +145,9 @@ def resolve_generator(root: DataRoot, config: CorruptConfig, verify: bool = Fals
     if m is None:
         return generator_identity(config.generator), None
     root.verify(GENERATOR_KIND, m.key, full=verify)
-    return {"name": f"{GENERATOR_PREFIX}{m.key}", "content_hash": m.content_hash}, str(root.dataset_dir(GENERATOR_KIND, m.key))
+    return {"name": f"{GENERATOR_PREFIX}{m.key}", "content_hash": m.content_hash}, str(
+        root.dataset_dir(GENERATOR_KIND, m.key)
+    )
 
 
 def unigram_counts(root: DataRoot, tokens: Manifest, special: list[int]) -> list[int]:
@@ -187,8 +193,13 @@ def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False
     device = pick_device(config.device)
     precision = "bf16" if device.type == "cuda" and config.bf16 else "fp32"
     generator, generator_path = resolve_generator(root, config, verify=verify)
-    key = corruption_key(tokens.content_hash, tokens.params.get("tokenizer_fingerprint"), generator, precision,
-                         **config.model_dump(include=CORRUPTION_SETTINGS))
+    key = corruption_key(
+        tokens.content_hash,
+        tokens.params.get("tokenizer_fingerprint"),
+        generator,
+        precision,
+        **config.model_dump(include=CORRUPTION_SETTINGS),
+    )
     manifest, quarantined = root.reuse(KIND, key, full=verify, quarantine=locked)
     cached = manifest is not None
     counts = None
@@ -200,31 +211,60 @@ def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False
     else:
         special = check_generator_vocabulary(tokens, generator_path or config.generator)
     return CorruptPlan(
-        key=key, data_root=str(root.root), source=DatasetRef.of(root, tokens, cache_hit=False),
-        part_rows=[] if cached else sharded.part_rows(root, "tokens", tokens_key), tokenizer=_tokens_tokenizer(tokens),
-        tokenizer_fingerprint=tokens.params.get("tokenizer_fingerprint"), generator=generator, config=config,
-        generator_path=generator_path, unigram_counts=counts,
-        device=str(device), precision=precision, special_ids=special,
-        cached=cached, quarantined=asdict(quarantined) if quarantined is not None else None,
+        key=key,
+        data_root=str(root.root),
+        source=DatasetRef.of(root, tokens, cache_hit=False),
+        part_rows=[] if cached else sharded.part_rows(root, "tokens", tokens_key),
+        tokenizer=_tokens_tokenizer(tokens),
+        tokenizer_fingerprint=tokens.params.get("tokenizer_fingerprint"),
+        generator=generator,
+        config=config,
+        generator_path=generator_path,
+        unigram_counts=counts,
+        device=str(device),
+        precision=precision,
+        special_ids=special,
+        cached=cached,
+        quarantined=asdict(quarantined) if quarantined is not None else None,
     )
 
 
 def _corruptor(plan: CorruptPlan) -> Corruptor:
     """The generator of this plan, loaded once per process (shard tasks share it: models/generator_cache.py)."""
     cfg = plan.config
-    return shared_corruptor(plan.generator_path or cfg.generator, plan.tokenizer, plan.device, cfg.mask_ratio, cfg.mode,
-                            cfg.bf16, cfg.generator_dropout, cfg.positions == "all", unigram_counts=plan.unigram_counts,
-                            unigram_source=plan.tokens_hash)
+    return shared_corruptor(
+        plan.generator_path or cfg.generator,
+        plan.tokenizer,
+        plan.device,
+        cfg.mask_ratio,
+        cfg.mode,
+        cfg.bf16,
+        cfg.generator_dropout,
+        cfg.positions == "all",
+        unigram_counts=plan.unigram_counts,
+        unigram_source=plan.tokens_hash,
+    )
 
 
 def _corrupt_table(tokens: pa.Table, corruptor: Corruptor, plan: CorruptPlan, shard: int) -> pa.Table:
     """The corruption rows of one shard: each input row × variants, in input order."""
     flat, offsets = token_lists(tokens.column("input_ids"))
     cfg = plan.config
-    bar = tqdm(total=tokens.num_rows * cfg.variants, unit="sent", desc=f"corrupt shard {shard + 1}/{plan.n_shards}",
-               leave=False)
-    variants = corrupt_variants(corruptor, flat, offsets, [shard_seed(cfg.seed, shard, v) for v in range(cfg.variants)],
-                                cfg.batch_size, seeded_dropout=cfg.generator_dropout, on_batch=bar.update)
+    bar = tqdm(
+        total=tokens.num_rows * cfg.variants,
+        unit="sent",
+        desc=f"corrupt shard {shard + 1}/{plan.n_shards}",
+        leave=False,
+    )
+    variants = corrupt_variants(
+        corruptor,
+        flat,
+        offsets,
+        [shard_seed(cfg.seed, shard, v) for v in range(cfg.variants)],
+        cfg.batch_size,
+        seeded_dropout=cfg.generator_dropout,
+        on_batch=bar.update,
+    )
     bar.close()
     return corruption_rows(tokens, flat, offsets, variants)
 
@@ -248,18 +288,35 @@ def corrupt_shard(plan: CorruptPlan, shard: int) -> ShardResult:
     seconds = timing["seconds"]
     result = shard_result(shard, table, plan.special_ids, plan.config.variants, computed=computed, seconds=seconds)
     if computed:
-        stage_logger().info("corruption %s shard %d/%d: %d rows in %.1fs (%.0f sentences/s)", plan.key, shard + 1,
-                            plan.n_shards, result.rows, seconds, result.rows / max(seconds, 1e-9))
+        stage_logger().info(
+            "corruption %s shard %d/%d: %d rows in %.1fs (%.0f sentences/s)",
+            plan.key,
+            shard + 1,
+            plan.n_shards,
+            result.rows,
+            seconds,
+            result.rows / max(seconds, 1e-9),
+        )
     return result
 
 
 def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Manifest:
     cfg = plan.config
     params = {
-        "generator": cfg.generator, "generator_identity": plan.generator, "tokenizer": plan.tokenizer,
-        "tokenizer_fingerprint": plan.tokenizer_fingerprint, "mask_ratio": cfg.mask_ratio, "mode": cfg.mode,
-        "variants": cfg.variants, "seed": cfg.seed, "shard_size": cfg.shard_size, "batch_size": cfg.batch_size,
-        "generator_dropout": cfg.generator_dropout, "positions": cfg.positions, "device": plan.device, "precision": plan.precision,
+        "generator": cfg.generator,
+        "generator_identity": plan.generator,
+        "tokenizer": plan.tokenizer,
+        "tokenizer_fingerprint": plan.tokenizer_fingerprint,
+        "mask_ratio": cfg.mask_ratio,
+        "mode": cfg.mode,
+        "variants": cfg.variants,
+        "seed": cfg.seed,
+        "shard_size": cfg.shard_size,
+        "batch_size": cfg.batch_size,
+        "generator_dropout": cfg.generator_dropout,
+        "positions": cfg.positions,
+        "device": plan.device,
+        "precision": plan.precision,
         "schema_version": SCHEMA_VERSION,
     }
     manifest = sharded.publish_shards(root, plan, shards, params=params, stats=corruption_stats)
@@ -275,13 +332,24 @@ def _log_to_run(run_id: str, plan: CorruptPlan, manifest: Manifest) -> None:
     if not plan.cached:
         keys += ("shards", "shards_computed", "compute_seconds", "sentences_per_s")
         for s in stats["per_shard"]:
-            log_dataset_metrics({"shard_masked_ratio": s["masked_ratio"], "shard_replaced_ratio": s["replaced_ratio"]},
-                                run_id=run_id, step=s["shard"])
+            log_dataset_metrics(
+                {"shard_masked_ratio": s["masked_ratio"], "shard_replaced_ratio": s["replaced_ratio"]},
+                run_id=run_id,
+                step=s["shard"],
+            )
     metrics.update({k: float(stats[k]) for k in keys if k in stats})
     log_dataset_metrics(metrics, run_id=run_id)
-    tag_dataset_run({"key": plan.key, "tokens_key": plan.tokens_key, "input_hash": plan.tokens_hash,
-                     "content_hash": manifest.content_hash, "generator": plan.config.generator,
-                     "precision": plan.precision}, run_id=run_id)
+    tag_dataset_run(
+        {
+            "key": plan.key,
+            "tokens_key": plan.tokens_key,
+            "input_hash": plan.tokens_hash,
+            "content_hash": manifest.content_hash,
+            "generator": plan.config.generator,
+            "precision": plan.precision,
+        },
+        run_id=run_id,
+    )
 
 
 @task(name="corrupt-publish", cache_policy=NO_CACHE)
@@ -298,7 +366,9 @@ def publish_corruption(plan: CorruptPlan, shards: list[ShardResult], run_id: str
         _log_to_run(run_id, plan, manifest)
         if plan.quarantined is not None:
             log_quarantine(Quarantined(**plan.quarantined), stage_logger(), run_id=run_id)
-    stage_logger().info("corruption %s: %d rows (%s)", plan.key, manifest.rows, "cache hit" if plan.cached else "written")
+    stage_logger().info(
+        "corruption %s: %d rows (%s)", plan.key, manifest.rows, "cache hit" if plan.cached else "written"
+    )
     return DatasetRef.of(root, manifest, cache_hit=plan.cached)
 
 
@@ -307,4 +377,3 @@ def corruption_run(tokens_key: str, config: CorruptConfig) -> Iterator[str]:
     """The stage's MLflow run (experiment `data`, run name `corrupt`); yields its id. Fails → FAILED."""
     with stage_run("data", "corrupt", params={"tokens_key": tokens_key, **config.model_dump()}) as run:
         yield run.info.run_id
-

@@ -26,10 +26,9 @@ from storage.evaluations import StsInput, load_sts_input, row_identity, write_ev
 from storage.layout import DataRoot
 from tasks.evaluate_common import EvalSummary, build_embedder
 from tasks.log import stage_logger
-from tracking.reporting import csv_table, markdown_table, publish_artifacts
 from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+from tracking.reporting import csv_table, markdown_table, publish_artifacts
 from tracking.stage_runs import active_run_id, log_run_results, stage_run
-
 
 # ---------------------------------------------------------------- recording
 
@@ -45,8 +44,19 @@ def qualitative_markdown(result: EvalResult) -> str:
     for q in result.qualitative:
         out.append(f"**Query:** {q.query}" + (f"  (answer: {' | '.join(q.answers)})" if q.answers else ""))
         out.append("")
-        out.append(markdown_table([{"rank": i + 1, "sentence": n.sentence, "cosine": f"{n.cosine:.4f}",
-                                    "answer": "✓" if n.is_answer else ""} for i, n in enumerate(q.neighbours)]))
+        out.append(
+            markdown_table(
+                [
+                    {
+                        "rank": i + 1,
+                        "sentence": n.sentence,
+                        "cosine": f"{n.cosine:.4f}",
+                        "answer": "✓" if n.is_answer else "",
+                    }
+                    for i, n in enumerate(q.neighbours)
+                ]
+            )
+        )
         out.append("")
     return "\n".join(out)
 
@@ -62,7 +72,11 @@ def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str
 
     put("result.json", result.model_dump_json(indent=2))
     put("table1.md", table1_row(result, label) + "\n" + table1_row(result, label + " (Pearson)", pearson=True))
-    for stem, rows in (("sts_tasks", result.task_rows()), ("sts_subsets", result.subset_rows()), ("retrieval", result.retrieval_rows())):
+    for stem, rows in (
+        ("sts_tasks", result.task_rows()),
+        ("sts_subsets", result.subset_rows()),
+        ("retrieval", result.retrieval_rows()),
+    ):
         if rows:
             put(f"{stem}.csv", csv_table(rows))
             put(f"{stem}.md", markdown_table(rows))
@@ -72,25 +86,47 @@ def write_result_files(result: EvalResult, label: str, folder: Path) -> dict[str
         put("qualitative.md", qualitative_markdown(result))
     if result.stsb_test_pairs is not None:
         files["cosine_by_gold.png"] = cosine_by_gold_plot(
-            result.stsb_test_pairs["cosine"], result.stsb_test_pairs["gold"], folder / "cosine_by_gold.png",
-            title=f"{label}: STS-B test cosine per gold bucket")
+            result.stsb_test_pairs["cosine"],
+            result.stsb_test_pairs["gold"],
+            folder / "cosine_by_gold.png",
+            title=f"{label}: STS-B test cosine per gold bucket",
+        )
     if result.align_uniform is not None:
         au = result.align_uniform
-        files["alignment_uniformity.png"] = alignment_uniformity_plot((au.alignment, au.uniformity), label,
-                                                                      folder / "alignment_uniformity.png")
+        files["alignment_uniformity.png"] = alignment_uniformity_plot(
+            (au.alignment, au.uniformity), label, folder / "alignment_uniformity.png"
+        )
     return files
 
 
-def evaluation_row(result: EvalResult, *, evaluation_id: str, label: str, what: dict[str, Any], sts: StsInput,
-                   mlflow_run_id: str | None) -> dict[str, Any]:
+def evaluation_row(
+    result: EvalResult,
+    *,
+    evaluation_id: str,
+    label: str,
+    what: dict[str, Any],
+    sts: StsInput,
+    mlflow_run_id: str | None,
+) -> dict[str, Any]:
     """The Parquet row (schema storage.schemas.EVALUATIONS) of one STS result (see `row_identity` for `what`)."""
+
     def score(name: str) -> float | None:
         return result.tasks[name].spearman if name in result.tasks else None
 
     row: dict[str, Any] = {
-        **row_identity(evaluation_id=evaluation_id, mode=result.mode, label=label, what=what, embedder=result.embedder,
-                       mlflow_run_id=mlflow_run_id, source=f"{sts.origin}:{sts.location}", source_hash=sts.content_hash),
-        **{t: score(t) for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "stsb_dev", "sickr_dev")},
+        **row_identity(
+            evaluation_id=evaluation_id,
+            mode=result.mode,
+            label=label,
+            what=what,
+            embedder=result.embedder,
+            mlflow_run_id=mlflow_run_id,
+            source=f"{sts.origin}:{sts.location}",
+            source_hash=sts.content_hash,
+        ),
+        **{
+            t: score(t) for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "stsb_dev", "sickr_dev")
+        },
         "sts_avg": result.sts_avg,
         "sts_avg_pearson": result.sts_avg_pearson,
         "alignment": result.align_uniform.alignment if result.align_uniform else None,
@@ -121,9 +157,15 @@ def record_evaluation(
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:
-        log_run_results(run_id, metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
-                        tags={"evaluation_id": evaluation_id, "sts_source": f"{sts.origin}:{sts.location}",
-                              "sts_hash": sts.content_hash})
+        log_run_results(
+            run_id,
+            metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
+            tags={
+                "evaluation_id": evaluation_id,
+                "sts_source": f"{sts.origin}:{sts.location}",
+                "sts_hash": sts.content_hash,
+            },
+        )
         with tempfile.TemporaryDirectory(prefix="cse-eval-") as tmp:
             files = write_result_files(result, label, Path(tmp) / "files")
             plots = Path(tmp) / "plots"
@@ -131,30 +173,52 @@ def record_evaluation(
             for name, path in files.items():
                 if name.endswith(".png"):
                     path.rename(plots / name)
-            log_run_results(run_id, folders={artifact_path: Path(tmp) / "files",
-                                             **({"plots": plots} if any(plots.iterdir()) else {})})
+            log_run_results(
+                run_id,
+                folders={artifact_path: Path(tmp) / "files", **({"plots": plots} if any(plots.iterdir()) else {})},
+            )
     if write_row:
         root = DataRoot(get_settings().data_root)
-        write_evaluation_row(root, evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what, sts=sts,
-                                                  mlflow_run_id=run_id), params={"label": label, **what})
+        write_evaluation_row(
+            root,
+            evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what, sts=sts, mlflow_run_id=run_id),
+            params={"label": label, **what},
+        )
     publish_artifacts(
-        tables={f"evaluation-{result.mode}": (
-            [result.table_record(label)],
-            f"{label}: Spearman ×100 ({'STS12–16 all, STS-B/SICK-R test' if result.mode == 'test' else 'dev'})")},
-        markdown={f"evaluation-{result.mode}-details": (evaluation_markdown(result, label), f"{label}: full evaluation")})
+        tables={
+            f"evaluation-{result.mode}": (
+                [result.table_record(label)],
+                f"{label}: Spearman ×100 ({'STS12–16 all, STS-B/SICK-R test' if result.mode == 'test' else 'dev'})",
+            )
+        },
+        markdown={
+            f"evaluation-{result.mode}-details": (evaluation_markdown(result, label), f"{label}: full evaluation")
+        },
+    )
     return evaluation_id
 
 
 def evaluation_markdown(result: EvalResult, label: str) -> str:
     """The full evaluation as one markdown page (the Prefect artifact `evaluation-<mode>-details`)."""
-    parts = [f"# Evaluation ({result.mode}): {label}", "", table1_row(result, label),
-             table1_row(result, label + " (Pearson)", pearson=True)]
+    parts = [
+        f"# Evaluation ({result.mode}): {label}",
+        "",
+        table1_row(result, label),
+        table1_row(result, label + " (Pearson)", pearson=True),
+    ]
     if result.retrieval is not None:
-        parts += ["## Retrieval (STS-B test, gold-5.0 pairs, both directions)", "", markdown_table(result.retrieval_rows())]
+        parts += [
+            "## Retrieval (STS-B test, gold-5.0 pairs, both directions)",
+            "",
+            markdown_table(result.retrieval_rows()),
+        ]
     if result.align_uniform is not None:
         au = result.align_uniform
-        parts += [f"## Alignment / uniformity\n\nalignment {au.alignment:.4f} ({au.n_positive_pairs} pairs, gold "
-                  f"{'>=' if au.inclusive else '>'} {au.threshold}), uniformity {au.uniformity:.4f} ({au.n_sentences} sentences, t={au.t})", ""]
+        parts += [
+            f"## Alignment / uniformity\n\nalignment {au.alignment:.4f} ({au.n_positive_pairs} pairs, gold "
+            f"{'>=' if au.inclusive else '>'} {au.threshold}), uniformity {au.uniformity:.4f} ({au.n_sentences} sentences, t={au.t})",
+            "",
+        ]
     if result.qualitative:
         parts += ["## Qualitative retrieval", "", qualitative_markdown(result)]
     return "\n".join(parts)
@@ -172,8 +236,12 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
     log = stage_logger()
     label = config.display_label()
     run_name = f"evaluate-{config.mode}-{label}"[:250]
-    with stage_run(config.experiment, run_name, params=config.model_dump(), tags={"stage": "evaluate", "mode": config.mode}) as run, \
-            tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir:
+    with (
+        stage_run(
+            config.experiment, run_name, params=config.model_dump(), tags={"stage": "evaluate", "mode": config.mode}
+        ) as run,
+        tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir,
+    ):
         t0 = time.perf_counter()
         sts = load_sts_input(config.sts, DataRoot(get_settings().data_root), get_settings().shared_data)
         log_dataset_inputs(run.info.run_id, [(sts, CONTEXT_EVAL)])
@@ -181,14 +249,31 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
         device = pick_device(config.device)
         embedder, what = build_embedder(config, device, Path(workdir))
         log_run_results(run.info.run_id, tags={k: v for k, v in what.items() if v is not None})
-        result = evaluator.run(embedder, mode=config.mode, tasks=config.tasks, extras=config.extras,
-                               batch_size=config.batch_size, precision=config.precision, progress=config.progress)
+        result = evaluator.run(
+            embedder,
+            mode=config.mode,
+            tasks=config.tasks,
+            extras=config.extras,
+            batch_size=config.batch_size,
+            precision=config.precision,
+            progress=config.progress,
+        )
         evaluation_id = record_evaluation(result, label=label, what=what, sts=sts)
         log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
-        log.info("evaluation %s (%s): %s", evaluation_id, config.mode,
-                 json.dumps({k: round(v, 2) for k, v in result.metrics().items() if "/" not in k}))
-        return EvalSummary(evaluation_id=evaluation_id, mlflow_run_id=run.info.run_id, mode=config.mode, label=label,
-                           metrics=result.metrics(), table_row=table1_row(result, label))
+        log.info(
+            "evaluation %s (%s): %s",
+            evaluation_id,
+            config.mode,
+            json.dumps({k: round(v, 2) for k, v in result.metrics().items() if "/" not in k}),
+        )
+        return EvalSummary(
+            evaluation_id=evaluation_id,
+            mlflow_run_id=run.info.run_id,
+            mode=config.mode,
+            label=label,
+            metrics=result.metrics(),
+            table_row=table1_row(result, label),
+        )
 
 
 @task(name="evaluate-embedder", retries=0)

@@ -36,13 +36,15 @@ def resolve_checkpoint(spec: str, download_to: Path) -> Path:
     if p.is_dir():
         return p
     if spec.startswith("runs:/"):
-        rest = spec[len("runs:/"):].strip("/")
+        rest = spec[len("runs:/") :].strip("/")
         run_id, _, sub = rest.partition("/")
         uri = f"runs:/{run_id}/{sub or CHECKPOINT_ARTIFACT}"
     elif _RUN_ID.match(spec):
         run_id, uri = spec, f"runs:/{spec}/{CHECKPOINT_ARTIFACT}"
     else:
-        raise FileNotFoundError(f"checkpoint {spec!r} is neither a local folder nor an MLflow run id (runs:/<id> or 32 hex digits)")
+        raise FileNotFoundError(
+            f"checkpoint {spec!r} is neither a local folder nor an MLflow run id (runs:/<id> or 32 hex digits)"
+        )
     return download_checkpoint(uri, download_to)
 
 
@@ -52,7 +54,13 @@ def build_embedder(config: EvalConfig, device, workdir: Path) -> tuple[SentenceE
         folder = resolve_checkpoint(config.checkpoint, workdir)
         ck = read_checkpoint_config(folder)
         emb = load_checkpoint_folder(folder, device, expect_backbone=config.model, expect_pooler=config.pooler)
-        return emb, {"model": ck["backbone"], "pooler": ck["pooler"], "checkpoint": config.checkpoint, "method": ck["method"]}
-    emb = PooledEncoder.from_pretrained(config.model, config.pooler, first_layer=config.first_layer,
-                                        template=config.template, device=device)
+        return emb, {
+            "model": ck["backbone"],
+            "pooler": ck["pooler"],
+            "checkpoint": config.checkpoint,
+            "method": ck["method"],
+        }
+    emb = PooledEncoder.from_pretrained(
+        config.model, config.pooler, first_layer=config.first_layer, template=config.template, device=device
+    )
     return emb, {"model": config.model, "pooler": config.pooler, "checkpoint": None, "method": None}

@@ -25,8 +25,8 @@ from storage.layout import DataRoot
 from storage.transfer import TransferInput, load_transfer_input
 from tasks.evaluate_common import EvalSummary, build_embedder
 from tasks.log import stage_logger
-from tracking.reporting import csv_table, markdown_table, publish_artifacts
 from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+from tracking.reporting import csv_table, markdown_table, publish_artifacts
 from tracking.stage_runs import active_run_id, log_run_results, stage_run
 
 TRANSFER_COLUMNS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
@@ -37,13 +37,27 @@ def table2_row(result: TransferResult, label: str, dev: bool = False) -> str:
     return markdown_table([result.table_record(label, dev)])
 
 
-def transfer_evaluation_row(result: TransferResult, *, evaluation_id: str, label: str, what: dict[str, Any],
-                            source: TransferInput, mlflow_run_id: str | None) -> dict[str, Any]:
+def transfer_evaluation_row(
+    result: TransferResult,
+    *,
+    evaluation_id: str,
+    label: str,
+    what: dict[str, Any],
+    source: TransferInput,
+    mlflow_run_id: str | None,
+) -> dict[str, Any]:
     """The Parquet row (schema storage.schemas.EVALUATIONS) of a transfer result; STS columns stay null."""
     row: dict[str, Any] = {
-        **row_identity(evaluation_id=evaluation_id, mode="transfer", label=label, what=what, embedder=result.embedder,
-                       mlflow_run_id=mlflow_run_id, source=f"transfer:{source.origin}:{source.location}",
-                       source_hash=source.content_hash),
+        **row_identity(
+            evaluation_id=evaluation_id,
+            mode="transfer",
+            label=label,
+            what=what,
+            embedder=result.embedder,
+            mlflow_run_id=mlflow_run_id,
+            source=f"transfer:{source.origin}:{source.location}",
+            source_hash=source.content_hash,
+        ),
         **{t: result.tasks[t].acc if t in result.tasks else None for t in TRANSFER_COLUMNS},
         "transfer_avg": result.transfer_avg,
         "transfer_devacc_avg": result.transfer_devacc_avg,
@@ -58,56 +72,96 @@ def transfer_evaluation_row(result: TransferResult, *, evaluation_id: str, label
 def write_transfer_files(result: TransferResult, label: str, folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
-    for name, text in (("transfer_result.json", result.model_dump_json(indent=2)),
-                       ("table2.md", table2_row(result, label) + "\n" + table2_row(result, label + " (dev)", dev=True)),
-                       ("transfer_tasks.csv", csv_table(result.task_rows())),
-                       ("transfer_tasks.md", markdown_table(result.task_rows()))):
+    for name, text in (
+        ("transfer_result.json", result.model_dump_json(indent=2)),
+        ("table2.md", table2_row(result, label) + "\n" + table2_row(result, label + " (dev)", dev=True)),
+        ("transfer_tasks.csv", csv_table(result.task_rows())),
+        ("transfer_tasks.md", markdown_table(result.task_rows())),
+    ):
         (folder / name).write_text(text)
         files[name] = folder / name
     return files
 
 
-def record_transfer_evaluation(result: TransferResult, *, label: str, what: dict[str, Any], source: TransferInput,
-                               metric_prefix: str = "", artifact_path: str = "transfer", write_row: bool = True) -> str:
+def record_transfer_evaluation(
+    result: TransferResult,
+    *,
+    label: str,
+    what: dict[str, Any],
+    source: TransferInput,
+    metric_prefix: str = "",
+    artifact_path: str = "transfer",
+    write_row: bool = True,
+) -> str:
     """Log `result` to the active MLflow run (if any), write its Parquet row, create Prefect artifacts (inside a
     Prefect run). Returns the evaluation id."""
     evaluation_id = f"transfer-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:
-        log_run_results(run_id, metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
-                        tags={"transfer_evaluation_id": evaluation_id, "transfer_source": f"{source.origin}:{source.location}",
-                              "transfer_hash": source.content_hash, "transfer_classifier": result.classifier})
+        log_run_results(
+            run_id,
+            metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
+            tags={
+                "transfer_evaluation_id": evaluation_id,
+                "transfer_source": f"{source.origin}:{source.location}",
+                "transfer_hash": source.content_hash,
+                "transfer_classifier": result.classifier,
+            },
+        )
         with tempfile.TemporaryDirectory(prefix="cse-transfer-") as tmp:
             write_transfer_files(result, label, Path(tmp))
             log_run_results(run_id, folders={artifact_path: tmp})
     if write_row:
         root = DataRoot(get_settings().data_root)
-        write_evaluation_row(root, transfer_evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what,
-                                                           source=source, mlflow_run_id=run_id),
-                             params={"label": label, "mode": "transfer", **{k: v for k, v in what.items() if v is not None}})
+        write_evaluation_row(
+            root,
+            transfer_evaluation_row(
+                result, evaluation_id=evaluation_id, label=label, what=what, source=source, mlflow_run_id=run_id
+            ),
+            params={"label": label, "mode": "transfer", **{k: v for k, v in what.items() if v is not None}},
+        )
     publish_artifacts(
-        tables={"evaluation-transfer": ([result.table_record(label)],
-                                        f"{label}: SentEval transfer accuracy ×100 ({result.classifier} settings)")},
-        markdown={"evaluation-transfer-details": (transfer_markdown(result, label), f"{label}: transfer tasks")})
+        tables={
+            "evaluation-transfer": (
+                [result.table_record(label)],
+                f"{label}: SentEval transfer accuracy ×100 ({result.classifier} settings)",
+            )
+        },
+        markdown={"evaluation-transfer-details": (transfer_markdown(result, label), f"{label}: transfer tasks")},
+    )
     return evaluation_id
 
 
 def transfer_markdown(result: TransferResult, label: str) -> str:
     """The transfer evaluation as one markdown page (the Prefect artifact `evaluation-transfer-details`)."""
-    return "\n".join([f"# Transfer tasks ({result.classifier} settings): {label}", "", table2_row(result, label), "",
-                      "## Per task (dev = SentEval's devacc; seconds = classifier time)", "",
-                      markdown_table(result.task_rows()),
-                      f"Embedding: {result.timing.sentences} unique sentences in {result.timing.embed_seconds:.1f}s; "
-                      f"total {result.timing.seconds:.1f}s on {result.device}."])
+    return "\n".join(
+        [
+            f"# Transfer tasks ({result.classifier} settings): {label}",
+            "",
+            table2_row(result, label),
+            "",
+            "## Per task (dev = SentEval's devacc; seconds = classifier time)",
+            "",
+            markdown_table(result.task_rows()),
+            f"Embedding: {result.timing.sentences} unique sentences in {result.timing.embed_seconds:.1f}s; "
+            f"total {result.timing.seconds:.1f}s on {result.device}.",
+        ]
+    )
 
 
 def run_transfer_evaluation(config: EvalConfig):
     """The transfer stage in one MLflow run of experiment `config.experiment` (FAILED on any error)."""
     log = stage_logger()
     label = config.display_label()
-    with stage_run(config.experiment, f"evaluate-transfer-{label}"[:250], params=config.model_dump(),
-                   tags={"stage": "evaluate", "mode": "transfer"}) as run, \
-            tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir:
+    with (
+        stage_run(
+            config.experiment,
+            f"evaluate-transfer-{label}"[:250],
+            params=config.model_dump(),
+            tags={"stage": "evaluate", "mode": "transfer"},
+        ) as run,
+        tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir,
+    ):
         t0 = time.perf_counter()
         source = load_transfer_input(config.transfer, DataRoot(get_settings().data_root), get_settings().shared_data)
         log_dataset_inputs(run.info.run_id, [(source, CONTEXT_EVAL)])
@@ -115,12 +169,27 @@ def run_transfer_evaluation(config: EvalConfig):
         device = pick_device(config.device)
         embedder, what = build_embedder(config, device, Path(workdir))
         log_run_results(run.info.run_id, tags={k: v for k, v in what.items() if v is not None})
-        result = evaluator.run(embedder, tasks=config.transfer_tasks, classifier=config.transfer_classifier,
-                               batch_size=config.batch_size, precision=config.precision, progress=config.progress,
-                               log=log.info)
+        result = evaluator.run(
+            embedder,
+            tasks=config.transfer_tasks,
+            classifier=config.transfer_classifier,
+            batch_size=config.batch_size,
+            precision=config.precision,
+            progress=config.progress,
+            log=log.info,
+        )
         evaluation_id = record_transfer_evaluation(result, label=label, what=what, source=source)
         log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
-        log.info("transfer evaluation %s: %s", evaluation_id,
-                 json.dumps({t: s.acc for t, s in result.tasks.items()} | {"transfer_avg": result.transfer_avg}))
-        return EvalSummary(evaluation_id=evaluation_id, mlflow_run_id=run.info.run_id, mode="transfer", label=label,
-                           metrics=result.metrics(), table_row=table2_row(result, label))
+        log.info(
+            "transfer evaluation %s: %s",
+            evaluation_id,
+            json.dumps({t: s.acc for t, s in result.tasks.items()} | {"transfer_avg": result.transfer_avg}),
+        )
+        return EvalSummary(
+            evaluation_id=evaluation_id,
+            mlflow_run_id=run.info.run_id,
+            mode="transfer",
+            label=label,
+            metrics=result.metrics(),
+            table_row=table2_row(result, label),
+        )

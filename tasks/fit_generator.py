@@ -54,8 +54,8 @@ from storage.layout import DataRoot
 from storage.manifest import Manifest
 from tasks.corrupt import generator_identity
 from tasks.log import stage_logger
-from tracking.reporting import markdown_table, publish_artifacts
 from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from tracking.reporting import markdown_table, publish_artifacts
 from tracking.stage_runs import log_dataset_metrics, log_quarantine, log_run_results, stage_run
 
 SCHEMA_VERSION = SCHEMA_VERSIONS["generator"]
@@ -80,8 +80,10 @@ def split_rows(ids: np.ndarray, config: GeneratorConfig) -> tuple[np.ndarray, np
     unique = np.unique(ids)
     n_held = min(config.max_heldout, round(config.heldout_fraction * len(unique)))
     if n_held < 1 or n_held >= len(unique):
-        raise ValueError(f"the tokens dataset has {len(unique)} sentence ids: too few to hold out "
-                         f"{config.heldout_fraction:.0%} (at most {config.max_heldout}) and train on the rest")
+        raise ValueError(
+            f"the tokens dataset has {len(unique)} sentence ids: too few to hold out "
+            f"{config.heldout_fraction:.0%} (at most {config.max_heldout}) and train on the rest"
+        )
     held_ids = np.sort(np.random.default_rng(config.split_seed).permutation(unique)[:n_held])
     is_held = np.isin(ids, held_ids)
     return np.flatnonzero(~is_held), np.flatnonzero(is_held), held_ids.tolist()
@@ -89,7 +91,9 @@ def split_rows(ids: np.ndarray, config: GeneratorConfig) -> tuple[np.ndarray, np
 
 def _subset(flat: torch.Tensor, offsets: np.ndarray, rows: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
     lengths = offsets[rows + 1] - offsets[rows]
-    index = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in rows]) if len(rows) else np.zeros(0, np.int64)
+    index = (
+        np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in rows]) if len(rows) else np.zeros(0, np.int64)
+    )
     return flat[torch.from_numpy(index)], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
@@ -99,11 +103,14 @@ def _accuracy(predicted: torch.Tensor, targets: torch.Tensor) -> float:
 
 def accuracy_markdown(accuracy: dict[str, float], positions: int, sentences: int) -> str:
     rows = [{"predictor": PREDICTORS[k], "top-1 accuracy": f"{accuracy[k]:.4f}"} for k in PREDICTORS if k in accuracy]
-    return markdown_table(rows, title=f"Held-out masked-token top-1 accuracy ({positions:,d} masked positions of "
-                                      f"{sentences:,d} held-out sentences)")
+    return markdown_table(
+        rows,
+        title=f"Held-out masked-token top-1 accuracy ({positions:,d} masked positions of "
+        f"{sentences:,d} held-out sentences)",
+    )
 
 
-def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, run_id: str) -> Manifest:
+def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, run_id: str) -> Manifest:  # noqa: C901 (the stage's steps in order; each check fails with its reason)
     log = stage_logger()
     t_start = time.perf_counter()
     tokenizer_name = tokens.params.get("tokenizer")
@@ -111,7 +118,9 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
         raise ValueError(f"tokens dataset {tokens.key} records no tokenizer in its manifest params")
     tokenizer = load_tokenizer(tokenizer_name)
     if tokens.params.get("vocab_fingerprint") not in (None, vocab_fingerprint(tokenizer)):
-        raise ValueError(f"tokenizer {tokenizer_name!r} no longer matches the vocabulary of tokens dataset {tokens.key}")
+        raise ValueError(
+            f"tokenizer {tokenizer_name!r} no longer matches the vocabulary of tokens dataset {tokens.key}"
+        )
     check_same_vocabulary(tokenizer, load_tokenizer(config.backbone), tokenizer_name, config.backbone)
     special = SpecialTokens.from_tokenizer(tokenizer)
     device = pick_device(config.device)
@@ -131,22 +140,27 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
     steps_per_epoch = math.ceil(len(train_rows) / config.batch_size)
     planned = steps_per_epoch * config.epochs * config.reuse
     total = min(config.max_steps or planned, planned)
-    fitter = HeadFitter(model, special.vocab_size, config.lr, config.weight_decay, total,
-                        round(config.warmup_ratio * total), device)
+    fitter = HeadFitter(
+        model, special.vocab_size, config.lr, config.weight_decay, total, round(config.warmup_ratio * total), device
+    )
 
     # The held-out positions: masked once (seeded by split_seed), features computed once.
     held_gen = torch.Generator().manual_seed(stable_seed(config.split_seed, "heldout"))
-    held_batches = [mask_batch(held_flat, held_offsets, rows, special, config.mask_ratio, held_gen)
-                    for rows in batches(len(held_rows), config.batch_size, None)]
+    held_batches = [
+        mask_batch(held_flat, held_offsets, rows, special, config.mask_ratio, held_gen)
+        for rows in batches(len(held_rows), config.batch_size, None)
+    ]
     targets = torch.cat([b.targets for b in held_batches])
     held_features = torch.cat([fitter.features(b) for b in held_batches])
     accuracy: dict[str, float] = unigram_accuracies(counts, targets.numpy())
     if config.baseline_generator:
-        check_same_vocabulary(tokenizer, load_tokenizer(config.baseline_generator), tokenizer_name,
-                              config.baseline_generator)
+        check_same_vocabulary(
+            tokenizer, load_tokenizer(config.baseline_generator), tokenizer_name, config.baseline_generator
+        )
         baseline = load_masked_lm(config.baseline_generator)
-        accuracy["random_init"] = _accuracy(torch.cat([masked_lm_predictions(baseline, b, special.vocab_size, device)
-                                                       for b in held_batches]), targets)
+        accuracy["random_init"] = _accuracy(
+            torch.cat([masked_lm_predictions(baseline, b, special.vocab_size, device) for b in held_batches]), targets
+        )
         del baseline
 
     def evaluate(step: int, loss: float | None) -> dict[str, float]:
@@ -164,17 +178,20 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
         steps_before = fitter.steps
         epoch_batches = list(batches(len(train_rows), config.batch_size, train_gen))
         for start in range(0, len(epoch_batches), config.chunk_batches):
-            chunk = [mask_batch(train_flat, train_offsets, rows, special, config.mask_ratio, train_gen)
-                     for rows in epoch_batches[start:start + config.chunk_batches]]
+            chunk = [
+                mask_batch(train_flat, train_offsets, rows, special, config.mask_ratio, train_gen)
+                for rows in epoch_batches[start : start + config.chunk_batches]
+            ]
             cached = [(fitter.features(b), b.targets) for b in chunk if len(b.targets)]
             for _ in range(config.reuse):
                 for i in torch.randperm(len(cached), generator=train_gen).tolist():
                     losses.append(fitter.step(*cached[i]))
                     bar.update(1)
                     if fitter.steps % config.eval_every == 0 or fitter.steps == total:
-                        history.append(evaluate(fitter.steps, float(np.mean(losses[-config.eval_every:]))))
-                        bar.set_postfix(loss=f"{history[-1]['train_loss']:.3f}",
-                                        heldout_top1=f"{history[-1]['heldout_top1']:.4f}")
+                        history.append(evaluate(fitter.steps, float(np.mean(losses[-config.eval_every :]))))
+                        bar.set_postfix(
+                            loss=f"{history[-1]['train_loss']:.3f}", heldout_top1=f"{history[-1]['heldout_top1']:.4f}"
+                        )
                     if fitter.steps >= total:
                         break
                 if fitter.steps >= total:
@@ -183,26 +200,50 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
                 break
         epoch += 1
         if fitter.steps == steps_before:
-            raise ValueError(f"tokens dataset {tokens.key}: no token was masked in a whole epoch (mask_ratio "
-                             f"{config.mask_ratio}, {len(train_rows)} training rows): nothing to fit")
+            raise ValueError(
+                f"tokens dataset {tokens.key}: no token was masked in a whole epoch (mask_ratio "
+                f"{config.mask_ratio}, {len(train_rows)} training rows): nothing to fit"
+            )
     bar.close()
     accuracy["fitted"] = history[-1]["heldout_top1"]
     seconds = time.perf_counter() - t_start
     stats: dict[str, Any] = {
-        "heldout_top1": accuracy, "heldout_sentences": len(held_ids), "heldout_positions": int(len(targets)),
-        "train_rows": int(len(train_rows)), "heldout_rows": int(len(held_rows)), "steps": fitter.steps,
-        "epochs_started": epoch, "final_train_loss": history[-1].get("train_loss"), "seconds": seconds,
+        "heldout_top1": accuracy,
+        "heldout_sentences": len(held_ids),
+        "heldout_positions": int(len(targets)),
+        "train_rows": int(len(train_rows)),
+        "heldout_rows": int(len(held_rows)),
+        "steps": fitter.steps,
+        "epochs_started": epoch,
+        "final_train_loss": history[-1].get("train_loss"),
+        "seconds": seconds,
         "history": history,
     }
-    log.info("generator %s: held-out top-1 %s in %d steps (%.0f s)", key,
-             ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items()), fitter.steps, seconds)
-    params = {"backbone": config.backbone, "tokenizer": tokenizer_name,
-              "tokenizer_fingerprint": tokens.params.get("tokenizer_fingerprint"),
-              "vocab_fingerprint": vocab_fingerprint(tokenizer), "config": config.model_dump(),
-              "device": str(device), "schema_version": SCHEMA_VERSION}
-    heldout = {"split_seed": config.split_seed, "heldout_fraction": config.heldout_fraction,
-               "max_heldout": config.max_heldout, "mask_seed": stable_seed(config.split_seed, "heldout"),
-               "mask_ratio": config.mask_ratio, "tokens_key": tokens.key, "ids": held_ids}
+    log.info(
+        "generator %s: held-out top-1 %s in %d steps (%.0f s)",
+        key,
+        ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items()),
+        fitter.steps,
+        seconds,
+    )
+    params = {
+        "backbone": config.backbone,
+        "tokenizer": tokenizer_name,
+        "tokenizer_fingerprint": tokens.params.get("tokenizer_fingerprint"),
+        "vocab_fingerprint": vocab_fingerprint(tokenizer),
+        "config": config.model_dump(),
+        "device": str(device),
+        "schema_version": SCHEMA_VERSION,
+    }
+    heldout = {
+        "split_seed": config.split_seed,
+        "heldout_fraction": config.heldout_fraction,
+        "max_heldout": config.max_heldout,
+        "mask_seed": stable_seed(config.split_seed, "heldout"),
+        "mask_ratio": config.mask_ratio,
+        "tokens_key": tokens.key,
+        "ids": held_ids,
+    }
     model.cpu()
     for p in model.parameters():
         p.requires_grad_(True)  # saved as a plain masked LM
@@ -211,9 +252,16 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
-    manifest = publish_model_folder(root, key, write, heldout=heldout, params=params, stats=stats,
-                                    inputs={"tokens": tokens.content_hash},
-                                    source={"tokens_key": tokens.key, "backbone": config.backbone})
+    manifest = publish_model_folder(
+        root,
+        key,
+        write,
+        heldout=heldout,
+        params=params,
+        stats=stats,
+        inputs={"tokens": tokens.content_hash},
+        source={"tokens_key": tokens.key, "backbone": config.backbone},
+    )
     refresh_catalog(root)
     return manifest
 
@@ -227,11 +275,22 @@ def _log_run(run_id: str, tokens: Manifest, manifest: Manifest, cached: bool) ->
     stats = manifest.stats
     accuracy = stats.get("heldout_top1", {})
     md = accuracy_markdown(accuracy, stats.get("heldout_positions", 0), stats.get("heldout_sentences", 0))
-    log_run_results(run_id, metrics={"cache_hit": float(cached), **{f"heldout_top1_{k}": v for k, v in accuracy.items()},
-                                     "seconds": float(stats.get("seconds", 0.0)), "steps": float(stats.get("steps", 0))},
-                    tags={"key": manifest.key, "tokens_key": tokens.key, "content_hash": manifest.content_hash,
-                          "generator": f"{GENERATOR_PREFIX}{manifest.key}"},
-                    texts={"generator_accuracy.md": md})
+    log_run_results(
+        run_id,
+        metrics={
+            "cache_hit": float(cached),
+            **{f"heldout_top1_{k}": v for k, v in accuracy.items()},
+            "seconds": float(stats.get("seconds", 0.0)),
+            "steps": float(stats.get("steps", 0)),
+        },
+        tags={
+            "key": manifest.key,
+            "tokens_key": tokens.key,
+            "content_hash": manifest.content_hash,
+            "generator": f"{GENERATOR_PREFIX}{manifest.key}",
+        },
+        texts={"generator_accuracy.md": md},
+    )
     publish_artifacts(markdown={"generator-accuracy": (md, f"generator {manifest.key}: held-out top-1 accuracy")})
 
 
@@ -246,8 +305,12 @@ def fit_generator(tokens_key: str, config: GeneratorConfig = GeneratorConfig(), 
     """
     root = DataRoot(get_settings().data_root)
     tokens = root.require("tokens", tokens_key)
-    key = generator_key(tokens.content_hash, tokens.params.get("tokenizer_fingerprint"),
-                        generator_identity(config.backbone), config.model_dump(exclude={"device"}))
+    key = generator_key(
+        tokens.content_hash,
+        tokens.params.get("tokenizer_fingerprint"),
+        generator_identity(config.backbone),
+        config.model_dump(exclude={"device"}),
+    )
     params = {"tokens_key": tokens_key, **config.model_dump()}
     with stage_run("data", "fit-generator", params=params) as run:
         run_id = run.info.run_id

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from prefect import task
-from tasks.log import stage_logger
 
 from config.settings import get_settings
 from config.stages import IngestConfig
@@ -15,6 +14,7 @@ from storage.datasets import DatasetRef, write_dataset
 from storage.keys import SCHEMA_VERSIONS, ingest_key
 from storage.layout import DataRoot
 from storage.sources import check_sts_counts, read_source, resolve_source
+from tasks.log import stage_logger
 from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
 from tracking.stage_runs import log_quarantine, log_run_results, stage_run
 
@@ -43,12 +43,29 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
     src_cfg = {"wiki1m": config.wiki, "nli": config.nli, "sts": config.senteval}[dataset]
     t0 = time.perf_counter()
     with stage_run("data", f"ingest-{dataset}", params={"dataset": dataset, "source": src_cfg.model_dump()}) as run:
-        src = resolve_source(root, dataset, src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries,
-                             hf=src_cfg.hf)
+        src = resolve_source(
+            root,
+            dataset,
+            src_cfg.path,
+            src_cfg.url,
+            sha256=src_cfg.sha256,
+            retries=config.download_retries,
+            hf=src_cfg.hf,
+        )
         key = ingest_key(dataset, src.content_hash)
-        log_run_results(run.info.run_id, tags={"dataset": dataset, "source_origin": src.origin,
-                                               "source_location": src.location, "source_hash": src.content_hash, "key": key})
-        log_dataset_inputs(run.info.run_id, [(src, CONTEXT_SOURCE)])  # the raw source (file, folder, URL, HF datasets) + hash
+        log_run_results(
+            run.info.run_id,
+            tags={
+                "dataset": dataset,
+                "source_origin": src.origin,
+                "source_location": src.location,
+                "source_hash": src.content_hash,
+                "key": key,
+            },
+        )
+        log_dataset_inputs(
+            run.info.run_id, [(src, CONTEXT_SOURCE)]
+        )  # the raw source (file, folder, URL, HF datasets) + hash
         with root.building(dataset, key):  # concurrent flows ingest a source once
             manifest, quarantined = root.reuse(dataset, key, full=verify or config.verify)
             if quarantined is not None:
@@ -56,33 +73,61 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
             hit = manifest is not None
             if not hit:
                 table, stats = read_source(src, strict=config.strict, max_line_chars=config.max_line_chars)
-                if (usable := table.num_rows - stats.empty) < 1:  # nothing to tokenise or train on: refused here, not later
-                    raise EmptySourceError(f"{src.where}: {usable} usable rows ({table.num_rows} rows read, {stats.empty} "
-                                           f"with an empty sentence, {stats.skipped} skipped): nothing to ingest")
+                if (
+                    usable := table.num_rows - stats.empty
+                ) < 1:  # nothing to tokenise or train on: refused here, not later
+                    raise EmptySourceError(
+                        f"{src.where}: {usable} usable rows ({table.num_rows} rows read, {stats.empty} "
+                        f"with an empty sentence, {stats.skipped} skipped): nothing to ingest"
+                    )
                 if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
                     raise ValueError(f"{src.where}: {table.num_rows} rows, expected {exp}")
                 if dataset == "sts" and config.senteval.expected_rows:
                     check_sts_counts(src, stats, config.senteval.expected_rows)
                 if stats.empty:
-                    log.warning("%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.where, stats.empty)
+                    log.warning(
+                        "%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.where, stats.empty
+                    )
                 for finding in _FINDINGS:
                     if n := stats.details.get(finding):
-                        log.warning("%s: %d x %s (first: %s)%s", src.where, n, finding, stats.examples[finding][0],
-                                    "" if finding == "bom" else "; strict: true makes them errors")
+                        log.warning(
+                            "%s: %d x %s (first: %s)%s",
+                            src.where,
+                            n,
+                            finding,
+                            stats.examples[finding][0],
+                            "" if finding == "bom" else "; strict: true makes them errors",
+                        )
                 parts = (table.slice(i, PART_ROWS) for i in range(0, max(table.num_rows, 1), PART_ROWS))
                 manifest = write_dataset(
-                    root, dataset, key, parts, _SCHEMAS[dataset],
+                    root,
+                    dataset,
+                    key,
+                    parts,
+                    _SCHEMAS[dataset],
                     params={"dataset": dataset, "schema_version": SCHEMA_VERSION},
-                    source=src.describe(), inputs={"source": src.content_hash}, stats=stats.as_dict(),
+                    source=src.describe(),
+                    inputs={"source": src.content_hash},
+                    stats=stats.as_dict(),
                 )
                 refresh_catalog(root)
         seconds = time.perf_counter() - t0
         st = manifest.stats
-        log_run_results(run.info.run_id, metrics={
-            "rows": manifest.rows, "empty": st.get("empty", 0), "skipped": st.get("skipped", 0),
-            **{f: float(st.get(f, 0)) for f in _FINDINGS},
-            "cache_hit": float(hit), "seconds": seconds, "rows_per_s": manifest.rows / max(seconds, 1e-9),
-        }, tags={"content_hash": manifest.content_hash},
-            dicts={"source_findings.json": st["examples"]} if st.get("examples") else None)
-        log.info("%s: %d rows, key %s (%s) in %.1fs", dataset, manifest.rows, key, "cache hit" if hit else "written", seconds)
+        log_run_results(
+            run.info.run_id,
+            metrics={
+                "rows": manifest.rows,
+                "empty": st.get("empty", 0),
+                "skipped": st.get("skipped", 0),
+                **{f: float(st.get(f, 0)) for f in _FINDINGS},
+                "cache_hit": float(hit),
+                "seconds": seconds,
+                "rows_per_s": manifest.rows / max(seconds, 1e-9),
+            },
+            tags={"content_hash": manifest.content_hash},
+            dicts={"source_findings.json": st["examples"]} if st.get("examples") else None,
+        )
+        log.info(
+            "%s: %d rows, key %s (%s) in %.1fs", dataset, manifest.rows, key, "cache hit" if hit else "written", seconds
+        )
     return DatasetRef.of(root, manifest, cache_hit=hit)

@@ -76,8 +76,12 @@ def _token_parts(table: pa.Table, columns: tuple[str, ...], tokenizer, cfg: Toke
 def _length_counts(part: pa.Table, max_length: int) -> dict[str, int]:
     """The length counts of one tokens part (or shard): sentences, truncated ones, sum and max of the lengths."""
     lengths = part.column("length").to_numpy().astype(np.int64)
-    return {"sentences": int(lengths.size), "truncated": int((lengths >= max_length).sum()),
-            "length_sum": int(lengths.sum()), "max_length_seen": int(lengths.max()) if lengths.size else 0}
+    return {
+        "sentences": int(lengths.size),
+        "truncated": int((lengths >= max_length).sum()),
+        "length_sum": int(lengths.sum()),
+        "max_length_seen": int(lengths.max()) if lengths.size else 0,
+    }
 
 
 def _length_stats(counts: Iterable[Mapping[str, int]]) -> dict:
@@ -124,8 +128,10 @@ def _shard_tokenizer(plan: TokenizePlan):
         cache[plan.config.tokenizer] = load_tokenizer(plan.config.tokenizer)
     tokenizer = cache[plan.config.tokenizer]
     if (found := tokenizer_fingerprint(tokenizer)) != plan.tokenizer_fingerprint:
-        raise RuntimeError(f"tokenizer {plan.config.tokenizer!r} loads as {found} here, planned as "
-                           f"{plan.tokenizer_fingerprint}: the workers must load the same tokenizer as the flow")
+        raise RuntimeError(
+            f"tokenizer {plan.config.tokenizer!r} loads as {found} here, planned as "
+            f"{plan.tokenizer_fingerprint}: the workers must load the same tokenizer as the flow"
+        )
     return tokenizer
 
 
@@ -133,8 +139,11 @@ def _shard_tokenizer(plan: TokenizePlan):
 def tokenize_shard(plan: TokenizePlan, shard: int) -> TokenShardResult:
     """Encode part `shard` into its work file under `plan.data_root` (reused when already there)."""
     table, computed = build_shard(
-        plan, shard, ["id", *plan.columns],
-        lambda rows: _token_part(rows, tuple(plan.columns), _shard_tokenizer(plan), plan.config))
+        plan,
+        shard,
+        ["id", *plan.columns],
+        lambda rows: _token_part(rows, tuple(plan.columns), _shard_tokenizer(plan), plan.config),
+    )
     return TokenShardResult(shard=shard, computed=computed, **_length_counts(table, plan.config.max_length))
 
 
@@ -142,8 +151,9 @@ def _tokenize_on_runner(runner, root: DataRoot, plan: TokenizePlan, params: dict
     """Encode every part as a `tokenize-shard` task on `runner`, then publish the shard files as the parts."""
     with runner:
         shards = runner.map(tokenize_shard, {"plan": unmapped(plan), "shard": list(range(plan.n_shards))}).result()
-    return publish_shards(root, plan, shards, params=params,
-                          stats=lambda done: _length_stats(r.model_dump() for r in done))
+    return publish_shards(
+        root, plan, shards, params=params, stats=lambda done: _length_stats(r.model_dump() for r in done)
+    )
 
 
 @task(name="tokenize-dataset")
@@ -170,29 +180,53 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
             if not hit:
                 columns = schemas.TEXT_COLUMNS[source.kind]
                 tokens_params = {
-                    "tokenizer": config.tokenizer, "tokenizer_fingerprint": tfp,
-                    "vocab_fingerprint": vocab_fingerprint(tokenizer), "max_length": config.max_length,
-                    "source_kind": source.kind, "columns": list(columns), "schema_version": SCHEMA_VERSION,
+                    "tokenizer": config.tokenizer,
+                    "tokenizer_fingerprint": tfp,
+                    "vocab_fingerprint": vocab_fingerprint(tokenizer),
+                    "max_length": config.max_length,
+                    "source_kind": source.kind,
+                    "columns": list(columns),
+                    "schema_version": SCHEMA_VERSION,
                 }
                 runner = shard_task_runner() if source.rows else None
                 if runner is None:  # local: every part in this process
                     table = read_dataset(root, source.kind, source.key)
                     parts = list(_token_parts(table, columns, tokenizer, config))
                     manifest = write_dataset(
-                        root, "tokens", key, parts, schemas.TOKENS, params=tokens_params,
-                        source={"kind": source.kind, "key": source.key}, inputs={source.kind: source.content_hash},
+                        root,
+                        "tokens",
+                        key,
+                        parts,
+                        schemas.TOKENS,
+                        params=tokens_params,
+                        source={"kind": source.kind, "key": source.key},
+                        inputs={source.kind: source.content_hash},
                         stats=_length_stats(_length_counts(p, config.max_length) for p in parts),
                     )
                 else:  # Dask: one tokenize-shard task per part
-                    plan = TokenizePlan(key=key, data_root=str(root.root), source=source, config=config,
-                                        tokenizer_fingerprint=tfp, columns=list(columns),
-                                        part_rows=part_rows(root, source.kind, source.key))
+                    plan = TokenizePlan(
+                        key=key,
+                        data_root=str(root.root),
+                        source=source,
+                        config=config,
+                        tokenizer_fingerprint=tfp,
+                        columns=list(columns),
+                        part_rows=part_rows(root, source.kind, source.key),
+                    )
                     manifest = _tokenize_on_runner(runner, root, plan, tokens_params)
                 refresh_catalog(root)
         seconds = time.perf_counter() - t0
-        log_dataset_metrics({"rows": manifest.rows, "cache_hit": float(hit), "seconds": seconds,
-                             "sentences_per_s": manifest.rows / max(seconds, 1e-9),
-                             **{k: float(v) for k, v in manifest.stats.items()}})
+        log_dataset_metrics(
+            {
+                "rows": manifest.rows,
+                "cache_hit": float(hit),
+                "seconds": seconds,
+                "sentences_per_s": manifest.rows / max(seconds, 1e-9),
+                **{k: float(v) for k, v in manifest.stats.items()},
+            }
+        )
         tag_dataset_run({"content_hash": manifest.content_hash})
-        log.info("tokens %s: %d sentences (%s) in %.1fs", key, manifest.rows, "cache hit" if hit else "written", seconds)
+        log.info(
+            "tokens %s: %d sentences (%s) in %.1fs", key, manifest.rows, "cache hit" if hit else "written", seconds
+        )
     return DatasetRef.of(root, manifest, cache_hit=hit)

@@ -112,8 +112,9 @@ def gpu_slot(device: torch.device, occupy: int = 1):
     return concurrency(os.environ.get("CSE_GPU_SLOT", "gpu"), occupy=occupy)
 
 
-def job_inputs(cfg: TrainConfig, corruption: DatasetRef | None,
-               nli_tokens: DatasetRef | None) -> tuple[DatasetRef | None, DatasetRef | None]:
+def job_inputs(
+    cfg: TrainConfig, corruption: DatasetRef | None, nli_tokens: DatasetRef | None
+) -> tuple[DatasetRef | None, DatasetRef | None]:
     """The corruption and NLI token datasets the job reads (None for those its method and preset do not read).
 
     Args:
@@ -128,17 +129,32 @@ def job_inputs(cfg: TrainConfig, corruption: DatasetRef | None,
     return (corruption if cfg.uses_corruption else None), (nli_tokens if cfg.needs_nli else None)
 
 
-def job_dir(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None) -> RunDir:
+def job_dir(
+    cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None
+) -> RunDir:
     """The job's folder, `<home>/runs/<method>/<run key>` (`training.job.run_key`; pass `job_inputs`' datasets)."""
     return RunDir(cfg.method, train_job.run_key(cfg, tokens, corruption, nli_tokens))
 
 
-def job_tags(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None,
-             run_dir: RunDir, extra_tags: dict[str, str] | None = None) -> dict[str, str]:
+def job_tags(
+    cfg: TrainConfig,
+    tokens: DatasetRef,
+    corruption: DatasetRef | None,
+    nli_tokens: DatasetRef | None,
+    run_dir: RunDir,
+    extra_tags: dict[str, str] | None = None,
+) -> dict[str, str]:
     """The tags of the job's MLflow run (method, backbone, preset, data hashes, commit, folder, worker, flow run)."""
-    tags = {"method": cfg.method, "backbone": cfg.backbone, "preset": cfg.preset, "dataset": cfg.dataset,
-            "tokens_hash": tokens.content_hash, "corruption_hash": corruption.content_hash if corruption else "none",
-            "git_commit": git_commit(), "run_dir": str(run_dir.path)}
+    tags = {
+        "method": cfg.method,
+        "backbone": cfg.backbone,
+        "preset": cfg.preset,
+        "dataset": cfg.dataset,
+        "tokens_hash": tokens.content_hash,
+        "corruption_hash": corruption.content_hash if corruption else "none",
+        "git_commit": git_commit(),
+        "run_dir": str(run_dir.path),
+    }
     if nli_tokens is not None:
         tags["nli_tokens_hash"] = nli_tokens.content_hash
     if worker := os.environ.get("CSE_WORKER_NAME"):  # set per worker by scripts/team.sh
@@ -150,9 +166,15 @@ def job_tags(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None
 
 
 @task(name="fit", retries=0, cache_policy=NO_CACHE)
-def fit_job(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, sts: DatasetRef,
-            nli_tokens: DatasetRef | None = None, stop_after: int | None = None,
-            extra_tags: dict[str, str] | None = None) -> FitResult:
+def fit_job(
+    cfg: TrainConfig,
+    tokens: DatasetRef,
+    corruption: DatasetRef | None,
+    sts: DatasetRef,
+    nli_tokens: DatasetRef | None = None,
+    stop_after: int | None = None,
+    extra_tags: dict[str, str] | None = None,
+) -> FitResult:
     """Train (or resume) one job, selecting its best checkpoint on STS-B dev (or the transfer dev average).
 
     Args:
@@ -178,31 +200,79 @@ def fit_job(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None,
     evaluator = Evaluator(load_sts_input(sts.key, root).table)
     tags = job_tags(cfg, tokens, corruption, nli_tokens, run_dir, extra_tags)
 
-    with training_run(cfg.method, run_dir, f"{cfg.method}-{cfg.preset}", tags, cfg.model_dump(), cfg.system_metrics,
-                      killed=(KeyboardInterrupt, TrainingInterrupted)) as run:
-        log_dataset_inputs(run.info.run_id, [(tokens, CONTEXT_TRAIN), *([(corruption, CONTEXT_CORRUPTION)] if corruption else []),
-                                             *([(nli_tokens, CONTEXT_TRAIN)] if nli_tokens else []), (sts, CONTEXT_EVAL)])
+    with training_run(
+        cfg.method,
+        run_dir,
+        f"{cfg.method}-{cfg.preset}",
+        tags,
+        cfg.model_dump(),
+        cfg.system_metrics,
+        killed=(KeyboardInterrupt, TrainingInterrupted),
+    ) as run:
+        log_dataset_inputs(
+            run.info.run_id,
+            [
+                (tokens, CONTEXT_TRAIN),
+                *([(corruption, CONTEXT_CORRUPTION)] if corruption else []),
+                *([(nli_tokens, CONTEXT_TRAIN)] if nli_tokens else []),
+                (sts, CONTEXT_EVAL),
+            ],
+        )
         # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
         metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
         try:
             if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
-                job = DistributedJob(config=cfg, tokens=tokens, corruption=corruption, nli_tokens=nli_tokens, sts=sts,
-                                     run_dir=str(run_dir.path), run_id=run.info.run_id, precision=precision,
-                                     stop_after=stop_after)
+                job = DistributedJob(
+                    config=cfg,
+                    tokens=tokens,
+                    corruption=corruption,
+                    nli_tokens=nli_tokens,
+                    sts=sts,
+                    run_dir=str(run_dir.path),
+                    run_id=run.info.run_id,
+                    precision=precision,
+                    stop_after=stop_after,
+                )
                 result = launch(job, WORKER_MODULE, gpu_slot(device, occupy=cfg.nproc_per_node), plog)
             else:
-                result = train_job.fit(cfg, rows, nli_rows, run_dir, run.info.run_id, device, precision, evaluator,
-                                       metrics_log.log_params, metrics_log.log_metrics, stop_after=stop_after,
-                                       slot=gpu_slot(device), logger=plog)
+                result = train_job.fit(
+                    cfg,
+                    rows,
+                    nli_rows,
+                    run_dir,
+                    run.info.run_id,
+                    device,
+                    precision,
+                    evaluator,
+                    metrics_log.log_params,
+                    metrics_log.log_metrics,
+                    stop_after=stop_after,
+                    slot=gpu_slot(device),
+                    logger=plog,
+                )
         finally:
             metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
-        log_run_results(run.info.run_id, metrics={"train_seconds": result.seconds,
-                                                  "train_sentences_per_s": result.sentences_per_s},
-                        tags={} if result.resumed_from is None else {"resumed_from_step": result.resumed_from})
-    plog.info("trained %d steps; best %s %.2f at step %s", result.steps,
-              "STS-B dev" if cfg.selection == "stsb" else "transfer dev average", result.best_score or float("nan"), result.best_step)
-    return FitResult(run_id=run.info.run_id, run_dir=str(run_dir.path), steps=result.steps, best_score=result.best_score,
-                     best_step=result.best_step, resumed_from=result.resumed_from, git_commit=tags["git_commit"])
+        log_run_results(
+            run.info.run_id,
+            metrics={"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s},
+            tags={} if result.resumed_from is None else {"resumed_from_step": result.resumed_from},
+        )
+    plog.info(
+        "trained %d steps; best %s %.2f at step %s",
+        result.steps,
+        "STS-B dev" if cfg.selection == "stsb" else "transfer dev average",
+        result.best_score or float("nan"),
+        result.best_step,
+    )
+    return FitResult(
+        run_id=run.info.run_id,
+        run_dir=str(run_dir.path),
+        steps=result.steps,
+        best_score=result.best_score,
+        best_step=result.best_step,
+        resumed_from=result.resumed_from,
+        git_commit=tags["git_commit"],
+    )
 
 
 def _what(cfg: TrainConfig, fitted: FitResult) -> dict[str, str]:
@@ -210,8 +280,13 @@ def _what(cfg: TrainConfig, fitted: FitResult) -> dict[str, str]:
     return {"method": cfg.method, "checkpoint": str(fitted.job.best), "run_id": fitted.run_id, "backbone": cfg.backbone}
 
 
-@task(name="evaluate-test", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_on_outage,
-      cache_policy=NO_CACHE)
+@task(
+    name="evaluate-test",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_on_outage,
+    cache_policy=NO_CACHE,
+)
 def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[str, float]:
     """The job's best checkpoint on the STS test sets, recorded on the job's MLflow run and as an evaluation row.
 
@@ -228,13 +303,20 @@ def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[
     sts_input = load_sts_input(sts.key, root)
     with job_stage(fitted.run_id, "evaluate-test"):
         best = load_checkpoint(fitted.job.best, device=pick_device(cfg.device))
-        res = Evaluator(sts_input.table).run(best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision)
+        res = Evaluator(sts_input.table).run(
+            best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision
+        )
         record_evaluation(res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input, what=_what(cfg, fitted))
     return res.metrics()
 
 
-@task(name="evaluate-transfer", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_on_outage,
-      cache_policy=NO_CACHE)
+@task(
+    name="evaluate-transfer",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_on_outage,
+    cache_policy=NO_CACHE,
+)
 def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
     """The job's best checkpoint on the SentEval transfer tasks (test settings), recorded like `evaluate_test`.
 
@@ -250,16 +332,28 @@ def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
         transfer, source = train_job.transfer_evaluator(get_settings().data_root)
         log_dataset_inputs(fitted.run_id, [(source, CONTEXT_EVAL)])
         best = load_checkpoint(fitted.job.best, device=pick_device(cfg.device))
-        tres = transfer.run(best, classifier="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision,
-                            log=plog.info)
+        tres = transfer.run(
+            best, classifier="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision, log=plog.info
+        )
         record_transfer_evaluation(tres, label=f"{cfg.method}-{cfg.preset}", source=source, what=_what(cfg, fitted))
     return tres.metrics()
 
 
-@task(name="export", retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_on_outage,
-      cache_policy=NO_CACHE)
-def export_model(cfg: TrainConfig, fitted: FitResult, test_metrics: dict[str, float], tokens: DatasetRef,
-                 corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> None:
+@task(
+    name="export",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_on_outage,
+    cache_policy=NO_CACHE,
+)
+def export_model(
+    cfg: TrainConfig,
+    fitted: FitResult,
+    test_metrics: dict[str, float],
+    tokens: DatasetRef,
+    corruption: DatasetRef | None,
+    nli_tokens: DatasetRef | None = None,
+) -> None:
     """Record and export the job's best checkpoint: the checkpoint and config as MLflow artifacts, the MLflow model
     and its registry version (`cse-<method>-<backbone>-<preset>`), the sentence-transformers folder, the PEFT adapter
     (`export_adapter`) and a model card in each export (also logged as artifacts).
@@ -278,19 +372,41 @@ def export_model(cfg: TrainConfig, fitted: FitResult, test_metrics: dict[str, fl
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
     run_dir = fitted.job
     with job_stage(fitted.run_id, "export"):
-        log_run_results(fitted.run_id, folders={"checkpoint": run_dir.best},
-                        texts={"config.json": json.dumps(cfg.model_dump(), indent=2)})
-        version_tags = {"method": cfg.method, "backbone": cfg.backbone, "preset": cfg.preset,
-                        "tokens_hash": tokens.content_hash, "corruption_hash": corruption.content_hash if corruption else "none"}
-        logged = log_encoder_model(run_dir.best, registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
-                                   version_tags=version_tags)
+        log_run_results(
+            fitted.run_id,
+            folders={"checkpoint": run_dir.best},
+            texts={"config.json": json.dumps(cfg.model_dump(), indent=2)},
+        )
+        version_tags = {
+            "method": cfg.method,
+            "backbone": cfg.backbone,
+            "preset": cfg.preset,
+            "tokens_hash": tokens.content_hash,
+            "corruption_hash": corruption.content_hash if corruption else "none",
+        }
+        logged = log_encoder_model(
+            run_dir.best,
+            registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
+            version_tags=version_tags,
+        )
         export_sentence_transformer(run_dir.best, run_dir.export)
         adapter = export_adapter(cfg.method, run_dir, plog)
         facts = CardFacts.from_training(
-            cfg, test_metrics, tokens=tokens, corruption=corruption, nli_tokens=nli_tokens, run_id=fitted.run_id,
-            registered_name=logged.registered_name if logged.version else None, version=logged.version,
-            logged_model_uri=logged.model_uri, git_commit=fitted.git_commit, checkpoint=run_dir.best,
-            adapter=adapter, steps=fitted.steps, best_stsb_dev=fitted.best_score)
+            cfg,
+            test_metrics,
+            tokens=tokens,
+            corruption=corruption,
+            nli_tokens=nli_tokens,
+            run_id=fitted.run_id,
+            registered_name=logged.registered_name if logged.version else None,
+            version=logged.version,
+            logged_model_uri=logged.model_uri,
+            git_commit=fitted.git_commit,
+            checkpoint=run_dir.best,
+            adapter=adapter,
+            steps=fitted.steps,
+            best_stsb_dev=fitted.best_score,
+        )
         folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
         if adapter is not None:
             folders["peft-adapter"] = write_model_card(adapter.folder, facts).parent
@@ -317,9 +433,15 @@ def export_adapter(method: str, run_dir: RunDir, logger):
 def record_result(fitted: FitResult, test_metrics: dict[str, float]) -> TrainResult:
     """Write the finished job's `result.json` (every stage done; with its best checkpoint's file records) and return
     it: from now on a rerun returns it (`finished_result`)."""
-    out = TrainResult(run_id=fitted.run_id, run_dir=fitted.run_dir, best_checkpoint=str(fitted.job.best),
-                      steps=fitted.steps, best_stsb_dev=fitted.best_score, resumed_from=fitted.resumed_from,
-                      test_metrics=test_metrics)
+    out = TrainResult(
+        run_id=fitted.run_id,
+        run_dir=fitted.run_dir,
+        best_checkpoint=str(fitted.job.best),
+        steps=fitted.steps,
+        best_stsb_dev=fitted.best_score,
+        resumed_from=fitted.resumed_from,
+        test_metrics=test_metrics,
+    )
     fitted.job.set_result(out.model_dump())
     return out
 
@@ -347,11 +469,18 @@ def finished_result(run_dir: RunDir, logger=None) -> TrainResult | None:
         return None
     if check.result_problems:
         moved = run_dir.quarantine_result(check.result_problems)
-        say("finished job %s: its recorded result is damaged (%s; moved to %s); its checkpoint and training state are "
-            "intact: evaluating and recording it again", run_dir.path, "; ".join(check.result_problems), moved)
+        say(
+            "finished job %s: its recorded result is damaged (%s; moved to %s); its checkpoint and training state are "
+            "intact: evaluating and recording it again",
+            run_dir.path,
+            "; ".join(check.result_problems),
+            moved,
+        )
         return None
     record = check.record
     if not training_run_exists(record["run_id"]):
-        log.warning("finished job %s names MLflow run %s, which is gone: running it again", run_dir.path, record["run_id"])
+        log.warning(
+            "finished job %s names MLflow run %s, which is gone: running it again", run_dir.path, record["run_id"]
+        )
         return None
     return TrainResult.model_validate(record)

@@ -33,12 +33,24 @@ def ingest_transfer(config: IngestConfig) -> DatasetRef:
     root = DataRoot(get_settings().data_root)
     src_cfg = config.senteval
     t0 = time.perf_counter()
-    with stage_run("data", "ingest-transfer", params={"dataset": "transfer", "source": src_cfg.model_dump(mode="json")}) as run:
-        src = resolve_source(root, "sts", src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries)
+    with stage_run(
+        "data", "ingest-transfer", params={"dataset": "transfer", "source": src_cfg.model_dump(mode="json")}
+    ) as run:
+        src = resolve_source(
+            root, "sts", src_cfg.path, src_cfg.url, sha256=src_cfg.sha256, retries=config.download_retries
+        )
         digest = sha256_files(transfer_source_files(src.path))
         key = transfer_key(digest)
-        log_run_results(run.info.run_id, tags={"dataset": "transfer", "source_origin": src.origin,
-                                               "source_location": src.location, "source_hash": digest, "key": key})
+        log_run_results(
+            run.info.run_id,
+            tags={
+                "dataset": "transfer",
+                "source_origin": src.origin,
+                "source_location": src.location,
+                "source_hash": digest,
+                "key": key,
+            },
+        )
         with root.building("transfer", key):
             manifest = root.find("transfer", key)
             hit = manifest is not None
@@ -46,14 +58,30 @@ def ingest_transfer(config: IngestConfig) -> DatasetRef:
                 table, stats = read_transfer(src.path)
                 if stats.empty:
                     log.warning("%s: %d blank examples (kept, as SentEval keeps them)", src.path, stats.empty)
-                manifest = write_dataset(root, "transfer", key, [table], TRANSFER,
-                                         params={"dataset": "transfer", "schema_version": SCHEMA_VERSION},
-                                         source={**src.describe(), "dataset": "transfer"}, inputs={"source": digest},
-                                         stats=stats.as_dict())
+                manifest = write_dataset(
+                    root,
+                    "transfer",
+                    key,
+                    [table],
+                    TRANSFER,
+                    params={"dataset": "transfer", "schema_version": SCHEMA_VERSION},
+                    source={**src.describe(), "dataset": "transfer"},
+                    inputs={"source": digest},
+                    stats=stats.as_dict(),
+                )
                 refresh_catalog(root)
         seconds = time.perf_counter() - t0
-        log_run_results(run.info.run_id, metrics={"rows": manifest.rows, "empty": manifest.stats.get("empty", 0),
-                                                  "cache_hit": float(hit), "seconds": seconds},
-                        tags={"content_hash": manifest.content_hash})
-        log.info("transfer: %d rows, key %s (%s) in %.1fs", manifest.rows, key, "cache hit" if hit else "written", seconds)
+        log_run_results(
+            run.info.run_id,
+            metrics={
+                "rows": manifest.rows,
+                "empty": manifest.stats.get("empty", 0),
+                "cache_hit": float(hit),
+                "seconds": seconds,
+            },
+            tags={"content_hash": manifest.content_hash},
+        )
+        log.info(
+            "transfer: %d rows, key %s (%s) in %.1fs", manifest.rows, key, "cache hit" if hit else "written", seconds
+        )
     return DatasetRef.of(root, manifest, cache_hit=hit)

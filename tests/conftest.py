@@ -121,7 +121,9 @@ def tiny_generator_dir(tmp_path_factory, tokenizer) -> Path:
 
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("tiny_generator")
-    cfg = DistilBertConfig(vocab_size=len(tokenizer), dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128)
+    cfg = DistilBertConfig(
+        vocab_size=len(tokenizer), dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128
+    )
     DistilBertForMaskedLM(cfg).save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d

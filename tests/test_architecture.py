@@ -120,16 +120,24 @@ def test_no_import_cycles():
 
 
 def test_only_the_tracking_seam_imports_mlflow():
-    offenders = [f"{path.relative_to(REPO_ROOT)}:{line}"
-                 for name, path in project_files(extra=("benchmarks",)).items() if name.split(".")[0] != MLFLOW_SEAM
-                 for module, line in imports(path) if module == "mlflow" or module.startswith("mlflow.")]
+    offenders = [
+        f"{path.relative_to(REPO_ROOT)}:{line}"
+        for name, path in project_files(extra=("benchmarks",)).items()
+        if name.split(".")[0] != MLFLOW_SEAM
+        for module, line in imports(path)
+        if module == "mlflow" or module.startswith("mlflow.")
+    ]
     assert not offenders, f"mlflow imported outside {MLFLOW_SEAM}: {offenders}"
 
 
 def test_pure_layers_import_neither_prefect_nor_mlflow():
-    offenders = [f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
-                 for name, path in project_files().items() if name.split(".")[0] in NO_ORCHESTRATION
-                 for module, line in imports(path) if module.split(".")[0] in ("prefect", "mlflow", "prefect_dask")]
+    offenders = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
+        for name, path in project_files().items()
+        if name.split(".")[0] in NO_ORCHESTRATION
+        for module, line in imports(path)
+        if module.split(".")[0] in ("prefect", "mlflow", "prefect_dask")
+    ]
     assert not offenders, offenders
 
 
@@ -147,8 +155,10 @@ def test_every_layer_imports_only_what_it_may():
 
 def test_the_checker_sees_lazy_imports(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import hidden\n\n"
-                      "def f():\n    import mlflow.entities\n    from tasks.train import x\n")
+    source.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import hidden\n\n"
+        "def f():\n    import mlflow.entities\n    from tasks.train import x\n"
+    )
     found = dict(imports(source))
     assert found["mlflow.entities"] == 6 and found["tasks.train"] == 7 and "hidden" not in found
 
@@ -165,22 +175,41 @@ def private_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     own: set[int] = set()
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        own.update(id(n) for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-                   and n.value.id in ("self", "cls"))
+        own.update(
+            id(n)
+            for n in ast.walk(cls)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
+        )
     found = []
     for node in ast.walk(tree):
-        where = f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}:{getattr(node, 'lineno', 0)}"
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] in PACKAGES:
+        where = (
+            f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}:{getattr(node, 'lineno', 0)}"
+        )
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and node.module.split(".")[0] in PACKAGES
+        ):
             names = node.module.split(".") + [a.name for a in node.names]
             found += [f"{where}: imports {node.module}.{n}" for n in names if _private(n)]
         elif isinstance(node, ast.Import):
-            found += [f"{where}: imports {a.name}" for a in node.names
-                      if a.name.split(".")[0] in PACKAGES and any(_private(p) for p in a.name.split("."))]
+            found += [
+                f"{where}: imports {a.name}"
+                for a in node.names
+                if a.name.split(".")[0] in PACKAGES and any(_private(p) for p in a.name.split("."))
+            ]
         elif isinstance(node, ast.Attribute) and _private(node.attr) and id(node) not in own:
             found.append(f"{where}: reads {ast.unparse(node)}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr") \
-                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
-                and isinstance(node.args[1].value, str) and _private(node.args[1].value):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+        ):
             found.append(f"{where}: {node.func.id} {node.args[1].value}")
     return found
 
@@ -194,9 +223,17 @@ def test_benchmarks_use_no_private_name_of_the_project():
 
 def test_the_private_name_checker_sees_imports_attributes_and_getattr(tmp_path):
     source = tmp_path / "probe.py"
-    source.write_text("from training.loop import Trainer, _helper\nimport models._hidden\nfrom torch import _C\n\n"
-                      "class Probe:\n    def f(self):\n        return self._own, cls_obj._other\n\n"
-                      "def g(t):\n    t._batch(1)\n    return getattr(t, '_autocast'), t.__class__\n")
-    assert sorted(f.split(": ", 1)[1] for f in private_uses(source)) == sorted([
-        "imports training.loop._helper", "imports models._hidden", "reads cls_obj._other", "reads t._batch",
-        "getattr _autocast"])
+    source.write_text(
+        "from training.loop import Trainer, _helper\nimport models._hidden\nfrom torch import _C\n\n"
+        "class Probe:\n    def f(self):\n        return self._own, cls_obj._other\n\n"
+        "def g(t):\n    t._batch(1)\n    return getattr(t, '_autocast'), t.__class__\n"
+    )
+    assert sorted(f.split(": ", 1)[1] for f in private_uses(source)) == sorted(
+        [
+            "imports training.loop._helper",
+            "imports models._hidden",
+            "reads cls_obj._other",
+            "reads t._batch",
+            "getattr _autocast",
+        ]
+    )

@@ -52,8 +52,18 @@ def test_readme_is_short():
 
 def test_the_docs_have_pages():
     names = {p.name for p in DOC_PAGES}
-    for required in ("index.md", "architecture.md", "data.md", "evaluation.md", "training.md", "exports.md",
-                     "operations.md", "evidence.md", "configuration.md", "tests.md"):
+    for required in (
+        "index.md",
+        "architecture.md",
+        "data.md",
+        "evaluation.md",
+        "training.md",
+        "exports.md",
+        "operations.md",
+        "evidence.md",
+        "configuration.md",
+        "tests.md",
+    ):
         assert required in names, f"docs/{required} is missing"
 
 
@@ -82,9 +92,11 @@ def test_no_references_a_reader_cannot_follow(page: Path):
 
 def test_the_checks_catch_what_they_look_for(tmp_path: Path):
     page = tmp_path / "page.md"
-    page.write_text("See [a](missing.md), [b](page.md#top), [c](https://example.org/x.md) and `[d](nope.md)`.\n"
-                    "As methods.md §4 says (issue #12, commit e721e3a); methods-overview.md and 1000000 are fine.\n",
-                    encoding="utf-8")
+    page.write_text(
+        "See [a](missing.md), [b](page.md#top), [c](https://example.org/x.md) and `[d](nope.md)`.\n"
+        "As methods.md §4 says (issue #12, commit e721e3a); methods-overview.md and 1000000 are fine.\n",
+        encoding="utf-8",
+    )
     assert _relative_links(page) == ["missing.md", "page.md#top"]
     line = page.read_text(encoding="utf-8").splitlines()[1]
     assert [p.search(line).group(0) for p in FORBIDDEN.values()] == ["methods.md", "issue #12", "e721e3a"]
@@ -93,9 +105,19 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path):
 
 
 # The modules whose docstrings carry runnable examples (`>>>`): the examples are part of the docs site, so they run.
-DOCTEST_MODULES = ("models.losses", "models.pooling", "models.heads", "models.crtd", "evaluation.alignment",
-                   "evaluation.sts", "evaluation.retrieval", "evaluation.classifier", "evaluation.encode",
-                   "evaluation.qualitative", "evaluation.plots")
+DOCTEST_MODULES = (
+    "models.losses",
+    "models.pooling",
+    "models.heads",
+    "models.crtd",
+    "evaluation.alignment",
+    "evaluation.sts",
+    "evaluation.retrieval",
+    "evaluation.classifier",
+    "evaluation.encode",
+    "evaluation.qualitative",
+    "evaluation.plots",
+)
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)
@@ -106,4 +128,6 @@ def test_docstring_examples_run(module: str):
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, report=True)
     assert result.attempted > 0, f"{module} has no docstring examples"
-    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples of {module} failed (see above)"
+    assert result.failed == 0, (
+        f"{result.failed} of {result.attempted} docstring examples of {module} failed (see above)"
+    )

@@ -46,13 +46,18 @@ def source_files() -> list[Path]:
 
 def test_no_method_name_outside_its_unit():
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, METHODS)) + r")\b")
-    found = [f"{path.relative_to(REPO_ROOT)}:{line}: {text}"
-             for path in source_files() for line, text in method_tokens(path, pattern)]
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{line}: {text}"
+        for path in source_files()
+        for line, text in method_tokens(path, pattern)
+    ]
     assert not found, "method names outside their unit (read them from config.methods instead):\n" + "\n".join(found)
 
 
 def test_the_check_finds_a_method_name(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text(f'"""A docstring naming {METHODS[0]} is prose."""\nx = "{METHODS[0]}"\n# {METHODS[0]} in a comment\n')
+    probe.write_text(
+        f'"""A docstring naming {METHODS[0]} is prose."""\nx = "{METHODS[0]}"\n# {METHODS[0]} in a comment\n'
+    )
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, METHODS)) + r")\b")
     assert method_tokens(probe, pattern) == [(2, f'"{METHODS[0]}"')]

@@ -52,12 +52,21 @@ def digest_of(content_hash: str) -> str:
 # ------------------------------------------------------------------------------------------------ schemas
 _SCALARS: dict[Any, DataType] = {
     pa.bool_(): DataType.boolean,
-    pa.int8(): DataType.integer, pa.int16(): DataType.integer, pa.int32(): DataType.integer,
-    pa.uint8(): DataType.integer, pa.uint16(): DataType.integer,
-    pa.int64(): DataType.long, pa.uint32(): DataType.long, pa.uint64(): DataType.long,
-    pa.float16(): DataType.float, pa.float32(): DataType.float, pa.float64(): DataType.double,
-    pa.string(): DataType.string, pa.large_string(): DataType.string,
-    pa.binary(): DataType.binary, pa.large_binary(): DataType.binary,
+    pa.int8(): DataType.integer,
+    pa.int16(): DataType.integer,
+    pa.int32(): DataType.integer,
+    pa.uint8(): DataType.integer,
+    pa.uint16(): DataType.integer,
+    pa.int64(): DataType.long,
+    pa.uint32(): DataType.long,
+    pa.uint64(): DataType.long,
+    pa.float16(): DataType.float,
+    pa.float32(): DataType.float,
+    pa.float64(): DataType.double,
+    pa.string(): DataType.string,
+    pa.large_string(): DataType.string,
+    pa.binary(): DataType.binary,
+    pa.large_binary(): DataType.binary,
 }
 
 
@@ -71,8 +80,7 @@ def _mlflow_type(t: pa.DataType, where: str):
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return Array(_mlflow_type(t.value_type, f"{where}[]"))
     if pa.types.is_struct(t):
-        return Object([Property(f.name, _mlflow_type(f.type, f"{where}.{f.name}"), required=not f.nullable)
-                       for f in t])
+        return Object([Property(f.name, _mlflow_type(f.type, f"{where}.{f.name}"), required=not f.nullable) for f in t])
     raise TypeError(f"column {where}: Arrow type {t} has no MLflow schema type")
 
 
@@ -95,8 +103,11 @@ class ParquetDataset(Dataset):
         self.folder = Path(folder)
         self.manifest = manifest
         self.arrow_schema = schema if schema is not None else self._read_schema()
-        super().__init__(source=LocalArtifactDatasetSource(str(self.folder)), name=f"{manifest.kind}/{manifest.key}",
-                         digest=digest_of(manifest.content_hash))
+        super().__init__(
+            source=LocalArtifactDatasetSource(str(self.folder)),
+            name=f"{manifest.kind}/{manifest.key}",
+            digest=digest_of(manifest.content_hash),
+        )
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, root: DataRoot | None = None) -> ParquetDataset:
@@ -128,8 +139,15 @@ class ParquetDataset(Dataset):
     @property
     def profile(self) -> dict[str, Any]:
         m = self.manifest
-        return {"num_rows": m.rows, "num_files": len(m.files), "size_bytes": sum(m.file_sizes.values()),
-                "content_hash": m.content_hash, "kind": m.kind, "key": m.key, "created": m.created}
+        return {
+            "num_rows": m.rows,
+            "num_files": len(m.files),
+            "size_bytes": sum(m.file_sizes.values()),
+            "content_hash": m.content_hash,
+            "kind": m.kind,
+            "key": m.key,
+            "created": m.created,
+        }
 
     def to_dict(self) -> dict[str, str]:
         return {**super().to_dict(), "schema": _schema_json(self.schema), "profile": json.dumps(self.profile)}
@@ -138,8 +156,16 @@ class ParquetDataset(Dataset):
 class SourceDataset(Dataset):
     """A raw input read as it came: a source file or folder (or the URL it was downloaded from) and its sha256."""
 
-    def __init__(self, name: str, source: DatasetSource, sha256: str, *, rows: int | None = None,
-                 schema: pa.Schema | None = None, details: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        name: str,
+        source: DatasetSource,
+        sha256: str,
+        *,
+        rows: int | None = None,
+        schema: pa.Schema | None = None,
+        details: dict[str, Any] | None = None,
+    ):
         self.sha256, self.rows, self.arrow_schema = sha256, rows, schema
         self.details = dict(details or {})
         super().__init__(source=source, name=name, digest=digest_of(sha256))
@@ -163,7 +189,11 @@ class SourceDataset(Dataset):
         return {**({"num_rows": self.rows} if self.rows is not None else {}), "sha256": self.sha256, **self.details}
 
     def to_dict(self) -> dict[str, str]:
-        return {**super().to_dict(), "schema": _schema_json(self.schema), "profile": json.dumps(self.profile, default=str)}
+        return {
+            **super().to_dict(),
+            "schema": _schema_json(self.schema),
+            "profile": json.dumps(self.profile, default=str),
+        }
 
 
 def _hf_dataset(kind: str, rows: Any) -> SourceDataset:
@@ -172,11 +202,25 @@ def _hf_dataset(kind: str, rows: Any) -> SourceDataset:
     of the rows read; with their count and schema."""
     spec = rows.spec
     local = spec.dataset.startswith(("/", "./", "../", "~")) or Path(spec.dataset).expanduser().exists()
-    source = (LocalArtifactDatasetSource(str(Path(rows.folder).resolve())) if local else
-              HuggingFaceDatasetSource(path=spec.dataset, config_name=spec.config, data_files=spec.data_files,
-                                       split=rows.split, revision=spec.revision))
-    return SourceDataset(f"{kind}-source/{rows.where}", source, rows.content_hash(), rows=rows.table.num_rows,
-                         schema=rows.table.schema, details={"origin": "hf", "location": rows.where})
+    source = (
+        LocalArtifactDatasetSource(str(Path(rows.folder).resolve()))
+        if local
+        else HuggingFaceDatasetSource(
+            path=spec.dataset,
+            config_name=spec.config,
+            data_files=spec.data_files,
+            split=rows.split,
+            revision=spec.revision,
+        )
+    )
+    return SourceDataset(
+        f"{kind}-source/{rows.where}",
+        source,
+        rows.content_hash(),
+        rows=rows.table.num_rows,
+        schema=rows.table.schema,
+        details={"origin": "hf", "location": rows.where},
+    )
 
 
 def as_datasets(item: Any, root: DataRoot | None = None) -> list[Dataset]:
@@ -211,18 +255,27 @@ def as_dataset(item: Any, root: DataRoot | None = None) -> Dataset:
             root = root or DataRoot(get_settings().data_root)
             return ParquetDataset(root.dataset_dir(kind, item.location), root.require(kind, item.location))
         folder = Path(item.location)
-        return SourceDataset(f"{kind}-source/{folder.name}", SourceDataset.source_for(str(folder)), item.content_hash,
-                             rows=item.table.num_rows, schema=item.table.schema,
-                             details={"origin": item.origin, "location": item.location})
+        return SourceDataset(
+            f"{kind}-source/{folder.name}",
+            SourceDataset.source_for(str(folder)),
+            item.content_hash,
+            rows=item.table.num_rows,
+            schema=item.table.schema,
+            details={"origin": item.origin, "location": item.location},
+        )
     if all(hasattr(item, a) for a in _SOURCE_FIELDS):  # storage.sources.ResolvedSource (or any source shaped like it)
         if len(parts := getattr(item, "hf", ())) == 1:
             return _hf_dataset(item.dataset, parts[0])
         if parts:
             raise ValueError(f"{item.location}: {len(parts)} Hugging Face datasets: use as_datasets (one per dataset)")
         path = Path(item.path)
-        return SourceDataset(f"{item.dataset}-source/{path.name}", SourceDataset.source_for(item.location, path),
-                             item.content_hash, details={"origin": item.origin, "location": item.location,
-                                                         "file": str(path)})
-    raise TypeError(f"cannot log a {type(item).__name__} as an MLflow dataset input: pass a DatasetRef, a Manifest, a "
-                    "resolved source, an STS/transfer evaluation input or an mlflow.data Dataset")
-
+        return SourceDataset(
+            f"{item.dataset}-source/{path.name}",
+            SourceDataset.source_for(item.location, path),
+            item.content_hash,
+            details={"origin": item.origin, "location": item.location, "file": str(path)},
+        )
+    raise TypeError(
+        f"cannot log a {type(item).__name__} as an MLflow dataset input: pass a DatasetRef, a Manifest, a "
+        "resolved source, an STS/transfer evaluation input or an mlflow.data Dataset"
+    )

@@ -21,14 +21,24 @@ def start_group_run(experiment_id: str, run_name: str, tags: Mapping[str, str], 
 COMPARISON_TABLE = "comparison_table.json"  # the `compare` run's MLflow table (mlflow.log_table)
 
 
-def log_comparison(comparison_id: str, selection: Mapping[str, Any], markdown: str, csv_text: str, runs: int,
-                   table: Mapping[str, list[Any]] | None = None, tags: Mapping[str, str] | None = None) -> str:
+def log_comparison(
+    comparison_id: str,
+    selection: Mapping[str, Any],
+    markdown: str,
+    csv_text: str,
+    runs: int,
+    table: Mapping[str, list[Any]] | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> str:
     """A run of experiment `compare` for one comparison: `selection.json`, `comparison.md`, `comparison.csv`, the
     metric `runs` (how many training runs it compares), `tags`, and `table` (column name → values, the CSV's rows) as
     the MLflow table `comparison_table.json` (`mlflow.log_table`: the UI shows it as a table). Returns its id."""
     exp_id = ensure_experiment("compare")
-    with mlflow.start_run(experiment_id=exp_id, run_name=f"compare-{comparison_id[:6]}",
-                          tags={"cse.comparison_id": comparison_id, **(tags or {})}) as run:
+    with mlflow.start_run(
+        experiment_id=exp_id,
+        run_name=f"compare-{comparison_id[:6]}",
+        tags={"cse.comparison_id": comparison_id, **(tags or {})},
+    ) as run:
         mlflow.log_dict(dict(selection), "selection.json")
         mlflow.log_text(markdown, "comparison.md")
         mlflow.log_text(csv_text, "comparison.csv")

@@ -25,8 +25,9 @@ CONTEXT_CORRUPTION = "corruption"  # the corrupted views a D2CSE / DiffCSE job r
 CONTEXT_EVAL = "eval"  # evaluation data (STS: dev selection and test; SentEval transfer tasks)
 
 
-def log_dataset_inputs(run_id: str | None, inputs: Iterable[tuple[Any, str]],
-                       tags: Mapping[str, str] | None = None) -> list[DatasetInput]:
+def log_dataset_inputs(
+    run_id: str | None, inputs: Iterable[tuple[Any, str]], tags: Mapping[str, str] | None = None
+) -> list[DatasetInput]:
     """Log what run `run_id` (default: the active run) read as MLflow dataset inputs, each with its context
     (`CONTEXT_*`, the input tag `mlflow.data.context`) and `tags` (extra input tags). An input is anything
     `tracking.datasets.as_datasets` takes: a `DatasetRef` or `Manifest` (Parquet-backed, digest = the content hash,
@@ -42,7 +43,10 @@ def log_dataset_inputs(run_id: str | None, inputs: Iterable[tuple[Any, str]],
         configure_mlflow()
     entries = []
     for item, context in inputs:
-        input_tags = [InputTag(MLFLOW_DATASET_CONTEXT, context), *(InputTag(k, str(v)) for k, v in (tags or {}).items())]
+        input_tags = [
+            InputTag(MLFLOW_DATASET_CONTEXT, context),
+            *(InputTag(k, str(v)) for k, v in (tags or {}).items()),
+        ]
         entries += [DatasetInput(DatasetEntity(**dataset.to_dict()), tags=input_tags) for dataset in as_datasets(item)]
     if entries:
         _log_inputs_racing_others(run_id, entries)
@@ -78,7 +82,16 @@ def run_dataset_inputs(run_id: str) -> list[dict[str, Any]]:
     for di in mlflow.get_run(run_id).inputs.dataset_inputs:
         d = di.dataset
         tags = {t.key: t.value for t in di.tags}
-        out.append({"name": d.name, "digest": d.digest, "source_type": d.source_type, "source": d.source,
-                    "schema": d.schema, "profile": d.profile, "context": tags.pop(MLFLOW_DATASET_CONTEXT, None),
-                    "tags": tags})
+        out.append(
+            {
+                "name": d.name,
+                "digest": d.digest,
+                "source_type": d.source_type,
+                "source": d.source,
+                "schema": d.schema,
+                "profile": d.profile,
+                "context": tags.pop(MLFLOW_DATASET_CONTEXT, None),
+                "tags": tags,
+            }
+        )
     return out

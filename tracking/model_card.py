@@ -47,6 +47,7 @@ ALIGN_COLUMNS = ("alignment", "uniformity")
 _RETRIEVAL = re.compile(r"^retrieval_r(\d+)$")
 Library = Literal["sentence-transformers", "peft"]
 
+
 class AdapterInfo(BaseModel):
     """The PEFT adapter exported beside the model (models/peft_export.py's `PeftExport`, a dict of its fields, or the
     adapter folder's `cse_peft.json`). `exact`: whether `PeftModel` + the pooling reproduce our embeddings (None: not
@@ -74,13 +75,19 @@ class AdapterInfo(BaseModel):
         elif hasattr(export, "folder"):
             fields = {k: getattr(export, k) for k in names if hasattr(export, k)}
         else:
-            raise TypeError(f"adapter: expected a PeftExport, a mapping with `folder`, or None; got {type(export).__name__}")
+            raise TypeError(
+                f"adapter: expected a PeftExport, a mapping with `folder`, or None; got {type(export).__name__}"
+            )
         if "folder" not in fields:
             raise ValueError(f"adapter: the mapping lacks `folder` (got keys {sorted(export)})")
-        return cls(folder=str(fields["folder"]), exact=fields.get("exact"),
-                   limitations=[str(x) for x in (fields.get("limitations") or [])],
-                   base_model=None if fields.get("base_model") is None else str(fields["base_model"]),
-                   pooling=fields.get("pooling"), max_abs_diff=_number(fields.get("max_abs_diff")))
+        return cls(
+            folder=str(fields["folder"]),
+            exact=fields.get("exact"),
+            limitations=[str(x) for x in (fields.get("limitations") or [])],
+            base_model=None if fields.get("base_model") is None else str(fields["base_model"]),
+            pooling=fields.get("pooling"),
+            max_abs_diff=_number(fields.get("max_abs_diff")),
+        )
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> AdapterInfo:
@@ -110,15 +117,23 @@ class PublishedReference(BaseModel):
             return None
         rows = REGISTRY[method].published if method in REGISTRY else published.rows_of(method)
         cell = (family, setting)
-        ref = cls(key=(method, family, setting), sts=rows.sts.get(cell, {}), retrieval=rows.retrieval.get(cell, {}),
-                  align_uniform=rows.align_uniform.get(cell, {}),
-                  parameters=rows.parameters.get(family, {}) if setting == "unsup" else {})
+        ref = cls(
+            key=(method, family, setting),
+            sts=rows.sts.get(cell, {}),
+            retrieval=rows.retrieval.get(cell, {}),
+            align_uniform=rows.align_uniform.get(cell, {}),
+            parameters=rows.parameters.get(family, {}) if setting == "unsup" else {},
+        )
         return ref if (ref.sts or ref.retrieval or ref.align_uniform or ref.parameters) else None
 
     def values(self) -> dict[str, float]:
         """Every published number by metric name (`sts12` … `sts_avg`, `retrieval_r1` …, `alignment`, `uniformity`)."""
-        return {k: float(v) for table in (self.sts, self.retrieval, self.align_uniform)
-                for k, v in table.items() if k != "source" and _number(v) is not None}
+        return {
+            k: float(v)
+            for table in (self.sts, self.retrieval, self.align_uniform)
+            for k, v in table.items()
+            if k != "source" and _number(v) is not None
+        }
 
 
 class CardFacts(BaseModel):
@@ -143,7 +158,9 @@ class CardFacts(BaseModel):
     tokens_hash: str | None = None
     corruption_hash: str | None = None
     nli_tokens_hash: str | None = None
-    data_sources: dict[str, str] = Field(default_factory=dict, description="training data: name → local file, HF datasets or URL")
+    data_sources: dict[str, str] = Field(
+        default_factory=dict, description="training data: name → local file, HF datasets or URL"
+    )
     datasets: list[str] = Field(default_factory=list, description="HF hub ids of the training data (front matter)")
     git_commit: str | None = None
     run_id: str | None = None
@@ -158,13 +175,25 @@ class CardFacts(BaseModel):
     reference: PublishedReference | None = None
 
     @classmethod
-    def from_training(cls, cfg: TrainConfig, test_metrics: Mapping[str, float] | None = None, *,
-                      tokens: DatasetRef | str | None = None, corruption: DatasetRef | str | None = None,
-                      nli_tokens: DatasetRef | str | None = None, run_id: str | None = None,
-                      registered_name: str | None = None, version: int | str | None = None,
-                      logged_model_uri: str | None = None, git_commit: str | None = None, trainable_parameters: int | None = None,
-                      checkpoint: str | Path | None = None, adapter: Any = None, steps: int | None = None,
-                      best_stsb_dev: float | None = None) -> CardFacts:
+    def from_training(
+        cls,
+        cfg: TrainConfig,
+        test_metrics: Mapping[str, float] | None = None,
+        *,
+        tokens: DatasetRef | str | None = None,
+        corruption: DatasetRef | str | None = None,
+        nli_tokens: DatasetRef | str | None = None,
+        run_id: str | None = None,
+        registered_name: str | None = None,
+        version: int | str | None = None,
+        logged_model_uri: str | None = None,
+        git_commit: str | None = None,
+        trainable_parameters: int | None = None,
+        checkpoint: str | Path | None = None,
+        adapter: Any = None,
+        steps: int | None = None,
+        best_stsb_dev: float | None = None,
+    ) -> CardFacts:
         """The facts of one training job, from what tasks/train.py holds after its export step.
 
         `tokens`/`corruption`/`nli_tokens`: the input `DatasetRef`s (or their content hashes). `checkpoint`: the
@@ -181,17 +210,31 @@ class CardFacts(BaseModel):
                 trainable_parameters = meta["trainable_parameters"]
         sources = _training_sources(cfg)
         return cls(
-            method=cfg.method, method_title=spec.title if spec else cfg.method, summary=spec.summary if spec else "",
-            preset=cfg.preset, backbone=cfg.backbone, setting=setting, uses_corruption=cfg.uses_corruption,
+            method=cfg.method,
+            method_title=spec.title if spec else cfg.method,
+            summary=spec.summary if spec else "",
+            preset=cfg.preset,
+            backbone=cfg.backbone,
+            setting=setting,
+            uses_corruption=cfg.uses_corruption,
             dataset=cfg.dataset,
             metrics={k: float(v) for k, v in (test_metrics or {}).items() if _number(v) is not None},
             config=cfg.model_dump(mode="json"),
-            tokens_hash=_hash(tokens), corruption_hash=_hash(corruption), nli_tokens_hash=_hash(nli_tokens),
-            data_sources={k: _describe_source(v) for k, v in sources.items()}, datasets=_hub_datasets(sources.values()),
-            git_commit=git_commit, run_id=run_id, registered_name=registered_name,
-            version=None if version is None else str(version), logged_model_uri=logged_model_uri,
+            tokens_hash=_hash(tokens),
+            corruption_hash=_hash(corruption),
+            nli_tokens_hash=_hash(nli_tokens),
+            data_sources={k: _describe_source(v) for k, v in sources.items()},
+            datasets=_hub_datasets(sources.values()),
+            git_commit=git_commit,
+            run_id=run_id,
+            registered_name=registered_name,
+            version=None if version is None else str(version),
+            logged_model_uri=logged_model_uri,
             trainable_parameters=trainable_parameters,
-            pooler=pooler, steps=steps, best_stsb_dev=best_stsb_dev, adapter=AdapterInfo.of(adapter),
+            pooler=pooler,
+            steps=steps,
+            best_stsb_dev=best_stsb_dev,
+            adapter=AdapterInfo.of(adapter),
             reference=PublishedReference.lookup(cfg.method, cfg.backbone, setting),
         )
 
@@ -212,17 +255,30 @@ def published_differences(facts: CardFacts) -> dict[str, float]:
     """ours − published for every metric both the job and its published row have (STS, retrieval, align/uniform)."""
     if facts.reference is None:
         return {}
-    return {k: facts.metrics[k] - v for k, v in facts.reference.values().items()
-            if _number(facts.metrics.get(k)) is not None}
+    return {
+        k: facts.metrics[k] - v
+        for k, v in facts.reference.values().items()
+        if _number(facts.metrics.get(k)) is not None
+    }
 
 
 # ------------------------------------------------------------------------------------------------ rendering
 
+
 def model_card(facts: CardFacts, library: Library = "sentence-transformers") -> str:
     """The card (README.md text) of the export described by `facts`; `library` is the folder's kind: the
     sentence-transformers export, or the PEFT adapter folder (front matter `library_name: peft`)."""
-    parts = [_front_matter(facts, library), _title(facts), _results(facts), _parameters(facts), _data(facts),
-             _provenance(facts), _loading(facts, library), _configuration(facts), _citation(facts)]
+    parts = [
+        _front_matter(facts, library),
+        _title(facts),
+        _results(facts),
+        _parameters(facts),
+        _data(facts),
+        _provenance(facts),
+        _loading(facts, library),
+        _configuration(facts),
+        _citation(facts),
+    ]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts if p)
 
 
@@ -232,8 +288,11 @@ def write_model_card(folder: str | Path, facts: CardFacts) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no export folder at {folder}: export the model before writing its card")
-    library: Library = "peft" if (folder / "adapter_config.json").is_file() and not (folder / "modules.json").is_file() \
+    library: Library = (
+        "peft"
+        if (folder / "adapter_config.json").is_file() and not (folder / "modules.json").is_file()
         else "sentence-transformers"
+    )
     path = folder / CARD_FILE
     with atomic_file(path) as tmp:
         tmp.write_text(model_card(facts, library), encoding="utf-8")
@@ -241,30 +300,51 @@ def write_model_card(folder: str | Path, facts: CardFacts) -> Path:
 
 
 def _front_matter(facts: CardFacts, library: Library) -> str:
-    meta: dict[str, Any] = {"library_name": library, "pipeline_tag": "sentence-similarity",
-                            "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction", facts.method,
-                                     "contrastive-learning"]}
+    meta: dict[str, Any] = {
+        "library_name": library,
+        "pipeline_tag": "sentence-similarity",
+        "tags": [
+            "sentence-transformers",
+            "sentence-similarity",
+            "feature-extraction",
+            facts.method,
+            "contrastive-learning",
+        ],
+    }
     if library == "peft" or facts.adapter is not None:
         meta["tags"].append("peft")
     if (base := _hub_model_id(facts.backbone)) is not None:
         meta["base_model"] = base
     if facts.datasets:
         meta["datasets"] = list(facts.datasets)
-    results = [{"task": {"type": "sentence-similarity", "name": "Semantic Textual Similarity"},
-                "dataset": {"name": f"{TASK_TITLES[t]} (SentEval, test)", "type": f"senteval-{t}", "split": "test"},
-                "metrics": [{"type": "spearman", "value": round(facts.metrics[t], 2), "name": "Spearman x100"}]}
-               for t in SEVEN_TASKS if _number(facts.metrics.get(t)) is not None]
+    results = [
+        {
+            "task": {"type": "sentence-similarity", "name": "Semantic Textual Similarity"},
+            "dataset": {"name": f"{TASK_TITLES[t]} (SentEval, test)", "type": f"senteval-{t}", "split": "test"},
+            "metrics": [{"type": "spearman", "value": round(facts.metrics[t], 2), "name": "Spearman x100"}],
+        }
+        for t in SEVEN_TASKS
+        if _number(facts.metrics.get(t)) is not None
+    ]
     if results:
-        meta["model-index"] = [{"name": facts.registered_name or f"{facts.method_title} ({facts.backbone}, {facts.preset})",
-                                "results": results}]
+        meta["model-index"] = [
+            {
+                "name": facts.registered_name or f"{facts.method_title} ({facts.backbone}, {facts.preset})",
+                "results": results,
+            }
+        ]
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
 
 
 def _title(facts: CardFacts) -> str:
     lines = [f"# {facts.method_title} · {facts.backbone} · {facts.setting}", ""]
-    what = f"A sentence encoder trained with **{facts.method_title}**" + (f": {facts.summary}." if facts.summary else ".")
-    lines.append(f"{what} Preset `{facts.preset}`, backbone `{facts.backbone}`, training data {facts.dataset}. "
-                 "Each sentence maps to one vector; compare them by cosine similarity.")
+    what = f"A sentence encoder trained with **{facts.method_title}**" + (
+        f": {facts.summary}." if facts.summary else "."
+    )
+    lines.append(
+        f"{what} Preset `{facts.preset}`, backbone `{facts.backbone}`, training data {facts.dataset}. "
+        "Each sentence maps to one vector; compare them by cosine similarity."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -272,15 +352,22 @@ def _results(facts: CardFacts) -> str:
     ref = facts.reference
     lines = ["## Results (test)", ""]
     if ref is None:
-        lines += [f"No paper reports {facts.method_title} on `{facts.backbone}` ({facts.setting}): there is no "
-                  "published row to compare with.", ""]
+        lines += [
+            f"No paper reports {facts.method_title} on `{facts.backbone}` ({facts.setting}): there is no "
+            "published row to compare with.",
+            "",
+        ]
     else:
-        lines += [f"Published row reproduced: `{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py). "
-                  "Difference = this model − published.", ""]
-    lines += ["### STS (Spearman × 100; STS12–16 \"all\", STS-B and SICK-R test)", ""]
+        lines += [
+            f"Published row reproduced: `{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py). "
+            "Difference = this model − published.",
+            "",
+        ]
+    lines += ['### STS (Spearman × 100; STS12–16 "all", STS-B and SICK-R test)', ""]
     lines += _table(facts, STS_COLUMNS, [TASK_TITLES[c] for c in STS_COLUMNS], ref.sts if ref else {}, digits=2)
-    ks = sorted({int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {}))
-                 if (m := _RETRIEVAL.match(k))})
+    ks = sorted(
+        {int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {})) if (m := _RETRIEVAL.match(k))}
+    )
     lines += ["", "### Retrieval (STS-B test, gold-5.0 pairs as queries; recall@k × 100)", ""]
     if ks:
         cols = tuple(f"retrieval_r{k}" for k in ks)
@@ -299,28 +386,43 @@ def _results(facts: CardFacts) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(facts: CardFacts, columns: Sequence[str], titles: Sequence[str], row: Mapping[str, float | str],
-           digits: int) -> list[str]:
-    out = ["| | " + " | ".join(titles) + " |", "|---|" + "---|" * len(columns),
-           "| this model | " + " | ".join(_fmt(facts.metrics.get(c), digits) for c in columns) + " |"]
+def _table(
+    facts: CardFacts, columns: Sequence[str], titles: Sequence[str], row: Mapping[str, float | str], digits: int
+) -> list[str]:
+    out = [
+        "| | " + " | ".join(titles) + " |",
+        "|---|" + "---|" * len(columns),
+        "| this model | " + " | ".join(_fmt(facts.metrics.get(c), digits) for c in columns) + " |",
+    ]
     if row:
-        out.append(f"| published ({row.get('source', '?')}) | "
-                   + " | ".join(_fmt(row.get(c), digits) for c in columns) + " |")
-        out.append("| difference | " + " | ".join(_diff(facts.metrics.get(c), row.get(c), digits) for c in columns) + " |")
+        out.append(
+            f"| published ({row.get('source', '?')}) | " + " | ".join(_fmt(row.get(c), digits) for c in columns) + " |"
+        )
+        out.append(
+            "| difference | " + " | ".join(_diff(facts.metrics.get(c), row.get(c), digits) for c in columns) + " |"
+        )
     return out
 
 
 def _parameters(facts: CardFacts) -> str:
-    lines = ["## Trainable parameters", "", f"This model: {_count(facts.trainable_parameters)} (at training time, "
-             "heads used only for training included)."]
+    lines = [
+        "## Trainable parameters",
+        "",
+        f"This model: {_count(facts.trainable_parameters)} (at training time, heads used only for training included).",
+    ]
     if facts.reference and (p := facts.reference.parameters):
         lines.append(f"Published: {_count(_number(p.get('trainable_parameters')))} (source: {p.get('source', '?')}).")
     return "\n".join(lines) + "\n"
 
 
 def _data(facts: CardFacts) -> str:
-    lines = ["## Data", "", "| input | content hash |", "|---|---|",
-             f"| training tokens ({facts.dataset}) | `{facts.tokens_hash or MISSING}` |"]
+    lines = [
+        "## Data",
+        "",
+        "| input | content hash |",
+        "|---|---|",
+        f"| training tokens ({facts.dataset}) | `{facts.tokens_hash or MISSING}` |",
+    ]
     if facts.nli_tokens_hash or facts.config.get("prefix_phase") or facts.config.get("aux_nli_batch_size"):
         lines.append(f"| NLI tokens | `{facts.nli_tokens_hash or MISSING}` |")
     uses_corruption = facts.corruption_hash is not None or facts.uses_corruption
@@ -330,18 +432,28 @@ def _data(facts: CardFacts) -> str:
         lines += ["", "Sources: " + "; ".join(f"{k}: {v}" for k, v in facts.data_sources.items()) + "."]
     corrupt = facts.config.get("corrupt") or {}
     if uses_corruption and corrupt:
-        lines += ["", f"Corruption: generator `{corrupt.get('generator', MISSING)}`, mask ratio "
-                      f"{corrupt.get('mask_ratio', MISSING)}, mode {corrupt.get('mode', MISSING)}, "
-                      f"{corrupt.get('variants', MISSING)} variant(s) per sentence, seed {corrupt.get('seed', MISSING)}."]
-    lines += ["", "Hashes are the content hashes of the pipeline's datasets (`cse report`, `cse verify`): the same "
-                  "hash means the same rows, byte for byte."]
+        lines += [
+            "",
+            f"Corruption: generator `{corrupt.get('generator', MISSING)}`, mask ratio "
+            f"{corrupt.get('mask_ratio', MISSING)}, mode {corrupt.get('mode', MISSING)}, "
+            f"{corrupt.get('variants', MISSING)} variant(s) per sentence, seed {corrupt.get('seed', MISSING)}.",
+        ]
+    lines += [
+        "",
+        "Hashes are the content hashes of the pipeline's datasets (`cse report`, `cse verify`): the same "
+        "hash means the same rows, byte for byte.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def _provenance(facts: CardFacts) -> str:
-    lines = ["## Provenance", "", f"- git commit: `{facts.git_commit or MISSING}`",
-             f"- preset: `{facts.method}/{facts.preset}` (`prefect deployment run train-{facts.method}/{facts.preset}`)",
-             f"- MLflow run: `{facts.run_id or MISSING}`"]
+    lines = [
+        "## Provenance",
+        "",
+        f"- git commit: `{facts.git_commit or MISSING}`",
+        f"- preset: `{facts.method}/{facts.preset}` (`prefect deployment run train-{facts.method}/{facts.preset}`)",
+        f"- MLflow run: `{facts.run_id or MISSING}`",
+    ]
     if facts.registered_name:
         lines.append(f"- MLflow registered model: `{facts.registered_name}` version {facts.version or MISSING}")
     return "\n".join(lines) + "\n"
@@ -349,13 +461,23 @@ def _provenance(facts: CardFacts) -> str:
 
 def _loading(facts: CardFacts, library: Library) -> str:
     st_folder = "this folder" if library == "sentence-transformers" else "the job's `export/` folder (not this one)"
-    lines = ["## How to load", "", "### sentence-transformers", "",
-             f"The sentence-transformers export is {st_folder}: its `modules.json` names "
-             "`models.st_export.PromptedEncoderModule`, so it needs this project's package importable; the backbone "
-             f"`{facts.backbone}` is loaded from its own id or folder, as in training.",
-             "", "```python", "from sentence_transformers import SentenceTransformer", "",
-             'model = SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)',
-             'embeddings = model.encode(["a man is playing a guitar ."])', "```", ""]
+    lines = [
+        "## How to load",
+        "",
+        "### sentence-transformers",
+        "",
+        f"The sentence-transformers export is {st_folder}: its `modules.json` names "
+        "`models.st_export.PromptedEncoderModule`, so it needs this project's package importable; the backbone "
+        f"`{facts.backbone}` is loaded from its own id or folder, as in training.",
+        "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        "",
+        'model = SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)',
+        'embeddings = model.encode(["a man is playing a guitar ."])',
+        "```",
+        "",
+    ]
     if facts.pooler:
         lines += [f"The sentence embedding is the `{facts.pooler}` pooling of the encoder.", ""]
     lines += ["### PEFT adapter", ""]
@@ -364,43 +486,79 @@ def _loading(facts: CardFacts, library: Library) -> str:
         path = "<this folder>" if library == "peft" else a.folder
         where = "this folder" if library == "peft" else f"`{a.folder}`"
         bundled = a.base_model is not None and Path(a.base_model).parent == Path(a.folder)
-        base = f"{path}/{Path(a.base_model).name}" if bundled else (a.base_model or _hub_model_id(facts.backbone)
-                                                                    or facts.backbone)
-        lines += [f"A prefix-tuning adapter of the trained prompts: {where}.", "",
-                  "```python", "from peft import PeftModel", "from transformers import AutoModel, AutoTokenizer", "",
-                  f'base = AutoModel.from_pretrained("{base}")' + ("  # the fine-tuned encoder, bundled" if bundled else ""),
-                  f'model = PeftModel.from_pretrained(base, "{path}").eval()',
-                  f'tokenizer = AutoTokenizer.from_pretrained("{path}")', "```", ""]
+        base = (
+            f"{path}/{Path(a.base_model).name}"
+            if bundled
+            else (a.base_model or _hub_model_id(facts.backbone) or facts.backbone)
+        )
+        lines += [
+            f"A prefix-tuning adapter of the trained prompts: {where}.",
+            "",
+            "```python",
+            "from peft import PeftModel",
+            "from transformers import AutoModel, AutoTokenizer",
+            "",
+            f'base = AutoModel.from_pretrained("{base}")' + ("  # the fine-tuned encoder, bundled" if bundled else ""),
+            f'model = PeftModel.from_pretrained(base, "{path}").eval()',
+            f'tokenizer = AutoTokenizer.from_pretrained("{path}")',
+            "```",
+            "",
+        ]
         if a.pooling is not None:
-            lines += [f"The embedding is read from the encoder's output with the pooling `{json.dumps(a.pooling, sort_keys=True)}` "
-                      "(`cse_peft.json`); `peft_embed.py` in the adapter folder (transformers + peft only) does it all:", "",
-                      "```python", "from peft_embed import embed_sentences, load_prefix_encoder", "",
-                      f'model, tokenizer, spec = load_prefix_encoder("{path}")',
-                      'embeddings = embed_sentences(model, tokenizer, spec, ["a man is playing a guitar ."])', "```", ""]
+            lines += [
+                f"The embedding is read from the encoder's output with the pooling `{json.dumps(a.pooling, sort_keys=True)}` "
+                "(`cse_peft.json`); `peft_embed.py` in the adapter folder (transformers + peft only) does it all:",
+                "",
+                "```python",
+                "from peft_embed import embed_sentences, load_prefix_encoder",
+                "",
+                f'model, tokenizer, spec = load_prefix_encoder("{path}")',
+                'embeddings = embed_sentences(model, tokenizer, spec, ["a man is playing a guitar ."])',
+                "```",
+                "",
+            ]
         if a.exact is True:
-            lines.append("It reproduces this model's embeddings within 1e-5 (verified at export"
-                         + (f"; largest difference {a.max_abs_diff:.2g})." if a.max_abs_diff is not None else ")."))
+            lines.append(
+                "It reproduces this model's embeddings within 1e-5 (verified at export"
+                + (f"; largest difference {a.max_abs_diff:.2g})." if a.max_abs_diff is not None else ").")
+            )
         elif a.exact is False:
-            lines.append("It does **not** reproduce this model's embeddings exactly; use the sentence-transformers "
-                         "folder for the exact model.")
+            lines.append(
+                "It does **not** reproduce this model's embeddings exactly; use the sentence-transformers "
+                "folder for the exact model."
+            )
         else:
             lines.append("Whether it reproduces this model's embeddings exactly was not recorded.")
         if a.limitations:
-            lines += ["", "Notes from the export (what PEFT cannot express, and how to load it elsewhere):",
-                      *[f"- {x}" for x in a.limitations]]
+            lines += [
+                "",
+                "Notes from the export (what PEFT cannot express, and how to load it elsewhere):",
+                *[f"- {x}" for x in a.limitations],
+            ]
         lines.append("")
     else:
         spec = REGISTRY.get(facts.method)
-        why = (f" ({spec.title} has no prompts to export: its model class defines no PEFT adapter plan)"
-               if spec is not None and not spec.exports_peft_adapter else "")
+        why = (
+            f" ({spec.title} has no prompts to export: its model class defines no PEFT adapter plan)"
+            if spec is not None and not spec.exports_peft_adapter
+            else ""
+        )
         lines += [f"None was exported with this model{why}.", ""]
     lines += ["### MLflow", ""]
     if (uri := facts.model_uri) is not None:
-        lines += ["```python", "import mlflow", "", f'model = mlflow.pyfunc.load_model("{uri}")',
-                  'embeddings = model.predict(["a man is playing a guitar ."])', "```"]
+        lines += [
+            "```python",
+            "import mlflow",
+            "",
+            f'model = mlflow.pyfunc.load_model("{uri}")',
+            'embeddings = model.predict(["a man is playing a guitar ."])',
+            "```",
+        ]
         if facts.registered_name is None:
-            lines += ["", "(The model is not registered in the model registry; the URI names the training run's "
-                          "logged model.)"]
+            lines += [
+                "",
+                "(The model is not registered in the model registry; the URI names the training run's logged model.)",
+            ]
     else:
         lines.append(f"{MISSING} (no MLflow run recorded)")
     return "\n".join(lines) + "\n"
@@ -409,9 +567,12 @@ def _loading(facts: CardFacts, library: Library) -> str:
 def _configuration(facts: CardFacts) -> str:
     if not facts.config:
         return "## Configuration\n\n" + MISSING + " (not recorded)\n"
-    return ("## Configuration\n\nThe job's full `TrainConfig` (config/training.py):\n\n<details>\n<summary>config.json"
-            "</summary>\n\n```json\n" + json.dumps(facts.config, indent=2, sort_keys=True, default=str)
-            + "\n```\n\n</details>\n")
+    return (
+        "## Configuration\n\nThe job's full `TrainConfig` (config/training.py):\n\n<details>\n<summary>config.json"
+        "</summary>\n\n```json\n"
+        + json.dumps(facts.config, indent=2, sort_keys=True, default=str)
+        + "\n```\n\n</details>\n"
+    )
 
 
 def citations(method: str) -> list[MethodSpec]:
@@ -424,14 +585,21 @@ def citations(method: str) -> list[MethodSpec]:
 def _citation(facts: CardFacts) -> str:
     cited = [spec for spec in citations(facts.method) if spec.bibtex]
     if not cited:
-        return (f"## Citation\n\nNo paper is recorded for `{facts.method}`: it is not a method of this project's "
-                "registry (config/methods.py), or its model class names no `bibtex`.\n")
+        return (
+            f"## Citation\n\nNo paper is recorded for `{facts.method}`: it is not a method of this project's "
+            "registry (config/methods.py), or its model class names no `bibtex`.\n"
+        )
     names = ", ".join(spec.title for spec in cited)
-    return ("## Citation\n\n" + f"Please cite {names}:\n\n```bibtex\n"
-            + "\n\n".join(spec.bibtex for spec in cited) + "\n```\n")
+    return (
+        "## Citation\n\n"
+        + f"Please cite {names}:\n\n```bibtex\n"
+        + "\n\n".join(spec.bibtex for spec in cited)
+        + "\n```\n"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
 
 def _number(v: Any) -> float | None:
     """`v` as a finite float, else None (missing, text, NaN)."""
@@ -511,6 +679,7 @@ def _checkpoint_meta(folder: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ `cse card`
 
+
 def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
     """The facts of a finished training job: its recorded result (`result.json`: run id, test metrics, steps), its
     MLflow run (the `config.json` artifact, the hash and commit tags, the registered model version, if any) and its
@@ -530,8 +699,10 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         run = client.get_run(run_id)
         config = json.loads(mlflow.artifacts.load_text(f"{run.info.artifact_uri.rstrip('/')}/config.json"))
     except Exception as e:  # MlflowException, or an OSError from the artifact store
-        raise FileNotFoundError(f"cannot read MLflow run {run_id} of {run_dir.path} (its config.json) from {uri}: "
-                                f"{' '.join(str(e).split())[:300]}") from None
+        raise FileNotFoundError(
+            f"cannot read MLflow run {run_id} of {run_dir.path} (its config.json) from {uri}: "
+            f"{' '.join(str(e).split())[:300]}"
+        ) from None
     cfg = TrainConfig.model_validate(config)
     tags = run.data.tags
     name, version = tags.get("cse.registered_model"), tags.get("cse.model_version")  # tracking.model_export's tags
@@ -540,9 +711,17 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         name, version = (versions[-1].name, versions[-1].version) if versions else (None, None)
     best = Path(record.get("best_checkpoint") or run_dir.best)
     return CardFacts.from_training(
-        cfg, record.get("test_metrics") or {}, tokens=tags.get("tokens_hash"),
+        cfg,
+        record.get("test_metrics") or {},
+        tokens=tags.get("tokens_hash"),
         corruption=None if tags.get("corruption_hash") in (None, "none") else tags["corruption_hash"],
-        nli_tokens=tags.get("nli_tokens_hash"), run_id=run_id,
-        registered_name=name if version is not None else None, version=version,
-        git_commit=tags.get("git_commit"), checkpoint=best if best.is_dir() else None, adapter=adapter,
-        steps=record.get("steps"), best_stsb_dev=record.get("best_stsb_dev"))
+        nli_tokens=tags.get("nli_tokens_hash"),
+        run_id=run_id,
+        registered_name=name if version is not None else None,
+        version=version,
+        git_commit=tags.get("git_commit"),
+        checkpoint=best if best.is_dir() else None,
+        adapter=adapter,
+        steps=record.get("steps"),
+        best_stsb_dev=record.get("best_stsb_dev"),
+    )

@@ -53,7 +53,8 @@ class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
         ckpt = Path(context.artifacts["checkpoint"])
         self.encoder = load_checkpoint(ckpt, device="cpu")
         self.tokenizer = getattr(self.encoder, "tokenizer", None) or load_tokenizer(
-            json.loads((ckpt / "cse_model.json").read_text())["backbone"])
+            json.loads((ckpt / "cse_model.json").read_text())["backbone"]
+        )
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> np.ndarray:
         """`model_input`: the signature's column of sentences (MLflow passes a DataFrame; a list also works)."""
@@ -64,8 +65,12 @@ class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
         out = []
         with torch.inference_mode():
             for i in range(0, len(sentences), batch_size):
-                enc = self.tokenizer(sentences[i:i + batch_size], padding=True, return_tensors="pt")
-                out.append(self.encoder.embed(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids")).float().numpy())
+                enc = self.tokenizer(sentences[i : i + batch_size], padding=True, return_tensors="pt")
+                out.append(
+                    self.encoder.embed(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids"))
+                    .float()
+                    .numpy()
+                )
         return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
 
@@ -82,9 +87,11 @@ def pip_requirements(names: tuple[str, ...] = REQUIREMENTS) -> list[str]:
 def embedding_signature(dim: int | None) -> ModelSignature:
     """A column of sentences → one float32 vector of `dim` per sentence (None: any size); param `batch_size`
     (default 64)."""
-    return ModelSignature(inputs=Schema([ColSpec(DataType.string)]),
-                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, int(dim) if dim else -1))]),
-                          params=ParamSchema([ParamSpec("batch_size", DataType.long, 64)]))
+    return ModelSignature(
+        inputs=Schema([ColSpec(DataType.string)]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, int(dim) if dim else -1))]),
+        params=ParamSchema([ParamSpec("batch_size", DataType.long, 64)]),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ registry names
@@ -108,8 +115,10 @@ def registered_model_name(method: str, backbone: str, setting: str) -> str:
     """`cse-<method>-<backbone>-<setting>` (setting = the preset), legal in MLflow's registry (no `/` or `:`)."""
     parts = [_ILLEGAL.sub("-", p).strip("-") for p in (method, backbone_label(backbone), setting)]
     if not all(parts):
-        raise ValueError(f"cannot name a registered model from method {method!r}, backbone {backbone!r}, "
-                         f"setting {setting!r}: a part is empty")
+        raise ValueError(
+            f"cannot name a registered model from method {method!r}, backbone {backbone!r}, "
+            f"setting {setting!r}: a part is empty"
+        )
     return "-".join(["cse", *parts])[:_MAX_NAME]
 
 
@@ -157,8 +166,15 @@ def standard_sentence_transformer(checkpoint_dir: str | Path, workdir: str | Pat
         dense = getattr(getattr(model, "mlp", None), "dense", None)
         if not isinstance(dense, torch.nn.Linear):
             return None, f"pooler 'cls' of {meta['method']} has no Linear+tanh MLP (`mlp.dense`)"
-        modules.append(Dense(dim, dense.out_features, activation_function=torch.nn.Tanh(),
-                             init_weight=dense.weight.detach().clone(), init_bias=dense.bias.detach().clone()))
+        modules.append(
+            Dense(
+                dim,
+                dense.out_features,
+                activation_function=torch.nn.Tanh(),
+                init_weight=dense.weight.detach().clone(),
+                init_bias=dense.bias.detach().clone(),
+            )
+        )
     st = SentenceTransformer(modules=modules, device="cpu")
     # what it was fine-tuned from (MLflow records it as the flavour's `source_model_name`), not the temporary folder
     modules[0].auto_model.name_or_path = modules[0].auto_model.config._name_or_path = str(meta["backbone"])
@@ -188,8 +204,12 @@ class LoggedEncoder:
         return f"models:/{self.registered_name}/{self.version}" if self.version is not None else None
 
 
-def log_encoder_model(checkpoint_dir: str | Path, name: str = "model", registered_name: str | None = None,
-                      version_tags: dict[str, str] | None = None) -> LoggedEncoder:
+def log_encoder_model(
+    checkpoint_dir: str | Path,
+    name: str = "model",
+    registered_name: str | None = None,
+    version_tags: dict[str, str] | None = None,
+) -> LoggedEncoder:
     """Log the checkpoint as an MLflow model in the active run (the flavour: see the module docstring), and register
     it as a new version of `registered_name` (with `version_tags`) when given. A registry that refuses the version
     leaves the logged model in place: a warning and the run tag `cse.registry_error` say why."""
@@ -200,13 +220,23 @@ def log_encoder_model(checkpoint_dir: str | Path, name: str = "model", registere
     with tempfile.TemporaryDirectory(prefix="cse-st-") as workdir:
         st, reason = standard_sentence_transformer(checkpoint_dir, workdir)
         if st is not None:
-            info = mlflow.sentence_transformers.log_model(st, name=name, signature=signature, input_example=INPUT_EXAMPLE,
-                                                          pip_requirements=pip_requirements(ST_REQUIREMENTS))
+            info = mlflow.sentence_transformers.log_model(
+                st,
+                name=name,
+                signature=signature,
+                input_example=INPUT_EXAMPLE,
+                pip_requirements=pip_requirements(ST_REQUIREMENTS),
+            )
             flavor = "sentence_transformers"
         else:
-            info = mlflow.pyfunc.log_model(name=name, python_model=SentenceEmbeddingModel(),
-                                           artifacts={"checkpoint": str(checkpoint_dir)}, signature=signature,
-                                           input_example=INPUT_EXAMPLE, pip_requirements=pip_requirements())
+            info = mlflow.pyfunc.log_model(
+                name=name,
+                python_model=SentenceEmbeddingModel(),
+                artifacts={"checkpoint": str(checkpoint_dir)},
+                signature=signature,
+                input_example=INPUT_EXAMPLE,
+                pip_requirements=pip_requirements(),
+            )
             flavor = "python_function"
     log.info("logged the %s model as %s (%s)", meta.get("method"), flavor, reason)
     run = mlflow.active_run()
@@ -217,8 +247,13 @@ def log_encoder_model(checkpoint_dir: str | Path, name: str = "model", registere
     try:
         version = mlflow.register_model(info.model_uri, registered_name, tags=tags)
     except MlflowException as e:
-        log.warning("model of run %s logged (%s) but not registered as %s: %s", run.info.run_id, info.model_uri,
-                    registered_name, e)
+        log.warning(
+            "model of run %s logged (%s) but not registered as %s: %s",
+            run.info.run_id,
+            info.model_uri,
+            registered_name,
+            e,
+        )
         mlflow.set_tag("cse.registry_error", str(e)[:5000])
         return LoggedEncoder(flavor, reason, info.model_uri, registered_name)
     mlflow.set_tags({"cse.registered_model": registered_name, "cse.model_version": str(version.version)})

@@ -60,11 +60,18 @@ def close_orphaned_runs(experiment_id: str, run_name: str, closed_by: str | None
         owner = r.data.tags.get(OWNER_TAG)
         if r.info.run_name != run_name or owner is None or owner_alive(owner) is not False:
             continue
-        client.set_tag(r.info.run_id, ORPHAN_TAG, f"process {owner} is gone (killed); closed"
-                       + (f" by run {closed_by}" if closed_by else ""))
+        client.set_tag(
+            r.info.run_id,
+            ORPHAN_TAG,
+            f"process {owner} is gone (killed); closed" + (f" by run {closed_by}" if closed_by else ""),
+        )
         client.set_terminated(r.info.run_id, status="KILLED")
         closed.append(r.info.run_id)
     if closed:
-        log.warning("marked %d orphaned %s run(s) KILLED (their process was killed): %s", len(closed), run_name,
-                    ", ".join(closed))
+        log.warning(
+            "marked %d orphaned %s run(s) KILLED (their process was killed): %s",
+            len(closed),
+            run_name,
+            ", ".join(closed),
+        )
     return closed

@@ -51,8 +51,14 @@ def _columns(rows: Sequence[Row], columns: Sequence[str] | None) -> list[str]:
     return list(columns) if columns is not None else list(rows[0])
 
 
-def markdown_table(rows: Sequence[Row], columns: Sequence[str] | None = None, *, title: str | None = None,
-                   header: bool = True, cell: Formatter = plain) -> str:
+def markdown_table(
+    rows: Sequence[Row],
+    columns: Sequence[str] | None = None,
+    *,
+    title: str | None = None,
+    header: bool = True,
+    cell: Formatter = plain,
+) -> str:
     """A markdown table ending with a newline; a missing cell counts as None.
 
     `title` puts `### <title>` and a blank line above the table; without rows the result is then
@@ -89,8 +95,11 @@ def in_prefect_run() -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
-def publish_artifacts(*, tables: Mapping[str, tuple[Sequence[Row], str]] | None = None,
-                      markdown: Mapping[str, tuple[str, str]] | None = None) -> bool:
+def publish_artifacts(
+    *,
+    tables: Mapping[str, tuple[Sequence[Row], str]] | None = None,
+    markdown: Mapping[str, tuple[str, str]] | None = None,
+) -> bool:
     """Inside a Prefect flow or task run (`in_prefect_run`): a Prefect table artifact per entry of `tables`
     (key → (rows, description)), then a markdown artifact per entry of `markdown` (key → (text, description)).
     Outside one: nothing. Returns whether it published."""

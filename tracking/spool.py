@@ -44,7 +44,11 @@ from tracking.store import MAX_PARAM_LEN, configure_mlflow
 log = logging.getLogger(__name__)
 
 DELAYED_TAG = "metrics_delayed"  # on the run: how many metric values reached it late (after an outage)
-_STEP_RETRIES_ENV, _STEP_TIMEOUT_ENV, _RETRY_SECONDS_ENV = "CSE_MLFLOW_STEP_RETRIES", "CSE_MLFLOW_STEP_TIMEOUT", "CSE_MLFLOW_RETRY_SECONDS"
+_STEP_RETRIES_ENV, _STEP_TIMEOUT_ENV, _RETRY_SECONDS_ENV = (
+    "CSE_MLFLOW_STEP_RETRIES",
+    "CSE_MLFLOW_STEP_TIMEOUT",
+    "CSE_MLFLOW_RETRY_SECONDS",
+)
 _FAIL_FAST_LOCK = threading.Lock()
 
 
@@ -63,9 +67,12 @@ def fail_fast_http() -> Iterator[None]:
     restored afterwards; the lock serialises the blocks of several threads. An MLflow call of another thread that
     falls inside the block gets the same short settings. (MLflow's defaults, 7 retries with exponential backoff
     and a 120 s timeout, would stall a training step for minutes while the server is down.)"""
-    values = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(_env_number(_STEP_RETRIES_ENV, 1)),
-              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-              "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_env_number(_STEP_TIMEOUT_ENV, 5))}
+    values = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(_env_number(_STEP_RETRIES_ENV, 1)),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_env_number(_STEP_TIMEOUT_ENV, 5)),
+    }
     with _FAIL_FAST_LOCK:
         saved = {name: os.environ.get(name) for name in values}
         os.environ.update(values)
@@ -125,8 +132,12 @@ def _record_chunk_length(records: list[SpoolRecord]) -> int:
     n_metrics, keys = 0, set()
     for i, r in enumerate(records):
         m, p = len(r.get("metrics", ())), set(r.get("params", {}))
-        fits = (n_metrics + m <= MAX_METRICS_PER_BATCH and len(keys) + len(p) <= MAX_PARAMS_TAGS_PER_BATCH - 1
-                and n_metrics + m + len(keys) + len(p) + 1 <= MAX_ENTITIES_PER_BATCH and not keys & p)
+        fits = (
+            n_metrics + m <= MAX_METRICS_PER_BATCH
+            and len(keys) + len(p) <= MAX_PARAMS_TAGS_PER_BATCH - 1
+            and n_metrics + m + len(keys) + len(p) + 1 <= MAX_ENTITIES_PER_BATCH
+            and not keys & p
+        )
         if not fits:
             return max(i, 1)  # a record over the limits alone goes alone (the client splits it)
         n_metrics, keys = n_metrics + m, keys | p
@@ -150,8 +161,14 @@ class ResilientMetricLogger:
     attempt and warns with what is left. A spool left by a crash is delivered by the resumed job's first call.
     """
 
-    def __init__(self, run_id: str, run_dir: RunDir, retry_seconds: float | None = None,
-                 logger: logging.Logger | logging.LoggerAdapter | None = None, client: mlflow.MlflowClient | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        run_dir: RunDir,
+        retry_seconds: float | None = None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+        client: mlflow.MlflowClient | None = None,
+    ):
         self.run_id, self.run_dir = run_id, run_dir
         self.retry_seconds = _env_number(_RETRY_SECONDS_ENV, 30, float) if retry_seconds is None else retry_seconds
         self.log = logger or log
@@ -201,7 +218,9 @@ class ResilientMetricLogger:
         return self._failed_at is None or time.monotonic() - self._failed_at >= self.retry_seconds
 
     def _send(self, records: list[SpoolRecord], tags: list[RunTag]) -> None:
-        metrics = [Metric(m["key"], m["value"], m["timestamp"], m["step"]) for r in records for m in r.get("metrics", ())]
+        metrics = [
+            Metric(m["key"], m["value"], m["timestamp"], m["step"]) for r in records for m in r.get("metrics", ())
+        ]
         params = [Param(k, v) for r in records for k, v in r.get("params", {}).items()]
         self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
 
@@ -233,9 +252,17 @@ class ResilientMetricLogger:
             return e
         replace_records(self.spool, [])  # (removes a spool of unreadable lines only)
         if total_metrics or total_params:
-            self.log.info("MLflow tracking server %s is reachable: delivered %d delayed metric values and %d params of "
-                          "run %s from %s (run tag %s=%d)", self.tracking_uri, total_metrics, total_params, self.run_id,
-                          self.spool, DELAYED_TAG, delayed)
+            self.log.info(
+                "MLflow tracking server %s is reachable: delivered %d delayed metric values and %d params of "
+                "run %s from %s (run tag %s=%d)",
+                self.tracking_uri,
+                total_metrics,
+                total_params,
+                self.run_id,
+                self.spool,
+                DELAYED_TAG,
+                delayed,
+            )
         self._failed_at, self._outage_warned = None, False
         return None
 
@@ -244,9 +271,16 @@ class ResilientMetricLogger:
         if self._outage_warned:
             return
         self._outage_warned = True
-        self.log.warning("MLflow tracking server %s is unreachable (%s): training continues; the metrics of run %s are "
-                         "kept in %s and delivered, in order, when the server answers again (retried at most every "
-                         "%gs)", self.tracking_uri, _short(exc), self.run_id, self.spool, self.retry_seconds)
+        self.log.warning(
+            "MLflow tracking server %s is unreachable (%s): training continues; the metrics of run %s are "
+            "kept in %s and delivered, in order, when the server answers again (retried at most every "
+            "%gs)",
+            self.tracking_uri,
+            _short(exc),
+            self.run_id,
+            self.spool,
+            self.retry_seconds,
+        )
 
     def pending(self) -> tuple[int, int]:
         """(metric values, params) waiting in the spool."""
@@ -259,10 +293,17 @@ class ResilientMetricLogger:
         if not has_records(self.spool) or self.deliver_pending() is None:
             return 0
         left, params = self.pending()
-        self.log.warning("MLflow tracking server %s is still unreachable: %d metric values and %d params of run %s were "
-                         "NOT delivered and remain in %s; they are delivered when this job resumes, or run "
-                         "`cse deliver-metrics %s` once the server is back", self.tracking_uri, left, params, self.run_id,
-                         self.spool, self.run_dir.path)
+        self.log.warning(
+            "MLflow tracking server %s is still unreachable: %d metric values and %d params of run %s were "
+            "NOT delivered and remain in %s; they are delivered when this job resumes, or run "
+            "`cse deliver-metrics %s` once the server is back",
+            self.tracking_uri,
+            left,
+            params,
+            self.run_id,
+            self.spool,
+            self.run_dir.path,
+        )
         return left
 
 
@@ -283,6 +324,8 @@ def deliver_spool(run_dir: RunDir) -> int:
     before, _ = metric_logger.pending()
     if (failure := metric_logger.deliver_pending()) is not None:
         left, params = metric_logger.pending()
-        raise SpoolNotDelivered(f"MLflow tracking server {metric_logger.tracking_uri} is unreachable ({_short(failure)}): "
-                                f"{left} metric values and {params} params remain in {run_dir.metrics_spool}") from failure
+        raise SpoolNotDelivered(
+            f"MLflow tracking server {metric_logger.tracking_uri} is unreachable ({_short(failure)}): "
+            f"{left} metric values and {params} params remain in {run_dir.metrics_spool}"
+        ) from failure
     return before

@@ -54,13 +54,20 @@ def stage_run(
         mlflow.end_run(status="FINISHED")
 
 
-def log_quarantine(record, logger: logging.Logger | logging.LoggerAdapter | None = None, run_id: str | None = None) -> None:
+def log_quarantine(
+    record, logger: logging.Logger | logging.LoggerAdapter | None = None, run_id: str | None = None
+) -> None:
     """Record in the stage's MLflow run (the active one, or `run_id`) that a damaged dataset was moved aside
     (`storage.integrity.Quarantined`): tags `quarantined` / `quarantine_reason` and the artifact `quarantine.json`."""
     from dataclasses import asdict
 
-    (logger or log).warning("dataset %s/%s was damaged (%s): quarantined at %s and rebuilt", record.kind, record.key,
-                            record.summary(), record.moved_to)
+    (logger or log).warning(
+        "dataset %s/%s was damaged (%s): quarantined at %s and rebuilt",
+        record.kind,
+        record.key,
+        record.summary(),
+        record.moved_to,
+    )
     client = mlflow.MlflowClient()
     run_id = run_id or mlflow.active_run().info.run_id
     client.set_tag(run_id, "quarantined", record.moved_to)
@@ -93,17 +100,26 @@ def active_run_id() -> str | None:
     return run.info.run_id if run is not None else None
 
 
-def log_run_results(run_id: str, *, metrics: Mapping[str, float] | None = None, tags: Mapping[str, Any] | None = None,
-                    texts: Mapping[str, str] | None = None, dicts: Mapping[str, Any] | None = None,
-                    folders: Mapping[str, str | Path] | None = None) -> None:
+def log_run_results(
+    run_id: str,
+    *,
+    metrics: Mapping[str, float] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    texts: Mapping[str, str] | None = None,
+    dicts: Mapping[str, Any] | None = None,
+    folders: Mapping[str, str | Path] | None = None,
+) -> None:
     """Results on run `run_id`, through the client (no active-run state involved): `metrics` (step 0, stamped
     now), `tags` (values stringified), `texts` and `dicts` (artifact file name → text, or → a dict saved as JSON)
     and `folders` (artifact path → local folder whose files are uploaded there)."""
     client = mlflow.MlflowClient()
     now = int(time.time() * 1000)
     if metrics or tags:
-        client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
-                         tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
+            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
+        )
     for name, text in (texts or {}).items():
         client.log_text(run_id, text, name)
     for name, value in (dicts or {}).items():

@@ -53,9 +53,12 @@ def tracking_error(exc: BaseException) -> BaseException:
     text = " ".join(str(exc).split())
     if "readonly database" in text or "read-only file system" in text.lower():
         uri = mlflow.get_tracking_uri()
-        return TrackingStoreReadOnly(redact(
-            f"the MLflow store {uri} is read-only: runs cannot be recorded there (make it writable or point "
-            f"MLFLOW_TRACKING_URI at a writable store); {type(exc).__name__}: {text[:300]}"))
+        return TrackingStoreReadOnly(
+            redact(
+                f"the MLflow store {uri} is read-only: runs cannot be recorded there (make it writable or point "
+                f"MLFLOW_TRACKING_URI at a writable store); {type(exc).__name__}: {text[:300]}"
+            )
+        )
     return redacted_exception(exc)
 
 
@@ -79,7 +82,6 @@ def ensure_experiment(name: str) -> str:
         return mlflow.create_experiment(name, artifact_location=(root / name).as_uri())
     except mlflow.exceptions.MlflowException:  # created concurrently by another worker
         return mlflow.get_experiment_by_name(name).experiment_id
-
 
 
 def prepare_sqlite_store(path: Path) -> Path:
@@ -117,7 +119,6 @@ def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-
 def download_checkpoint(uri: str, dst: Path) -> Path:
     """Download the artifact folder `uri` (`runs:/<run id>/<path>`) into `dst`; a FileNotFoundError naming the
     tracking store (credentials masked) when it cannot be fetched."""
@@ -125,7 +126,9 @@ def download_checkpoint(uri: str, dst: Path) -> Path:
     try:
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
     except Exception as e:  # MlflowException or an OSError from the artifact store
-        raise FileNotFoundError(redact(f"cannot download checkpoint {uri} from MLflow ({mlflow.get_tracking_uri()}): {e}")) from None
+        raise FileNotFoundError(
+            redact(f"cannot download checkpoint {uri} from MLflow ({mlflow.get_tracking_uri()}): {e}")
+        ) from None
 
 
 def experiment_ids(names: list[str]) -> list[str]:
@@ -140,13 +143,24 @@ def get_runs(run_ids: list[str]) -> list[mlflow.entities.Run]:
     return [mlflow.get_run(r) for r in run_ids]
 
 
-def search_runs(experiment_ids: list[str], tags: Mapping[str, str] | None = None, *, finished: bool = False,
-                newest_first: bool | None = None, max_results: int = 5000) -> list[mlflow.entities.Run]:
+def search_runs(
+    experiment_ids: list[str],
+    tags: Mapping[str, str] | None = None,
+    *,
+    finished: bool = False,
+    newest_first: bool | None = None,
+    max_results: int = 5000,
+) -> list[mlflow.entities.Run]:
     """Runs of the experiments whose tags have the values `tags` gives (FINISHED ones only with `finished`),
     ordered by start time when `newest_first` is True or False."""
     configure_mlflow()
     clauses = ["attributes.status = 'FINISHED'"] if finished else []
     clauses += [f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()]
     order = None if newest_first is None else [f"attributes.start_time {'DESC' if newest_first else 'ASC'}"]
-    return mlflow.search_runs(experiment_ids, filter_string=" and ".join(clauses), order_by=order, output_format="list",
-                              max_results=max_results)
+    return mlflow.search_runs(
+        experiment_ids,
+        filter_string=" and ".join(clauses),
+        order_by=order,
+        output_format="list",
+        max_results=max_results,
+    )

@@ -18,8 +18,14 @@ from tracking.store import configure_mlflow, ensure_experiment, flatten, reraise
 log = logging.getLogger(__name__)
 
 
-def start_or_resume_training_run(experiment: str, run_dir: RunDir, run_name: str, tags: Mapping[str, str],
-                                 params: Mapping[str, Any], log_system_metrics: bool) -> mlflow.ActiveRun:
+def start_or_resume_training_run(
+    experiment: str,
+    run_dir: RunDir,
+    run_name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, Any],
+    log_system_metrics: bool,
+) -> mlflow.ActiveRun:
     """The training job's MLflow run: the one `run_dir` records (a resumed job continues it), else a new run in
     `experiment` with `tags` and the flattened `params`, whose id is recorded in `run_dir`."""
     exp_id = ensure_experiment(experiment)
@@ -29,16 +35,24 @@ def start_or_resume_training_run(experiment: str, run_dir: RunDir, run_name: str
             return mlflow.start_run(run_id=previous, log_system_metrics=log_system_metrics)
         except MlflowException:
             log.warning("MLflow run %s of %s not found; starting a new run", previous, run_dir.path)
-    run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=dict(tags), log_system_metrics=log_system_metrics)
+    run = mlflow.start_run(
+        experiment_id=exp_id, run_name=run_name, tags=dict(tags), log_system_metrics=log_system_metrics
+    )
     run_dir.set_mlflow_run_id(run.info.run_id)
     mlflow.log_params(flatten(params))
     return run
 
 
 @contextmanager
-def training_run(experiment: str, run_dir: RunDir, run_name: str, tags: Mapping[str, str], params: Mapping[str, Any],
-                 log_system_metrics: bool, killed: tuple[type[BaseException], ...] = (KeyboardInterrupt,),
-                 ) -> Iterator[mlflow.ActiveRun]:
+def training_run(
+    experiment: str,
+    run_dir: RunDir,
+    run_name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, Any],
+    log_system_metrics: bool,
+    killed: tuple[type[BaseException], ...] = (KeyboardInterrupt,),
+) -> Iterator[mlflow.ActiveRun]:
     """`start_or_resume_training_run` as the active run of the block: ended FINISHED after it, KILLED when it raises
     one of `killed` (an interrupt, the loop's simulated kill), FAILED on any other exception (which propagates)."""
     try:

@@ -85,14 +85,29 @@ def torchrun_command(cfg: TrainConfig, job_file: Path, rdzv_id: str, worker_modu
     else:
         endpoint = os.environ.get("CSE_RDZV_ENDPOINT")
         if not endpoint:
-            raise ValueError(f"a job on {cfg.nnodes} nodes needs $CSE_RDZV_ENDPOINT=host:port (the c10d rendezvous, "
-                             "reachable from every node)")
-        cmd += ["--nnodes", str(cfg.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
+            raise ValueError(
+                f"a job on {cfg.nnodes} nodes needs $CSE_RDZV_ENDPOINT=host:port (the c10d rendezvous, "
+                "reachable from every node)"
+            )
+        cmd += [
+            "--nnodes",
+            str(cfg.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            rdzv_id,
+        ]
     return [*cmd, "-m", worker_module, str(job_file)]
 
 
-def launch(job: DistributedJob, worker_module: str, slot: AbstractContextManager | None = None,
-           logger: logging.Logger | logging.LoggerAdapter | None = None) -> LoopResult:
+def launch(
+    job: DistributedJob,
+    worker_module: str,
+    slot: AbstractContextManager | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> LoopResult:
     """Train the job under torchrun (every rank runs `python -m <worker_module>`) and return rank 0's loop result
     (`TrainingInterrupted` if `stop_after` hit). `slot` is held while torchrun runs (the task's GPU slots)."""
     plog = logger or log
@@ -104,7 +119,9 @@ def launch(job: DistributedJob, worker_module: str, slot: AbstractContextManager
     cmd = torchrun_command(cfg, run_dir.distributed_job, rdzv_id=run_dir.path.name, worker_module=worker_module)
     printable = " ".join(["torchrun", *cmd[3:]])
     if cfg.nnodes > 1:
-        plog.info("multi-node job: run on each of the other %d nodes (from %s): %s", cfg.nnodes - 1, REPO_ROOT, printable)
+        plog.info(
+            "multi-node job: run on each of the other %d nodes (from %s): %s", cfg.nnodes - 1, REPO_ROOT, printable
+        )
     plog.info("training on %d processes: %s", cfg.world_size, printable)
     with slot if slot is not None else contextlib.nullcontext():
         rc = _run(cmd)
@@ -152,8 +169,19 @@ def train_rank(job: DistributedJob, device: torch.device, main_callbacks: MainCa
     if distributed.is_main():
         evaluator = Evaluator(load_sts_input(job.sts.key, root).table)
         log_params, log_metrics = main_callbacks(job)
-    return fit(cfg, rows, nli_rows, job.run_folder(), job.run_id, device, job.precision, evaluator, log_params, log_metrics,
-               stop_after=job.stop_after)  # (no slot: the launching task holds the GPU slots)
+    return fit(
+        cfg,
+        rows,
+        nli_rows,
+        job.run_folder(),
+        job.run_id,
+        device,
+        job.precision,
+        evaluator,
+        log_params,
+        log_metrics,
+        stop_after=job.stop_after,
+    )  # (no slot: the launching task holds the GPU slots)
 
 
 def init_process_group(cfg: TrainConfig) -> torch.device:
@@ -175,7 +203,9 @@ def rank_main(argv: list[str] | None, main_callbacks: MainCallbacks) -> int:
     parser = argparse.ArgumentParser(description="one rank of a distributed training job (started by torchrun)")
     parser.add_argument("job", type=Path, help="the job file the train task wrote (<run dir>/distributed/job.json)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + os.environ.get("RANK", "?") + " %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s rank" + os.environ.get("RANK", "?") + " %(levelname)s %(message)s"
+    )
     job = DistributedJob.model_validate_json(args.job.read_text())
     if "RANK" not in os.environ:
         raise SystemExit("start this module with torchrun (see training/distributed.py)")

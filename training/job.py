@@ -17,8 +17,8 @@ import torch
 
 from config.settings import get_settings
 from config.training import KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
-from storage.datasets import DatasetRef
 from storage import keys
+from storage.datasets import DatasetRef
 from storage.layout import DataRoot
 from storage.runs import RunDir
 from storage.training_data import load_corruption_rows, load_token_rows
@@ -31,12 +31,20 @@ LogParams = Callable[[dict[str, Any]], None]
 LogMetrics = Callable[[dict[str, float], int], None]
 
 
-def run_key(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None) -> str:
+def run_key(
+    cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None
+) -> str:
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
     config = cfg.model_dump(exclude=set(LAUNCH_FIELDS))
-    config["model"] = keys.without_defaults(config["model"], KEY_NEUTRAL_MODEL_DEFAULTS)  # (the rule of storage/keys.py)
-    return keys.run_key(config, tokens.content_hash, corruption.content_hash if corruption is not None else None,
-                        nli_tokens.content_hash if nli_tokens is not None else None)
+    config["model"] = keys.without_defaults(
+        config["model"], KEY_NEUTRAL_MODEL_DEFAULTS
+    )  # (the rule of storage/keys.py)
+    return keys.run_key(
+        config,
+        tokens.content_hash,
+        corruption.content_hash if corruption is not None else None,
+        nli_tokens.content_hash if nli_tokens is not None else None,
+    )
 
 
 def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
@@ -60,25 +68,42 @@ def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows
     if cfg.aux_nli_batch_size:
         joint.aux_rows, joint.aux_batch_size = nli_rows, cfg.aux_nli_batch_size
     pp = cfg.prefix_phase
-    prefix = Phase("prefix", nli_rows, pp.batch_size, pp.learning_rate, max_steps=pp.steps, cycle=True,
-                   schedule_steps=joint.total_steps if pp.schedule_over_joint_steps else None)
+    prefix = Phase(
+        "prefix",
+        nli_rows,
+        pp.batch_size,
+        pp.learning_rate,
+        max_steps=pp.steps,
+        cycle=True,
+        schedule_steps=joint.total_steps if pp.schedule_over_joint_steps else None,
+    )
     return [prefix, joint]
 
 
-def load_training_rows(cfg: TrainConfig, root: DataRoot, tokens: DatasetRef, corruption: DatasetRef | None,
-                       nli_tokens: DatasetRef | None, pad_id: int) -> tuple[TrainingRows, TrainingRows | None]:
+def load_training_rows(
+    cfg: TrainConfig,
+    root: DataRoot,
+    tokens: DatasetRef,
+    corruption: DatasetRef | None,
+    nli_tokens: DatasetRef | None,
+    pad_id: int,
+) -> tuple[TrainingRows, TrainingRows | None]:
     """The job's training rows and, for DiffAug, its NLI rows."""
-    token_rows = load_token_rows(root, tokens.key, ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",),
-                                 limit=cfg.max_train_sentences)
+    token_rows = load_token_rows(
+        root, tokens.key, ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",), limit=cfg.max_train_sentences
+    )
     require_a_batch(root, tokens.key, len(token_rows.ids), cfg.batch_size, "batch_size")
     corruption_rows = load_corruption_rows(root, corruption.key, token_rows) if corruption is not None else None
     rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, pad_id)
     nli_rows = None
     if nli_tokens is not None:
-        nli_token_rows = load_token_rows(root, nli_tokens.key, ("sent0", "sent1", "hard_neg"), limit=cfg.max_train_sentences)
+        nli_token_rows = load_token_rows(
+            root, nli_tokens.key, ("sent0", "sent1", "hard_neg"), limit=cfg.max_train_sentences
+        )
         if cfg.prefix_phase is not None:
-            require_a_batch(root, nli_tokens.key, len(nli_token_rows.ids), cfg.prefix_phase.batch_size,
-                            "prefix_phase.batch_size")
+            require_a_batch(
+                root, nli_tokens.key, len(nli_token_rows.ids), cfg.prefix_phase.batch_size, "prefix_phase.batch_size"
+            )
         nli_rows = TrainingRows(nli_token_rows, None, True, pad_id)
     return rows, nli_rows
 
@@ -87,8 +112,10 @@ def require_a_batch(root: DataRoot, key: str, rows: int, batch_size: int, field:
     """Refuse, at the job's start, training rows fewer than one batch (a contrastive batch of one row has no
     negatives; an empty one trains nothing): one message naming the tokens dataset's folder and both counts."""
     if rows < batch_size:
-        raise ValueError(f"tokens dataset {key} ({root.dataset_dir('tokens', key)}) has {rows} training rows, fewer "
-                         f"than one batch ({field} = {batch_size}): use a larger source or a smaller batch")
+        raise ValueError(
+            f"tokens dataset {key} ({root.dataset_dir('tokens', key)}) has {rows} training rows, fewer "
+            f"than one batch ({field} = {batch_size}): use a larger source or a smaller batch"
+        )
 
 
 def transfer_evaluator(data_root):
@@ -102,26 +129,55 @@ def transfer_evaluator(data_root):
 
 def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
     """The loop settings of a job."""
-    return LoopConfig(batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, epochs=cfg.epochs,
-                      max_steps=cfg.max_steps, grad_clip=cfg.grad_clip, seed=cfg.seed, eval_steps=cfg.eval_steps,
-                      checkpoint_steps=cfg.checkpoint_steps or cfg.eval_steps, log_steps=cfg.log_steps,
-                      precision=precision, deterministic=cfg.deterministic)
+    return LoopConfig(
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        grad_clip=cfg.grad_clip,
+        seed=cfg.seed,
+        eval_steps=cfg.eval_steps,
+        checkpoint_steps=cfg.checkpoint_steps or cfg.eval_steps,
+        log_steps=cfg.log_steps,
+        precision=precision,
+        deterministic=cfg.deterministic,
+    )
 
 
-def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run_dir: RunDir, run_id: str,
-        device: torch.device, precision: str, evaluator, log_params: LogParams, log_metrics: LogMetrics,
-        stop_after: int | None = None, slot: AbstractContextManager | None = None,
-        logger: logging.Logger | logging.LoggerAdapter | None = None) -> LoopResult:
+def fit(
+    cfg: TrainConfig,
+    rows: TrainingRows,
+    nli_rows: TrainingRows | None,
+    run_dir: RunDir,
+    run_id: str,
+    device: torch.device,
+    precision: str,
+    evaluator,
+    log_params: LogParams,
+    log_metrics: LogMetrics,
+    stop_after: int | None = None,
+    slot: AbstractContextManager | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> LoopResult:
     """Build the model and run the training loop: the single-process job, or one rank of a distributed job
     (training/distributed.py; only rank 0 calls the callbacks, so `evaluator` may be None elsewhere). `slot` is held
     around the loop (the `train` task's GPU slot); `logger` says when the job resumes."""
     from models.checkpoint import save_checkpoint
 
-    set_seed(cfg.seed)  # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
+    set_seed(
+        cfg.seed
+    )  # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
     model = build_model(cfg, device)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log_params({"trainable_parameters": n_trainable, "resolved_precision": precision, "resolved_device": str(device),
-                "train_rows": len(rows), "corruption_reuse": rows.reuse_description(cfg.epochs)})
+    log_params(
+        {
+            "trainable_parameters": n_trainable,
+            "resolved_precision": precision,
+            "resolved_device": str(device),
+            "train_rows": len(rows),
+            "corruption_reuse": rows.reuse_description(cfg.epochs),
+        }
+    )
 
     metric = "transfer_dev_avg" if cfg.selection == "transfer" else "stsb_dev"
     transfer_dev = None
@@ -131,7 +187,9 @@ def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run
 
     def evaluate_dev(m) -> float:
         nonlocal transfer_dev
-        stsb = evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision).metrics()["stsb_dev"]
+        stsb = evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision).metrics()[
+            "stsb_dev"
+        ]
         if cfg.selection != "transfer":
             return stsb
         # SimCSE's trainer with eval_transfer: SentEval fasttest settings, the mean devacc of the 7 tasks
@@ -141,9 +199,17 @@ def fit(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None, run
         log_metrics({"stsb_dev": stsb, **{f"{t}_dev": s.devacc for t, s in res.tasks.items()}}, trainer.step)
         return res.dev_score
 
-    trainer = Trainer(model, training_phases(cfg, rows, nli_rows), loop_config(cfg, precision), device,
-                      run_dir.resume_state, save_best, evaluate_dev, log_metrics,
-                      hooks=[StopAfter(stop_after)] if stop_after is not None else [])
+    trainer = Trainer(
+        model,
+        training_phases(cfg, rows, nli_rows),
+        loop_config(cfg, precision),
+        device,
+        run_dir.resume_state,
+        save_best,
+        evaluate_dev,
+        log_metrics,
+        hooks=[StopAfter(stop_after)] if stop_after is not None else [],
+    )
     trainer.selection_metric = metric
     trainer.warn = (logger or log).warning
     if trainer.step == 0 and run_dir.has_state():

@@ -245,7 +245,9 @@ class Trainer:
         hooks: list[TrainerHooks] | tuple[TrainerHooks, ...] = (),
     ):
         self.model, self.cfg, self.device = model, cfg, device
-        self.state = state if isinstance(state, ResumeState) else ResumeState(state)  # a bare folder: the same file names
+        self.state = (
+            state if isinstance(state, ResumeState) else ResumeState(state)
+        )  # a bare folder: the same file names
         self.save_best, self.evaluate_dev, self.log_metrics = save_best, evaluate_dev, log_metrics
         self.hooks = list(hooks)
         self.warn: Callable[[str], None] = log.warning  # says that a damaged resume state was set aside
@@ -280,12 +282,16 @@ class Trainer:
     def _check_shardable(self) -> None:
         """Every rank needs at least one row of every batch (the last batch of an epoch may be short)."""
         for p in self.phases:
-            sizes = [(p.batch_size, len(p.rows))] + ([(p.aux_batch_size, len(p.aux_rows))] if p.aux_rows is not None else [])
+            sizes = [(p.batch_size, len(p.rows))] + (
+                [(p.aux_batch_size, len(p.aux_rows))] if p.aux_rows is not None else []
+            )
             for bs, n in sizes:
                 last = n - (max(1, math.ceil(n / bs)) - 1) * bs
                 if min(bs, last) < self.world:
-                    raise ValueError(f"phase {p.name!r}: a batch of {min(bs, last)} rows ({n} rows, batch size {bs}) cannot "
-                                     f"be split over {self.world} ranks")
+                    raise ValueError(
+                        f"phase {p.name!r}: a batch of {min(bs, last)} rows ({n} rows, batch size {bs}) cannot "
+                        f"be split over {self.world} ranks"
+                    )
 
     def _shard(self, batch):
         return distributed.shard_batch(batch, self.rank, self.world)
@@ -321,7 +327,11 @@ class Trainer:
         return self.phases[0].steps_per_epoch
 
     def _phase_of(self, step: int) -> int:
-        return max(i for i, off in enumerate(self.offsets) if step >= off) if step < self.total_steps else len(self.phases) - 1
+        return (
+            max(i for i, off in enumerate(self.offsets) if step >= off)
+            if step < self.total_steps
+            else len(self.phases) - 1
+        )
 
     def enter_phase(self, index: int) -> None:
         """Enter phase `index` (no-op when it is the current one): fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) over the model's parameter groups of phase `index` (a
@@ -337,8 +347,9 @@ class Trainer:
         groups = [g for g in groups if g["params"]]
         self.params = [p for g in groups for p in g["params"]]  # clipping and gradient reduction see every group
         fused = {"fused": True} if self.cfg.fused_adamw else {}
-        self.optimizer = torch.optim.AdamW(groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                                           **fused)
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **fused
+        )
         horizon = phase.schedule_steps or phase.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
         for h in self.hooks:
@@ -372,12 +383,25 @@ class Trainer:
                 files.optimizer,
             )
             recorded = file_records(tmp)  # sizes and hashes: a damaged state is named on resume (`_read_state`)
-            files.progress.write_text(json.dumps(
-                {"files": recorded, "step": self.step, "best_score": self.best_score, "best_step": self.best_step, "phase": self.phase_index,
-                 "total_steps": self.total_steps, "phases": self._phase_signature()}, indent=2))
+            files.progress.write_text(
+                json.dumps(
+                    {
+                        "files": recorded,
+                        "step": self.step,
+                        "best_score": self.best_score,
+                        "best_step": self.best_step,
+                        "phase": self.phase_index,
+                        "total_steps": self.total_steps,
+                        "phases": self._phase_signature(),
+                    },
+                    indent=2,
+                )
+            )
 
     def _phase_signature(self) -> list[dict]:
-        return [{"name": p.name, "total_steps": p.total_steps, "steps_per_epoch": p.steps_per_epoch} for p in self.phases]
+        return [
+            {"name": p.name, "total_steps": p.total_steps, "steps_per_epoch": p.steps_per_epoch} for p in self.phases
+        ]
 
     def _read_state(self) -> tuple[dict, dict, dict]:
         """The progress, trainable tensors and optimizer state read (nothing applied yet); `ResumeStateDamaged`
@@ -392,7 +416,9 @@ class Trainer:
         for path in (self.state.trainable, self.state.optimizer):
             if not path.is_file():
                 raise ResumeStateDamaged(path, "missing")
-            if problems := check_file_records(self.state.folder, {path.name: recorded[path.name]} if path.name in recorded else {}):
+            if problems := check_file_records(
+                self.state.folder, {path.name: recorded[path.name]} if path.name in recorded else {}
+            ):
                 raise ResumeStateDamaged(path, problems[0].split(": ", 1)[1])
         try:
             tensors = load_file(str(self.state.trainable))
@@ -492,10 +518,13 @@ class Trainer:
         if math.isfinite(v):
             return
         shown = ", ".join(f"{n}={self._value(t):.6g}" for n, t in terms.items())
-        raise NonFiniteLoss(f"training stopped at step {self.step + 1} of {self.total_steps} (phase {self.phase.name!r}): "
-                            f"the {what} is {v}" + (f" ({shown})" if shown else "")
-                            + "; nothing of this step was applied. Lower the learning rate or check the data and "
-                            "precision; the resume state holds the last good step")
+        raise NonFiniteLoss(
+            f"training stopped at step {self.step + 1} of {self.total_steps} (phase {self.phase.name!r}): "
+            f"the {what} is {v}"
+            + (f" ({shown})" if shown else "")
+            + "; nothing of this step was applied. Lower the learning rate or check the data and "
+            "precision; the resume state holds the last good step"
+        )
 
     def _order(self, n: int, seed: int, epoch: int):
         key = (n, seed, epoch)
@@ -509,12 +538,14 @@ class Trainer:
         """The batch of in-phase step `phase_step`: a pure function of (seed, phase, step), so resume sees the same."""
         epoch, b = divmod(phase_step, phase.steps_per_epoch)
         seed = self.cfg.seed + 7919 * (self.phase_index if phase_index is None else phase_index)
-        idx = self._order(len(phase.rows), seed, epoch)[b * phase.batch_size:(b + 1) * phase.batch_size]
+        idx = self._order(len(phase.rows), seed, epoch)[b * phase.batch_size : (b + 1) * phase.batch_size]
         batch = phase.rows.batch(idx, epoch)
         if phase.aux_rows is not None:
             aux_spe = max(1, math.ceil(len(phase.aux_rows) / phase.aux_batch_size))
             ae, ab = divmod(phase_step, aux_spe)
-            aux_idx = self._order(len(phase.aux_rows), seed + 1, ae)[ab * phase.aux_batch_size:(ab + 1) * phase.aux_batch_size]
+            aux_idx = self._order(len(phase.aux_rows), seed + 1, ae)[
+                ab * phase.aux_batch_size : (ab + 1) * phase.aux_batch_size
+            ]
             batch.aux = phase.aux_rows.batch(aux_idx, ae)
         return batch, epoch, b
 
@@ -530,7 +561,9 @@ class Trainer:
             batch = batch.pin_memory()
         return batch, epoch, b, n_sentences, n_tokens
 
-    selection_metric = "stsb_dev"  # what `evaluate_dev` returns (training/job.py: transfer_dev_avg with selection transfer)
+    selection_metric = (
+        "stsb_dev"  # what `evaluate_dev` returns (training/job.py: transfer_dev_avg with selection transfer)
+    )
 
     def _maybe_evaluate(self) -> None:
         score = self.evaluate_dev(self.model)
@@ -557,7 +590,9 @@ class Trainer:
         if self.world > 1:
             steps = distributed.all_gather_object(self.step)
             if len(set(steps)) != 1:
-                raise RuntimeError(f"ranks start at different steps {steps}: the resume state must be visible to every rank")
+                raise RuntimeError(
+                    f"ranks start at different steps {steps}: the resume state must be visible to every rank"
+                )
             distributed.broadcast_module(self.model)  # identical starting weights and buffers on every rank
         t0 = time.perf_counter()
         self.host_wait_s = 0.0
@@ -601,9 +636,14 @@ class Trainer:
             bar.set_postfix(phase=phase.name, loss=f"{metrics['loss']:.4f}", refresh=False)
             if self.step % self.cfg.log_steps == 0 or self.step == self.total_steps:
                 dt = max(time.perf_counter() - window_t, 1e-9)
-                metrics.update(learning_rate=self.scheduler.get_last_lr()[0], epoch=epoch + (b + 1) / phase.steps_per_epoch,
-                               phase=float(self.phase_index), sentences_per_s=window_sent / dt, tokens_per_s=window_tok / dt,
-                               host_wait_share=window_wait / dt)
+                metrics.update(
+                    learning_rate=self.scheduler.get_last_lr()[0],
+                    epoch=epoch + (b + 1) / phase.steps_per_epoch,
+                    phase=float(self.phase_index),
+                    sentences_per_s=window_sent / dt,
+                    tokens_per_s=window_tok / dt,
+                    host_wait_share=window_wait / dt,
+                )
                 for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
                     metrics[f"learning_rate_{group.get('name', 'group')}"] = lr
                 if self.device.type == "cuda":
@@ -618,7 +658,9 @@ class Trainer:
             for h in self.hooks:
                 h.on_step_end(self, batch, metrics)
         bar.close()
-        if self.best_score is None and self.world == 1:  # a run shorter than eval_steps still yields a selected checkpoint
+        if (
+            self.best_score is None and self.world == 1
+        ):  # a run shorter than eval_steps still yields a selected checkpoint
             self._maybe_evaluate()
         if self.world > 1:
             if self.rank == 0 and self.best_score is None:

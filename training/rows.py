@@ -68,4 +68,3 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """Random row order of one epoch, a pure function of (seed, epoch) so a resumed run sees the same."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n, generator=g).numpy()
-

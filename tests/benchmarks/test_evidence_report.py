@@ -11,27 +11,45 @@ from benchmarks import evidence as ev
 
 
 def _cell(method, arm, seed, start, final, mechanism=None, losses=None):
-    cell = {"method": method, "arm": arm, "label": arm, "seed": seed, "protocol": ev.protocol_hash(),
-            "dev_curve": [[0, start], [100, (start + final) / 2], [200, final]], "start": start, "final": final,
-            "delta": round(final - start, 2), "best": max(start, final), "learning_rate": 0.02,
-            "losses": losses or [], "seconds": {"train_and_eval": 10.0}}
+    cell = {
+        "method": method,
+        "arm": arm,
+        "label": arm,
+        "seed": seed,
+        "protocol": ev.protocol_hash(),
+        "dev_curve": [[0, start], [100, (start + final) / 2], [200, final]],
+        "start": start,
+        "final": final,
+        "delta": round(final - start, 2),
+        "best": max(start, final),
+        "learning_rate": 0.02,
+        "losses": losses or [],
+        "seconds": {"train_and_eval": 10.0},
+    }
     if mechanism is not None:
-        cell["mechanism"] = {c: {"loss": v, "accuracy": 0.9, "replaced_recall": 0.5}
-                             for c, v in zip(("true_h", "shuffled_h", "no_h"), mechanism)}
+        cell["mechanism"] = {
+            c: {"loss": v, "accuracy": 0.9, "replaced_recall": 0.5}
+            for c, v in zip(("true_h", "shuffled_h", "no_h"), mechanism)
+        }
     return cell
 
 
 def test_summary_pairs_each_control_with_the_method_by_seed():
-    cells = [_cell("d2cse", "method", 0, 70.0, 72.0, (0.30, 0.34, 0.40)),
-             _cell("d2cse", "method", 1, 70.0, 73.0, (0.32, 0.35, 0.41)),
-             _cell("d2cse", "lambda0", 0, 70.0, 71.0), _cell("d2cse", "lambda0", 1, 70.0, 74.0)]
+    cells = [
+        _cell("d2cse", "method", 0, 70.0, 72.0, (0.30, 0.34, 0.40)),
+        _cell("d2cse", "method", 1, 70.0, 73.0, (0.32, 0.35, 0.41)),
+        _cell("d2cse", "lambda0", 0, 70.0, 71.0),
+        _cell("d2cse", "lambda0", 1, 70.0, 74.0),
+    ]
     s = ev.summary({"cells": cells})["d2cse"]
     assert s["arms"]["method"]["delta"]["mean"] == pytest.approx(2.5)
     assert s["arms"]["method"]["delta"]["std"] == pytest.approx(0.7071, abs=1e-4)
     pair = s["method_minus_control"]["lambda0"]
     assert pair["mean"] == pytest.approx(0.0) and pair["method_better_in"] == 1 and pair["n"] == 2
     mech = s["arms"]["method"]["mechanism"]
-    assert mech["true_h"]["loss"]["mean"] == pytest.approx(0.31) and mech["no_h"]["loss"]["mean"] == pytest.approx(0.405)
+    assert mech["true_h"]["loss"]["mean"] == pytest.approx(0.31) and mech["no_h"]["loss"]["mean"] == pytest.approx(
+        0.405
+    )
     assert "mechanism" not in s["arms"]["lambda0"]
     md = ev.markdown({"protocol": ev.protocol_hash(), "summary": ev.summary({"cells": cells}), "cells": cells})
     assert "| d2cse | control: lambda = 0 | 2 |" in md and "+0.00 ± 1.41 (method better in 1/2)" in md
@@ -79,4 +97,7 @@ def test_the_protocol_hash_is_the_one_the_recorded_cells_were_run_under():
     assert ev.HEAD_LR_METHOD == "d2cse"
     order = ev.expected_cells()
     assert order[:3] == [("simcse", "method", s) for s in (0, 1, 2)] and order[-1] == ("diffaug", "shared-prefix", 2)
-    assert [c for c in order if c[1].startswith("head-lr-")] == [("d2cse", "head-lr-0.002", 0), ("d2cse", "head-lr-0.0002", 0)]
+    assert [c for c in order if c[1].startswith("head-lr-")] == [
+        ("d2cse", "head-lr-0.002", 0),
+        ("d2cse", "head-lr-0.0002", 0),
+    ]

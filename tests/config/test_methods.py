@@ -39,11 +39,26 @@ def test_model_class_of_refuses_what_is_no_method():
 def test_derived_facts():
     assert [m for m in METHODS if get_method(m).uses_corruption] == ["d2cse", "diffcse"]
     assert get_method("diffaug").phases == ("prefix", "joint") and get_method("d2cse").phases == ("main",)
-    assert get_method("d2cse").stages(supervised=False) == ("ingest:wiki1m", "tokenize:wiki1m", "corrupt", "train", "evaluate")
+    assert get_method("d2cse").stages(supervised=False) == (
+        "ingest:wiki1m",
+        "tokenize:wiki1m",
+        "corrupt",
+        "train",
+        "evaluate",
+    )
     assert get_method("diffaug").stages(supervised=False) == (
-        "ingest:wiki1m", "tokenize:wiki1m", "ingest:nli", "tokenize:nli", "train", "evaluate")
+        "ingest:wiki1m",
+        "tokenize:wiki1m",
+        "ingest:nli",
+        "tokenize:nli",
+        "train",
+        "evaluate",
+    )
     assert get_method("simcse").stages(supervised=True) == ("ingest:nli", "tokenize:nli", "train", "evaluate")
-    assert (get_method("dcpcse").flow_name, get_method("dcpcse").entrypoint) == ("train-dcpcse", "flows/train.py:train_dcpcse")
+    assert (get_method("dcpcse").flow_name, get_method("dcpcse").entrypoint) == (
+        "train-dcpcse",
+        "flows/train.py:train_dcpcse",
+    )
 
 
 def test_the_model_classes_carry_papers_adapters_and_ablations():
@@ -56,7 +71,10 @@ def test_the_model_classes_carry_papers_adapters_and_ablations():
     assert {n for n, s in REGISTRY.items() if s.ablations} == {"d2cse"}
     d2cse = get_method("d2cse")
     assert set(d2cse.ablations) == set(d2cse.published.ablation) == {"a", "b", "c", "d"}
-    assert d2cse.published.sts[("bert-base", "unsup")]["sts_avg"] == 79.02 and not get_method("diffaug").published.parameters
+    assert (
+        d2cse.published.sts[("bert-base", "unsup")]["sts_avg"] == 79.02
+        and not get_method("diffaug").published.parameters
+    )
 
 
 def test_the_model_field_is_the_methods_typed_config():
@@ -69,12 +87,15 @@ def test_the_model_field_is_the_methods_typed_config():
     assert again == cfg and stable_hash(again.model_dump()) == stable_hash(dumped)
 
 
-@pytest.mark.parametrize("model, message", [
-    ({"prefix_len": "x"}, "valid integer"),
-    ({"prefix_len": 0}, "prefix_len must be >= 1"),
-    ({"nope": 1}, r"unknown D2CSEModelConfig keys \['nope'\]"),
-    ({"backbone": "roberta-base"}, "top-level training field"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"prefix_len": "x"}, "valid integer"),
+        ({"prefix_len": 0}, "prefix_len must be >= 1"),
+        ({"nope": 1}, r"unknown D2CSEModelConfig keys \['nope'\]"),
+        ({"backbone": "roberta-base"}, "top-level training field"),
+    ],
+)
 def test_bad_model_fields_are_refused(model, message):
     with pytest.raises(ValueError, match=message):
         resolve_train_config("default", {"model": model})

@@ -10,8 +10,20 @@ import pytest
 
 from config import published
 from config.presets import PRESETS
-from config.published import (ALIGN_UNIFORM, D2CSE_ABLATION, PARAMETERS, RERUNS, RETRIEVAL, STS, TRANSFER,
-                              TRANSFER_DEV_AVG, TRANSFER_TASKS, backbone_family, published_keys, setting_of)
+from config.published import (
+    ALIGN_UNIFORM,
+    D2CSE_ABLATION,
+    PARAMETERS,
+    RERUNS,
+    RETRIEVAL,
+    STS,
+    TRANSFER,
+    TRANSFER_DEV_AVG,
+    TRANSFER_TASKS,
+    backbone_family,
+    published_keys,
+    setting_of,
+)
 from config.training import preset_row, presets_for
 from storage.readers import SEVEN_TASKS
 
@@ -23,48 +35,58 @@ KNOWN_AVERAGE_TYPOS = {("dcpcse", "bert-base", "sup"): (81.65, 81.66)}
 
 # ------------------------------------------------------------------------------------------------ helpers
 
-@pytest.mark.parametrize("backbone, family", [
-    ("bert-base-uncased", "bert-base"),
-    ("bert-base-cased", "bert-base"),
-    ("bert-large-uncased", "bert-large"),
-    ("roberta-base", "roberta-base"),
-    ("roberta-large", "roberta-large"),
-    ("FacebookAI/roberta-large", "roberta-large"),  # the hub namespace is ignored
-    ("/models/BERT-Base-Uncased/", "bert-base"),  # a local folder: its last part, case-insensitive
-    ("packaged:minilm", None),
-    ("sentence-transformers/all-MiniLM-L6-v2", None),
-    ("distilbert-base-uncased", None),  # a prefix match on the name, not a substring
-    ("distilroberta-base", None),
-])
+
+@pytest.mark.parametrize(
+    "backbone, family",
+    [
+        ("bert-base-uncased", "bert-base"),
+        ("bert-base-cased", "bert-base"),
+        ("bert-large-uncased", "bert-large"),
+        ("roberta-base", "roberta-base"),
+        ("roberta-large", "roberta-large"),
+        ("FacebookAI/roberta-large", "roberta-large"),  # the hub namespace is ignored
+        ("/models/BERT-Base-Uncased/", "bert-base"),  # a local folder: its last part, case-insensitive
+        ("packaged:minilm", None),
+        ("sentence-transformers/all-MiniLM-L6-v2", None),
+        ("distilbert-base-uncased", None),  # a prefix match on the name, not a substring
+        ("distilroberta-base", None),
+    ],
+)
 def test_backbone_family(backbone, family):
     assert backbone_family(backbone) == family
 
 
-@pytest.mark.parametrize("method, preset, supervised, setting", [
-    ("d2cse", "default", False, "unsup"),
-    ("d2cse", "sup", True, "sup"),
-    ("simcse", "sup-roberta-large", True, "sup"),
-    ("diffaug", "default", False, "semi"),
-    ("diffaug", "semi", False, "semi"),
-    ("diffaug", "semi-aux", False, "semi-aux"),
-    ("diffaug", "sup", True, "sup"),
-    ("diffcse", "semi-aux", False, "unsup"),  # the semi settings are DiffAug's only
-])
+@pytest.mark.parametrize(
+    "method, preset, supervised, setting",
+    [
+        ("d2cse", "default", False, "unsup"),
+        ("d2cse", "sup", True, "sup"),
+        ("simcse", "sup-roberta-large", True, "sup"),
+        ("diffaug", "default", False, "semi"),
+        ("diffaug", "semi", False, "semi"),
+        ("diffaug", "semi-aux", False, "semi-aux"),
+        ("diffaug", "sup", True, "sup"),
+        ("diffcse", "semi-aux", False, "unsup"),  # the semi settings are DiffAug's only
+    ],
+)
 def test_setting_of(method, preset, supervised, setting):
     assert setting_of(method, preset, supervised) == setting
 
 
-@pytest.mark.parametrize("method, preset, row", [
-    ("d2cse", "default", ("d2cse", "bert-base", "unsup")),
-    ("d2cse", "sup-roberta-base", ("d2cse", "roberta-base", "sup")),
-    ("simcse", "sup-roberta-large", ("simcse", "roberta-large", "sup")),
-    ("dcpcse", "bert-large", ("dcpcse", "bert-large", "unsup")),
-    ("diffcse", "transfer-roberta-base", ("diffcse", "roberta-base", "unsup")),
-    ("diffaug", "default", ("diffaug", "bert-base", "semi")),
-    ("diffaug", "semi-aux", ("diffaug", "bert-base", "semi-aux")),
-    ("diffaug", "sup", ("diffaug", "bert-base", "sup")),
-    ("d2cse", "smoke", ("d2cse", None, "unsup")),  # the packaged MiniLM: no paper row
-])
+@pytest.mark.parametrize(
+    "method, preset, row",
+    [
+        ("d2cse", "default", ("d2cse", "bert-base", "unsup")),
+        ("d2cse", "sup-roberta-base", ("d2cse", "roberta-base", "sup")),
+        ("simcse", "sup-roberta-large", ("simcse", "roberta-large", "sup")),
+        ("dcpcse", "bert-large", ("dcpcse", "bert-large", "unsup")),
+        ("diffcse", "transfer-roberta-base", ("diffcse", "roberta-base", "unsup")),
+        ("diffaug", "default", ("diffaug", "bert-base", "semi")),
+        ("diffaug", "semi-aux", ("diffaug", "bert-base", "semi-aux")),
+        ("diffaug", "sup", ("diffaug", "bert-base", "sup")),
+        ("d2cse", "smoke", ("d2cse", None, "unsup")),  # the packaged MiniLM: no paper row
+    ],
+)
 def test_preset_row(method, preset, row):
     assert preset_row(method, preset) == row
 
@@ -103,6 +125,7 @@ def test_every_published_row_maps_back_through_its_canonical_preset():
 
 
 # ------------------------------------------------------------------------------------------------ the tables
+
 
 def _check_row(row, tasks: tuple[str, ...], avg: str):
     assert list(row) == ["source", *tasks, avg]
@@ -157,13 +180,18 @@ def test_reruns_sit_beside_an_original_row():
 
 
 def test_retrieval_recalls_grow_with_k():
-    d2cse_ks, diffcse_ks = ["retrieval_r1", "retrieval_r3", "retrieval_r5"], ["retrieval_r1", "retrieval_r5", "retrieval_r10"]
+    d2cse_ks, diffcse_ks = (
+        ["retrieval_r1", "retrieval_r3", "retrieval_r5"],
+        ["retrieval_r1", "retrieval_r5", "retrieval_r10"],
+    )
     for key, row in RETRIEVAL.items():
         ks = [k for k in row if k != "source"]
         assert ks == (d2cse_ks if row["source"].startswith("D2CSE paper") else diffcse_ks), key
         values = [row[k] for k in ks]
         assert values == sorted(values) and 0 < values[0] and values[-1] <= 100, key
-        assert all(round(v * 194 / 100) == pytest.approx(v * 194 / 100, abs=0.02) for v in values), key  # k/194 (docs/methods-overview.md)
+        assert all(round(v * 194 / 100) == pytest.approx(v * 194 / 100, abs=0.02) for v in values), (
+            key
+        )  # k/194 (docs/methods-overview.md)
 
 
 def test_alignment_and_uniformity_signs():
@@ -183,6 +211,8 @@ def test_d2cse_ablation_cell_d_is_d2cse_itself():
 
 
 def test_parameter_counts():
-    assert PARAMETERS[("d2cse", "bert-base")]["trainable_parameters"] == 2_658_818  # as tests/models/test_d2cse.py counts
+    assert (
+        PARAMETERS[("d2cse", "bert-base")]["trainable_parameters"] == 2_658_818
+    )  # as tests/models/test_d2cse.py counts
     assert PARAMETERS[("dcpcse", "bert-base")]["trainable_parameters"] == 885_504
     assert TRANSFER_DEV_AVG["diffcse"] > TRANSFER_DEV_AVG["simcse"]

@@ -12,23 +12,22 @@ import torch
 import yaml
 
 from config.evaluation import EvalConfig
+from config.methods import model_class
 from config.presets import PRESETS
-from config.training import resolve_train_config
 from config.published import published_keys
-from config.training import presets_for
 from config.settings import REPO_ROOT
 from config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, CorruptConfig
-from config.training import required_variants
+from config.training import presets_for, required_variants, resolve_train_config
 from models.d2cse import D2CSE, D2CSEModelConfig
-from config.methods import model_class
 from storage.training_data import CorruptionRows, TokenRows
-from training.rows import TrainingRows
 from training.loop import LoopConfig, Trainer
+from training.rows import TrainingRows
 
 CORRUPTING = [(m, p) for m in PRESETS for p in PRESETS[m] if model_class(m).uses_corruption]
 
 
 # ---------------------------------------------------------------- corruption variety
+
 
 @pytest.mark.parametrize("method,preset", [c for c in CORRUPTING if c[1] != "single-corruption"])
 def test_paper_presets_corrupt_every_view_of_every_epoch_with_generator_dropout(method, preset):
@@ -63,6 +62,7 @@ def test_the_corruption_stage_alone_defaults_to_the_unsupervised_reference():
 
 # ---------------------------------------------------------------- the corruption follows the training seed
 
+
 @pytest.mark.parametrize("method", ["d2cse", "diffcse"])
 def test_the_corruption_seed_follows_the_job_seed_unless_set(method):
     assert resolve_train_config("smoke", method=method).corrupt.seed == 42  # the presets' seed: keys made before stay
@@ -82,8 +82,18 @@ def test_a_stand_alone_corruption_is_the_one_a_seed_42_job_reads():
 def test_seeds_children_get_independent_corruption_keys():
     from storage.keys import CORRUPTION_SETTINGS, corruption_key
 
-    keys = {corruption_key("c" * 64, None, {"name": "g"}, "fp32", **resolve_train_config(
-                "smoke", {"seed": s}, method="d2cse").corrupt.model_dump(include=CORRUPTION_SETTINGS)) for s in (42, 43, 42)}
+    keys = {
+        corruption_key(
+            "c" * 64,
+            None,
+            {"name": "g"},
+            "fp32",
+            **resolve_train_config("smoke", {"seed": s}, method="d2cse").corrupt.model_dump(
+                include=CORRUPTION_SETTINGS
+            ),
+        )
+        for s in (42, 43, 42)
+    }
     assert len(keys) == 2
 
 
@@ -93,8 +103,12 @@ def _rows(n_columns: int, variants: int) -> TrainingRows:
     seqs = {c: [np.array([101, 5, 102])] * 4 for c in cols}
     corrupted = {(c, v): [np.array([101, 100 * i + v, 102])] * 4 for i, c in enumerate(cols) for v in range(variants)}
     labels = {k: [np.array([0, 1, 0], dtype=np.int8)] * 4 for k in corrupted}
-    return TrainingRows(TokenRows(ids=np.arange(4), seqs=seqs), CorruptionRows(variants, corrupted, labels),
-                        supervised=n_columns > 1, pad_id=0)
+    return TrainingRows(
+        TokenRows(ids=np.arange(4), seqs=seqs),
+        CorruptionRows(variants, corrupted, labels),
+        supervised=n_columns > 1,
+        pad_id=0,
+    )
 
 
 def _variants_seen(rows: TrainingRows, epochs: int) -> list[tuple[int, ...]]:
@@ -124,6 +138,7 @@ def test_single_variant_is_shared_and_said_so():
 
 
 # ---------------------------------------------------------------- evaluation precision
+
 
 def test_evaluation_is_fp32_unless_asked():
     from evaluation.encode import autocast_context, embed_token_ids
@@ -159,23 +174,41 @@ def test_training_selects_and_tests_in_the_configured_eval_precision(tiny_bert_d
             class R:
                 def metrics(self):
                     return {"stsb_dev": 50.0}
+
             return R()
 
     for asked, expected in ((None, "fp32"), ("bf16", "bf16")):
         calls.clear()
-        over = {"backbone": str(tiny_bert_dir), "max_steps": 2, "eval_steps": 1, "batch_size": 2, "log_steps": 1,
-                "model": {"prefix_len": 2}}
+        over = {
+            "backbone": str(tiny_bert_dir),
+            "max_steps": 2,
+            "eval_steps": 1,
+            "batch_size": 2,
+            "log_steps": 1,
+            "model": {"prefix_len": 2},
+        }
         if asked:
             over["eval_precision"] = asked
         cfg = resolve_train_config("smoke", over, method="d2cse")
         rows = _rows(1, 2)
         run_dir = RunDir("d2cse", f"spy-{expected}")
-        fit(cfg, rows, None, run_dir, "run", torch.device("cpu"), "fp32", SpyEvaluator(), lambda p: None,
-            lambda m, s: None)
+        fit(
+            cfg,
+            rows,
+            None,
+            run_dir,
+            "run",
+            torch.device("cpu"),
+            "fp32",
+            SpyEvaluator(),
+            lambda p: None,
+            lambda m, s: None,
+        )
         assert calls == [("dev", expected), ("dev", expected)]
 
 
 # ---------------------------------------------------------------- DiffAug cadence and seed
+
 
 @pytest.mark.parametrize("preset", ["default", "semi", "semi-aux", "sup"])
 def test_diffaug_evaluates_every_50_steps_with_seed_0(preset):
@@ -185,10 +218,14 @@ def test_diffaug_evaluates_every_50_steps_with_seed_0(preset):
 
 # ---------------------------------------------------------------- D2CSE ablation (b)
 
+
 def test_ablation_b_discriminator_has_its_own_group_and_learning_rate(tiny_bert_dir, tokenizer, tmp_path):
     torch.manual_seed(0)
-    model = D2CSE(D2CSEModelConfig(backbone=str(tiny_bert_dir), prefix_len=2, discriminator_prompts=False,
-                                   train_discriminator=True))
+    model = D2CSE(
+        D2CSEModelConfig(
+            backbone=str(tiny_bert_dir), prefix_len=2, discriminator_prompts=False, train_discriminator=True
+        )
+    )
     groups = model.parameter_groups("main")
     disc = {id(p) for p in model.discriminator.parameters()}
     assert [g.get("lr") for g in groups] == [None, 7e-6]
@@ -196,11 +233,30 @@ def test_ablation_b_discriminator_has_its_own_group_and_learning_rate(tiny_bert_
     assert not any(id(p) in disc for p in groups[0]["params"])
     assert sum(len(g["params"]) for g in groups) == len([p for p in model.parameters() if p.requires_grad])
 
-    loop = LoopConfig(batch_size=4, learning_rate=0.02, epochs=1, max_steps=1, grad_clip=1.0, seed=0, eval_steps=100,
-                      checkpoint_steps=100, log_steps=1, precision="fp32", deterministic=True)
+    loop = LoopConfig(
+        batch_size=4,
+        learning_rate=0.02,
+        epochs=1,
+        max_steps=1,
+        grad_clip=1.0,
+        seed=0,
+        eval_steps=100,
+        checkpoint_steps=100,
+        log_steps=1,
+        precision="fp32",
+        deterministic=True,
+    )
     logged = []
-    trainer = Trainer(model, _rows(1, 2), loop, torch.device("cpu"), tmp_path / "state", lambda *a: None,
-                      lambda m: 0.0, lambda m, s: logged.append(m))
+    trainer = Trainer(
+        model,
+        _rows(1, 2),
+        loop,
+        torch.device("cpu"),
+        tmp_path / "state",
+        lambda *a: None,
+        lambda m: 0.0,
+        lambda m, s: logged.append(m),
+    )
     assert [g["lr"] for g in trainer.optimizer.param_groups] == [0.02, 7e-6]
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     trainer.run()
@@ -219,6 +275,7 @@ def test_the_discriminator_learning_rate_must_be_positive(tiny_bert_dir):
 
 
 # ---------------------------------------------------------------- published rows and presets
+
 
 @pytest.mark.parametrize("key", sorted(published_keys()))
 def test_every_published_row_has_a_preset(key):
@@ -242,7 +299,6 @@ def test_every_method_has_a_default_preset_and_deployment_for_experiment_childre
         assert (f"train_{method}", "default") in deployments
 
 
-
 def test_the_job_seed_fixes_the_initial_weights(tiny_bert_dir, monkeypatch):
     """`fit` seeds before building the model: the initial prompts and heads follow `seed`, not earlier RNG use."""
     import training.job as train_task
@@ -253,6 +309,7 @@ def test_the_job_seed_fixes_the_initial_weights(tiny_bert_dir, monkeypatch):
             class R:
                 def metrics(self):
                     return {"stsb_dev": 1.0}
+
             return R()
 
     built = []
@@ -268,10 +325,26 @@ def test_the_job_seed_fixes_the_initial_weights(tiny_bert_dir, monkeypatch):
     def initial(seed: int, noise: int) -> dict[str, torch.Tensor]:
         torch.manual_seed(noise)  # whatever ran before in this process
         torch.rand(noise + 1)
-        over = {"backbone": str(tiny_bert_dir), "max_steps": 1, "batch_size": 2, "seed": seed, "model": {"prefix_len": 2}}
+        over = {
+            "backbone": str(tiny_bert_dir),
+            "max_steps": 1,
+            "batch_size": 2,
+            "seed": seed,
+            "model": {"prefix_len": 2},
+        }
         cfg = resolve_train_config("smoke", over, method="d2cse")
-        train_task.fit(cfg, _rows(1, 2), None, RunDir("d2cse", f"seed-{seed}-{noise}"), "run", torch.device("cpu"), "fp32",
-                       Dev(), lambda p: None, lambda m, s: None)
+        train_task.fit(
+            cfg,
+            _rows(1, 2),
+            None,
+            RunDir("d2cse", f"seed-{seed}-{noise}"),
+            "run",
+            torch.device("cpu"),
+            "fp32",
+            Dev(),
+            lambda p: None,
+            lambda m, s: None,
+        )
         return built[-1]
 
     a, b, c = initial(1, 0), initial(1, 5), initial(2, 0)

@@ -81,8 +81,10 @@ class ToyWithoutAdapter(ToyCSE):
 
 
 TOY = MethodSpec("toy", "Toy", f"{__name__}:ToyCSE", "deep prompts on a frozen encoder, dropout views")
-TOY_PRESETS = {"default": {"backbone": "packaged:minilm", "learning_rate": 0.01, "model": {"prefix_len": 4}},
-               "smoke": {"backbone": "packaged:minilm", "max_steps": 4, "eval_steps": 2, "model": {"prefix_len": 2}}}
+TOY_PRESETS = {
+    "default": {"backbone": "packaged:minilm", "learning_rate": 0.01, "model": {"prefix_len": 4}},
+    "smoke": {"backbone": "packaged:minilm", "max_steps": 4, "eval_steps": 2, "model": {"prefix_len": 2}},
+}
 
 
 @pytest.fixture
@@ -126,7 +128,8 @@ def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
     entries = yaml.safe_load("pool: &local_pool {name: local}\ndeployments:\n" + lines)["deployments"]
     assert [(e["name"], e["entrypoint"], e["parameters"]) for e in entries] == [
         ("default", "flows/train.py:train_toy", {"preset": "default"}),
-        ("smoke", "flows/train.py:train_toy", {"preset": "smoke"})]
+        ("smoke", "flows/train.py:train_toy", {"preset": "smoke"}),
+    ]
     assert entries[1]["tags"] == ["train", "toy", "smoke"] and entries[0]["work_pool"] == {"name": "local"}
     accepted = set(inspect.signature(flow.fn).parameters)
     assert all(set(e["parameters"]) <= accepted for e in entries)
@@ -137,7 +140,9 @@ def test_the_model_card_cites_the_toy_paper_and_its_published_row(toy, monkeypat
     cfg = resolve_train_config("default", method="toy")
     card = model_card(CardFacts.from_training(cfg, {"sts12": 70.0, "sts_avg": 75.0}))
     assert card.startswith("---\n") and "- toy\n" in card.split("---")[1]  # a front-matter tag
-    assert "# Toy · packaged:minilm · unsup" in card and "trained with **Toy**: deep prompts on a frozen encoder" in card
+    assert (
+        "# Toy · packaged:minilm · unsup" in card and "trained with **Toy**: deep prompts on a frozen encoder" in card
+    )
     bib = card.split("```bibtex\n", 1)[1]
     assert bib.index(TOY_BIBTEX) < bib.index(get_method("simcse").bibtex) and "Please cite Toy, SimCSE" in card
     assert get_method("d2cse").bibtex not in card and "there is no published row" in card
@@ -145,14 +150,19 @@ def test_the_model_card_cites_the_toy_paper_and_its_published_row(toy, monkeypat
     row = {"source": "Toy paper", **{t: 70.0 for t in published.STS[("simcse", "bert-base", "unsup")] if t != "source"}}
     monkeypatch.setitem(published.STS, ("toy", "bert-base", "unsup"), row)
     assert toy.published.sts == {("bert-base", "unsup"): row}
-    card = model_card(CardFacts.from_training(resolve_train_config("default", {"backbone": "bert-base-uncased"},
-                                                                   method="toy"), {"sts12": 71.5}))
+    card = model_card(
+        CardFacts.from_training(
+            resolve_train_config("default", {"backbone": "bert-base-uncased"}, method="toy"), {"sts12": 71.5}
+        )
+    )
     assert "Published row reproduced: `toy` / `bert-base` / `unsup`" in card and "| published (Toy paper) |" in card
     assert "| difference | +1.50 |" in card
 
 
 def test_an_unknown_method_is_cited_as_nothing():
-    card = model_card(CardFacts(method="nobody", method_title="Nobody", preset="default", backbone="x", setting="unsup"))
+    card = model_card(
+        CardFacts(method="nobody", method_title="Nobody", preset="default", backbone="x", setting="unsup")
+    )
     assert "No paper is recorded for `nobody`" in card and "```bibtex" not in card
     assert get_method("simcse").bibtex not in card
 
@@ -178,12 +188,20 @@ def test_the_peft_plan_is_the_model_classs(toy, tiny_bert_dir):
 def test_the_comparison_rows_derive_from_the_published_table(toy, monkeypatch):
     from tasks.compare import RunRecord, build_comparison
 
-    run = RunRecord(run_id="r1", label="toy-default", method="toy", backbone="bert-base-uncased", preset="default",
-                    supervised=False, metrics={"sts12": 71.0, "sts_avg": 76.0})
+    run = RunRecord(
+        run_id="r1",
+        label="toy-default",
+        method="toy",
+        backbone="bert-base-uncased",
+        preset="default",
+        supervised=False,
+        metrics={"sts12": 71.0, "sts_avg": 76.0},
+    )
     rows = build_comparison([run])
     assert {r["row_kind"] for r in rows} == {"run"} and {r["setting"] for r in rows} == {"unsup"}
-    monkeypatch.setitem(published.STS, ("toy", "bert-base", "unsup"), {"source": "Toy paper", "sts12": 70.0,
-                                                                        "sts_avg": 75.0})
+    monkeypatch.setitem(
+        published.STS, ("toy", "bert-base", "unsup"), {"source": "Toy paper", "sts12": 70.0, "sts_avg": 75.0}
+    )
     rows = build_comparison([run])
     diff = {r["metric"]: r["value"] for r in rows if r["row_kind"] == "difference" and r["table"] == "sts"}
     assert diff["sts12"] == 1.0 and diff["sts_avg"] == 1.0

@@ -54,8 +54,17 @@ def _toy_table(rng, drop: tuple[str, str] | None = None):
     def add(task, subset, split, n):
         for i in range(n):
             a, b = rng.choice(words, 2, replace=False)
-            rows.append(dict(task=task, subset=subset, split=split, pair_index=i, sentence1=str(a), sentence2=str(b),
-                             score=float(rng.integers(0, 6))))
+            rows.append(
+                dict(
+                    task=task,
+                    subset=subset,
+                    split=split,
+                    pair_index=i,
+                    sentence1=str(a),
+                    sentence2=str(b),
+                    score=float(rng.integers(0, 6)),
+                )
+            )
 
     for t in ("sts12", "sts13", "sts14", "sts15", "sts16"):
         add(t, "first", "test", 12)
@@ -174,7 +183,9 @@ class RecordingEncoder(PooledEncoder):
 
     def embed(self, input_ids, attention_mask, token_type_ids=None):
         kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        last = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs).last_hidden_state
+        last = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs
+        ).last_hidden_state
         for row, mask, vector in zip(input_ids, attention_mask, pool("cls_before_pooler", last, attention_mask)):
             self.recorded[tuple(row[mask.bool()].tolist())] = vector.clone()
         return pool(self.pooler_name, last, attention_mask)
@@ -184,7 +195,9 @@ class ReplayEncoder(PooledEncoder):
     """Pooler `cls_before_pooler`: the vectors a `RecordingEncoder` pooled from the same forward passes."""
 
     def embed(self, input_ids, attention_mask, token_type_ids=None):
-        return torch.stack([self.recorded[tuple(row[mask.bool()].tolist())] for row, mask in zip(input_ids, attention_mask)])
+        return torch.stack(
+            [self.recorded[tuple(row[mask.bool()].tolist())] for row, mask in zip(input_ids, attention_mask)]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +206,9 @@ def ours(evaluator, minilm_path):
     recording = RecordingEncoder.from_pretrained("packaged:minilm", "avg")
     recording.recorded = {}
     out = {"avg": evaluator.run(recording, "test", batch_size=128)}
-    replay = ReplayEncoder(recording.backbone, "cls_before_pooler", tokenizer=recording.tokenizer, name="packaged:minilm")
+    replay = ReplayEncoder(
+        recording.backbone, "cls_before_pooler", tokenizer=recording.tokenizer, name="packaged:minilm"
+    )
     replay.recorded = recording.recorded
     out["cls_before_pooler"] = evaluator.run(replay, "test", batch_size=128)
     assert out["cls_before_pooler"].timing.sentences == out["avg"].timing.sentences  # the same sentences, replayed
@@ -217,13 +232,13 @@ def reference(sts_df, minilm_path):
     few = sentences[:8]
     for i, mode in enumerate(("mean", "cls")):
         single = SentenceTransformer(modules=[tr, Pooling(d, pooling_mode=mode)], device="cpu")
-        assert np.allclose(single.encode(few, convert_to_numpy=True), emb[:8, i * d:(i + 1) * d], atol=1e-5)
+        assert np.allclose(single.encode(few, convert_to_numpy=True), emb[:8, i * d : (i + 1) * d], atol=1e-5)
     index = {s: i for i, s in enumerate(sentences)}
     scores: dict[str, dict[str, float]] = {}
     for pooler, mode in POOLERS.items():
         e = emb[:, :d] if mode == "mean" else emb[:, d:]
 
-        def cos(part: pd.DataFrame) -> np.ndarray:
+        def cos(part: pd.DataFrame, e: np.ndarray = e) -> np.ndarray:
             a = e[[index[s] for s in part.sentence1]].astype(np.float64)
             b = e[[index[s] for s in part.sentence2]].astype(np.float64)
             c = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -274,9 +289,21 @@ def test_minilm_dev_mode_matches(evaluator, reference):
 def test_minilm_test_mode_structure(ours):
     res = ours["avg"]
     assert {t: res.tasks[t].n for t in TEST_TASKS} == {
-        "sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186, "stsb": 1379, "sickr": 4927}
+        "sts12": 3108,
+        "sts13": 1500,
+        "sts14": 3750,
+        "sts15": 3000,
+        "sts16": 1186,
+        "stsb": 1379,
+        "sickr": 4927,
+    }
     assert {t: len(res.tasks[t].subsets) for t in ("sts12", "sts13", "sts14", "sts15", "sts16")} == {
-        "sts12": 5, "sts13": 3, "sts14": 6, "sts15": 5, "sts16": 5}
+        "sts12": 5,
+        "sts13": 3,
+        "sts14": 6,
+        "sts15": 5,
+        "sts16": 5,
+    }
     r = res.retrieval
     assert r.n_pairs == 97 and r.n_queries == 194 and r.corpus_size == {"index": 2758, "string": 2551}
     for rule in ("index", "string"):

@@ -94,7 +94,9 @@ def test_retrieval_identical_pair_is_a_string_hit_and_errors():
 
 def test_ranks_of_targets_ties_and_exclusion():
     sim = np.array([[0.5, 0.9, 0.5, 0.1]])
-    assert ranks_of_targets(sim, np.array([2]), np.zeros_like(sim, dtype=bool)).tolist() == [2]  # 0.9 and the earlier tie
+    assert ranks_of_targets(sim, np.array([2]), np.zeros_like(sim, dtype=bool)).tolist() == [
+        2
+    ]  # 0.9 and the earlier tie
     excl = np.array([[False, True, False, False]])
     assert ranks_of_targets(sim, np.array([2]), excl).tolist() == [1]
     assert ranks_of_targets(sim, np.array([0]), excl).tolist() == [0]
@@ -105,7 +107,9 @@ def test_ranks_of_targets_ties_and_exclusion():
 
 def test_alignment_on_normalised_embeddings():
     assert alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])) == pytest.approx(2.0)
-    assert alignment(torch.tensor([[2.0, 0.0], [0.0, 5.0]]), torch.tensor([[0.0, 3.0], [0.0, 1.0]])) == pytest.approx(1.0)
+    assert alignment(torch.tensor([[2.0, 0.0], [0.0, 5.0]]), torch.tensor([[0.0, 3.0], [0.0, 1.0]])) == pytest.approx(
+        1.0
+    )
     assert alignment(torch.tensor([[1.0, 1.0]]), torch.tensor([[3.0, 3.0]])) == pytest.approx(0.0)
 
 
@@ -159,26 +163,69 @@ def test_metric_names_are_flat_mlflow_keys_and_recall_is_named_r1():
 
     from evaluation.results import AlignUniform, Correlation, EvalResult, RetrievalScore, TaskScore, Timing
 
-    sts12 = TaskScore(task="sts12", split="test", spearman=70.0, pearson=71.0, n=5,
-                      subsets={"MSRpar": Correlation(spearman=60.0, pearson=61.0, n=3),
-                               "surprise.OnWN": Correlation(spearman=80.0, pearson=81.0, n=2)},
-                      spearman_mean=70.0, spearman_wmean=68.0, pearson_mean=71.0, pearson_wmean=69.0)
+    sts12 = TaskScore(
+        task="sts12",
+        split="test",
+        spearman=70.0,
+        pearson=71.0,
+        n=5,
+        subsets={
+            "MSRpar": Correlation(spearman=60.0, pearson=61.0, n=3),
+            "surprise.OnWN": Correlation(spearman=80.0, pearson=81.0, n=2),
+        },
+        spearman_mean=70.0,
+        spearman_wmean=68.0,
+        pearson_mean=71.0,
+        pearson_wmean=69.0,
+    )
     stsb = TaskScore(task="stsb", split="test", spearman=75.0, pearson=76.0, n=4)
-    retrieval = RetrievalScore(match="string", ks=[1, 5], n_pairs=97, n_queries=194,
-                               corpus_size={"index": 2758, "string": 2700},
-                               recall={"index": {1: 50.0, 5: 80.0}, "string": {1: 55.0, 5: 85.0}})
-    au = AlignUniform(alignment=0.2, uniformity=-2.0, n_positive_pairs=10, n_sentences=20, threshold=4.0, inclusive=True)
+    retrieval = RetrievalScore(
+        match="string",
+        ks=[1, 5],
+        n_pairs=97,
+        n_queries=194,
+        corpus_size={"index": 2758, "string": 2700},
+        recall={"index": {1: 50.0, 5: 80.0}, "string": {1: 55.0, 5: 85.0}},
+    )
+    au = AlignUniform(
+        alignment=0.2, uniformity=-2.0, n_positive_pairs=10, n_sentences=20, threshold=4.0, inclusive=True
+    )
     timing = Timing(seconds=2.0, embed_seconds=1.0, sentences=8, tokens=80, sentences_per_s=4.0)
-    result = EvalResult(mode="test", tasks={"sts12": sts12, "stsb": stsb}, sts_avg=72.5, sts_avg_pearson=73.5,
-                        retrieval=retrieval, align_uniform=au, timing=timing)
+    result = EvalResult(
+        mode="test",
+        tasks={"sts12": sts12, "stsb": stsb},
+        sts_avg=72.5,
+        sts_avg_pearson=73.5,
+        retrieval=retrieval,
+        align_uniform=au,
+        timing=timing,
+    )
     metrics = result.metrics()
     assert metrics == {
-        "sts12": 70.0, "sts12_pearson": 71.0, "sts12_mean": 70.0, "sts12_wmean": 68.0, "sts12_pearson_mean": 71.0,
-        "sts12_pearson_wmean": 69.0, "sts12/MSRpar": 60.0, "sts12/MSRpar_pearson": 61.0, "sts12/surprise.OnWN": 80.0,
-        "sts12/surprise.OnWN_pearson": 81.0, "stsb": 75.0, "stsb_pearson": 76.0, "sts_avg": 72.5, "sts_avg_pearson": 73.5,
-        "retrieval_r1": 55.0, "retrieval_r5": 85.0, "retrieval_index_r1": 50.0, "retrieval_index_r5": 80.0,
-        "retrieval_string_r1": 55.0, "retrieval_string_r5": 85.0, "alignment": 0.2, "uniformity": -2.0,
-        "eval_seconds": 2.0, "eval_sentences_per_s": 4.0,
+        "sts12": 70.0,
+        "sts12_pearson": 71.0,
+        "sts12_mean": 70.0,
+        "sts12_wmean": 68.0,
+        "sts12_pearson_mean": 71.0,
+        "sts12_pearson_wmean": 69.0,
+        "sts12/MSRpar": 60.0,
+        "sts12/MSRpar_pearson": 61.0,
+        "sts12/surprise.OnWN": 80.0,
+        "sts12/surprise.OnWN_pearson": 81.0,
+        "stsb": 75.0,
+        "stsb_pearson": 76.0,
+        "sts_avg": 72.5,
+        "sts_avg_pearson": 73.5,
+        "retrieval_r1": 55.0,
+        "retrieval_r5": 85.0,
+        "retrieval_index_r1": 50.0,
+        "retrieval_index_r5": 80.0,
+        "retrieval_string_r1": 55.0,
+        "retrieval_string_r5": 85.0,
+        "alignment": 0.2,
+        "uniformity": -2.0,
+        "eval_seconds": 2.0,
+        "eval_sentences_per_s": 4.0,
     }
     assert all(re.fullmatch(r"[A-Za-z0-9_\-./: ]+", name) for name in metrics), sorted(metrics)
 

@@ -42,14 +42,22 @@ def test_transfer_counts_match_senteval(transfer_df):
 def test_transfer_reading_rules(transfer_df):
     df, stats = transfer_df
     blank = df[df.sentence1 == ""]
-    assert sorted(zip(blank.file, blank.line)) == [("CR/custrev.neg", 769), ("CR/custrev.neg", 1368), ("CR/custrev.pos", 2323),
-                                                   ("CR/custrev.pos", 2407), ("MPQA/mpqa.neg", 6415), ("MPQA/mpqa.neg", 7294),
-                                                   ("MPQA/mpqa.pos", 3312)]
+    assert sorted(zip(blank.file, blank.line)) == [
+        ("CR/custrev.neg", 769),
+        ("CR/custrev.neg", 1368),
+        ("CR/custrev.pos", 2323),
+        ("CR/custrev.pos", 2407),
+        ("MPQA/mpqa.neg", 6415),
+        ("MPQA/mpqa.neg", 7294),
+        ("MPQA/mpqa.pos", 3312),
+    ]
     assert stats.empty == 7
     mrpc = df[df.task == "mrpc"]
     assert mrpc.sentence2.notna().all() and df[df.task != "mrpc"].sentence2.isna().all()
     first = mrpc[(mrpc.split == "train") & (mrpc.example_index == 0)].iloc[0]
-    assert first.line == 2 and first.label == 1 and first.sentence1.startswith("Amrozi accused his brother")  # header + BOM skipped
+    assert (
+        first.line == 2 and first.label == 1 and first.sentence1.startswith("Amrozi accused his brother")
+    )  # header + BOM skipped
     assert not df.sentence1.str.contains("\ufeff").any()
     trec = df[(df.task == "trec") & (df.split == "test")].iloc[0]
     assert trec.sentence1 == "How far is it from Denver to Aspen ?" and trec.label == 5  # NUM:dist → NUM
@@ -60,12 +68,19 @@ def test_transfer_reading_rules(transfer_df):
 
 def _downstream(tmp_path, **override):
     files = {
-        "MR/rt-polarity.pos": "good film .\n", "MR/rt-polarity.neg": "bad film .\n",
-        "CR/custrev.pos": "nice\n\n", "CR/custrev.neg": "awful\n",
-        "SUBJ/subj.objective": "a fact .\n", "SUBJ/subj.subjective": "i feel .\n",
-        "MPQA/mpqa.pos": "happy\n", "MPQA/mpqa.neg": "sad\n",
-        "SST/binary/sentiment-train": "fine \t1\n", "SST/binary/sentiment-dev": "meh \t0\n", "SST/binary/sentiment-test": "ok \t1\n",
-        "TREC/train_5500.label": "NUM:dist How far ?\n", "TREC/TREC_10.label": "HUM:ind Who ?\n",
+        "MR/rt-polarity.pos": "good film .\n",
+        "MR/rt-polarity.neg": "bad film .\n",
+        "CR/custrev.pos": "nice\n\n",
+        "CR/custrev.neg": "awful\n",
+        "SUBJ/subj.objective": "a fact .\n",
+        "SUBJ/subj.subjective": "i feel .\n",
+        "MPQA/mpqa.pos": "happy\n",
+        "MPQA/mpqa.neg": "sad\n",
+        "SST/binary/sentiment-train": "fine \t1\n",
+        "SST/binary/sentiment-dev": "meh \t0\n",
+        "SST/binary/sentiment-test": "ok \t1\n",
+        "TREC/train_5500.label": "NUM:dist How far ?\n",
+        "TREC/TREC_10.label": "HUM:ind Who ?\n",
         "MRPC/msr_paraphrase_train.txt": "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta b\ta  b\n",
         "MRPC/msr_paraphrase_test.txt": "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t3\t4\tc\td\n",
     } | override
@@ -82,12 +97,16 @@ def test_transfer_reader_errors_name_file_and_line(tmp_path):
     with pytest.raises(CountMismatchError, match="mr/all"):
         read_transfer(tmp_path)
     with pytest.raises(DataFormatError, match=r"TREC_10\.label:2: coarse label 'XYZ'"):
-        read_transfer(_downstream(tmp_path, **{"TREC/TREC_10.label": "HUM:ind Who ?\nXYZ:a What ?\n"}), check_counts=False)
+        read_transfer(
+            _downstream(tmp_path, **{"TREC/TREC_10.label": "HUM:ind Who ?\nXYZ:a What ?\n"}), check_counts=False
+        )
     with pytest.raises(DataFormatError, match=r"sentiment-dev:1: 1 tab-separated fields"):
         read_transfer(_downstream(tmp_path, **{"SST/binary/sentiment-dev": "no label here\n"}), check_counts=False)
     with pytest.raises(DataFormatError, match=r"msr_paraphrase_test\.txt:2: 3 tab-separated fields"):
-        read_transfer(_downstream(tmp_path, **{"MRPC/msr_paraphrase_test.txt": "Quality\t#1\t#2\t#1 S\t#2 S\n0\tx\ty\n"}),
-                      check_counts=False)
+        read_transfer(
+            _downstream(tmp_path, **{"MRPC/msr_paraphrase_test.txt": "Quality\t#1\t#2\t#1 S\t#2 S\n0\tx\ty\n"}),
+            check_counts=False,
+        )
 
 
 # ---------------------------------------------------------------- the classifier
@@ -107,7 +126,7 @@ def _reference_fit(x, y, train, valid, reg, s: ClassifierSettings):
             for _ in range(s.epoch_size):
                 perm = np.random.permutation(len(tx))
                 for i in range(0, len(tx), s.batch_size):
-                    idx = torch.from_numpy(perm[i:i + s.batch_size])
+                    idx = torch.from_numpy(perm[i : i + s.batch_size])
                     loss = torch.nn.functional.cross_entropy(model(tx[idx]), ty[idx])
                     opt.zero_grad()
                     loss.backward()
@@ -136,7 +155,9 @@ def test_batched_classifier_equals_a_plain_pytorch_fit():
     assert torch.equal(lin.weight.t(), w0) and torch.equal(lin.bias, b0)
     for s in (dataclasses.replace(TEST, max_epoch=40), FASTTEST):
         regs = (1e-5, 1e-2)
-        fits = fit_groups(x, y, 2, [group(train, regs, s.seed, valid=valid), group(train[:200], regs, s.seed, valid=valid)], s)
+        fits = fit_groups(
+            x, y, 2, [group(train, regs, s.seed, valid=valid), group(train[:200], regs, s.seed, valid=valid)], s
+        )
         assert [f.reg for f in fits[0]] == list(regs)
         for rows, group_fits in ((train, fits[0]), (train[:200], fits[1])):  # two sizes in one batch: padded steps
             for r, f in zip(regs, group_fits):
@@ -163,7 +184,9 @@ def _synthetic(n: int, d: int, classes: int, seed: int, shuffle: bool):
 @pytest.mark.parametrize("task", ["mr", "sst2", "trec", "mrpc"])
 def test_protocol_separable_reaches_100_and_shuffled_stays_near_chance(task):
     classes = 6 if task == "trec" else 2
-    splits = {"mr": ("all",), "sst2": ("train", "dev", "test"), "trec": ("train", "test"), "mrpc": ("train", "test")}[task]
+    splits = {"mr": ("all",), "sst2": ("train", "dev", "test"), "trec": ("train", "test"), "mrpc": ("train", "test")}[
+        task
+    ]
     for shuffle in (False, True):
         feats, labels = {}, {}
         for i, sp in enumerate(splits):
@@ -191,8 +214,14 @@ def test_transfer_evaluation_end_to_end(shared_data, tiny_bert_dir, isolated_hom
     from storage.layout import DataRoot
     from tasks.evaluate import run_evaluation
 
-    cfg = EvalConfig(model=str(tiny_bert_dir), pooler="avg", mode="transfer", transfer_limit=40,
-                     transfer_classifier="fasttest", progress=False)
+    cfg = EvalConfig(
+        model=str(tiny_bert_dir),
+        pooler="avg",
+        mode="transfer",
+        transfer_limit=40,
+        transfer_classifier="fasttest",
+        progress=False,
+    )
     summary = run_evaluation(cfg)
     assert summary.mode == "transfer"
     for t in ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc", "transfer_avg"):
@@ -220,23 +249,51 @@ def test_every_unique_sentence_is_embedded_once(shared_data):
 
 def test_transfer_config_presets_and_comparison():
     from config.evaluation import EvalConfig
-    from config.training import resolve_train_config
     from config.published import TRANSFER, published_keys
+    from config.training import resolve_train_config
     from tasks.compare import RunRecord, build_comparison
 
     with pytest.raises(ValueError, match="transfer_tasks"):
         EvalConfig(model="m", pooler="avg", mode="transfer", tasks=("stsb",))
     bert = resolve_train_config("transfer", method="diffcse")
     rob = resolve_train_config("transfer-roberta-base", method="diffcse")
-    assert (bert.learning_rate, bert.corrupt.mask_ratio, bert.model.rtd_weight, bert.batch_size, bert.epochs) == (2e-6, 0.15, 0.05, 64, 2)
-    assert (rob.learning_rate, rob.corrupt.mask_ratio, rob.model.rtd_weight, rob.batch_size, rob.backbone) == (3e-6, 0.15, 0.05, 128, "roberta-base")
+    assert (bert.learning_rate, bert.corrupt.mask_ratio, bert.model.rtd_weight, bert.batch_size, bert.epochs) == (
+        2e-6,
+        0.15,
+        0.05,
+        64,
+        2,
+    )
+    assert (rob.learning_rate, rob.corrupt.mask_ratio, rob.model.rtd_weight, rob.batch_size, rob.backbone) == (
+        3e-6,
+        0.15,
+        0.05,
+        128,
+        "roberta-base",
+    )
     assert bert.transfer_evaluation and bert.selection == "stsb"
     assert resolve_train_config("transfer", {"selection": "transfer"}, method="diffcse").selection == "transfer"
     assert not any(k[0] == "simcse-mlm" for k in published_keys())  # transfer rows stay outside the preset mapping
     assert TRANSFER[("diffcse", "bert-base", "unsup")]["transfer_avg"] == 86.86
-    run = RunRecord(run_id="r1", label="diffcse-transfer", method="diffcse", backbone="bert-base-uncased", preset="transfer",
-                    supervised=False, metrics={"sts_avg": 78.0, "mr": 82.0, "cr": 87.0, "subj": 95.0, "mpqa": 89.0,
-                                               "sst2": 86.0, "trec": 90.0, "mrpc": 76.0, "transfer_avg": 86.43})
+    run = RunRecord(
+        run_id="r1",
+        label="diffcse-transfer",
+        method="diffcse",
+        backbone="bert-base-uncased",
+        preset="transfer",
+        supervised=False,
+        metrics={
+            "sts_avg": 78.0,
+            "mr": 82.0,
+            "cr": 87.0,
+            "subj": 95.0,
+            "mpqa": 89.0,
+            "sst2": 86.0,
+            "trec": 90.0,
+            "mrpc": 76.0,
+            "transfer_avg": 86.43,
+        },
+    )
     rows = [r for r in build_comparison([run]) if r["table"] == "transfer"]
     assert {r["row_kind"] for r in rows} == {"run", "published", "difference"}
     diff = {r["metric"]: r["value"] for r in rows if r["row_kind"] == "difference"}
@@ -257,10 +314,19 @@ def test_training_selects_on_the_transfer_dev_average(prefect_harness, tiny_bert
         return TransferEvaluator(source.table, limit=120), source
 
     monkeypatch.setattr(train_task, "transfer_evaluator", small)
-    overrides = {"backbone": str(tiny_bert_dir), "max_steps": 2, "eval_steps": 1, "log_steps": 1, "max_train_sentences": 64,
-                 "selection": "transfer",
-                 "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
-                            "senteval": {"path": str(shared_data / "senteval")}}}
+    overrides = {
+        "backbone": str(tiny_bert_dir),
+        "max_steps": 2,
+        "eval_steps": 1,
+        "log_steps": 1,
+        "max_train_sentences": 64,
+        "selection": "transfer",
+        "ingest": {
+            "datasets": ["wiki1m", "sts"],
+            "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+            "senteval": {"path": str(shared_data / "senteval")},
+        },
+    }
     result = TRAIN_FLOWS["simcse"]("smoke", overrides)
     configure_mlflow()
     import mlflow

@@ -19,7 +19,7 @@ DEPLOYMENTS = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployme
 EXPERIMENTS = ("flows/seeds.py:seeds", "flows/sweep.py:sweep", "flows/ablate.py:ablate_d2cse")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_flow(entrypoint: str) -> Flow:
     """The flow object an entrypoint `flows/<module>.py:<name>` names, imported as the package module `flows.<module>`
     (Prefect's own loader would leave `flows/` on this test process's sys.path for every later test)."""

@@ -39,16 +39,37 @@ def test_test_mode_records_everything(prefect_harness, shared_data, tiny_bert_di
     [run] = _runs()
     assert run.info.status == "FINISHED" and run.info.run_id == summary.mlflow_run_id
     m = run.data.metrics
-    expected = {*SEVEN, "sts_avg", "sts_avg_pearson", *(f"{t}_pearson" for t in SEVEN), "sts12_mean", "sts12_wmean",
-                "sts12/MSRpar", "retrieval_r1", "retrieval_r3", "retrieval_r5", "retrieval_r10", "retrieval_index_r1",
-                "retrieval_string_r1", "alignment", "uniformity"}
+    expected = {
+        *SEVEN,
+        "sts_avg",
+        "sts_avg_pearson",
+        *(f"{t}_pearson" for t in SEVEN),
+        "sts12_mean",
+        "sts12_wmean",
+        "sts12/MSRpar",
+        "retrieval_r1",
+        "retrieval_r3",
+        "retrieval_r5",
+        "retrieval_r10",
+        "retrieval_index_r1",
+        "retrieval_string_r1",
+        "alignment",
+        "uniformity",
+    }
     assert expected <= set(m)
     assert m["sts_avg"] == round(sum(round(m[t], 2) for t in SEVEN) / 7, 2)
     assert m["retrieval_r1"] == m["retrieval_string_r1"]  # the default headline rule
     assert run.data.params["pooler"] == "cls" and run.data.tags["stage"] == "evaluate"
     files = _artifacts(run.info.run_id, "evaluation")
-    assert {"evaluation/result.json", "evaluation/table1.md", "evaluation/sts_tasks.csv", "evaluation/sts_tasks.md",
-            "evaluation/sts_subsets.csv", "evaluation/retrieval.csv", "evaluation/qualitative.md"} <= files
+    assert {
+        "evaluation/result.json",
+        "evaluation/table1.md",
+        "evaluation/sts_tasks.csv",
+        "evaluation/sts_tasks.md",
+        "evaluation/sts_subsets.csv",
+        "evaluation/retrieval.csv",
+        "evaluation/qualitative.md",
+    } <= files
     assert _artifacts(run.info.run_id, "plots") == {"plots/cosine_by_gold.png", "plots/alignment_uniformity.png"}
     table1 = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/evaluation/table1.md")
     assert "| tiny-bert cls |" in table1 and "| STS12 | STS13 |" in table1 and "Avg." in table1
@@ -56,7 +77,9 @@ def test_test_mode_records_everything(prefect_harness, shared_data, tiny_bert_di
     root = DataRoot(get_settings().data_root)
     row = query(root, "SELECT * FROM evaluations_all").iloc[0]
     assert row.evaluation_id == summary.evaluation_id and row.mlflow_run_id == run.info.run_id
-    assert row.sts_source.startswith("folder:") and row.sts12 == pytest.approx(m["sts12"]) and row.sts_avg == m["sts_avg"]
+    assert (
+        row.sts_source.startswith("folder:") and row.sts12 == pytest.approx(m["sts12"]) and row.sts_avg == m["sts_avg"]
+    )
     assert row.retrieval_match == "string" and row.alignment == pytest.approx(m["alignment"])
     assert '"mode":"test"' in row.details
 
@@ -65,7 +88,9 @@ def test_test_mode_records_everything(prefect_harness, shared_data, tiny_bert_di
 
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["evaluation-test"])))
-        details = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["evaluation-test-details"])))
+        details = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["evaluation-test-details"]))
+        )
     # the session's Prefect server also holds other tests' evaluations: find this one's by its model label
     ours = [a for a in arts if "tiny-bert cls" in str(a.data)]
     assert ours and ours[0].type == "table" and "STS-B" in str(ours[0].data)
@@ -77,14 +102,22 @@ def test_dev_mode_from_an_ingested_dataset(prefect_harness, shared_data, tiny_be
     table, _ = read_senteval(shared_data / "senteval")
     write_dataset(root, "sts", "sts-key-1", [table], schemas.STS)
     summary = evaluate(EvalConfig(model=str(tiny_bert_dir), pooler="avg", mode="dev", sts="sts-key-1", progress=False))
-    assert set(k for k in summary.metrics if "pearson" not in k and not k.startswith("eval_")) == {"stsb_dev", "sickr_dev"}
+    assert set(k for k in summary.metrics if "pearson" not in k and not k.startswith("eval_")) == {
+        "stsb_dev",
+        "sickr_dev",
+    }
     [run] = _runs()
     assert run.info.status == "FINISHED" and run.data.tags["sts_source"] == "dataset:sts-key-1"
     [used] = run.inputs.dataset_inputs  # the ingested dataset, as the run's MLflow input
-    assert (used.dataset.name, [(t.key, t.value) for t in used.tags]) == ("sts/sts-key-1", [("mlflow.data.context", "eval")])
+    assert (used.dataset.name, [(t.key, t.value) for t in used.tags]) == (
+        "sts/sts-key-1",
+        [("mlflow.data.context", "eval")],
+    )
     assert _artifacts(run.info.run_id, "plots") == set()
     row = query(root, "SELECT mode, stsb_dev, sts12, sts_source FROM evaluations").iloc[0]
-    assert row["mode"] == "dev" and row.stsb_dev == pytest.approx(summary.metrics["stsb_dev"]) and row.sts12 != row.sts12  # NaN
+    assert (
+        row["mode"] == "dev" and row.stsb_dev == pytest.approx(summary.metrics["stsb_dev"]) and row.sts12 != row.sts12
+    )  # NaN
 
 
 def _d2cse_checkpoint(tiny_bert_dir, folder):
@@ -103,8 +136,9 @@ def test_checkpoint_from_folder_and_from_mlflow_run(prefect_harness, shared_data
     # (no mlflow.set_experiment: it sets process-wide state that later tests would inherit)
     with mlflow.start_run(experiment_id=ensure_experiment("d2cse-test")) as train_run:
         mlflow.log_artifacts(str(folder), artifact_path="checkpoint")
-    remote = evaluate(EvalConfig(checkpoint=f"runs:/{train_run.info.run_id}", pooler="cls_before_pooler", mode="dev",
-                                 progress=False))
+    remote = evaluate(
+        EvalConfig(checkpoint=f"runs:/{train_run.info.run_id}", pooler="cls_before_pooler", mode="dev", progress=False)
+    )
     assert local.metrics["stsb_dev"] == remote.metrics["stsb_dev"]
     runs = _runs()
     assert len(runs) == 2 and all(r.info.status == "FINISHED" and r.data.tags["method"] == "d2cse" for r in runs)
@@ -118,7 +152,9 @@ def test_checkpoint_from_folder_and_from_mlflow_run(prefect_harness, shared_data
     assert res.dev_score == pytest.approx(local.metrics["stsb_dev"], abs=1e-9)
     with mlflow.start_run(experiment_id=train_run.info.experiment_id):  # how a training flow records its own result
         eid = record_evaluation(res, label="d2cse-tiny", sts=sts, what={"method": "d2cse", "checkpoint": str(folder)})
-    row = query(DataRoot(get_settings().data_root), f"SELECT * FROM evaluations_all WHERE evaluation_id = '{eid}'").iloc[0]
+    row = query(
+        DataRoot(get_settings().data_root), f"SELECT * FROM evaluations_all WHERE evaluation_id = '{eid}'"
+    ).iloc[0]
     assert (row.model, row.pooler, row.method) == (str(tiny_bert_dir), "cls_before_pooler", "d2cse")
 
 
@@ -127,7 +163,9 @@ def _assert_one_failed_run():
     assert [r.info.status for r in runs] == ["FAILED"]
 
 
-def test_checkpoint_with_another_backbone_fails_cleanly(prefect_harness, shared_data, tiny_bert_dir, tmp_path, tokenizer):
+def test_checkpoint_with_another_backbone_fails_cleanly(
+    prefect_harness, shared_data, tiny_bert_dir, tmp_path, tokenizer
+):
     from transformers import BertConfig, BertModel
 
     from models.checkpoint import BackboneMismatchError
@@ -135,8 +173,16 @@ def test_checkpoint_with_another_backbone_fails_cleanly(prefect_harness, shared_
     folder, _ = _d2cse_checkpoint(tiny_bert_dir, tmp_path / "best")
     other = tmp_path / "other_bert"  # same shape, different weights
     torch.manual_seed(123)
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(other)
+    BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    ).save_pretrained(other)
     tokenizer.save_pretrained(other)
     with pytest.raises(BackboneMismatchError, match="different weights"):
         evaluate(EvalConfig(checkpoint=str(folder), model=str(other), mode="dev", progress=False))

@@ -27,34 +27,59 @@ from tracking.store import configure_mlflow
 def tiny(tiny_bert_dir, shared_data, wiki_head):
     # the head of the Wiki1M sample: every seed child corrupts the corpus again (its own corruption), so keep it small
     return {
-        "backbone": str(tiny_bert_dir), "max_steps": 2, "eval_steps": 2, "log_steps": 1, "max_train_sentences": 64,
-        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(wiki_head)},
-                   "senteval": {"path": str(shared_data / "senteval")}},
+        "backbone": str(tiny_bert_dir),
+        "max_steps": 2,
+        "eval_steps": 2,
+        "log_steps": 1,
+        "max_train_sentences": 64,
+        "ingest": {
+            "datasets": ["wiki1m", "sts"],
+            "wiki": {"path": str(wiki_head)},
+            "senteval": {"path": str(shared_data / "senteval")},
+        },
     }
 
 
 def _children_of(parent_run_id: str):
     configure_mlflow()
-    return mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
-                              output_format="list")
+    return mlflow.search_runs(
+        search_all_experiments=True,
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+        output_format="list",
+    )
 
 
 def test_ablation_wiring_of_the_four_variants():
-    cells = {c.label: c.overrides["model"] for c in ablation_children("default", None, ["a", "b", "c", "d"], [True, False])}
+    cells = {
+        c.label: c.overrides["model"] for c in ablation_children("default", None, ["a", "b", "c", "d"], [True, False])
+    }
     assert len(cells) == 8
-    assert cells["a-cls-prompt"] == {"discriminator_prompts": False, "condition_discriminator": True,
-                                     "train_discriminator": False, "cls_prompt": True}
+    assert cells["a-cls-prompt"] == {
+        "discriminator_prompts": False,
+        "condition_discriminator": True,
+        "train_discriminator": False,
+        "cls_prompt": True,
+    }
     assert cells["b-static-cls"]["train_discriminator"] and not cells["b-static-cls"]["cls_prompt"]
     assert not cells["c-cls-prompt"]["condition_discriminator"] and cells["c-cls-prompt"]["discriminator_prompts"]
-    assert cells["d-static-cls"] == {"discriminator_prompts": True, "condition_discriminator": True,
-                                     "train_discriminator": False, "cls_prompt": False}
+    assert cells["d-static-cls"] == {
+        "discriminator_prompts": True,
+        "condition_discriminator": True,
+        "train_discriminator": False,
+        "cls_prompt": False,
+    }
     with pytest.raises(ValueError, match="unknown ablation variants"):
         ablation_children("default", None, ["e"], [True])
 
 
 def test_sweep_grids():
-    kids = grid_children("d2cse", "smoke", {"model": {"prefix_len": 4}}, {"learning_rate": [0.01, 0.02], "model.cls_prompt": [True]})
-    assert [k.label for k in kids] == ["learning_rate=0.01,model.cls_prompt=True", "learning_rate=0.02,model.cls_prompt=True"]
+    kids = grid_children(
+        "d2cse", "smoke", {"model": {"prefix_len": 4}}, {"learning_rate": [0.01, 0.02], "model.cls_prompt": [True]}
+    )
+    assert [k.label for k in kids] == [
+        "learning_rate=0.01,model.cls_prompt=True",
+        "learning_rate=0.02,model.cls_prompt=True",
+    ]
     assert kids[0].overrides == {"model": {"prefix_len": 4, "cls_prompt": True}, "learning_rate": 0.01}
     assert fine_grid([(0.01, 70.0), (0.03, 75.0), (0.05, 74.0)], 0.005) == [0.035, 0.04, 0.045]
     assert fine_grid([(0.02, 70.0), (0.01, 71.0)], 0.005) == [0.015]
@@ -77,7 +102,9 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
 
     summary = seeds("d2cse", "smoke", seed_list=[1, 2], overrides=tiny, dispatch="inline")
     by_metric = {r["metric"]: r for r in summary}
-    seed_runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`cse.kind` = 'seeds'", output_format="list")
+    seed_runs = mlflow.search_runs(
+        search_all_experiments=True, filter_string="tags.`cse.kind` = 'seeds'", output_format="list"
+    )
     seed_avgs = [r.data.metrics["sts_avg"] for r in seed_runs if "cse.child" in r.data.tags]
     assert len(seed_avgs) == 2 and seed_avgs[0] != seed_avgs[1]  # two seeds train two different models
     # each seed reads its own corruption (the corruption seed follows the job's), so its own dataset
@@ -93,10 +120,19 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
     client = mlflow.MlflowClient()
     model = f"cse-d2cse-{tiny_bert_dir.name}-smoke"  # every child registered a version of it (ablation cells too)
     best_seed = max((r for r in seed_runs if "cse.child" in r.data.tags), key=lambda r: r.data.metrics["best_stsb_dev"])
-    assert client.get_model_version_by_alias(model, "best").run_id == best_seed.info.run_id  # best STS-B dev of the seeds
+    assert (
+        client.get_model_version_by_alias(model, "best").run_id == best_seed.info.run_id
+    )  # best STS-B dev of the seeds
 
-    out = sweep("d2cse", "smoke", strategy="lr-two-step", coarse=[0.01, 0.03], fine_step=0.01,
-                overrides={**tiny, "test_evaluation": False}, dispatch="inline")
+    out = sweep(
+        "d2cse",
+        "smoke",
+        strategy="lr-two-step",
+        coarse=[0.01, 0.03],
+        fine_step=0.01,
+        overrides={**tiny, "test_evaluation": False},
+        dispatch="inline",
+    )
     stages = [r["stage"] for r in out["children"]]
     assert stages == ["coarse", "coarse", "fine"] and out["children"][2]["child"] == "fine:learning_rate=0.02"
     assert out["best"]["best_stsb_dev"] == max(r["best_stsb_dev"] for r in out["children"])
@@ -109,10 +145,17 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
     assert "| published |" in result.markdown and "| difference |" in result.markdown
     assert "D2CSE paper; reference BERT-base" in result.markdown
     root = DataRoot(get_settings().data_root)
-    table = query(root, "select row_kind, count(*) as n from comparisons where \"table\" = 'sts' group by row_kind order by row_kind")
+    table = query(
+        root,
+        "select row_kind, count(*) as n from comparisons where \"table\" = 'sts' group by row_kind order by row_kind",
+    )
     assert dict(zip(table["row_kind"], table["n"])) == {"difference": 32, "published": 32, "run": 32}
-    diff = query(root, "select value from comparisons where row_kind = 'difference' and metric = 'sts_avg' limit 1")["value"][0]
-    ours = query(root, "select value from comparisons where row_kind = 'run' and metric = 'sts_avg' limit 1")["value"][0]
+    diff = query(root, "select value from comparisons where row_kind = 'difference' and metric = 'sts_avg' limit 1")[
+        "value"
+    ][0]
+    ours = query(root, "select value from comparisons where row_kind = 'run' and metric = 'sts_avg' limit 1")["value"][
+        0
+    ]
     assert diff == pytest.approx(ours - 79.02, abs=1e-3)
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(result.mlflow_run_id)}
     assert {"comparison.md", "comparison.csv", "selection.json", "comparison_table.json"} <= artifacts

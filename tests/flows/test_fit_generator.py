@@ -12,13 +12,15 @@ from storage.layout import DataRoot
 from tracking.store import configure_mlflow
 
 
-def test_fit_generator_flow_tokenises_with_the_backbone_and_reuses_everything(prefect_harness, shared_data, tmp_path,
-                                                                               tiny_bert_dir):
+def test_fit_generator_flow_tokenises_with_the_backbone_and_reuses_everything(
+    prefect_harness, shared_data, tmp_path, tiny_bert_dir
+):
     lines = (shared_data / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines()[:200]
     (tmp_path / "wiki.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     ingest = IngestConfig(datasets=("wiki1m",), wiki=WikiSource(path=str(tmp_path / "wiki.txt")))
-    config = GeneratorConfig(backbone=str(tiny_bert_dir), batch_size=32, max_steps=6, eval_every=3,
-                             baseline_generator=None, device="cpu")
+    config = GeneratorConfig(
+        backbone=str(tiny_bert_dir), batch_size=32, max_steps=6, eval_every=3, baseline_generator=None, device="cpu"
+    )
 
     ref = fit_generator(config=config, ingest_config=ingest)
     assert ref.kind == "generator" and not ref.cache_hit

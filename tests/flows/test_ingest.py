@@ -27,7 +27,14 @@ def test_ingest_writes_datasets_then_hits_cache(prefect_harness, local_ingest_co
     root = DataRoot(get_settings().data_root)
     sts = read_dataset(root, "sts", first["sts"].key).to_pandas()
     assert sts[sts.split == "test"].groupby("task").size().to_dict() == {
-        "sickr": 4927, "sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186, "stsb": 1379}
+        "sickr": 4927,
+        "sts12": 3108,
+        "sts13": 1500,
+        "sts14": 3750,
+        "sts15": 3000,
+        "sts16": 1186,
+        "stsb": 1379,
+    }
     m = root.require("wiki1m", first["wiki1m"].key)
     assert m.source["origin"] == "path" and m.inputs["source"] and m.stats["empty"] == 0
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from config.presets import PRESETS
-
 from config.training import resolve_train_config
 from flows.train import TRAIN_FLOWS
 from models.checkpoint import load_checkpoint, read_checkpoint_meta
@@ -30,10 +29,18 @@ LOSS_TERMS = {
 @pytest.fixture
 def tiny_overrides(tiny_bert_dir, shared_data, wiki_head):
     return {
-        "backbone": str(tiny_bert_dir), "max_steps": 4, "eval_steps": 2, "log_steps": 1, "max_train_sentences": 128,
+        "backbone": str(tiny_bert_dir),
+        "max_steps": 4,
+        "eval_steps": 2,
+        "log_steps": 1,
+        "max_train_sentences": 128,
         "test_evaluation": False,
-        "ingest": {"datasets": ["wiki1m", "nli", "sts"], "wiki": {"path": str(wiki_head)},
-                   "nli": {"path": str(shared_data / "snli_triplets.csv")}, "senteval": {"path": str(shared_data / "senteval")}},
+        "ingest": {
+            "datasets": ["wiki1m", "nli", "sts"],
+            "wiki": {"path": str(wiki_head)},
+            "nli": {"path": str(shared_data / "snli_triplets.csv")},
+            "senteval": {"path": str(shared_data / "senteval")},
+        },
     }
 
 
@@ -42,7 +49,9 @@ def test_every_preset_resolves(method):
     for preset in PRESETS[method]:
         cfg = resolve_train_config(preset, method=method)
         assert cfg.method == method and cfg.preset == preset
-        assert "backbone" not in cfg.model_dump()["model"] and cfg.model_dump()["model"]  # completed with the method's defaults
+        assert (
+            "backbone" not in cfg.model_dump()["model"] and cfg.model_dump()["model"]
+        )  # completed with the method's defaults
 
 
 def test_presets_follow_the_papers():
@@ -69,8 +78,11 @@ def test_bad_overrides_are_refused():
 def test_smoke_flow_of_each_method(prefect_harness, tiny_overrides, method):
     overrides = dict(tiny_overrides)
     if method == "diffaug":
-        overrides.update(prefix_phase={"steps": 2, "batch_size": 8}, aux_nli_batch_size=4,
-                         model={"aux_weight": 1e-3, "denoise_copies": 48})
+        overrides.update(
+            prefix_phase={"steps": 2, "batch_size": 8},
+            aux_nli_batch_size=4,
+            model={"aux_weight": 1e-3, "denoise_copies": 48},
+        )
     result = TRAIN_FLOWS[method]("smoke", overrides)
     total = 4 + (2 if method == "diffaug" else 0)
     assert result.steps == total
@@ -78,14 +90,18 @@ def test_smoke_flow_of_each_method(prefect_harness, tiny_overrides, method):
     configure_mlflow()
     client = mlflow.tracking.MlflowClient()
     dev = [m.value for m in client.get_metric_history(result.run_id, "stsb_dev")]
-    assert len(dev) == total // 2 and result.best_stsb_dev == pytest.approx(max(dev))  # every 2 steps; the best selected
+    assert len(dev) == total // 2 and result.best_stsb_dev == pytest.approx(
+        max(dev)
+    )  # every 2 steps; the best selected
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED" and run.data.tags["method"] == method
     assert int(run.data.params["trainable_parameters"]) > 0
     assert (run.data.tags["corruption_hash"] != "none") == (method == "diffcse")
     assert ("nli_tokens_hash" in run.data.tags) == (method == "diffaug")
     # a fully trained encoder with a CLS pooler is MLflow's native sentence_transformers model; prompts stay a pyfunc
-    assert run.data.tags["cse.model_flavor"] == ("sentence_transformers" if method in ("simcse", "diffcse") else "python_function")
+    assert run.data.tags["cse.model_flavor"] == (
+        "sentence_transformers" if method in ("simcse", "diffcse") else "python_function"
+    )
     for term in LOSS_TERMS[method]:
         assert np.isfinite(client.get_metric_history(result.run_id, term)[-1].value), term
     if method == "diffaug":

@@ -21,9 +21,15 @@ SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 @pytest.fixture
 def overrides(tiny_bert_dir, shared_data):
     return {
-        "backbone": str(tiny_bert_dir), "max_steps": 8, "eval_steps": 4, "max_train_sentences": 256,
-        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
-                   "senteval": {"path": str(shared_data / "senteval")}},
+        "backbone": str(tiny_bert_dir),
+        "max_steps": 8,
+        "eval_steps": 4,
+        "max_train_sentences": 256,
+        "ingest": {
+            "datasets": ["wiki1m", "sts"],
+            "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+            "senteval": {"path": str(shared_data / "senteval")},
+        },
     }
 
 
@@ -58,7 +64,10 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     [found] = mlflow.search_runs(experiment_names=["d2cse"], output_format="list")
     inputs = {i.dataset.name.split("/")[0]: i for i in found.inputs.dataset_inputs}
     assert {kind: {t.key: t.value for t in i.tags}["mlflow.data.context"] for kind, i in inputs.items()} == {
-        "tokens": "train", "corruption": "corruption", "sts": "eval"}
+        "tokens": "train",
+        "corruption": "corruption",
+        "sts": "eval",
+    }
     assert inputs["tokens"].dataset.digest == run.data.tags["tokens_hash"][:36]
     assert inputs["corruption"].dataset.digest == run.data.tags["corruption_hash"][:36]
     corruption_source = json.loads(inputs["corruption"].dataset.source)["uri"]
@@ -87,7 +96,9 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     from models.peft_loader import embed_sentences, load_prefix_encoder
 
     peft_model, peft_tokenizer, spec = load_prefix_encoder(adapter)
-    np.testing.assert_allclose(embed_sentences(peft_model, peft_tokenizer, spec, sentences).numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(
+        embed_sentences(peft_model, peft_tokenizer, spec, sentences).numpy(), expected, atol=1e-5
+    )
     assert {"peft-adapter", "sentence-transformers"} <= {a.path for a in client.list_artifacts(result.run_id)}
     # both exports carry the model card: the commit, the data hashes, the registered model's URI
     for folder in (Path(result.run_dir) / "export", adapter):
@@ -112,6 +123,8 @@ def test_the_printed_sts_table_uses_the_evaluation_titles():
     from flows.train import sts_table_text
 
     metrics = {"sts12": 1, "sts13": 2, "sts14": 3, "sts15": 4, "sts16": 5, "stsb": 6, "sickr": 7, "sts_avg": 4}
-    assert sts_table_text(metrics).splitlines() == ["| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |",
-                                                    "|---|---|---|---|---|---|---|---|",
-                                                    "| 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 | 7.00 | 4.00 |"]
+    assert sts_table_text(metrics).splitlines() == [
+        "| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 | 7.00 | 4.00 |",
+    ]

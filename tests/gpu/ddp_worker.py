@@ -9,7 +9,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -27,12 +26,23 @@ def main(out: str, device_kind: str) -> None:
     rows, nli = synthetic_rows(cfg, "simcse", 16, tok)
     losses: list[float] = []
     with tempfile.TemporaryDirectory() as state:
-        trainer = Trainer(model, job_phases(cfg, rows, nli, 2), loop_config(cfg, "fp32", 2), device, Path(state) / "s",
-                          lambda *a: None, lambda m: 0.0, lambda m, step: "loss" in m and losses.append(m["loss"]))
+        trainer = Trainer(
+            model,
+            job_phases(cfg, rows, nli, 2),
+            loop_config(cfg, "fp32", 2),
+            device,
+            Path(state) / "s",
+            lambda *a: None,
+            lambda m: 0.0,
+            lambda m, step: "loss" in m and losses.append(m["loss"]),
+        )
         trainer.run()
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps({"world": dist.get_world_size(), "backend": dist.get_backend(), "losses": losses,
-                                         "device": str(device)}))
+        Path(out).write_text(
+            json.dumps(
+                {"world": dist.get_world_size(), "backend": dist.get_backend(), "losses": losses, "device": str(device)}
+            )
+        )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -22,8 +22,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from benchmarks.gpu_check import (METHODS, backbone, build_model, job_phases, loop_config, preset, synthetic_rows,
-                                  synthetic_tokenizer)
+from benchmarks.gpu_check import (
+    METHODS,
+    backbone,
+    build_model,
+    job_phases,
+    loop_config,
+    preset,
+    synthetic_rows,
+    synthetic_tokenizer,
+)
 from training.loop import StopAfter, Trainer, TrainingInterrupted
 
 CUDA = torch.cuda.is_available()
@@ -32,8 +40,15 @@ DEVICE = torch.device("cpu" if REHEARSAL or not CUDA else "cuda")
 SIZES = ["tiny"] if DEVICE.type == "cpu" else ["tiny", "base"]
 PRECISIONS = ["bf16"] if DEVICE.type == "cpu" else ["bf16", "fp16"]
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA and not REHEARSAL, reason=(
-    "no CUDA device: the gpu tier runs on a GPU (make gpu-check); make gpu-check DEVICE=cpu rehearses it on CPU"))]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not CUDA and not REHEARSAL,
+        reason=(
+            "no CUDA device: the gpu tier runs on a GPU (make gpu-check); make gpu-check DEVICE=cpu rehearses it on CPU"
+        ),
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +64,17 @@ def _trainer(method, size, tok, precision, steps, state: Path, batch=4, length=1
     log: list[tuple[int, dict]] = []
     lc = loop_config(cfg, precision, steps)
     lc.checkpoint_steps, lc.deterministic = 1, True
-    trainer = Trainer(model, job_phases(cfg, rows, nli, steps), lc, DEVICE, state, lambda *a: None, lambda m: 0.0,
-                      lambda m, step: "loss" in m and log.append((step, m)),
-                      hooks=[StopAfter(stop_after)] if stop_after is not None else [])
+    trainer = Trainer(
+        model,
+        job_phases(cfg, rows, nli, steps),
+        lc,
+        DEVICE,
+        state,
+        lambda *a: None,
+        lambda m: 0.0,
+        lambda m, step: "loss" in m and log.append((step, m)),
+        hooks=[StopAfter(stop_after)] if stop_after is not None else [],
+    )
     return trainer, log
 
 
@@ -59,13 +82,23 @@ def _trainer(method, size, tok, precision, steps, state: Path, batch=4, length=1
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("method", METHODS)
 def test_training_step(method, size, precision, tok, tmp_path):
-    trainer, log = _trainer(method, size, tok, precision, 2, tmp_path / "state", batch=8 if size == "base" else 4,
-                            length=32 if size == "base" else 16)
+    trainer, log = _trainer(
+        method,
+        size,
+        tok,
+        precision,
+        2,
+        tmp_path / "state",
+        batch=8 if size == "base" else 4,
+        length=32 if size == "base" else 16,
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.run()
     losses = [m["loss"] for _, m in log]
     assert len(losses) == sum(p.max_steps for p in trainer.phases) and all(math.isfinite(x) for x in losses), losses
-    moved = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p.detach(), before[n])]
+    moved = [
+        n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p.detach(), before[n])
+    ]
     assert moved, "no trainable parameter changed"
     assert trainer.scaler.is_enabled() == (precision == "fp16" and DEVICE.type == "cuda")
     assert 0.0 <= trainer.host_wait_s <= trainer.loop_s
@@ -96,10 +129,14 @@ def test_prefix_attention_sdpa_equals_eager(size):
     ha[keep].square().sum().backward()
     hb[keep].square().sum().backward()
     for (n, pa), (_, pb) in zip(a.prefix_encoder.named_parameters(), b.prefix_encoder.named_parameters()):
-        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-3, atol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16), torch.no_grad():
-        torch.testing.assert_close(a(ids, mask, prefix=True).last_hidden_state[keep].float(),
-                                   b(ids, mask, prefix=True).last_hidden_state[keep].float(), rtol=0.05, atol=0.05)
+        torch.testing.assert_close(
+            a(ids, mask, prefix=True).last_hidden_state[keep].float(),
+            b(ids, mask, prefix=True).last_hidden_state[keep].float(),
+            rtol=0.05,
+            atol=0.05,
+        )
 
 
 def test_evaluator_on_device_equals_cpu_fp32(tok):
@@ -170,8 +207,16 @@ def test_checkpoint_from_device_loads_on_cpu_and_resumes_with_the_same_next_step
 def test_data_parallel_through_torchrun(tmp_path):
     world = torch.cuda.device_count() if DEVICE.type == "cuda" else 1
     out = tmp_path / "ddp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           str(Path(__file__).with_name("ddp_worker.py")), str(out), DEVICE.type]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        str(Path(__file__).with_name("ddp_worker.py")),
+        str(out),
+        DEVICE.type,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())

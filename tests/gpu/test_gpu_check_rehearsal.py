@@ -11,8 +11,13 @@ from config.settings import REPO_ROOT
 
 
 def test_gpu_check_rehearsal_on_cpu(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu",
-                           "--out", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "gpu_check-cpu.json").read_text())
     assert result["tests"]["returncode"] == 0 and "passed" in result["tests"]["summary"]

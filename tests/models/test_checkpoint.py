@@ -17,7 +17,9 @@ def _trained(tiny_bert_dir, tokenizer, **overrides) -> D2CSE:
     """A model after two optimiser steps (prompts, heads and BatchNorm statistics all moved)."""
     torch.manual_seed(0)
     model = D2CSE(D2CSEModelConfig(backbone=str(tiny_bert_dir), prefix_len=3, **overrides)).train()
-    enc = tokenizer(["a man plays a guitar", "the cat sleeps", "dogs run", "it rains today"], padding=True, return_tensors="pt")
+    enc = tokenizer(
+        ["a man plays a guitar", "the cat sleeps", "dogs run", "it rains today"], padding=True, return_tensors="pt"
+    )
     ids = enc["input_ids"].unsqueeze(1).repeat(1, 2, 1)
     mask = enc["attention_mask"].unsqueeze(1).repeat(1, 2, 1)
     cor = ids.clone()
@@ -37,8 +39,14 @@ def _sentences(tokenizer):
 
 def _save_tiny_bert(folder, tokenizer, hidden: int, seed: int):
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(cfg).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -49,7 +57,9 @@ def test_round_trip_gives_identical_embeddings(tiny_bert_dir, tokenizer, tmp_pat
     model = _trained(tiny_bert_dir, tokenizer, cls_prompt=cls_prompt)
     save_checkpoint(model, tmp_path / "ckpt", extra_meta={"step": 2, "stsb_dev": 12.5})
     loaded = load_checkpoint(tmp_path / "ckpt", device="cpu")
-    assert not loaded.training and loaded.tokenizer("a cat sleeps")["input_ids"] == tokenizer("a cat sleeps")["input_ids"]
+    assert (
+        not loaded.training and loaded.tokenizer("a cat sleeps")["input_ids"] == tokenizer("a cat sleeps")["input_ids"]
+    )
     assert loaded.config == model.config
     ids, mask = _sentences(tokenizer)
     with torch.inference_mode():
@@ -63,8 +73,14 @@ def test_weights_file_holds_only_trainable_tensors_and_buffers(tiny_bert_dir, to
     folder = save_checkpoint(model, tmp_path / "ckpt")
     state = load_file(str(folder / WEIGHTS_FILE))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    buffers = {"projection.net.1.running_mean", "projection.net.1.running_var", "projection.net.1.num_batches_tracked",
-               "projection.net.4.running_mean", "projection.net.4.running_var", "projection.net.4.num_batches_tracked"}
+    buffers = {
+        "projection.net.1.running_mean",
+        "projection.net.1.running_var",
+        "projection.net.1.num_batches_tracked",
+        "projection.net.4.running_mean",
+        "projection.net.4.running_var",
+        "projection.net.4.num_batches_tracked",
+    }
     training_only = {"rtd_head.classifier.weight", "rtd_head.classifier.bias"}  # D2CSE.not_for_inference
     assert set(state) == (trainable - training_only) | buffers
     assert not any(k.startswith("encoder.backbone.") for k in state)

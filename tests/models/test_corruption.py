@@ -89,10 +89,19 @@ def test_logits_only_at_selected_positions_equal_the_full_forward(arch, generato
         from transformers import BertConfig, BertForMaskedLM
 
         torch.manual_seed(0)
-        model = BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                           num_attention_heads=4, intermediate_size=64)).eval()
+        model = BertForMaskedLM(
+            BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+            )
+        ).eval()
     ids, attention = _padded(wiki_ids[:32], special.pad)
-    selected = candidate_mask(ids, attention, special) & (torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)) < 0.3)
+    selected = candidate_mask(ids, attention, special) & (
+        torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)) < 0.3
+    )
     assert mlm_head(model) is not None
     with torch.inference_mode():
         partial = logits_at(model, ids, attention, selected)
@@ -119,7 +128,9 @@ def test_unknown_head_falls_back_to_full_logits(generator, special, wiki_ids):
     ids, attention = _padded(wiki_ids[:8], special.pad)
     selected = candidate_mask(ids, attention, special)
     with torch.inference_mode():
-        torch.testing.assert_close(logits_at(wrapped, ids, attention, selected), logits_at(generator, ids, attention, selected))
+        torch.testing.assert_close(
+            logits_at(wrapped, ids, attention, selected), logits_at(generator, ids, attention, selected)
+        )
 
 
 def test_same_seed_same_corruption_other_seed_differs(generator, special, wiki_ids):
@@ -157,8 +168,12 @@ def test_sampling_follows_the_softmax():
 
 def test_sample_mode_differs_from_argmax(generator, special, wiki_ids):
     flat, offsets = _flat(wiki_ids[:100])
-    greedy = corrupt_sequences(Corruptor(generator, special, 0.3, "argmax"), flat, offsets, torch.Generator().manual_seed(5), 32)
-    sampled = corrupt_sequences(Corruptor(generator, special, 0.3, "sample"), flat, offsets, torch.Generator().manual_seed(5), 32)
+    greedy = corrupt_sequences(
+        Corruptor(generator, special, 0.3, "argmax"), flat, offsets, torch.Generator().manual_seed(5), 32
+    )
+    sampled = corrupt_sequences(
+        Corruptor(generator, special, 0.3, "sample"), flat, offsets, torch.Generator().manual_seed(5), 32
+    )
     assert np.array_equal(greedy.n_masked, sampled.n_masked)  # same selection, other replacements
     assert not np.array_equal(greedy.corrupted, sampled.corrupted)
     assert np.array_equal(sampled.labels.astype(bool), sampled.corrupted != flat)

@@ -20,16 +20,20 @@ B, T, D = 4, 9, 32
 
 # ------------------------------------------------------------------------------------------------ check_objective
 
+
 @pytest.mark.parametrize("temperature, rtd_weight", [(0.05, 0.005), (1e-6, 0.0), (2.0, 10.0)])
 def test_check_objective_accepts_positive_temperature_and_non_negative_weight(temperature, rtd_weight):
     assert check_objective(temperature, rtd_weight) is None
 
 
-@pytest.mark.parametrize("temperature, rtd_weight, message", [
-    (0.0, 0.005, "temperature must be positive, got 0.0"),
-    (-0.05, 0.005, "temperature must be positive, got -0.05"),
-    (0.05, -1e-9, "rtd_weight must be >= 0, got -1e-09"),
-])
+@pytest.mark.parametrize(
+    "temperature, rtd_weight, message",
+    [
+        (0.0, 0.005, "temperature must be positive, got 0.0"),
+        (-0.05, 0.005, "temperature must be positive, got -0.05"),
+        (0.05, -1e-9, "rtd_weight must be >= 0, got -1e-09"),
+    ],
+)
 def test_check_objective_refuses(temperature, rtd_weight, message):
     with pytest.raises(ValueError) as err:
         check_objective(temperature, rtd_weight)
@@ -37,6 +41,7 @@ def test_check_objective_refuses(temperature, rtd_weight, message):
 
 
 # ------------------------------------------------------------------------------------------------ align_corruption
+
 
 def _rows(n: int = 2):
     """(2, n, 5) ids whose second sentence has two pad positions (id 0, mask 0); every view differs."""
@@ -85,18 +90,21 @@ def test_given_labels_are_kept_and_a_shared_row_is_broadcast():
     assert torch.equal(labels, per_view)
 
 
-@pytest.mark.parametrize("case, message", [
-    ("ids_2d", r"input_ids must be \(B, 2\|3, T\), got \(2, 5\)"),
-    ("four_views", r"input_ids must be \(B, 2\|3, T\), got \(2, 4, 5\)"),
-    ("mask_shape", r"attention_mask \(2, 2, 4\) != input_ids \(2, 2, 5\)"),
-    ("no_corruption", "corrupted_ids are required"),
-    ("corrupted_2d", r"corrupted_ids must be \(B, 2\|1, T\) = \(2, 2\|1, 5\), got \(2, 5\)"),
-    ("corrupted_batch", r"got \(1, 2, 5\)"),
-    ("corrupted_views", r"got \(2, 3, 5\)"),
-    ("corrupted_length", r"got \(2, 2, 4\)"),
-    ("labels_views", r"rtd_labels must be \(B, 2\|1, T\), got \(2, 3, 5\)"),
-    ("labels_length", r"rtd_labels must be \(B, 2\|1, T\), got \(2, 2, 4\)"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("ids_2d", r"input_ids must be \(B, 2\|3, T\), got \(2, 5\)"),
+        ("four_views", r"input_ids must be \(B, 2\|3, T\), got \(2, 4, 5\)"),
+        ("mask_shape", r"attention_mask \(2, 2, 4\) != input_ids \(2, 2, 5\)"),
+        ("no_corruption", "corrupted_ids are required"),
+        ("corrupted_2d", r"corrupted_ids must be \(B, 2\|1, T\) = \(2, 2\|1, 5\), got \(2, 5\)"),
+        ("corrupted_batch", r"got \(1, 2, 5\)"),
+        ("corrupted_views", r"got \(2, 3, 5\)"),
+        ("corrupted_length", r"got \(2, 2, 4\)"),
+        ("labels_views", r"rtd_labels must be \(B, 2\|1, T\), got \(2, 3, 5\)"),
+        ("labels_length", r"rtd_labels must be \(B, 2\|1, T\), got \(2, 2, 4\)"),
+    ],
+)
 def test_align_corruption_errors(case, message):
     ids, mask = _rows()
     cor, labels = ids.clone(), None
@@ -133,6 +141,7 @@ def test_three_views_accept_three_or_one_corruption_but_not_two():
 
 
 # ------------------------------------------------------------------------------------------------ the model skeleton
+
 
 @pytest.fixture(params=["diffcse", "d2cse"])
 def make_model(request, tiny_bert_dir):
@@ -203,7 +212,7 @@ def test_default_labels_are_corrupted_ne_original_on_real_tokens(make_model, tok
     assert (mask == 0).any() and ((cor != ids) & (mask == 0)).any()
     spy = _Spy(model, monkeypatch)
     model(ids, mask, cor)
-    (_, labels, r_mask, over_padding), = spy.rtd
+    ((_, labels, r_mask, over_padding),) = spy.rtd
     assert torch.equal(labels.long(), lab.reshape(B * 2, T))  # tests/batches.py's labels: replaced real tokens
     assert torch.equal(r_mask, mask.reshape(B * 2, T)) and over_padding is True
     model(ids, mask, cor, torch.zeros_like(lab))  # given labels are used as they are
@@ -216,8 +225,9 @@ def test_loss_is_contrastive_plus_weighted_rtd(make_model, tokenizer, monkeypatc
     spy = _Spy(model, monkeypatch)
     out = model(ids, mask, cor, lab)
     z = out.h.detach()
-    torch.testing.assert_close(out.contrastive_loss.detach(), contrastive_loss(z[:, 0], z[:, 1], temperature=0.1),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        out.contrastive_loss.detach(), contrastive_loss(z[:, 0], z[:, 1], temperature=0.1), rtol=0, atol=0
+    )
     assert out.loss.item() == pytest.approx(out.contrastive_loss.item() + 0.3 * out.rtd_loss.item(), rel=1e-6)
     logits, labels, r_mask, _ = spy.rtd[-1]
     assert logits.shape == (B * 2, T, 2)
@@ -258,7 +268,7 @@ def test_shared_corruption_reaches_the_discriminator_once_per_view(make_model, t
     ids, mask, cor, _ = _views(tokenizer, n=3)
     spy = _Spy(model, monkeypatch)
     model(ids, mask, cor[:, :1])  # (B, 1, T): one corruption shared by anchor, entailment, contradiction
-    (d_cor, _, _, _), = spy.discriminated
+    ((d_cor, _, _, _),) = spy.discriminated
     rows = d_cor.view(B, 3, T)
     for v in range(3):
         assert torch.equal(rows[:, v], cor[:, 0])

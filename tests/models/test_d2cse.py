@@ -32,9 +32,15 @@ def _trainable(model):
 def test_trainable_set_and_counts(make_model):
     model = make_model()
     names = set(_trainable(model))
-    assert names == {"encoder.prefix_encoder.embedding.weight", "projection.net.0.weight", "projection.net.1.weight",
-                     "projection.net.1.bias", "projection.net.3.weight", "rtd_head.classifier.weight",
-                     "rtd_head.classifier.bias"}
+    assert names == {
+        "encoder.prefix_encoder.embedding.weight",
+        "projection.net.0.weight",
+        "projection.net.1.weight",
+        "projection.net.1.bias",
+        "projection.net.3.weight",
+        "rtd_head.classifier.weight",
+        "rtd_head.classifier.bias",
+    }
     d, layers = 32, 2
     want = 3 * 2 * layers * d + (d * 2 * d + 2 * 2 * d + 2 * d * d) + (2 * d + 2)
     assert sum(p.numel() for p in _trainable(model).values()) == want
@@ -51,8 +57,11 @@ def test_bert_base_trainable_parameter_count():
     counts = {k: sum(p.numel() for p in m.parameters() if p.requires_grad) for k, m in parts.items()}
     assert counts == {"prefix": 294_912, "bn_mlp": 2_362_368, "rtd": 1_538}
     assert sum(p.numel() for p in plain.parameters() if p.requires_grad) == 2_658_818
-    with_cls = D2CSE(D2CSEModelConfig(backbone="bert-base-uncased", prefix_len=16, cls_prompt=True),
-                     backbone=backbone, cls_token_id=101)
+    with_cls = D2CSE(
+        D2CSEModelConfig(backbone="bert-base-uncased", prefix_len=16, cls_prompt=True),
+        backbone=backbone,
+        cls_token_id=101,
+    )
     assert sum(p.numel() for p in with_cls.parameters() if p.requires_grad) == 2_659_586
 
 
@@ -237,11 +246,22 @@ def test_roberta_backbone_with_cls_prompt():
     from transformers import RobertaConfig, RobertaModel
 
     torch.manual_seed(0)
-    cfg = RobertaConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                        max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)
+    cfg = RobertaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        type_vocab_size=1,
+    )
     backbone = RobertaModel(cfg)
-    model = D2CSE(D2CSEModelConfig(backbone="tiny-roberta", prefix_len=3, cls_prompt=True), backbone=backbone,
-                  cls_token_id=0).train()
+    model = D2CSE(
+        D2CSEModelConfig(backbone="tiny-roberta", prefix_len=3, cls_prompt=True), backbone=backbone, cls_token_id=0
+    ).train()
     torch.testing.assert_close(model.cls_prompt.detach(), backbone.embeddings.word_embeddings.weight[0], rtol=0, atol=0)
     ids = torch.randint(5, 120, (B, 2, T))
     ids[:, :, 0] = 0

@@ -8,24 +8,35 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
+from config.methods import model_class
 from models.batching import TrainBatch
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.dcpcse import (DCPCSE, DCPCSEConfig, MaskedLMHead, mask_tokens, mlm_head_from_masked_lm,
-                           mlm_weight_at)
+from models.dcpcse import DCPCSE, DCPCSEConfig, MaskedLMHead, mask_tokens, mlm_head_from_masked_lm, mlm_weight_at
 from models.losses import contrastive_loss
-from config.methods import model_class
 
 B, T, D, LAYERS, P = 4, 9, 32, 2, 3
 SENTENCES = ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"]
 PREFIX = {"encoder.prefix_encoder.embedding.weight"}
 MLP = {"mlp.dense.weight", "mlp.dense.bias"}
-LM_HEAD = {"lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight", "lm_head.layer_norm.bias",
-           "lm_head.decoder.weight", "lm_head.decoder.bias"}
+LM_HEAD = {
+    "lm_head.dense.weight",
+    "lm_head.dense.bias",
+    "lm_head.layer_norm.weight",
+    "lm_head.layer_norm.bias",
+    "lm_head.decoder.weight",
+    "lm_head.decoder.bias",
+}
 
 
 def _tiny_config(vocab_size: int) -> BertConfig:
-    return BertConfig(vocab_size=vocab_size, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4,
-                      intermediate_size=64, max_position_embeddings=128)
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=D,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +88,23 @@ def test_registry_and_config_defaults():
     cfg = DCPCSEConfig(backbone="x")
     assert (cfg.prefix_len, cfg.prefix_dropout, cfg.prefix_projection, cfg.shift_positions) == (16, 0.1, False, True)
     assert (cfg.temperature, cfg.mlp_only_train, cfg.hard_negative_weight) == (0.05, True, 0.0)
-    assert (cfg.mlm, cfg.mlm_probability, cfg.mlm_weight, cfg.mlm_decay, cfg.mlm_decay_steps) == (False, 0.15, 0.1, 0.95, 100)
+    assert (cfg.mlm, cfg.mlm_probability, cfg.mlm_weight, cfg.mlm_decay, cfg.mlm_decay_steps) == (
+        False,
+        0.15,
+        0.1,
+        0.95,
+        100,
+    )
     assert cfg.mlm_head_random_init is False
     assert DCPCSEConfig.from_dict(cfg.to_dict()) == cfg
-    for bad in ({"prefix_len": 0}, {"temperature": 0.0}, {"mlm_probability": 0.0}, {"mlm_decay": 1.5},
-                {"mlm_decay_steps": 0}, {"prefix_dropout": 1.0}):
+    for bad in (
+        {"prefix_len": 0},
+        {"temperature": 0.0},
+        {"mlm_probability": 0.0},
+        {"mlm_decay": 1.5},
+        {"mlm_decay_steps": 0},
+        {"prefix_dropout": 1.0},
+    ):
         with pytest.raises(ValueError):
             DCPCSEConfig(backbone="x", **bad)
 
@@ -115,7 +138,9 @@ def test_bert_base_trainable_parameter_counts(bert_base_mlm):
     assert plain.trainable_parameter_count() == 294_912 + 590_592
 
     head = mlm_head_from_masked_lm(bert_base_mlm)
-    with_mlm = DCPCSE(DCPCSEConfig(backbone="bert-base-uncased", prefix_len=16, mlm=True), backbone=backbone, mlm_head=head)
+    with_mlm = DCPCSE(
+        DCPCSEConfig(backbone="bert-base-uncased", prefix_len=16, mlm=True), backbone=backbone, mlm_head=head
+    )
     assert sum(p.numel() for p in with_mlm.lm_head.parameters()) == 590_592 + 1_536 + 23_440_896 + 30_522 == 24_063_546
     assert with_mlm.trainable_parameter_count() == 294_912 + 590_592 + 24_063_546
     # the decoder is a copy, not the frozen input embedding matrix it is tied to in BertForMaskedLM
@@ -140,8 +165,11 @@ def test_masked_lm_head_copy_computes_the_hf_head(family):
         mlm = BertForMaskedLM(_tiny_config(50))
         hf_head = mlm.cls.predictions
     else:
-        mlm = RobertaForMaskedLM(RobertaConfig(vocab_size=50, hidden_size=D, num_hidden_layers=1, num_attention_heads=4,
-                                               intermediate_size=64))
+        mlm = RobertaForMaskedLM(
+            RobertaConfig(
+                vocab_size=50, hidden_size=D, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+            )
+        )
         hf_head = mlm.lm_head
     with torch.no_grad():
         for p in hf_head.parameters():
@@ -159,7 +187,9 @@ def test_mlm_head_loaded_from_pretrained_checkpoint(make_model, tiny_mlm_dir):
     torch.testing.assert_close(model.lm_head.dense.weight, reference.transform.dense.weight, rtol=0, atol=0)
     torch.testing.assert_close(model.lm_head.layer_norm.bias, reference.transform.LayerNorm.bias, rtol=0, atol=0)
     torch.testing.assert_close(model.lm_head.decoder.bias, reference.bias, rtol=0, atol=0)
-    torch.testing.assert_close(model.lm_head.decoder.weight, model.backbone.embeddings.word_embeddings.weight, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.lm_head.decoder.weight, model.backbone.embeddings.word_embeddings.weight, rtol=0, atol=0
+    )
     assert model.lm_head.decoder.weight.data_ptr() != model.backbone.embeddings.word_embeddings.weight.data_ptr()
 
 
@@ -181,7 +211,7 @@ def test_checkpoint_without_mlm_head_is_refused_unless_random_init_allowed(tiny_
 def test_mlm_weight_schedule():
     assert mlm_weight_at(0) == pytest.approx(0.1, abs=1e-12)
     assert mlm_weight_at(100) == pytest.approx(0.095, abs=1e-12)
-    assert mlm_weight_at(200) == pytest.approx(0.1 * 0.95 ** 2, abs=1e-12)
+    assert mlm_weight_at(200) == pytest.approx(0.1 * 0.95**2, abs=1e-12)
     assert mlm_weight_at(50) == pytest.approx(0.1 * math.sqrt(0.95), abs=1e-12)  # continuous exponent
     assert mlm_weight_at(1350) == pytest.approx(0.05, rel=2e-3)  # halves about every 1,350 steps
     with pytest.raises(ValueError):
@@ -350,6 +380,8 @@ def test_checkpoint_round_trip_gives_identical_embeddings(make_model, tokenizer,
     loaded = load_checkpoint(folder)
     assert isinstance(loaded, DCPCSE) and not loaded.training and loaded.config == model.config
     with torch.inference_mode():
-        torch.testing.assert_close(loaded.embed(ids[:, 0], mask[:, 0]), model.embed(ids[:, 0], mask[:, 0]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded.embed(ids[:, 0], mask[:, 0]), model.embed(ids[:, 0], mask[:, 0]), rtol=0, atol=0
+        )
     for name, tensor in model.lm_head.state_dict().items():
         torch.testing.assert_close(loaded.lm_head.state_dict()[name], tensor, rtol=0, atol=0)

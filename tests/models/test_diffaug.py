@@ -6,18 +6,22 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
+from config.methods import build_model
 from models.batching import TrainBatch
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.diffaug import DiffAug, DiffAugConfig
 from models.losses import contrastive_loss
 from models.prefix import PrefixKeyValues
-from config.methods import build_model
 
 MAX_TOKENS = 8
 COPIES = MAX_TOKENS + 8 + 4  # > the quirk index max_sentence_tokens + prefix_len/2
 
-SENTENCES = ["a man is playing a guitar on the stage in front of many people tonight .", "the cat sleeps",
-             "two dogs run on the beach", "it rains"]
+SENTENCES = [
+    "a man is playing a guitar on the stage in front of many people tonight .",
+    "the cat sleeps",
+    "two dogs run on the beach",
+    "it rains",
+]
 ENTAILED = ["a person plays music .", "an animal rests", "dogs are outside", "the weather is wet"]
 CONTRADICTED = ["nobody is playing .", "the cat is running around the house", "no dogs", "it is sunny and dry"]
 
@@ -82,8 +86,19 @@ def test_training_rows_are_wrapped_in_the_template_and_cut(make_model, tokenizer
     for r, s in enumerate(SENTENCES):
         words = tokenizer.encode(s, add_special_tokens=False)[:MAX_TOKENS]
         toks = tokenizer.convert_ids_to_tokens(wrapped[r][wmask[r].bool()].tolist())
-        assert toks == ["[CLS]", "this", "sentence", "of", '"', *tokenizer.convert_ids_to_tokens(words),
-                        '"', "means", "[MASK]", ".", "[SEP]"]
+        assert toks == [
+            "[CLS]",
+            "this",
+            "sentence",
+            "of",
+            '"',
+            *tokenizer.convert_ids_to_tokens(words),
+            '"',
+            "means",
+            "[MASK]",
+            ".",
+            "[SEP]",
+        ]
         assert lengths[r] == len(words) and wrapped[r, mask_pos[r]] == tokenizer.mask_token_id
         assert (wrapped[r][~wmask[r].bool()] == tokenizer.pad_token_id).all()
     assert lengths[0] == MAX_TOKENS  # the long sentence is cut to max_sentence_tokens
@@ -96,8 +111,19 @@ def test_evaluation_token_ids_use_the_plain_template(make_model, tokenizer):
     model = make_model()
     got = model.token_ids(["A man plays.", "hi"])
     assert got[0] == tokenizer('This sentence of "A man plays." means[MASK].')["input_ids"]
-    assert tokenizer.convert_ids_to_tokens(got[1]) == ["[CLS]", "this", "sentence", "of", '"', "hi", '"', "means",
-                                                      "[MASK]", ".", "[SEP]"]
+    assert tokenizer.convert_ids_to_tokens(got[1]) == [
+        "[CLS]",
+        "this",
+        "sentence",
+        "of",
+        '"',
+        "hi",
+        '"',
+        "means",
+        "[MASK]",
+        ".",
+        "[SEP]",
+    ]
     long = " ".join(["word"] * 100)
     assert len(model.token_ids([long])[0]) == 100 + 10  # no truncation at evaluation
 
@@ -111,9 +137,17 @@ def test_config_validation():
     with pytest.raises(ValueError, match="sentence"):
         DiffAugConfig(backbone="x", template="no placeholder [MASK]")
     defaults = DiffAugConfig(backbone="x")
-    assert (defaults.prefix_len, defaults.prefix_dropout, defaults.max_sentence_tokens, defaults.temperature,
-            defaults.aux_weight, defaults.denoise, defaults.denoise_copies, defaults.denoise_index_quirk,
-            defaults.shift_positions) == (16, 0.1, 32, 0.05, 0.0, True, 128, True, True)
+    assert (
+        defaults.prefix_len,
+        defaults.prefix_dropout,
+        defaults.max_sentence_tokens,
+        defaults.temperature,
+        defaults.aux_weight,
+        defaults.denoise,
+        defaults.denoise_copies,
+        defaults.denoise_index_quirk,
+        defaults.shift_positions,
+    ) == (16, 0.1, 32, 0.05, 0.0, True, 128, True, True)
 
 
 # ------------------------------------------------------------------------------------------------ prefixes
@@ -143,8 +177,9 @@ def test_prefix_visibility_masks_per_role(make_model, tokenizer, monkeypatch):
 
 def test_embed_reads_the_mask_state_with_all_slots_and_no_mlp(make_model, tokenizer):
     model = make_model().eval()
-    enc = tokenizer([model.eval_head + s + model.eval_tail for s in ["a cat", "two dogs run"]], padding=True,
-                    return_tensors="pt")
+    enc = tokenizer(
+        [model.eval_head + s + model.eval_tail for s in ["a cat", "two dogs run"]], padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
         emb = model.embed(enc["input_ids"], enc["attention_mask"])
         hidden = model.encoder(enc["input_ids"], enc["attention_mask"], prefix=model.prompts(2)).last_hidden_state
@@ -167,7 +202,9 @@ def test_prefix_stage_steps_only_prefix_encoder_and_classifier(make_model, token
         out.loss.backward()
         opt.step()
     changed = _changed(before, model)
-    assert changed == {n for n, _ in model.named_parameters() if n.startswith(("encoder.prefix_encoder.", "classifier."))}
+    assert changed == {
+        n for n, _ in model.named_parameters() if n.startswith(("encoder.prefix_encoder.", "classifier."))
+    }
     assert all(p.requires_grad for p in model.parameters())  # restored after the stage-1 forward
     assert all(p.grad is None for p in [*model.backbone.parameters(), *model.mlp.parameters()])
     assert set(out.metrics) == {"loss_nli", "nli_accuracy"}
@@ -195,7 +232,10 @@ def test_joint_stage_steps_everything(make_model, tokenizer):
 
 def _hard_unsup(tokenizer) -> TrainBatch:
     """Near-duplicate sentences, so that the unsupervised contrastive loss of the tiny model is not ~0 from the start."""
-    return _unsup(tokenizer, [f"a man is playing a {w} on the stage ." for w in ("guitar", "piano", "drum", "violin", "flute", "harp")])
+    return _unsup(
+        tokenizer,
+        [f"a man is playing a {w} on the stage ." for w in ("guitar", "piano", "drum", "violin", "flute", "harp")],
+    )
 
 
 @pytest.mark.parametrize("phase,batch_of", [("prefix", _nli), ("joint", _hard_unsup), ("joint", _nli)])
@@ -222,7 +262,9 @@ def test_aux_loss_path(make_model, tokenizer):
     batch.aux = _nli(tokenizer)
     out = model.training_step(batch, phase="joint")
     assert set(out.metrics) == {"loss_contrastive", "loss_nli", "nli_accuracy"}
-    assert out.loss.item() == pytest.approx(out.metrics["loss_contrastive"].item() + 0.5 * out.metrics["loss_nli"].item(), rel=1e-6)
+    assert out.loss.item() == pytest.approx(
+        out.metrics["loss_contrastive"].item() + 0.5 * out.metrics["loss_nli"].item(), rel=1e-6
+    )
     out.loss.backward()
     assert model.classifier.weight.grad is not None and model.classifier.weight.grad.abs().sum() > 0
     # main rows are unaffected by the auxiliary rows sharing their forward (padding to a common length)
@@ -259,7 +301,7 @@ def test_denoising_template_positions_and_empty_sentence(make_model, tokenizer):
     assert pos.shape == (COPIES, 10)
     for k in (0, 3, MAX_TOKENS):  # copy k places enc_es where a k-token sentence would put it (shift 16)
         row = list(range(16, 16 + 10 + k))
-        assert pos[k].tolist() == row[:5] + row[5 + k:]
+        assert pos[k].tolist() == row[:5] + row[5 + k :]
     ids, mask = _rows(tokenizer, [""])  # an empty sentence: exactly the bare template at the default positions
     with torch.no_grad():
         deltas = model.template_deltas()
@@ -274,7 +316,9 @@ def test_denoising_template_positions_and_empty_sentence(make_model, tokenizer):
 def test_denoising_index_and_module_selection(make_model, monkeypatch, quirk):
     model = make_model(denoise_index_quirk=quirk)
     d = model.hidden_size
-    fake = torch.arange(2 * COPIES, dtype=torch.float).view(2, COPIES, 1).expand(2, COPIES, d) * torch.tensor([1.0, 1000.0]).view(2, 1, 1)
+    fake = torch.arange(2 * COPIES, dtype=torch.float).view(2, COPIES, 1).expand(2, COPIES, d) * torch.tensor(
+        [1.0, 1000.0]
+    ).view(2, 1, 1)
     monkeypatch.setattr(model, "template_deltas", lambda: fake)
     lengths = torch.tensor([0, 3, MAX_TOKENS, 5])
     modules = torch.tensor([0, 1, 0, 1])
@@ -288,7 +332,9 @@ def test_denoising_only_in_the_joint_stage_and_behind_its_flag(make_model, token
     for denoise in (True, False):
         model = make_model(denoise=denoise).train()
         inner = model.template_deltas
-        monkeypatch.setattr(model, "template_deltas", lambda inner=inner: calls.append(denoise) or inner())
+        monkeypatch.setattr(
+            model, "template_deltas", lambda inner=inner, denoise=denoise: calls.append(denoise) or inner()
+        )
         model.training_step(_nli(tokenizer), phase="prefix")
         model.training_step(_unsup(tokenizer), phase="joint")
     assert calls == [True]
@@ -302,7 +348,11 @@ def test_bert_base_parameter_arithmetic(tokenizer):
     model = DiffAug(DiffAugConfig(backbone="bert-base-uncased"), backbone=backbone, tokenizer=tokenizer)
     count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
     pe = model.prompts
-    assert (pe.embedding.weight.numel(), count(pe.transform[0]), count(pe.transform[2])) == (12_288, 590_592, 14_174_208)
+    assert (pe.embedding.weight.numel(), count(pe.transform[0]), count(pe.transform[2])) == (
+        12_288,
+        590_592,
+        14_174_208,
+    )
     assert count(pe) == 14_777_088
     assert pe.rows().numel() == 294_912  # the resulting K/V tensor (the paper's "0.3 %")
     assert count(model.mlp) == 590_592
@@ -314,11 +364,17 @@ def test_bert_base_parameter_arithmetic(tokenizer):
 
 def test_registry_builds_diffaug(tiny_bert_dir, tokenizer, make_model):
     torch.manual_seed(0)
-    model = build_model("diffaug", {"backbone": str(tiny_bert_dir), "max_sentence_tokens": MAX_TOKENS,
-                                    "denoise_copies": COPIES}, tokenizer=tokenizer)
+    model = build_model(
+        "diffaug",
+        {"backbone": str(tiny_bert_dir), "max_sentence_tokens": MAX_TOKENS, "denoise_copies": COPIES},
+        tokenizer=tokenizer,
+    )
     direct = make_model()  # the same config and seed, built without the registry
     assert type(model) is DiffAug and model.phases == ("prefix", "joint") and model.tokenizer is tokenizer
-    assert model.config == direct.config and (model.config.max_sentence_tokens, model.config.denoise_copies) == (MAX_TOKENS, COPIES)
+    assert model.config == direct.config and (model.config.max_sentence_tokens, model.config.denoise_copies) == (
+        MAX_TOKENS,
+        COPIES,
+    )
     want = direct.state_dict()
     assert set(model.state_dict()) == set(want)
     for name, tensor in model.state_dict().items():
@@ -352,8 +408,12 @@ def test_prompted_backbone_explicit_position_ids(make_model, tokenizer):
     prefix = model.prompts(2)
     with torch.no_grad():
         default = model.encoder(ids, mask, prefix=prefix).last_hidden_state
-        same = model.encoder(ids, mask, prefix=prefix, position_ids=model.encoder.position_ids(ids, 16)).last_hidden_state
-        other = model.encoder(ids, mask, prefix=prefix, position_ids=model.encoder.position_ids(ids, 0)).last_hidden_state
+        same = model.encoder(
+            ids, mask, prefix=prefix, position_ids=model.encoder.position_ids(ids, 16)
+        ).last_hidden_state
+        other = model.encoder(
+            ids, mask, prefix=prefix, position_ids=model.encoder.position_ids(ids, 0)
+        ).last_hidden_state
     assert torch.equal(default, same) and not torch.allclose(default, other)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model.encoder(ids, mask, prefix=prefix, position_ids=model.encoder.position_ids(ids, 0) + 127)

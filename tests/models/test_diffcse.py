@@ -31,14 +31,21 @@ def _views(tokenizer, n: int = 2, seed: int = 0):
 
 
 def _pretrained(tiny_bert_dir) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in BertModel.from_pretrained(tiny_bert_dir).state_dict().items() if not k.startswith("pooler.")}
+    return {
+        k: v for k, v in BertModel.from_pretrained(tiny_bert_dir).state_dict().items() if not k.startswith("pooler.")
+    }
 
 
 def test_config_defaults_validation_and_registry(tiny_bert_dir):
     from config.methods import build_model, model_class
 
     cfg = DiffCSEConfig(backbone="bert-base-uncased")
-    assert (cfg.temperature, cfg.rtd_weight, cfg.hard_negative_weight, cfg.rtd_mean_over_padding) == (0.05, 0.005, 0.0, True)
+    assert (cfg.temperature, cfg.rtd_weight, cfg.hard_negative_weight, cfg.rtd_mean_over_padding) == (
+        0.05,
+        0.005,
+        0.0,
+        True,
+    )
     assert DiffCSEConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown"):
         DiffCSEConfig.from_dict({**cfg.to_dict(), "prefix_len": 16})
@@ -78,17 +85,23 @@ def test_discriminator_is_a_separate_copy_of_the_pretrained_backbone(make_model,
     assert not enc_storage & {p.untyped_storage().data_ptr() for p in model.discriminator.parameters()}
     with torch.no_grad():
         model.encoder.embeddings.word_embeddings.weight.add_(1.0)
-    torch.testing.assert_close(model.discriminator.backbone.embeddings.word_embeddings.weight,
-                               pretrained["embeddings.word_embeddings.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.discriminator.backbone.embeddings.word_embeddings.weight,
+        pretrained["embeddings.word_embeddings.weight"],
+        rtol=0,
+        atol=0,
+    )
     # the fingerprint recorded for checkpoints is the pretrained one, taken before any update
     assert model.pretrained_fingerprint == backbone_fingerprint(BertModel.from_pretrained(tiny_bert_dir))
 
 
 def _triplets(tokenizer):
     """(B, 3, T) NLI-style rows (anchor, entailment, contradiction) with one corruption per row."""
-    columns = [["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"],
-               ["a person plays music", "a cat is asleep", "dogs are running outside", "the weather is wet"],
-               ["nobody plays anything", "the cat is awake", "the dogs sit at home", "it is sunny"]]
+    columns = [
+        ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"],
+        ["a person plays music", "a cat is asleep", "dogs are running outside", "the weather is wet"],
+        ["nobody plays anything", "the cat is awake", "the dogs sit at home", "it is sunny"],
+    ]
     encs = [tokenizer(c, padding="max_length", max_length=T, truncation=True, return_tensors="pt") for c in columns]
     ids = torch.stack([e["input_ids"] for e in encs], dim=1)
     mask = torch.stack([e["attention_mask"] for e in encs], dim=1)
@@ -120,7 +133,9 @@ def test_loss_decreases_and_every_tensor_updates(tiny_bert_dir, tokenizer):
         history.append({k: v.item() for k, v in out.metrics.items()} | {"loss": out.loss.item()})
     assert set(out.metrics) == {"loss_contrastive", "loss_rtd", "rtd_accuracy"}
     assert all(not v.requires_grad and v.dim() == 0 for v in out.metrics.values())
-    assert out.loss.item() == pytest.approx(out.metrics["loss_contrastive"].item() + 0.005 * out.metrics["loss_rtd"].item(), rel=1e-6)
+    assert out.loss.item() == pytest.approx(
+        out.metrics["loss_contrastive"].item() + 0.005 * out.metrics["loss_rtd"].item(), rel=1e-6
+    )
     for key in ("loss", "loss_contrastive", "loss_rtd"):
         values = [h[key] for h in history]
         assert all(b < a for a, b in zip(values, values[1:])), (key, values)
@@ -147,8 +162,9 @@ def test_rtd_gradient_reaches_the_encoder_through_h(make_model, tokenizer):
     ids, mask, cor, lab = _views(tokenizer)
     out = model(ids, mask, cor, lab)
     encoder_params = [p for p in model.encoder.parameters()]
-    grads = torch.autograd.grad(out.rtd_loss, encoder_params + [model.projection.net[0].weight], allow_unused=True,
-                                retain_graph=True)
+    grads = torch.autograd.grad(
+        out.rtd_loss, encoder_params + [model.projection.net[0].weight], allow_unused=True, retain_graph=True
+    )
     assert all(g is not None for g in grads)
     assert grads[-1].abs().sum() > 0
     assert sum(g.abs().sum() for g in grads[:-1]) > 0
@@ -246,7 +262,9 @@ def test_checkpoint_round_trip(make_model, tokenizer, tmp_path):
     loaded = load_checkpoint(folder)
     assert isinstance(loaded, DiffCSE) and not loaded.training and loaded.config == model.config
     with torch.inference_mode():
-        torch.testing.assert_close(loaded.embed(ids[:, 0], mask[:, 0]), model.embed(ids[:, 0], mask[:, 0]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded.embed(ids[:, 0], mask[:, 0]), model.embed(ids[:, 0], mask[:, 0]), rtol=0, atol=0
+        )
     inference = {k: v for k, v in model.state_dict().items() if not k.startswith(("discriminator.", "rtd_head."))}
     for name, tensor in inference.items():  # encoder, BN-MLP and BatchNorm statistics travel
         torch.testing.assert_close(loaded.state_dict()[name], tensor, rtol=0, atol=0, msg=name)

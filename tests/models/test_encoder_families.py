@@ -27,10 +27,10 @@ from transformers import (
     DistilBertModel,
     ElectraConfig,
     ElectraModel,
-    MPNetConfig,
-    MPNetModel,
     ModernBertConfig,
     ModernBertModel,
+    MPNetConfig,
+    MPNetModel,
     RobertaConfig,
     RobertaModel,
     XLMRobertaConfig,
@@ -64,13 +64,17 @@ def _bert(attn):
 
 
 def _roberta(attn):
-    return RobertaModel(RobertaConfig(num_hidden_layers=2, pad_token_id=1, type_vocab_size=1, attn_implementation=attn, **SHAPE),
-                        add_pooling_layer=False)
+    return RobertaModel(
+        RobertaConfig(num_hidden_layers=2, pad_token_id=1, type_vocab_size=1, attn_implementation=attn, **SHAPE),
+        add_pooling_layer=False,
+    )
 
 
 def _xlm_roberta(attn):
-    return XLMRobertaModel(XLMRobertaConfig(num_hidden_layers=2, pad_token_id=1, type_vocab_size=1, attn_implementation=attn,
-                                            **SHAPE), add_pooling_layer=False)
+    return XLMRobertaModel(
+        XLMRobertaConfig(num_hidden_layers=2, pad_token_id=1, type_vocab_size=1, attn_implementation=attn, **SHAPE),
+        add_pooling_layer=False,
+    )
 
 
 def _electra(attn):  # embedding_size < hidden_size: the embeddings go through ELECTRA's projection
@@ -78,39 +82,97 @@ def _electra(attn):  # embedding_size < hidden_size: the embeddings go through E
 
 
 def _distilbert(attn):
-    return DistilBertModel(DistilBertConfig(vocab_size=V, dim=D, n_layers=2, n_heads=H, hidden_dim=64, max_position_embeddings=40,
-                                            attn_implementation=attn))
+    return DistilBertModel(
+        DistilBertConfig(
+            vocab_size=V,
+            dim=D,
+            n_layers=2,
+            n_heads=H,
+            hidden_dim=64,
+            max_position_embeddings=40,
+            attn_implementation=attn,
+        )
+    )
 
 
 def _mpnet(attn):
     return MPNetModel(MPNetConfig(num_hidden_layers=2, **SHAPE), add_pooling_layer=False)
 
 
-def _deberta_v3(attn):  # the v3 layout: relative attention only, shared position keys, log buckets, no absolute positions
-    return DebertaV2Model(DebertaV2Config(num_hidden_layers=2, pad_token_id=0, relative_attention=True, position_biased_input=False,
-                                          pos_att_type=["p2c", "c2p"], share_att_key=True, position_buckets=8,
-                                          max_relative_positions=16, norm_rel_ebd="layer_norm", **SHAPE))
+def _deberta_v3(
+    attn,
+):  # the v3 layout: relative attention only, shared position keys, log buckets, no absolute positions
+    return DebertaV2Model(
+        DebertaV2Config(
+            num_hidden_layers=2,
+            pad_token_id=0,
+            relative_attention=True,
+            position_biased_input=False,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=True,
+            position_buckets=8,
+            max_relative_positions=16,
+            norm_rel_ebd="layer_norm",
+            **SHAPE,
+        )
+    )
 
 
 def _deberta_v2(attn):  # the v2 layout options: absolute positions too, own position projections, the conv layer
-    return DebertaV2Model(DebertaV2Config(num_hidden_layers=2, pad_token_id=0, relative_attention=True, position_biased_input=True,
-                                          pos_att_type=["p2c", "c2p"], share_att_key=False, max_relative_positions=16,
-                                          conv_kernel_size=3, type_vocab_size=2, **SHAPE))
+    return DebertaV2Model(
+        DebertaV2Config(
+            num_hidden_layers=2,
+            pad_token_id=0,
+            relative_attention=True,
+            position_biased_input=True,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=False,
+            max_relative_positions=16,
+            conv_kernel_size=3,
+            type_vocab_size=2,
+            **SHAPE,
+        )
+    )
 
 
 def _modernbert(attn):  # layers: global, sliding-window (half-window 2), global
-    return ModernBertModel(ModernBertConfig(vocab_size=V, hidden_size=D, num_hidden_layers=3, num_attention_heads=H, intermediate_size=64,
-                                            max_position_embeddings=40, global_attn_every_n_layers=2, local_attention=4,
-                                            pad_token_id=0, bos_token_id=CLS_ID, eos_token_id=3, cls_token_id=CLS_ID, sep_token_id=3,
-                                            attn_implementation=attn))
+    return ModernBertModel(
+        ModernBertConfig(
+            vocab_size=V,
+            hidden_size=D,
+            num_hidden_layers=3,
+            num_attention_heads=H,
+            intermediate_size=64,
+            max_position_embeddings=40,
+            global_attn_every_n_layers=2,
+            local_attention=4,
+            pad_token_id=0,
+            bos_token_id=CLS_ID,
+            eos_token_id=3,
+            cls_token_id=CLS_ID,
+            sep_token_id=3,
+            attn_implementation=attn,
+        )
+    )
 
 
-BUILDERS = {"bert": _bert, "roberta": _roberta, "xlm-roberta": _xlm_roberta, "electra": _electra, "distilbert": _distilbert,
-            "mpnet": _mpnet, "deberta-v3": _deberta_v3, "deberta-v2": _deberta_v2, "modernbert": _modernbert}
+BUILDERS = {
+    "bert": _bert,
+    "roberta": _roberta,
+    "xlm-roberta": _xlm_roberta,
+    "electra": _electra,
+    "distilbert": _distilbert,
+    "mpnet": _mpnet,
+    "deberta-v3": _deberta_v3,
+    "deberta-v2": _deberta_v2,
+    "modernbert": _modernbert,
+}
 FAMILIES = list(BUILDERS)
 PAD = {"roberta": 1, "xlm-roberta": 1, "mpnet": 1}
 # (family, attention implementation): the families on transformers' AttentionInterface run both sdpa and eager
-VARIANTS = [(f, a) for f in FAMILIES for a in (("sdpa", "eager") if f in ("bert", "distilbert", "modernbert") else (None,))]
+VARIANTS = [
+    (f, a) for f in FAMILIES for a in (("sdpa", "eager") if f in ("bert", "distilbert", "modernbert") else (None,))
+]
 VARIANT_IDS = [f if a is None else f"{f}-{a}" for f, a in VARIANTS]
 
 
@@ -125,7 +187,7 @@ def batch(family: str, rows: int = 3, length: int = T, seed: int = 1) -> tuple[t
     ids = torch.randint(5, V, (rows, length), generator=g)
     mask = torch.ones(rows, length, dtype=torch.long)
     for r in range(1, rows):
-        mask[r, max(2, length - 2 * r - 1):] = 0
+        mask[r, max(2, length - 2 * r - 1) :] = 0
     ids = ids.masked_fill(mask == 0, PAD.get(family, 0))
     ids[:, 0] = CLS_ID
     return ids, mask
@@ -209,16 +271,20 @@ def _rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Ten
     """RoPE of `(B, H, T, Dh)` at `positions`, the rotate-half convention, written out here."""
     freqs = positions.float()[:, None] * (1.0 / theta ** (torch.arange(0, DH, 2).float() / DH))[None, :]
     cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
-    rotated = torch.cat([-x[..., DH // 2:], x[..., :DH // 2]], -1)
+    rotated = torch.cat([-x[..., DH // 2 :], x[..., : DH // 2]], -1)
     return x * cos + rotated * sin
 
 
 def manual_attention(family, backbone, attn, x, kp, vp, token_mask, slot_visible, offset):
     """Layer-1 self-attention output over [prefix K/V; token K/V] (what the hooked module returns)."""
     b, t, _ = x.shape
-    keys = torch.cat([slot_visible[:, None, None, :].expand(b, 1, t, P), token_mask.bool()[:, None, None, :].expand(b, 1, t, t)], -1)
+    keys = torch.cat(
+        [slot_visible[:, None, None, :].expand(b, 1, t, P), token_mask.bool()[:, None, None, :].expand(b, 1, t, t)], -1
+    )
     if family in ("bert", "roberta", "xlm-roberta", "electra", "distilbert"):
-        q_, k_, v_ = (attn.query, attn.key, attn.value) if family != "distilbert" else (attn.q_lin, attn.k_lin, attn.v_lin)
+        q_, k_, v_ = (
+            (attn.query, attn.key, attn.value) if family != "distilbert" else (attn.q_lin, attn.k_lin, attn.v_lin)
+        )
         q, k, v = _heads(q_(x)), torch.cat([kp, _heads(k_(x))], 2), torch.cat([vp, _heads(v_(x))], 2)
         out = _softmax_attend(q @ k.transpose(-1, -2) / math.sqrt(DH), keys, v)
         return attn.out_lin(out) if family == "distilbert" else out
@@ -231,7 +297,9 @@ def manual_attention(family, backbone, attn, x, kp, vp, token_mask, slot_visible
         q3 = attn.transpose_for_scores(attn.query_proj(x), H)
         k3 = attn.transpose_for_scores(attn.key_proj(x), H)
         scale = math.sqrt(DH * 3)
-        rel = attn.disentangled_attention_bias(q3, k3, backbone.encoder.get_rel_pos(x), backbone.encoder.get_rel_embedding(), 3)
+        rel = attn.disentangled_attention_bias(
+            q3, k3, backbone.encoder.get_rel_pos(x), backbone.encoder.get_rel_embedding(), 3
+        )
         token_scores = (q3 @ k3.transpose(-1, -2) / scale + rel).view(b, H, t, t)
         q = _heads(attn.query_proj(x))
         scores = torch.cat([q @ kp.transpose(-1, -2) / scale, token_scores], -1)
@@ -257,8 +325,10 @@ def test_one_layer_matches_hand_computed_attention_and_prefix_gradients(family, 
     ids, mask = batch(family)
     layers = wrapped.backbone.config.num_hidden_layers
     g = torch.Generator().manual_seed(4)
-    kv = tuple((torch.randn(3, H, P, DH, generator=g).requires_grad_(), torch.randn(3, H, P, DH, generator=g).requires_grad_())
-               for _ in range(layers))
+    kv = tuple(
+        (torch.randn(3, H, P, DH, generator=g).requires_grad_(), torch.randn(3, H, P, DH, generator=g).requires_grad_())
+        for _ in range(layers)
+    )
     slots = torch.ones(3, P, dtype=torch.bool)
     slots[0, 1] = False
     module = wrapped.attention_modules()[1]
@@ -274,8 +344,9 @@ def test_one_layer_matches_hand_computed_attention_and_prefix_gradients(family, 
     finally:
         handle.remove()
     kp, vp = kv[1]
-    ref = manual_attention(family, wrapped.backbone, module, seen["x"].detach(), kp, vp, mask, slots,
-                           P if family == "modernbert" else 0)
+    ref = manual_attention(
+        family, wrapped.backbone, module, seen["x"].detach(), kp, vp, mask, slots, P if family == "modernbert" else 0
+    )
     real = mask.bool()  # padded rows: only DeBERTa's are defined by hand (its own rule); compare the real tokens
     torch.testing.assert_close(seen["out"][real], ref[real], rtol=0, atol=2e-6)
     weights = torch.randn(ref.shape, generator=g) * real[..., None]
@@ -307,8 +378,12 @@ def test_deberta_v3_has_no_position_to_shift():
     ids, mask = batch("deberta-v3")
     kv = shifted.prefix_encoder(3)
     assert shifted.position_kind == "none"
-    torch.testing.assert_close(shifted(ids, mask, prefix=kv).last_hidden_state, unshifted(ids, mask, prefix=kv).last_hidden_state,
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        shifted(ids, mask, prefix=kv).last_hidden_state,
+        unshifted(ids, mask, prefix=kv).last_hidden_state,
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_modernbert_shift_moves_rotary_positions_of_the_tokens():
@@ -316,7 +391,9 @@ def test_modernbert_shift_moves_rotary_positions_of_the_tokens():
     unshifted = PromptedBackbone(shifted.backbone, shifted.prefix_encoder, shift_positions=False).eval()
     ids, mask = batch("modernbert")
     g = torch.Generator().manual_seed(8)
-    kv = PrefixKeyValues(tuple((torch.randn(3, H, P, DH, generator=g), torch.randn(3, H, P, DH, generator=g)) for _ in range(3)))
+    kv = PrefixKeyValues(
+        tuple((torch.randn(3, H, P, DH, generator=g), torch.randn(3, H, P, DH, generator=g)) for _ in range(3))
+    )
     hidden = kv.with_mask(torch.zeros(P))
     at_p = plain(input_ids=ids, attention_mask=mask, position_ids=torch.arange(P, P + T)[None]).last_hidden_state
     torch.testing.assert_close(shifted(ids, mask, prefix=hidden).last_hidden_state, at_p, rtol=0, atol=1e-6)
@@ -335,8 +412,9 @@ def test_position0_output_and_cls_embedding(family):
     ids, mask = batch(family)
     first = wrapped.attention_modules()[0]
     seen = []
-    handle = first.register_forward_pre_hook(lambda m, args, kwargs: seen.append(args[0] if args else kwargs["hidden_states"]),
-                                             with_kwargs=True)
+    handle = first.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
+    )
     vec = torch.randn(3, D)
     try:
         base = wrapped(ids, mask, prefix=True).last_hidden_state
@@ -349,7 +427,9 @@ def test_position0_output_and_cls_embedding(family):
     torch.testing.assert_close(cond_in[:, 0], vec, rtol=0, atol=0)
     torch.testing.assert_close(cond_in[:, 1:], plain_in[:, 1:], rtol=0, atol=0)
     own_row = wrapped.backbone.get_input_embeddings().weight[CLS_ID]
-    torch.testing.assert_close(wrapped(ids, mask, prefix=True, cls_embedding=own_row).last_hidden_state, base, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        wrapped(ids, mask, prefix=True, cls_embedding=own_row).last_hidden_state, base, rtol=0, atol=1e-6
+    )
     other = wrapped(ids, mask, prefix=True, cls_embedding=torch.randn(own_row.shape)).last_hidden_state
     assert (other - base).abs().max() > 1e-3
 
@@ -370,7 +450,9 @@ def _train_batch(family: str, n: int = 2) -> TrainBatch:
 def _build_method(method: str, backbone):
     torch.manual_seed(0)
     if method == "d2cse":
-        return D2CSE(D2CSEModelConfig(backbone="tiny", prefix_len=P, cls_prompt=True), backbone=backbone, cls_token_id=CLS_ID)
+        return D2CSE(
+            D2CSEModelConfig(backbone="tiny", prefix_len=P, cls_prompt=True), backbone=backbone, cls_token_id=CLS_ID
+        )
     if method == "dcpcse":
         return DCPCSE(DCPCSEConfig(backbone="tiny", prefix_len=P), backbone=backbone)
     if method == "simcse":
@@ -441,8 +523,12 @@ def test_bert_layout_model_type_runs_as_bert_like():
     assert wrapped.family.name == "BERT-like (camembert)" and wrapped.position_kind == "padding"
     ids, mask = batch("roberta")
     hidden = wrapped.prefix_encoder(3).with_mask(torch.zeros(P))
-    torch.testing.assert_close(wrapped(ids, mask, prefix=hidden).last_hidden_state,
-                               plain(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        wrapped(ids, mask, prefix=hidden).last_hidden_state,
+        plain(input_ids=ids, attention_mask=mask).last_hidden_state,
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 def test_other_attention_implementations_are_refused():
@@ -454,8 +540,11 @@ def test_other_attention_implementations_are_refused():
 
 def test_deberta_head_size_other_than_hidden_over_heads_is_refused():
     torch.manual_seed(0)
-    model = DebertaV2Model(DebertaV2Config(num_hidden_layers=2, attention_head_size=16, relative_attention=True,
-                                           pos_att_type=["c2p"], **SHAPE))
+    model = DebertaV2Model(
+        DebertaV2Config(
+            num_hidden_layers=2, attention_head_size=16, relative_attention=True, pos_att_type=["c2p"], **SHAPE
+        )
+    )
     with pytest.raises(TypeError, match="DeBERTa-v2/v3: attention head size 16"):
         PromptedBackbone(model, None)
 
@@ -472,7 +561,9 @@ def test_token_types_on_a_family_without_them():
     _, wrapped = wrap(build("distilbert"))
     ids, mask = batch("distilbert")
     zeros = torch.zeros_like(ids)
-    torch.testing.assert_close(wrapped(ids, mask, zeros).last_hidden_state, wrapped(ids, mask).last_hidden_state, rtol=0, atol=0)
+    torch.testing.assert_close(
+        wrapped(ids, mask, zeros).last_hidden_state, wrapped(ids, mask).last_hidden_state, rtol=0, atol=0
+    )
     with pytest.raises(ValueError, match="DistilBERT has no token types"):
         wrapped(ids, mask, torch.ones_like(ids))
 
@@ -493,5 +584,6 @@ def test_swapped_attention_keeps_the_state_dict_and_copies():
     twin = copy.deepcopy(wrapped)  # a copy attends to its own prefix, not the original's
     ids, mask = batch("mpnet")
     kv = wrapped.prefix_encoder(3)
-    torch.testing.assert_close(twin(ids, mask, prefix=kv).last_hidden_state, wrapped(ids, mask, prefix=kv).last_hidden_state,
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        twin(ids, mask, prefix=kv).last_hidden_state, wrapped(ids, mask, prefix=kv).last_hidden_state, rtol=0, atol=0
+    )

@@ -34,9 +34,13 @@ def test_only_the_head_learns_and_the_decoder_stays_tied(tiny_bert_dir, special)
     assert bias[2000] > bias[2001] > bias[5] and abs(float(bias[: special.vocab_size].mean())) < 1e-3
     head = HeadFitter(model, special.vocab_size, lr=1e-2, weight_decay=0.01, total_steps=3, warmup_steps=0)
     names = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert names == {"cls.predictions.bias", "cls.predictions.transform.dense.weight",
-                     "cls.predictions.transform.dense.bias", "cls.predictions.transform.LayerNorm.weight",
-                     "cls.predictions.transform.LayerNorm.bias"}
+    assert names == {
+        "cls.predictions.bias",
+        "cls.predictions.transform.dense.weight",
+        "cls.predictions.transform.dense.bias",
+        "cls.predictions.transform.LayerNorm.weight",
+        "cls.predictions.transform.LayerNorm.bias",
+    }
     head_before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     flat = torch.tensor([101, 2000, 2001, 2000, 2001, 2000, 102] * 8)
     offsets = np.arange(0, len(flat) + 1, 7)

@@ -80,7 +80,9 @@ def test_supervised_loss_uses_every_hard_negative_and_weights_only_the_own_one()
     w = 0.7  # added to the logit (i, B+i) only
     rows_w = [[1.0, 0.0, c + w, -1.0], [0.0, 1.0, c, 0.0 + w]]
     want_w = (_ce(rows_w[0], 0) + _ce(rows_w[1], 1)) / 2
-    assert contrastive_loss(z1, z2, z3, temperature=1.0, hard_negative_weight=w).item() == pytest.approx(want_w, rel=1e-6)
+    assert contrastive_loss(z1, z2, z3, temperature=1.0, hard_negative_weight=w).item() == pytest.approx(
+        want_w, rel=1e-6
+    )
 
 
 def test_contrastive_loss_is_scale_invariant_and_differentiable():
@@ -101,7 +103,9 @@ def test_rtd_loss_mean_over_all_positions_including_padding():
     mask = torch.tensor([[1, 1, 0]])
     ce = [_ce([2.0, 0.0], 0), _ce([0.0, 1.0], 1), _ce([3.0, 3.0], 0)]
     assert rtd_loss(logits, labels, mask).item() == pytest.approx(sum(ce) / 3, rel=1e-6)
-    assert rtd_loss(logits, labels, mask, mean_over_padding=False).item() == pytest.approx((ce[0] + ce[1]) / 2, rel=1e-6)
+    assert rtd_loss(logits, labels, mask, mean_over_padding=False).item() == pytest.approx(
+        (ce[0] + ce[1]) / 2, rel=1e-6
+    )
 
 
 def test_rtd_loss_of_uniform_logits_is_log2():

@@ -95,8 +95,9 @@ def test_d2cse_crtd_loss_reaches_the_prompts_through_h(tiny_bert_dir, tokenizer)
     model = _d2cse(tiny_bert_dir, discriminator_prompts=False).train()
     assert all(_nonzero(g) for g in _grads(model(ids, mask, cor, lab).rtd_loss, prompts(model)).values())
     for variant in ({"condition_discriminator": False}, {"detach": True}):
-        model = _d2cse(tiny_bert_dir, discriminator_prompts=False,
-                       **{k: v for k, v in variant.items() if k != "detach"}).train()
+        model = _d2cse(
+            tiny_bert_dir, discriminator_prompts=False, **{k: v for k, v in variant.items() if k != "detach"}
+        ).train()
         if variant.get("detach"):
             _capture_h(model, detach=True)
         out = model(ids, mask, cor, lab)
@@ -173,7 +174,9 @@ def test_zero_rtd_weight_gives_exactly_the_control_gradients(method, tiny_bert_d
     # the same weights with λ > 0: the CRTD term changes the shared gradients (the assertion above can fail)
     model.config = dataclasses.replace(model.config, rtd_weight=0.5)
     weighted = _method_grads(model, ids, mask, cor, lab)
-    shared = "encoder.prefix_encoder.embedding.weight" if method == "d2cse" else "encoder.embeddings.word_embeddings.weight"
+    shared = (
+        "encoder.prefix_encoder.embedding.weight" if method == "d2cse" else "encoder.embeddings.word_embeddings.weight"
+    )
     assert not torch.equal(weighted[shared], control[shared])
     assert weighted["rtd_head.classifier.weight"].abs().sum() > 0
 
@@ -194,8 +197,9 @@ def rows_of(tokenizer):
     def make(kind: str) -> TrainingRows:
         if kind == "nli":
             cols = {"sent0": seqs(PREMISES), "sent1": seqs(ENTAILED), "hard_neg": seqs(CONTRADICTED)}
-            return TrainingRows(TokenRows(np.arange(len(PREMISES)), cols), None, supervised=True,
-                                pad_id=tokenizer.pad_token_id)
+            return TrainingRows(
+                TokenRows(np.arange(len(PREMISES)), cols), None, supervised=True, pad_id=tokenizer.pad_token_id
+            )
         text = seqs(SENTENCES * 2)
         tokens = TokenRows(np.arange(len(text)), {"text": text})
         corruption = None
@@ -207,17 +211,31 @@ def rows_of(tokenizer):
                 inner = np.arange(len(s))[1:-1]
                 c[inner[rng.random(len(inner)) < 0.4]] = rng.integers(2000, 3000)
                 cor.append(c)
-            corruption = CorruptionRows(1, {("text", 0): cor}, {("text", 0): [(c != s).astype(np.int8) for c, s in zip(cor, text)]})
+            corruption = CorruptionRows(
+                1, {("text", 0): cor}, {("text", 0): [(c != s).astype(np.int8) for c, s in zip(cor, text)]}
+            )
         return TrainingRows(tokens, corruption, supervised=False, pad_id=tokenizer.pad_token_id)
 
     return make
 
 
 def _train(model, phases: list[Phase], tmp_path, lr: float = 1e-2) -> Trainer:
-    cfg = LoopConfig(batch_size=4, learning_rate=lr, epochs=1, max_steps=2, grad_clip=1.0, seed=7, eval_steps=100,
-                     checkpoint_steps=100, log_steps=100, precision="fp32", deterministic=True)
-    trainer = Trainer(model, phases, cfg, torch.device("cpu"), tmp_path / "state", lambda *a: None, lambda m: 0.0,
-                      lambda *a: None)
+    cfg = LoopConfig(
+        batch_size=4,
+        learning_rate=lr,
+        epochs=1,
+        max_steps=2,
+        grad_clip=1.0,
+        seed=7,
+        eval_steps=100,
+        checkpoint_steps=100,
+        log_steps=100,
+        precision="fp32",
+        deterministic=True,
+    )
+    trainer = Trainer(
+        model, phases, cfg, torch.device("cpu"), tmp_path / "state", lambda *a: None, lambda m: 0.0, lambda *a: None
+    )
     trainer.run()
     return trainer
 
@@ -240,8 +258,10 @@ def test_frozen_prompts_receive_no_update_through_the_trainer(method, tiny_bert_
 
     rows = rows_of("corrupted" if method == "d2cse" else "plain")
     prompt_names = {"encoder.prefix_encoder.embedding.weight"} | ({"cls_prompt"} if method == "d2cse" else set())
-    heads = {"dcpcse": {"mlp.dense.weight", "mlp.dense.bias"},
-             "d2cse": {"projection.net.0.weight", "projection.net.3.weight", "rtd_head.classifier.weight"}}[method]
+    heads = {
+        "dcpcse": {"mlp.dense.weight", "mlp.dense.bias"},
+        "d2cse": {"projection.net.0.weight", "projection.net.3.weight", "rtd_head.classifier.weight"},
+    }[method]
 
     frozen = build(train_prompts=False)
     assert frozen.describe()["train_prompts"] is False
@@ -266,8 +286,10 @@ def test_frozen_prompts_receive_no_update_through_the_trainer(method, tiny_bert_
         assert torch.equal(dict(loaded.named_parameters())[name], dict(frozen.named_parameters())[name]), name
     enc = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     with torch.no_grad():
-        assert torch.equal(frozen.eval().embed(enc["input_ids"], enc["attention_mask"]),
-                           loaded.embed(enc["input_ids"], enc["attention_mask"]))
+        assert torch.equal(
+            frozen.eval().embed(enc["input_ids"], enc["attention_mask"]),
+            loaded.embed(enc["input_ids"], enc["attention_mask"]),
+        )
     # ...and exported as a PEFT adapter, which reproduces the embeddings (checked by the export on its probes)
     export = export_peft_adapter(tmp_path / "ckpt", tmp_path / "adapter")
     assert export.exact
@@ -288,8 +310,10 @@ MAX_TOKENS, COPIES = 8, 20
 
 def _diffaug(tiny_bert_dir, tokenizer, **overrides) -> DiffAug:
     torch.manual_seed(0)
-    return DiffAug(DiffAugConfig(backbone=str(tiny_bert_dir), max_sentence_tokens=MAX_TOKENS, denoise_copies=COPIES,
-                                 **overrides), tokenizer=tokenizer)
+    return DiffAug(
+        DiffAugConfig(backbone=str(tiny_bert_dir), max_sentence_tokens=MAX_TOKENS, denoise_copies=COPIES, **overrides),
+        tokenizer=tokenizer,
+    )
 
 
 def test_diffaug_stage_one_moves_only_the_prefix_through_the_trainer(tiny_bert_dir, tokenizer, rows_of, tmp_path):
@@ -306,19 +330,25 @@ def test_diffaug_stage_one_moves_only_the_prefix_through_the_trainer(tiny_bert_d
 
 def test_diffaug_shared_prefix_gives_both_views_the_same_module(tiny_bert_dir, tokenizer, monkeypatch):
     enc = tokenizer(SENTENCES, padding=True, truncation=True, max_length=MAX_TOKENS + 2, return_tensors="pt")
-    batch = TrainBatch(enc["input_ids"].unsqueeze(1).repeat(1, 2, 1), enc["attention_mask"].unsqueeze(1).repeat(1, 2, 1))
+    batch = TrainBatch(
+        enc["input_ids"].unsqueeze(1).repeat(1, 2, 1), enc["attention_mask"].unsqueeze(1).repeat(1, 2, 1)
+    )
     views = {}
     for shared in (False, True):
         # without denoising: δ_A / δ_B would largely cancel the modules' effect on the tiny random model
         model = _diffaug(tiny_bert_dir, tokenizer, shared_prefix=shared, denoise=False)
         with torch.no_grad():  # the random-init halves are nearly alike on the tiny model: make module B distinct
-            rows_b = model.prompts.embedding.weight[model.config.module_len:]
+            rows_b = model.prompts.embedding.weight[model.config.module_len :]
             rows_b.copy_(torch.randn(rows_b.shape, generator=torch.Generator().manual_seed(5)))
         assert model.describe()["shared_prefix"] is shared
         modules, z = [], []
         original = model.prefix_sample
-        monkeypatch.setattr(model, "prefix_sample", lambda m, rows: modules.append(m) or original(m, rows))
-        model.mlp.register_forward_hook(lambda mod, args, out: z.append(out))
+        monkeypatch.setattr(
+            model,
+            "prefix_sample",
+            lambda m, rows, modules=modules, original=original: modules.append(m) or original(m, rows),
+        )
+        model.mlp.register_forward_hook(lambda mod, args, out, z=z: z.append(out))
         model.eval()  # no dropout: the views differ by their prefix module only
         with torch.no_grad():
             model.training_step(batch, phase="joint")
@@ -345,7 +375,7 @@ def _simcse_twice(backbone_dir, tokenizer, dropout, backbone=None):
     model.train()
     enc = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     ids, mask = enc["input_ids"].unsqueeze(1).repeat(1, 2, 1), enc["attention_mask"].unsqueeze(1).repeat(1, 2, 1)
-    (l1, z1), (l2, z2) = model(ids, mask), model(ids, mask)
+    (_, z1), (_, z2) = model(ids, mask), model(ids, mask)
     return model, z1, z2
 
 
@@ -358,8 +388,15 @@ def test_simcse_dropout_zero_makes_two_train_passes_identical(tiny_bert_dir, tok
     assert (z1 - z2).abs().max() > 1e-4 and (z1[:, 0] - z1[:, 1]).abs().max() > 1e-4
 
     # the attention-probability dropout alone (transformers' sdpa path) is switched off as well
-    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=D, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.5)
+    cfg = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=D,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.5,
+    )
     for dropout, identical in ((None, False), (0.0, True)):
         torch.manual_seed(0)
         _, z1, z2 = _simcse_twice(tiny_bert_dir, tokenizer, dropout, backbone=BertModel(cfg))

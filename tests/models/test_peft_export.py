@@ -29,11 +29,20 @@ from storage.readers import read_senteval
 D = 32
 # case → (backbone fixture, method class, config overrides, expected pooling, expected modules_to_save)
 CASES = {
-    "d2cse-bert-cls-prompt": ("tiny_bert_dir", D2CSE, dict(prefix_len=4, cls_prompt=True), "cls",
-                              ["embeddings.position_embeddings"]),
-    "d2cse-roberta-cls-prompt-projection": ("tiny_roberta_dir", D2CSE, dict(prefix_len=5, cls_prompt=True,
-                                            prefix_projection=True, prefix_hidden=16), "cls",
-                                            ["embeddings.position_embeddings"]),
+    "d2cse-bert-cls-prompt": (
+        "tiny_bert_dir",
+        D2CSE,
+        dict(prefix_len=4, cls_prompt=True),
+        "cls",
+        ["embeddings.position_embeddings"],
+    ),
+    "d2cse-roberta-cls-prompt-projection": (
+        "tiny_roberta_dir",
+        D2CSE,
+        dict(prefix_len=5, cls_prompt=True, prefix_projection=True, prefix_hidden=16),
+        "cls",
+        ["embeddings.position_embeddings"],
+    ),
     "dcpcse-bert-sup": ("tiny_bert_dir", DCPCSE, dict(prefix_len=3, mlp_only_train=False), "pooler_output", ["pooler"]),
     "diffaug-bert": ("tiny_bert_dir", DiffAug, dict(denoise_copies=48), "mask", []),
 }
@@ -57,9 +66,16 @@ def tiny_roberta_dir(tmp_path_factory, tokenizer) -> Path:
 
     torch.manual_seed(1)
     d = tmp_path_factory.mktemp("tiny_roberta")
-    cfg = RobertaConfig(vocab_size=len(tokenizer), hidden_size=D, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id,
-                        type_vocab_size=1)
+    cfg = RobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=D,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=tokenizer.pad_token_id,
+        type_vocab_size=1,
+    )
     RobertaModel(cfg).save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d
@@ -125,8 +141,12 @@ def test_adapter_reproduces_our_embeddings_on_the_stsb_test_sentences(exported, 
     bare = AutoModel.from_pretrained(loader.base_model_path(export.folder)).eval()
     enc = tokenizer(loader.model_inputs(spec, sentences[:64]), padding=True, return_tensors="pt")
     with torch.inference_mode():
-        plain = loader.pool(spec, bare(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]),
-                            enc["input_ids"], enc["attention_mask"])
+        plain = loader.pool(
+            spec,
+            bare(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]),
+            enc["input_ids"],
+            enc["attention_mask"],
+        )
     assert float((plain - want[:64]).abs().max()) > 1e-2
 
 
@@ -238,8 +258,11 @@ def test_a_backbone_without_a_cache_path_is_refused(tokenizer, tmp_path):
 
     torch.manual_seed(0)
     backbone = tmp_path / "distilbert"
-    DistilBertModel(DistilBertConfig(vocab_size=len(tokenizer), dim=D, n_layers=2, n_heads=4, hidden_dim=64,
-                                     max_position_embeddings=128)).save_pretrained(backbone)
+    DistilBertModel(
+        DistilBertConfig(
+            vocab_size=len(tokenizer), dim=D, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128
+        )
+    ).save_pretrained(backbone)
     tokenizer.save_pretrained(backbone)
     checkpoint = _trained_checkpoint(DCPCSE, backbone, tmp_path / "best", prefix_len=2)
     with pytest.raises(PeftExportError, match="DistilBertModel: its forward takes no past_key_values"):

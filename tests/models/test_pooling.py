@@ -14,8 +14,7 @@ from models.embedder import CheckpointMismatchError, PooledEncoder
 from models.pooling import POOLERS, UnknownPoolerError, masked_mean, needs_hidden_states, pool
 
 # Two rows, three positions, d = 2; row 1 has one pad at the end.
-LAST = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]],
-                     [[10.0, 0.0], [20.0, 2.0], [99.0, 99.0]]])
+LAST = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], [[10.0, 0.0], [20.0, 2.0], [99.0, 99.0]]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 EMB = torch.zeros_like(LAST)  # hidden_states[0]
 L1 = torch.ones_like(LAST)  # hidden_states[1]
@@ -59,7 +58,9 @@ def test_avg_first_last_layer_choice_and_top2():
 
 def test_mask_pooler_takes_first_mask_token():
     ids = torch.tensor([[101, 103, 103], [101, 7, 103]])
-    assert torch.equal(pool("mask", LAST, MASK, input_ids=ids, mask_token_id=103), torch.tensor([[3.0, 4.0], [99.0, 99.0]]))
+    assert torch.equal(
+        pool("mask", LAST, MASK, input_ids=ids, mask_token_id=103), torch.tensor([[3.0, 4.0], [99.0, 99.0]])
+    )
     with pytest.raises(ValueError, match="no \\[MASK\\]"):
         pool("mask", LAST, MASK, input_ids=torch.tensor([[101, 103, 5], [101, 7, 8]]), mask_token_id=103)
 
@@ -106,7 +107,9 @@ def test_embedding_does_not_depend_on_padding(tiny_bert_dir, pooler):
 def test_mask_pooler_needs_a_template(tiny_bert_dir):
     with pytest.raises(ValueError, match="template"):
         PooledEncoder.from_pretrained(str(tiny_bert_dir), "mask")
-    enc = PooledEncoder.from_pretrained(str(tiny_bert_dir), "mask", template='This sentence : "{sentence}" means [MASK] .')
+    enc = PooledEncoder.from_pretrained(
+        str(tiny_bert_dir), "mask", template='This sentence : "{sentence}" means [MASK] .'
+    )
     ids = enc.token_ids(["hello world"])
     assert enc.tokenizer.mask_token_id in ids[0]
     ids_t, mask = _batch(enc, ["hello world", "a b c d e f"])
@@ -120,7 +123,9 @@ def test_mask_pooler_needs_a_template(tiny_bert_dir):
 def test_cls_refuses_a_model_without_pooler_weights(tmp_path, tokenizer):
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    cfg = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
     BertModel(cfg, add_pooling_layer=False).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no pretrained pooler weights"):
@@ -143,8 +148,16 @@ def _fake_checkpoint(folder, **cfg):
     from models.checkpoint import FORMAT_VERSION
 
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"format_version": FORMAT_VERSION, "method": "d2cse", "backbone": "bert-base-uncased", "pooler": "cls_before_pooler",
-            "backbone_shape": {}, "backbone_fingerprint": "none", "model_config": {}, **cfg}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "method": "d2cse",
+        "backbone": "bert-base-uncased",
+        "pooler": "cls_before_pooler",
+        "backbone_shape": {},
+        "backbone_fingerprint": "none",
+        "model_config": {},
+        **cfg,
+    }
     (folder / "cse_model.json").write_text(json.dumps(meta))
     save_file({"unused": torch.zeros(1)}, str(folder / "weights.safetensors"))
     return folder

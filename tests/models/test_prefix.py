@@ -16,16 +16,33 @@ P, L, D, H = 4, 2, 32, 4
 
 def _bert(attn: str = "sdpa") -> BertModel:
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=120, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, intermediate_size=64,
-                     max_position_embeddings=64, attn_implementation=attn)
+    cfg = BertConfig(
+        vocab_size=120,
+        hidden_size=D,
+        num_hidden_layers=L,
+        num_attention_heads=H,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
     return BertModel(cfg, add_pooling_layer=False).eval()
 
 
 def _roberta(attn: str = "sdpa") -> RobertaModel:
     torch.manual_seed(0)
-    cfg = RobertaConfig(vocab_size=120, hidden_size=D, num_hidden_layers=L, num_attention_heads=H, intermediate_size=64,
-                        max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1,
-                        attn_implementation=attn)
+    cfg = RobertaConfig(
+        vocab_size=120,
+        hidden_size=D,
+        num_hidden_layers=L,
+        num_attention_heads=H,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        type_vocab_size=1,
+        attn_implementation=attn,
+    )
     return RobertaModel(cfg, add_pooling_layer=False).eval()
 
 
@@ -72,7 +89,7 @@ def test_prefix_table_layout_is_k0_v0_k1_v1_head_major():
             assert tensor.shape == (2, H, P, dh)
             block = (2 * layer + which) * D
             for head in range(H):
-                want = table[:, block + head * dh: block + (head + 1) * dh]
+                want = table[:, block + head * dh : block + (head + 1) * dh]
                 torch.testing.assert_close(tensor[1, head], want, rtol=0, atol=0)
 
 
@@ -111,8 +128,12 @@ def test_without_prefix_equals_plain_model(family, attn):
     ref = plain(input_ids=ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(wrapped(ids, mask, prefix=False).last_hidden_state, ref, rtol=0, atol=1e-6)
     full = torch.ones_like(mask)
-    torch.testing.assert_close(wrapped(ids, None, prefix=False).last_hidden_state,
-                               plain(input_ids=ids, attention_mask=full).last_hidden_state, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        wrapped(ids, None, prefix=False).last_hidden_state,
+        plain(input_ids=ids, attention_mask=full).last_hidden_state,
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -177,8 +198,10 @@ def test_one_layer_matches_manual_attention_with_concatenated_kv():
     kv = wrapped.prefix_encoder(3)
     attn = wrapped.backbone.encoder.layer[1].attention.self
     seen = {}
-    h1 = attn.register_forward_hook(lambda m, args, kwargs, out: seen.update(x=kwargs.get("hidden_states", args[0] if args else None),
-                                                                             out=out[0]), with_kwargs=True)
+    h1 = attn.register_forward_hook(
+        lambda m, args, kwargs, out: seen.update(x=kwargs.get("hidden_states", args[0] if args else None), out=out[0]),
+        with_kwargs=True,
+    )
     try:
         wrapped(ids, mask, prefix=kv)
     finally:
@@ -237,16 +260,21 @@ def test_sequential_passes_do_not_leak_prefixes_or_hooks():
     h = torch.randn(3, D)
     wrapped(ids, mask, prefix=kv_a, position0_output=h)
     torch.testing.assert_close(wrapped(ids, mask, prefix=kv_b).last_hidden_state, alone_b, rtol=0, atol=0)
-    torch.testing.assert_close(wrapped(ids, mask, prefix=False).last_hidden_state,
-                               plain(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        wrapped(ids, mask, prefix=False).last_hidden_state,
+        plain(input_ids=ids, attention_mask=mask).last_hidden_state,
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 def test_position0_output_replaces_embedding_output_after_layernorm():
     plain, wrapped = _wrap(_bert())
     ids, mask = _batch(0)
     seen = []
-    hook = wrapped.backbone.encoder.register_forward_pre_hook(lambda m, args, kwargs: seen.append(
-        kwargs.get("hidden_states", args[0] if args else None)), with_kwargs=True)
+    hook = wrapped.backbone.encoder.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs.get("hidden_states", args[0] if args else None)), with_kwargs=True
+    )
     try:
         wrapped(ids, mask, prefix=True)
         vec = torch.randn(3, D)
@@ -265,7 +293,9 @@ def test_cls_embedding_replaces_only_the_position0_word_embedding():
     ids, mask = _batch(0)
     base = wrapped(ids, mask, prefix=True).last_hidden_state
     own_row = wrapped.backbone.embeddings.word_embeddings.weight[ids[0, 0]]
-    torch.testing.assert_close(wrapped(ids, mask, prefix=True, cls_embedding=own_row).last_hidden_state, base, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        wrapped(ids, mask, prefix=True, cls_embedding=own_row).last_hidden_state, base, rtol=0, atol=1e-6
+    )
     other = wrapped(ids, mask, prefix=True, cls_embedding=torch.randn(D)).last_hidden_state
     assert (other - base).abs().max() > 1e-3
 

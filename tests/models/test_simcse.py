@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
+from config.methods import build_model, model_class
 from models.batching import TrainBatch
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.losses import contrastive_loss
-from config.methods import build_model, model_class
 from models.simcse import SimCSE, SimCSEConfig
 
 B, T, D, LAYERS = 4, 9, 32, 2
@@ -173,6 +173,8 @@ def test_checkpoint_round_trip_gives_identical_embeddings(make_model, tokenizer,
     loaded = load_checkpoint(folder)
     assert isinstance(loaded, SimCSE) and not loaded.training and loaded.config == model.config
     with torch.inference_mode():
-        torch.testing.assert_close(loaded.embed(ids[:, 0], mask[:, 0]), model.embed(ids[:, 0], mask[:, 0]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded.embed(ids[:, 0], mask[:, 0]), model.embed(ids[:, 0], mask[:, 0]), rtol=0, atol=0
+        )
     rebuilt = build_model("simcse", model.config.to_dict())
     assert rebuilt.evaluation_pooler == "cls"

@@ -67,7 +67,9 @@ def test_exported_model_embeds_as_the_checkpoint(checkpoint, tokenizer, tmp_path
     assert st[0].get_sentence_embedding_dimension() == 32
     # a prompt is prepended to the text before tokenisation
     prompted = st.encode(["a cat"], prompt="query: ", convert_to_tensor=True)
-    torch.testing.assert_close(prompted, _embed(load_checkpoint(checkpoint), tokenizer, ["query: a cat"]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        prompted, _embed(load_checkpoint(checkpoint), tokenizer, ["query: a cat"]), rtol=0, atol=1e-6
+    )
 
 
 def test_max_seq_length_truncates_and_survives_a_save(checkpoint, tmp_path):

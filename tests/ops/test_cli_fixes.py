@@ -19,11 +19,14 @@ def _err(capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("sql, says", [
-    ("SELEC nonsense", 'Parser Error: syntax error at or near "SELEC"'),
-    ("select nosuch from manifests", 'Binder Error: Referenced column "nosuch" not found'),
-    ("select 1 / 'a'", "Conversion Error: Could not convert string 'a'"),
-])
+@pytest.mark.parametrize(
+    "sql, says",
+    [
+        ("SELEC nonsense", 'Parser Error: syntax error at or near "SELEC"'),
+        ("select nosuch from manifests", 'Binder Error: Referenced column "nosuch" not found'),
+        ("select 1 / 'a'", "Conversion Error: Could not convert string 'a'"),
+    ],
+)
 def test_sql_mistakes_are_called_sql_errors(sql, says, capsys):
     assert cse(["sql", sql]) == 2
     line = _err(capsys)
@@ -39,24 +42,54 @@ def test_unknown_view_lists_the_views(capsys):
 
 
 def _evaluation(root: DataRoot, eid: str, **scores) -> None:
-    write_evaluation_row(root, {"evaluation_id": eid, "created": "2026-01-01T00:00:00", "mode": "test", "label": eid,
-                                "sts_source": "sts", "sts_hash": "h", "sentences": 10, "seconds": 1.0, "details": "{}",
-                                **scores})
+    write_evaluation_row(
+        root,
+        {
+            "evaluation_id": eid,
+            "created": "2026-01-01T00:00:00",
+            "mode": "test",
+            "label": eid,
+            "sts_source": "sts",
+            "sts_hash": "h",
+            "sentences": 10,
+            "seconds": 1.0,
+            "details": "{}",
+            **scores,
+        },
+    )
 
 
 def test_report_has_no_nan_and_two_decimals(capsys):
     root = DataRoot(get_settings().data_root)
     tasks = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
-    _evaluation(root, "full", **{t: 70 + i / 3 for i, t in enumerate(tasks)}, sts_avg=71.123456, retrieval_r1=55.5,
-                alignment=0.123456, uniformity=-2.5)
+    _evaluation(
+        root,
+        "full",
+        **{t: 70 + i / 3 for i, t in enumerate(tasks)},
+        sts_avg=71.123456,
+        retrieval_r1=55.5,
+        alignment=0.123456,
+        uniformity=-2.5,
+    )
     _evaluation(root, "partial", **{t: 60.0 for t in tasks}, sts_avg=60.0, retrieval_r1=math.nan)  # no r1, no align
     assert cse(["report"]) == 0
     out = capsys.readouterr().out
     assert "NaN" not in out and "None" not in out and "nan" not in out
     assert "dataset_key" in out.splitlines()[3]  # the datasets table's header
     rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("2026-01-01")}
-    assert rows["full"] == ["70.00", "70.33", "70.67", "71.00", "71.33", "71.67", "72.00", "71.12", "55.50",
-                            "0.1235", "-2.5000"]
+    assert rows["full"] == [
+        "70.00",
+        "70.33",
+        "70.67",
+        "71.00",
+        "71.33",
+        "71.67",
+        "72.00",
+        "71.12",
+        "55.50",
+        "0.1235",
+        "-2.5000",
+    ]
     assert rows["partial"] == ["60.00"] * 8 + ["-", "-", "-"]
 
 
@@ -64,7 +97,10 @@ def test_manifests_key_column_is_dataset_key(capsys):
     root = DataRoot(get_settings().data_root)
     _evaluation(root, "e1", sts_avg=1.0)
     assert cse(["sql", "select kind, dataset_key from manifests"]) == 0
-    assert [line.split() for line in capsys.readouterr().out.splitlines()] == [["kind", "dataset_key"], ["evaluations", "e1"]]
+    assert [line.split() for line in capsys.readouterr().out.splitlines()] == [
+        ["kind", "dataset_key"],
+        ["evaluations", "e1"],
+    ]
 
 
 def test_empty_kind_names_the_deployment(capsys):

@@ -36,8 +36,12 @@ def hub(monkeypatch):
 
     def upload_folder(self, **kw):
         calls.append(("upload_folder", (), {**kw, "files": sorted(p.name for p in Path(kw["folder_path"]).iterdir())}))
-        return CommitInfo(commit_url=f"https://huggingface.co/{_namespaced(kw['repo_id'])}/commit/abc123", commit_message="m",
-                          commit_description="", oid="abc123")
+        return CommitInfo(
+            commit_url=f"https://huggingface.co/{_namespaced(kw['repo_id'])}/commit/abc123",
+            commit_message="m",
+            commit_description="",
+            oid="abc123",
+        )
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "create_branch", create_branch)
@@ -48,8 +52,15 @@ def hub(monkeypatch):
 
 
 def _facts() -> CardFacts:
-    return CardFacts(method="d2cse", method_title="D2CSE", preset="default", backbone="bert-base-uncased", setting="unsup",
-                     metrics={"stsb": 82.0}, git_commit="abc")
+    return CardFacts(
+        method="d2cse",
+        method_title="D2CSE",
+        preset="default",
+        backbone="bert-base-uncased",
+        setting="unsup",
+        metrics={"stsb": 82.0},
+        git_commit="abc",
+    )
 
 
 @pytest.fixture
@@ -64,17 +75,26 @@ def export(tmp_path):
 
 def test_push_uploads_the_folder_and_prints_the_url(hub, export, monkeypatch, capsys):
     monkeypatch.setenv("MY_HF_TOKEN", SECRET)
-    assert cse(["push", str(export), "me/d2cse-bert", "--private", "--revision", "v1", "--token-env", "MY_HF_TOKEN"]) == 0
+    assert (
+        cse(["push", str(export), "me/d2cse-bert", "--private", "--revision", "v1", "--token-env", "MY_HF_TOKEN"]) == 0
+    )
     assert [name for name, _, _ in hub] == ["create_repo", "create_branch", "upload_folder"]
     _, args, kw = hub[0]
-    assert args == ("me/d2cse-bert",) and kw == {"private": True, "repo_type": "model", "exist_ok": True, "token": SECRET}
+    assert args == ("me/d2cse-bert",) and kw == {
+        "private": True,
+        "repo_type": "model",
+        "exist_ok": True,
+        "token": SECRET,
+    }
     assert hub[1][1:] == (("me/d2cse-bert",), {"branch": "v1", "repo_type": "model", "exist_ok": True})
     up = hub[2][2]
     assert up["repo_id"] == "me/d2cse-bert" and up["folder_path"] == str(export) and up["revision"] == "v1"
     assert up["repo_type"] == "model" and up["ignore_patterns"] == IGNORE_PATTERNS and ".tmp-*" in IGNORE_PATTERNS
     out, err = capsys.readouterr()
-    assert out.strip() == (f"pushed {export} to https://huggingface.co/me/d2cse-bert/tree/v1 "
-                           "(commit https://huggingface.co/me/d2cse-bert/commit/abc123)")
+    assert out.strip() == (
+        f"pushed {export} to https://huggingface.co/me/d2cse-bert/tree/v1 "
+        "(commit https://huggingface.co/me/d2cse-bert/commit/abc123)"
+    )
     assert SECRET not in out + err
 
 
@@ -96,12 +116,15 @@ def test_push_accepts_a_peft_adapter_folder(hub, tmp_path):
     assert hub[-1][2]["files"] == ["README.md", "adapter_config.json"]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda f: (f / "README.md").unlink(), "has no model card (README.md)"),
-    (lambda f: (f / "README.md").write_text("# a card without front matter\n"), "no YAML front matter"),
-    (lambda f: (f / "README.md").write_text("---\nkey: [unclosed\n---\n"), "front matter is not valid YAML"),
-    (lambda f: (f / "modules.json").unlink(), "neither modules.json"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: (f / "README.md").unlink(), "has no model card (README.md)"),
+        (lambda f: (f / "README.md").write_text("# a card without front matter\n"), "no YAML front matter"),
+        (lambda f: (f / "README.md").write_text("---\nkey: [unclosed\n---\n"), "front matter is not valid YAML"),
+        (lambda f: (f / "modules.json").unlink(), "neither modules.json"),
+    ],
+)
 def test_push_refuses_an_incomplete_export(hub, export, damage, message, capsys):
     damage(export)
     assert cse(["push", str(export), "me/model"]) == 2

@@ -49,7 +49,11 @@ def body_fails() -> None:
 
 def test_parse_params_and_one_line_reason():
     assert parse_params(['config={"mask_ratio": 0.15}', "n=3", "name=d2cse-x", "empty="]) == {
-        "config": {"mask_ratio": 0.15}, "n": 3, "name": "d2cse-x", "empty": ""}
+        "config": {"mask_ratio": 0.15},
+        "n": 3,
+        "name": "d2cse-x",
+        "empty": "",
+    }
     with pytest.raises(ValueError, match="parameter 'mask_ratio' is not key=value"):
         parse_params(["mask_ratio"])
     assert one_line_reason("Task run encountered an exception OSError: no\n  net") == "OSError: no net"
@@ -67,14 +71,28 @@ def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch):
     deployment_id = failing.to_deployment(name="cse-run-test").apply()
     lines: list[str] = []
     status: list[int] = []
-    waiter = threading.Thread(target=lambda: status.append(run_deployment_cli(
-        "cse-run-failing/cse-run-test", ['config={"backbone": "my-local-bert"}'], poll_s=0.2, out=lines.append,
-        err=lambda line: lines.append(f"ERR {line}"))))
+    waiter = threading.Thread(
+        target=lambda: status.append(
+            run_deployment_cli(
+                "cse-run-failing/cse-run-test",
+                ['config={"backbone": "my-local-bert"}'],
+                poll_s=0.2,
+                out=lines.append,
+                err=lambda line: lines.append(f"ERR {line}"),
+            )
+        )
+    )
     waiter.start()
     with get_client(sync_client=True) as client:  # what a worker does: take the scheduled run and execute it
         deadline = time.time() + 30
-        while not (runs := client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id])))) and time.time() < deadline:
+        while (
+            not (
+                runs := client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]))
+                )
+            )
+            and time.time() < deadline
+        ):
             time.sleep(0.1)
     assert runs, f"cse run created no flow run: {lines}"
     assert runs[0].parameters == {"config": {"backbone": "my-local-bert"}}  # the -p value, parsed as JSON
@@ -86,8 +104,10 @@ def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch):
     assert "ERR ==> cse-run-failing/cse-run-test: flow run" in text and "ended Failed" in text
     reason = [line for line in lines if line.startswith("ERR     reason: ")]
     assert len(reason) == 1, lines
-    assert reason[0].endswith("> task " + reason[0].split("> task ")[1].split(":")[0] + ": OSError: We couldn't "
-                              "connect to 'https://huggingface.co' to load this model: my-local-bert")
+    assert reason[0].endswith(
+        "> task " + reason[0].split("> task ")[1].split(":")[0] + ": OSError: We couldn't "
+        "connect to 'https://huggingface.co' to load this model: my-local-bert"
+    )
     assert f"prefect flow-run logs {runs[0].id}" in text
 
 

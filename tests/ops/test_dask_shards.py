@@ -37,8 +37,9 @@ def _run_corrupt(monkeypatch, data_root, ingest_config, config):
     return ref, manifest, tokens, _files(root, "corruption", ref.key), _files(root, "tokens", tokens.key)
 
 
-def test_dask_shards_match_the_local_run_byte_for_byte(prefect_harness, monkeypatch, isolated_home, tmp_path,
-                                                        shared_data, tiny_generator_dir, local_ingest_config):
+def test_dask_shards_match_the_local_run_byte_for_byte(
+    prefect_harness, monkeypatch, isolated_home, tmp_path, shared_data, tiny_generator_dir, local_ingest_config
+):
     head = tmp_path / "wiki1m_head.txt"
     lines = (shared_data / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines(keepends=True)
     head.write_text("".join(lines[:SENTENCES]), encoding="utf-8")
@@ -49,18 +50,22 @@ def test_dask_shards_match_the_local_run_byte_for_byte(prefect_harness, monkeypa
     assert shard_task_runner() is None
 
     local_ref, local_manifest, local_tokens, local_parts, local_token_parts = _run_corrupt(
-        monkeypatch, isolated_home / "data-local", ingest_config, config)
+        monkeypatch, isolated_home / "data-local", ingest_config, config
+    )
     # the stage default: 4 variants (2 views x 2 epochs), generator dropout on: still identical on Dask
     assert not local_ref.cache_hit and local_ref.rows == SENTENCES * config.resolved_variants and len(local_parts) == 4
     assert local_manifest.stats["shards_computed"] == len(local_parts) and len(local_token_parts) == 3
 
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         monkeypatch.setenv("CSE_DASK_ADDRESS", cluster.scheduler_address)
         assert isinstance(shard_task_runner(), DaskTaskRunner)
         with get_task_stream(client) as stream:
             dask_ref, dask_manifest, dask_tokens, dask_parts, dask_token_parts = _run_corrupt(
-                monkeypatch, isolated_home / "data-dask", ingest_config, config)
+                monkeypatch, isolated_home / "data-dask", ingest_config, config
+            )
         workers = set(cluster.scheduler_info["workers"])
         generators_loaded = client.run(lambda: len(__import__("models.generator_cache").generator_cache._CORRUPTORS))
 
@@ -71,8 +76,11 @@ def test_dask_shards_match_the_local_run_byte_for_byte(prefect_harness, monkeypa
         assert a == b, f"shard {i} differs between the local and the Dask run"
     assert dask_ref.content_hash == local_ref.content_hash
     assert dask_token_parts == local_token_parts
-    assert (dask_tokens.key, dask_tokens.content_hash, dask_tokens.stats) == \
-        (local_tokens.key, local_tokens.content_hash, local_tokens.stats)
+    assert (dask_tokens.key, dask_tokens.content_hash, dask_tokens.stats) == (
+        local_tokens.key,
+        local_tokens.content_hash,
+        local_tokens.stats,
+    )
 
     # every shard task (tokens parts, then corruption shards) ran on a Dask worker process, none here
     keys = [str(r["key"]) for r in stream.data]

@@ -36,17 +36,33 @@ from models.distributed import (
 WORLD = 2
 SMALL_VOCAB = 120
 DIFFAUG_TOKENS = 8
-SENTENCES = ["a man is playing a guitar on the stage .", "the cat sleeps", "two dogs run on the beach", "it rains",
-             "a woman slices an onion", "kids play football in the park today", "rain"]
+SENTENCES = [
+    "a man is playing a guitar on the stage .",
+    "the cat sleeps",
+    "two dogs run on the beach",
+    "it rains",
+    "a woman slices an onion",
+    "kids play football in the park today",
+    "rain",
+]
 
 
 # ------------------------------------------------------------------------------------------------ models and batches
 def _backbone(vocab_size: int):
     from transformers import BertConfig, BertModel
 
-    return BertModel(BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                                attention_probs_dropout_prob=0.0))
+    return BertModel(
+        BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
 
 
 def _tokenizer():
@@ -62,8 +78,17 @@ def _build(kind: str):
         from models.diffaug import DiffAug, DiffAugConfig
 
         tok = _tokenizer()
-        return DiffAug(DiffAugConfig(backbone="tiny", prefix_len=4, prefix_dropout=0.0, max_sentence_tokens=DIFFAUG_TOKENS,
-                                     denoise_copies=DIFFAUG_TOKENS + 4), backbone=_backbone(len(tok)), tokenizer=tok)
+        return DiffAug(
+            DiffAugConfig(
+                backbone="tiny",
+                prefix_len=4,
+                prefix_dropout=0.0,
+                max_sentence_tokens=DIFFAUG_TOKENS,
+                denoise_copies=DIFFAUG_TOKENS + 4,
+            ),
+            backbone=_backbone(len(tok)),
+            tokenizer=tok,
+        )
     backbone = _backbone(SMALL_VOCAB)
     if kind == "simcse":
         from models.simcse import SimCSE, SimCSEConfig
@@ -76,12 +101,16 @@ def _build(kind: str):
     if kind == "d2cse":
         from models.d2cse import D2CSE, D2CSEModelConfig
 
-        return D2CSE(D2CSEModelConfig(backbone="tiny", prefix_len=4, prefix_dropout=0.0, rtd_weight=0.5), backbone=backbone)
+        return D2CSE(
+            D2CSEModelConfig(backbone="tiny", prefix_len=4, prefix_dropout=0.0, rtd_weight=0.5), backbone=backbone
+        )
     if kind == "diffcse":
         from models.diffcse import DiffCSE, DiffCSEConfig
 
-        return DiffCSE(DiffCSEConfig(backbone="tiny", rtd_weight=0.5, rtd_mean_over_padding=False,
-                                     hard_negative_weight=0.3), backbone=backbone)
+        return DiffCSE(
+            DiffCSEConfig(backbone="tiny", rtd_weight=0.5, rtd_mean_over_padding=False, hard_negative_weight=0.3),
+            backbone=backbone,
+        )
     raise ValueError(kind)
 
 
@@ -95,8 +124,11 @@ def _random_batch(rows: int, n: int, seed: int, corruption: bool) -> TrainBatch:
     ids[..., 0] = 1
     if not corruption:
         return TrainBatch(ids, mask)
-    corrupted = torch.where((torch.rand(ids.shape, generator=g) < 0.3) & (mask == 1),
-                            torch.randint(5, SMALL_VOCAB, ids.shape, generator=g), ids)
+    corrupted = torch.where(
+        (torch.rand(ids.shape, generator=g) < 0.3) & (mask == 1),
+        torch.randint(5, SMALL_VOCAB, ids.shape, generator=g),
+        ids,
+    )
     corrupted[..., 0] = 1
     return TrainBatch(ids, mask, corrupted, None)
 
@@ -142,9 +174,12 @@ def _step_in_default_dtype(kind: str, batch: TrainBatch, phase: str) -> dict:
     out.loss.backward()
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     all_reduce_gradients(params.values())
-    return {"loss": out.loss.detach(), "metrics": {k: v.detach().clone() for k, v in out.metrics.items()},
-            "grads": {n: None if p.grad is None else p.grad.clone() for n, p in params.items()},
-            "buffers": {n: b.clone() for n, b in model.named_buffers() if "running" in n}}
+    return {
+        "loss": out.loss.detach(),
+        "metrics": {k: v.detach().clone() for k, v in out.metrics.items()},
+        "grads": {n: None if p.grad is None else p.grad.clone() for n, p in params.items()},
+        "buffers": {n: b.clone() for n, b in model.named_buffers() if "running" in n},
+    }
 
 
 # ------------------------------------------------------------------------------------------------ trainer runs
@@ -153,7 +188,10 @@ def _training_rows():
     from training.rows import TrainingRows
 
     rng = np.random.default_rng(0)
-    seqs = [np.concatenate([[1], rng.integers(5, SMALL_VOCAB, rng.integers(3, 14)), [2]]).astype(np.int64) for _ in range(22)]
+    seqs = [
+        np.concatenate([[1], rng.integers(5, SMALL_VOCAB, rng.integers(3, 14)), [2]]).astype(np.int64)
+        for _ in range(22)
+    ]
     corrupted, labels = {}, {}
     for v in range(2):
         cs = []
@@ -165,7 +203,9 @@ def _training_rows():
             cs.append(c)
         corrupted[("text", v)], labels[("text", v)] = cs, [(c != s).astype(np.int8) for c, s in zip(cs, seqs)]
     tokens = TokenRows(ids=np.arange(len(seqs)), seqs={"text": seqs})
-    return TrainingRows(tokens, CorruptionRows(variants=2, corrupted=corrupted, labels=labels), supervised=False, pad_id=0)
+    return TrainingRows(
+        tokens, CorruptionRows(variants=2, corrupted=corrupted, labels=labels), supervised=False, pad_id=0
+    )
 
 
 class Recorder:
@@ -199,17 +239,44 @@ def _train_in_default_dtype(state_dir: Path, stop_after: int | None = None):
     from models.checkpoint import trainable_state_dict
     from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 
-    loop = LoopConfig(batch_size=6, learning_rate=0.01, epochs=2, max_steps=None, grad_clip=0.5, seed=5, eval_steps=3,
-                      checkpoint_steps=3, log_steps=2, precision="fp32", deterministic=True)
+    loop = LoopConfig(
+        batch_size=6,
+        learning_rate=0.01,
+        epochs=2,
+        max_steps=None,
+        grad_clip=0.5,
+        seed=5,
+        eval_steps=3,
+        checkpoint_steps=3,
+        log_steps=2,
+        precision="fp32",
+        deterministic=True,
+    )
     model, rec = _build("d2cse"), Recorder()
-    trainer = Trainer(model, _training_rows(), loop, torch.device("cpu"), state_dir, rec.save_best, rec.evaluate, rec.log,
-                      hooks=[StopAfter(stop_after)] if stop_after is not None else [])
+    trainer = Trainer(
+        model,
+        _training_rows(),
+        loop,
+        torch.device("cpu"),
+        state_dir,
+        rec.save_best,
+        rec.evaluate,
+        rec.log,
+        hooks=[StopAfter(stop_after)] if stop_after is not None else [],
+    )
     try:
         result = trainer.run()
     except TrainingInterrupted:
         return None
-    return {"weights": trainable_state_dict(model), "logged": rec.logged, "saved": rec.saved, "evaluated": rec.evaluated,
-            "best": (result.best_score, result.best_step), "steps": result.steps, "resumed_from": result.resumed_from}
+    return {
+        "weights": trainable_state_dict(model),
+        "logged": rec.logged,
+        "saved": rec.saved,
+        "evaluated": rec.evaluated,
+        "best": (result.best_score, result.best_step),
+        "steps": result.steps,
+        "resumed_from": result.resumed_from,
+    }
 
 
 class LocalMean(torch.nn.Module):
@@ -232,15 +299,34 @@ class LocalMean(torch.nn.Module):
 
 def _local_mean_is_refused(tmp: Path) -> str:
     from storage.training_data import TokenRows
-    from training.rows import TrainingRows
     from training.loop import LoopConfig, Trainer
+    from training.rows import TrainingRows
 
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(batch_size=4, learning_rate=0.1, epochs=1, max_steps=None, grad_clip=1.0, seed=0, eval_steps=100,
-                      checkpoint_steps=100, log_steps=1, precision="fp32", deterministic=False)
-    trainer = Trainer(LocalMean(), rows, loop, torch.device("cpu"), tmp / "local_mean", lambda *a: None, lambda m: 0.0,
-                      lambda *a: None)
+    loop = LoopConfig(
+        batch_size=4,
+        learning_rate=0.1,
+        epochs=1,
+        max_steps=None,
+        grad_clip=1.0,
+        seed=0,
+        eval_steps=100,
+        checkpoint_steps=100,
+        log_steps=1,
+        precision="fp32",
+        deterministic=False,
+    )
+    trainer = Trainer(
+        LocalMean(),
+        rows,
+        loop,
+        torch.device("cpu"),
+        tmp / "local_mean",
+        lambda *a: None,
+        lambda m: 0.0,
+        lambda *a: None,
+    )
     try:
         trainer.run()
     except RuntimeError as e:
@@ -255,7 +341,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
         out_dir = Path(out)
-        res: dict = {"steps": {name: _step(kind, make(), phase, dtype) for name, (kind, make, phase, dtype) in CASES.items()}}
+        res: dict = {
+            "steps": {name: _step(kind, make(), phase, dtype) for name, (kind, make, phase, dtype) in CASES.items()}
+        }
 
         x = torch.arange(6.0).view(3, 2).add(10 * rank)[: 3 - rank].clone().requires_grad_(True)  # 3 rows, then 2
         gathered = gather_with_local_grad(x)
@@ -326,7 +414,10 @@ def test_gather_keeps_only_the_local_gradient_with_uneven_rows(ranks):
 
 
 def test_a_loss_that_differs_by_rank_is_refused(ranks):
-    assert "differs across ranks" in ranks[0]["replicated_check"] and "differs across ranks" in ranks[1]["replicated_check"]
+    assert (
+        "differs across ranks" in ranks[0]["replicated_check"]
+        and "differs across ranks" in ranks[1]["replicated_check"]
+    )
     assert all("differs across ranks" in r["local_mean"] for r in ranks)
 
 
@@ -383,14 +474,25 @@ def test_shard_batch_slices_every_field_and_the_aux_batch():
 def test_trainer_refuses_a_batch_smaller_than_the_world(monkeypatch):
     from models import distributed
     from storage.training_data import TokenRows
-    from training.rows import TrainingRows
     from training.loop import LoopConfig, Trainer
+    from training.rows import TrainingRows
 
     monkeypatch.setattr(distributed, "world", lambda: 4)
     seqs = [np.array([1, 5, 2])] * 9
     rows = TrainingRows(TokenRows(ids=np.arange(9), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(batch_size=8, learning_rate=0.1, epochs=1, max_steps=None, grad_clip=1.0, seed=0, eval_steps=10,
-                      checkpoint_steps=10, log_steps=1, precision="fp32", deterministic=False)
+    loop = LoopConfig(
+        batch_size=8,
+        learning_rate=0.1,
+        epochs=1,
+        max_steps=None,
+        grad_clip=1.0,
+        seed=0,
+        eval_steps=10,
+        checkpoint_steps=10,
+        log_steps=1,
+        precision="fp32",
+        deterministic=False,
+    )
     with pytest.raises(ValueError, match="cannot be split over 4 ranks"):  # 9 rows: the second batch holds 1 row
         Trainer(LocalMean(), rows, loop, torch.device("cpu"), Path("unused"), None, None, None)
 
@@ -409,8 +511,16 @@ def test_launch_fields_are_validated_and_left_out_of_the_job_identity():
     with pytest.raises(ValueError, match="smaller than the 8 training processes"):
         TrainConfig(nproc_per_node=8, batch_size=4)
     cmd = torchrun_command(TrainConfig(nproc_per_node=2), Path("/runs/x/job.json"), "x")
-    assert cmd[1:] == ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-                       "tasks.distributed_train", "/runs/x/job.json"]
+    assert cmd[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "tasks.distributed_train",
+        "/runs/x/job.json",
+    ]
     with pytest.raises(ValueError, match="CSE_RDZV_ENDPOINT"):
         torchrun_command(two, Path("job.json"), "x")
     os.environ["CSE_RDZV_ENDPOINT"] = "node0:29400"
@@ -418,8 +528,18 @@ def test_launch_fields_are_validated_and_left_out_of_the_job_identity():
         cmd = torchrun_command(two, Path("job.json"), "runkey")
     finally:
         del os.environ["CSE_RDZV_ENDPOINT"]
-    assert cmd[3:13] == ["--nproc-per-node", "2", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
-                         "--rdzv-id", "runkey"]
+    assert cmd[3:13] == [
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node0:29400",
+        "--rdzv-id",
+        "runkey",
+    ]
 
 
 @pytest.mark.slow
@@ -433,10 +553,18 @@ def test_train_task_runs_torchrun_and_rank0_logs_into_the_job_run(prefect_harnes
     from training.loop import TrainingInterrupted
 
     overrides = {
-        "backbone": str(tiny_bert_dir), "max_steps": 8, "eval_steps": 4, "max_train_sentences": 256, "nproc_per_node": 2,
-        "device": "cpu", "test_evaluation": False,
-        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
-                   "senteval": {"path": str(shared_data / "senteval")}},
+        "backbone": str(tiny_bert_dir),
+        "max_steps": 8,
+        "eval_steps": 4,
+        "max_train_sentences": 256,
+        "nproc_per_node": 2,
+        "device": "cpu",
+        "test_evaluation": False,
+        "ingest": {
+            "datasets": ["wiki1m", "sts"],
+            "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+            "senteval": {"path": str(shared_data / "senteval")},
+        },
     }
     with pytest.raises(TrainingInterrupted):
         train_d2cse("smoke", overrides, stop_after=6)

@@ -22,9 +22,15 @@ _spec.loader.exec_module(oi)
 def _wheel(folder: Path, name: str, version: str, requires: list[str] = ()) -> Path:
     """A metadata-only wheel (installable by pip: METADATA, WHEEL, RECORD)."""
     dist = f"{name.replace('-', '_')}-{version}.dist-info"
-    files = {f"{dist}/METADATA": "Metadata-Version: 2.1\nName: " + name + "\nVersion: " + version + "\n"
-             + "".join(f"Requires-Dist: {r}\n" for r in requires),
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{dist}/METADATA": "Metadata-Version: 2.1\nName: "
+        + name
+        + "\nVersion: "
+        + version
+        + "\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     files[f"{dist}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{dist}/RECORD"])
     path = folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
@@ -68,8 +74,13 @@ def test_torch_never_in_the_plan_on_a_bare_node(house):
 
 
 def test_node_packages_are_kept_when_compatible_and_strict_ones_pinned(house):
-    node = {"torch": oi.Version("2.5.1"), "numpy": oi.Version("2.5.2"), "tokenizers": oi.Version("0.23.2"),
-            "accelerate": oi.Version("1.15.0"), "filelock": None}
+    node = {
+        "torch": oi.Version("2.5.1"),
+        "numpy": oi.Version("2.5.2"),
+        "tokenizers": oi.Version("0.23.2"),
+        "accelerate": oi.Version("1.15.0"),
+        "filelock": None,
+    }
     p = _plan(house, ROOTS, node)
     names = [w.name for w in p.install]
     assert "torch" not in names
@@ -106,8 +117,22 @@ def test_stub_torch_wheel_satisfies_pins_and_pip_installs_the_plan(house, tmp_pa
     assert oi.SpecifierSet("==2.13.0").contains(wheel.version) and wheel.requires == []
     p = _plan(house, ROOTS, {"numpy": oi.Version("2.5.2")})
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target),
-                    *[str(w.path) for w in p.install]], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(target),
+            *[str(w.path) for w in p.install],
+        ],
+        check=True,
+        capture_output=True,
+    )
     installed = sorted(d.name.split("-")[0] for d in target.glob("*.dist-info"))
     assert installed == ["accelerate", "filelock", "peft", "tokenizers", "transformers"]
 

@@ -24,7 +24,7 @@ def _plain_env(**extra: str) -> dict[str, str]:
 def test_env_sh_records_the_shell_prefect_home(tmp_path):
     """env.sh replaces PREFECT_HOME (the server's database) but keeps the shell's own, once, for the profile."""
     script = 'source scripts/env.sh; source scripts/env.sh; echo "$CSE_SHELL_PREFECT_HOME|$PREFECT_HOME"'
-    for shell_home, expected in (("", "|"), (str(tmp_path / "mine"), f"{tmp_path / 'mine'}|{tmp_path / 'mine'}")):
+    for shell_home in ("", str(tmp_path / "mine")):
         env = _plain_env(CSE_HOME=str(tmp_path / "cse"), **({"PREFECT_HOME": shell_home} if shell_home else {}))
         out = subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, env=env, text=True, capture_output=True, check=True)
         recorded, server_home = out.stdout.strip().split("|")
@@ -33,8 +33,10 @@ def test_env_sh_records_the_shell_prefect_home(tmp_path):
         else:
             assert (recorded, server_home) == ("", str(tmp_path / "cse" / "prefect"))
     # recorded empty (the shell had none): the default home, not the server's PREFECT_HOME that env.sh set
-    assert shell_profiles_path({"CSE_SHELL_PREFECT_HOME": "", "PREFECT_HOME": str(tmp_path / "cse" / "prefect")}) == \
-        Path("~/.prefect/profiles.toml").expanduser()
+    assert (
+        shell_profiles_path({"CSE_SHELL_PREFECT_HOME": "", "PREFECT_HOME": str(tmp_path / "cse" / "prefect")})
+        == Path("~/.prefect/profiles.toml").expanduser()
+    )
     assert shell_profiles_path({"PREFECT_HOME": str(tmp_path)}) == tmp_path / "profiles.toml"  # not via env.sh
     assert shell_profiles_path({"CSE_SHELL_PREFECT_HOME": str(tmp_path)}) == tmp_path / "profiles.toml"
     assert shell_profiles_path({"PREFECT_PROFILES_PATH": str(tmp_path / "p.toml")}) == tmp_path / "p.toml"
@@ -44,22 +46,32 @@ def test_profile_is_written_kept_and_read_by_prefect(tmp_path, capsys):
     shell_home = tmp_path / "shell-prefect"
     path = shell_home / "profiles.toml"
     path.parent.mkdir()
-    path.write_text('active = "mine"\n\n[profiles.mine]\nPREFECT_API_URL = "http://example.org/api"\n\n'
-                    '[profiles.cse]\nPREFECT_LOGGING_LEVEL = "WARNING"\n')
+    path.write_text(
+        'active = "mine"\n\n[profiles.mine]\nPREFECT_API_URL = "http://example.org/api"\n\n'
+        '[profiles.cse]\nPREFECT_LOGGING_LEVEL = "WARNING"\n'
+    )
     env = {"CSE_SHELL_PREFECT_HOME": str(shell_home), "PREFECT_API_URL": "http://127.0.0.1:4311/api"}
     assert write_cse_profile(env) == 0
     assert "`prefect profile use mine` goes back" in capsys.readouterr().out
     written = tomllib.loads(path.read_text())
     assert written["active"] == "cse"
-    assert written["profiles"]["cse"] == {"PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_API_URL": "http://127.0.0.1:4311/api"}
+    assert written["profiles"]["cse"] == {
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_API_URL": "http://127.0.0.1:4311/api",
+    }
     assert written["profiles"]["mine"] == {"PREFECT_API_URL": "http://example.org/api"}  # the user's own profile kept
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert write_profile(path, "http://127.0.0.1:4311/api") is None  # again: nothing changes
 
     # what a plain shell's prefect sees: no PREFECT_API_URL in the environment, only its Prefect home
     probe = "from prefect.settings import get_current_settings as s; print(s().api.url)"
-    out = subprocess.run([sys.executable, "-c", probe], env=_plain_env(PREFECT_HOME=str(shell_home)), text=True,
-                         capture_output=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=_plain_env(PREFECT_HOME=str(shell_home)),
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "http://127.0.0.1:4311/api"
 

@@ -61,12 +61,22 @@ def test_worker_is_single_and_down_leaves_nothing(tmp_path):
     (venv_bin / "prefect").chmod(0o755)
     home = tmp_path / "cse"
     api_url = f"http://127.0.0.1:9/api/services-test-{os.getpid()}"  # nothing answers: the worker needs no server
-    env = {**os.environ, "VIRTUAL_ENV": str(tmp_path / "venv"), "CSE_HOME": str(home), "PREFECT_API_URL": api_url,
-           "CSE_STOP_TIMEOUT": "1"}
+    env = {
+        **os.environ,
+        "VIRTUAL_ENV": str(tmp_path / "venv"),
+        "CSE_HOME": str(home),
+        "PREFECT_API_URL": api_url,
+        "CSE_STOP_TIMEOUT": "1",
+    }
 
     def services(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "services.sh"), *args], env=env, text=True,
-                              capture_output=True, timeout=30)
+        return subprocess.run(
+            ["bash", str(REPO_ROOT / "scripts" / "services.sh"), *args],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=30,
+        )
 
     pidfile = home / "run" / "worker.pid"
     started = services("worker")

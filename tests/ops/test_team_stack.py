@@ -77,8 +77,16 @@ class TeamStack:
         self.log: list[str] = []
 
     def sh(self, action: str, timeout: float) -> subprocess.CompletedProcess:
-        p = subprocess.run(["bash", str(TEAM_SH), action], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, check=False,
-                           timeout=timeout, start_new_session=True)
+        p = subprocess.run(
+            ["bash", str(TEAM_SH), action],
+            cwd=REPO_ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            start_new_session=True,
+        )
         self.log.append(f"$ team.sh {action} → {p.returncode}\n{p.stdout}{p.stderr}")
         return p
 
@@ -228,7 +236,9 @@ def _sigkill(processes: list[psutil.Process]) -> None:
 def _pg_count(port: int, password: str, db: str, sql: str) -> int:
     import psycopg
 
-    with psycopg.connect(host="127.0.0.1", port=port, user="cse", password=password, dbname=db, connect_timeout=10) as con:
+    with psycopg.connect(
+        host="127.0.0.1", port=port, user="cse", password=password, dbname=db, connect_timeout=10
+    ) as con:
         return con.execute(sql).fetchone()[0]
 
 
@@ -240,20 +250,34 @@ def team_env(tmp_path, tiny_bert_dir, shared_data):
     pgdata = Path(tempfile.mkdtemp(prefix="cse-team-pg-"))
     pg, prefect_port, mlflow_port = free_ports(3)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "CSE_", "CUDA_VISIBLE"))}
-    env.update({
-        "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
-        "CSE_HOME": str(tmp_path / "cse"), "CSE_TEAM_HOME": str(tmp_path / "team"), "CSE_PG_DATA": str(pgdata),
-        "CSE_PG_PORT": str(pg), "CSE_PREFECT_PORT": str(prefect_port), "CSE_MLFLOW_PORT": str(mlflow_port),
-        "CSE_MLFLOW_WORKERS": "1", "CSE_WORKER_NAMES": " ".join(WORKERS), "CSE_WORKER_LIMIT": "2",
-        "CSE_WORKER_GPUS": " ".join(GPU_SETS),
-        "CSE_SOURCE_MIRROR": "", "CSE_START_TIMEOUT": "240",
-        "CSE_MISSED_HEARTBEATS": "2",  # the killed worker's run is CRASHED after 60 s without a heartbeat (default 90 s)
-        "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
-        "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
-        "PREFECT_WORKER_QUERY_SECONDS": "3",
-        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-    })
+    env.update(
+        {
+            "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
+            "CSE_HOME": str(tmp_path / "cse"),
+            "CSE_TEAM_HOME": str(tmp_path / "team"),
+            "CSE_PG_DATA": str(pgdata),
+            "CSE_PG_PORT": str(pg),
+            "CSE_PREFECT_PORT": str(prefect_port),
+            "CSE_MLFLOW_PORT": str(mlflow_port),
+            "CSE_MLFLOW_WORKERS": "1",
+            "CSE_WORKER_NAMES": " ".join(WORKERS),
+            "CSE_WORKER_LIMIT": "2",
+            "CSE_WORKER_GPUS": " ".join(GPU_SETS),
+            "CSE_SOURCE_MIRROR": "",
+            "CSE_START_TIMEOUT": "240",
+            "CSE_MISSED_HEARTBEATS": "2",  # the killed worker's run is CRASHED after 60 s without a heartbeat (default 90 s)
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DO_NOT_TRACK": "1",
+            "PREFECT_WORKER_QUERY_SECONDS": "3",
+            "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     yield env
     shutil.rmtree(pgdata, ignore_errors=True)
 
@@ -267,10 +291,17 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
     with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
         wiki.write_text("".join(line for _, line in zip(range(512), f)), encoding="utf-8")
     overrides = {
-        "backbone": str(tiny_bert_dir), "max_steps": 2, "eval_steps": 2, "log_steps": 1, "max_train_sentences": 64,
+        "backbone": str(tiny_bert_dir),
+        "max_steps": 2,
+        "eval_steps": 2,
+        "log_steps": 1,
+        "max_train_sentences": 64,
         "test_evaluation": False,
-        "ingest": {"datasets": ["wiki1m", "sts"], "wiki": {"path": str(wiki)},
-                   "senteval": {"path": str(shared_data / "senteval")}},
+        "ingest": {
+            "datasets": ["wiki1m", "sts"],
+            "wiki": {"path": str(wiki)},
+            "senteval": {"path": str(shared_data / "senteval")},
+        },
     }
     params = {"strategy": "grid", "grid": {"learning_rate": GRID}, "overrides": overrides, "dispatch": "deployment"}
     t0 = time.monotonic()
@@ -292,9 +323,24 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
 
         def sweep() -> subprocess.CompletedProcess:
             return subprocess.run(
-                [str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect"), "deployment", "run", "sweep/smoke", "--params",
-                 json.dumps(params), "--watch", "--watch-timeout", str(SWEEP_TIMEOUT)],
-                cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=SWEEP_TIMEOUT + 60)
+                [
+                    str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect"),
+                    "deployment",
+                    "run",
+                    "sweep/smoke",
+                    "--params",
+                    json.dumps(params),
+                    "--watch",
+                    "--watch-timeout",
+                    str(SWEEP_TIMEOUT),
+                ],
+                cwd=REPO_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=SWEEP_TIMEOUT + 60,
+            )
 
         restart = PostgresRestart(stack, api)
         restart.start()
@@ -321,8 +367,9 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         for c in sorted(children, key=lambda c: c["created"]):
             last[c["parameters"]["tags"]["cse.child"]] = c
         assert len(last) == len(GRID) and (len(children) == len(GRID) or not survived), [c["name"] for c in children]
-        assert {c["state_type"] for c in last.values()} == {"COMPLETED"}, \
-            [(c["name"], c["state_type"], (c.get("state") or {}).get("message")) for c in children] + [tail]
+        assert {c["state_type"] for c in last.values()} == {"COMPLETED"}, [
+            (c["name"], c["state_type"], (c.get("state") or {}).get("message")) for c in children
+        ] + [tail]
 
         # MLflow (the tracking server on PostgreSQL) holds the parent and its children, trained on both workers
         client = mlflow.MlflowClient(tracking_uri=tracking)
@@ -332,11 +379,14 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         parent = parents[0]
         kids = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
         assert sorted(k.data.tags["cse.child"] for k in kids) == sorted(f"learning_rate={lr}" for lr in GRID)
-        assert all(k.info.status == "FINISHED" and "best_stsb_dev" in k.data.metrics for k in kids), \
-            [(k.data.tags.get("cse.child"), k.info.status, sorted(k.data.metrics), k.data.tags.get("cse.registry_error"))
-             for k in kids] + [tail]
+        assert all(k.info.status == "FINISHED" and "best_stsb_dev" in k.data.metrics for k in kids), [
+            (k.data.tags.get("cse.child"), k.info.status, sorted(k.data.metrics), k.data.tags.get("cse.registry_error"))
+            for k in kids
+        ] + [tail]
         # no child was trained twice, in particular none that had finished before the restart
-        trained = {k.data.tags["cse.child"]: len(client.get_metric_history(k.info.run_id, "train_seconds")) for k in kids}
+        trained = {
+            k.data.tags["cse.child"]: len(client.get_metric_history(k.info.run_id, "train_seconds")) for k in kids
+        }
         assert set(trained.values()) == {1}, (trained, restart.completed_before)
         workers = {k.data.tags.get("worker") for k in kids}
         assert workers == set(WORKERS), workers
@@ -346,18 +396,31 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         # ... and both servers really store in PostgreSQL
         port = int(env["CSE_PG_PORT"])
         assert _pg_count(port, password, "mlflow", "SELECT count(*) FROM runs") >= 1 + len(GRID)
-        assert _pg_count(port, password, "prefect", "SELECT count(*) FROM flow_run WHERE state_type = 'COMPLETED'") \
-            >= 1 + len(GRID)
+        assert _pg_count(
+            port, password, "prefect", "SELECT count(*) FROM flow_run WHERE state_type = 'COMPLETED'"
+        ) >= 1 + len(GRID)
         # a worker killed mid-training: CRASHED, then the rerun resumes from the last checkpoint
         t_kill = time.monotonic()
         runs_dir = Path(env["CSE_HOME"]) / "runs" / "d2cse"
         before = set(runs_dir.iterdir())
-        job = {**overrides, "max_steps": KILL_JOB_STEPS, "eval_steps": KILL_JOB_STEPS, "checkpoint_steps": 10,
-               "learning_rate": 0.05}
+        job = {
+            **overrides,
+            "max_steps": KILL_JOB_STEPS,
+            "eval_steps": KILL_JOB_STEPS,
+            "checkpoint_steps": 10,
+            "learning_rate": 0.05,
+        }
         job_params = json.dumps({"preset": "smoke", "overrides": job})
         prefect = str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect")
-        started = subprocess.run([prefect, "deployment", "run", "train-d2cse/smoke", "--params", job_params],
-                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=120)
+        started = subprocess.run(
+            [prefect, "deployment", "run", "train-d2cse/smoke", "--params", job_params],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         assert started.returncode == 0, started.stdout + started.stderr
         job_run = _flow_run_id(started.stdout)
         deadline = time.monotonic() + 300
@@ -373,9 +436,25 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         t_crashed = time.monotonic() - t_kill
         up = stack.sh("up", timeout=UP_TIMEOUT)  # starts the killed workers again
         assert up.returncode == 0, "\n".join(stack.log)
-        rerun = subprocess.run([prefect, "deployment", "run", "train-d2cse/smoke", "--params", job_params, "--watch",
-                                "--watch-timeout", str(SWEEP_TIMEOUT)],
-                               cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False, timeout=SWEEP_TIMEOUT + 60)
+        rerun = subprocess.run(
+            [
+                prefect,
+                "deployment",
+                "run",
+                "train-d2cse/smoke",
+                "--params",
+                job_params,
+                "--watch",
+                "--watch-timeout",
+                str(SWEEP_TIMEOUT),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=SWEEP_TIMEOUT + 60,
+        )
         assert rerun.returncode == 0 and "Completed" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-3000:]
         jobs = client.search_runs([exp.experiment_id], f"params.max_steps = '{KILL_JOB_STEPS}'")
         assert len(jobs) == 1 and jobs[0].info.status == "FINISHED", [(j.info.run_id, j.info.status) for j in jobs]
@@ -383,10 +462,12 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         assert 0 < resumed < KILL_JOB_STEPS  # from the checkpoint written before the kill, not from scratch
         assert jobs[0].data.tags["prefect_flow_run_id"] == job_run  # the killed run's MLflow run, continued
 
-        print(f"team stack up in {t_up:.0f}s, sweep of {len(GRID)} children in {t_sweep:.0f}s on {sorted(workers)}; "
-              f"PostgreSQL restarted after {sorted(restart.completed_before)}, sweep "
-              f"{'went on' if survived else 'failed and was rerun'}; killed worker's run CRASHED after {t_crashed:.0f}s, "
-              f"resumed from step {resumed}")
+        print(
+            f"team stack up in {t_up:.0f}s, sweep of {len(GRID)} children in {t_sweep:.0f}s on {sorted(workers)}; "
+            f"PostgreSQL restarted after {sorted(restart.completed_before)}, sweep "
+            f"{'went on' if survived else 'failed and was rerun'}; killed worker's run CRASHED after {t_crashed:.0f}s, "
+            f"resumed from step {resumed}"
+        )
     finally:
         survivors = stack.down()
         print("\n".join(stack.log)[-3000:])

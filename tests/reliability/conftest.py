@@ -35,8 +35,11 @@ def sources(shared_data, tmp_path) -> dict[str, Path]:
 
 @pytest.fixture
 def ingest_config(sources) -> IngestConfig:
-    return IngestConfig(wiki=WikiSource(path=str(sources["wiki1m"])), nli=NliSource(path=str(sources["nli"])),
-                        senteval=SentEvalSource(path=str(sources["sts"])))
+    return IngestConfig(
+        wiki=WikiSource(path=str(sources["wiki1m"])),
+        nli=NliSource(path=str(sources["nli"])),
+        senteval=SentEvalSource(path=str(sources["sts"])),
+    )
 
 
 @pytest.fixture

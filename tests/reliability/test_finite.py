@@ -26,18 +26,31 @@ def test_the_campaigns_learning_rate_inf_is_refused(value):
         TrainConfig(learning_rate=value)
 
 
-@pytest.mark.parametrize("build", [
-    lambda v: TrainConfig(grad_clip=v),
-    lambda v: PrefixPhaseConfig(learning_rate=v),
-    lambda v: CorruptConfig(mask_ratio=v),
-    lambda v: EvalConfig(uniformity_t=v),
-    lambda v: EvalConfig(alignment_threshold=v),
-    lambda v: resolve_train_config("smoke", {"model": {"temperature": v}}, method="simcse"),
-    lambda v: resolve_train_config("smoke", {"model": {"rtd_weight": v}}, method="d2cse"),
-    lambda v: resolve_train_config("smoke", {"model": {"discriminator_learning_rate": v}}, method="d2cse"),
-    lambda v: resolve_train_config("smoke", {"learning_rate": v}, method="dcpcse"),
-], ids=["grad_clip", "prefix_lr", "mask_ratio", "uniformity_t", "alignment_threshold", "simcse_temperature",
-        "d2cse_rtd_weight", "d2cse_discriminator_lr", "dcpcse_lr_override"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda v: TrainConfig(grad_clip=v),
+        lambda v: PrefixPhaseConfig(learning_rate=v),
+        lambda v: CorruptConfig(mask_ratio=v),
+        lambda v: EvalConfig(uniformity_t=v),
+        lambda v: EvalConfig(alignment_threshold=v),
+        lambda v: resolve_train_config("smoke", {"model": {"temperature": v}}, method="simcse"),
+        lambda v: resolve_train_config("smoke", {"model": {"rtd_weight": v}}, method="d2cse"),
+        lambda v: resolve_train_config("smoke", {"model": {"discriminator_learning_rate": v}}, method="d2cse"),
+        lambda v: resolve_train_config("smoke", {"learning_rate": v}, method="dcpcse"),
+    ],
+    ids=[
+        "grad_clip",
+        "prefix_lr",
+        "mask_ratio",
+        "uniformity_t",
+        "alignment_threshold",
+        "simcse_temperature",
+        "d2cse_rtd_weight",
+        "d2cse_discriminator_lr",
+        "dcpcse_lr_override",
+    ],
+)
 def test_every_config_refuses_non_finite_numbers(build):
     """New cases of the class: stage, evaluation and method model configs, and overrides of a preset."""
     for value in (math.inf, math.nan):
@@ -63,12 +76,31 @@ class _Weighted(torch.nn.Module):
 def _run(kind: str, lr: float, tmp_path):
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(batch_size=4, learning_rate=lr, epochs=2, max_steps=None, grad_clip=1.0, seed=0, eval_steps=100,
-                      checkpoint_steps=100, log_steps=1, precision="fp32", deterministic=True)
+    loop = LoopConfig(
+        batch_size=4,
+        learning_rate=lr,
+        epochs=2,
+        max_steps=None,
+        grad_clip=1.0,
+        seed=0,
+        eval_steps=100,
+        checkpoint_steps=100,
+        log_steps=1,
+        precision="fp32",
+        deterministic=True,
+    )
     model = _Weighted(kind)
     saved = []
-    trainer = Trainer(model, rows, loop, torch.device("cpu"), tmp_path / "state", lambda *a: saved.append(a),
-                      lambda m: 0.0, lambda *a: None)
+    trainer = Trainer(
+        model,
+        rows,
+        loop,
+        torch.device("cpu"),
+        tmp_path / "state",
+        lambda *a: saved.append(a),
+        lambda m: 0.0,
+        lambda *a: None,
+    )
     return trainer, model, saved
 
 

@@ -30,8 +30,11 @@ def _start_at_once(homes: dict[str, int]) -> dict[str, list[str]]:
     total = sum(homes.values())
     barrier = ctx.Barrier(total)
     queues = {home: ctx.Queue() for home in homes}
-    procs = [ctx.Process(target=_first_run, args=(home, barrier, queues[home])) for home, n in homes.items()
-             for _ in range(n)]
+    procs = [
+        ctx.Process(target=_first_run, args=(home, barrier, queues[home]))
+        for home, n in homes.items()
+        for _ in range(n)
+    ]
     for p in procs:
         p.start()
     out = {home: [queues[home].get(timeout=180) for _ in range(n)] for home, n in homes.items()}

@@ -13,11 +13,14 @@ from tests.reliability.conftest import ingest
 from tests.reliability.test_read_only import in_read_only
 
 
-@pytest.mark.parametrize("content,dataset", [
-    (b"", "wiki1m"),  # the campaign's 0-line Wiki1M
-    (b"\n\n   \n\n", "wiki1m"),  # new case: only blank lines
-    (b"sent0,sent1,hard_neg\n", "nli"),  # new case: an NLI file with its header only
-])
+@pytest.mark.parametrize(
+    "content,dataset",
+    [
+        (b"", "wiki1m"),  # the campaign's 0-line Wiki1M
+        (b"\n\n   \n\n", "wiki1m"),  # new case: only blank lines
+        (b"sent0,sent1,hard_neg\n", "nli"),  # new case: an NLI file with its header only
+    ],
+)
 def test_a_source_without_usable_rows_is_refused_at_ingestion(content, dataset, tmp_path, root):
     src = tmp_path / f"empty-{dataset}.txt"
     src.write_bytes(content)
@@ -35,8 +38,9 @@ def test_out_of_space_names_the_dataset_and_its_folder(code, ingest_config, root
         raise OSError(code, "No space left on device")
 
     monkeypatch.setattr(storage.datasets, "write_parquet", full)
-    with pytest.raises(OSError, match=rf"while building dataset nli/\w+ in {root.kind_dir('nli')}.*nothing was published"
-                       ) as e:
+    with pytest.raises(
+        OSError, match=rf"while building dataset nli/\w+ in {root.kind_dir('nli')}.*nothing was published"
+    ) as e:
         ingest("nli", ingest_config)
     assert e.value.errno == code and root.list("nli") == []
 

@@ -44,10 +44,13 @@ def data_root(tmp_path_factory, shared_data, tiny_bert_dir, _shared_tracking_sto
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CSE_HOME", str(home))
         mp.setenv("MLFLOW_TRACKING_URI", _shared_tracking_store)
-        config = IngestConfig(wiki=WikiSource(path=str(wiki)), senteval=SentEvalSource(path=str(senteval), expected_rows=None))
+        config = IngestConfig(
+            wiki=WikiSource(path=str(wiki)), senteval=SentEvalSource(path=str(senteval), expected_rows=None)
+        )
         refs = {"sts": ingest("sts", config)}
-        refs["tokens"] = tokenize_dataset.fn(ingest("wiki1m", config), TokenizeConfig(tokenizer=str(tiny_bert_dir),
-                                                                                      max_length=32))
+        refs["tokens"] = tokenize_dataset.fn(
+            ingest("wiki1m", config), TokenizeConfig(tokenizer=str(tiny_bert_dir), max_length=32)
+        )
     return home / "data", refs
 
 
@@ -60,9 +63,21 @@ def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
     def run(**overrides):
         from flows.train import train_job
 
-        cfg = resolve_train_config("smoke", {"backbone": str(tiny_bert_dir), "max_steps": STEPS, "eval_steps": STEPS,
-                                             "batch_size": 8, "max_train_sentences": 64, "test_evaluation": False,
-                                             "system_metrics": False, "max_length": 32, **overrides}, method="simcse")
+        cfg = resolve_train_config(
+            "smoke",
+            {
+                "backbone": str(tiny_bert_dir),
+                "max_steps": STEPS,
+                "eval_steps": STEPS,
+                "batch_size": 8,
+                "max_train_sentences": 64,
+                "test_evaluation": False,
+                "system_metrics": False,
+                "max_length": 32,
+                **overrides,
+            },
+            method="simcse",
+        )
         return train_job(cfg, refs["tokens"], None, refs["sts"])
 
     return run
@@ -79,8 +94,9 @@ def test_a_run_whose_loss_turns_non_finite_fails_and_nothing_is_registered(job):
 
     with pytest.raises(NonFiniteLoss, match=r"training stopped at step 2 of 2 \(phase 'main'\): the loss is nan"):
         job(learning_rate=1e30)
-    [run] = mlflow.search_runs(experiment_names=["simcse"], output_format="list", max_results=1,
-                               order_by=["attributes.start_time DESC"])
+    [run] = mlflow.search_runs(
+        experiment_names=["simcse"], output_format="list", max_results=1, order_by=["attributes.start_time DESC"]
+    )
     assert run.info.status == "FAILED" and _versions(run.info.run_id) == []
     job_dir = RunDir.at(run.data.tags["run_dir"])
     assert job_dir.result() is None and not job_dir.export.exists()
@@ -141,8 +157,9 @@ def test_a_failed_export_fails_only_the_export_task_and_the_rerun_does_not_train
         with pytest.raises(RuntimeError, match="the model registry refused the model"):
             job()
     assert ended == {"fit": "COMPLETED", "export": "FAILED"}
-    [run] = mlflow.search_runs(experiment_names=["simcse"], output_format="list", max_results=1,
-                               order_by=["attributes.start_time DESC"])
+    [run] = mlflow.search_runs(
+        experiment_names=["simcse"], output_format="list", max_results=1, order_by=["attributes.start_time DESC"]
+    )
     assert run.info.status == "FAILED" and run.data.tags[FAILED_STAGE_TAG] == "export"
     job_dir = RunDir.at(run.data.tags["run_dir"])
     assert job_dir.result() is None and json.loads(job_dir.resume_state.progress.read_text())["step"] == STEPS
@@ -170,8 +187,11 @@ def test_a_damaged_resume_state_is_named_quarantined_and_training_restarts(damag
     state = ResumeState(tmp_path / "state")
     with pytest.raises(TrainingInterrupted):
         _tiny_trainer(state.folder, stop_after=2).run()
-    target = {"truncate trainable": state.trainable, "flip a byte of optimizer.pt": state.optimizer,
-              "garbage progress": state.progress}[damage]
+    target = {
+        "truncate trainable": state.trainable,
+        "flip a byte of optimizer.pt": state.optimizer,
+        "garbage progress": state.progress,
+    }[damage]
     data = bytearray(target.read_bytes())
     if damage.startswith("truncate"):
         data = data[:20]
@@ -194,11 +214,15 @@ def test_fewer_rows_than_a_batch_are_refused_at_the_jobs_start(data_root, tiny_b
 
     folder, refs = data_root
     monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
-    cfg = resolve_train_config("smoke", {"backbone": str(tiny_bert_dir), "batch_size": 8, "max_train_sentences": 5},
-                               method="simcse")
+    cfg = resolve_train_config(
+        "smoke", {"backbone": str(tiny_bert_dir), "batch_size": 8, "max_train_sentences": 5}, method="simcse"
+    )
     root = DataRoot(folder)
-    with pytest.raises(ValueError, match=rf"tokens dataset {refs['tokens'].key} \({root.dataset_dir('tokens', refs['tokens'].key)}\) "
-                                         r"has 5 training rows, fewer than one batch \(batch_size = 8\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"tokens dataset {refs['tokens'].key} \({root.dataset_dir('tokens', refs['tokens'].key)}\) "
+        r"has 5 training rows, fewer than one batch \(batch_size = 8\)",
+    ):
         load_training_rows(cfg, root, refs["tokens"], None, None, pad_id=0)
     rows, _ = load_training_rows(cfg.model_copy(update={"batch_size": 4}), root, refs["tokens"], None, None, pad_id=0)
     assert len(rows) == 5

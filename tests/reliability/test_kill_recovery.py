@@ -3,7 +3,6 @@ and marks the orphaned MLflow run KILLED."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,8 +12,8 @@ import time
 from config.settings import REPO_ROOT
 from config.stages import IngestConfig, WikiSource
 from storage.locks import exclusive
-from tracking.orphans import ORPHAN_TAG, OWNER_TAG
 from tests.reliability.conftest import data_runs, ingest
+from tracking.orphans import ORPHAN_TAG, OWNER_TAG
 
 _KILLED_WRITER = textwrap.dedent("""
     import os, sys, time, pathlib
@@ -52,7 +51,9 @@ def test_sigkilled_stage_leaves_nothing_behind_after_the_next_run(sources, root,
         proc.wait()
     leftovers = list(root.kind_dir("wiki1m").glob(".tmp-*"))
     assert len(leftovers) == 1 and f"-{proc.pid}-" in leftovers[0].name
-    [orphan] = [r for r in data_runs("ingest-wiki1m") if r.data.tags.get(OWNER_TAG, "").split(":")[1:2] == [str(proc.pid)]]
+    [orphan] = [
+        r for r in data_runs("ingest-wiki1m") if r.data.tags.get(OWNER_TAG, "").split(":")[1:2] == [str(proc.pid)]
+    ]
     assert orphan.info.status == "RUNNING"
 
     ref = ingest("wiki1m", IngestConfig(wiki=WikiSource(path=str(sources["wiki1m"]))))

@@ -18,11 +18,26 @@ from tests.reliability.conftest import flip_byte_in_data, ingest, part
 # ------------------------------------------------------------------ item 6
 
 
-@pytest.mark.parametrize("field,value", [
-    ("eval_batch_size", -1), ("eval_batch_size", 0), ("max_steps", 0), ("max_steps", -5), ("max_train_sentences", -1),
-    ("max_train_sentences", 0), ("learning_rate", -0.01), ("learning_rate", 0), ("grad_clip", -1.0), ("grad_clip", 0),
-    ("checkpoint_steps", 0), ("backbone", ""), ("backbone", "   "), ("seed", -1), ("max_length", 2),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("eval_batch_size", -1),
+        ("eval_batch_size", 0),
+        ("max_steps", 0),
+        ("max_steps", -5),
+        ("max_train_sentences", -1),
+        ("max_train_sentences", 0),
+        ("learning_rate", -0.01),
+        ("learning_rate", 0),
+        ("grad_clip", -1.0),
+        ("grad_clip", 0),
+        ("checkpoint_steps", 0),
+        ("backbone", ""),
+        ("backbone", "   "),
+        ("seed", -1),
+        ("max_length", 2),
+    ],
+)
 def test_train_config_refuses_nonsense(field, value):
     with pytest.raises(ValidationError, match=field):
         TrainConfig(**{field: value})
@@ -89,11 +104,16 @@ def test_cli_verify_quick_misses_a_flipped_byte_full_finds_it(ingest_config, roo
 SECRET = "s3cr3t-pw"
 
 
-@pytest.mark.parametrize("uri", [
-    f"http://alice:{SECRET}@mlflow.example:5000", f"https://alice:{SECRET}@prefect.example/api",
-    f"postgresql+psycopg://cse:{SECRET}@127.0.0.1:5432/mlflow", f"postgresql://127.0.0.1/db?user=cse&password={SECRET}",
-    f"host=127.0.0.1 user=cse password={SECRET} dbname=prefect",
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        f"http://alice:{SECRET}@mlflow.example:5000",
+        f"https://alice:{SECRET}@prefect.example/api",
+        f"postgresql+psycopg://cse:{SECRET}@127.0.0.1:5432/mlflow",
+        f"postgresql://127.0.0.1/db?user=cse&password={SECRET}",
+        f"host=127.0.0.1 user=cse password={SECRET} dbname=prefect",
+    ],
+)
 def test_redact_masks_every_uri_form(uri):
     assert SECRET not in redact(uri) and "***" in redact(uri)
 

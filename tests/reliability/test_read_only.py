@@ -61,6 +61,7 @@ def in_read_only(folder: Path, fn):
 
 def _read_only(root: Path, commands: list[list[str]]) -> list[tuple[int, str, str]]:
     """Run `cse` commands with the data root read-only; (status, stdout, stderr) of each."""
+
     def run():
         from ops.cli import main as cse
 
@@ -83,8 +84,9 @@ def test_every_reading_command_works_on_a_read_only_root(ingest_config, root):
     nli = ingest("nli", ingest_config)
     root.catalog_path.unlink()  # no catalog yet: the views are built in memory, nothing is written
     before = _tree(root.root)
-    (v, v_out, _), (r, r_out, _), (q, q_out, q_err), (d, d_out, _) = _read_only(root.root, [
-        ["verify"], ["report"], ["sql", "select count(*) AS n from nli"], ["dataset", "nli"]])
+    (v, v_out, _), (r, r_out, _), (q, q_out, q_err), (d, d_out, _) = _read_only(
+        root.root, [["verify"], ["report"], ["sql", "select count(*) AS n from nli"], ["dataset", "nli"]]
+    )
     assert v == 0 and "all intact" in v_out  # the campaign's `[Errno 30] ... damaged.json`
     assert r == 0 and nli.key in r_out
     assert q == 0 and "200" in q_out, q_err

@@ -9,7 +9,6 @@ import traceback
 
 import pytest
 
-
 SECRET = "pw-S3cr3t-23"
 
 
@@ -29,8 +28,9 @@ def dead_tracking(monkeypatch) -> str:
     return uri
 
 
-def test_dead_server_task_flow_and_state_never_show_the_password(prefect_harness, dead_tracking, ingest_config, capfd,
-                                                                  caplog):
+def test_dead_server_task_flow_and_state_never_show_the_password(
+    prefect_harness, dead_tracking, ingest_config, capfd, caplog
+):
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -48,11 +48,21 @@ def test_dead_server_task_flow_and_state_never_show_the_password(prefect_harness
     exc = state.result(raise_on_failure=False)
     APILogHandler().flush()
     with get_client(sync_client=True) as client:
-        api_logs = [lg.message for lg in client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))]
+        api_logs = [
+            lg.message
+            for lg in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+            )
+        ]
     out = capfd.readouterr()
-    shown = {"state message": state.message, "flow error": "".join(traceback.format_exception(exc)),
-             "stdout": out.out, "stderr": out.err, "log records": caplog.text, "Prefect API logs": "\n".join(api_logs)}
+    shown = {
+        "state message": state.message,
+        "flow error": "".join(traceback.format_exception(exc)),
+        "stdout": out.out,
+        "stderr": out.err,
+        "log records": caplog.text,
+        "Prefect API logs": "\n".join(api_logs),
+    }
     assert {name: SECRET in text for name, text in shown.items()} == {name: False for name in shown}
     assert "alice:***@127.0.0.1" in state.message and "alice:***@127.0.0.1" in shown["flow error"]
     assert "alice:***@127.0.0.1" in shown["Prefect API logs"] + shown["stderr"]  # the error was logged, masked
@@ -67,8 +77,16 @@ def test_cse_errors_and_third_party_log_records_are_masked(dead_tracking, capsys
     job = RunDir("d2cse", "k1")
     (job.export).mkdir()
     (job.export / "modules.json").write_text("[]")
-    job.set_result({"run_id": "0" * 32, "run_dir": str(job.path), "best_checkpoint": str(job.best), "steps": 1,
-                    "best_stsb_dev": 1.0, "resumed_from": None})
+    job.set_result(
+        {
+            "run_id": "0" * 32,
+            "run_dir": str(job.path),
+            "best_checkpoint": str(job.best),
+            "steps": 1,
+            "best_stsb_dev": 1.0,
+            "resumed_from": None,
+        }
+    )
     assert cse(["card", str(job.path)]) == 2
     assert SECRET not in capsys.readouterr().err
     with caplog.at_level(logging.WARNING):
@@ -91,8 +109,19 @@ def test_view_run_lines_never_show_the_password(monkeypatch, capfd):
     from tracking.store import configure_mlflow
 
     uri = f"http://alice:{SECRET}@127.0.0.1:{_dead_port()}"
-    run = Run(RunInfo(run_id="r" * 32, experiment_id="1", user_id="u", status="FINISHED", start_time=0, end_time=1,
-                      lifecycle_stage="active", run_name="reliability-view-run"), RunData())
+    run = Run(
+        RunInfo(
+            run_id="r" * 32,
+            experiment_id="1",
+            user_id="u",
+            status="FINISHED",
+            start_time=0,
+            end_time=1,
+            lifecycle_stage="active",
+            run_name="reliability-view-run",
+        ),
+        RunData(),
+    )
 
     def print_view_run_lines():
         client = TrackingServiceClient(uri)

@@ -27,9 +27,15 @@ N = 6000  # rows: enough that a copy into memory would show in Arrow's allocator
 
 
 def _tokens(start: int, n: int) -> pa.Table:
-    return pa.table({"id": list(range(start, start + n)), "column": ["text"] * n,
-                     "input_ids": [[101, 1000 + i % 50, 2000 + i % 7, 102] for i in range(start, start + n)],
-                     "length": [4] * n}, schema=schemas.TOKENS)
+    return pa.table(
+        {
+            "id": list(range(start, start + n)),
+            "column": ["text"] * n,
+            "input_ids": [[101, 1000 + i % 50, 2000 + i % 7, 102] for i in range(start, start + n)],
+            "length": [4] * n,
+        },
+        schema=schemas.TOKENS,
+    )
 
 
 @pytest.fixture
@@ -91,9 +97,20 @@ def test_cli_prints_a_line_that_opens_the_dataset(root, published, capsys):
     assert scope["ds"].num_rows == N and isinstance(scope["ds"], datasets.Dataset)
 
     # the acceptance, verbatim: `cse dataset corruption --hf` pasted into Python maps the files, copies nothing
-    rows = [{"id": i, "column": "text", "variant": v, "input_ids": [101, 7 + i % 5, 102],
-             "corrupted_ids": [101, 9, 102], "labels": [0, 1, 0], "n_masked": 1, "n_replaced": 1}
-            for i in range(N // 2) for v in range(2)]
+    rows = [
+        {
+            "id": i,
+            "column": "text",
+            "variant": v,
+            "input_ids": [101, 7 + i % 5, 102],
+            "corrupted_ids": [101, 9, 102],
+            "labels": [0, 1, 0],
+            "n_masked": 1,
+            "n_replaced": 1,
+        }
+        for i in range(N // 2)
+        for v in range(2)
+    ]
     write_dataset(root, "corruption", "c1", [pa.Table.from_pylist(rows, schema=schemas.CORRUPTION)], schemas.CORRUPTION)
     assert cse(["dataset", "corruption", "--hf"]) == 0
     scope = {}
@@ -126,8 +143,12 @@ def test_a_dataset_from_before_the_copy_gets_it_on_first_open_once(root, publish
         t.join(60)
     assert opened == [N, N, N]
     m = root.require("tokens", "k1")
-    assert (m.key, m.content_hash, m.files, m.created) == ("k1", published.content_hash, published.files,
-                                                           published.created)
+    assert (m.key, m.content_hash, m.files, m.created) == (
+        "k1",
+        published.content_hash,
+        published.files,
+        published.created,
+    )
     assert m.arrow is not None and m.arrow.file_rows == published.arrow.file_rows
     assert check_dataset(root.dataset_dir("tokens", "k1"), "tokens", "k1", full=True) == []
     assert not list(root.dataset_dir("tokens", "k1").glob(".tmp-*"))

@@ -37,9 +37,13 @@ def _generator(tokens_hash: str, fingerprint: str | None, backbone: dict, config
     return generator_key(tokens_hash, fingerprint, backbone, config.model_dump(exclude={"device"}))
 
 
-def _corruption(tokens_hash: str, fingerprint: str | None, config: CorruptConfig, generator: dict, precision: str) -> str:
+def _corruption(
+    tokens_hash: str, fingerprint: str | None, config: CorruptConfig, generator: dict, precision: str
+) -> str:
     """What the corrupt stage passes (tasks/corrupt.py)."""
-    return corruption_key(tokens_hash, fingerprint, generator, precision, **config.model_dump(include=CORRUPTION_SETTINGS))
+    return corruption_key(
+        tokens_hash, fingerprint, generator, precision, **config.model_dump(include=CORRUPTION_SETTINGS)
+    )
 
 
 def test_ingest_keys():
@@ -56,27 +60,60 @@ def test_transfer_and_tokens_keys():
     assert tokens_key(H1, "fp1", 128) == "f5bdc65bcb48d40f"
 
 
-@pytest.mark.parametrize("tokens_hash,fingerprint,backbone,config,key", [
-    (H1, "fp1", BACKBONE, GeneratorConfig(), "772e3df431bb168d"),
-    (H1, "fp1", BACKBONE, GeneratorConfig(seed=3, mask_ratio=0.2, max_steps=50), "4f33f177bb04205b"),
-    (H1, "fp1", BACKBONE, GeneratorConfig(baseline_generator=None, device="cpu", bias_init="zeros"), "71fdf1046b89b279"),
-    (H2, None, {"name": "random-init:distilbert-tiny"}, GeneratorConfig(), "4f922fbe81730d9f"),
-], ids=["default", "seed-mask-steps", "no-baseline", "other-tokens"])
+@pytest.mark.parametrize(
+    "tokens_hash,fingerprint,backbone,config,key",
+    [
+        (H1, "fp1", BACKBONE, GeneratorConfig(), "772e3df431bb168d"),
+        (H1, "fp1", BACKBONE, GeneratorConfig(seed=3, mask_ratio=0.2, max_steps=50), "4f33f177bb04205b"),
+        (
+            H1,
+            "fp1",
+            BACKBONE,
+            GeneratorConfig(baseline_generator=None, device="cpu", bias_init="zeros"),
+            "71fdf1046b89b279",
+        ),
+        (H2, None, {"name": "random-init:distilbert-tiny"}, GeneratorConfig(), "4f922fbe81730d9f"),
+    ],
+    ids=["default", "seed-mask-steps", "no-baseline", "other-tokens"],
+)
 def test_generator_keys(tokens_hash, fingerprint, backbone, config, key):
     assert _generator(tokens_hash, fingerprint, backbone, config) == key
 
 
-@pytest.mark.parametrize("tokens_hash,fingerprint,config,generator,precision,key", [
-    (H1, "fp1", CorruptConfig().resolved(), GEN, "fp32", "c1e06db85040cd9a"),
-    (H1, "fp1", CorruptConfig(variants=4, seed=42), GEN, "fp32", "c1e06db85040cd9a"),  # the same, spelled out
-    (H1, "fp1", CorruptConfig(variants=8, seed=7, mask_ratio=0.15, shard_size=1000), GEN, "bf16", "a75900d66c97ae2a"),
-    (H1, "fp1", CorruptConfig(variants=2, seed=1, positions="all"), GEN, "bf16", "1ae1a73f70d856d9"),
-    (H1, "fp1", CorruptConfig(variants=2, seed=0, mode="unigram", mask_ratio=0.15, shard_size=100), {"name": "unigram"},
-     "fp32", "10e18cb02766142b"),
-    (H1, "fp1", CorruptConfig(variants=1, seed=5, mode="sample", generator_dropout=True, batch_size=8, device="cpu"),
-     {"name": "generator:abc", "content_hash": H3}, "fp32", "385fd3724f23ca9e"),
-    (H2, None, CorruptConfig(variants=4, seed=42), GEN, "fp32", "87cbc3edce306392"),
-], ids=["default", "explicit-default", "v8-mask015", "all-positions", "unigram", "sample-dropout", "other-tokens"])
+@pytest.mark.parametrize(
+    "tokens_hash,fingerprint,config,generator,precision,key",
+    [
+        (H1, "fp1", CorruptConfig().resolved(), GEN, "fp32", "c1e06db85040cd9a"),
+        (H1, "fp1", CorruptConfig(variants=4, seed=42), GEN, "fp32", "c1e06db85040cd9a"),  # the same, spelled out
+        (
+            H1,
+            "fp1",
+            CorruptConfig(variants=8, seed=7, mask_ratio=0.15, shard_size=1000),
+            GEN,
+            "bf16",
+            "a75900d66c97ae2a",
+        ),
+        (H1, "fp1", CorruptConfig(variants=2, seed=1, positions="all"), GEN, "bf16", "1ae1a73f70d856d9"),
+        (
+            H1,
+            "fp1",
+            CorruptConfig(variants=2, seed=0, mode="unigram", mask_ratio=0.15, shard_size=100),
+            {"name": "unigram"},
+            "fp32",
+            "10e18cb02766142b",
+        ),
+        (
+            H1,
+            "fp1",
+            CorruptConfig(variants=1, seed=5, mode="sample", generator_dropout=True, batch_size=8, device="cpu"),
+            {"name": "generator:abc", "content_hash": H3},
+            "fp32",
+            "385fd3724f23ca9e",
+        ),
+        (H2, None, CorruptConfig(variants=4, seed=42), GEN, "fp32", "87cbc3edce306392"),
+    ],
+    ids=["default", "explicit-default", "v8-mask015", "all-positions", "unigram", "sample-dropout", "other-tokens"],
+)
 def test_corruption_keys(tokens_hash, fingerprint, config, generator, precision, key):
     assert _corruption(tokens_hash, fingerprint, config, generator, precision) == key
 
@@ -86,13 +123,22 @@ CORRUPTION = DatasetRef(kind="corruption", key="c", content_hash=H2, rows=1, pat
 NLI = DatasetRef(kind="tokens", key="n", content_hash=H3, rows=1, path="/nowhere", cache_hit=True)
 
 
-@pytest.mark.parametrize("method,overrides,corruption,nli,key", [
-    ("simcse", {}, None, None, "396b15dcbad8cd53"),
-    ("d2cse", {}, CORRUPTION, None, "687359baf56621b4"),
-    ("dcpcse", {"nproc_per_node": 2}, None, None, "20629753bd318dc7"),  # launch fields stay out of the key
-    ("diffaug", {}, None, NLI, "52977bb09104b740"),
-    ("simcse", {"model": {"dropout": 0.0}}, None, None, "f13ebf853b761837"),  # a model field added later, off default
-])
+@pytest.mark.parametrize(
+    "method,overrides,corruption,nli,key",
+    [
+        ("simcse", {}, None, None, "396b15dcbad8cd53"),
+        ("d2cse", {}, CORRUPTION, None, "687359baf56621b4"),
+        ("dcpcse", {"nproc_per_node": 2}, None, None, "20629753bd318dc7"),  # launch fields stay out of the key
+        ("diffaug", {}, None, NLI, "52977bb09104b740"),
+        (
+            "simcse",
+            {"model": {"dropout": 0.0}},
+            None,
+            None,
+            "f13ebf853b761837",
+        ),  # a model field added later, off default
+    ],
+)
 def test_run_keys(method, overrides, corruption, nli, key):
     assert run_key(resolve_train_config("smoke", overrides, method=method), TOKENS, corruption, nli) == key
 
@@ -110,9 +156,22 @@ def test_a_parameter_added_later_enters_the_key_only_off_its_default(monkeypatch
 def test_positions_and_nli_tokens_were_added_later():
     """`positions` (corruption) and `nli_tokens` (runs) at their defaults give the keys of the formulas without them."""
     cfg = CorruptConfig(variants=4, seed=42)
-    old = stable_hash({"stage": "corruption", "input": H1, "generator": GEN, "tokenizer": "fp1", "mask_ratio": 0.3,
-                       "mode": "argmax", "variants": 4, "seed": 42, "shard_size": 50_000, "generator_dropout": True,
-                       "precision": "fp32", "v": 1})
+    old = stable_hash(
+        {
+            "stage": "corruption",
+            "input": H1,
+            "generator": GEN,
+            "tokenizer": "fp1",
+            "mask_ratio": 0.3,
+            "mode": "argmax",
+            "variants": 4,
+            "seed": 42,
+            "shard_size": 50_000,
+            "generator_dropout": True,
+            "precision": "fp32",
+            "v": 1,
+        }
+    )
     assert _corruption(H1, "fp1", cfg, GEN, "fp32") == old
     assert _corruption(H1, "fp1", cfg.model_copy(update={"positions": "all"}), GEN, "fp32") != old
     config = {"any": "config"}
@@ -125,9 +184,26 @@ def test_every_setting_of_the_keyed_configs_is_decided():
     generator, listed with its default in GENERATOR_ADDED_LATER) or deliberately out of it."""
     out_of_corruption_key = {"generator", "bf16", "batch_size", "device"}  # identity / precision instead; no effect
     assert set(CorruptConfig.model_fields) == CORRUPTION_SETTINGS | out_of_corruption_key
-    first_generator_fields = {"backbone", "baseline_generator", "batch_size", "bias_init", "chunk_batches", "device",
-                              "epochs", "eval_every", "heldout_fraction", "lr", "mask_ratio", "max_heldout", "max_steps",
-                              "reuse", "seed", "split_seed", "warmup_ratio", "weight_decay"}
+    first_generator_fields = {
+        "backbone",
+        "baseline_generator",
+        "batch_size",
+        "bias_init",
+        "chunk_batches",
+        "device",
+        "epochs",
+        "eval_every",
+        "heldout_fraction",
+        "lr",
+        "mask_ratio",
+        "max_heldout",
+        "max_steps",
+        "reuse",
+        "seed",
+        "split_seed",
+        "warmup_ratio",
+        "weight_decay",
+    }
     fields = GeneratorConfig.model_fields
     assert set(fields) == first_generator_fields | set(keys.GENERATOR_ADDED_LATER)
     assert all(fields[k].default == v for k, v in keys.GENERATOR_ADDED_LATER.items())

@@ -32,8 +32,14 @@ with exclusive(Path(sys.argv[1]), "test lock"):
 def holder(tmp_path):
     """Start another process holding `exclusive` on a lock file; yields (process, lock path)."""
     lock = tmp_path / "locks" / "x.lock"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], cwd=REPO_ROOT, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     try:
         assert proc.stdout.readline().strip() == "held"
         yield proc, lock

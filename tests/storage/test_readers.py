@@ -27,7 +27,13 @@ def test_senteval_subsets_and_unscored_pairs(sts_table):
     df, stats = sts_table
     assert "SMT" not in set(df[df.task == "sts13"].subset)
     sts16 = df[df.task == "sts16"].groupby("subset").size().to_dict()
-    assert sts16 == {"answer-answer": 254, "headlines": 249, "plagiarism": 230, "postediting": 244, "question-question": 209}
+    assert sts16 == {
+        "answer-answer": 254,
+        "headlines": 249,
+        "plagiarism": 230,
+        "postediting": 244,
+        "question-question": 209,
+    }
     assert stats.skipped > 0  # STS15/16 gold files leave unscored lines
     assert df.score.between(0, 5).all()
     # SentEval whitespace-splits and re-joins every sentence
@@ -90,7 +96,9 @@ def _mini_senteval(root, gold_line="4.0"):
     s = root / "SICK"
     s.mkdir()
     for name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
-        (s / name).write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n1\tA b\tA c\t3.5\tNEUTRAL\n")
+        (s / name).write_text(
+            "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n1\tA b\tA c\t3.5\tNEUTRAL\n"
+        )
     return root
 
 

@@ -48,9 +48,14 @@ class Done(ShardDone):
 
 def _compute(rows: pa.Table) -> pa.Table:
     texts = rows.column("text").to_pylist()
-    return pa.table({"id": rows.column("id"), "column": ["text"] * len(texts),
-                     "input_ids": [[ord(c) for c in t] for t in texts],
-                     "length": np.array([len(t) for t in texts], dtype=np.int64)})  # cast to int16 when written
+    return pa.table(
+        {
+            "id": rows.column("id"),
+            "column": ["text"] * len(texts),
+            "input_ids": [[ord(c) for c in t] for t in texts],
+            "length": np.array([len(t) for t in texts], dtype=np.int64),
+        }
+    )  # cast to int16 when written
 
 
 @pytest.fixture
@@ -62,15 +67,23 @@ def root(tmp_path) -> DataRoot:
 def source(root) -> DatasetRef:
     parts, start = [], 0
     for n in PARTS:
-        parts.append(pa.table({"id": pa.array(range(start, start + n), pa.int64()),
-                               "text": [f"s{i}" for i in range(start, start + n)]}, schema=schemas.WIKI1M))
+        parts.append(
+            pa.table(
+                {
+                    "id": pa.array(range(start, start + n), pa.int64()),
+                    "text": [f"s{i}" for i in range(start, start + n)],
+                },
+                schema=schemas.WIKI1M,
+            )
+        )
         start += n
     return DatasetRef.of(root, write_dataset(root, "wiki1m", "src", parts, schemas.WIKI1M), cache_hit=False)
 
 
 def _plan(root: DataRoot, source: DatasetRef, size: int = 4, key: str = "out") -> LengthsPlan:
-    return LengthsPlan(key=key, data_root=str(root.root), source=source, size=size,
-                       part_rows=part_rows(root, source.kind, source.key))
+    return LengthsPlan(
+        key=key, data_root=str(root.root), source=source, size=size, part_rows=part_rows(root, source.kind, source.key)
+    )
 
 
 def test_shard_ranges_cover_the_rows_once(root, source):
@@ -172,7 +185,13 @@ def test_publish_shards_makes_the_dataset_in_shard_order(root, source):
     m = publish_shards(root, plan, list(reversed(done)), params={"p": 1}, stats=stats)
     assert seen == [[0, 1, 2, 3]]
     assert m == Manifest.read(root.dataset_dir("tokens", "out")) and root.require("tokens", "out") == m
-    assert (m.kind, m.key, m.rows, m.params, m.stats) == ("tokens", "out", 15, {"p": 1}, {"rows_per_shard": [4, 4, 4, 3]})
+    assert (m.kind, m.key, m.rows, m.params, m.stats) == (
+        "tokens",
+        "out",
+        15,
+        {"p": 1},
+        {"rows_per_shard": [4, 4, 4, 3]},
+    )
     assert m.source == {"kind": "wiki1m", "key": "src"} and m.inputs == {"wiki1m": source.content_hash}
     assert [p.read_bytes() for p in m.paths(root.dataset_dir("tokens", "out"))] == shard_bytes
     assert m.files == [f"part-{i:05d}.parquet" for i in range(4)]
@@ -186,7 +205,9 @@ def test_publish_refuses_missing_shards(root, source):
     with pytest.raises(ValueError, match=r"tokens out: expected shards 0\.\.3, got \[0, 1, 3\]"):
         publish_shards(root, plan, [done[0], done[1], done[3]], params={}, stats=lambda d: {})
     plan.shard_path(2).unlink()
-    with pytest.raises(FileNotFoundError, match=r"tokens out: shard files vanished before publishing: .*shard-00002\.parquet"):
+    with pytest.raises(
+        FileNotFoundError, match=r"tokens out: shard files vanished before publishing: .*shard-00002\.parquet"
+    ):
         publish_shards(root, plan, done, params={}, stats=lambda d: {})
     assert root.find("tokens", "out") is None  # nothing published
     assert plan.shard_path(1).is_file()  # the finished shards stay for the rerun

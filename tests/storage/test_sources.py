@@ -17,7 +17,7 @@ from storage.readers import DataFormatError, senteval_source_files
 from storage.sources import ResolvedSource, read_source, resolve_source
 
 WIKI = "first sentence\nsecond one\n\nfourth after an empty line\n"
-NLI = "sent0,sent1,hard_neg\na man,a person,a woman\n\"quoted, with comma\",b,c\n"
+NLI = 'sent0,sent1,hard_neg\na man,a person,a woman\n"quoted, with comma",b,c\n'
 
 
 @pytest.fixture
@@ -53,13 +53,17 @@ def test_a_missing_or_wrong_local_source_is_named(root, tmp_path):
         resolve_source(root, "nli", str(tmp_path / "nope.csv"), "http://127.0.0.1:9/x", sha256=None, retries=0)
     with pytest.raises(FileNotFoundError, match=rf"missing sts source: expected a folder at {tmp_path / 'st'}"):
         resolve_source(root, "sts", str(tmp_path / "st"), "http://127.0.0.1:9/x", sha256=None, retries=0)
-    with pytest.raises(FileNotFoundError, match=rf"wiki1m source {tmp_path} is a folder: expected the file wiki1m_for_simcse\.txt"):
+    with pytest.raises(
+        FileNotFoundError, match=rf"wiki1m source {tmp_path} is a folder: expected the file wiki1m_for_simcse\.txt"
+    ):
         resolve_source(root, "wiki1m", str(tmp_path), "http://127.0.0.1:9/x", sha256=None, retries=0)
     nli = tmp_path / "nli.csv"
     nli.write_text(NLI)
     with pytest.raises(ChecksumError, match=f"{nli.resolve()}: sha256"):
         resolve_source(root, "nli", str(nli), "http://127.0.0.1:9/x", sha256="0" * 64, retries=0)
-    assert resolve_source(root, "nli", str(nli), "http://127.0.0.1:9/x", sha256=_sha(NLI), retries=0).content_hash == _sha(NLI)
+    assert resolve_source(
+        root, "nli", str(nli), "http://127.0.0.1:9/x", sha256=_sha(NLI), retries=0
+    ).content_hash == _sha(NLI)
 
 
 def test_the_mirror_stands_in_for_the_network(root, tmp_path, monkeypatch):

@@ -21,10 +21,23 @@ from tracking.stage_runs import log_run_results, stage_run
 SIMCSE_PUB = published.STS[("simcse", "bert-base", "unsup")]
 
 
-def _train_run(label: str, *, method: str = "simcse", metrics: dict[str, float] | None = None, tags: dict | None = None,
-               params: dict | None = None, fail: bool = False) -> str:
+def _train_run(
+    label: str,
+    *,
+    method: str = "simcse",
+    metrics: dict[str, float] | None = None,
+    tags: dict | None = None,
+    params: dict | None = None,
+    fail: bool = False,
+) -> str:
     """A training run as the training stage leaves it, written through the tracking seam."""
-    run_tags = {"method": method, "backbone": "bert-base-uncased", "preset": "default", "cse.child": label, **(tags or {})}
+    run_tags = {
+        "method": method,
+        "backbone": "bert-base-uncased",
+        "preset": "default",
+        "cse.child": label,
+        **(tags or {}),
+    }
     run_params = {"supervised": False, "trainable_parameters": 109_482_240, **(params or {})}
     try:
         with stage_run(method, f"train-{label}", params=run_params, tags=run_tags) as run:
@@ -69,8 +82,11 @@ def store(_store, monkeypatch):
 
 def test_select_runs_reads_finished_test_evaluated_runs_oldest_first(store):
     runs = select_runs()
-    assert [(r.label, r.method, r.run_id) for r in runs] == [("a", "simcse", store["a"]), ("b", "simcse", store["b"]),
-                                                             ("d", "d2cse", store["d"])]
+    assert [(r.label, r.method, r.run_id) for r in runs] == [
+        ("a", "simcse", store["a"]),
+        ("b", "simcse", store["b"]),
+        ("d", "d2cse", store["d"]),
+    ]
     a = runs[0]
     assert (a.backbone, a.preset, a.supervised, a.setting) == ("bert-base-uncased", "default", False, "unsup")
     assert a.metrics["sts_avg"] == 71.5 and a.metrics["stsb"] == 80.0
@@ -90,8 +106,15 @@ def test_select_runs_filters(store):
 
 
 def _record(**kw) -> RunRecord:
-    base = dict(run_id="r1", label="simcse-1", method="simcse", backbone="bert-base-uncased", preset="default",
-                supervised=False, metrics={**{t: float(SIMCSE_PUB[t]) + 1.0 for t in (*SEVEN_TASKS, "sts_avg")}})
+    base = dict(
+        run_id="r1",
+        label="simcse-1",
+        method="simcse",
+        backbone="bert-base-uncased",
+        preset="default",
+        supervised=False,
+        metrics={**{t: float(SIMCSE_PUB[t]) + 1.0 for t in (*SEVEN_TASKS, "sts_avg")}},
+    )
     return RunRecord(**{**base, **kw})
 
 
@@ -105,19 +128,32 @@ def test_build_comparison_against_the_published_numbers():
     diff = [r for r in sts if r["row_kind"] == "difference"]
     assert all(r["value"] == 1.0 for r in diff) and diff[0]["source"] == "run − published (bert-base)"
     assert {r["table"] for r in rows} == {"sts", "align_uniform"}  # (which shows sts_avg beside them); no others
-    assert [r["value"] for r in rows if r["table"] == "align_uniform" and r["metric"] == "alignment"] == [None, 0.177, None]
+    assert [r["value"] for r in rows if r["table"] == "align_uniform" and r["metric"] == "alignment"] == [
+        None,
+        0.177,
+        None,
+    ]
     first = sts[0]
     assert {k: first[k] for k in ("label", "method", "backbone", "setting", "mlflow_run_id")} == {
-        "label": "simcse-1", "method": "simcse", "backbone": "bert-base-uncased", "setting": "unsup", "mlflow_run_id": "r1"}
+        "label": "simcse-1",
+        "method": "simcse",
+        "backbone": "bert-base-uncased",
+        "setting": "unsup",
+        "mlflow_run_id": "r1",
+    }
 
 
 def test_an_unpublished_backbone_is_compared_with_bert_base_and_its_parameters_get_no_difference():
-    run = _record(method="d2cse", backbone="packaged:minilm", metrics={"sts_avg": 70.0, "trainable_parameters": 12_345.0})
+    run = _record(
+        method="d2cse", backbone="packaged:minilm", metrics={"sts_avg": 70.0, "trainable_parameters": 12_345.0}
+    )
     rows = build_comparison([run])
     sts_pub = [r for r in rows if r["table"] == "sts" and r["row_kind"] == "published"]
     assert sts_pub[0]["source"] == "D2CSE paper; reference BERT-base (no published numbers for packaged:minilm)"
     sts_diff = {r["metric"]: r["value"] for r in rows if r["table"] == "sts" and r["row_kind"] == "difference"}
-    assert sts_diff["sts_avg"] == pytest.approx(70.0 - 79.02) and sts_diff["sts12"] is None  # no run value: no difference
+    assert (
+        sts_diff["sts_avg"] == pytest.approx(70.0 - 79.02) and sts_diff["sts12"] is None
+    )  # no run value: no difference
     params = [r for r in rows if r["table"] == "parameters"]
     assert [r["row_kind"] for r in params] == ["run", "published"]  # another size: shown, not subtracted
     assert params[1]["value"] == published.PARAMETERS[("d2cse", "bert-base")]["trainable_parameters"]
@@ -128,9 +164,17 @@ def test_wide_tables_and_their_markdown_and_csv():
     tables = wide_tables(build_comparison([run]))
     assert list(tables) == ["sts", "align_uniform"]
     assert [r["row"] for r in tables["align_uniform"]] == ["run", "published", "difference"]
-    assert tables["align_uniform"][0] == {"label": "simcse-1", "row": "run", "method": "simcse",
-                                          "backbone": "bert-base-uncased", "setting": "unsup", "source": "this project",
-                                          "alignment": 0.2, "uniformity": -2.0, "sts_avg": 77.25}
+    assert tables["align_uniform"][0] == {
+        "label": "simcse-1",
+        "row": "run",
+        "method": "simcse",
+        "backbone": "bert-base-uncased",
+        "setting": "unsup",
+        "source": "this project",
+        "alignment": 0.2,
+        "uniformity": -2.0,
+        "sts_avg": 77.25,
+    }
     assert tables["align_uniform"][2]["alignment"] == pytest.approx(0.2 - 0.177)
 
     markdown = render_markdown({"align_uniform": tables["align_uniform"]})
@@ -140,7 +184,8 @@ def test_wide_tables_and_their_markdown_and_csv():
         "|---|---|---|---|---|---|\n"
         "| simcse-1 | run | 0.2000 | -2.00 | 77.25 | this project |\n"
         "| simcse-1 | published | 0.1770 | -2.31 | – | DiffCSE paper |\n"
-        "| simcse-1 | difference | 0.0230 | 0.3130 | – | run − published (bert-base) |\n")
+        "| simcse-1 | difference | 0.0230 | 0.3130 | – | run − published (bert-base) |\n"
+    )
     assert render_markdown(tables).count("### ") == 2 and "\n\n### Alignment" in render_markdown(tables)
 
     csv_text = render_csv({"align_uniform": tables["align_uniform"][:1]})
@@ -149,8 +194,13 @@ def test_wide_tables_and_their_markdown_and_csv():
     assert header.endswith(",trainable_parameters,mr,cr,subj,mpqa,sst2,trec,mrpc,transfer_avg")
     values = dict(zip(header.split(","), row.split(",")))
     assert {k: values[k] for k in ("table", "label", "alignment", "uniformity", "sts_avg", "sts12")} == {
-        "table": "align_uniform", "label": "simcse-1", "alignment": "0.2", "uniformity": "-2.0", "sts_avg": "77.25",
-        "sts12": ""}
+        "table": "align_uniform",
+        "label": "simcse-1",
+        "alignment": "0.2",
+        "uniformity": "-2.0",
+        "sts_avg": "77.25",
+        "sts12": "",
+    }
 
 
 def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
@@ -171,10 +221,15 @@ def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     assert mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/selection.json") == {"experiments": ["simcse"]}
     csv_text = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/comparison.csv")
     assert csv_text.startswith("table,label,row,") and ",a,run," in csv_text
-    table = mlflow.MlflowClient().load_table(run.info.experiment_id, "comparison_table.json",  # an MLflow table of
-                                             run_ids=[run.info.run_id])  # the CSV's rows
+    table = mlflow.MlflowClient().load_table(
+        run.info.experiment_id,
+        "comparison_table.json",  # an MLflow table of
+        run_ids=[run.info.run_id],
+    )  # the CSV's rows
     assert list(table.columns[:3]) == ["table", "label", "row"] and len(table) == len(csv_text.splitlines()) - 1
-    assert table.loc[(table["label"] == "a") & (table["row"] == "run") & (table["table"] == "sts"), "sts_avg"].tolist() == [71.5]
+    assert table.loc[
+        (table["label"] == "a") & (table["row"] == "run") & (table["table"] == "sts"), "sts_avg"
+    ].tolist() == [71.5]
     assert summary.best_versions == {}  # these runs logged no model: no registry alias to move
     rows = query(DataRoot(get_settings().data_root), "SELECT DISTINCT label FROM comparisons ORDER BY label")
     assert list(rows["label"]) == ["a", "b"]

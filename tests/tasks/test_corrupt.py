@@ -32,10 +32,14 @@ def wiki_ids(tokenizer, shared_data) -> list[list[int]]:
 
 
 def _tokens_part(ids: list[list[int]], start: int) -> pa.Table:
-    return pa.table({
-        "id": np.arange(start, start + len(ids), dtype=np.int64), "column": ["text"] * len(ids),
-        "input_ids": pa.array(ids, pa.list_(pa.int32())), "length": pa.array([len(x) for x in ids], pa.int16()),
-    })
+    return pa.table(
+        {
+            "id": np.arange(start, start + len(ids), dtype=np.int64),
+            "column": ["text"] * len(ids),
+            "input_ids": pa.array(ids, pa.list_(pa.int32())),
+            "length": pa.array([len(x) for x in ids], pa.int16()),
+        }
+    )
 
 
 @pytest.fixture
@@ -47,10 +51,19 @@ def root() -> DataRoot:
 def tokens_key(root, tokenizer, wiki_ids) -> str:
     """A tokens dataset as the tokenisation stage writes it, in two parts of uneven size."""
     key = "tokens-test"
-    write_dataset(root, "tokens", key, [_tokens_part(wiki_ids[:170], 0), _tokens_part(wiki_ids[170:], 170)],
-                  schemas.TOKENS, params={"tokenizer": "packaged:minilm", "max_length": 32,
-                                          "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-                                          "vocab_fingerprint": vocab_fingerprint(tokenizer)})
+    write_dataset(
+        root,
+        "tokens",
+        key,
+        [_tokens_part(wiki_ids[:170], 0), _tokens_part(wiki_ids[170:], 170)],
+        schemas.TOKENS,
+        params={
+            "tokenizer": "packaged:minilm",
+            "max_length": 32,
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "vocab_fingerprint": vocab_fingerprint(tokenizer),
+        },
+    )
     return key
 
 
@@ -96,8 +109,9 @@ def test_published_rows_follow_the_input_and_labels_mark_replacements(root, toke
     assert table.column("id").to_pylist() == list(range(SENTENCES))
     assert table.column("input_ids").to_pylist() == wiki_ids
     changed = 0
-    for orig, cor, lab, n_rep, n_mask in zip(*(table.column(c).to_pylist() for c in
-                                               ("input_ids", "corrupted_ids", "labels", "n_replaced", "n_masked"))):
+    for orig, cor, lab, n_rep, n_mask in zip(
+        *(table.column(c).to_pylist() for c in ("input_ids", "corrupted_ids", "labels", "n_replaced", "n_masked"))
+    ):
         assert lab == [int(a != b) for a, b in zip(orig, cor)]
         assert cor[0] == orig[0] == 101 and cor[-1] == orig[-1] == 102
         assert sum(lab) == n_rep <= n_mask

@@ -40,19 +40,44 @@ def root() -> DataRoot:
 @pytest.fixture
 def toy_tokens(root, tokenizer) -> str:
     ids = [[101, *(BASE + 20 * (s % 2) + i for i in range(LENGTH)), 102] for s in range(SENTENCES)]
-    part = pa.table({"id": np.arange(SENTENCES, dtype=np.int64), "column": ["text"] * SENTENCES,
-                     "input_ids": pa.array(ids, pa.list_(pa.int32())), "length": pa.array([len(x) for x in ids], pa.int16())})
-    write_dataset(root, "tokens", "toy-tokens", [part], schemas.TOKENS,
-                  params={"tokenizer": "packaged:minilm", "max_length": 32,
-                          "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-                          "vocab_fingerprint": vocab_fingerprint(tokenizer)})
+    part = pa.table(
+        {
+            "id": np.arange(SENTENCES, dtype=np.int64),
+            "column": ["text"] * SENTENCES,
+            "input_ids": pa.array(ids, pa.list_(pa.int32())),
+            "length": pa.array([len(x) for x in ids], pa.int16()),
+        }
+    )
+    write_dataset(
+        root,
+        "tokens",
+        "toy-tokens",
+        [part],
+        schemas.TOKENS,
+        params={
+            "tokenizer": "packaged:minilm",
+            "max_length": 32,
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "vocab_fingerprint": vocab_fingerprint(tokenizer),
+        },
+    )
     return "toy-tokens"
 
 
 @pytest.fixture
 def gen_config(tiny_bert_dir) -> GeneratorConfig:
-    return GeneratorConfig(backbone=str(tiny_bert_dir), heldout_fraction=0.2, batch_size=16, epochs=3, reuse=4,
-                           chunk_batches=4, lr=1e-2, warmup_ratio=0.0, eval_every=50, device="cpu")
+    return GeneratorConfig(
+        backbone=str(tiny_bert_dir),
+        heldout_fraction=0.2,
+        batch_size=16,
+        epochs=3,
+        reuse=4,
+        chunk_batches=4,
+        lr=1e-2,
+        warmup_ratio=0.0,
+        eval_every=50,
+        device="cpu",
+    )
 
 
 def _runs():
@@ -113,8 +138,9 @@ def _corrupt(tokens_key: str, config: CorruptConfig):
     return plan, publish_corruption.fn(plan, [corrupt_shard.fn(plan, i) for i in range(plan.n_shards)])
 
 
-def test_corruption_takes_the_generator_by_key_or_folder_and_unigram_needs_none(root, toy_tokens, gen_config,
-                                                                               monkeypatch):
+def test_corruption_takes_the_generator_by_key_or_folder_and_unigram_needs_none(
+    root, toy_tokens, gen_config, monkeypatch
+):
     ref = fit_generator.fn(toy_tokens, gen_config.model_copy(update={"max_steps": 4, "baseline_generator": None}))
     by_key = CorruptConfig(generator=f"generator:{ref.key}", variants=1, shard_size=100, batch_size=32, device="cpu")
     plan, corrupted = _corrupt(toy_tokens, by_key)
@@ -146,9 +172,14 @@ def test_corruption_takes_the_generator_by_key_or_folder_and_unigram_needs_none(
 
 def test_keys_of_the_generator_modes_are_unchanged():
     """A corruption key made before mode unigram existed stays the same (datasets already built stay cache hits)."""
-    tokens = Manifest(kind="tokens", key="t", rows=1, content_hash="abc", files=[],
-                      params={"tokenizer_fingerprint": "f"})
-    key = corruption_key(tokens.content_hash, tokens.params.get("tokenizer_fingerprint"),
-                         {"name": "distilbert-base-uncased", "config_sha256": "c"}, "fp32",
-                         **CorruptConfig(variants=4, seed=42).model_dump(include=CORRUPTION_SETTINGS))
+    tokens = Manifest(
+        kind="tokens", key="t", rows=1, content_hash="abc", files=[], params={"tokenizer_fingerprint": "f"}
+    )
+    key = corruption_key(
+        tokens.content_hash,
+        tokens.params.get("tokenizer_fingerprint"),
+        {"name": "distilbert-base-uncased", "config_sha256": "c"},
+        "fp32",
+        **CorruptConfig(variants=4, seed=42).model_dump(include=CORRUPTION_SETTINGS),
+    )
     assert key == "fbc1433b9a5de335"

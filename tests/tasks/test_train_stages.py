@@ -11,7 +11,11 @@ from tasks.train import RETRIES, evaluate_test, evaluate_transfer, export_model,
 
 def test_each_stage_is_its_own_task_and_only_the_later_stages_retry():
     assert [t.name for t in (fit_job, evaluate_test, evaluate_transfer, export_model)] == [
-        "fit", "evaluate-test", "evaluate-transfer", "export"]
+        "fit",
+        "evaluate-test",
+        "evaluate-transfer",
+        "export",
+    ]
     assert fit_job.retries == 0  # a rerun resumes at the last saved step; a deterministic failure would repeat
     for stage in (evaluate_test, evaluate_transfer, export_model):
         assert stage.retries == RETRIES > 0 and stage.retry_condition_fn is retry_on_outage

@@ -23,10 +23,10 @@ import torch
 from ops.cli import main as cse
 from storage.runs import RunDir
 from storage.spool import metric_count, read_records
+from tests.training.test_loop import Recorder, _loop, _model, probe, rows  # noqa: F401  (the tiny trainer's fixtures)
 from tracking.spool import DELAYED_TAG, ResilientMetricLogger, deliver_spool
 from tracking.store import configure_mlflow
 from training.loop import LoopResult, Trainer
-from tests.training.test_loop import Recorder, _loop, _model, probe, rows  # noqa: F401  (the tiny trainer's fixtures)
 
 STEPS = 10  # log every step; dev evaluation at 5 and 10
 
@@ -59,12 +59,28 @@ class MlflowServer:
     def start(self, timeout: float = 120) -> None:
         """Start the server and wait until /health answers."""
         assert not _port_open(self.port), f"port {self.port} is taken"
-        cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-               "--default-artifact-root", str(self.root / "art")]
+        cmd = [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{self.root / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(self.root / "art"),
+        ]
         with open(self.root / "server.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -151,16 +167,21 @@ def train(rows, probe, tiny_bert_dir, tmp_path):  # noqa: F811  (rows, probe: te
     def run(log) -> LoopResult:
         rec = Recorder(probe)
         loop = _loop(max_steps=STEPS, log_steps=1, eval_steps=5, checkpoint_steps=STEPS)
-        return Trainer(_model(tiny_bert_dir), rows, loop, torch.device("cpu"), tmp_path / "state", rec.save_best,
-                       rec.evaluate, log).run()
+        return Trainer(
+            _model(tiny_bert_dir), rows, loop, torch.device("cpu"), tmp_path / "state", rec.save_best, rec.evaluate, log
+        ).run()
 
     return run
 
 
 def _history(run_id: str, keys) -> dict[str, list[tuple[int, float]]]:
     client = mlflow.MlflowClient()
-    return {k: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, k), key=lambda m: (m.step, m.timestamp))]
-            for k in keys}
+    return {
+        k: [
+            (m.step, m.value) for m in sorted(client.get_metric_history(run_id, k), key=lambda m: (m.step, m.timestamp))
+        ]
+        for k in keys
+    }
 
 
 def _tracking_warnings(caplog) -> list[str]:
@@ -181,7 +202,9 @@ def test_server_killed_and_restarted_during_training(server, train, tmp_path, ca
 
     assert result.steps == STEPS  # training went on through the outage
     assert outage.restarted_ms is not None
-    assert outage.logged_while_down == sum(4 <= s <= 7 for vals in outage.produced.values() for s, _ in vals)  # steps 4-7
+    assert outage.logged_while_down == sum(
+        4 <= s <= 7 for vals in outage.produced.values() for s, _ in vals
+    )  # steps 4-7
     assert not run_dir.metrics_spool.exists()
     history = _history(run_id, outage.produced)
     assert history == outage.produced  # every step's values, in order, exactly once

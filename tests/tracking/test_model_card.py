@@ -36,9 +36,23 @@ BIBTEX = {name: get_method(name).bibtex for name in ("d2cse", "dcpcse", "diffcse
 # What a card of each method cites (`MethodSpec.cites`).
 CITES = {name: spec.cites for name, spec in REGISTRY.items()}
 
-OURS = {"sts12": 73.50, "sts13": 84.00, "sts14": 77.43, "sts15": 84.30, "sts16": 81.00, "stsb": 82.10, "sickr": 70.00,
-        "sts_avg": 78.90, "retrieval_r1": 90.21, "retrieval_r3": 97.00, "retrieval_r5": 98.97, "retrieval_r10": 99.48,
-        "alignment": 0.0700, "uniformity": -1.3000, "stsb_pearson": 80.0}
+OURS = {
+    "sts12": 73.50,
+    "sts13": 84.00,
+    "sts14": 77.43,
+    "sts15": 84.30,
+    "sts16": 81.00,
+    "stsb": 82.10,
+    "sickr": 70.00,
+    "sts_avg": 78.90,
+    "retrieval_r1": 90.21,
+    "retrieval_r3": 97.00,
+    "retrieval_r5": 98.97,
+    "retrieval_r10": 99.48,
+    "alignment": 0.0700,
+    "uniformity": -1.3000,
+    "stsb_pearson": 80.0,
+}
 TOKENS_HASH = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
 CORRUPTION_HASH = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -73,9 +87,19 @@ def d2cse_cfg():
 def full_facts(d2cse_cfg):
     tokens = DatasetRef(kind="tokens", key="tok-key", path="/x", rows=10, content_hash=TOKENS_HASH)
     return CardFacts.from_training(
-        d2cse_cfg, OURS, tokens=tokens, corruption=CORRUPTION_HASH, run_id="run123", registered_name="cse-d2cse-bert-base-unsup",
-        version=3, git_commit=COMMIT, trainable_parameters=2_658_818, steps=13_889, best_stsb_dev=83.25,
-        adapter=FakePeftExport(folder="/runs/d2cse/k/peft", exact=False, limitations=["the [CLS] prompt"]))
+        d2cse_cfg,
+        OURS,
+        tokens=tokens,
+        corruption=CORRUPTION_HASH,
+        run_id="run123",
+        registered_name="cse-d2cse-bert-base-unsup",
+        version=3,
+        git_commit=COMMIT,
+        trainable_parameters=2_658_818,
+        steps=13_889,
+        best_stsb_dev=83.25,
+        adapter=FakePeftExport(folder="/runs/d2cse/k/peft", exact=False, limitations=["the [CLS] prompt"]),
+    )
 
 
 def test_full_card_tables_and_published_differences(full_facts):
@@ -88,7 +112,12 @@ def test_full_card_tables_and_published_differences(full_facts):
     assert _row(card, "STS", "difference")[5] == "+0.13" and _row(card, "STS", "difference")[0] == "+0.08"
     # retrieval: our R@1/3/5/10 against the paper's R@1/3/5 (it reports no R@10)
     ret = published.RETRIEVAL[("d2cse", "bert-base", "unsup")]
-    assert _row(card, "Retrieval", "difference") == [f"{OURS['retrieval_r1'] - ret['retrieval_r1']:+.2f}", "+0.09", "+0.00", MISSING]
+    assert _row(card, "Retrieval", "difference") == [
+        f"{OURS['retrieval_r1'] - ret['retrieval_r1']:+.2f}",
+        "+0.09",
+        "+0.00",
+        MISSING,
+    ]
     assert _row(card, "Alignment", "difference") == ["+0.0080", "-0.0373"]
     diffs = published_differences(full_facts)
     assert set(diffs) == {*cols, "retrieval_r1", "retrieval_r3", "retrieval_r5", "alignment", "uniformity"}
@@ -138,7 +167,10 @@ def test_missing_facts_render_as_dashes():
     assert "(not evaluated)" in card.split("### Retrieval", 1)[1].split("###", 1)[0]
     assert _row(card, "Alignment", "this model") == [MISSING, MISSING]
     assert f"git commit: `{MISSING}`" in card and f"MLflow run: `{MISSING}`" in card
-    assert f"| training tokens (wiki1m) | `{MISSING}` |" in card and "corruption" not in card.split("## Data", 1)[1].split("##")[0]
+    assert (
+        f"| training tokens (wiki1m) | `{MISSING}` |" in card
+        and "corruption" not in card.split("## Data", 1)[1].split("##")[0]
+    )
     assert f"This model: {MISSING}" in card and "no MLflow run recorded" in card and "None was exported" in card
     meta = _front_matter(card)
     assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
@@ -147,20 +179,29 @@ def test_missing_facts_render_as_dashes():
 
 
 def test_bare_facts_render_without_metrics_config_or_model_index():
-    facts = CardFacts(method="simcse", method_title="SimCSE", preset="default", backbone="/data/my-local-bert",
-                      setting="unsup")
+    facts = CardFacts(
+        method="simcse", method_title="SimCSE", preset="default", backbone="/data/my-local-bert", setting="unsup"
+    )
     card = model_card(facts)
     meta = _front_matter(card)
-    assert "model-index" not in meta and "base_model" not in meta and "datasets" not in meta  # a local folder: no hub id
+    assert (
+        "model-index" not in meta and "base_model" not in meta and "datasets" not in meta
+    )  # a local folder: no hub id
     assert "## Configuration\n\n— (not recorded)" in card
     assert [k for k in BIBTEX if BIBTEX[k] in card] == ["simcse"]
 
 
 def test_training_data_sources_and_their_hub_ids(tmp_path):
-    hf = resolve_train_config("default", method="d2cse", overrides={"ingest": {"wiki": {"hf": "hf:someone/wiki-sentences@train"}}})
+    hf = resolve_train_config(
+        "default", method="d2cse", overrides={"ingest": {"wiki": {"hf": "hf:someone/wiki-sentences@train"}}}
+    )
     facts = CardFacts.from_training(hf, {})
-    assert facts.datasets == ["someone/wiki-sentences"] and facts.data_sources == {"wiki1m": "hf:someone/wiki-sentences@train"}
-    local = resolve_train_config("sup", method="d2cse", overrides={"ingest": {"nli": {"path": str(tmp_path / "nli.csv")}}})
+    assert facts.datasets == ["someone/wiki-sentences"] and facts.data_sources == {
+        "wiki1m": "hf:someone/wiki-sentences@train"
+    }
+    local = resolve_train_config(
+        "sup", method="d2cse", overrides={"ingest": {"nli": {"path": str(tmp_path / "nli.csv")}}}
+    )
     facts = CardFacts.from_training(local, {})
     assert facts.datasets == [] and facts.data_sources == {"nli": str(tmp_path / "nli.csv")}
     assert "datasets" not in _front_matter(model_card(facts)) and f"nli: {tmp_path / 'nli.csv'}" in model_card(facts)
@@ -172,8 +213,11 @@ def test_published_reference_follows_every_preset():
             cfg = resolve_train_config(preset, method=method)
             facts = CardFacts.from_training(cfg, {})
             key = preset_row(method, preset)
-            expected = key[1] is not None and any(key in t for t in (published.STS, published.RETRIEVAL, published.ALIGN_UNIFORM)) \
+            expected = (
+                key[1] is not None
+                and any(key in t for t in (published.STS, published.RETRIEVAL, published.ALIGN_UNIFORM))
                 or (key[1] is not None and key[2] == "unsup" and (method, key[1]) in published.PARAMETERS)
+            )
             assert (facts.reference is not None) == expected, (method, preset)
             if facts.reference is not None:
                 assert facts.reference.key == key
@@ -191,7 +235,9 @@ def test_adapter_info_accepts_a_peft_export_a_dict_or_none():
     assert AdapterInfo.of(None) is None
     a = AdapterInfo.of(FakePeftExport(folder="p", exact=True))
     assert a == AdapterInfo(folder="p", exact=True, limitations=[])
-    assert AdapterInfo.of({"folder": "q", "limitations": ("x",)}) == AdapterInfo(folder="q", exact=None, limitations=["x"])
+    assert AdapterInfo.of({"folder": "q", "limitations": ("x",)}) == AdapterInfo(
+        folder="q", exact=None, limitations=["x"]
+    )
     with pytest.raises(ValueError, match="lacks `folder`"):
         AdapterInfo.of({"exact": True})
     with pytest.raises(TypeError, match="PeftExport"):
@@ -202,10 +248,20 @@ def test_adapter_from_an_export_folder_renders_its_base_pooling_and_notes(tmp_pa
     """`cse_peft.json` (models/peft_export.py) → exactness, the bundled base, the pooling and `peft_embed.py`."""
     folder = tmp_path / "peft"
     folder.mkdir()
-    (folder / "cse_peft.json").write_text(json.dumps({
-        "format_version": 1, "method": "diffaug", "backbone": "bert-base-uncased", "pooling": {"kind": "cls"},
-        "exact": True, "max_abs_diff": 3.2e-7, "base_model": str(folder / "base_model"),
-        "limitations": ["fine-tuned-base: the base is the fine-tuned encoder bundled in base_model/"]}))
+    (folder / "cse_peft.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "method": "diffaug",
+                "backbone": "bert-base-uncased",
+                "pooling": {"kind": "cls"},
+                "exact": True,
+                "max_abs_diff": 3.2e-7,
+                "base_model": str(folder / "base_model"),
+                "limitations": ["fine-tuned-base: the base is the fine-tuned encoder bundled in base_model/"],
+            }
+        )
+    )
     adapter = AdapterInfo.from_folder(folder)
     assert adapter.exact is True and adapter.pooling == {"kind": "cls"} and adapter.max_abs_diff == 3.2e-7
     card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=adapter))
@@ -221,9 +277,18 @@ def test_from_training_reads_the_checkpoint_and_dataset_refs(tmp_path, d2cse_cfg
     ckpt = tmp_path / "best"
     ckpt.mkdir()
     (ckpt / "cse_model.json").write_text(json.dumps({"trainable_parameters": 1234, "pooler": "cls_before_pooler"}))
-    facts = CardFacts.from_training(d2cse_cfg, OURS, checkpoint=ckpt, adapter={"folder": "ad", "exact": True},
-                                    nli_tokens=DatasetRef(kind="tokens", key="k", path="/p", rows=1, content_hash="nli-hash"))
-    assert facts.trainable_parameters == 1234 and facts.pooler == "cls_before_pooler" and facts.nli_tokens_hash == "nli-hash"
+    facts = CardFacts.from_training(
+        d2cse_cfg,
+        OURS,
+        checkpoint=ckpt,
+        adapter={"folder": "ad", "exact": True},
+        nli_tokens=DatasetRef(kind="tokens", key="k", path="/p", rows=1, content_hash="nli-hash"),
+    )
+    assert (
+        facts.trainable_parameters == 1234
+        and facts.pooler == "cls_before_pooler"
+        and facts.nli_tokens_hash == "nli-hash"
+    )
     card = model_card(facts)
     assert "`cls_before_pooler` pooling" in card and "| NLI tokens | `nli-hash` |" in card
     assert "It reproduces this model's embeddings within 1e-5 (verified at export)." in card
@@ -252,8 +317,9 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
     """`cse card RUN_DIR`: result.json + the MLflow run (config.json, tags, registered version) + the checkpoint."""
     configure_mlflow()
     exp = ensure_experiment("d2cse")
-    with mlflow.start_run(experiment_id=exp, tags={"tokens_hash": TOKENS_HASH, "corruption_hash": CORRUPTION_HASH,
-                                                   "git_commit": COMMIT}) as run:
+    with mlflow.start_run(
+        experiment_id=exp, tags={"tokens_hash": TOKENS_HASH, "corruption_hash": CORRUPTION_HASH, "git_commit": COMMIT}
+    ) as run:
         mlflow.log_text(json.dumps(d2cse_cfg.model_dump()), "config.json")
     client = mlflow.MlflowClient()
     client.create_registered_model("cse-d2cse-bert-base-unsup")
@@ -262,11 +328,22 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
     (job.export).mkdir()
     (job.export / "modules.json").write_text("[]")
     job.best.mkdir()
-    (job.best / "cse_model.json").write_text(json.dumps({"trainable_parameters": 2_658_818, "pooler": "cls_before_pooler"}))
+    (job.best / "cse_model.json").write_text(
+        json.dumps({"trainable_parameters": 2_658_818, "pooler": "cls_before_pooler"})
+    )
     assert cse(["card", str(job.path)]) == 2  # not finished yet
     assert "has not finished" in capsys.readouterr().err
-    job.set_result({"run_id": run.info.run_id, "run_dir": str(job.path), "best_checkpoint": str(job.best), "steps": 10,
-                    "best_stsb_dev": 80.5, "resumed_from": None, "test_metrics": {"sts12": 73.5, "stsb": 82.1}})
+    job.set_result(
+        {
+            "run_id": run.info.run_id,
+            "run_dir": str(job.path),
+            "best_checkpoint": str(job.best),
+            "steps": 10,
+            "best_stsb_dev": 80.5,
+            "resumed_from": None,
+            "test_metrics": {"sts12": 73.5, "stsb": 82.1},
+        }
+    )
     assert cse(["card", str(job.path)]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {job.export / 'README.md'}"
     card = (job.export / "README.md").read_text()
@@ -283,11 +360,26 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
     capsys.readouterr()
     job.peft_adapter.mkdir()
     (job.peft_adapter / "adapter_config.json").write_text("{}")
-    (job.peft_adapter / "cse_peft.json").write_text(json.dumps({
-        "format_version": 1, "method": "d2cse", "backbone": "bert-base-uncased", "pooling": {"kind": "cls"},
-        "exact": True, "max_abs_diff": 0.0, "base_model": "bert-base-uncased", "limitations": []}))
+    (job.peft_adapter / "cse_peft.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "method": "d2cse",
+                "backbone": "bert-base-uncased",
+                "pooling": {"kind": "cls"},
+                "exact": True,
+                "max_abs_diff": 0.0,
+                "base_model": "bert-base-uncased",
+                "limitations": [],
+            }
+        )
+    )
     assert cse(["card", str(job.path)]) == 0
-    assert capsys.readouterr().out.split() == ["wrote", str(job.export / "README.md"),
-                                               "wrote", str(job.peft_adapter / "README.md")]
+    assert capsys.readouterr().out.split() == [
+        "wrote",
+        str(job.export / "README.md"),
+        "wrote",
+        str(job.peft_adapter / "README.md"),
+    ]
     adapter_card = (job.peft_adapter / "README.md").read_text()
     assert "library_name: peft" in adapter_card and 'load_prefix_encoder("<this folder>")' in adapter_card

@@ -40,7 +40,9 @@ def _checkpoint(method: str, backbone, folder, **config):
 
 
 def test_pip_requirements_pin_the_installed_versions():
-    assert pip_requirements() == [f"{n}=={metadata.version(n)}" for n in ("torch", "transformers", "safetensors", "numpy", "mlflow")]
+    assert pip_requirements() == [
+        f"{n}=={metadata.version(n)}" for n in ("torch", "transformers", "safetensors", "numpy", "mlflow")
+    ]
 
 
 def test_registered_model_names(tmp_path):
@@ -49,7 +51,9 @@ def test_registered_model_names(tmp_path):
     assert backbone_label(str(tmp_path / "tiny_bert0") + "/") == "tiny_bert0"
     assert backbone_label("packaged:minilm") == "minilm"
     assert backbone_label("bert-base-uncased") == "bert-base-uncased"
-    assert backbone_label("princeton-nlp/unsup-simcse-bert-base-uncased") == "princeton-nlp-unsup-simcse-bert-base-uncased"
+    assert (
+        backbone_label("princeton-nlp/unsup-simcse-bert-base-uncased") == "princeton-nlp-unsup-simcse-bert-base-uncased"
+    )
     assert registered_model_name("d2cse", "packaged:minilm", "smoke") == "cse-d2cse-minilm-smoke"
     assert registered_model_name("simcse", "./models/my bert:v2", "sup") == "cse-simcse-my-bert-v2-sup"
     with pytest.raises(ValueError, match="a part is empty"):
@@ -62,8 +66,11 @@ def test_fully_trained_encoders_log_as_sentence_transformers_prompt_models_as_py
     for method, config in (("simcse", {"mlp_only_train": False}), ("d2cse", {"prefix_len": 4})):
         folder, expected = _checkpoint(method, tiny_bert_dir, tmp_path / method, **config)
         with mlflow.start_run(experiment_id=experiment) as run:
-            info = log_encoder_model(folder, registered_name=registered_model_name(method, str(tiny_bert_dir), "smoke"),
-                                     version_tags={"method": method})
+            info = log_encoder_model(
+                folder,
+                registered_name=registered_model_name(method, str(tiny_bert_dir), "smoke"),
+                version_tags={"method": method},
+            )
             mlflow.log_metric("best_stsb_dev", {"simcse": 70.0, "d2cse": 60.0}[method])
         logged[method] = (run.info.run_id, info)
         model_info = mlflow.models.get_model_info(f"runs:/{run.info.run_id}/model")
@@ -74,8 +81,9 @@ def test_fully_trained_encoders_log_as_sentence_transformers_prompt_models_as_py
         requirements = mlflow.artifacts.download_artifacts(f"runs:/{run.info.run_id}/model") + "/requirements.txt"
         assert set(pip_requirements()) <= set(open(requirements).read().split())
         for uri in (f"runs:/{run.info.run_id}/model", info.registry_uri):
-            np.testing.assert_allclose(mlflow.pyfunc.load_model(uri).predict(SENTENCES, params={"batch_size": 1}),
-                                       expected, atol=1e-5)
+            np.testing.assert_allclose(
+                mlflow.pyfunc.load_model(uri).predict(SENTENCES, params={"batch_size": 1}), expected, atol=1e-5
+            )
 
     simcse_run, simcse = logged["simcse"]
     assert simcse.flavor == "sentence_transformers" and "pooler 'cls'" in simcse.reason  # CLS + the trained tanh MLP

@@ -14,29 +14,33 @@ ROWS = [{"model": "a", "score": 76.254, "n": 3, "note": None}, {"model": "b", "s
 def test_cell_formatters():
     assert [plain(v) for v in (None, 1.5, "x", 0)] == ["", "1.5", "x", "0"]
     assert [two_decimals(v) for v in (None, 76.254, 3, "x", True)] == ["–", "76.25", "3", "x", "True"]
-    assert [compact_number(v) for v in (None, 0.12345, -0.5, 12.345, 9_999.0, 10_000, 2_657_818.0, "src")] == \
-        ["–", "0.1235", "-0.5000", "12.35", "9999.00", "10,000", "2,657,818", "src"]
+    assert [compact_number(v) for v in (None, 0.12345, -0.5, 12.345, 9_999.0, 10_000, 2_657_818.0, "src")] == [
+        "–",
+        "0.1235",
+        "-0.5000",
+        "12.35",
+        "9999.00",
+        "10,000",
+        "2,657,818",
+        "src",
+    ]
 
 
 # ---------------------------------------------------------------- markdown
 def test_markdown_table_exact():
-    assert markdown_table(ROWS) == ("| model | score | n | note |\n"
-                                    "|---|---|---|---|\n"
-                                    "| a | 76.254 | 3 |  |\n"
-                                    "| b | 0.5 | 12 | x |\n")
+    assert markdown_table(ROWS) == (
+        "| model | score | n | note |\n|---|---|---|---|\n| a | 76.254 | 3 |  |\n| b | 0.5 | 12 | x |\n"
+    )
 
 
 def test_markdown_table_without_header_with_columns_title_and_formatter():
     assert markdown_table(ROWS[:1], header=False) == "| a | 76.254 | 3 |  |\n"
-    assert markdown_table(ROWS, ["n", "model", "missing"], cell=two_decimals) == ("| n | model | missing |\n"
-                                                                                  "|---|---|---|\n"
-                                                                                  "| 3 | a | – |\n"
-                                                                                  "| 12 | b | – |\n")
-    assert markdown_table(ROWS, ["model", "score"], title="Scores", cell=two_decimals) == ("### Scores\n\n"
-                                                                                          "| model | score |\n"
-                                                                                          "|---|---|\n"
-                                                                                          "| a | 76.25 |\n"
-                                                                                          "| b | 0.50 |\n")
+    assert markdown_table(ROWS, ["n", "model", "missing"], cell=two_decimals) == (
+        "| n | model | missing |\n|---|---|---|\n| 3 | a | – |\n| 12 | b | – |\n"
+    )
+    assert markdown_table(ROWS, ["model", "score"], title="Scores", cell=two_decimals) == (
+        "### Scores\n\n| model | score |\n|---|---|\n| a | 76.25 |\n| b | 0.50 |\n"
+    )
 
 
 def test_markdown_table_without_rows():
@@ -76,8 +80,10 @@ def test_nothing_is_published_outside_a_prefect_run(created):
 
 def test_tables_then_markdown_are_published_inside_a_prefect_run(created, monkeypatch):
     monkeypatch.setattr(reporting, "in_prefect_run", lambda: True)
-    published = publish_artifacts(tables={"comparison-sts": (ROWS, "STS"), "comparison-transfer": (ROWS[:1], "transfer")},
-                                  markdown={"comparison": ("# table", "all tables")})
+    published = publish_artifacts(
+        tables={"comparison-sts": (ROWS, "STS"), "comparison-transfer": (ROWS[:1], "transfer")},
+        markdown={"comparison": ("# table", "all tables")},
+    )
     assert published is True
     assert created == [
         ("table", {"table": ROWS, "key": "comparison-sts", "description": "STS"}),
@@ -91,7 +97,6 @@ def test_rendering_imports_neither_prefect_nor_mlflow():
     import subprocess
     import sys
 
-    code = ("import sys, tracking.reporting; "
-            "print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))")
+    code = "import sys, tracking.reporting; print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

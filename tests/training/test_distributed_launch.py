@@ -20,8 +20,17 @@ REF = DatasetRef(kind="tokens", key="k", path="p", rows=1, content_hash="h")
 
 def test_single_node_command_is_standalone_and_runs_the_worker_module():
     cmd = td.torchrun_command(TrainConfig(nproc_per_node=2), Path("/runs/x/job.json"), "x", worker_module="pkg.worker")
-    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-                   "pkg.worker", "/runs/x/job.json"]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "pkg.worker",
+        "/runs/x/job.json",
+    ]
 
 
 def test_multi_node_command_uses_the_rendezvous_endpoint(monkeypatch):
@@ -32,20 +41,52 @@ def test_multi_node_command_uses_the_rendezvous_endpoint(monkeypatch):
     monkeypatch.setenv("CSE_RDZV_ENDPOINT", "node0:29400")
     cmd = td.torchrun_command(two, Path("job.json"), "key", worker_module="pkg.worker")
     assert "--standalone" not in cmd
-    assert cmd[3:] == ["--nproc-per-node", "2", "--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                       "node0:29400", "--rdzv-id", "key", "-m", "pkg.worker", "job.json"]
+    assert cmd[3:] == [
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node0:29400",
+        "--rdzv-id",
+        "key",
+        "-m",
+        "pkg.worker",
+        "job.json",
+    ]
 
 
 def _job(tmp_path, stop_after=None) -> td.DistributedJob:
     run_dir = RunDir("d2cse", "runkey", home=tmp_path)
-    return td.DistributedJob(config=TrainConfig(nproc_per_node=2), tokens=REF, sts=REF, run_dir=str(run_dir.path),
-                             run_id="r1", precision="fp32", stop_after=stop_after)
+    return td.DistributedJob(
+        config=TrainConfig(nproc_per_node=2),
+        tokens=REF,
+        sts=REF,
+        run_dir=str(run_dir.path),
+        run_id="r1",
+        precision="fp32",
+        stop_after=stop_after,
+    )
 
 
-@pytest.mark.parametrize("record", [
-    {"result": {"steps": 8, "best_score": 1.5, "best_step": 4, "resumed_from": None, "seconds": 2.0, "sentences_per_s": 3.0}},
-    {"interrupted": "stopped after step 6 (stop_after)"},
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        {
+            "result": {
+                "steps": 8,
+                "best_score": 1.5,
+                "best_step": 4,
+                "resumed_from": None,
+                "seconds": 2.0,
+                "sentences_per_s": 3.0,
+            }
+        },
+        {"interrupted": "stopped after step 6 (stop_after)"},
+    ],
+)
 def test_launch_hands_over_through_the_job_folder(tmp_path, monkeypatch, record):
     job = _job(tmp_path)
     folder = job.run_folder()

@@ -9,8 +9,8 @@ import torch
 from models.checkpoint import trainable_state_dict
 from models.d2cse import D2CSE, D2CSEModelConfig
 from storage.training_data import CorruptionRows, TokenRows
-from training.rows import TrainingRows, epoch_order
 from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
+from training.rows import TrainingRows, epoch_order
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,12 @@ def rows(shared_data, tokenizer):
             ls.append((c != s).astype(np.int8))
         corrupted[("text", v)], labels[("text", v)] = cs, ls
     tokens = TokenRows(ids=np.arange(len(seqs)), seqs={"text": seqs})
-    return TrainingRows(tokens, CorruptionRows(variants=2, corrupted=corrupted, labels=labels), supervised=False,
-                        pad_id=tokenizer.pad_token_id)
+    return TrainingRows(
+        tokens,
+        CorruptionRows(variants=2, corrupted=corrupted, labels=labels),
+        supervised=False,
+        pad_id=tokenizer.pad_token_id,
+    )
 
 
 def _model(tiny_bert_dir) -> D2CSE:
@@ -40,8 +44,19 @@ def _model(tiny_bert_dir) -> D2CSE:
 
 
 def _loop(**kw) -> LoopConfig:
-    base = dict(batch_size=16, learning_rate=0.02, epochs=2, max_steps=None, grad_clip=1.0, seed=7, eval_steps=4,
-                checkpoint_steps=4, log_steps=2, precision="fp32", deterministic=True)
+    base = dict(
+        batch_size=16,
+        learning_rate=0.02,
+        epochs=2,
+        max_steps=None,
+        grad_clip=1.0,
+        seed=7,
+        eval_steps=4,
+        checkpoint_steps=4,
+        log_steps=2,
+        precision="fp32",
+        deterministic=True,
+    )
     return LoopConfig(**{**base, **kw})
 
 
@@ -73,8 +88,17 @@ def probe(rows):
 
 
 def _trainer(model, rows, tmp_path, rec, stop_after=None, **kw):
-    return Trainer(model, rows, _loop(**kw), torch.device("cpu"), tmp_path / "state", rec.save_best, rec.evaluate, rec.log,
-                   hooks=[StopAfter(stop_after)] if stop_after is not None else [])
+    return Trainer(
+        model,
+        rows,
+        _loop(**kw),
+        torch.device("cpu"),
+        tmp_path / "state",
+        rec.save_best,
+        rec.evaluate,
+        rec.log,
+        hooks=[StopAfter(stop_after)] if stop_after is not None else [],
+    )
 
 
 def test_epoch_order_is_a_function_of_seed_and_epoch():

@@ -31,11 +31,32 @@ class Weighted(torch.nn.Module):
 def _trainer(state, stop_after=None, hooks=(), **loop_kw) -> Trainer:
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(batch_size=4, learning_rate=0.01, epochs=2, max_steps=None, grad_clip=1.0, seed=0, eval_steps=2,
-                      checkpoint_steps=2, log_steps=1, precision="fp32", deterministic=True, **loop_kw)
+    loop = LoopConfig(
+        batch_size=4,
+        learning_rate=0.01,
+        epochs=2,
+        max_steps=None,
+        grad_clip=1.0,
+        seed=0,
+        eval_steps=2,
+        checkpoint_steps=2,
+        log_steps=1,
+        precision="fp32",
+        deterministic=True,
+        **loop_kw,
+    )
     torch.manual_seed(0)
-    return Trainer(Weighted(), rows, loop, torch.device("cpu"), state, lambda *a: None, lambda m: 0.0, lambda *a: None,
-                   hooks=[*hooks, *([StopAfter(stop_after)] if stop_after is not None else [])])
+    return Trainer(
+        Weighted(),
+        rows,
+        loop,
+        torch.device("cpu"),
+        state,
+        lambda *a: None,
+        lambda m: 0.0,
+        lambda *a: None,
+        hooks=[*hooks, *([StopAfter(stop_after)] if stop_after is not None else [])],
+    )
 
 
 def test_the_loop_writes_and_resumes_from_the_files_the_run_folder_names(tmp_path):
@@ -47,8 +68,9 @@ def test_the_loop_writes_and_resumes_from_the_files_the_run_folder_names(tmp_pat
     except TrainingInterrupted:
         pass
     assert run_dir.has_state() and state.exists()
-    assert sorted(p.name for p in state.folder.iterdir()) == sorted(p.name for p in (state.trainable, state.optimizer,
-                                                                                     state.progress))
+    assert sorted(p.name for p in state.folder.iterdir()) == sorted(
+        p.name for p in (state.trainable, state.optimizer, state.progress)
+    )
     assert json.loads(state.progress.read_text())["step"] == 2
     result = _trainer(state).run()
     assert result.resumed_from == 2 and result.steps == 4
@@ -59,5 +81,8 @@ def test_a_bare_folder_means_the_same_file_names(tmp_path):
     assert isinstance(trainer.state, ResumeState) and trainer.state.folder == tmp_path / "state"
     elsewhere = trainer.state.within(tmp_path / "tmp")
     assert (elsewhere.trainable.name, elsewhere.optimizer.name, elsewhere.progress.name) == (
-        trainer.state.trainable.name, trainer.state.optimizer.name, trainer.state.progress.name)
+        trainer.state.trainable.name,
+        trainer.state.optimizer.name,
+        trainer.state.progress.name,
+    )
     assert elsewhere.folder == tmp_path / "tmp"

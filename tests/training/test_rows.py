@@ -20,7 +20,9 @@ def _rows(supervised: bool, variants: int, n: int = 4) -> TrainingRows:
             corrupted[(c, v)] = [np.full(3, 100 * ci + 10 * v + 1) for _ in range(n)]
             labels[(c, v)] = [np.ones(3, dtype=np.int8) for _ in range(n)]
     tokens = TokenRows(ids=np.arange(n), seqs=seqs)
-    return TrainingRows(tokens, CorruptionRows(variants=variants, corrupted=corrupted, labels=labels), supervised, pad_id=0)
+    return TrainingRows(
+        tokens, CorruptionRows(variants=variants, corrupted=corrupted, labels=labels), supervised, pad_id=0
+    )
 
 
 def _variant_read(batch, view: int) -> int:
@@ -62,7 +64,10 @@ def test_supervised_views_read_their_own_column_one_variant_per_epoch():
 
 def test_reuse_description_follows_the_variants_available():
     assert _rows(False, variants=4).reuse_description(epochs=2) == "fresh corruption for every view of every epoch"
-    assert _rows(False, variants=1).reuse_description(epochs=2) == "one corruption per sentence, shared by all views and epochs"
+    assert (
+        _rows(False, variants=1).reuse_description(epochs=2)
+        == "one corruption per sentence, shared by all views and epochs"
+    )
     assert _rows(False, variants=3).reuse_description(epochs=2) == "3 variants cycled over 4 view-epochs"
     plain = TrainingRows(TokenRows(ids=np.arange(2), seqs={"text": [np.array([1, 2])] * 2}), None, False, pad_id=0)
     assert plain.reuse_description(epochs=2) == "no corruption (method does not read it)"
@@ -80,7 +85,9 @@ def _datasets(root, n: int = 40, variants: int = 3, columns=("text",), corrupt_f
     from storage.datasets import write_dataset
 
     rng = np.random.default_rng(0)
-    seqs = {(c, i): [101, *rng.integers(1000, 2000, rng.integers(1, 12)).tolist(), 102] for c in columns for i in range(n)}
+    seqs = {
+        (c, i): [101, *rng.integers(1000, 2000, rng.integers(1, 12)).tolist(), 102] for c in columns for i in range(n)
+    }
     tok = [{"id": i, "column": c, "input_ids": s, "length": len(s)} for (c, i), s in seqs.items()]
     cor = []
     for (c, i), s in seqs.items():
@@ -89,12 +96,24 @@ def _datasets(root, n: int = 40, variants: int = 3, columns=("text",), corrupt_f
             mask = rng.random(len(s)) < 0.3
             x[mask] = rng.integers(1000, 2000, mask.sum())
             original = [s[0] + 1, *s[1:]] if corrupt_from_other else s
-            cor.append({"id": i, "column": c, "variant": v, "input_ids": original, "corrupted_ids": x.tolist(),
-                        "labels": (x != np.array(s)).astype(np.int8).tolist(), "n_masked": int(mask.sum()),
-                        "n_replaced": int((x != np.array(s)).sum())})
+            cor.append(
+                {
+                    "id": i,
+                    "column": c,
+                    "variant": v,
+                    "input_ids": original,
+                    "corrupted_ids": x.tolist(),
+                    "labels": (x != np.array(s)).astype(np.int8).tolist(),
+                    "n_masked": int(mask.sum()),
+                    "n_replaced": int((x != np.array(s)).sum()),
+                }
+            )
     tok = [tok[j] for j in rng.permutation(len(tok))]
     cor = [cor[j] for j in rng.permutation(len(cor))]
-    parts = lambda rows, schema: [pa.Table.from_pylist(rows[k:k + 25], schema=schema) for k in range(0, len(rows), 25)]  # noqa: E731
+
+    def parts(rows, schema):
+        return [pa.Table.from_pylist(rows[k : k + 25], schema=schema) for k in range(0, len(rows), 25)]
+
     write_dataset(root, "tokens", "t", parts(tok, schemas.TOKENS), schemas.TOKENS)
     write_dataset(root, "corruption", "c", parts(cor, schemas.CORRUPTION), schemas.CORRUPTION)
 
@@ -120,7 +139,9 @@ def _materialised(root, columns, limit=None) -> tuple[TokenRows, CorruptionRows]
     corrupted, labels = {}, {}
     for c in columns:
         for v in range(variants):
-            part = cor.filter(pc.and_(pc.equal(cor.column("column"), c), pc.equal(cor.column("variant"), v))).sort_by("id")
+            part = cor.filter(pc.and_(pc.equal(cor.column("column"), c), pc.equal(cor.column("variant"), v))).sort_by(
+                "id"
+            )
             part = part.slice(0, len(ids))
             corrupted[(c, v)], labels[(c, v)] = lists(part.column("corrupted_ids")), lists(part.column("labels"))
     return TokenRows(ids=ids, seqs=seqs), CorruptionRows(variants, corrupted, labels)
@@ -142,7 +163,7 @@ def test_memory_mapped_rows_give_the_batches_the_materialised_rows_gave(tmp_path
     for epoch in range(3):
         order = epoch_order(len(mapped), seed=7, epoch=epoch)
         for start in range(0, len(order), 8):
-            a, b = mapped.batch(order[start:start + 8], epoch), before.batch(order[start:start + 8], epoch)
+            a, b = mapped.batch(order[start : start + 8], epoch), before.batch(order[start : start + 8], epoch)
             for name in ("input_ids", "attention_mask", "corrupted_ids", "rtd_labels"):
                 assert torch.equal(getattr(a, name), getattr(b, name)), (epoch, start, name)
 
@@ -172,8 +193,11 @@ def test_memory_mapped_loaders_keep_their_checks(tmp_path):
     from storage.datasets import write_dataset
 
     uneven = DataRoot(tmp_path / "c")
-    rows = [{"id": i, "column": c, "input_ids": [101, 102], "length": 2} for c, n in (("sent0", 3), ("sent1", 2))
-            for i in range(n)]
+    rows = [
+        {"id": i, "column": c, "input_ids": [101, 102], "length": 2}
+        for c, n in (("sent0", 3), ("sent1", 2))
+        for i in range(n)
+    ]
     write_dataset(uneven, "tokens", "t", [pa.Table.from_pylist(rows, schema=schemas.TOKENS)], schemas.TOKENS)
     with pytest.raises(ValueError, match="tokens dataset t: columns are not row-aligned"):
         load_token_rows(uneven, "t", ("sent0", "sent1"))

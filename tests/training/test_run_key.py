@@ -28,8 +28,15 @@ def test_defaults_of_later_fields_keep_the_old_key(method):
     assert run_key(cfg, TOKENS, None) == _key_without_new_fields(cfg)
 
 
-@pytest.mark.parametrize("method,field,value", [("simcse", "dropout", 0.0), ("dcpcse", "train_prompts", False),
-                                                ("d2cse", "head_learning_rate", 1e-3), ("diffaug", "shared_prefix", True)])
+@pytest.mark.parametrize(
+    "method,field,value",
+    [
+        ("simcse", "dropout", 0.0),
+        ("dcpcse", "train_prompts", False),
+        ("d2cse", "head_learning_rate", 1e-3),
+        ("diffaug", "shared_prefix", True),
+    ],
+)
 def test_a_later_field_off_its_default_is_a_new_job(method, field, value):
     base = resolve_train_config("smoke", method=method)
     changed = resolve_train_config("smoke", {"model": {field: value}}, method=method)
