@@ -36,9 +36,13 @@ def method_tokens(path: Path, pattern: re.Pattern) -> list[tuple[int, str]]:
 def source_files() -> list[Path]:
     unit_modules = {f"models/{name}.py" for name in METHODS}
     files = []
-    for path in sorted(REPO_ROOT.rglob("*.py")):
+    tops = [p for p in REPO_ROOT.iterdir() if p.name not in SKIPPED_DIRS and not p.name.startswith(".")]
+    candidates = [
+        p for top in tops for p in ([top] if top.suffix == ".py" else top.rglob("*.py") if top.is_dir() else [])
+    ]
+    for path in sorted(candidates):
         rel = path.relative_to(REPO_ROOT)
-        if rel.parts[0] in SKIPPED_DIRS or str(rel) in ALLOWED | unit_modules:
+        if str(rel) in ALLOWED | unit_modules:
             continue
         files.append(path)
     return files

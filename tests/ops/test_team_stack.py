@@ -260,6 +260,8 @@ def team_env(tmp_path, tiny_bert_dir, shared_data):
             "CSE_PREFECT_PORT": str(prefect_port),
             "CSE_MLFLOW_PORT": str(mlflow_port),
             "CSE_MLFLOW_WORKERS": "1",
+            # Prefect's worker ignores SIGTERM for about 30 s; `down` escalates to SIGKILL after this grace period
+            "CSE_STOP_TIMEOUT": "5",
             "CSE_WORKER_NAMES": " ".join(WORKERS),
             "CSE_WORKER_LIMIT": "2",
             "CSE_WORKER_GPUS": " ".join(GPU_SETS),
