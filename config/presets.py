@@ -292,6 +292,15 @@ D2CSE_PRESETS = PRESETS["d2cse"]
 
 
 def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Recursively merge `overrides` into `base`; nested dicts are merged, any other value replaces.
+
+    Args:
+        base: the dict to start from (not modified).
+        overrides: values that take precedence over `base`.
+
+    Returns:
+        A new dict with the merged values.
+    """
     out = dict(base)
     for k, v in overrides.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v

@@ -204,6 +204,16 @@ def backbone_family(backbone: str) -> str | None:
 
 
 def setting_of(method: str, preset: str, supervised: bool) -> str:
+    """The published-table setting of a run: `sup`, `unsup`, or for diffaug unsupervised `semi` / `semi-aux`.
+
+    Args:
+        method: the method name.
+        preset: the preset name (a diffaug preset naming `aux` selects `semi-aux`).
+        supervised: whether the run trains on supervised (NLI) data.
+
+    Returns:
+        The setting key used by the published results.
+    """
     if method == "diffaug" and not supervised:
         return "semi-aux" if "aux" in preset else "semi"
     return "sup" if supervised else "unsup"

@@ -42,6 +42,8 @@ class ShardRunnerSettings:
 
 @dataclass(frozen=True)
 class Settings:
+    """Process-wide paths and endpoints: home, data roots, MLflow tracking and artifact locations, shard runner."""
+
     home: Path
     data_root: Path
     shared_data: Path

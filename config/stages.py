@@ -90,6 +90,8 @@ Dataset = Literal[
 
 
 class IngestConfig(_Config):
+    """Configuration of the ingest stage: which datasets to fetch, their sources, retries and validation."""
+
     datasets: tuple[Dataset, ...] = ("wiki1m", "nli", "sts")
     wiki: WikiSource = WikiSource()
     nli: NliSource = NliSource()

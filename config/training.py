@@ -63,6 +63,8 @@ class PrefixPhaseConfig(_Config):
 
 
 class TrainConfig(_Config):
+    """The full configuration of a training job: method, preset, backbone, data, corruption and model settings."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     method: str = Field(

@@ -20,6 +20,8 @@ DEV_TASKS: tuple[str, ...] = ("stsb", "sickr")
 
 
 class Correlation(BaseModel):
+    """Spearman and Pearson correlation of predicted and gold similarities over `n` pairs."""
+
     spearman: float
     pearson: float
     n: int
@@ -55,6 +57,8 @@ class RetrievalScore(BaseModel):
 
 
 class AlignUniform(BaseModel):
+    """Alignment and uniformity of the embeddings (Wang & Isola, 2020) with the settings they were computed with."""
+
     alignment: float
     uniformity: float
     n_positive_pairs: int
@@ -67,18 +71,24 @@ class AlignUniform(BaseModel):
 
 
 class Neighbour(BaseModel):
+    """A retrieved neighbour sentence, its cosine similarity to the query, and whether it is an expected answer."""
+
     sentence: str
     cosine: float
     is_answer: bool = False
 
 
 class QueryNeighbours(BaseModel):
+    """A qualitative retrieval example: a query, its expected answers and its nearest neighbours."""
+
     query: str
     answers: list[str] = Field(default_factory=list)
     neighbours: list[Neighbour]
 
 
 class Timing(BaseModel):
+    """Evaluation wall time, embedding time, sentences and tokens embedded, and throughput."""
+
     seconds: float
     embed_seconds: float
     sentences: int
@@ -87,6 +97,8 @@ class Timing(BaseModel):
 
 
 class EvalResult(BaseModel):
+    """The result of an STS evaluation: per-task scores, averages, optional retrieval, alignment and timing."""
+
     mode: Literal["test", "dev"]
     tasks: dict[str, TaskScore]
     sts_avg: float | None = None

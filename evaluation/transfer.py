@@ -68,6 +68,8 @@ class TransferDataError(ValueError):
 
 
 class TransferTaskScore(BaseModel):
+    """The score of one SentEval transfer task: accuracies, chosen L2 penalties, sizes and timing."""
+
     task: str
     acc: float = Field(description="test accuracy ×100 (mean over outer folds for MR/CR/SUBJ/MPQA), two decimals")
     devacc: float = Field(description="SentEval's devacc ×100: validation accuracy of the chosen L2 penalty")
@@ -82,6 +84,8 @@ class TransferTaskScore(BaseModel):
 
 
 class TransferTiming(BaseModel):
+    """Transfer evaluation wall time, split into embedding and classifier time, with throughput."""
+
     seconds: float
     embed_seconds: float
     classifier_seconds: float
@@ -91,6 +95,8 @@ class TransferTiming(BaseModel):
 
 
 class TransferResult(BaseModel):
+    """The result of a transfer evaluation: per-task scores, averages, classifier settings and timing."""
+
     mode: str = "transfer"
     classifier: str
     settings: dict

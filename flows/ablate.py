@@ -29,6 +29,20 @@ VARIANTS: dict[str, dict[str, bool]] = dict(ABLATED.ablations)
 def ablation_children(
     preset: str, overrides: dict[str, Any] | None, variants: list[str], cls_prompt: list[bool]
 ) -> list[Child]:
+    """The child runs of the d2cse ablation: one per variant and CLS mode (prompt or static).
+
+    Args:
+        preset: the preset of every child.
+        overrides: config overrides shared by every child.
+        variants: the ablation variants to run.
+        cls_prompt: the CLS modes to run (True: CLS prompt, False: static CLS).
+
+    Returns:
+        The children.
+
+    Raises:
+        ValueError: an unknown variant.
+    """
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown ablation variants {unknown}; known: {sorted(VARIANTS)}")
@@ -45,6 +59,15 @@ def ablation_children(
 
 
 def ablation_table(results: list[ChildResult], setting: str) -> list[dict[str, Any]]:
+    """Rows comparing each ablation run's STS average with the published d2cse ablation (Lee, 2023).
+
+    Args:
+        results: the child results.
+        setting: `sup` or `unsup`.
+
+    Returns:
+        One row per child with its score, the published score and their difference.
+    """
     rows = []
     for r in results:
         variant, cls = r.label.split("-", 1)
@@ -74,6 +97,19 @@ def ablate_d2cse(
     dispatch: Dispatch = "deployment",
     deployment: str = "default",
 ) -> list[dict]:
+    """Run the d2cse ablation (Lee, 2023) and publish a table against the paper's.
+
+    Args:
+        preset: the preset of every child.
+        overrides: config overrides shared by every child.
+        variants: the ablation variants (default: all).
+        cls_prompt: the CLS modes (default: both).
+        dispatch: how children are run.
+        deployment: the deployment children run on.
+
+    Returns:
+        The table rows.
+    """
     variants = variants or list(VARIANTS)
     cls_prompt = [True, False] if cls_prompt is None else cls_prompt
     cfg = resolve_train_config(preset, overrides, method=ABLATED.name)

@@ -46,6 +46,8 @@ class Child(BaseModel):
 
 
 class ChildResult(BaseModel):
+    """The outcome of a child training run: final state, MLflow run id, best dev score, metrics and error."""
+
     label: str
     state: str  # COMPLETED | FAILED | CRASHED | CANCELLED
     run_id: str | None = None

@@ -20,6 +20,14 @@ from tasks.compare import ComparisonSummary, record_comparison, select_runs
 
 @task(name="compare-runs")
 def compare_task(selection: dict) -> ComparisonSummary:
+    """Select runs and record their comparison.
+
+    Args:
+        selection: keyword arguments of the run selection.
+
+    Returns:
+        The comparison summary.
+    """
     runs = select_runs(**selection)
     return record_comparison(runs, selection)
 
@@ -33,6 +41,19 @@ def compare(
     group: str | None = None,
     latest_per_label: bool = True,
 ) -> ComparisonSummary:
+    """Compare selected training runs and print the comparison table.
+
+    Args:
+        methods: methods to select.
+        run_ids: MLflow run ids to select.
+        tags: MLflow tags the runs must have.
+        experiments: MLflow experiments to search.
+        group: the flow group the runs belong to.
+        latest_per_label: keep only the latest run of each label.
+
+    Returns:
+        The comparison summary.
+    """
     selection = {
         "methods": methods,
         "run_ids": run_ids,

@@ -14,6 +14,14 @@ DEFAULT_CONFIG = EvalConfig(model="packaged:minilm", pooler="avg")
 
 @flow(name="evaluate", log_prints=True)
 def evaluate(config: EvalConfig = DEFAULT_CONFIG) -> EvalSummary:
+    """Evaluate a model on the STS tasks and print the result row.
+
+    Args:
+        config: the evaluation configuration.
+
+    Returns:
+        The evaluation summary.
+    """
     summary = evaluate_task(config)
     print(summary.table_row)
     print(f"evaluation {summary.evaluation_id}  MLflow run {summary.mlflow_run_id}")

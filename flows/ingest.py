@@ -13,6 +13,14 @@ from tasks.transfer_data import ingest_transfer
 
 @flow(name="ingest", log_prints=True)
 def ingest(config: IngestConfig = IngestConfig()) -> dict[str, DatasetRef]:
+    """Ingest the configured datasets into the data root (cache hits are reused).
+
+    Args:
+        config: the ingest configuration.
+
+    Returns:
+        Dataset name → its dataset reference.
+    """
     refs = {
         name: ingest_transfer(config) if name == "transfer" else ingest_dataset(name, config)
         for name in config.datasets

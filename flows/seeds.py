@@ -61,6 +61,20 @@ def seeds(
     dispatch: Dispatch = "deployment",
     deployment: str = "default",
 ) -> list[dict]:
+    """Train one method with several seeds and publish the mean and standard deviation of its metrics.
+
+    Args:
+        method: the method to train.
+        preset: the preset.
+        n: the number of seeds when `seed_list` is not given (from the preset's seed).
+        seed_list: explicit seeds.
+        overrides: config overrides shared by every child.
+        dispatch: how children are run.
+        deployment: the deployment children run on.
+
+    Returns:
+        One row per metric with its mean and standard deviation.
+    """
     base = resolve_train_config(preset, overrides, method=method)  # fail fast on a bad preset/override
     seed_list = seed_list or [base.seed + i for i in range(n)]  # from the preset's own seed (42; DiffAug's scripts: 0)
     children = [

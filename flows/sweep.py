@@ -45,6 +45,21 @@ def nested(path: str, value: Any) -> dict[str, Any]:
 def grid_children(
     method: str, preset: str, overrides: dict[str, Any] | None, grid: dict[str, list[Any]], prefix: str = ""
 ) -> list[Child]:
+    """The child runs of a grid over dotted config keys, one per combination of values.
+
+    Args:
+        method: the method of every child.
+        preset: the preset of every child.
+        overrides: config overrides shared by every child.
+        grid: dotted config key → values to try.
+        prefix: a prefix of every child label.
+
+    Returns:
+        The children.
+
+    Raises:
+        ValueError: the grid is empty or a key has no values.
+    """
     if not grid or any(not v for v in grid.values()):
         raise ValueError(f"grid needs at least one value per key, got {grid}")
     keys = list(grid)
@@ -69,6 +84,16 @@ def fine_grid(results: list[tuple[float, float]], step: float) -> list[float]:
 
 
 def selection_rows(children: list[Child], results: list[ChildResult], stage: str) -> list[dict[str, Any]]:
+    """Table rows of a sweep stage: each child's label, state, best dev score and run id.
+
+    Args:
+        children: the children of the stage.
+        results: their results, in the same order.
+        stage: the stage name.
+
+    Returns:
+        One row per child.
+    """
     return [
         {"stage": stage, "child": c.label, "state": r.state, "best_stsb_dev": r.best_stsb_dev, "run_id": r.run_id}
         for c, r in zip(children, results)
@@ -87,6 +112,22 @@ def sweep(
     dispatch: Dispatch = "deployment",
     deployment: str = "default",
 ) -> dict:
+    """Sweep hyperparameters by dev score: a grid, or a coarse then fine learning-rate search.
+
+    Args:
+        method: the method to train.
+        preset: the preset.
+        strategy: `grid` or `lr-two-step`.
+        grid: dotted config key → values (strategy `grid`).
+        coarse: the coarse learning rates (strategy `lr-two-step`).
+        fine_step: the step of the fine learning-rate grid.
+        overrides: config overrides shared by every child.
+        dispatch: how children are run.
+        deployment: the deployment children run on.
+
+    Returns:
+        The best child's row, the rows of all children, the group id and the `best` aliases set.
+    """
     resolve_train_config(preset, overrides, method=method)  # fail fast
     params = {
         "preset": preset,

@@ -37,6 +37,16 @@ def tokenize(
     ingest_config: IngestConfig = IngestConfig(),
     config: TokenizeConfig = TokenizeConfig(),
 ) -> DatasetRef:
+    """Tokenize an ingested training dataset into token shards.
+
+    Args:
+        dataset: `wiki1m` or `nli`.
+        ingest_config: the ingest configuration of the source dataset.
+        config: the tokenization configuration.
+
+    Returns:
+        The reference of the token dataset.
+    """
     ref = prepare_tokens(dataset, ingest_config, config)
     print(f"tokens {ref.rows:,d} sentences  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
     return ref

@@ -173,6 +173,18 @@ def save_checkpoint(model: CSEModel, folder: str | Path, extra_meta: dict[str, A
 
 
 def read_checkpoint_meta(folder: str | Path) -> dict[str, Any]:
+    """Read the metadata JSON of a checkpoint folder.
+
+    Args:
+        folder: the checkpoint folder.
+
+    Returns:
+        The metadata as a dict.
+
+    Raises:
+        FileNotFoundError: the folder has no metadata file.
+        CheckpointError: the metadata file is not valid UTF-8 JSON.
+    """
     path = Path(folder) / META_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a checkpoint: {path} is missing")

@@ -46,6 +46,11 @@ T = TypeVar("T")
 
 # ------------------------------------------------------------------------------------------------ process group
 def initialised() -> bool:
+    """Whether a torch.distributed process group is available and initialised.
+
+    Returns:
+        True inside an initialised process group.
+    """
     return dist.is_available() and dist.is_initialized()
 
 
@@ -65,6 +70,11 @@ def local_rank() -> int:
 
 
 def is_main() -> bool:
+    """Whether this process is rank 0 (always true when not distributed).
+
+    Returns:
+        True on the main rank.
+    """
     return rank() == 0
 
 
@@ -85,6 +95,7 @@ def local_only() -> Iterator[None]:
 
 
 def barrier() -> None:
+    """Wait for all ranks; a no-op with a single process."""
     if world() > 1:
         dist.barrier()
 
@@ -240,14 +251,20 @@ class _GlobalBatchNorm:
 
 
 class GlobalBatchNorm1d(_GlobalBatchNorm, nn.BatchNorm1d):
+    """`BatchNorm1d` whose training statistics are computed over the global batch of all ranks."""
+
     pass
 
 
 class GlobalBatchNorm2d(_GlobalBatchNorm, nn.BatchNorm2d):
+    """`BatchNorm2d` whose training statistics are computed over the global batch of all ranks."""
+
     pass
 
 
 class GlobalBatchNorm3d(_GlobalBatchNorm, nn.BatchNorm3d):
+    """`BatchNorm3d` whose training statistics are computed over the global batch of all ranks."""
+
     pass
 
 
@@ -310,6 +327,15 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Broadcast a picklable object from rank `src` to all ranks; returned unchanged with a single process.
+
+    Args:
+        obj: the object (only the value on `src` matters).
+        src: the sending rank.
+
+    Returns:
+        The object sent by `src`.
+    """
     if world() < 2:
         return obj
     box = [obj]
@@ -318,6 +344,14 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 
 def all_gather_object(obj: Any) -> list[Any]:
+    """Gather a picklable object from every rank; `[obj]` with a single process.
+
+    Args:
+        obj: this rank's object.
+
+    Returns:
+        The objects of all ranks, in rank order.
+    """
     if world() < 2:
         return [obj]
     out: list[Any] = [None] * world()

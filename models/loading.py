@@ -25,6 +25,14 @@ _RANDOM_MLM_SIZES = {
 
 
 def is_random_init(name: str) -> bool:
+    """Whether `name` denotes a random-initialised masked LM (`random-init:<size>`).
+
+    Args:
+        name: a model name or path.
+
+    Returns:
+        True for a `random-init:` name.
+    """
     return name.startswith(RANDOM_INIT)
 
 
@@ -60,6 +68,14 @@ def resolve_model_path(name_or_path: str) -> str:
 
 @lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load (and cache) the tokenizer of a model; random-init models use the packaged MiniLM tokenizer.
+
+    Args:
+        name_or_path: an HF hub id, local folder, `packaged:minilm` or `random-init:<size>`.
+
+    Returns:
+        The tokenizer.
+    """
     if is_random_init(name_or_path):
         return load_tokenizer(PACKAGED_MINILM)
     return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
@@ -71,12 +87,29 @@ def load_encoder(name_or_path: str, **kwargs) -> torch.nn.Module:
 
 
 def load_masked_lm(name_or_path: str, **kwargs) -> torch.nn.Module:
+    """Load a masked language model, or build a seeded random one for a `random-init:` name.
+
+    Args:
+        name_or_path: an HF hub id, local folder, `packaged:minilm` or `random-init:<size>`.
+        **kwargs: passed to `AutoModelForMaskedLM.from_pretrained`.
+
+    Returns:
+        The masked LM.
+    """
     if is_random_init(name_or_path):
         return build_random_masked_lm(name_or_path)
     return AutoModelForMaskedLM.from_pretrained(resolve_model_path(name_or_path), **kwargs)
 
 
 def load_config(name_or_path: str):
+    """Load the HF model configuration of a model.
+
+    Args:
+        name_or_path: an HF hub id, local folder or `packaged:minilm`.
+
+    Returns:
+        The `transformers` configuration.
+    """
     return AutoConfig.from_pretrained(resolve_model_path(name_or_path))
 
 
@@ -109,6 +142,8 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 class VocabularyMismatchError(ValueError):
+    """A generator tokenizer whose vocabulary differs from the encoder's."""
+
     pass
 
 
@@ -124,6 +159,17 @@ def check_same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase
 
 
 def pick_device(device: str = "auto") -> torch.device:
+    """The torch device to use: `auto` picks CUDA when available, else CPU.
+
+    Args:
+        device: `auto`, `cuda`, `cpu` or any torch device string.
+
+    Returns:
+        The device.
+
+    Raises:
+        RuntimeError: `cuda` was requested but no CUDA device is available.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

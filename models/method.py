@@ -88,6 +88,14 @@ class StepOutput:
 
 
 def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
+    """The shape of a backbone (its configuration values for the shape keys; missing keys are `None`).
+
+    Args:
+        backbone: a `transformers` model with a `config`.
+
+    Returns:
+        Shape key → value.
+    """
     cfg = backbone.config
     return {k: getattr(cfg, k, None) for k in SHAPE_KEYS}
 

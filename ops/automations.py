@@ -83,6 +83,11 @@ def ensure_zombie_automation(heartbeat: int | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Ensure the Prefect automation that marks flow runs of lost workers as crashed exists, and print its id.
+
+    Args:
+        argv: the command-line arguments; `None` reads `sys.argv`.
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--heartbeat-seconds",

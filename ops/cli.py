@@ -66,6 +66,11 @@ def _views(root: DataRoot) -> list[str]:
 
 
 def report(root: DataRoot) -> None:
+    """Print a report of the data root: datasets, damaged datasets, corruption statistics and evaluations.
+
+    Args:
+        root: the data root.
+    """
     refresh_catalog(root)
     print(f"Data root: {root.root}\n\nDatasets:")
     _print(
@@ -247,6 +252,14 @@ def _one_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `cse` command line: run a command, printing an error as one line (`--debug` shows the traceback).
+
+    Args:
+        argv: the command-line arguments; `None` reads `sys.argv`.
+
+    Returns:
+        The exit status.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     install_log_redaction()  # no credential in clear in any warning a command logs
     debug = "--debug" in argv

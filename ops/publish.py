@@ -33,6 +33,8 @@ class ExportFolderError(ValueError):
 
 @dataclass(frozen=True)
 class PushResult:
+    """The outcome of a hub push: the repository id, its URL and the URL of the upload commit."""
+
     repo_id: str
     url: str  # the repository (at `revision` when one was given)
     commit_url: str | None

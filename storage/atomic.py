@@ -68,6 +68,15 @@ def write_parquet(table: pa.Table, path: str | Path, schema: pa.Schema | None = 
 
 
 def write_json(obj: Any, path: str | Path) -> Path:
+    """Write `obj` as sorted, indented JSON to `path` atomically (via a temporary file).
+
+    Args:
+        obj: a JSON-serialisable object (other values are written with `str`).
+        path: the destination file.
+
+    Returns:
+        The path written.
+    """
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
     return Path(path)
@@ -97,6 +106,11 @@ def process_alive(pid: int) -> bool:
 
 
 def remove_path(p: Path) -> None:
+    """Remove a file, symlink or directory tree at `p`; a missing path is not an error.
+
+    Args:
+        p: the path to remove.
+    """
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:

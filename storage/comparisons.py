@@ -18,6 +18,17 @@ from storage.manifest import Manifest
 def write_comparison(
     root: DataRoot, comparison_id: str, rows: Sequence[Mapping[str, Any]], params: Mapping[str, Any] | None = None
 ) -> Manifest:
+    """Write a comparison table as the `comparisons` dataset `comparison_id` and refresh the catalog.
+
+    Args:
+        root: the data root.
+        comparison_id: the dataset key of the comparison.
+        rows: one mapping per compared run; keys outside the comparison schema are dropped.
+        params: parameters recorded in the manifest.
+
+    Returns:
+        The manifest of the written dataset.
+    """
     table = pa.Table.from_pylist(
         [{f.name: r.get(f.name) for f in schemas.COMPARISONS} for r in rows], schema=schemas.COMPARISONS
     )

@@ -24,6 +24,14 @@ from storage.manifest import Manifest, file_facts
 
 
 def part_name(i: int) -> str:
+    """The file name of part `i` of a dataset (`part-00000.parquet`).
+
+    Args:
+        i: the part index.
+
+    Returns:
+        The part file name.
+    """
     return f"part-{i:05d}.parquet"
 
 
@@ -114,6 +122,16 @@ def publish_files(
 
 
 def dataset_files(root: DataRoot, kind: str, key: str) -> list[Path]:
+    """The part files of an existing dataset, as listed in its manifest.
+
+    Args:
+        root: the data root.
+        kind: the dataset kind.
+        key: the dataset key.
+
+    Returns:
+        The absolute paths of the dataset's files.
+    """
     m = root.require(kind, key)
     return m.paths(root.dataset_dir(kind, key))
 

@@ -26,6 +26,8 @@ from storage.readers import read_senteval, senteval_root, senteval_source_files
 
 @dataclass(frozen=True)
 class StsInput:
+    """STS evaluation data, with where it came from (a dataset or a folder) and its content hash."""
+
     table: pa.Table
     origin: str  # "dataset" | "folder"
     location: str  # dataset key or folder path

@@ -30,6 +30,8 @@ MIRROR_NAMES: dict[str, tuple[str, ...]] = {
 
 
 class ChecksumError(ValueError):
+    """A downloaded file's size or SHA-256 differs from the expected value."""
+
     pass
 
 
@@ -50,6 +52,16 @@ def mirror_lookup(canonical: str) -> Path | None:
 
 
 def verify(path: Path, sha256: str | None = None, size: int | None = None) -> None:
+    """Check a file's size and SHA-256 against expected values; a value left `None` is not checked.
+
+    Args:
+        path: the file to check.
+        sha256: the expected hex digest (case-insensitive).
+        size: the expected size in bytes.
+
+    Raises:
+        ChecksumError: the size or digest differs.
+    """
     if size is not None and path.stat().st_size != size:
         raise ChecksumError(f"{path}: size {path.stat().st_size} bytes, expected {size}")
     if sha256 is not None and (got := sha256_file(path)) != sha256.lower():

@@ -12,6 +12,14 @@ _CHUNK = 1 << 20
 
 
 def sha256_file(path: str | Path) -> str:
+    """The SHA-256 hex digest of a file, read in chunks.
+
+    Args:
+        path: the file to hash.
+
+    Returns:
+        The hex digest.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -33,6 +41,14 @@ def combine_hashes(digests: Iterable[str]) -> str:
 
 
 def canonical_json(obj: Any) -> str:
+    """A canonical JSON string of `obj` (sorted keys, no whitespace) for stable hashing.
+
+    Args:
+        obj: a JSON-serialisable object (other values are written with `str`).
+
+    Returns:
+        The JSON text.
+    """
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 

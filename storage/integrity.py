@@ -221,6 +221,16 @@ def mark_damaged(folder: str | Path, problems: list[Problem]) -> Path:
 
 
 def quarantine_path(data_root: Path, kind: str, key: str) -> Path:
+    """A fresh, timestamped quarantine location for a damaged dataset.
+
+    Args:
+        data_root: the data root folder.
+        kind: the dataset kind.
+        key: the dataset key.
+
+    Returns:
+        The path under the quarantine folder to move the dataset to.
+    """
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     return data_root / QUARANTINE_DIR / kind / f"{key}-{stamp}"
 

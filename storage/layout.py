@@ -32,6 +32,8 @@ NO_PARQUET_KINDS = ("generator",)  # datasets of model files (storage/generators
 
 
 class DataRoot:
+    """The data root folder: the layout of its datasets, downloads and catalog, and access to their manifests."""
+
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
 

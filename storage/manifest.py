@@ -51,6 +51,8 @@ class ArrowCopy(BaseModel):
 
 
 class Manifest(BaseModel):
+    """The manifest of a dataset: kind, key, rows, content hash, files and their sizes, provenance and statistics."""
+
     kind: str
     key: str
     rows: int

@@ -65,6 +65,8 @@ _EXAMPLES = 10  # file:line examples kept per kind of finding
 
 @dataclass
 class ReadStats:
+    """Counts and first examples of what a source reader found (rows, empty, skipped and per-finding counts)."""
+
     rows: int = 0
     empty: int = 0  # rows with at least one empty sentence (kept)
     skipped: int = 0  # rows skipped by the format's own rule (e.g. unscored STS pairs)
@@ -91,6 +93,18 @@ class ReadStats:
 
 
 def require_file(path: str | Path, what: str) -> Path:
+    """Return `path` if it is an existing file, else fail naming `what` was expected.
+
+    Args:
+        path: the expected file.
+        what: a description of the file for the error message.
+
+    Returns:
+        The path.
+
+    Raises:
+        FileNotFoundError: `path` is not a file.
+    """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"missing {what}: expected a file at {p}")

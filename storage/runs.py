@@ -120,6 +120,8 @@ class ResumeState:
 
 
 class RunDir:
+    """The folder of a training job (`<home>/runs/<method>/<run key>`): its state, checkpoints and lock."""
+
     def __init__(self, method: str, run_key: str, home: Path | None = None):
         self.path = (home or get_settings().home) / "runs" / check_key(method, "method") / check_key(run_key, "run key")
         self.path.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,14 @@ from storage.manifest import Manifest
 
 
 def shard_name(shard: int) -> str:
+    """The file name of shard `shard` (`shard-00000.parquet`).
+
+    Args:
+        shard: the shard index.
+
+    Returns:
+        The shard file name.
+    """
     return f"shard-{shard:05d}.parquet"
 
 

@@ -24,6 +24,8 @@ CANONICAL_NAMES = {"wiki1m": "wiki1m_for_simcse.txt", "nli": "nli_for_simcse.csv
 
 @dataclass(frozen=True)
 class ResolvedSource:
+    """A resolved ingest source: the local file or folder, where it came from and its content hash."""
+
     dataset: str
     path: Path  # a file (wiki1m, nli) or the SentEval folder (sts); an HF source: the folder of its (first) dataset
     origin: str  # "path" | "mirror" | "url" | "hf"

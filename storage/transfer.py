@@ -270,6 +270,8 @@ def transfer_source_files(path: str | Path, tasks: tuple[str, ...] = TRANSFER_TA
 
 @dataclass(frozen=True)
 class TransferInput:
+    """Transfer-task data, with where it came from (a dataset or a folder) and its content hash."""
+
     table: pa.Table
     origin: str  # "dataset" | "folder"
     location: str  # dataset key or folder path

@@ -46,6 +46,8 @@ _SOURCES = {
 
 
 class RunRecord(BaseModel):
+    """A training run selected for a comparison: ids, method, backbone, preset, setting and its metrics."""
+
     run_id: str
     label: str
     method: str
@@ -241,6 +243,8 @@ def table_columns(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[Any
 
 
 class ComparisonSummary(BaseModel):
+    """The outcome of a comparison: its id, run count, MLflow run, markdown table and updated `best` aliases."""
+
     comparison_id: str
     runs: int
     mlflow_run_id: str

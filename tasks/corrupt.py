@@ -101,6 +101,16 @@ def _root() -> DataRoot:
 
 
 def shard_path(root: DataRoot, key: str, shard: int) -> Path:
+    """The path of shard `shard` of the corruption dataset `key`.
+
+    Args:
+        root: the data root.
+        key: the dataset key.
+        shard: the shard index.
+
+    Returns:
+        The shard file path.
+    """
     return sharded.shard_path(root, KIND, key, shard)
 
 

@@ -29,6 +29,14 @@ def _main_callbacks(job: DistributedJob):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one rank of a distributed training job, with rank 0 logging to MLflow.
+
+    Args:
+        argv: the command-line arguments (the job file); `None` reads `sys.argv`.
+
+    Returns:
+        The process exit status.
+    """
     return rank_main(argv, _main_callbacks)
 
 

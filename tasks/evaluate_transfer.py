@@ -70,6 +70,16 @@ def transfer_evaluation_row(
 
 
 def write_transfer_files(result: TransferResult, label: str, folder: Path) -> dict[str, Path]:
+    """Write a transfer result as JSON, a Table 2 markdown row and per-task CSV and markdown tables.
+
+    Args:
+        result: the transfer result.
+        label: the row label of the Table 2 rows.
+        folder: the folder to write into (created if missing).
+
+    Returns:
+        File name → path of each file written.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, text in (

@@ -102,6 +102,16 @@ def _accuracy(predicted: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def accuracy_markdown(accuracy: dict[str, float], positions: int, sentences: int) -> str:
+    """A markdown table of held-out masked-token top-1 accuracy per predictor.
+
+    Args:
+        accuracy: predictor key → accuracy.
+        positions: the number of masked positions evaluated.
+        sentences: the number of held-out sentences.
+
+    Returns:
+        The markdown table.
+    """
     rows = [{"predictor": PREDICTORS[k], "top-1 accuracy": f"{accuracy[k]:.4f}"} for k in PREDICTORS if k in accuracy]
     return markdown_table(
         rows,
@@ -267,6 +277,15 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
 
 
 def stable_seed(seed: int, what: str) -> int:
+    """A deterministic 63-bit seed derived from `seed` and a purpose string.
+
+    Args:
+        seed: the base seed.
+        what: what the seed is for (different purposes get independent seeds).
+
+    Returns:
+        The derived seed.
+    """
     return int(stable_hash({"seed": seed, "what": what}), 16) & (2**63 - 1)
 
 

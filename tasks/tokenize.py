@@ -112,6 +112,8 @@ class TokenizePlan(ShardedPlan):
 
 
 class TokenShardResult(ShardDone):
+    """Statistics of one tokenized shard: sentences, truncated sentences, total and maximum length."""
+
     sentences: int
     truncated: int
     length_sum: int

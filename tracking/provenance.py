@@ -8,6 +8,11 @@ from config.settings import REPO_ROOT
 
 
 def git_commit() -> str:
+    """The git commit of the repository checkout, or `unknown` when git cannot tell.
+
+    Returns:
+        The commit hash.
+    """
     try:
         return subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=10
@@ -17,6 +22,11 @@ def git_commit() -> str:
 
 
 def prefect_flow_run_id() -> str | None:
+    """The id of the current Prefect flow run, or `None` outside a flow run.
+
+    Returns:
+        The flow run id.
+    """
     try:
         from prefect.runtime import flow_run
 

@@ -136,6 +136,8 @@ class LoopConfig:
 
 @dataclass
 class LoopResult:
+    """Summary of a training loop: steps, best dev score and its step, resume point, time and throughput."""
+
     steps: int
     best_score: float | None
     best_step: int | None
@@ -154,6 +156,11 @@ SDPA_BACKENDS = {
 
 
 def set_seed(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's random number generators.
+
+    Args:
+        seed: the seed (taken modulo 2**32 for NumPy).
+    """
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
