@@ -741,6 +741,7 @@ def load(out: Path) -> dict[str, Any]:
 def merge(paths: list[Path], out: Path, command: str) -> int:
     report = load(out)
     have = {cell_id(c): c for c in _cells(report)}
+    threads = set()
     for p in paths:
         part = json.loads(Path(p).read_text())
         if part.get("protocol") != protocol_hash():
@@ -751,6 +752,10 @@ def merge(paths: list[Path], out: Path, command: str) -> int:
             have[cell_id(c)] = c
         report["commands"] = list(dict.fromkeys(report.get("commands", []) + part.get("commands", [])))
         report.setdefault("environment", part.get("environment"))
+        threads.add(str((part.get("environment") or {}).get("torch_threads")))
+    if report.get("environment") and len(threads) > 1:
+        # parts run with different thread counts: the report names them all
+        report["environment"] = {**report["environment"], "torch_threads": ", ".join(sorted(threads))}
     report["cells"] = list(have.values())
     report["commands"].append(command)
     write(report, out)
