@@ -14,7 +14,8 @@ training subset of wheels (README "Air-gapped GPU nodes") and a torch: no networ
    `training.loop.Trainer.run` with its precision (bf16 on CUDA, fp32 on CPU). Rows are synthetic ids of exactly
    the preset's maximum length; corrupted ids are random replacements (the corruption stage is measured apart).
    - steps/s and tokens/s: median step wall time of the last `--steps` steps, after `--warmup` steps;
-   - peak memory: `torch.cuda.max_memory_allocated` over the run (CPU: null);
+   - peak memory: the highest per-step `torch.cuda.max_memory_allocated` of the run (`Trainer.peak_memory_gb`;
+     CPU: null);
    - FLOPs: counted by `torch.utils.flop_counter.FlopCounterMode` over one whole training step (forward and
      backward as they run: matmuls, attention, convolutions; elementwise ops are not counted), MFU = FLOPs/step ÷
      step time ÷ the GPU's dense bf16 peak (`PEAK_TFLOPS` by device name, or `--peak-tflops`; CPU: null);
@@ -277,7 +278,7 @@ def training_throughput(
             hooks=[Timed()],
         )
         trainer.run()
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        peak = trainer.peak_memory_gb if device.type == "cuda" else None  # the steps' peak (training/memory.py)
         last = trainer.phases[-1]
         probe = last.rows.batch(np.arange(last.batch_size), 0)
         if last.aux_rows is not None:

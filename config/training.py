@@ -40,6 +40,9 @@ KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {
     "shared_prefix": False,
     "head_learning_rate": None,
 }
+# Job fields added after jobs had been keyed, with their defaults: left out of the run key at their default (the same
+# rule as KEY_NEUTRAL_MODEL_DEFAULTS, storage/keys.py).
+KEY_NEUTRAL_JOB_DEFAULTS: dict[str, Any] = {"grad_cache": {"chunk_size": None}}
 DEFAULT_BACKBONE = "bert-base-uncased"
 
 
@@ -59,6 +62,17 @@ class PrefixPhaseConfig(_Config):
     schedule_over_joint_steps: bool = Field(
         default=True,
         description="reference quirk: its linear decay is computed over the stage-2 step count, so it never reaches 0",
+    )
+
+
+class GradCacheConfig(_Config):
+    """Exact gradient caching (Gao et al., 2021; models/grad_cache.py): the paper's batch in the memory of a chunk."""
+
+    chunk_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="rows (sentences × views) of each rank's batch encoded at a time; the loss still sees the whole "
+        "batch and the gradients are those of the whole batch. None = off (every pass on the whole batch)",
     )
 
 
@@ -107,6 +121,7 @@ class TrainConfig(_Config):
         default=None, ge=1, description="use only the first N training rows; None = all"
     )
     grad_clip: float = Field(default=1.0, gt=0, description="global gradient-norm clipping threshold")
+    grad_cache: GradCacheConfig = GradCacheConfig()
     seed: int = Field(default=42, ge=0)
     eval_steps: int = Field(default=125, ge=1)
     checkpoint_steps: int | None = Field(default=None, ge=1, description="resume-state cadence; None = eval_steps")
@@ -183,6 +198,8 @@ class TrainConfig(_Config):
             object.__setattr__(
                 self, "corrupt", self.corrupt.for_job(self.seed, required_variants(self.epochs, self.supervised))
             )
+        if self.grad_cache.chunk_size is not None and (reason := cls.grad_cache_refusal(self.model)):
+            raise ValueError(f"grad_cache.chunk_size: {self.method} cannot cache gradients exactly here: {reason}")
         phases = cls.phases
         if "prefix" in phases and self.prefix_phase is None:
             raise ValueError(f"method {self.method} trains a prefix phase first: set prefix_phase")

@@ -178,6 +178,12 @@ class ConditionalRTDModel(CSEModel):
             context: what `encode_rows` returned beside the CLS states.
         """
 
+    def encode_cls_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The CLS states of `encode_rows` without its context: the per-row pass grad_cache chunks."""
+        return self.encode_rows(input_ids, attention_mask, token_type_ids)[0]
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -204,8 +210,12 @@ class ConditionalRTDModel(CSEModel):
         flat = lambda t: None if t is None else t.reshape(rows, length)  # noqa: E731
         ids, mask, types = flat(input_ids), flat(attention_mask), flat(token_type_ids)
 
-        cls, context = self.encode_rows(ids, mask, types)
-        h = self.projection(cls)
+        chunks = self.row_chunks  # whole, or cached chunks of rows under grad_cache (models/grad_cache.py)
+        if chunks.enabled:
+            cls, context = chunks.map(self.encode_cls_rows, ids, mask, types), None
+        else:
+            cls, context = self.encode_rows(ids, mask, types)
+        h = self.projection(cls)  # the BN-MLP over all B·n rows, as without the cache
         z = h.view(batch, n, -1)
         cfg = self.config
         l_cl = contrastive_loss(
@@ -216,7 +226,8 @@ class ConditionalRTDModel(CSEModel):
             hard_negative_weight=cfg.hard_negative_weight,
         )
 
-        logits = self.discriminate_rows(flat(corrupted_ids), mask, h, types, context)
+        # per row: chunk i of the discriminator pass reads chunk i of h, whose gradient flows back to the BN-MLP
+        logits = chunks.map(self.discriminate_rows, flat(corrupted_ids), mask, h, types, context=context)
         labels = flat(rtd_labels)
         l_rtd = rtd_loss(logits, labels, mask, mean_over_padding=cfg.rtd_mean_over_padding)
         with torch.no_grad():

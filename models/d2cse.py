@@ -210,6 +210,18 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             prefix=context if self.config.discriminator_reuses_prefix_sample else None,
         )
 
+    @classmethod
+    def grad_cache_refusal(cls, config: D2CSEModelConfig) -> str | None:
+        """`discriminator_reuses_prefix_sample` hands the encoder pass's prefix sample of every row to the
+        discriminator pass; the cached chunks draw and drop their samples one chunk at a time."""
+        if config.discriminator_reuses_prefix_sample:
+            return (
+                "discriminator_reuses_prefix_sample=True reuses the encoder pass's prefix sample of the whole batch in "
+                "the discriminator pass, and cached chunks keep no sample beyond their own pass (the default, a fresh "
+                "prefix sample for the discriminator pass, is cached exactly)"
+            )
+        return None
+
     def parameter_groups(self, phase: str) -> list[dict]:
         """Prompts, [CLS] prompt, BN-MLP and RTD head at the job's LR; ablation (b)'s trainable discriminator in a group of
         its own at `discriminator_learning_rate`; the BN-MLP and RTD head in one at `head_learning_rate` when set."""

@@ -41,6 +41,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from models.batching import TrainBatch
+from models.distributed import global_mean
 from models.heads import SimCSEPoolerMLP
 from models.losses import contrastive_loss
 from models.method import CSEModel, PromptConfig, StepOutput
@@ -364,6 +365,28 @@ class DCPCSE(PromptedModel, CSEModel):
             generator=generator,
         )
 
+    def mlm_terms(
+        self,
+        masked_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        prefix: PrefixKeyValues,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(Σ cross-entropy, count)` over the masked positions of the LM head on the prompted encoder's token states.
+
+        Only the masked positions go through the head (the same loss and gradients as running it on every
+        token, without the `(N, T, V)` logits). The MLM loss is the sum over the count (`mlm_loss`); the two parts
+        let a chunked step (grad_cache) add the chunks' sums before dividing by the batch's count.
+        """
+        if self.lm_head is None:
+            raise ValueError("this DCPCSE model was built with mlm=False")
+        states = self.encoder(masked_ids, attention_mask, token_type_ids, prefix=prefix).last_hidden_state
+        selected = labels != IGNORE_INDEX
+        logits = self.lm_head(states[selected].unsqueeze(0)).squeeze(0)  # heads expect (N, T, d)
+        total = F.cross_entropy(logits.float(), labels[selected], reduction="sum")
+        return total, selected.sum()
+
     def mlm_loss(
         self,
         masked_ids: torch.Tensor,
@@ -372,19 +395,25 @@ class DCPCSE(PromptedModel, CSEModel):
         prefix: PrefixKeyValues,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Cross-entropy mean over the masked positions of the LM head on the prompted encoder's token states.
+        """Cross-entropy mean over the masked positions (of the global batch under distributed training); no masked
+        position at all → a zero loss on the graph."""
+        return global_mean(*self.mlm_terms(masked_ids, attention_mask, labels, prefix, token_type_ids))
 
-        Only the masked positions go through the head (the same loss and gradients as running it on every
-        token, without the `(N, T, V)` logits). No masked position at all → a zero loss.
+    def encode_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The per-row pass of a training step on `(B', T)` rows: CLS states, and with `mlm` the MLM sum and count.
+
+        One prefix sample (fresh dropout) serves the contrastive pass and the MLM pass of the same rows, and every row
+        is masked independently, so the rows can be encoded in chunks (grad_cache) with the same objective.
         """
-        if self.lm_head is None:
-            raise ValueError("this DCPCSE model was built with mlm=False")
-        states = self.encoder(masked_ids, attention_mask, token_type_ids, prefix=prefix).last_hidden_state
-        selected = labels != IGNORE_INDEX
-        logits = self.lm_head(states[selected].unsqueeze(0)).squeeze(0)  # heads expect (N, T, d)
-        if logits.shape[0] == 0:
-            return logits.sum() * 0.0
-        return F.cross_entropy(logits.float(), labels[selected])
+        prefix = self.prompts(input_ids.shape[0])
+        cls = self.encode_cls(input_ids, attention_mask, token_type_ids, prefix=prefix)
+        if not self.config.mlm:
+            return cls, None, None
+        masked_ids, labels = self.mask_for_mlm(input_ids, attention_mask)
+        total, count = self.mlm_terms(masked_ids, attention_mask, labels, prefix, token_type_ids)
+        return cls, total, count
 
     def forward(
         self,
@@ -403,8 +432,9 @@ class DCPCSE(PromptedModel, CSEModel):
         ids, mask = input_ids.reshape(rows, length), attention_mask.reshape(rows, length)
         types = None if token_type_ids is None else token_type_ids.reshape(rows, length)
 
-        prefix = self.prompts(rows)  # one dropout sample, shared by the contrastive and the MLM pass
-        z = self.mlp(self.encode_cls(ids, mask, types, prefix=prefix)).view(batch, n, -1)
+        # whole, or in cached chunks of rows under grad_cache (models/grad_cache.py); MLM sums and counts add up
+        cls, mlm_total, mlm_count = self.row_chunks.map(self.encode_rows, ids, mask, types)
+        z = self.mlp(cls).view(batch, n, -1)
         l_cl = contrastive_loss(
             z[:, 0],
             z[:, 1],
@@ -415,8 +445,7 @@ class DCPCSE(PromptedModel, CSEModel):
         if not self.config.mlm:
             return DCPCSEOutput(loss=l_cl, contrastive_loss=l_cl, mlm_loss=None, mlm_weight=0.0, z=z)
 
-        masked_ids, labels = self.mask_for_mlm(ids, mask)
-        l_mlm = self.mlm_loss(masked_ids, mask, labels, prefix, types)
+        l_mlm = global_mean(mlm_total, mlm_count)
         weight = mlm_weight_at(step, self.config.mlm_weight, self.config.mlm_decay, self.config.mlm_decay_steps)
         return DCPCSEOutput(loss=l_cl + weight * l_mlm, contrastive_loss=l_cl, mlm_loss=l_mlm, mlm_weight=weight, z=z)
 

@@ -416,6 +416,15 @@ class DiffAug(PromptedModel, CSEModel):
         if mask.shape != ids.shape:
             raise ValueError(f"{what}: attention_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
 
+    def prefix_stage_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mask_states` with gradients for the prefix stage's parameters only: the per-row pass of stage 1. The
+        exclusion is taken here too because a cached chunk (grad_cache) re-runs this pass during the backward,
+        outside `prefix_stage_step`."""
+        with self._gradients_only_for(self.phase_parameters("prefix")):
+            return self.mask_states(input_ids, attention_mask, modules)
+
     def prefix_stage_step(self, batch: TrainBatch) -> StepOutput:
         """Stage 1: NLI cross-entropy with the MLP, no denoising; gradients only for prefix encoder + classifier."""
         self._check_views(batch.input_ids, batch.attention_mask, (3,), "stage-1 (prefix) input_ids")
@@ -424,7 +433,9 @@ class DiffAug(PromptedModel, CSEModel):
         b, n, _ = batch.input_ids.shape
         with self._gradients_only_for(self.phase_parameters("prefix")):
             modules = self.view_modules(b, n, batch.input_ids.device)
-            states, _ = self.mask_states(batch.flat(batch.input_ids), batch.flat(batch.attention_mask), modules)
+            states, _ = self.row_chunks.map(
+                self.prefix_stage_states, batch.flat(batch.input_ids), batch.flat(batch.attention_mask), modules
+            )
             loss, accuracy = self.nli_loss(self.mlp(states).view(b, n, -1))
         return StepOutput(loss, {"loss_nli": loss.detach(), "nli_accuracy": accuracy})
 
@@ -449,7 +460,9 @@ class DiffAug(PromptedModel, CSEModel):
             )
             mask = torch.cat([F.pad(mask, (0, width - t)), F.pad(aux.flat(aux.attention_mask), (0, width - at))])
             modules = torch.cat([modules, self.joint_modules(ab, an, device)])
-        states, lengths = self.mask_states(ids, mask, modules)
+        # whole, or in cached chunks of rows under grad_cache (models/grad_cache.py); denoising, the MLP and both
+        # losses run on all rows' states
+        states, lengths = self.row_chunks.map(self.mask_states, ids, mask, modules)
         rows = b * n
         main = states[:rows]
         if self.config.denoise:

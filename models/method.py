@@ -25,6 +25,7 @@ from torch import nn
 
 from models.batching import TrainBatch
 from models.embedder import SentenceEmbedder
+from models.grad_cache import NO_CHUNKS, RowChunks
 
 if TYPE_CHECKING:
     from models.peft_export import PeftPlan
@@ -167,7 +168,9 @@ class CSEModel(SentenceEmbedder):
     - `ablations`: named model-config variants of the paper's ablation table (flows/ablate.py runs them), if any;
     - `peft_plan(plan)`: how a checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py); the
       default, None, means the method exports no adapter. `exports_peft_adapter` is set on every subclass: whether
-      it defines its own `peft_plan`.
+      it defines its own `peft_plan`;
+    - `row_chunks`: how `training_step` runs its per-row passes (models/grad_cache.py: whole, or in cached chunks
+      with exact gradients); set by `use_grad_cache`, which asks `grad_cache_refusal` first.
     """
 
     method: ClassVar[str]
@@ -184,6 +187,8 @@ class CSEModel(SentenceEmbedder):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.exports_peft_adapter = cls.peft_plan is not CSEModel.peft_plan
+
+    row_chunks: RowChunks = NO_CHUNKS  # per-row passes whole (the default) or in cached chunks (use_grad_cache)
 
     # State-dict prefixes the evaluation embedding never reads (a trainable discriminator, RTD head): left out of
     # saved checkpoints (resume state keeps them), so a DiffCSE checkpoint holds one encoder, not two.
@@ -259,6 +264,33 @@ class CSEModel(SentenceEmbedder):
             "backbone": self.config.backbone,
             "pooler": self.evaluation_pooler,
         }
+
+    @classmethod
+    def grad_cache_refusal(cls, config: MethodConfig) -> str | None:
+        """Why a model of this configuration cannot train with exact gradient caching, or None (it can).
+
+        A method's per-row passes go through `self.row_chunks.map`; a configuration whose loss ties rows of different
+        chunks together outside the cached vectors overrides this with the reason. The job's config checks it
+        before anything runs (`config.training.TrainConfig`).
+
+        Args:
+            config: the method's model config.
+        """
+        return None
+
+    def use_grad_cache(self, chunks: RowChunks) -> None:
+        """Run the per-row passes of `training_step` as `chunks` says (models/grad_cache.py).
+
+        Args:
+            chunks: the chunking; `RowChunks()` (no chunk size) runs every pass whole.
+
+        Raises:
+            ValueError: chunking is asked for a configuration that refuses it (`grad_cache_refusal`), with the reason.
+        """
+        reason = type(self).grad_cache_refusal(self.config) if chunks.enabled else None
+        if reason:
+            raise ValueError(f"grad_cache.chunk_size: {self.method} cannot cache gradients exactly here: {reason}")
+        self.row_chunks = chunks
 
     def peft_plan(self, plan: PeftPlan) -> PeftPlan | None:
         """How this model's checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py).

@@ -132,7 +132,9 @@ class SimCSE(CSEModel):
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
         batch, n, length = input_ids.shape
-        cls = self.encode_cls(input_ids.reshape(-1, length), attention_mask.reshape(-1, length))
+        # the encoder pass is per row: in cached chunks under grad_cache (models/grad_cache.py); the MLP and the loss
+        # run on all B·n vectors
+        cls = self.row_chunks.map(self.encode_cls, input_ids.reshape(-1, length), attention_mask.reshape(-1, length))
         z = (self.mlp(cls) if self.config.train_mlp else cls).view(batch, n, -1)
         loss = contrastive_loss(
             z[:, 0],

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from config.settings import get_settings
-from config.training import KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
+from config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
 from storage import keys
 from storage.datasets import DatasetRef
 from storage.layout import DataRoot
@@ -35,7 +35,7 @@ def run_key(
     cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None
 ) -> str:
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
-    config = cfg.model_dump(exclude=set(LAUNCH_FIELDS))
+    config = keys.without_defaults(cfg.model_dump(exclude=set(LAUNCH_FIELDS)), KEY_NEUTRAL_JOB_DEFAULTS)
     config["model"] = keys.without_defaults(
         config["model"], KEY_NEUTRAL_MODEL_DEFAULTS
     )  # (the rule of storage/keys.py)
@@ -159,6 +159,7 @@ def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
         log_steps=cfg.log_steps,
         precision=precision,
         deterministic=cfg.deterministic,
+        grad_cache_chunk_size=cfg.grad_cache.chunk_size,
     )
 
 

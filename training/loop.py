@@ -52,8 +52,10 @@ from tqdm.auto import tqdm
 
 from models import distributed
 from models.checkpoint import trainable_state_dict
+from models.grad_cache import RowChunks
 from storage.atomic import atomic_dir
 from storage.runs import ResumeState, ResumeStateDamaged, check_file_records, file_records
+from training.memory import PeakMemory
 from training.rows import TrainingRows, epoch_order
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,9 @@ class LoopConfig:
     prefetch: bool | None = None
     # Write the resume state at checkpoint steps and at the end (False: nothing is written; the run cannot resume).
     save_state: bool = True
+    # Exact gradient caching (models/grad_cache.py): the per-row passes of a step run in chunks of this many rows of
+    # the rank's batch, the loss on the whole batch; None runs them whole.
+    grad_cache_chunk_size: int | None = None
 
 
 @dataclass
@@ -277,7 +282,11 @@ class Trainer:
         if cfg.sdpa_backend and cfg.sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"sdpa_backend {cfg.sdpa_backend!r} is not one of {sorted(SDPA_BACKENDS)}")
         self.prefetch = device.type == "cuda" if cfg.prefetch is None else cfg.prefetch
+        self._use_grad_cache(cfg)
         self._step_fn = torch.compile(self.model.training_step) if cfg.compile else self.model.training_step
+        # Peak memory of each step (CUDA allocations; CPU: the resident set), the last step's and the run's, GiB
+        self.memory = PeakMemory(device) if device.type in ("cuda", "cpu") else None
+        self.step_peak_memory_gb, self.peak_memory_gb = float("nan"), 0.0
         # Host time spent getting each step's batch onto the device (waiting for the prefetch, building it, issuing
         # the copy) and the loop's wall time, both since run() began: host_wait_share = host_wait_s / loop_s.
         self.host_wait_s, self.loop_s = 0.0, 0.0
@@ -285,6 +294,20 @@ class Trainer:
         self.phase_index = -1
         self._orders: dict[tuple[int, int, int], object] = {}
         self.enter_phase(0)
+
+    def _use_grad_cache(self, cfg: LoopConfig) -> None:
+        """Hand `grad_cache_chunk_size` to the model (`CSEModel.use_grad_cache`), refusing what cannot combine."""
+        if cfg.grad_cache_chunk_size is None:
+            return
+        if cfg.compile:
+            raise ValueError(
+                "grad_cache.chunk_size and CSE_COMPILE=1 cannot be combined: the cached chunks are re-run during "
+                "the backward, outside the compiled training step; unset one of them"
+            )
+        use = getattr(self.model, "use_grad_cache", None)
+        if use is None:
+            raise ValueError(f"grad_cache.chunk_size: {type(self.model).__name__} has no per-row passes to cache")
+        use(RowChunks(cfg.grad_cache_chunk_size))
 
     def _check_shardable(self) -> None:
         """Every rank needs at least one row of every batch (the last batch of an epoch may be short)."""
@@ -490,6 +513,8 @@ class Trainer:
             The step's loss, its loss terms and the gradient norm, as floats.
         """
         self.model.train()
+        if self.memory is not None:
+            self.memory.reset()
         for h in self.hooks:
             h.on_forward_start(self, batch)
         with self.precision_context():
@@ -498,7 +523,9 @@ class Trainer:
             h.on_forward_end(self, batch)
         self._require_finite("loss", out.loss, out.metrics)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(out.loss).backward()
+        # (the SDPA kernel choice also holds in the backward, where grad_cache re-runs its chunks)
+        with sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()) if self.cfg.sdpa_backend else nullcontext():
+            self.scaler.scale(out.loss).backward()
         if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
             distributed.all_reduce_gradients(self.params)
             distributed.check_replicated(out.loss, f"{self.phase.name}-phase loss of {type(self.model).__name__}")
@@ -513,6 +540,9 @@ class Trainer:
         self.scheduler.step()
         for h in self.hooks:
             h.on_update_end(self)
+        if self.memory is not None:
+            self.step_peak_memory_gb = self.memory.peak_gb()
+            self.peak_memory_gb = max(self.peak_memory_gb, self.step_peak_memory_gb)
         values = {"loss": out.loss, **out.metrics, "grad_norm": grad_norm}
         return {n: self._value(v) for n, v in values.items()}
 
@@ -616,6 +646,7 @@ class Trainer:
 
     def _run_steps(self, pool, bar, t0: float, resumed: int | None) -> LoopResult:
         sentences, window_t, window_sent, window_tok, window_wait = 0, time.perf_counter(), 0, 0, 0.0
+        window_peak = 0.0  # the highest per-step peak memory since the last log
         next_batch = None  # (step, future) of the prefetched batch
         while self.step < self.total_steps:
             self.enter_phase(self._phase_of(self.step))
@@ -635,6 +666,7 @@ class Trainer:
             for h in self.hooks:
                 h.on_step_start(self, batch)
             metrics = self.train_step(batch)
+            window_peak = max(window_peak, self.step_peak_memory_gb)
             self.step += 1
             sentences += n_sentences
             window_sent += n_sentences
@@ -653,11 +685,12 @@ class Trainer:
                 )
                 for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
                     metrics[f"learning_rate_{group.get('name', 'group')}"] = lr
-                if self.device.type == "cuda":
-                    metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                if self.memory is not None:  # the steps' peak (CUDA: allocated tensors; CPU: resident set)
+                    metrics["peak_memory_gb"] = window_peak
                 if self.rank == 0:
                     self.log_metrics(metrics, self.step)
                 window_t, window_sent, window_tok, window_wait = time.perf_counter(), 0, 0, 0.0
+                window_peak = 0.0
             if self.step % self.cfg.eval_steps == 0:
                 self._main_only(self._maybe_evaluate)
             if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:

@@ -1,6 +1,7 @@
 """Distributed training (models/distributed.py, training/loop.py): two gloo processes on CPU compute exactly what one
 process computes on the concatenated batch — loss, metrics, the gradients of every trainable tensor (summed over
-ranks), BatchNorm running statistics, and whole training runs through the Trainer (with a kill and resume).
+ranks), BatchNorm running statistics, and whole training runs through the Trainer (with a kill and resume) — also
+with each rank's rows in gradient-cached chunks (models/grad_cache.py).
 
 Dropout is off everywhere (backbone p = 0, prefix dropout 0), so the two runs see the same function. The methods with
 the BN-MLP (D2CSE, DiffCSE) run in float64: the CLS states of a random tiny BERT are nearly equal across rows, and
@@ -158,14 +159,18 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(before)
 
 
-def _step(kind: str, batch: TrainBatch, phase: str, dtype: torch.dtype) -> dict:
+def _step(kind: str, batch: TrainBatch, phase: str, dtype: torch.dtype, chunk: int | None = None) -> dict:
     with _default_dtype(dtype):
-        return _step_in_default_dtype(kind, batch, phase)
+        return _step_in_default_dtype(kind, batch, phase, chunk)
 
 
-def _step_in_default_dtype(kind: str, batch: TrainBatch, phase: str) -> dict:
-    """Loss, metrics, trainable gradients (summed over ranks when distributed) and buffers of one training step."""
+def _step_in_default_dtype(kind: str, batch: TrainBatch, phase: str, chunk: int | None = None) -> dict:
+    """Loss, metrics, trainable gradients (summed over ranks when distributed) and buffers of one training step;
+    `chunk`: its per-row passes in cached chunks of that many rows (models/grad_cache.py)."""
+    from models.grad_cache import RowChunks
+
     model = _build(kind)
+    model.use_grad_cache(RowChunks(chunk))
     model.train()
     convert_batchnorm(model)  # as the Trainer does; identical to nn.BatchNorm1d outside distributed training
     if dist.is_initialized():
@@ -229,13 +234,14 @@ class Recorder:
         return float(torch.nn.functional.cosine_similarity(e[0:1], e[1:2]))
 
 
-def _train(state_dir: Path, stop_after: int | None = None):
+def _train(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
     with _default_dtype(torch.float64):
-        return _train_in_default_dtype(state_dir, stop_after)
+        return _train_in_default_dtype(state_dir, stop_after, chunk)
 
 
-def _train_in_default_dtype(state_dir: Path, stop_after: int | None = None):
-    """D2CSE (BN-MLP + RTD) through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4 rows)."""
+def _train_in_default_dtype(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
+    """D2CSE (BN-MLP + RTD) through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4 rows);
+    `chunk`: grad_cache's chunk size."""
     from models.checkpoint import trainable_state_dict
     from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 
@@ -251,6 +257,7 @@ def _train_in_default_dtype(state_dir: Path, stop_after: int | None = None):
         log_steps=2,
         precision="fp32",
         deterministic=True,
+        grad_cache_chunk_size=chunk,
     )
     model, rec = _build("d2cse"), Recorder()
     trainer = Trainer(
@@ -342,7 +349,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         out_dir = Path(out)
         res: dict = {
-            "steps": {name: _step(kind, make(), phase, dtype) for name, (kind, make, phase, dtype) in CASES.items()}
+            "steps": {name: _step(kind, make(), phase, dtype) for name, (kind, make, phase, dtype) in CASES.items()},
+            # grad_cache: each rank's rows (8 or 6, 12 or 9) in cached chunks of 3 (a short last one on some ranks)
+            "cached": {
+                name: _step(kind, make(), phase, dtype, chunk=3) for name, (kind, make, phase, dtype) in CASES.items()
+            },
         }
 
         x = torch.arange(6.0).view(3, 2).add(10 * rank)[: 3 - rank].clone().requires_grad_(True)  # 3 rows, then 2
@@ -358,6 +369,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         res["straight"] = _train(out_dir / "straight")
         assert _train(out_dir / "killed", stop_after=4) is None
         res["resumed"] = _train(out_dir / "killed")
+        res["cached_straight"] = _train(out_dir / "cached_straight", chunk=2)
+        assert _train(out_dir / "cached_killed", stop_after=4, chunk=2) is None
+        res["cached_resumed"] = _train(out_dir / "cached_killed", chunk=2)
         res["local_mean"] = _local_mean_is_refused(out_dir)
         torch.save(res, out_dir / f"rank{rank}.pt")
     finally:
@@ -403,6 +417,36 @@ def test_loss_and_summed_gradients_equal_one_process_on_the_concatenated_batch(r
             _close(got["buffers"][n], b, f"rank {r} buffer {n}")
     if kind in ("d2cse", "diffcse"):
         assert single["buffers"], "the BN-MLP's running statistics are compared"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cached_chunks_on_two_ranks_equal_one_process_on_the_whole_batch(ranks, name):
+    """grad_cache under data parallelism: each rank's rows in chunks of 3, the loss on the all-gathered batch."""
+    kind, make, phase, dtype = CASES[name]
+    single = _step(kind, make(), phase, dtype)
+    for r, res in enumerate(ranks):
+        got = res["cached"][name]
+        _close(got["loss"], single["loss"], f"rank {r} cached loss")
+        assert got["grads"].keys() == single["grads"].keys()
+        for n, g in single["grads"].items():
+            if g is None:
+                assert got["grads"][n] is None, n
+            else:
+                _close(got["grads"][n], g, f"rank {r} cached gradient of {n}")
+        for n, b in single["buffers"].items():
+            _close(got["buffers"][n], b, f"rank {r} cached buffer {n}")
+
+
+def test_trainer_with_cached_chunks_on_two_ranks_equals_one_process_and_resumes(ranks, tmp_path):
+    single = _train(tmp_path / "single")
+    for r in ranks:
+        cached, resumed = r["cached_straight"], r["cached_resumed"]
+        assert cached["steps"] == 8 and resumed["resumed_from"] == 3 and resumed["steps"] == 8
+        for k, w in single["weights"].items():
+            _close(cached["weights"][k], w, f"weight {k} after cached training", atol=2e-5, rtol=1e-4)
+            assert torch.equal(resumed["weights"][k], cached["weights"][k]), k
+    logged = [m for _, m in ranks[0]["cached_straight"]["logged"] if "peak_memory_gb" in m]
+    assert logged and all(m["peak_memory_gb"] > 0 for m in logged)  # the steps' peak resident set (CPU)
 
 
 def test_gather_keeps_only_the_local_gradient_with_uneven_rows(ranks):

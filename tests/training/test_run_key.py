@@ -1,4 +1,4 @@
-"""A job's identity (training.job.run_key): model fields added later leave the keys of older jobs unchanged."""
+"""A job's identity (training.job.run_key): model and job fields added later leave the keys of older jobs unchanged."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import dataclasses
 import pytest
 
 from config.methods import REGISTRY
-from config.training import KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, resolve_train_config
+from config.training import (
+    KEY_NEUTRAL_JOB_DEFAULTS,
+    KEY_NEUTRAL_MODEL_DEFAULTS,
+    LAUNCH_FIELDS,
+    TrainConfig,
+    resolve_train_config,
+)
 from storage.datasets import DatasetRef
 from storage.hashing import stable_hash
 from training.job import run_key
@@ -16,8 +22,8 @@ TOKENS = DatasetRef(kind="tokens", key="t", content_hash="c" * 64, rows=1, path=
 
 
 def _key_without_new_fields(cfg) -> str:
-    """The key as computed before the fields of KEY_NEUTRAL_MODEL_DEFAULTS existed."""
-    config = cfg.model_dump(exclude=set(LAUNCH_FIELDS))
+    """The key as computed before the fields of KEY_NEUTRAL_MODEL_DEFAULTS and KEY_NEUTRAL_JOB_DEFAULTS existed."""
+    config = cfg.model_dump(exclude=set(LAUNCH_FIELDS) | set(KEY_NEUTRAL_JOB_DEFAULTS))
     config["model"] = {k: v for k, v in config["model"].items() if k not in KEY_NEUTRAL_MODEL_DEFAULTS}
     return stable_hash({"config": config, "tokens": TOKENS.content_hash, "corruption": None})
 
@@ -41,6 +47,14 @@ def test_a_later_field_off_its_default_is_a_new_job(method, field, value):
     base = resolve_train_config("smoke", method=method)
     changed = resolve_train_config("smoke", {"model": {field: value}}, method=method)
     assert run_key(changed, TOKENS, None) != run_key(base, TOKENS, None)
+
+
+def test_a_grad_cache_chunk_size_is_a_new_job():
+    base = resolve_train_config("smoke", method="simcse")
+    cached = resolve_train_config("smoke", {"grad_cache": {"chunk_size": 32}}, method="simcse")
+    assert run_key(cached, TOKENS, None) != run_key(base, TOKENS, None)
+    defaults = TrainConfig().model_dump()
+    assert {k: defaults[k] for k in KEY_NEUTRAL_JOB_DEFAULTS} == KEY_NEUTRAL_JOB_DEFAULTS
 
 
 def test_the_listed_defaults_are_the_config_classes_defaults():
