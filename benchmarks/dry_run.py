@@ -2,6 +2,7 @@
 
     python benchmarks/dry_run.py [--methods d2cse,simcse] [--presets default,dcpcse/sup] [--threads 1]
         [--max-memory-gb 8] [--step-budget-s 4] [--include-smoke] [--no-meta] [--out benchmarks/results]
+    python benchmarks/dry_run.py --from-json   # rewrite the table from the saved JSON
 
 For every preset `config.presets.PRESETS[method][name]` (resolved at run time with
 `config.training.resolve_train_config(name, method=method)`, so presets added later are picked up; the `smoke*`
@@ -114,6 +115,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--include-smoke", action="store_true", help="also run the smoke* presets (MiniLM-sized, covered by tests)"
     )
     p.add_argument("--no-meta", action="store_true", help="skip the real-batch meta-device run")
+    p.add_argument(
+        "--from-json",
+        action="store_true",
+        help="rewrite <out>/dry_run.md from <out>/dry_run.json without running anything (after a change of the table)",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results", help="output folder")
     return p.parse_args(argv)
 
@@ -939,6 +945,30 @@ def fmt_int(n) -> str:
     return f"{n:,}" if isinstance(n, int) else "–"
 
 
+GPU_BUDGETS_GB = (24, 80)
+
+
+def largest_chunk(rec: dict, budget_gb: float) -> str:
+    """The largest power-of-two `grad_cache.chunk_size` (rows of the batch) at which the preset's projected GPU memory
+    fits `budget_gb`, projected as the GPU column: the batch-independent part (6·N_all + 12·N_trainable, and
+    DiffAug's template denoising) plus 0.5 × the measured activations per row × the chunk's rows. "full": the whole
+    batch fits without the cache; "–": the batch-independent part alone does not fit. The binding phase decides."""
+    answer = None  # None = every phase fits whole
+    for p in rec.get("phases", {}).values():
+        flat_measured = p["rows_measured"] * p["views"] + p.get("aux_rows_measured", 0) * 3
+        if not flat_measured or p["projected_gpu_gb_real_batch_bf16"] <= budget_gb:
+            continue
+        ratio = p["real_rows"] / p["rows_measured"]
+        per_row = 0.5 * p["activation_mb_measured"] * MB / GB / flat_measured
+        fixed = p["projected_gpu_gb_real_batch_bf16"] - per_row * flat_measured * ratio
+        rows = (budget_gb - fixed) / per_row if per_row > 0 else 0
+        fits = 2 ** int(math.log2(rows)) if rows >= 1 else 0
+        answer = fits if answer is None else min(answer, fits)
+    if answer is None:
+        return "full"
+    return str(answer) if answer >= 1 else "–"
+
+
 def markdown(results: list[dict], meta: dict) -> str:
     lines = [
         "# Paper-scale dry run (`benchmarks/dry_run.py`)",
@@ -955,7 +985,10 @@ def markdown(results: list[dict], meta: dict) -> str:
         "(batch-independent AdamW/clip/denoising time not scaled). GPU GB = 6·N_all + 12·N_trainable + 0.5·activations "
         "(forward peak RSS measured in fp32, scaled to the real batch) in bytes, bf16 autocast, CUDA context not "
         "included. `meta` = the same steps at the real batch on the meta device. DiffAug rows show the joint phase "
-        "(prefix phase in the notes).",
+        "(prefix phase in the notes). `largest chunk` = the largest power-of-two `grad_cache.chunk_size` (rows of "
+        "the batch, per rank) at which the preset fits 24 / 80 GB, projected the same way with the activations of a "
+        "chunk instead of the batch (`full`: the whole batch fits without the cache; `–`: the weights and AdamW "
+        "states alone do not fit).",
         "",
         "Caveats: projections from micro batches of 2–4 rows multiply measurement noise by the batch ratio (up to 256×). "
         "DiffAug's joint step is dominated by its batch-independent template denoising (~19 CPU s, timed separately "
@@ -964,8 +997,9 @@ def markdown(results: list[dict], meta: dict) -> str:
         "`template_denoising` and `step_peak_delta_mb`).",
         "",
         "| method | preset | backbone | batch (real) | rows/step measured | steps | trainable params | peak CPU MB | "
-        "s/step measured (wall / CPU) | CPU s/step projected (real batch) | projected GPU GB | meta (real batch) | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "s/step measured (wall / CPU) | CPU s/step projected (real batch) | projected GPU GB | "
+        "largest chunk 24 / 80 GB | meta (real batch) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for r in results:
@@ -988,6 +1022,7 @@ def markdown(results: list[dict], meta: dict) -> str:
                     f"{r['s_per_step_measured']} / {r['cpu_s_per_step_measured']}" if ok else "–",
                     str(r.get("cpu_s_per_step_projected", "–")),
                     str(r.get("projected_gpu_gb", "–")),
+                    " / ".join(largest_chunk(r, b) for b in GPU_BUDGETS_GB) if ok else "–",
                     meta_short,
                     r["status"] if ok else "**FAILED**",
                 ]
@@ -1021,6 +1056,10 @@ def write_outputs(results: list[dict], meta: dict, out: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.from_json:
+        saved = json.loads((args.out / "dry_run.json").read_text())
+        (args.out / "dry_run.md").write_text(markdown(saved["presets"], saved["run"]))
+        return 0
     torch.set_num_threads(args.threads)
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)

@@ -1,6 +1,8 @@
-"""Small real-sentence batches shared by the model tests."""
+"""Small real-sentence batches shared by the model tests, and the default-dtype switch of the float64 checks."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -20,3 +22,14 @@ def corrupted_views(tokenizer, n: int = 2, seed: int = 0, length: int = 9):
     corrupted[pick] = torch.randint(2000, 3000, (int(pick.sum()),), generator=g)
     labels = (corrupted != ids).long() * mask
     return ids, mask, corrupted, labels
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Run the block with `dtype` as torch's default floating dtype (models built inside it use it)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)

@@ -114,3 +114,17 @@ def test_smoke_flow_of_each_method(prefect_harness, tiny_overrides, method):
 
     again = TRAIN_FLOWS[method]("smoke", overrides)  # a finished job is not trained again
     assert again.run_id == result.run_id and again.steps == total
+
+
+def test_a_supervised_job_with_grad_cache_logs_its_chunk_size_and_peak_memory(prefect_harness, tiny_overrides):
+    """`train-simcse/sup -p overrides='{"grad_cache": {"chunk_size": ...}}'` through the flow: the chunk size is a
+    param of the run and every log window has the steps' peak memory."""
+    overrides = dict(tiny_overrides, grad_cache={"chunk_size": 5}, batch_size=8, max_steps=2, eval_steps=2)
+    result = TRAIN_FLOWS["simcse"]("sup", overrides)
+    assert result.steps == 2
+    configure_mlflow()
+    client = mlflow.tracking.MlflowClient()
+    run = client.get_run(result.run_id)
+    assert run.data.params["grad_cache.chunk_size"] == "5" and run.data.tags["preset"] == "sup"
+    peaks = client.get_metric_history(result.run_id, "peak_memory_gb")
+    assert len(peaks) == 2 and all(m.value > 0 for m in peaks)  # log_steps 1: one window per step

@@ -1,5 +1,6 @@
 """The CUDA tier (`pytest -m gpu`; benchmarks/gpu_check.py runs it): every method's training step in bf16 and fp16
-(GradScaler) at tiny and BERT-base size, prefix attention through SDPA equal to eager, the evaluator on the device
+(GradScaler) at tiny and BERT-base size, gradient caching under autocast and the GradScaler equal to the same chunks
+with their graphs kept, prefix attention through SDPA equal to eager, the evaluator on the device
 equal to CPU fp32, corruption on the device, a checkpoint written on the device that loads on CPU and resumes with
 the same next-step loss, data parallelism through torchrun with NCCL.
 
@@ -56,14 +57,14 @@ def tok():
     return synthetic_tokenizer()
 
 
-def _trainer(method, size, tok, precision, steps, state: Path, batch=4, length=16, stop_after=None, seed=0):
+def _trainer(method, size, tok, precision, steps, state: Path, batch=4, length=16, stop_after=None, seed=0, chunk=None):
     cfg = preset(method, size, batch=batch, length=length)
     torch.manual_seed(seed)
     model = build_model(method, cfg, size, tok, seed=cfg.seed).to(DEVICE)
     rows, nli = synthetic_rows(cfg, method, 2 * max(batch, cfg.prefix_phase.batch_size if cfg.prefix_phase else 0), tok)
     log: list[tuple[int, dict]] = []
     lc = loop_config(cfg, precision, steps)
-    lc.checkpoint_steps, lc.deterministic = 1, True
+    lc.checkpoint_steps, lc.deterministic, lc.grad_cache_chunk_size = 1, True, chunk
     trainer = Trainer(
         model,
         job_phases(cfg, rows, nli, steps),
@@ -102,6 +103,27 @@ def test_training_step(method, size, precision, tok, tmp_path):
     assert moved, "no trainable parameter changed"
     assert trainer.scaler.is_enabled() == (precision == "fp16" and DEVICE.type == "cuda")
     assert 0.0 <= trainer.host_wait_s <= trainer.loop_s
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("method", METHODS)
+def test_grad_cache_under_autocast_and_the_grad_scaler_equals_the_chunks_with_their_graphs(
+    method, precision, tok, tmp_path
+):
+    """Two steps with cached chunks of 3 rows (fp16: through the GradScaler) end where the same chunks with their
+    graphs kept end; the steps' peak memory is logged."""
+    from models.grad_cache import RowChunks
+
+    weights = []
+    for keep_graph in (True, False):
+        trainer, log = _trainer(method, "tiny", tok, precision, 2, tmp_path / f"state{keep_graph}", chunk=3)
+        trainer.model.use_grad_cache(RowChunks(3, keep_graph=keep_graph))
+        torch.manual_seed(5)
+        trainer.run()
+        weights.append({n: p.detach().float().cpu() for n, p in trainer.model.named_parameters() if p.requires_grad})
+        assert all(m["peak_memory_gb"] > 0 for _, m in log), log
+    for n, w in weights[0].items():
+        torch.testing.assert_close(weights[1][n], w, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{method} {n}: {m}")
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -7,13 +7,12 @@ The two-rank case is in tests/ops/test_distributed.py."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from models.batching import TrainBatch
 from models.grad_cache import RowChunks
+from tests.batches import default_dtype
 
 CHUNK = 3  # 16 or 24 rows per batch: five or eight chunks, the last one short
 SENTENCES = [
@@ -133,16 +132,6 @@ CASES = {
 }
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
-
-
 def _grads(model, batch: TrainBatch, phase: str, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
     model.train()
     torch.manual_seed(seed)
@@ -181,7 +170,7 @@ def test_cached_chunks_give_the_gradients_of_the_same_chunks_with_their_graphs(c
 @pytest.mark.parametrize("case", ["simcse_sup_hard_negatives", "d2cse_crtd_cls_prompt", "diffaug_joint_with_aux_nli"])
 def test_without_randomness_the_cached_step_equals_the_one_pass_step(case, tiny_bert_dir, tokenizer):
     path = str(tiny_bert_dir)
-    with _default_dtype(torch.float64):
+    with default_dtype(torch.float64):
         _, whole = _step(case, path, tokenizer, RowChunks(None), dropout=0.0)
         _, cached = _step(case, path, tokenizer, RowChunks(CHUNK), dropout=0.0)
     _assert_same_grads(cached, whole, case, rtol=1e-6)  # (the losses compute their logits in float32)

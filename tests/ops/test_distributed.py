@@ -11,7 +11,6 @@ others run in float32, the training dtype."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import socket
@@ -33,6 +32,7 @@ from models.distributed import (
     shard_batch,
     shard_bounds,
 )
+from tests.batches import default_dtype
 
 WORLD = 2
 SMALL_VOCAB = 120
@@ -149,22 +149,12 @@ CASES = {
 }
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
-
-
 def _step(kind: str, batch: TrainBatch, phase: str, dtype: torch.dtype, chunk: int | None = None) -> dict:
-    with _default_dtype(dtype):
-        return _step_in_default_dtype(kind, batch, phase, chunk)
+    with default_dtype(dtype):
+        return _step_indefault_dtype(kind, batch, phase, chunk)
 
 
-def _step_in_default_dtype(kind: str, batch: TrainBatch, phase: str, chunk: int | None = None) -> dict:
+def _step_indefault_dtype(kind: str, batch: TrainBatch, phase: str, chunk: int | None = None) -> dict:
     """Loss, metrics, trainable gradients (summed over ranks when distributed) and buffers of one training step;
     `chunk`: its per-row passes in cached chunks of that many rows (models/grad_cache.py)."""
     from models.grad_cache import RowChunks
@@ -235,11 +225,11 @@ class Recorder:
 
 
 def _train(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
-    with _default_dtype(torch.float64):
-        return _train_in_default_dtype(state_dir, stop_after, chunk)
+    with default_dtype(torch.float64):
+        return _train_indefault_dtype(state_dir, stop_after, chunk)
 
 
-def _train_in_default_dtype(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
+def _train_indefault_dtype(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
     """D2CSE (BN-MLP + RTD) through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4 rows);
     `chunk`: grad_cache's chunk size."""
     from models.checkpoint import trainable_state_dict
@@ -396,25 +386,29 @@ def _close(a, b, what: str, atol=1e-6, rtol=1e-5):
 
 
 # ------------------------------------------------------------------------------------------------ tests
+def _assert_equal_step(got: dict, single: dict, what: str) -> None:
+    """One rank's step (loss, metrics, gradients, BatchNorm statistics) equals the single-process step."""
+    _close(got["loss"], single["loss"], f"{what} loss")
+    assert got["metrics"].keys() == single["metrics"].keys()
+    for k in single["metrics"]:
+        _close(got["metrics"][k], single["metrics"][k], f"{what} metric {k}")
+    assert got["grads"].keys() == single["grads"].keys()
+    for n, g in single["grads"].items():
+        if g is None:
+            assert got["grads"][n] is None, n
+        else:
+            _close(got["grads"][n], g, f"{what} gradient of {n}")
+    for n, b in single["buffers"].items():
+        _close(got["buffers"][n], b, f"{what} buffer {n}")
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_loss_and_summed_gradients_equal_one_process_on_the_concatenated_batch(ranks, name):
     kind, make, phase, dtype = CASES[name]
     single = _step(kind, make(), phase, dtype)
     assert any(g is not None for g in single["grads"].values())
     for r, res in enumerate(ranks):
-        got = res["steps"][name]
-        _close(got["loss"], single["loss"], f"rank {r} loss")
-        assert got["metrics"].keys() == single["metrics"].keys()
-        for k in single["metrics"]:
-            _close(got["metrics"][k], single["metrics"][k], f"rank {r} metric {k}")
-        assert got["grads"].keys() == single["grads"].keys()
-        for n, g in single["grads"].items():
-            if g is None:
-                assert got["grads"][n] is None, n
-            else:
-                _close(got["grads"][n], g, f"rank {r} gradient of {n}")
-        for n, b in single["buffers"].items():
-            _close(got["buffers"][n], b, f"rank {r} buffer {n}")
+        _assert_equal_step(res["steps"][name], single, f"rank {r}")
     if kind in ("d2cse", "diffcse"):
         assert single["buffers"], "the BN-MLP's running statistics are compared"
 
@@ -425,16 +419,7 @@ def test_cached_chunks_on_two_ranks_equal_one_process_on_the_whole_batch(ranks, 
     kind, make, phase, dtype = CASES[name]
     single = _step(kind, make(), phase, dtype)
     for r, res in enumerate(ranks):
-        got = res["cached"][name]
-        _close(got["loss"], single["loss"], f"rank {r} cached loss")
-        assert got["grads"].keys() == single["grads"].keys()
-        for n, g in single["grads"].items():
-            if g is None:
-                assert got["grads"][n] is None, n
-            else:
-                _close(got["grads"][n], g, f"rank {r} cached gradient of {n}")
-        for n, b in single["buffers"].items():
-            _close(got["buffers"][n], b, f"rank {r} cached buffer {n}")
+        _assert_equal_step(res["cached"][name], single, f"rank {r} cached")
 
 
 def test_trainer_with_cached_chunks_on_two_ranks_equals_one_process_and_resumes(ranks, tmp_path):
