@@ -48,7 +48,7 @@ WORKERS = ("cse-team-w1", "cse-team-w2")
 GPU_SETS = ("0", "1,2")  # CSE_WORKER_GPUS: one GPU for the first worker, two for the second
 RESERVED_PORTS = {4200, 5000}  # another Prefect / MLflow may use the defaults on this machine
 GRID = [0.01, 0.02, 0.03, 0.04]  # four children
-KILL_JOB_STEPS = 300  # the training job whose worker is killed (checkpoint every 10 steps; killed at the first)
+KILL_JOB_STEPS = 150  # the training job whose worker is killed (checkpoint every 10 steps; killed at the first)
 UP_TIMEOUT, SWEEP_TIMEOUT = 300, 480
 
 
