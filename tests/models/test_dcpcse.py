@@ -385,3 +385,21 @@ def test_checkpoint_round_trip_gives_identical_embeddings(make_model, tokenizer,
         )
     for name, tensor in model.lm_head.state_dict().items():
         torch.testing.assert_close(loaded.lm_head.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+def test_mlm_loss_is_the_mean_cross_entropy_over_the_masked_positions(make_model, tokenizer):
+    """The MLM term as sum / count (what grad_cache's chunks add up) equals the cross-entropy mean it replaced."""
+    model = make_model(mlm=True).train()
+    ids, mask = _views(tokenizer)
+    ids, mask = ids.reshape(-1, T), mask.reshape(-1, T)
+    masked, labels = model.mask_for_mlm(ids, mask, generator=torch.Generator().manual_seed(0))
+    prefix = model.prompts(ids.shape[0])
+    torch.manual_seed(1)
+    loss = model.mlm_loss(masked, mask, labels, prefix)
+    torch.manual_seed(1)
+    states = model.encoder(masked, mask, prefix=prefix).last_hidden_state
+    selected = labels != -100
+    logits = model.lm_head(states[selected].unsqueeze(0)).squeeze(0)
+    mean = torch.nn.functional.cross_entropy(logits.float(), labels[selected])
+    assert selected.any()
+    torch.testing.assert_close(loss, mean, rtol=1e-6, atol=1e-7)
