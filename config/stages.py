@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,6 +20,17 @@ SENTEVAL_URL = f"{_HF_DATA}/senteval.tar"
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, **FINITE_ONLY)  # inf / nan refused (config/finite.py)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """Unknown keys refused by name with the known ones (pydantic's error adds the field path above them)."""
+        if isinstance(data, Mapping) and (unknown := sorted(str(k) for k in data if k not in cls.model_fields)):
+            raise ValueError(
+                f"unknown {cls.__name__} key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(cls.model_fields)}"
+            )
+        return data
 
 
 _HF_HELP = (

@@ -19,6 +19,7 @@ from config.methods import REGISTRY
 from config.presets import deep_merge
 from config.training import resolve_train_config
 from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
+from flows.deployment_params import deployment_merged
 
 # The method whose paper's ablation table this flow runs: the registry's one entry with ablation variants (its model
 # class's `ablations`, models/d2cse.py) and the paper's numbers for them (`published.ablation`, config/published.py).
@@ -110,6 +111,7 @@ def ablate_d2cse(
     Returns:
         The table rows.
     """
+    (overrides,) = deployment_merged(overrides=overrides)  # in a deployment run, merged into the deployment's
     variants = variants or list(VARIANTS)
     cls_prompt = [True, False] if cls_prompt is None else cls_prompt
     cfg = resolve_train_config(preset, overrides, method=ABLATED.name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from prefect import flow, task
 
+from flows.deployment_params import deployment_merged
 from tasks.compare import ComparisonSummary, record_comparison, select_runs
 
 
@@ -54,6 +55,7 @@ def compare(
     Returns:
         The comparison summary.
     """
+    (tags,) = deployment_merged(tags=tags)  # in a deployment run, merged into the deployment's
     selection = {
         "methods": methods,
         "run_ids": run_ids,

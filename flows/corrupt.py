@@ -28,6 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from config.settings import shard_task_runner
 from config.stages import CorruptConfig, IngestConfig, TokenizeConfig
+from flows.deployment_params import deployment_merged
 from flows.tokenization import prepare_tokens
 from storage.corruption_stats import ShardResult
 from storage.datasets import DatasetRef
@@ -56,7 +57,11 @@ def corrupt(
     tokenize_config: TokenizeConfig = TokenizeConfig(),
     verify: bool = False,
 ) -> DatasetRef:
-    """`verify`: a cache hit also checks the content hash of every file it reuses (the training flows set it)."""
+    """`verify`: a cache hit also checks the content hash of every file it reuses (the training flows set it).
+    In a deployment run the configs given are merged into the deployment's (flows/deployment_params.py)."""
+    config, ingest_config, tokenize_config = deployment_merged(
+        config=config, ingest_config=ingest_config, tokenize_config=tokenize_config
+    )
     if tokens_key is None:
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key
     with corruption_run(tokens_key, config) as run_id:

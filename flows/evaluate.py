@@ -6,6 +6,7 @@ from __future__ import annotations
 from prefect import flow
 
 from config.evaluation import EvalConfig
+from flows.deployment_params import deployment_merged
 from tasks.evaluate import EvalSummary, evaluate_task
 
 # The deployment default: the one pretrained model reachable offline, mean pooling.
@@ -17,11 +18,12 @@ def evaluate(config: EvalConfig = DEFAULT_CONFIG) -> EvalSummary:
     """Evaluate a model on the STS tasks and print the result row.
 
     Args:
-        config: the evaluation configuration.
+        config: the evaluation configuration (in a deployment run, merged into the deployment's).
 
     Returns:
         The evaluation summary.
     """
+    (config,) = deployment_merged(config=config)
     summary = evaluate_task(config)
     print(summary.table_row)
     print(f"evaluation {summary.evaluation_id}  MLflow run {summary.mlflow_run_id}")

@@ -11,6 +11,7 @@ from typing import Literal
 from prefect import flow
 
 from config.stages import GeneratorConfig, IngestConfig, TokenizeConfig
+from flows.deployment_params import deployment_merged
 from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
 from tasks.fit_generator import fit_generator as fit_generator_task
@@ -27,7 +28,10 @@ def fit_generator(
 ) -> DatasetRef:
     """`tokens_key`: a tokens dataset to fit on; without it `dataset` is ingested and tokenised with
     `tokenize_config` (default: the backbone's tokenizer, max length 32). `verify`: cache hits also check content
-    hashes."""
+    hashes. In a deployment run the configs given are merged into the deployment's (flows/deployment_params.py)."""
+    config, ingest_config, tokenize_config = deployment_merged(
+        config=config, ingest_config=ingest_config, tokenize_config=tokenize_config
+    )
     if tokens_key is None:
         tokenize_config = tokenize_config or TokenizeConfig(tokenizer=config.backbone)
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prefect import flow
 
 from config.stages import IngestConfig
+from flows.deployment_params import deployment_merged
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
 from tasks.transfer_data import ingest_transfer
@@ -16,11 +17,12 @@ def ingest(config: IngestConfig = IngestConfig()) -> dict[str, DatasetRef]:
     """Ingest the configured datasets into the data root (cache hits are reused).
 
     Args:
-        config: the ingest configuration.
+        config: the ingest configuration (in a deployment run, merged into the deployment's).
 
     Returns:
         Dataset name → its dataset reference.
     """
+    (config,) = deployment_merged(config=config)
     refs = {
         name: ingest_transfer(config) if name == "transfer" else ingest_dataset(name, config)
         for name in config.datasets

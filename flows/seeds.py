@@ -25,6 +25,7 @@ from flows.children import (
     raise_for_failures,
     run_children,
 )
+from flows.deployment_params import deployment_merged
 from storage.readers import SEVEN_TASKS
 
 SUMMARY_METRICS = (*SEVEN_TASKS, "sts_avg", "best_stsb_dev", "retrieval_r1", "alignment", "uniformity")
@@ -75,6 +76,7 @@ def seeds(
     Returns:
         One row per metric with its mean and standard deviation.
     """
+    (overrides,) = deployment_merged(overrides=overrides)  # in a deployment run, merged into the deployment's
     base = resolve_train_config(preset, overrides, method=method)  # fail fast on a bad preset/override
     seed_list = seed_list or [base.seed + i for i in range(n)]  # from the preset's own seed (42; DiffAug's scripts: 0)
     children = [

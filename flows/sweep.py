@@ -30,6 +30,7 @@ from flows.children import (
     raise_for_failures,
     run_children,
 )
+from flows.deployment_params import deployment_merged
 
 COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]
 
@@ -128,6 +129,7 @@ def sweep(
     Returns:
         The best child's row, the rows of all children, the group id and the `best` aliases set.
     """
+    (overrides,) = deployment_merged(overrides=overrides)  # in a deployment run, merged into the deployment's
     resolve_train_config(preset, overrides, method=method)  # fail fast
     params = {
         "preset": preset,

@@ -14,6 +14,7 @@ from typing import Literal
 from prefect import flow
 
 from config.stages import IngestConfig, TokenizeConfig
+from flows.deployment_params import deployment_merged
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
 from tasks.tokenize import tokenize_dataset
@@ -46,7 +47,10 @@ def tokenize(
 
     Returns:
         The reference of the token dataset.
+
+    In a deployment run the configs given are merged into the deployment's (flows/deployment_params.py).
     """
+    ingest_config, config = deployment_merged(ingest_config=ingest_config, config=config)
     ref = prepare_tokens(dataset, ingest_config, config)
     print(f"tokens {ref.rows:,d} sentences  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
     return ref

@@ -19,6 +19,7 @@ from prefect import Flow, flow
 from config.methods import REGISTRY, MethodSpec
 from config.training import TrainConfig, resolve_train_config
 from flows.corrupt import corrupt
+from flows.deployment_params import deployment_merged
 from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
@@ -92,9 +93,14 @@ def train_job(
         return record_result(fitted, test_metrics)
 
 
-def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str, str] | None = None) -> TrainResult:
-    """The stages of one training job, inside whichever flow calls it. Every dataset it reuses is verified down to
-    its content hash before training (a damaged one is quarantined and rebuilt)."""
+def job_datasets(cfg: TrainConfig) -> tuple[DatasetRef, DatasetRef | None, DatasetRef, DatasetRef | None]:
+    """The datasets one training job reads, each built or found by its key (cache hits are verified down to their
+    content hash; a damaged one is quarantined and rebuilt): (tokens, corruption or None, sts, NLI tokens or None).
+    A corruption the stage wrote on its own with the same settings (`corrupt/<preset>`) is found here.
+
+    Args:
+        cfg: the job's training config.
+    """
     tokens = prepare_tokens(cfg.dataset, cfg.ingest, cfg.tokenize_config(), verify=True)
     nli_tokens = None
     if cfg.needs_nli:
@@ -103,6 +109,12 @@ def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str
         )
     sts = ingest_dataset("sts", cfg.ingest, verify=True)
     corruption = corrupt(tokens_key=tokens.key, config=cfg.corrupt, verify=True) if cfg.uses_corruption else None
+    return tokens, corruption, sts, nli_tokens
+
+
+def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str, str] | None = None) -> TrainResult:
+    """The stages of one training job, inside whichever flow calls it (`job_datasets`, then `train_job`)."""
+    tokens, corruption, sts, nli_tokens = job_datasets(cfg)
     result = train_job(cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=tags)
     print(
         f"{cfg.method}/{cfg.preset}: MLflow run {result.run_id}, {result.steps} steps, best STS-B dev "
@@ -124,7 +136,9 @@ def train_flow(spec: MethodSpec) -> Flow:
         stop_after: int | None = None,
         tags: dict[str, str] | None = None,
     ) -> TrainResult:
-        """Train one job of this method (`stop_after` interrupts after that many steps: resume tests)."""
+        """Train one job of this method (`stop_after` interrupts after that many steps: resume tests). In a deployment
+        run `overrides` and `tags` merge into the deployment's (flows/deployment_params.py)."""
+        overrides, tags = deployment_merged(overrides=overrides, tags=tags)
         return run_training(resolve_train_config(preset, overrides, method=spec.name), stop_after, tags)
 
     train.__name__ = train.__qualname__ = spec.flow_function

@@ -113,3 +113,29 @@ def test_an_unknown_preset_or_method_is_refused_with_the_known_ones():
         get_method("d2cse").deployment("nope")
     with pytest.raises(ValueError, match="unknown method 'bert'.*'d2cse'"):
         get_method("bert")
+
+
+def test_each_corrupt_deployment_writes_the_corruption_its_presets_jobs_read():
+    """Issue 24: `corrupt/<preset>` run on its own writes the very dataset (same key settings, same tokens) that
+    every corrupting method's `<preset>` job reads, so the job finds it instead of corrupting again."""
+    from config.stages import CorruptConfig, TokenizeConfig
+    from storage.keys import CORRUPTION_SETTINGS
+
+    entries = [e for e in DEPLOYMENTS if e["entrypoint"] == "flows/corrupt.py:corrupt"]
+    assert {e["name"] for e in entries} >= {"default", "smoke"}
+    for entry in entries:
+        params = entry.get("parameters") or {}
+        stage = CorruptConfig.model_validate(params.get("config", {})).resolved()
+        tokenize = TokenizeConfig.model_validate(params.get("tokenize_config", {}))
+        jobs = [
+            resolve_train_config(entry["name"], method=name)
+            for name, spec in REGISTRY.items()
+            if spec.model_class.uses_corruption and entry["name"] in spec.presets
+        ]
+        assert jobs, f"corrupt/{entry['name']} is named after no preset of a method that reads corruption"
+        for cfg in jobs:
+            where = f"corrupt/{entry['name']} vs train-{cfg.method}/{entry['name']}"
+            keyed = sorted(CORRUPTION_SETTINGS | {"generator"})
+            assert stage.model_dump(include=set(keyed)) == cfg.corrupt.model_dump(include=set(keyed)), where
+            assert (tokenize.tokenizer, tokenize.max_length) == (cfg.backbone, cfg.max_length), where
+            assert params.get("dataset", "wiki1m") == cfg.dataset, where
