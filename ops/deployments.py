@@ -196,20 +196,61 @@ async def outcome_of(flow_run_id: UUID) -> RunOutcome:
         )
 
 
+_FIELD = re.compile(r"Validation failed for field '([^']+)'")
+
+
+def schema_keys(schema: dict[str, Any], field_path: str) -> list[str]:
+    """The keys a parameter's JSON schema (a deployment's `parameter_openapi_schema`) knows at `field_path`
+    (`config`, `ingest_config.wiki`); [] where the schema has no object there."""
+    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node or ("properties" not in node and any(k in node for k in ("allOf", "anyOf"))):
+            if "$ref" in node:
+                node = defs.get(node["$ref"].rsplit("/", 1)[-1], {})
+            else:
+                options = [resolve(o) for k in ("allOf", "anyOf") for o in node.get(k, [])]
+                node = next((o for o in options if "properties" in o), {})
+        return node
+
+    node = schema
+    for name in field_path.split("."):
+        node = resolve(node.get("properties", {}).get(name, {}))
+    return list(node.get("properties", {}))
+
+
+async def refused_parameters(deployment: str, detail: str) -> str:
+    """One line for parameters the server refused: its reason and, for unknown keys, the keys that field knows."""
+    from prefect.client.orchestration import get_client
+
+    line = f"deployment {deployment!r} refused the parameters: {detail.removeprefix('Error creating flow run: ')}"
+    if "Additional properties" in detail and (m := _FIELD.search(detail)):
+        async with get_client() as client:
+            schema = (await client.read_deployment_by_name(deployment)).parameter_openapi_schema or {}
+        if known := schema_keys(schema, m.group(1)):
+            line += f"; known keys of {m.group(1)}: {', '.join(known)}"
+    return line
+
+
 async def start(deployment: str, parameters: dict[str, Any]):
     """Create a flow run of `deployment` (`flow-name/deployment-name`) with `parameters`; returns the flow run.
 
     Raises:
         LookupError: the deployment is not on the server (names the API URL and how to register them).
+        ValueError: the server refused the parameters (its reason, and for an unknown key the known ones).
     """
     from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL
 
     if "/" not in deployment:
         raise ValueError(f"deployment {deployment!r} is not FLOW/DEPLOYMENT (e.g. train-{DEFAULT_METHOD}/smoke)")
     try:
         return await run_deployment(deployment, parameters=parameters, timeout=0)
+    except PrefectHTTPStatusError as e:  # 409: the parameters fail the deployment's schema (no flow run was made)
+        if e.response.status_code != 409:
+            raise
+        raise ValueError(await refused_parameters(deployment, e.response.json().get("detail", str(e)))) from None
     except ObjectNotFound:
         raise LookupError(
             f"deployment {deployment!r} not found on the Prefect server at {redact(PREFECT_API_URL.value())}"
