@@ -8,6 +8,8 @@ from pydantic import Field, model_validator
 
 from config.stages import _Config
 
+DEFAULT_EXPERIMENT = "evaluation"  # where an evaluation of anything but a training job's checkpoint is logged
+
 Pooler = Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "mask"]
 Task = Literal["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
 TransferTask = Literal["mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc"]
@@ -101,7 +103,13 @@ class EvalConfig(_Config):
     label: str | None = Field(
         default=None, description="row label in tables; default: model + pooler or the checkpoint"
     )
-    experiment: str = Field(default="evaluation", min_length=1, pattern=r"\S")
+    experiment: str | None = Field(
+        default=None,
+        min_length=1,
+        pattern=r"\S",
+        description=f"MLflow experiment; None = the training run's experiment for a checkpoint of a training job (the "
+        f"evaluation's run is nested under the job's run), else `{DEFAULT_EXPERIMENT}`",
+    )
     progress: bool = True
 
     @model_validator(mode="after")

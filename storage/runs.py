@@ -248,3 +248,17 @@ class ResultCheck:
     @property
     def intact(self) -> bool:
         return not self.result_problems and not self.checkpoint_problems
+
+
+def checkpoint_job_run_id(folder: str | Path) -> str | None:
+    """The MLflow run of the training job whose `best/` checkpoint `folder` is (`<home>/runs/<method>/<key>/best`,
+    the id in its job folder's `mlflow_run_id`); None for a checkpoint folder anywhere else.
+
+    Args:
+        folder: a checkpoint folder as given to the evaluation stage.
+    """
+    resolved = Path(folder).expanduser().resolve()
+    job = resolved.parent
+    if resolved.name != "best" or job.parent.parent.name != "runs" or not (job / "mlflow_run_id").is_file():
+        return None
+    return (job / "mlflow_run_id").read_text().strip() or None

@@ -24,7 +24,7 @@ from evaluation.results import EvalResult
 from models.loading import pick_device
 from storage.evaluations import StsInput, load_sts_input, row_identity, write_evaluation_row
 from storage.layout import DataRoot
-from tasks.evaluate_common import EvalSummary, build_embedder
+from tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, check_training_sts, placement
 from tasks.log import stage_logger
 from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from tracking.reporting import csv_table, markdown_table, publish_artifacts
@@ -228,22 +228,29 @@ def evaluation_markdown(result: EvalResult, label: str) -> str:
 
 
 def run_evaluation(config: EvalConfig) -> EvalSummary:
-    """The whole stage in one MLflow run of experiment `config.experiment` (FAILED on any error)."""
+    """The whole stage in one MLflow run (FAILED on any error): of experiment `config.experiment`, or for a training
+    job's checkpoint nested under the job's run, on the `sts` dataset the job used (tasks/evaluate_common.py)."""
     if config.mode == "transfer":  # SentEval's classification tasks: tasks/evaluate_transfer.py
         from tasks.evaluate_transfer import run_transfer_evaluation
 
         return run_transfer_evaluation(config)
     log = stage_logger()
     label = config.display_label()
-    run_name = f"evaluate-{config.mode}-{label}"[:250]
+    where = placement(config)
     with (
         stage_run(
-            config.experiment, run_name, params=config.model_dump(), tags={"stage": "evaluate", "mode": config.mode}
+            where.experiment,
+            where.run_name,
+            params=config.model_dump(),
+            tags={"stage": "evaluate", "mode": config.mode, **where.tags},
         ) as run,
         tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir,
     ):
         t0 = time.perf_counter()
-        sts = load_sts_input(config.sts, DataRoot(get_settings().data_root), get_settings().shared_data)
+        root = DataRoot(get_settings().data_root)
+        check_training_sts(where, config, root)
+        sts = load_sts_input(where.sts, root, get_settings().shared_data)
+        check_same_sts(where, sts)
         log_dataset_inputs(run.info.run_id, [(sts, CONTEXT_EVAL)])
         evaluator = Evaluator(sts.table, **config.evaluator_kwargs())
         device = pick_device(config.device)

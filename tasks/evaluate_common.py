@@ -1,5 +1,9 @@
 """What both modes of the evaluation stage share (STS: tasks/evaluate.py, SentEval transfer:
-tasks/evaluate_transfer.py): the embedder a config names and the summary the stage returns."""
+tasks/evaluate_transfer.py): the embedder a config names, where its MLflow run goes and the summary the stage returns.
+
+A re-evaluation of a training job's checkpoint (`runs:/<id>`, a bare run id, or the job folder's `best/`) is logged in
+the training run's experiment, nested under that run (`TrainingRunRef.link_tags`), and scores the ingested `sts`
+dataset the job was evaluated on, whose content hash must be the run's `sts_hash`."""
 
 from __future__ import annotations
 
@@ -9,10 +13,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from config.evaluation import EvalConfig
+from config.evaluation import DEFAULT_EXPERIMENT, EvalConfig
 from models.checkpoint import load_checkpoint_folder, read_checkpoint_config
 from models.embedder import PooledEncoder, SentenceEmbedder
+from storage.evaluations import StsInput
+from storage.layout import DataRoot
+from storage.runs import checkpoint_job_run_id
 from tracking.store import download_checkpoint
+from tracking.training_runs import TrainingRunRef, training_run_ref
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 CHECKPOINT_ARTIFACT = "checkpoint"
@@ -27,6 +35,72 @@ class EvalSummary(BaseModel):
     label: str
     metrics: dict[str, float]
     table_row: str
+
+
+def checkpoint_run_id(spec: str) -> str | None:
+    """The MLflow run a checkpoint spec names: `runs:/<id>[/path]`, a bare run id, or (a local folder) the run of the
+    training job whose `best/` it is; None for any other folder."""
+    if spec.startswith("runs:/"):
+        return spec[len("runs:/") :].strip("/").partition("/")[0] or None
+    if _RUN_ID.match(spec) and not Path(spec).expanduser().is_dir():
+        return spec
+    return checkpoint_job_run_id(spec) if Path(spec).expanduser().is_dir() else None
+
+
+class EvalPlacement(BaseModel):
+    """Where an evaluation's MLflow run goes: its experiment, run name and extra tags, the `sts` input to read (None:
+    the stage's default) and the training run it re-evaluates (None: a plain model or a checkpoint of no job)."""
+
+    experiment: str
+    run_name: str
+    tags: dict[str, str]
+    sts: str | None
+    parent: TrainingRunRef | None
+
+
+def placement(config: EvalConfig) -> EvalPlacement:
+    """The experiment, run name, link tags and `sts` input of an evaluation (module docstring). A checkpoint whose run
+    cannot be read back is placed as a plain checkpoint (its download then names the problem)."""
+    parent = None
+    if config.checkpoint is not None and (run_id := checkpoint_run_id(config.checkpoint)) is not None:
+        try:
+            parent = training_run_ref(run_id)
+        except FileNotFoundError:
+            parent = None
+    label = config.label or (parent.run_name if parent else config.display_label())
+    return EvalPlacement(
+        experiment=config.experiment or (parent.experiment if parent else DEFAULT_EXPERIMENT),
+        run_name=f"evaluate-{config.mode}-{label}"[:250],
+        tags=parent.link_tags() if parent else {},
+        sts=config.sts if config.sts is not None or parent is None else parent.sts_key,
+        parent=parent,
+    )
+
+
+def check_training_sts(where: EvalPlacement, config: EvalConfig, root: DataRoot) -> None:
+    """Before reading it: the `sts` dataset a re-evaluated job used is in the data root (else a FileNotFoundError
+    naming it and the fixes)."""
+    parent = where.parent
+    if parent is None or config.sts is not None or parent.sts_key is None:
+        return
+    if root.find("sts", parent.sts_key) is None:
+        raise FileNotFoundError(
+            f"training run {parent.run_id} ({parent.run_name}) was evaluated on the sts dataset {parent.sts_key}, "
+            f"which is not under {root.root}: ingest the same SentEval source again (flow `ingest`), or pass "
+            "config.sts (a SentEval folder or another sts dataset key) to score other data"
+        )
+
+
+def check_same_sts(where: EvalPlacement, sts: StsInput) -> None:
+    """The `sts` data read for a re-evaluated job has the content hash the job's run records (`sts_hash`)."""
+    parent = where.parent
+    if parent is None or parent.sts_hash is None or sts.location != parent.sts_key:
+        return
+    if sts.content_hash != parent.sts_hash:
+        raise ValueError(
+            f"sts dataset {parent.sts_key} now has content hash {sts.content_hash}, but training run "
+            f"{parent.run_id} recorded {parent.sts_hash}: the scores would not be comparable"
+        )
 
 
 def resolve_checkpoint(spec: str, download_to: Path) -> Path:

@@ -23,7 +23,7 @@ from models.loading import pick_device
 from storage.evaluations import row_identity, write_evaluation_row
 from storage.layout import DataRoot
 from storage.transfer import TransferInput, load_transfer_input
-from tasks.evaluate_common import EvalSummary, build_embedder
+from tasks.evaluate_common import EvalSummary, build_embedder, placement
 from tasks.log import stage_logger
 from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from tracking.reporting import csv_table, markdown_table, publish_artifacts
@@ -160,15 +160,17 @@ def transfer_markdown(result: TransferResult, label: str) -> str:
 
 
 def run_transfer_evaluation(config: EvalConfig):
-    """The transfer stage in one MLflow run of experiment `config.experiment` (FAILED on any error)."""
+    """The transfer stage in one MLflow run (FAILED on any error): of experiment `config.experiment`, or for a training
+    job's checkpoint nested under the job's run (tasks/evaluate_common.py)."""
     log = stage_logger()
     label = config.display_label()
+    where = placement(config)
     with (
         stage_run(
-            config.experiment,
-            f"evaluate-transfer-{label}"[:250],
+            where.experiment,
+            where.run_name,
             params=config.model_dump(),
-            tags={"stage": "evaluate", "mode": "transfer"},
+            tags={"stage": "evaluate", "mode": "transfer", **where.tags},
         ) as run,
         tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir,
     ):

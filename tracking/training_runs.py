@@ -1,17 +1,24 @@
 """A training job's MLflow run (tasks/train.py, tasks/distributed_train.py): started, or resumed from the run its
-folder records; ended FINISHED, KILLED or FAILED; rank 0's callbacks of a distributed job."""
+folder records; ended FINISHED, KILLED or FAILED; rank 0's callbacks of a distributed job; read back for a
+re-evaluation of its checkpoint (`training_run_ref`: its experiment, the `sts` dataset it used, the tags that nest
+the re-evaluation's run under it)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import mlflow
 from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+from config.settings import redact
 from storage.runs import RunDir
+from tracking.lineage import CONTEXT_EVAL
 from tracking.spool import ResilientMetricLogger
 from tracking.store import configure_mlflow, ensure_experiment, flatten, reraise
 
@@ -98,3 +105,61 @@ def rank_zero_callbacks(run_id: str, run_dir: RunDir, world_size: int):
             log.warning("params not logged (%s): %s", e, params)
 
     return log_params, metrics_log.log_metrics
+
+
+# The MLflow tag that nests a run under another in the UI (what `mlflow.start_run(nested=True)` sets), and ours naming
+# the training run a re-evaluation scored (searchable: `tags.cse.evaluates_run = '<id>'`).
+PARENT_RUN_TAG = "mlflow.parentRunId"
+EVALUATES_RUN_TAG = "cse.evaluates_run"
+JOB_RUN_TAGS = ("method", "run_dir")  # every training job's run has them (tasks/train.py job_tags)
+
+
+@dataclass(frozen=True)
+class TrainingRunRef:
+    """A training job's MLflow run as a re-evaluation of its checkpoint needs it: where it lives, and the `sts` dataset
+    (key and content hash) it was evaluated on (None when the run records none)."""
+
+    run_id: str
+    run_name: str
+    experiment: str
+    sts_key: str | None
+    sts_hash: str | None
+
+    def link_tags(self) -> dict[str, str]:
+        """The tags that nest a run under this one in the MLflow UI (same experiment) and name it."""
+        return {PARENT_RUN_TAG: self.run_id, EVALUATES_RUN_TAG: self.run_id}
+
+
+def _sts_of(run: mlflow.entities.Run) -> tuple[str | None, str | None]:
+    """The `sts` dataset a training run read: its test evaluation's tags (`sts_source` `dataset:<key>`, `sts_hash`),
+    else its evaluation-context dataset input `sts/<key>` (the profile holds the full content hash)."""
+    source = run.data.tags.get("sts_source", "")
+    if source.startswith("dataset:"):
+        return source.removeprefix("dataset:"), run.data.tags.get("sts_hash")
+    for inp in run.inputs.dataset_inputs if run.inputs else []:
+        context = {t.key: t.value for t in inp.tags}.get(MLFLOW_DATASET_CONTEXT)
+        if context == CONTEXT_EVAL and inp.dataset.name.startswith("sts/"):
+            profile = json.loads(inp.dataset.profile or "{}")
+            return inp.dataset.name.removeprefix("sts/"), profile.get("content_hash")
+    return None, None
+
+
+def training_run_ref(run_id: str) -> TrainingRunRef | None:
+    """The training job's run `run_id` (`TrainingRunRef`); None when that run is not a training job's (no job tags:
+    a checkpoint logged by hand). A FileNotFoundError naming the store when no such run exists."""
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        raise FileNotFoundError(f"MLflow run {run_id} not found in {redact(mlflow.get_tracking_uri())}: {e}") from None
+    if not all(t in run.data.tags for t in JOB_RUN_TAGS):
+        return None
+    sts_key, sts_hash = _sts_of(run)
+    return TrainingRunRef(
+        run_id=run_id,
+        run_name=run.info.run_name or run_id,
+        experiment=client.get_experiment(run.info.experiment_id).name,
+        sts_key=sts_key,
+        sts_hash=sts_hash,
+    )

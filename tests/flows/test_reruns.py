@@ -43,13 +43,13 @@ def _keys(kind: str) -> set[str]:
 
 
 def test_a_corrupt_rerun_changes_one_key_and_the_smoke_job_reads_it(
-    prefect_harness, wiki_head, shared_data, tmp_path, monkeypatch, capsys
+    prefect_harness, wiki_head, shared_data, tmp_path, monkeypatch
 ):
     from config.stages import IngestConfig, TokenizeConfig
     from flows.corrupt import corrupt
     from flows.tokenization import prepare_tokens
     from flows.train import job_datasets
-    from ops.cli import main as cse
+    from ops.deployments import run_deployment_cli
     from storage.manifest import Manifest
 
     monkeypatch.setenv("CSE_SOURCE_MIRROR", str(shared_data))  # the sts dataset a job reads, as scripts/env.sh sets it
@@ -82,14 +82,12 @@ def test_a_corrupt_rerun_changes_one_key_and_the_smoke_job_reads_it(
     assert corruption.key == rerun.key and corruption.cache_hit
     assert _keys("corruption") == {rerun.key}
 
-    # an unknown key: refused before any flow run exists, naming the key and the ones the field knows
-    capsys.readouterr()
-    assert cse(["run", DEPLOYMENT, "-p", 'config={"mask_rato": 0.15}']) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "Validation failed for field 'config'" in err and "'mask_rato' was unexpected" in err, err
-    assert "known keys of config: generator, mask_ratio, mode," in err, err
-    assert cse(["run", DEPLOYMENT, "-p", 'ingest_config={"wiki": {"pth": "x"}}']) == 2
-    assert "known keys of ingest_config.wiki: path, hf, url" in capsys.readouterr().err
+    # an unknown key: `cse run` is refused before any flow run exists, naming the key and the ones the field knows
+    with pytest.raises(ValueError, match=r"Validation failed for field 'config'.*'mask_rato' was unexpected") as e:
+        run_deployment_cli(DEPLOYMENT, ['config={"mask_rato": 0.15}'], out=print, err=print)
+    assert "; known keys of config: generator, mask_ratio, mode," in str(e.value)
+    with pytest.raises(ValueError, match="known keys of ingest_config.wiki: path, hf, url"):
+        run_deployment_cli(DEPLOYMENT, ['ingest_config={"wiki": {"pth": "x"}}'], out=print, err=print)
 
 
 def test_a_plain_call_refuses_an_unknown_key_by_name_before_any_work(prefect_harness):
@@ -103,3 +101,59 @@ def test_a_plain_call_refuses_an_unknown_key_by_name_before_any_work(prefect_har
     ):
         corrupt(config={"mask_rato": 0.15})
     assert not _keys("tokens") and not _keys("corruption")
+
+
+def test_a_re_evaluation_scores_the_jobs_sts_dataset_nested_under_its_run(prefect_harness, shared_data, tiny_bert_dir):
+    """Issue 24: re-evaluating a training job's checkpoint (by MLflow run, or its job folder's best/) reads the ingested
+    `sts` dataset the job used (not the SentEval folder), with the job's `sts_hash`, in the job's experiment, nested
+    under the job's run."""
+    import mlflow
+    import pyarrow.compute as pc
+
+    from config.evaluation import EvalConfig
+    from flows.evaluate import evaluate
+    from storage import schemas
+    from storage.datasets import write_dataset
+    from storage.readers import read_senteval
+    from storage.runs import RunDir
+    from tasks.evaluate_common import placement
+    from tests.flows.test_evaluate import _d2cse_checkpoint
+    from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+    from tracking.store import configure_mlflow, ensure_experiment
+
+    root = DataRoot(get_settings().data_root)
+    table, _ = read_senteval(shared_data / "senteval")
+    dev = pc.and_(pc.equal(table["task"], "stsb"), pc.equal(table["split"], "dev"))
+    table = table.filter(dev).slice(0, 200)  # a small sts dataset of the job's: 200 STS-B dev pairs to embed
+    sts = write_dataset(root, "sts", "sts-of-the-job", [table], schemas.STS)
+    job = RunDir(DEFAULT_METHOD, "job-key")
+    _d2cse_checkpoint(tiny_bert_dir, job.best)
+    configure_mlflow()  # the job's run as tasks/train.py leaves it: its job tags, the sts dataset it read, its checkpoint
+    with mlflow.start_run(
+        experiment_id=ensure_experiment(DEFAULT_METHOD),
+        run_name=f"{DEFAULT_METHOD}-smoke",
+        tags={"method": DEFAULT_METHOD, "run_dir": str(job.path)},
+    ) as train_run:
+        log_dataset_inputs(train_run.info.run_id, [(sts, CONTEXT_EVAL)])
+        mlflow.log_artifacts(str(job.best), artifact_path="checkpoint")
+    job.set_mlflow_run_id(train_run.info.run_id)
+
+    parent = train_run.info.run_id
+    summary = evaluate(EvalConfig(checkpoint=f"runs:/{parent}", mode="dev", tasks=("stsb",), progress=False))
+    run = mlflow.get_run(summary.mlflow_run_id)
+    assert run.info.experiment_id == train_run.info.experiment_id
+    assert run.info.run_name == f"evaluate-dev-{DEFAULT_METHOD}-smoke"
+    tags = run.data.tags
+    assert tags["mlflow.parentRunId"] == parent and tags["cse.evaluates_run"] == parent
+    assert (tags["sts_source"], tags["sts_hash"]) == ("dataset:sts-of-the-job", sts.content_hash)
+    # the job folder's best/ is the same run's checkpoint: placed the same way
+    assert placement(EvalConfig(checkpoint=str(job.best), mode="dev")) == placement(
+        EvalConfig(checkpoint=f"runs:/{parent}", mode="dev")
+    )
+    assert mlflow.get_experiment_by_name("evaluation") is None  # nothing landed in the plain-model experiment
+
+    import shutil
+
+    shutil.rmtree(root.dataset_dir("sts", "sts-of-the-job"))
+    with pytest.raises(FileNotFoundError, match="evaluated on the sts dataset sts-of-the-job, which is not under"):
+        evaluate(EvalConfig(checkpoint=f"runs:/{parent}", mode="dev", progress=False))
