@@ -58,7 +58,9 @@ class EvalConfig(_Config):
     )
     sts: str | None = Field(
         default=None,
-        description="an `sts` dataset key in the data root or a SentEval folder; None = the shared mirror, else the newest ingested `sts` dataset",
+        description="an `sts` dataset key in the data root or a SentEval folder; None = for a training job's "
+        "checkpoint the `sts` dataset the job was evaluated on, else the shared mirror, else the newest ingested "
+        "`sts` dataset",
     )
     transfer: str | None = Field(
         default=None,
