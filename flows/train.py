@@ -23,6 +23,7 @@ from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
 from tasks.log import stage_logger
+from tasks.preflight import preflight_training
 from tasks.train import (
     TrainResult,
     evaluate_test,
@@ -35,6 +36,7 @@ from tasks.train import (
     note_membership,
     record_result,
 )
+from tracking.data_warnings import data_warning_tags
 from tracking.reporting import markdown_table, two_decimals
 
 
@@ -124,8 +126,11 @@ def train_flow(spec: MethodSpec) -> Flow:
         stop_after: int | None = None,
         tags: dict[str, str] | None = None,
     ) -> TrainResult:
-        """Train one job of this method (`stop_after` interrupts after that many steps: resume tests)."""
-        return run_training(resolve_train_config(preset, overrides, method=spec.name), stop_after, tags)
+        """Train one job of this method (`stop_after` interrupts after that many steps: resume tests). The preflight
+        (tasks/preflight.py) runs first: anything missing fails the run in seconds, before any stage."""
+        cfg = resolve_train_config(preset, overrides, method=spec.name)
+        warnings = preflight_training(cfg)
+        return run_training(cfg, stop_after, {**(tags or {}), **data_warning_tags(warnings)} or None)
 
     train.__name__ = train.__qualname__ = spec.flow_function
     return train

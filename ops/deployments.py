@@ -28,7 +28,7 @@ _PREFIXES = (
 )
 # The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them): the summary after a run
 STAGE_LINE = re.compile(r"\b(cache hit|written|already finished)\b")
-REASON_CHARS = 400
+REASON_CHARS = 2000  # a preflight failure lists every missing thing with its fix (tasks/preflight.py)
 # How long the logs must stay unchanged before a finished run's stage lines are taken as complete; None: one batch
 # interval of Prefect's log shipping (PREFECT_LOGGING_TO_API_BATCH_INTERVAL) + 0.5 s
 LOG_QUIET_S: float | None = None
