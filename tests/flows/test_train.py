@@ -42,6 +42,7 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     assert run.info.status == "FINISHED"
     assert run.data.tags["method"] == "d2cse" and run.data.tags["preset"] == "smoke"
     assert {"tokens_hash", "corruption_hash", "git_commit", "prefect_flow_run_id"} <= run.data.tags.keys()
+    assert run.data.tags["cse.data_warning"].startswith("Wiki1M is a sample: ")  # the preflight's warning
     assert run.data.params["model.prefix_len"] == "8" and run.data.params["corruption_reuse"]
     m = run.data.metrics
     for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):
