@@ -33,6 +33,7 @@ from storage.corruption_stats import ShardResult
 from storage.datasets import DatasetRef
 from storage.sharded import building
 from tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
+from tasks.preflight import preflight_corrupt
 
 
 def run_shards(plan: CorruptPlan) -> list[ShardResult]:
@@ -56,7 +57,9 @@ def corrupt(
     tokenize_config: TokenizeConfig = TokenizeConfig(),
     verify: bool = False,
 ) -> DatasetRef:
-    """`verify`: a cache hit also checks the content hash of every file it reuses (the training flows set it)."""
+    """`verify`: a cache hit also checks the content hash of every file it reuses (the training flows set it). The
+    preflight (tasks/preflight.py) checks the generator and device (and the tokenizer and source) first."""
+    preflight_corrupt(tokens_key, config, dataset, ingest_config, tokenize_config)
     if tokens_key is None:
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key
     with corruption_run(tokens_key, config) as run_id:

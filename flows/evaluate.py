@@ -7,6 +7,7 @@ from prefect import flow
 
 from config.evaluation import EvalConfig
 from tasks.evaluate import EvalSummary, evaluate_task
+from tasks.preflight import preflight_evaluate
 
 # The deployment default: the one pretrained model reachable offline, mean pooling.
 DEFAULT_CONFIG = EvalConfig(model="packaged:minilm", pooler="avg")
@@ -22,6 +23,7 @@ def evaluate(config: EvalConfig = DEFAULT_CONFIG) -> EvalSummary:
     Returns:
         The evaluation summary.
     """
+    preflight_evaluate(config)  # the model and device, before any work (tasks/preflight.py)
     summary = evaluate_task(config)
     print(summary.table_row)
     print(f"evaluation {summary.evaluation_id}  MLflow run {summary.mlflow_run_id}")

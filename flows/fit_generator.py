@@ -14,6 +14,7 @@ from config.stages import GeneratorConfig, IngestConfig, TokenizeConfig
 from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
 from tasks.fit_generator import fit_generator as fit_generator_task
+from tasks.preflight import preflight_fit_generator
 
 
 @flow(name="fit-generator", log_prints=True)
@@ -28,6 +29,7 @@ def fit_generator(
     """`tokens_key`: a tokens dataset to fit on; without it `dataset` is ingested and tokenised with
     `tokenize_config` (default: the backbone's tokenizer, max length 32). `verify`: cache hits also check content
     hashes."""
+    preflight_fit_generator(tokens_key, config, dataset, ingest_config, tokenize_config)  # (tasks/preflight.py)
     if tokens_key is None:
         tokenize_config = tokenize_config or TokenizeConfig(tokenizer=config.backbone)
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key

@@ -16,6 +16,7 @@ from prefect import flow
 from config.stages import IngestConfig, TokenizeConfig
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
+from tasks.preflight import preflight_tokenize
 from tasks.tokenize import tokenize_dataset
 
 
@@ -47,6 +48,7 @@ def tokenize(
     Returns:
         The reference of the token dataset.
     """
+    preflight_tokenize(dataset, ingest_config, config)  # tokenizer and source, before any work (tasks/preflight.py)
     ref = prepare_tokens(dataset, ingest_config, config)
     print(f"tokens {ref.rows:,d} sentences  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
     return ref
