@@ -235,3 +235,12 @@ def test_count_lines_counts_a_last_line_without_newline(tmp_path):
     (tmp_path / "b").write_bytes(b"x\ny")
     (tmp_path / "c").write_bytes(b"")
     assert [count_lines(tmp_path / n) for n in "abc"] == [2, 2, 0]
+
+
+def test_cse_run_prints_a_preflight_reason_whole():
+    """`cse run` cuts a long failure reason, but never the preflight's list of missing things and fixes."""
+    from ops.deployments import REASON_CHARS, one_line_reason
+
+    long = "PreflightError: preflight: job cannot run\n1. " + "x" * 2 * REASON_CHARS
+    assert one_line_reason(f"Flow run encountered an exception: {long}") == " ".join(long.split())
+    assert one_line_reason("OSError: " + "x" * 2 * REASON_CHARS).endswith("…")
