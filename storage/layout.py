@@ -51,6 +51,11 @@ class DataRoot:
     def __repr__(self) -> str:
         return f"DataRoot({str(self.root)!r})"
 
+    @classmethod
+    def of_dataset(cls, folder: str | Path) -> DataRoot:
+        """The data root holding the dataset folder `folder` (`<root>/datasets/<kind>/<key>`, a `DatasetRef.path`)."""
+        return cls(Path(folder).parents[2])
+
     @property
     def downloads(self) -> Path:
         return self.root / "downloads"

@@ -798,7 +798,7 @@ def _data_origins(sources: Mapping[str, Any], refs: Mapping[str, Any]) -> list[D
         ref, found = refs.get(name), None
         if ref is not None:
             path, key = getattr(ref, "path", None), getattr(ref, "key", None)
-            root = DataRoot(Path(path).parent.parent) if path and key else DataRoot(get_settings().data_root)
+            root = DataRoot.of_dataset(path) if path and key else DataRoot(get_settings().data_root)
             try:
                 found = ingested_origin(root, key or str(ref))
             except (OSError, ValueError):  # an unreadable data root or manifest: the configured source is named
@@ -890,6 +890,8 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         versions = sorted(client.search_model_versions(f"run_id = '{run_id}'"), key=lambda v: int(v.version))
         name, version = (versions[-1].name, versions[-1].version) if versions else (None, None)
     best = Path(record.get("best_checkpoint") or run_dir.best)
+    from models.st_export import export_kind  # lazy: sentence-transformers is imported by that module
+
     return CardFacts.from_training(
         cfg,
         record.get("test_metrics") or {},
@@ -904,4 +906,5 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         adapter=adapter,
         steps=record.get("steps"),
         best_stsb_dev=record.get("best_stsb_dev"),
+        st_export=export_kind(run_dir.export),
     )
