@@ -168,16 +168,18 @@ def export_portable_sentence_transformer(
         shutil.rmtree(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = None
-        with tempfile.TemporaryDirectory(prefix="cse-st-") as workdir:
-            st, why = standard_sentence_transformer(checkpoint_dir, workdir)
-            if st is not None:
-                st.save(str(tmp))
-                result = STExport(out, "standard", why)
-        if result is None and model_class_of(meta["method"]).exports_peft_adapter:
+        result, why = None, ""
+        if model_class_of(meta["method"]).exports_peft_adapter:  # prompts: the stock model with a prefix cache
             diff, why = _write_prompted(load_checkpoint(checkpoint_dir, device="cpu"), tmp, probe_sentences)
             if diff is not None:
                 result = STExport(out, "bundled-code", why, diff)
+        if result is None:
+            with tempfile.TemporaryDirectory(prefix="cse-st-") as workdir:
+                st, why_not = standard_sentence_transformer(checkpoint_dir, workdir)
+                if st is not None:
+                    st.save(str(tmp))
+                    result = STExport(out, "standard", why_not)
+                why = f"{why}; {why_not}" if why else why_not
         if result is None:
             shutil.rmtree(tmp, ignore_errors=True)
             export_sentence_transformer(checkpoint_dir, tmp)
