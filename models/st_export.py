@@ -128,13 +128,15 @@ class STExport:
 
 
 def export_kind(folder: str | Path) -> STExport | None:
-    """The kind of an existing export folder, read from its `modules.json` (None: no such file)."""
+    """The kind of an existing export folder, read from its `modules.json` (None: no such file, or no module)."""
     path = Path(folder) / "modules.json"
     if not path.is_file():
         return None
     from models import st_prompted
 
     types = [m.get("type", "") for m in json.loads(path.read_text(encoding="utf-8"))]
+    if not types:
+        return None
     if all(t.startswith("sentence_transformers.") for t in types):
         return STExport(Path(folder), "standard", "stock sentence-transformers modules")
     if types == [st_prompted.CLASS_REF]:

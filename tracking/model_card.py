@@ -13,6 +13,11 @@ and corruption hashes; the full configuration; the git commit; how to load the m
 folder, the PEFT adapter where one exists, the MLflow model URI) and the papers to cite (the registry entry's
 `bibtex` and those of the methods it builds on, `MethodSpec.cites`; a method outside the registry cites none).
 
+The data section states where the training rows really came from (the ingested dataset's manifest: the local sample
+or the full source, its rows, what the job used), and the rendered card names no absolute local path (`$CSE_HOME/…`
+or a file name instead). A backbone no paper reports is compared with the BERT-base row, labelled as a reference
+(`config.published.reference_family`).
+
 `card_facts_of_job(run_dir)` (for `cse card RUN_DIR`) reads a finished job's recorded result and its MLflow run
 (config, tags, registered version); it is the only function here that talks to MLflow.
 """
@@ -798,10 +803,10 @@ def _data_origins(sources: Mapping[str, Any], refs: Mapping[str, Any]) -> list[D
         ref, found = refs.get(name), None
         if ref is not None:
             path, key = getattr(ref, "path", None), getattr(ref, "key", None)
-            root = DataRoot.of_dataset(path) if path and key else DataRoot(get_settings().data_root)
             try:
+                root = DataRoot.of_dataset(path) if path and key else DataRoot(get_settings().data_root)
                 found = ingested_origin(root, key or str(ref))
-            except (OSError, ValueError):  # an unreadable data root or manifest: the configured source is named
+            except (OSError, ValueError):  # not a data root's dataset, or unreadable: the configured source is named
                 found = None
         if found is not None and found["dataset"] == name:
             out.append(DataOrigin(**found))
