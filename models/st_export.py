@@ -145,7 +145,10 @@ def export_kind(folder: str | Path) -> STExport | None:
 
 
 def export_portable_sentence_transformer(
-    checkpoint_dir: str | Path, out_dir: str | Path, probe_sentences: tuple[str, ...] | None = None
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    probe_sentences: tuple[str, ...] | None = None,
+    bundle_base: bool | None = None,
 ) -> STExport:
     """Write `checkpoint_dir` as a sentence-transformers folder that loads without this project where possible
     (the kinds: see the module docstring); else the `project` form, with the reason.
@@ -155,6 +158,9 @@ def export_portable_sentence_transformer(
         out_dir: the export folder; an earlier one is replaced only once the new export is written and checked. An
             `out_dir` that is, holds or lies inside the checkpoint folder is refused.
         probe_sentences: the sentences the `bundled-code` form is checked on (default: the PEFT export's probes).
+        bundle_base: whether the `bundled-code` form carries its base encoder (`encoder/`); None: when the backbone is
+            a local folder (the packaged MiniLM too) or was fine-tuned; False: name the pretrained backbone by its id
+            (or path), which must then be reachable where the folder is loaded (not for a fine-tuned encoder).
 
     Returns:
         The `STExport` written.
@@ -172,7 +178,8 @@ def export_portable_sentence_transformer(
     try:
         result, why = None, ""
         if model_class_of(meta["method"]).exports_peft_adapter:  # prompts: the stock model with a prefix cache
-            diff, why = _write_prompted(load_checkpoint(checkpoint_dir, device="cpu"), tmp, probe_sentences)
+            model = load_checkpoint(checkpoint_dir, device="cpu")
+            diff, why = _write_prompted(model, tmp, probe_sentences, bundle_base)
             if diff is not None:
                 result = STExport(out, "bundled-code", why, diff)
         if result is None:
@@ -195,7 +202,9 @@ def export_portable_sentence_transformer(
     return result
 
 
-def _write_prompted(model, folder: Path, probe_sentences: tuple[str, ...] | None) -> tuple[float | None, str]:
+def _write_prompted(
+    model, folder: Path, probe_sentences: tuple[str, ...] | None, bundle_base: bool | None
+) -> tuple[float | None, str]:
     """Write a prompt method's model as the `bundled-code` form into `folder` and check it against `model.embed`.
 
     Returns `(largest difference, reason)`; `(None, why)` with `folder` removed when the form cannot hold the model
@@ -230,7 +239,7 @@ def _write_prompted(model, folder: Path, probe_sentences: tuple[str, ...] | None
         edited = carry_plan(base, model, plan)
     except PeftExportError as e:
         return None, str(e)
-    bundled = fine_tuned or Path(backbone_id).exists()  # a local folder or the packaged MiniLM travels in the folder
+    bundled = fine_tuned or (Path(backbone_id).exists() if bundle_base is None else bundle_base)
     prompts = model.prompts
     spec = {
         "format_version": 1,
