@@ -203,6 +203,25 @@ def backbone_family(backbone: str) -> str | None:
     return None
 
 
+REFERENCE_FAMILY = "bert-base"
+
+
+def reference_family(backbone: str) -> tuple[str, bool]:
+    """The backbone family whose published row a run of `backbone` is compared with, and whether it stands in.
+
+    A backbone no paper reports (e.g. the packaged MiniLM) is compared with the BERT-base row, labelled as a
+    reference (`stands_in` True: "reference: BERT-base; this model is <backbone>"), never as its own row.
+
+    Args:
+        backbone: the run's backbone (HF id, local folder or `packaged:<name>`).
+
+    Returns:
+        `(family, stands_in)`: the family to look the row up under, and True when it is not the run's own.
+    """
+    family = backbone_family(backbone)
+    return (family, False) if family is not None else (REFERENCE_FAMILY, True)
+
+
 def setting_of(method: str, preset: str, supervised: bool) -> str:
     """The published-table setting of a run: `sup`, `unsup`, or for diffaug unsupervised `semi` / `semi-aux`.
 

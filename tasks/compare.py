@@ -117,13 +117,12 @@ def select_runs(
 
 def _published_row(table: str, run: RunRecord) -> tuple[dict[str, Any] | None, str]:
     """The published numbers for this run's table row, and the backbone family they belong to."""
-    family = published.backbone_family(run.backbone)
-    ref_family = family or "bert-base"
+    ref_family, stands_in = published.reference_family(run.backbone)
     if table == "parameters":
         row = published.PARAMETERS.get((run.method, ref_family))
     else:
         row = _SOURCES[table].get((run.method, ref_family, run.setting))
-    if row is not None and family is None:
+    if row is not None and stands_in:
         row = {**row, "source": f"{row['source']}; reference BERT-base (no published numbers for {run.backbone})"}
     return row, ref_family
 

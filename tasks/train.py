@@ -366,7 +366,7 @@ def export_model(
         corruption: the corruption dataset the job read, else None.
         nli_tokens: the NLI tokens the job read, else None.
     """
-    from models.st_export import export_sentence_transformer  # lazy: see LAZY
+    from models.st_export import export_portable_sentence_transformer  # lazy: see LAZY
 
     plog = stage_logger()
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
@@ -389,7 +389,8 @@ def export_model(
             registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
             version_tags=version_tags,
         )
-        export_sentence_transformer(run_dir.best, run_dir.export)
+        st_export = export_portable_sentence_transformer(run_dir.best, run_dir.export)
+        plog.info("sentence-transformers export: %s (%s)", st_export.kind, st_export.reason)
         adapter = export_adapter(cfg.method, run_dir, plog)
         facts = CardFacts.from_training(
             cfg,
@@ -406,6 +407,7 @@ def export_model(
             adapter=adapter,
             steps=fitted.steps,
             best_stsb_dev=fitted.best_score,
+            st_export=st_export,
         )
         folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
         if adapter is not None:

@@ -90,6 +90,9 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(result.run_dir) + "/export", trust_remote_code=True, device="cpu")
+    assert (
+        type(st[0]).__name__ == "PromptedEncoder"
+    )  # the portable module shipped in the folder (models/st_prompted.py)
     np.testing.assert_allclose(st.encode(sentences), expected, atol=1e-5)
 
     # the PEFT adapter, loaded with transformers + peft only (its own peft_embed.py), gives the same embeddings
@@ -106,6 +109,11 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
         card = (folder / "README.md").read_text()
         assert run.data.tags["git_commit"] in card and run.data.tags["corruption_hash"] in card
         assert f"models:/{version.name}/{version.version}" in card
+        # the data it really trained on (the local sample, its rows, what the job used) and no temporary folder
+        assert "| wiki1m | `wiki1m_head.txt` | local file | 11,913 | **a sample**: 11,913 of the full 1,000,000" in card
+        assert "The job trained on the first 256 rows (`max_train_sentences: 256`) of wiki1m: 8 optimiser steps" in card
+        assert str(tiny_bert_dir.parent) not in card and "/tmp/" not in card
+        assert "trust_remote_code=True" in card and "cse_prompted_encoder.py" in card  # the bundled module
 
 
 def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):
