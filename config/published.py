@@ -279,3 +279,56 @@ def rows_of(method: str) -> PublishedRows:
         parameters={family: row for (m, family), row in PARAMETERS.items() if m == method},
         ablation=ABLATION.get(method, {}),
     )
+
+
+# The published rows a run is compared with when no paper reports its backbone (the packaged MiniLM of the smoke
+# presets): the BERT-base row of the same method and setting, labelled as a stand-in.
+REFERENCE_FAMILY = "bert-base"
+FAMILY_TITLES = {
+    "bert-base": "BERT-base",
+    "bert-large": "BERT-large",
+    "roberta-base": "RoBERTa-base",
+    "roberta-large": "RoBERTa-large",
+}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The published row a run is compared with (`reference_row`).
+
+    Args:
+        row: the row as published (its `source` and its columns).
+        family: the backbone family of the row (`bert-base`, ...).
+        stand_in: True when no paper reports the run's backbone and the row is the `REFERENCE_FAMILY` one.
+        backbone: the run's backbone.
+    """
+
+    row: dict[str, float | str]
+    family: str
+    stand_in: bool
+    backbone: str
+
+    @property
+    def label(self) -> str:
+        """`published (BERT-base)`, or for a stand-in `published (BERT-base; this run uses packaged:minilm)`."""
+        title = FAMILY_TITLES.get(self.family, self.family)
+        return f"published ({title}; this run uses {self.backbone})" if self.stand_in else f"published ({title})"
+
+
+def reference_row(
+    table: dict[tuple[str, str, str], dict[str, float | str]], method: str, backbone: str, setting: str
+) -> Reference | None:
+    """The published row of `table` (e.g. `STS`) for a run of `method` on `backbone` at `setting`: the row of the
+    backbone's family, or the `REFERENCE_FAMILY` row when no paper reports the backbone; None when there is none.
+
+    Args:
+        table: a published table keyed (method, backbone family, setting).
+        method: the run's method.
+        backbone: the run's backbone (a hub name, a local folder or `packaged:minilm`).
+        setting: the run's setting (`setting_of`).
+    """
+    family = backbone_family(backbone)
+    row = table.get((method, family or REFERENCE_FAMILY, setting))
+    if row is None:
+        return None
+    return Reference(row=row, family=family or REFERENCE_FAMILY, stand_in=family is None, backbone=backbone)

@@ -116,16 +116,19 @@ def select_runs(
 
 
 def _published_row(table: str, run: RunRecord) -> tuple[dict[str, Any] | None, str]:
-    """The published numbers for this run's table row, and the backbone family they belong to."""
-    family = published.backbone_family(run.backbone)
-    ref_family = family or "bert-base"
+    """The published numbers for this run's table row, and the backbone family they belong to (the BERT-base row
+    for a backbone no paper reports: `config.published.reference_row`)."""
     if table == "parameters":
-        row = published.PARAMETERS.get((run.method, ref_family))
+        params = {(m, f, run.setting): row for (m, f), row in published.PARAMETERS.items()}
+        ref = published.reference_row(params, run.method, run.backbone, run.setting)
     else:
-        row = _SOURCES[table].get((run.method, ref_family, run.setting))
-    if row is not None and family is None:
+        ref = published.reference_row(_SOURCES[table], run.method, run.backbone, run.setting)
+    if ref is None:
+        return None, published.backbone_family(run.backbone) or published.REFERENCE_FAMILY
+    row = ref.row
+    if ref.stand_in:
         row = {**row, "source": f"{row['source']}; reference BERT-base (no published numbers for {run.backbone})"}
-    return row, ref_family
+    return row, ref.family
 
 
 def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
