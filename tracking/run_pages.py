@@ -70,7 +70,7 @@ def scores_view_state() -> dict[str, Any]:
         "lifecycleFilter": "Active",
         "datasetsFilter": [],
         "modelVersionFilter": "All Runs",
-        "selectedColumns": [*(f"metrics.`{m}`" for m in HEADLINE), "attributes.`Models`"],
+        "selectedColumns": [f"metrics.`{m}`" for m in HEADLINE],
         "runsExpanded": {},
         "runsPinned": [],
         "runsHidden": [],
