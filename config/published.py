@@ -310,9 +310,11 @@ class Reference:
 
     @property
     def label(self) -> str:
-        """`published (BERT-base)`, or for a stand-in `published (BERT-base; this run uses packaged:minilm)`."""
+        """`published (BERT-base)`, or for a stand-in `published (BERT-base; this run uses packaged:minilm)` (a local
+        folder by its name)."""
         title = FAMILY_TITLES.get(self.family, self.family)
-        return f"published ({title}; this run uses {self.backbone})" if self.stand_in else f"published ({title})"
+        backbone = self.backbone.rstrip("/").rsplit("/", 1)[-1] if self.backbone.startswith("/") else self.backbone
+        return f"published ({title}; this run uses {backbone})" if self.stand_in else f"published ({title})"
 
 
 def reference_row(

@@ -94,6 +94,10 @@ def experiment_page_tags() -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------ run names
 def _value_text(value: Any) -> str:
+    """An override's value in a run name: floats short (`0.03`, `5e-05`), lists comma-joined, a local path by its
+    last part (the full value is the run's parameter)."""
+    if isinstance(value, str) and value.startswith("/"):
+        return value.rstrip("/").rsplit("/", 1)[-1]
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, (list, tuple)):
