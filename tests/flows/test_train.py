@@ -44,7 +44,14 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     assert {"tokens_hash", "corruption_hash", "git_commit", "prefect_flow_run_id"} <= run.data.tags.keys()
     assert run.data.tags["cse.data_warning"].startswith("Wiki1M is a sample: ")  # the preflight's warning
     assert run.data.params["model.prefix_len"] == "8" and run.data.params["corruption_reuse"]
+    # the MLflow pages (tracking/run_pages.py): the name says what differs from the preset, the description is the
+    # STS table beside the paper's BERT-base row, and no per-subset score sits before the loss curve
+    assert run.info.run_name.startswith(f"d2cse-smoke backbone={tiny_bert_dir.name} eval_steps=4 ")
+    note = run.data.tags["mlflow.note.content"]
+    assert "| this run |" in note and "| difference (run − published) |" in note
+    assert f"| published (BERT-base; this run uses {tiny_bert_dir.name}) |" in note
     m = run.data.metrics
+    assert not [k for k in m if "/" in k] and "sts12" in m
     for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):
         assert np.isfinite(m[name]), name
     assert m["sts_avg"] == round(np.mean([round(m[t], 2) for t in SEVEN]), 2)
