@@ -203,6 +203,27 @@ def backbone_family(backbone: str) -> str | None:
     return None
 
 
+# The published rows a run is compared with when no paper reports its backbone (the packaged MiniLM of the smoke
+# presets): the BERT-base row of the same method and setting, labelled as a stand-in.
+REFERENCE_FAMILY = "bert-base"
+
+
+def reference_family(backbone: str) -> tuple[str, bool]:
+    """The backbone family whose published row a run of `backbone` is compared with, and whether it stands in.
+
+    A backbone no paper reports (e.g. the packaged MiniLM) is compared with the BERT-base row, labelled as a
+    reference (`stands_in` True: "reference: BERT-base; this model is <backbone>"), never as its own row.
+
+    Args:
+        backbone: the run's backbone (HF id, local folder or `packaged:<name>`).
+
+    Returns:
+        `(family, stands_in)`: the family to look the row up under, and True when it is not the run's own.
+    """
+    family = backbone_family(backbone)
+    return (family, False) if family is not None else (REFERENCE_FAMILY, True)
+
+
 def setting_of(method: str, preset: str, supervised: bool) -> str:
     """The published-table setting of a run: `sup`, `unsup`, or for diffaug unsupervised `semi` / `semi-aux`.
 
@@ -279,3 +300,56 @@ def rows_of(method: str) -> PublishedRows:
         parameters={family: row for (m, family), row in PARAMETERS.items() if m == method},
         ablation=ABLATION.get(method, {}),
     )
+
+
+# How `Reference.label` names a backbone family.
+FAMILY_TITLES = {
+    "bert-base": "BERT-base",
+    "bert-large": "BERT-large",
+    "roberta-base": "RoBERTa-base",
+    "roberta-large": "RoBERTa-large",
+}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The published row a run is compared with (`reference_row`).
+
+    Args:
+        row: the row as published (its `source` and its columns).
+        family: the backbone family of the row (`bert-base`, ...).
+        stand_in: True when no paper reports the run's backbone and the row is the `REFERENCE_FAMILY` one.
+        backbone: the run's backbone.
+    """
+
+    row: dict[str, float | str]
+    family: str
+    stand_in: bool
+    backbone: str
+
+    @property
+    def label(self) -> str:
+        """`published (BERT-base)`, or for a stand-in `published (BERT-base; this run uses packaged:minilm)` (a local
+        folder by its name)."""
+        title = FAMILY_TITLES.get(self.family, self.family)
+        backbone = self.backbone.rstrip("/").rsplit("/", 1)[-1] if self.backbone.startswith("/") else self.backbone
+        return f"published ({title}; this run uses {backbone})" if self.stand_in else f"published ({title})"
+
+
+def reference_row(
+    table: dict[tuple[str, str, str], dict[str, float | str]], method: str, backbone: str, setting: str
+) -> Reference | None:
+    """The published row of `table` (e.g. `STS`) for a run of `method` on `backbone` at `setting`: the row of the
+    backbone's family, or the `REFERENCE_FAMILY` row when no paper reports the backbone; None when there is none.
+
+    Args:
+        table: a published table keyed (method, backbone family, setting).
+        method: the run's method.
+        backbone: the run's backbone (a hub name, a local folder or `packaged:minilm`).
+        setting: the run's setting (`setting_of`).
+    """
+    family, stand_in = reference_family(backbone)
+    row = table.get((method, family, setting))
+    if row is None:
+        return None
+    return Reference(row=row, family=family, stand_in=stand_in, backbone=backbone)

@@ -34,6 +34,7 @@ from storage.corruption_stats import ShardResult
 from storage.datasets import DatasetRef
 from storage.sharded import building
 from tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
+from tasks.preflight import preflight_corrupt
 
 
 def run_shards(plan: CorruptPlan) -> list[ShardResult]:
@@ -58,10 +59,12 @@ def corrupt(
     verify: bool = False,
 ) -> DatasetRef:
     """`verify`: a cache hit also checks the content hash of every file it reuses (the training flows set it).
-    In a deployment run the configs given are merged into the deployment's (flows/deployment_params.py)."""
+    In a deployment run the configs given are merged into the deployment's (flows/deployment_params.py); the
+    preflight (tasks/preflight.py) then checks the generator and device (and the tokenizer and source)."""
     config, ingest_config, tokenize_config = deployment_merged(
         config=config, ingest_config=ingest_config, tokenize_config=tokenize_config
     )
+    preflight_corrupt(tokens_key, config, dataset, ingest_config, tokenize_config)
     if tokens_key is None:
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key
     with corruption_run(tokens_key, config) as run_id:

@@ -8,6 +8,7 @@ from prefect import flow
 from config.evaluation import EvalConfig
 from flows.deployment_params import deployment_merged
 from tasks.evaluate import EvalSummary, evaluate_task
+from tasks.preflight import preflight_evaluate
 
 # The deployment default: the one pretrained model reachable offline, mean pooling.
 DEFAULT_CONFIG = EvalConfig(model="packaged:minilm", pooler="avg")
@@ -24,6 +25,7 @@ def evaluate(config: EvalConfig = DEFAULT_CONFIG) -> EvalSummary:
         The evaluation summary.
     """
     (config,) = deployment_merged(config=config)
+    preflight_evaluate(config)  # the model and device, before any work (tasks/preflight.py)
     summary = evaluate_task(config)
     print(summary.table_row)
     print(f"evaluation {summary.evaluation_id}  MLflow run {summary.mlflow_run_id}")

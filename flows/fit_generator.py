@@ -15,6 +15,7 @@ from flows.deployment_params import deployment_merged
 from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
 from tasks.fit_generator import fit_generator as fit_generator_task
+from tasks.preflight import preflight_fit_generator
 
 
 @flow(name="fit-generator", log_prints=True)
@@ -32,6 +33,7 @@ def fit_generator(
     config, ingest_config, tokenize_config = deployment_merged(
         config=config, ingest_config=ingest_config, tokenize_config=tokenize_config
     )
+    preflight_fit_generator(tokens_key, config, dataset, ingest_config, tokenize_config)  # (tasks/preflight.py)
     if tokens_key is None:
         tokenize_config = tokenize_config or TokenizeConfig(tokenizer=config.backbone)
         tokens_key = prepare_tokens(dataset, ingest_config, tokenize_config, verify=verify).key

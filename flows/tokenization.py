@@ -17,6 +17,7 @@ from config.stages import IngestConfig, TokenizeConfig
 from flows.deployment_params import deployment_merged
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
+from tasks.preflight import preflight_tokenize
 from tasks.tokenize import tokenize_dataset
 
 
@@ -51,6 +52,7 @@ def tokenize(
     In a deployment run the configs given are merged into the deployment's (flows/deployment_params.py).
     """
     ingest_config, config = deployment_merged(ingest_config=ingest_config, config=config)
+    preflight_tokenize(dataset, ingest_config, config)  # tokenizer and source, before any work (tasks/preflight.py)
     ref = prepare_tokens(dataset, ingest_config, config)
     print(f"tokens {ref.rows:,d} sentences  key={ref.key}  {'cache hit' if ref.cache_hit else 'written'}  {ref.path}")
     return ref

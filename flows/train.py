@@ -24,6 +24,7 @@ from flows.tokenization import prepare_tokens
 from storage.datasets import DatasetRef
 from tasks.ingest import ingest_dataset
 from tasks.log import stage_logger
+from tasks.preflight import preflight_training
 from tasks.train import (
     TrainResult,
     evaluate_test,
@@ -36,6 +37,7 @@ from tasks.train import (
     note_membership,
     record_result,
 )
+from tracking.data_warnings import data_warning_tags
 from tracking.reporting import markdown_table, two_decimals
 
 
@@ -137,9 +139,12 @@ def train_flow(spec: MethodSpec) -> Flow:
         tags: dict[str, str] | None = None,
     ) -> TrainResult:
         """Train one job of this method (`stop_after` interrupts after that many steps: resume tests). In a deployment
-        run `overrides` and `tags` merge into the deployment's (flows/deployment_params.py)."""
+        run `overrides` and `tags` merge into the deployment's (flows/deployment_params.py). The preflight
+        (tasks/preflight.py) runs next: anything missing fails the run in seconds, before any stage."""
         overrides, tags = deployment_merged(overrides=overrides, tags=tags)
-        return run_training(resolve_train_config(preset, overrides, method=spec.name), stop_after, tags)
+        cfg = resolve_train_config(preset, overrides, method=spec.name)
+        warnings = preflight_training(cfg)
+        return run_training(cfg, stop_after, {**(tags or {}), **data_warning_tags(warnings)} or None)
 
     train.__name__ = train.__qualname__ = spec.flow_function
     return train

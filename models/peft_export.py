@@ -171,6 +171,31 @@ def adapter_plan(model) -> PeftPlan:
     return completed
 
 
+def carry_plan(base: nn.Module, model, plan: PeftPlan) -> list[str]:
+    """Edit the stock encoder `base` so that it carries what `plan` folds into it: the supervised cls MLP as its
+    pooler, the [CLS] prompt in a position-embedding row. Returns the names of the edited `base` tensors.
+
+    Args:
+        base: the stock encoder (pretrained, or holding the fine-tuned weights).
+        model: the loaded checkpoint model the plan was made from.
+        plan: `adapter_plan(model)`.
+    """
+    edited = []
+    with torch.no_grad():
+        if plan.pooler_mlp is not None:
+            if getattr(base, "pooler", None) is None or not hasattr(base.pooler, "dense"):
+                raise PeftExportError(f"{type(base).__name__} has no pooler with a dense layer to carry the cls MLP")
+            base.pooler.dense.weight.copy_(plan.pooler_mlp.dense.weight)
+            base.pooler.dense.bias.copy_(plan.pooler_mlp.dense.bias)
+            edited += ["pooler.dense.weight", "pooler.dense.bias"]
+        if plan.cls_fold is not None:
+            row, cls_id = plan.cls_fold
+            table = base.embeddings.position_embeddings.weight
+            table[row] += model.cls_prompt.to(table.dtype) - base.embeddings.word_embeddings.weight[cls_id]
+            edited.append("embeddings.position_embeddings.weight")
+    return edited
+
+
 def _sentence_transformers_note(pooling: dict[str, Any]) -> str:
     head = (
         "sentence-transformers: SentenceTransformer.load_adapter (transformers' PeftAdapterMixin) refuses "
@@ -194,7 +219,7 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _backbone_changed(trained: nn.Module, fresh: nn.Module) -> bool:
+def backbone_changed(trained: nn.Module, fresh: nn.Module) -> bool:
     """Whether the checkpoint's encoder weights differ from the pretrained ones (a method that fine-tunes it)."""
     fresh_state = fresh.state_dict()
     for name, tensor in trained.state_dict().items():
@@ -256,7 +281,7 @@ def export_peft_adapter(
     try:
         base_ref = backbone_id
         notes = list(plan.notes)
-        if _backbone_changed(model.backbone, base):
+        if backbone_changed(model.backbone, base):
             missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
             if unexpected or any(not k.startswith("pooler.") for k in missing):
                 raise PeftExportError(
@@ -272,18 +297,7 @@ def export_peft_adapter(
                 f"fine-tuned encoder bundled in {peft_loader.BUNDLED_BASE}/ ({size / 1e6:.1f} MB), not "
                 f"{model.config.backbone}; the prefixes on the pretrained encoder do not give these embeddings"
             )
-        with torch.no_grad():  # carried modules are edited on the base before wrapping: PEFT copies them
-            if plan.pooler_mlp is not None:
-                if getattr(base, "pooler", None) is None or not hasattr(base.pooler, "dense"):
-                    raise PeftExportError(
-                        f"{type(base).__name__} has no pooler with a dense layer to carry the cls MLP"
-                    )
-                base.pooler.dense.weight.copy_(plan.pooler_mlp.dense.weight)
-                base.pooler.dense.bias.copy_(plan.pooler_mlp.dense.bias)
-            if plan.cls_fold is not None:
-                row, cls_id = plan.cls_fold
-                table = base.embeddings.position_embeddings.weight
-                table[row] += model.cls_prompt.to(table.dtype) - base.embeddings.word_embeddings.weight[cls_id]
+        carry_plan(base, model, plan)  # carried modules are edited on the base before wrapping: PEFT copies them
 
         cfg = base.config
         peft_config = PrefixTuningConfig(

@@ -1,15 +1,29 @@
 """Export a trained checkpoint as a sentence-transformers model folder.
 
-The folder holds `modules.json` naming `PromptedEncoderModule` (this module), the checkpoint
-(backbone reference + prompt/pooler weights, a few MB) and the tokenizer. Load it with
-`SentenceTransformer(folder, trust_remote_code=True)` where this package is installed; the
-backbone weights come from its HF id or local folder, as at training time.
+`export_portable_sentence_transformer` (what a training job's export stage writes) makes a folder that loads with
+sentence-transformers, torch and transformers alone, without this project:
+- `standard`: a fully trained encoder read by a standard pooler (SimCSE, DiffCSE): stock Transformer + Pooling
+  (+ Dense) modules (models/st_standard.py), loaded without `trust_remote_code`;
+- `bundled-code`: a prompt method (D2CSE, DCPCSE, DiffAug) whose prompts PEFT's prefix layout holds exactly
+  (models/peft_export.py's `adapter_plan`): `cse_prompted_encoder.py` (a copy of models/st_prompted.py, importing
+  nothing from this project) + the prefix rows + the base encoder (bundled, or its hub id), loaded with
+  `trust_remote_code=True`;
+- `project`: anything else (a prefix layout the stock model cannot take, a pooler with no standard equivalent):
+  `PromptedEncoderModule` (below) over the checkpoint, which needs this project importable; the reason is recorded.
+Every portable folder is checked against the training code's embeddings before it replaces an earlier one.
+
+`export_sentence_transformer` writes the `project` form directly: `modules.json` naming `PromptedEncoderModule`, the
+checkpoint (backbone reference + prompt/pooler weights, a few MB) and the tokenizer; load it with
+`SentenceTransformer(folder, trust_remote_code=True)` where this package is installed.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +31,8 @@ import torch
 from sentence_transformers.base.modules import InputModule
 
 CHECKPOINT_SUBDIR = "checkpoint"
+EXPORT_KINDS = ("standard", "bundled-code", "project")
+TOLERANCE = 1e-5  # a portable folder must reproduce the training code's embeddings this closely
 
 
 class PromptedEncoderModule(InputModule):
@@ -79,11 +95,176 @@ def export_sentence_transformer(checkpoint_dir: str | Path, out_dir: str | Path)
     inside the checkpoint folder is refused."""
     from sentence_transformers import SentenceTransformer
 
-    out, source = Path(out_dir), Path(checkpoint_dir).resolve()
-    if out.resolve() == source or out.resolve() in source.parents or source in out.resolve().parents:
-        raise ValueError(f"exporting to {out} would overwrite the checkpoint {checkpoint_dir}: choose another folder")
+    out = Path(out_dir)
+    _refuse_overlap(checkpoint_dir, out)
     module = PromptedEncoderModule(checkpoint_dir)  # a missing or damaged checkpoint fails before anything is removed
     if out.exists():
         shutil.rmtree(out)
     SentenceTransformer(modules=[module]).save(str(out))
     return out
+
+
+def _refuse_overlap(checkpoint_dir: str | Path, out: Path) -> None:
+    source = Path(checkpoint_dir).resolve()
+    if out.resolve() == source or out.resolve() in source.parents or source in out.resolve().parents:
+        raise ValueError(f"exporting to {out} would overwrite the checkpoint {checkpoint_dir}: choose another folder")
+
+
+# ------------------------------------------------------------------------------------------------ portable export
+@dataclass(frozen=True)
+class STExport:
+    """What `export_portable_sentence_transformer` wrote: the folder, its kind (`EXPORT_KINDS`), why that kind, and
+    the largest difference to the training code's embeddings on the probe sentences (None: not measured, `project`)."""
+
+    folder: Path
+    kind: str
+    reason: str
+    max_abs_diff: float | None = None
+
+    @property
+    def trust_remote_code(self) -> bool:
+        """Whether `SentenceTransformer(folder, ...)` needs `trust_remote_code=True`."""
+        return self.kind != "standard"
+
+
+def export_kind(folder: str | Path) -> STExport | None:
+    """The kind of an existing export folder, read from its `modules.json` (None: no such file, or no module)."""
+    path = Path(folder) / "modules.json"
+    if not path.is_file():
+        return None
+    from models import st_prompted
+
+    types = [m.get("type", "") for m in json.loads(path.read_text(encoding="utf-8"))]
+    if not types:
+        return None
+    if all(t.startswith("sentence_transformers.") for t in types):
+        return STExport(Path(folder), "standard", "stock sentence-transformers modules")
+    if types == [st_prompted.CLASS_REF]:
+        return STExport(Path(folder), "bundled-code", f"the module's code ships as {st_prompted.CODE_FILE}")
+    return STExport(Path(folder), "project", f"modules.json names {types}")
+
+
+def export_portable_sentence_transformer(
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    probe_sentences: tuple[str, ...] | None = None,
+    bundle_base: bool | None = None,
+) -> STExport:
+    """Write `checkpoint_dir` as a sentence-transformers folder that loads without this project where possible
+    (the kinds: see the module docstring); else the `project` form, with the reason.
+
+    Args:
+        checkpoint_dir: a checkpoint folder (models/checkpoint.py).
+        out_dir: the export folder; an earlier one is replaced only once the new export is written and checked. An
+            `out_dir` that is, holds or lies inside the checkpoint folder is refused.
+        probe_sentences: the sentences the `bundled-code` form is checked on (default: the PEFT export's probes).
+        bundle_base: whether the `bundled-code` form carries its base encoder (`encoder/`); None: when the backbone is
+            a local folder (the packaged MiniLM too) or was fine-tuned; False: name the pretrained backbone by its id
+            (or path), which must then be reachable where the folder is loaded (not for a fine-tuned encoder).
+
+    Returns:
+        The `STExport` written.
+    """
+    from models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
+    from models.st_standard import standard_sentence_transformer
+
+    out = Path(out_dir)
+    _refuse_overlap(checkpoint_dir, out)
+    meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint fails before anything is removed
+    tmp = out.parent / f".tmp-st-{out.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result, why = None, ""
+        if model_class_of(meta["method"]).exports_peft_adapter:  # prompts: the stock model with a prefix cache
+            model = load_checkpoint(checkpoint_dir, device="cpu")
+            diff, why = _write_prompted(model, tmp, probe_sentences, bundle_base)
+            if diff is not None:
+                result = STExport(out, "bundled-code", why, diff)
+        if result is None:
+            with tempfile.TemporaryDirectory(prefix="cse-st-") as workdir:
+                st, why_not = standard_sentence_transformer(checkpoint_dir, workdir)
+                if st is not None:
+                    st.save(str(tmp))
+                    result = STExport(out, "standard", why_not)
+                why = f"{why}; {why_not}" if why else why_not
+        if result is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            export_sentence_transformer(checkpoint_dir, tmp)
+            result = STExport(out, "project", why)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def _write_prompted(
+    model, folder: Path, probe_sentences: tuple[str, ...] | None, bundle_base: bool | None
+) -> tuple[float | None, str]:
+    """Write a prompt method's model as the `bundled-code` form into `folder` and check it against `model.embed`.
+
+    Returns `(largest difference, reason)`; `(None, why)` with `folder` removed when the form cannot hold the model
+    exactly (what PEFT's prefix layout cannot express, or a check above `TOLERANCE`)."""
+    from sentence_transformers import SentenceTransformer
+
+    from models import st_prompted
+    from models.loading import load_encoder, resolve_model_path
+    from models.peft_export import (
+        PROBE_SENTENCES,
+        PeftExportError,
+        adapter_plan,
+        backbone_changed,
+        carry_plan,
+        reference_embeddings,
+    )
+
+    try:
+        plan = adapter_plan(model)
+    except PeftExportError as e:
+        return None, str(e)
+    if plan.inexact:
+        return None, "the stock model with a prefix cache cannot reproduce it: " + " | ".join(plan.inexact)
+    backbone_id = resolve_model_path(model.config.backbone)
+    base = load_encoder(backbone_id).eval()
+    fine_tuned = backbone_changed(model.backbone, base)
+    if fine_tuned:
+        missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
+        if unexpected or any(not k.startswith("pooler.") for k in missing):
+            return None, f"the fine-tuned encoder does not fit {backbone_id} (unexpected {unexpected[:5]})"
+    try:
+        edited = carry_plan(base, model, plan)
+    except PeftExportError as e:
+        return None, str(e)
+    bundled = fine_tuned or (Path(backbone_id).exists() if bundle_base is None else bundle_base)
+    prompts = model.prompts
+    spec = {
+        "format_version": 1,
+        "method": model.method,
+        "base_model": st_prompted.ENCODER_DIR if bundled else backbone_id,
+        "prefix_len": prompts.prefix_len,
+        "num_layers": prompts.num_layers,
+        "num_heads": prompts.num_heads,
+        "head_dim": int(prompts.rows().shape[1]) // (2 * prompts.num_layers * prompts.num_heads),
+        "pooling": plan.pooling,
+        "overrides": [] if bundled else edited,
+    }
+    module = st_prompted.PromptedEncoder(base, copy.deepcopy(model.tokenizer), prompts.rows().detach(), spec)
+    st = SentenceTransformer(modules=[module], device="cpu")
+    st.save(str(folder))
+    (folder / "modules.json").write_text(
+        json.dumps([{"idx": 0, "name": "0", "path": "", "type": st_prompted.CLASS_REF}], indent=2), encoding="utf-8"
+    )
+    # the check: the folder as a user loads it (its own files, this module's code) against the training code
+    loaded = SentenceTransformer(modules=[st_prompted.PromptedEncoder.load(str(folder))], device="cpu")
+    sentences = list(probe_sentences if probe_sentences is not None else PROBE_SENTENCES)
+    got = loaded.encode(sentences, convert_to_tensor=True, batch_size=64).float().cpu()
+    diff = float((got - reference_embeddings(model, sentences)).abs().max()) if sentences else 0.0
+    if diff > TOLERANCE:
+        shutil.rmtree(folder, ignore_errors=True)
+        return None, f"the bundled module differs from the training code's embeddings by {diff:.3g} (> {TOLERANCE})"
+    where = "the bundled encoder" if bundled else f"the hub encoder {backbone_id}"
+    return diff, f"{model.method}: prefixes on {where}, checked within {TOLERANCE} (largest difference {diff:.2g})"

@@ -29,6 +29,8 @@ _PREFIXES = (
 # The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them): the summary after a run
 STAGE_LINE = re.compile(r"\b(cache hit|written|already finished)\b")
 REASON_CHARS = 400
+# A preflight failure (tasks/preflight.py) lists every missing thing with its fix: printed whole, never cut
+UNCUT_REASONS = ("PreflightError: ",)
 # How long the logs must stay unchanged before a finished run's stage lines are taken as complete; None: one batch
 # interval of Prefect's log shipping (PREFECT_LOGGING_TO_API_BATCH_INTERVAL) + 0.5 s
 LOG_QUIET_S: float | None = None
@@ -60,14 +62,14 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 
 def one_line_reason(message: str | None) -> str:
     """A failed state's message as one line: Prefect's prefix dropped, whitespace collapsed, credentials masked,
-    cut at `REASON_CHARS`."""
+    cut at `REASON_CHARS` (a preflight failure, `UNCUT_REASONS`, is never cut)."""
     text = " ".join((message or "").split())
     for prefix in sorted(_PREFIXES, key=len, reverse=True):
         if text.startswith(prefix):
             text = text[len(prefix) :].lstrip(" .:")
             break
     text = redact(text) or "(no message)"
-    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
+    return text if len(text) <= REASON_CHARS or text.startswith(UNCUT_REASONS) else text[: REASON_CHARS - 1] + "…"
 
 
 @dataclass

@@ -15,11 +15,19 @@ run ingest/default
 run train-d2cse/smoke
 
 python -m ops.cli report
+# the smoke job's experiment in MLflow's model-training view, with the STS columns (tracking/run_pages.py)
+MLFLOW_PAGE=$(python -c 'import sys
+from config.methods import DEFAULT_METHOD
+from tracking.run_pages import experiment_url
+from tracking.store import experiment_ids
+ids = experiment_ids([DEFAULT_METHOD])
+print(experiment_url("http://127.0.0.1:5000", ids[0]) if ids else "http://127.0.0.1:5000")' 2>/dev/null || echo "http://127.0.0.1:5000")
 cat <<MSG
 
 Browse:
   Prefect UI  http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT
   MLflow UI   mlflow ui --backend-store-uri "$MLFLOW_TRACKING_URI" --host 127.0.0.1 --port 5000
+              then open $MLFLOW_PAGE
   DuckDB      duckdb "$CSE_HOME/data/catalog.duckdb"   (views: wiki1m, nli, sts, tokens, corruption, manifests, ...)
 From any shell with the venv activated (source .venv/bin/activate; docs/quickstart.md):
   cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.0001}'    cse report    cse sql "SELECT ..."

@@ -51,6 +51,15 @@ class DataRoot:
     def __repr__(self) -> str:
         return f"DataRoot({str(self.root)!r})"
 
+    @classmethod
+    def of_dataset(cls, folder: str | Path) -> DataRoot:
+        """The data root holding the dataset folder `folder` (`<root>/datasets/<kind>/<key>`, a `DatasetRef.path`);
+        a ValueError for a path of another shape."""
+        path = Path(folder)
+        if len(path.parents) < 3 or path.parents[1].name != "datasets":
+            raise ValueError(f"{folder} is not a dataset folder (<data root>/datasets/<kind>/<key>)")
+        return cls(path.parents[2])
+
     @property
     def downloads(self) -> Path:
         return self.root / "downloads"

@@ -20,6 +20,8 @@ from storage.layout import DataRoot
 from storage.readers import DataFormatError, ReadStats
 
 CANONICAL_NAMES = {"wiki1m": "wiki1m_for_simcse.txt", "nli": "nli_for_simcse.csv", "sts": "senteval"}
+# Rows of the full canonical sources (SimCSE's files): fewer rows ingested means a sample stood in for them.
+FULL_ROWS = {"wiki1m": 1_000_000, "nli": 275_601}
 
 
 @dataclass(frozen=True)
@@ -121,3 +123,42 @@ def check_sts_counts(src: ResolvedSource, stats: ReadStats, expected: dict[str, 
             f"{found:,d} scored pairs of {name}, expected {want:,d} "
             "(a different or partial dataset? set senteval.expected_rows)",
         )
+
+
+def ingested_origin(root: DataRoot, tokens: str) -> dict | None:
+    """Where the training rows of a tokens dataset came from, without local paths (for model cards).
+
+    Args:
+        root: the data root.
+        tokens: the tokens dataset's key or content hash.
+
+    Returns:
+        `{"dataset", "dataset_key", "origin", "source", "rows", "full_rows", "sample"}`: the ingested dataset's kind
+        (`wiki1m`, `nli`) and key, how its source was found (`path`, `mirror`, `url`, `hf`), the source as a file name,
+        URL or `hf:<id>@<split>` (never a local folder), its rows, the full canonical source's rows and whether fewer
+        rows than those were ingested (None where the full size is unknown). None when the tokens dataset or the
+        dataset it was tokenised from is not in `root`.
+    """
+    manifest = root.find("tokens", tokens) if "/" not in tokens else None
+    if manifest is None:
+        manifest = next((m for _, m in reversed(root.list("tokens")) if m.content_hash == tokens), None)
+    if manifest is None or not manifest.source.get("kind") or not manifest.source.get("key"):
+        return None
+    kind, key = str(manifest.source["kind"]), str(manifest.source["key"])
+    ingested = root.find(kind, key)
+    if ingested is None:
+        return None
+    src = ingested.source
+    origin = str(src.get("origin", "unknown"))
+    location = str(src.get("location") or src.get("file") or "")
+    source = location if origin in ("url", "hf") else Path(str(src.get("file") or location)).name
+    full = FULL_ROWS.get(kind)
+    return {
+        "dataset": kind,
+        "dataset_key": key,
+        "origin": origin,
+        "source": source,
+        "rows": ingested.rows,
+        "full_rows": full,
+        "sample": None if full is None else ingested.rows < full,
+    }

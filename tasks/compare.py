@@ -25,7 +25,7 @@ from storage.comparisons import write_comparison
 from storage.hashing import stable_hash
 from storage.layout import DataRoot
 from storage.readers import SEVEN_TASKS
-from tracking.group_runs import log_comparison
+from tracking.group_runs import COMPARISON_TABLE, log_comparison
 from tracking.model_export import set_best_alias
 from tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
 from tracking.store import experiment_ids, get_runs, search_runs
@@ -116,16 +116,19 @@ def select_runs(
 
 
 def _published_row(table: str, run: RunRecord) -> tuple[dict[str, Any] | None, str]:
-    """The published numbers for this run's table row, and the backbone family they belong to."""
-    family = published.backbone_family(run.backbone)
-    ref_family = family or "bert-base"
+    """The published numbers for this run's table row, and the backbone family they belong to (the BERT-base row
+    for a backbone no paper reports: `config.published.reference_row`)."""
     if table == "parameters":
-        row = published.PARAMETERS.get((run.method, ref_family))
+        params = {(m, f, run.setting): row for (m, f), row in published.PARAMETERS.items()}
+        ref = published.reference_row(params, run.method, run.backbone, run.setting)
     else:
-        row = _SOURCES[table].get((run.method, ref_family, run.setting))
-    if row is not None and family is None:
+        ref = published.reference_row(_SOURCES[table], run.method, run.backbone, run.setting)
+    if ref is None:
+        return None, published.reference_family(run.backbone)[0]
+    row = ref.row
+    if ref.stand_in:
         row = {**row, "source": f"{row['source']}; reference BERT-base (no published numbers for {run.backbone})"}
-    return row, ref_family
+    return row, ref.family
 
 
 def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
@@ -242,6 +245,17 @@ def table_columns(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[Any
     return {f: [r.get(f) for r in rows] for f in fields}
 
 
+def comparison_description(tables: dict[str, list[dict[str, Any]]], comparison_id: str) -> str:
+    """The comparison run's description (markdown): the runs side by side on STS (each run, its published row and
+    the difference), then where the other tables are."""
+    head = f"**Comparison {comparison_id}**: {len({r['label'] for r in tables.get('sts', [])})} runs side by side."
+    sts = tables.get("sts")
+    body = render_markdown({"sts": sts}) if sts else "No run has STS test scores."
+    others = [TITLES[t] for t in tables if t != "sts"]
+    tail = f"Also in the artifact `comparison.md` (and the table `{COMPARISON_TABLE}`): " + "; ".join(others) + "."
+    return "\n\n".join([head, body.rstrip("\n"), tail] if others else [head, body.rstrip("\n")])
+
+
 class ComparisonSummary(BaseModel):
     """The outcome of a comparison: its id, run count, MLflow run, markdown table and updated `best` aliases."""
 
@@ -275,6 +289,7 @@ def record_comparison(runs: list[RunRecord], selection: dict[str, Any]) -> Compa
         len(runs),
         table=table_columns(tables),
         tags={f"cse.best.{name}": version for name, version in best_versions.items()},
+        description=comparison_description(tables, comparison_id),
     )
     published_tables = {"sts": "STS vs published", "transfer": "transfer tasks vs published"}
     publish_artifacts(

@@ -28,6 +28,7 @@ from tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, c
 from tasks.log import stage_logger
 from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from tracking.reporting import csv_table, markdown_table, publish_artifacts
+from tracking.run_pages import page_metrics
 from tracking.stage_runs import active_run_id, log_run_results, stage_run
 
 # ---------------------------------------------------------------- recording
@@ -151,15 +152,22 @@ def record_evaluation(
     metric_prefix: str = "",
     artifact_path: str = "evaluation",
     write_row: bool = True,
+    subset_metrics: bool = True,
 ) -> str:
     """Log `result` to the active MLflow run (if any), write its Parquet row, create Prefect artifacts
-    (inside a Prefect run). Returns the evaluation id (= the `evaluations` dataset key)."""
+    (inside a Prefect run). Returns the evaluation id (= the `evaluations` dataset key).
+
+    `subset_metrics=False` (a training run) leaves the per-subset scores out of the run's metrics: they stay in its
+    `evaluation/sts_subsets.md` table and would come before the loss curves on its charts (`tracking.run_pages`)."""
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:
         log_run_results(
             run_id,
-            metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
+            metrics={
+                f"{metric_prefix}{k}": float(v)
+                for k, v in (result.metrics() if subset_metrics else page_metrics(result.metrics())).items()
+            },
             tags={
                 "evaluation_id": evaluation_id,
                 "sts_source": f"{sts.origin}:{sts.location}",

@@ -51,6 +51,7 @@ from tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, lo
 from tracking.model_card import CardFacts, write_model_card
 from tracking.model_export import log_encoder_model, registered_model_name
 from tracking.provenance import git_commit, prefect_flow_run_id
+from tracking.run_pages import preset_differences, run_name, set_description, start_description, sts_description
 from tracking.spool import ResilientMetricLogger, is_unreachable
 from tracking.stage_runs import log_run_results
 from tracking.training_runs import training_run, training_run_exists
@@ -203,12 +204,15 @@ def fit_job(
     with training_run(
         cfg.method,
         run_dir,
-        f"{cfg.method}-{cfg.preset}",
+        run_name(cfg),
         tags,
         cfg.model_dump(),
         cfg.system_metrics,
         killed=(KeyboardInterrupt, TrainingInterrupted),
     ) as run:
+        set_description(
+            run.info.run_id, start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg))
+        )
         log_dataset_inputs(
             run.info.run_id,
             [
@@ -306,8 +310,25 @@ def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[
         res = Evaluator(sts_input.table).run(
             best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision
         )
-        record_evaluation(res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input, what=_what(cfg, fitted))
+        record_evaluation(
+            res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input, what=_what(cfg, fitted), subset_metrics=False
+        )
+        set_description(fitted.run_id, _description(cfg, res.metrics()))
     return res.metrics()
+
+
+def _description(cfg: TrainConfig, metrics: dict[str, float]) -> str:
+    """The job's MLflow run description after its test evaluation: the STS table beside the published row."""
+    from config.published import setting_of
+
+    return sts_description(
+        metrics,
+        method=cfg.method,
+        preset=cfg.preset,
+        backbone=cfg.backbone,
+        setting=setting_of(cfg.method, cfg.preset, cfg.supervised),
+        differences=preset_differences(cfg),
+    )
 
 
 @task(
@@ -366,7 +387,7 @@ def export_model(
         corruption: the corruption dataset the job read, else None.
         nli_tokens: the NLI tokens the job read, else None.
     """
-    from models.st_export import export_sentence_transformer  # lazy: see LAZY
+    from models.st_export import export_portable_sentence_transformer  # lazy: see LAZY
 
     plog = stage_logger()
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
@@ -389,7 +410,8 @@ def export_model(
             registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
             version_tags=version_tags,
         )
-        export_sentence_transformer(run_dir.best, run_dir.export)
+        st_export = export_portable_sentence_transformer(run_dir.best, run_dir.export)
+        plog.info("sentence-transformers export: %s (%s)", st_export.kind, st_export.reason)
         adapter = export_adapter(cfg.method, run_dir, plog)
         facts = CardFacts.from_training(
             cfg,
@@ -406,6 +428,7 @@ def export_model(
             adapter=adapter,
             steps=fitted.steps,
             best_stsb_dev=fitted.best_score,
+            st_export=st_export,
         )
         folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
         if adapter is not None:

@@ -10,6 +10,7 @@
 - `tracking.group_runs`: the parent run of a group of children, a comparison's run;
 - `tracking.model_export`, `tracking.model_card`: logged and registered models and their cards;
 - `tracking.reporting`: result tables as markdown/CSV and Prefect artifacts.
+- `tracking.run_pages`: what the MLflow pages show (model-training view, run names, STS descriptions).
 """
 
 from tracking.redaction import install_redaction

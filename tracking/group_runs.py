@@ -7,6 +7,7 @@ from typing import Any
 
 import mlflow
 
+from tracking.run_pages import NOTE_TAG
 from tracking.store import ensure_experiment, flatten
 
 
@@ -29,10 +30,12 @@ def log_comparison(
     runs: int,
     table: Mapping[str, list[Any]] | None = None,
     tags: Mapping[str, str] | None = None,
+    description: str | None = None,
 ) -> str:
     """A run of experiment `compare` for one comparison: `selection.json`, `comparison.md`, `comparison.csv`, the
-    metric `runs` (how many training runs it compares), `tags`, and `table` (column name → values, the CSV's rows) as
-    the MLflow table `comparison_table.json` (`mlflow.log_table`: the UI shows it as a table). Returns its id."""
+        metric `runs` (how many training runs it compares), `tags`, and `table` (column name → values, the CSV's rows) as
+        the MLflow table `comparison_table.json` (`mlflow.log_table`: the UI shows it as a table), and `description` (markdown:
+    the side-by-side STS table) as the run's description. Returns its id."""
     exp_id = ensure_experiment("compare")
     with mlflow.start_run(
         experiment_id=exp_id,
@@ -45,4 +48,6 @@ def log_comparison(
         if table:
             mlflow.log_table(data={k: list(v) for k, v in table.items()}, artifact_file=COMPARISON_TABLE)
         mlflow.log_metric("runs", runs)
+        if description:
+            mlflow.set_tag(NOTE_TAG, description)
     return run.info.run_id

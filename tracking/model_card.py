@@ -13,6 +13,11 @@ and corruption hashes; the full configuration; the git commit; how to load the m
 folder, the PEFT adapter where one exists, the MLflow model URI) and the papers to cite (the registry entry's
 `bibtex` and those of the methods it builds on, `MethodSpec.cites`; a method outside the registry cites none).
 
+The data section states where the training rows really came from (the ingested dataset's manifest: the local sample
+or the full source, its rows, what the job used), and the rendered card names no absolute local path (`$CSE_HOME/…`
+or a file name instead). A backbone no paper reports is compared with the BERT-base row, labelled as a reference
+(`config.published.reference_family`).
+
 `card_facts_of_job(run_dir)` (for `cse card RUN_DIR`) reads a finished job's recorded result and its MLflow run
 (config, tags, registered version); it is the only function here that talks to MLflow.
 """
@@ -104,6 +109,9 @@ class PublishedReference(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: tuple[str, str, str]
+    stands_in_for: str | None = Field(
+        default=None, description="the job's backbone when no paper reports it and the BERT-base row is a reference"
+    )
     sts: dict[str, float | str] = Field(default_factory=dict)
     retrieval: dict[str, float | str] = Field(default_factory=dict)
     align_uniform: dict[str, float | str] = Field(default_factory=dict)
@@ -111,14 +119,14 @@ class PublishedReference(BaseModel):
 
     @classmethod
     def lookup(cls, method: str, backbone: str, setting: str) -> PublishedReference | None:
-        """The published row of (method, backbone family, setting); None when no paper reports one."""
-        family = published.backbone_family(backbone)
-        if family is None:
-            return None
+        """The published row of (method, backbone family, setting); for a backbone no paper reports, the BERT-base row
+        as a reference (`stands_in_for`, config.published.reference_family); None when no paper reports one."""
+        family, stands_in = published.reference_family(backbone)
         rows = REGISTRY[method].published if method in REGISTRY else published.rows_of(method)
         cell = (family, setting)
         ref = cls(
             key=(method, family, setting),
+            stands_in_for=backbone if stands_in else None,
             sts=rows.sts.get(cell, {}),
             retrieval=rows.retrieval.get(cell, {}),
             align_uniform=rows.align_uniform.get(cell, {}),
@@ -134,6 +142,45 @@ class PublishedReference(BaseModel):
             for k, v in table.items()
             if k != "source" and _number(v) is not None
         }
+
+
+class DataOrigin(BaseModel):
+    """Where one training dataset's rows came from, as ingested (`storage.sources.ingested_origin`), or as configured
+    when the ingested dataset is not at hand (`origin="configured"`: not verified). No local paths: `source` is a file
+    name, a URL or `hf:<id>@<split>`; `dataset_key` addresses the ingested dataset (`cse dataset show`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str
+    origin: str
+    source: str
+    dataset_key: str | None = None
+    rows: int | None = None
+    full_rows: int | None = None
+    sample: bool | None = None
+
+
+class STExportInfo(BaseModel):
+    """How the sentence-transformers folder loads (models/st_export.py's `STExport`): `kind` is `standard` (stock
+    modules), `bundled-code` (the module's code ships in the folder: `trust_remote_code=True`) or `project` (this
+    project's package must be importable); `reason`: why that kind."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["standard", "bundled-code", "project"]
+    reason: str = ""
+
+    @property
+    def trust_remote_code(self) -> bool:
+        return self.kind != "standard"
+
+    @classmethod
+    def of(cls, export: Any) -> STExportInfo | None:
+        """From an `STExport`-like object (attributes `kind`, `reason`), a mapping of them, or None."""
+        if export is None or isinstance(export, STExportInfo):
+            return export
+        fields = export if isinstance(export, Mapping) else {k: getattr(export, k) for k in ("kind", "reason")}
+        return cls(kind=fields["kind"], reason=str(fields.get("reason", "")))
 
 
 class CardFacts(BaseModel):
@@ -159,7 +206,10 @@ class CardFacts(BaseModel):
     corruption_hash: str | None = None
     nli_tokens_hash: str | None = None
     data_sources: dict[str, str] = Field(
-        default_factory=dict, description="training data: name → local file, HF datasets or URL"
+        default_factory=dict, description="training data: name → file name, HF datasets or URL (no local folders)"
+    )
+    data_origin: list[DataOrigin] = Field(
+        default_factory=list, description="each training dataset's real origin, rows and whether it is a sample"
     )
     datasets: list[str] = Field(default_factory=list, description="HF hub ids of the training data (front matter)")
     git_commit: str | None = None
@@ -172,6 +222,7 @@ class CardFacts(BaseModel):
     steps: int | None = None
     best_stsb_dev: float | None = None
     adapter: AdapterInfo | None = None
+    st_export: STExportInfo | None = None
     reference: PublishedReference | None = None
 
     @classmethod
@@ -193,13 +244,17 @@ class CardFacts(BaseModel):
         adapter: Any = None,
         steps: int | None = None,
         best_stsb_dev: float | None = None,
+        st_export: Any = None,
     ) -> CardFacts:
         """The facts of one training job, from what tasks/train.py holds after its export step.
 
         `tokens`/`corruption`/`nli_tokens`: the input `DatasetRef`s (or their content hashes). `checkpoint`: the
         best checkpoint folder, read for the trainable parameter count and the evaluation pooler when
         `trainable_parameters` is not given. `adapter`: a `PeftExport` (or a dict of its fields) or None.
-        `registered_name`/`version`/`logged_model_uri`: tracking.model_export's `LoggedEncoder` fields."""
+        `registered_name`/`version`/`logged_model_uri`: tracking.model_export's `LoggedEncoder` fields.
+        `st_export`: models/st_export.py's `STExport` (or a dict of `kind`, `reason`), None when not known.
+        The data origin is read from the ingested datasets the tokens came from (under the configured data root);
+        where they are not found, the configured sources are named, marked as such."""
         spec = REGISTRY.get(cfg.method)
         setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
         pooler = None
@@ -209,6 +264,9 @@ class CardFacts(BaseModel):
             if trainable_parameters is None and isinstance(meta.get("trainable_parameters"), int):
                 trainable_parameters = meta["trainable_parameters"]
         sources = _training_sources(cfg)
+        refs: dict[str, Any] = {"nli": nli_tokens}
+        refs["nli" if cfg.supervised else "wiki1m"] = tokens  # the training tokens; NLI tokens of a prefix phase else
+        origins = _data_origins(sources, refs)
         return cls(
             method=cfg.method,
             method_title=spec.title if spec else cfg.method,
@@ -223,8 +281,9 @@ class CardFacts(BaseModel):
             tokens_hash=_hash(tokens),
             corruption_hash=_hash(corruption),
             nli_tokens_hash=_hash(nli_tokens),
-            data_sources={k: _describe_source(v) for k, v in sources.items()},
-            datasets=_hub_datasets(sources.values()),
+            data_sources={o.dataset: o.source for o in origins},
+            data_origin=origins,
+            datasets=_hub_datasets(origins),
             git_commit=git_commit,
             run_id=run_id,
             registered_name=registered_name,
@@ -235,6 +294,7 @@ class CardFacts(BaseModel):
             steps=steps,
             best_stsb_dev=best_stsb_dev,
             adapter=AdapterInfo.of(adapter),
+            st_export=STExportInfo.of(st_export),
             reference=PublishedReference.lookup(cfg.method, cfg.backbone, setting),
         )
 
@@ -279,7 +339,7 @@ def model_card(facts: CardFacts, library: Library = "sentence-transformers") -> 
         _configuration(facts),
         _citation(facts),
     ]
-    return "\n".join(p.rstrip("\n") + "\n" for p in parts if p)
+    return _portable("\n".join(p.rstrip("\n") + "\n" for p in parts if p))  # no absolute local path anywhere
 
 
 def write_model_card(folder: str | Path, facts: CardFacts) -> Path:
@@ -357,6 +417,13 @@ def _results(facts: CardFacts) -> str:
             "published row to compare with.",
             "",
         ]
+    elif ref.stands_in_for is not None:
+        lines += [
+            f"No paper reports {facts.method_title} on `{ref.stands_in_for}`; the published BERT-base row "
+            f"`{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py) is shown as a reference "
+            f"(reference: BERT-base; this model is `{ref.stands_in_for}`). Difference = this model − reference.",
+            "",
+        ]
     else:
         lines += [
             f"Published row reproduced: `{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py). "
@@ -389,6 +456,7 @@ def _results(facts: CardFacts) -> str:
 def _table(
     facts: CardFacts, columns: Sequence[str], titles: Sequence[str], row: Mapping[str, float | str], digits: int
 ) -> list[str]:
+    label = "published" if facts.reference is None or facts.reference.stands_in_for is None else "reference: BERT-base"
     out = [
         "| | " + " | ".join(titles) + " |",
         "|---|" + "---|" * len(columns),
@@ -396,7 +464,7 @@ def _table(
     ]
     if row:
         out.append(
-            f"| published ({row.get('source', '?')}) | " + " | ".join(_fmt(row.get(c), digits) for c in columns) + " |"
+            f"| {label} ({row.get('source', '?')}) | " + " | ".join(_fmt(row.get(c), digits) for c in columns) + " |"
         )
         out.append(
             "| difference | " + " | ".join(_diff(facts.metrics.get(c), row.get(c), digits) for c in columns) + " |"
@@ -411,7 +479,8 @@ def _parameters(facts: CardFacts) -> str:
         f"This model: {_count(facts.trainable_parameters)} (at training time, heads used only for training included).",
     ]
     if facts.reference and (p := facts.reference.parameters):
-        lines.append(f"Published: {_count(_number(p.get('trainable_parameters')))} (source: {p.get('source', '?')}).")
+        which = "Published" if facts.reference.stands_in_for is None else "Published for BERT-base (reference only)"
+        lines.append(f"{which}: {_count(_number(p.get('trainable_parameters')))} (source: {p.get('source', '?')}).")
     return "\n".join(lines) + "\n"
 
 
@@ -428,7 +497,9 @@ def _data(facts: CardFacts) -> str:
     uses_corruption = facts.corruption_hash is not None or facts.uses_corruption
     if uses_corruption:
         lines.append(f"| replaced-token corruption | `{facts.corruption_hash or MISSING}` |")
-    if facts.data_sources:
+    if facts.data_origin:
+        lines += ["", *_origin_lines(facts)]
+    elif facts.data_sources:
         lines += ["", "Sources: " + "; ".join(f"{k}: {v}" for k, v in facts.data_sources.items()) + "."]
     corrupt = facts.config.get("corrupt") or {}
     if uses_corruption and corrupt:
@@ -446,6 +517,53 @@ def _data(facts: CardFacts) -> str:
     return "\n".join(lines) + "\n"
 
 
+_ORIGINS = {
+    "path": "local file",
+    "mirror": "local mirror (`CSE_SOURCE_MIRROR`)",
+    "url": "downloaded",
+    "hf": "Hugging Face datasets",
+    "configured": "configured; the ingested dataset was not found, so this is not verified",
+}
+
+
+def _origin_lines(facts: CardFacts) -> list[str]:
+    """Where each training dataset came from (the ingested source, its rows, sample or full) and what the job used."""
+    lines = [
+        "Training data as ingested:",
+        "",
+        "| dataset | source | origin | rows ingested | full source? | dataset key |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in facts.data_origin:
+        if o.sample is None:
+            full = MISSING
+        elif o.sample:
+            full = f"**a sample**: {o.rows:,} of the full {o.full_rows:,} rows"
+        else:
+            full = f"yes ({o.full_rows:,} rows)"
+        lines.append(
+            f"| {o.dataset} | `{o.source}` | {_ORIGINS.get(o.origin, o.origin)} | {_count(o.rows)} | {full} | "
+            f"`{o.dataset_key or MISSING}` |"
+        )
+    cap = facts.config.get("max_train_sentences")
+    rows = next((o.rows for o in facts.data_origin if o.dataset == facts.dataset), None)
+    if cap is not None:
+        used = f"the first {min(cap, rows) if rows is not None else cap:,} rows (`max_train_sentences: {cap:,}`)"
+    else:
+        used = f"all {rows:,} rows" if rows is not None else "all rows"
+    steps = f"{facts.steps:,} optimiser steps" if facts.steps is not None else "an unrecorded number of steps"
+    batch = facts.config.get("batch_size")
+    draws = f" of batch {batch:,} ({facts.steps * batch:,} sentences drawn)" if batch and facts.steps else ""
+    lines += ["", f"The job trained on {used} of {facts.dataset}: {steps}{draws}."]
+    if any(o.sample for o in facts.data_origin):
+        lines += [
+            "",
+            "**The training data is a sample, not the full source the papers used**: numbers are not comparable "
+            "with the published ones as a reproduction.",
+        ]
+    return lines
+
+
 def _provenance(facts: CardFacts) -> str:
     lines = [
         "## Provenance",
@@ -461,19 +579,36 @@ def _provenance(facts: CardFacts) -> str:
 
 def _loading(facts: CardFacts, library: Library) -> str:
     st_folder = "this folder" if library == "sentence-transformers" else "the job's `export/` folder (not this one)"
+    st = facts.st_export
+    if st is None:
+        how = "its `modules.json` says which modules it needs (sentence-transformers, torch and transformers)"
+    elif st.kind == "standard":
+        how = (
+            "standard sentence-transformers modules (Transformer, Pooling): it loads with sentence-transformers, "
+            "torch and transformers alone, no custom code"
+        )
+    elif st.kind == "bundled-code":
+        how = (
+            "its module's code ships in the folder (`cse_prompted_encoder.py`, importing only torch, transformers, "
+            "safetensors and sentence-transformers), so it loads without this project, with `trust_remote_code=True`"
+        )
+    else:
+        how = (
+            "its `modules.json` names `models.st_export.PromptedEncoderModule`, so it needs this project's package "
+            f"importable ({st.reason})"
+        )
     lines = [
         "## How to load",
         "",
         "### sentence-transformers",
         "",
-        f"The sentence-transformers export is {st_folder}: its `modules.json` names "
-        "`models.st_export.PromptedEncoderModule`, so it needs this project's package importable; the backbone "
-        f"`{facts.backbone}` is loaded from its own id or folder, as in training.",
+        f"The sentence-transformers export is {st_folder}: {how}.",
         "",
         "```python",
         "from sentence_transformers import SentenceTransformer",
         "",
-        'model = SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)',
+        'model = SentenceTransformer("<the export folder or its hub repo id>"'
+        + (")" if st is not None and not st.trust_remote_code else ", trust_remote_code=True)"),
         'embeddings = model.encode(["a man is playing a guitar ."])',
         "```",
         "",
@@ -483,13 +618,13 @@ def _loading(facts: CardFacts, library: Library) -> str:
     lines += ["### PEFT adapter", ""]
     a = facts.adapter
     if a is not None:
-        path = "<this folder>" if library == "peft" else a.folder
-        where = "this folder" if library == "peft" else f"`{a.folder}`"
+        path = "<this folder>" if library == "peft" else portable_path(a.folder)
+        where = "this folder" if library == "peft" else f"`{path}`"
         bundled = a.base_model is not None and Path(a.base_model).parent == Path(a.folder)
         base = (
             f"{path}/{Path(a.base_model).name}"
             if bundled
-            else (a.base_model or _hub_model_id(facts.backbone) or facts.backbone)
+            else portable_path(a.base_model or _hub_model_id(facts.backbone) or facts.backbone)
         )
         lines += [
             f"A prefix-tuning adapter of the trained prompts: {where}.",
@@ -647,28 +782,78 @@ def _training_sources(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _describe_source(src: Any) -> str:
-    """Where a source's rows came from, in the readers' order: a local `path`, else its HF datasets, else `url`."""
+    """A configured source, in the readers' order: a local `path` (its file name only), else its HF datasets, else
+    `url`."""
     if getattr(src, "path", None):
-        return str(src.path)
+        return Path(str(src.path)).name
     if hf := getattr(src, "hf", ()):
         return ", ".join(h.describe() for h in hf)
     return str(src.url)
 
 
-def _hub_datasets(sources: Any) -> list[str]:
-    """HF hub dataset ids of the sources (their HF datasets that are hub ids, or a hub file URL), in order, without
-    repeats; local files and folders have none."""
-    out: list[str] = []
-    for src in sources:
-        if getattr(src, "path", None):
-            continue
-        if hf := getattr(src, "hf", ()):
-            ids = [h.dataset for h in hf if _hub_model_id(h.dataset) is not None]
+def _data_origins(sources: Mapping[str, Any], refs: Mapping[str, Any]) -> list[DataOrigin]:
+    """Each training dataset's origin: read from the ingested dataset its tokens (`refs`: a `DatasetRef` or a content
+    hash) were made from, else the configured source of `sources`, marked `configured`."""
+    from config.settings import get_settings
+    from storage.layout import DataRoot
+    from storage.sources import ingested_origin
+
+    out = []
+    for name, src in sources.items():
+        ref, found = refs.get(name), None
+        if ref is not None:
+            path, key = getattr(ref, "path", None), getattr(ref, "key", None)
+            try:
+                root = DataRoot.of_dataset(path) if path and key else DataRoot(get_settings().data_root)
+                found = ingested_origin(root, key or str(ref))
+            except (OSError, ValueError):  # not a data root's dataset, or unreadable: the configured source is named
+                found = None
+        if found is not None and found["dataset"] == name:
+            out.append(DataOrigin(**found))
         else:
-            m = re.match(r"https://huggingface\.co/datasets/([\w.-]+/[\w.-]+)/", str(src.url))
-            ids = [m.group(1)] if m else []
+            out.append(DataOrigin(dataset=name, origin="configured", source=_describe_source(src)))
+    return out
+
+
+def _hub_datasets(origins: Sequence[DataOrigin]) -> list[str]:
+    """HF hub dataset ids of the origins (`hf:<id>…` sources whose id is a hub id, or a hub file URL), in order,
+    without repeats; local files have none."""
+    out: list[str] = []
+    for o in origins:
+        if o.origin in ("path", "mirror"):
+            continue
+        ids = []
+        for part in re.split(r", | \+ ", o.source):
+            if part.startswith("hf:"):
+                name = re.split(r"[@: ]", part.removeprefix("hf:"), maxsplit=1)[0]
+                ids += [name] if _hub_model_id(name) is not None else []
+            elif m := re.match(r"https://huggingface\.co/datasets/([\w.-]+/[\w.-]+)/", part):
+                ids.append(m.group(1))
         out += [i for i in ids if i not in out]
     return out
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~$-])/[^\s\"'`,;)\]]+")
+
+
+def portable_path(path: str | Path) -> str:
+    """A local path as a card may name it: `$CSE_HOME/<relative>` under `$CSE_HOME`, else its last name (a file or
+    folder name; no absolute path). Relative paths and ids are returned as they are."""
+    from config.settings import get_settings
+
+    text = str(path)
+    if not Path(text).is_absolute():
+        return text
+    home = get_settings().home
+    resolved = Path(text).expanduser().resolve()
+    if resolved == home or home in resolved.parents:
+        return "$CSE_HOME" + ("/" + resolved.relative_to(home).as_posix() if resolved != home else "")
+    return Path(text).name or text
+
+
+def _portable(text: str) -> str:
+    """`text` with every absolute local path replaced by `portable_path` (URLs and `models:/…` URIs are kept)."""
+    return _ABSOLUTE_PATH.sub(lambda m: portable_path(m.group(0)), text)
 
 
 def _checkpoint_meta(folder: Path) -> dict[str, Any]:
@@ -710,6 +895,8 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         versions = sorted(client.search_model_versions(f"run_id = '{run_id}'"), key=lambda v: int(v.version))
         name, version = (versions[-1].name, versions[-1].version) if versions else (None, None)
     best = Path(record.get("best_checkpoint") or run_dir.best)
+    from models.st_export import export_kind  # lazy: sentence-transformers is imported by that module
+
     return CardFacts.from_training(
         cfg,
         record.get("test_metrics") or {},
@@ -724,4 +911,5 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         adapter=adapter,
         steps=record.get("steps"),
         best_stsb_dev=record.get("best_stsb_dev"),
+        st_export=export_kind(run_dir.export),
     )

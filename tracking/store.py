@@ -15,6 +15,7 @@ import mlflow
 from config.settings import get_settings, redact, redacted_exception
 from storage.locks import exclusive
 from tracking.redaction import mask_mlflow_exceptions, quiet_run_urls
+from tracking.run_pages import experiment_page_tags
 
 mask_mlflow_exceptions()  # MLflow's error texts name the tracking URI, password included (tracking/redaction.py)
 
@@ -71,17 +72,31 @@ def reraise(exc: BaseException):
 
 
 def ensure_experiment(name: str) -> str:
-    """The experiment id, creating it with an artifact location under the artifact root if new."""
-    configure_mlflow()
+    """The experiment id, creating it with an artifact location under the artifact root if new. Its pages open in
+    MLflow's model-training view with the STS columns (`tracking.run_pages.experiment_page_tags`): set at creation,
+    and on an experiment made before (or by someone else) the first time this process uses it."""
+    uri = configure_mlflow()
+    tags = experiment_page_tags()
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
+        if (uri, exp.experiment_id) not in _PAGES_SET:
+            client = mlflow.MlflowClient()
+            for k, v in tags.items():
+                if exp.tags.get(k) != v:
+                    client.set_experiment_tag(exp.experiment_id, k, v)
+            _PAGES_SET.add((uri, exp.experiment_id))
         return exp.experiment_id
     root = get_settings().mlflow_artifact_root
     root.mkdir(parents=True, exist_ok=True)
     try:
-        return mlflow.create_experiment(name, artifact_location=(root / name).as_uri())
+        return mlflow.create_experiment(name, artifact_location=(root / name).as_uri(), tags=tags)
     except mlflow.exceptions.MlflowException:  # created concurrently by another worker
         return mlflow.get_experiment_by_name(name).experiment_id
+
+
+_PAGES_SET: set[tuple[str, str]] = (
+    set()
+)  # (store, experiment)s whose page tags this process checked (`ensure_experiment`)
 
 
 def prepare_sqlite_store(path: Path) -> Path:

@@ -42,8 +42,16 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     assert run.info.status == "FINISHED"
     assert run.data.tags["method"] == "d2cse" and run.data.tags["preset"] == "smoke"
     assert {"tokens_hash", "corruption_hash", "git_commit", "prefect_flow_run_id"} <= run.data.tags.keys()
+    assert run.data.tags["cse.data_warning"].startswith("Wiki1M is a sample: ")  # the preflight's warning
     assert run.data.params["model.prefix_len"] == "8" and run.data.params["corruption_reuse"]
+    # the MLflow pages (tracking/run_pages.py): the name says what differs from the preset, the description is the
+    # STS table beside the paper's BERT-base row, and no per-subset score sits before the loss curve
+    assert run.info.run_name.startswith(f"d2cse-smoke backbone={tiny_bert_dir.name} eval_steps=4 ")
+    note = run.data.tags["mlflow.note.content"]
+    assert "| this run |" in note and "| difference (run − published) |" in note
+    assert f"| published (BERT-base; this run uses {tiny_bert_dir.name}) |" in note
     m = run.data.metrics
+    assert not [k for k in m if "/" in k] and "sts12" in m
     for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):
         assert np.isfinite(m[name]), name
     assert m["sts_avg"] == round(np.mean([round(m[t], 2) for t in SEVEN]), 2)
@@ -89,6 +97,9 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(result.run_dir) + "/export", trust_remote_code=True, device="cpu")
+    assert (
+        type(st[0]).__name__ == "PromptedEncoder"
+    )  # the portable module shipped in the folder (models/st_prompted.py)
     np.testing.assert_allclose(st.encode(sentences), expected, atol=1e-5)
 
     # the PEFT adapter, loaded with transformers + peft only (its own peft_embed.py), gives the same embeddings
@@ -105,6 +116,11 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
         card = (folder / "README.md").read_text()
         assert run.data.tags["git_commit"] in card and run.data.tags["corruption_hash"] in card
         assert f"models:/{version.name}/{version.version}" in card
+        # the data it really trained on (the local sample, its rows, what the job used) and no temporary folder
+        assert "| wiki1m | `wiki1m_head.txt` | local file | 11,913 | **a sample**: 11,913 of the full 1,000,000" in card
+        assert "The job trained on the first 256 rows (`max_train_sentences: 256`) of wiki1m: 8 optimiser steps" in card
+        assert str(tiny_bert_dir.parent) not in card and "/tmp/" not in card
+        assert "trust_remote_code=True" in card and "cse_prompted_encoder.py" in card  # the bundled module
 
 
 def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):

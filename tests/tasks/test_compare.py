@@ -217,6 +217,9 @@ def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     [run] = get_runs([summary.mlflow_run_id])
     assert run.data.tags["cse.comparison_id"] == summary.comparison_id and run.data.metrics["runs"] == 2
     assert run.info.run_name == f"compare-{summary.comparison_id[:6]}"
+    note = run.data.tags["mlflow.note.content"]  # the run's description: the runs side by side on STS
+    assert note.startswith(f"**Comparison {summary.comparison_id}**: 2 runs side by side.")
+    assert "### STS (Spearman ×100, test)" in note and "| a | run |" in note and "| b | run |" in note
     assert mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/comparison.md") == summary.markdown
     assert mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/selection.json") == {"experiments": ["simcse"]}
     csv_text = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/comparison.csv")

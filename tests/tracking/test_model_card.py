@@ -147,7 +147,8 @@ def test_full_card_names_commit_hashes_config_loading_and_papers(full_facts, d2c
     config = json.loads(card.split("```json\n", 1)[1].split("\n```", 1)[0])
     assert config == d2cse_cfg.model_dump(mode="json")
     assert 'mlflow.pyfunc.load_model("models:/cse-d2cse-bert-base-unsup/3")' in card
-    assert 'PeftModel.from_pretrained(base, "/runs/d2cse/k/peft").eval()' in card and "- the [CLS] prompt" in card
+    # the adapter folder by its name: a card names no absolute local path
+    assert 'PeftModel.from_pretrained(base, "peft").eval()' in card and "- the [CLS] prompt" in card
     assert 'AutoModel.from_pretrained("bert-base-uncased")' in card and "peft_embed" not in card  # no recorded pooling
     assert "does **not** reproduce" in card
     assert 'SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)' in card
@@ -161,10 +162,17 @@ def test_missing_facts_render_as_dashes():
     cfg = resolve_train_config("smoke", method="dcpcse")  # packaged MiniLM: no paper reports it
     facts = CardFacts.from_training(cfg, {"sts12": 60.0, "sts13": float("nan")})
     card = model_card(facts)
-    assert facts.reference is None and published_differences(facts) == {}
-    assert "there is no published row to compare with" in card and "| published" not in card
+    # the BERT-base row stands in as a reference, labelled as such (config.published.reference_family)
+    ref = published.STS[("dcpcse", "bert-base", "unsup")]
+    assert facts.reference.key == ("dcpcse", "bert-base", "unsup") and facts.reference.stands_in_for == cfg.backbone
+    assert published_differences(facts) == {"sts12": pytest.approx(60.0 - ref["sts12"])}
+    assert "(reference: BERT-base; this model is `packaged:minilm`)" in card and "| published" not in card
+    assert _row(card, "STS", "reference: BERT-base (DCPCSE paper)") == [
+        f"{ref[c]:.2f}" for c in (*published.SEVEN_TASKS, "sts_avg")
+    ]
+    assert "Published for BERT-base (reference only): 885,504" in card
     assert _row(card, "STS", "this model") == ["60.00"] + [MISSING] * 7
-    assert "(not evaluated)" in card.split("### Retrieval", 1)[1].split("###", 1)[0]
+    assert _row(card, "Retrieval", "this model") == [MISSING] * 3  # the reference's R@1/3/5 columns, none of ours
     assert _row(card, "Alignment", "this model") == [MISSING, MISSING]
     assert f"git commit: `{MISSING}`" in card and f"MLflow run: `{MISSING}`" in card
     assert (
@@ -188,6 +196,7 @@ def test_bare_facts_render_without_metrics_config_or_model_index():
         "model-index" not in meta and "base_model" not in meta and "datasets" not in meta
     )  # a local folder: no hub id
     assert "## Configuration\n\n— (not recorded)" in card
+    assert "there is no published row to compare with" in card  # facts without a reference
     assert [k for k in BIBTEX if BIBTEX[k] in card] == ["simcse"]
 
 
@@ -203,8 +212,10 @@ def test_training_data_sources_and_their_hub_ids(tmp_path):
         "sup", method="d2cse", overrides={"ingest": {"nli": {"path": str(tmp_path / "nli.csv")}}}
     )
     facts = CardFacts.from_training(local, {})
-    assert facts.datasets == [] and facts.data_sources == {"nli": str(tmp_path / "nli.csv")}
-    assert "datasets" not in _front_matter(model_card(facts)) and f"nli: {tmp_path / 'nli.csv'}" in model_card(facts)
+    assert facts.datasets == [] and facts.data_sources == {"nli": "nli.csv"}  # a local file by its name only
+    card = model_card(facts)
+    assert "datasets" not in _front_matter(card) and "| nli | `nli.csv` | configured;" in card
+    assert str(tmp_path) not in card
 
 
 def test_published_reference_follows_every_preset():
@@ -213,14 +224,15 @@ def test_published_reference_follows_every_preset():
             cfg = resolve_train_config(preset, method=method)
             facts = CardFacts.from_training(cfg, {})
             key = preset_row(method, preset)
-            expected = (
-                key[1] is not None
-                and any(key in t for t in (published.STS, published.RETRIEVAL, published.ALIGN_UNIFORM))
-                or (key[1] is not None and key[2] == "unsup" and (method, key[1]) in published.PARAMETERS)
+            family, stands_in = published.reference_family(cfg.backbone)  # BERT-base for a backbone none reports
+            ref_key = (method, family, key[2])
+            expected = any(ref_key in t for t in (published.STS, published.RETRIEVAL, published.ALIGN_UNIFORM)) or (
+                key[2] == "unsup" and (method, family) in published.PARAMETERS
             )
             assert (facts.reference is not None) == expected, (method, preset)
             if facts.reference is not None:
-                assert facts.reference.key == key
+                assert facts.reference.key == ref_key and stands_in == (key[1] is None)
+                assert facts.reference.stands_in_for == (cfg.backbone if stands_in else None)
             assert facts.setting == key[2]
 
 
@@ -265,8 +277,9 @@ def test_adapter_from_an_export_folder_renders_its_base_pooling_and_notes(tmp_pa
     adapter = AdapterInfo.from_folder(folder)
     assert adapter.exact is True and adapter.pooling == {"kind": "cls"} and adapter.max_abs_diff == 3.2e-7
     card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=adapter))
-    assert f'AutoModel.from_pretrained("{folder}/base_model")  # the fine-tuned encoder, bundled' in card
-    assert f'load_prefix_encoder("{folder}")' in card and '`{"kind": "cls"}`' in card
+    # the folder by its name: a card names no absolute local path
+    assert 'AutoModel.from_pretrained("peft/base_model")  # the fine-tuned encoder, bundled' in card
+    assert 'load_prefix_encoder("peft")' in card and '`{"kind": "cls"}`' in card and str(tmp_path) not in card
     assert "within 1e-5 (verified at export; largest difference 3.2e-07)." in card
     assert "- fine-tuned-base: the base is the fine-tuned encoder bundled in base_model/" in card
     with pytest.raises(FileNotFoundError, match="cse_peft.json"):
@@ -383,3 +396,65 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
     ]
     adapter_card = (job.peft_adapter / "README.md").read_text()
     assert "library_name: peft" in adapter_card and 'load_prefix_encoder("<this folder>")' in adapter_card
+
+
+def _ingested(root, source: dict, rows: int, key: str = "wiki-key", tokens_key: str = "tok-key") -> DatasetRef:
+    """An ingested wiki1m dataset (its manifest's `source`, as tasks/ingest.py records it) and the tokens made from
+    it; returns the tokens' `DatasetRef`."""
+    from storage.manifest import Manifest
+
+    for kind, k, n, src in (
+        ("wiki1m", key, rows, source),
+        ("tokens", tokens_key, rows, {"kind": "wiki1m", "key": key}),
+    ):
+        folder = root.dataset_dir(kind, k)
+        folder.mkdir(parents=True)
+        Manifest(kind=kind, key=k, rows=n, content_hash=f"{kind}-hash", files=[], source=src).write(folder)
+    return DatasetRef(
+        kind="tokens", key=tokens_key, path=str(root.dataset_dir("tokens", tokens_key)), rows=rows, content_hash="h"
+    )
+
+
+def test_the_card_states_the_ingested_sample_and_names_no_local_path(isolated_home, tmp_path):
+    """The smoke job's data: the local 11,913-line sample, not the hub's Wiki1M the config names by default; the
+    temporary folders (CSE_HOME, the sample's folder, the backbone's) appear nowhere in the card."""
+    from config.settings import get_settings
+    from storage.layout import DataRoot
+
+    sample = tmp_path / "mirror" / "wiki1m_head.txt"
+    root = DataRoot(get_settings().data_root)
+    tokens = _ingested(
+        root, {"dataset": "wiki1m", "origin": "path", "location": str(sample), "file": str(sample)}, 11_913
+    )
+    backbone = tmp_path / "tiny_bert"
+    cfg = resolve_train_config("smoke", method="d2cse", overrides={"backbone": str(backbone)})
+    adapter = {"folder": str(isolated_home / "runs" / "d2cse" / "k" / "peft-adapter"), "exact": True}
+    facts = CardFacts.from_training(cfg, OURS, tokens=tokens, steps=40, adapter=adapter, st_export={"kind": "standard"})
+    card = model_card(facts)
+    [origin] = facts.data_origin
+    assert (origin.source, origin.origin, origin.rows, origin.sample, origin.dataset_key) == (
+        "wiki1m_head.txt",
+        "path",
+        11_913,
+        True,
+        "wiki-key",
+    )
+    assert (
+        "| wiki1m | `wiki1m_head.txt` | local file | 11,913 | **a sample**: 11,913 of the full 1,000,000 rows |" in card
+    )
+    cap, batch = cfg.max_train_sentences, cfg.batch_size
+    assert f"The job trained on the first {cap:,} rows (`max_train_sentences: {cap:,}`) of wiki1m: 40 optimiser steps"
+    assert f"of batch {batch} ({40 * batch:,} sentences drawn)." in card and "**The training data is a sample" in card
+    body = card.split("## Configuration", 1)[0]  # (the full config names the ingest defaults it did not use)
+    assert "princeton-nlp" not in body and "wiki1m_for_simcse" not in body and "datasets" not in _front_matter(card)
+    assert str(tmp_path) not in card and str(isolated_home) not in card and "/tmp/" not in card
+    assert '"backbone": "tiny_bert"' in card and "`$CSE_HOME/runs/d2cse/k/peft-adapter`" in card
+    assert 'SentenceTransformer("<the export folder or its hub repo id>")' in card  # standard: no remote code
+    # the full file, downloaded from the hub: no sample warning, the hub dataset in the front matter
+    url = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/wiki1m_for_simcse.txt"
+    full = _ingested(
+        root, {"origin": "url", "location": url, "file": str(tmp_path / "dl")}, 1_000_000, key="full", tokens_key="t2"
+    )
+    card = model_card(CardFacts.from_training(cfg, OURS, tokens=full))
+    assert f"| wiki1m | `{url}` | downloaded | 1,000,000 | yes (1,000,000 rows) |" in card
+    assert "a sample" not in card and _front_matter(card)["datasets"] == ["princeton-nlp/datasets-for-simcse"]

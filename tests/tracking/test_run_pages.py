@@ -1,0 +1,87 @@
+"""What the MLflow pages show (tracking/run_pages.py): run names, the STS description beside the paper row, the
+metrics a training run charts, the experiment tags of the model-training view. The pages themselves are checked in a
+browser by test_mlflow_pages_browser.py."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+
+from config import published
+from config.methods import DEFAULT_METHOD
+from config.training import resolve_train_config
+from storage.readers import SEVEN_TASKS
+from tracking.run_pages import (
+    EXPERIMENT_KIND_TAG,
+    MODEL_TRAINING,
+    SCORES_VIEW,
+    SHARED_VIEW_PREFIX,
+    experiment_url,
+    page_metrics,
+    preset_differences,
+    run_name,
+    run_url,
+    sts_description,
+)
+from tracking.store import configure_mlflow, ensure_experiment
+
+
+def test_run_names_carry_what_differs_from_the_preset(monkeypatch):
+    cfg = resolve_train_config("smoke", {"learning_rate": 0.03, "model": {"prefix_len": 12}}, method=DEFAULT_METHOD)
+    assert run_name(cfg) == f"{DEFAULT_METHOD}-smoke lr=0.03 prefix_len=12"
+    assert run_name(resolve_train_config("smoke", method=DEFAULT_METHOD)) == f"{DEFAULT_METHOD}-smoke"
+    many = resolve_train_config(
+        "smoke", {"seed": 7, "max_steps": 3, "corrupt": {"mask_ratio": 0.15}}, method=DEFAULT_METHOD
+    )
+    assert (
+        run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 corrupt.seed=7 max_steps=3 seed=7"
+    )  # name order; seed sets corrupt.seed
+    monkeypatch.setattr("tracking.run_pages.RUN_NAME_MAX", 20)  # past it, the rest is counted
+    assert run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 +3 more"
+
+
+def test_the_description_shows_the_sts_table_beside_the_bert_base_row_for_minilm():
+    cfg = resolve_train_config("smoke", {"learning_rate": 0.03}, method=DEFAULT_METHOD)
+    metrics = {t: 70.0 for t in SEVEN_TASKS} | {"sts_avg": 70.0}
+    setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
+    text = sts_description(
+        metrics,
+        method=cfg.method,
+        preset=cfg.preset,
+        backbone=cfg.backbone,
+        setting=setting,
+        differences=preset_differences(cfg),
+    )
+    paper = published.STS[(cfg.method, "bert-base", setting)]
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |" in text
+    assert rows["this run"].count("70.00") == 8
+    label = "published (BERT-base; this run uses packaged:minilm)"
+    assert f"| {paper['sts_avg']:.2f} |" in rows[label] and f"| {paper['sts12']:.2f} |" in rows[label]
+    assert f"| {70.0 - paper['sts_avg']:+.2f} |" in rows["difference (run − published)"]
+    assert "`learning_rate=0.03`" in text and paper["source"] in text
+
+
+def test_a_training_run_charts_no_per_subset_scores():
+    kept = page_metrics({"sts12": 1.0, "sts_avg": 2.0, "sts12/MSRpar": 3.0, "sts12/MSRpar_pearson": 4.0})
+    assert kept == {"sts12": 1.0, "sts_avg": 2.0}
+
+
+def test_experiments_open_in_the_model_training_view_with_the_scores_view():
+    exp_id = ensure_experiment("pages-new")
+    tags = mlflow.get_experiment(exp_id).tags
+    assert tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
+    view = json.loads(tags[SHARED_VIEW_PREFIX + SCORES_VIEW])
+    assert view["selectedColumns"][-1] == "metrics.`sts_avg`" and view["orderByKey"] == "metrics.`sts_avg`"
+    configure_mlflow()
+    old = mlflow.create_experiment("pages-old")  # made before (or by someone else): tagged when next used
+    assert EXPERIMENT_KIND_TAG not in mlflow.get_experiment(old).tags
+    assert ensure_experiment("pages-old") == old
+    assert mlflow.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
+    assert experiment_url("http://h:5000/", "3") == (
+        f"http://h:5000/#/experiments/3/runs?workflowType=machine_learning&viewStateShareKey={SCORES_VIEW}"
+    )
+    assert (
+        run_url("http://h:5000", "3", "abc") == "http://h:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
