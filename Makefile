@@ -21,7 +21,7 @@ setup: $(VENV)/.installed
 # into a temporary folder, then the suite.
 test: setup lint
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadgroup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 
 # Ruff: lint (rules and their reasons in pyproject.toml) and formatting, on the whole tree.
 lint: setup

@@ -150,16 +150,11 @@ def local_ingest_config(shared_data):
 SLOW_FOLDERS = ("flows", "ops", "reliability")
 # Unit tests that live beside their package's slow tests but start nothing (no server, stack or subprocess).
 FAST_FILES = ("ops/test_cli_push.py", "ops/test_cli_fixes.py")
-# `make test` runs pytest in two lanes (pytest-xdist, `-n 2 --dist loadgroup`): the team stack, which spends most of its
-# minutes waiting on its servers, workers and missed heartbeats, in one; every other test, in file order, in the other.
-OWN_LANE = ("ops/test_team_stack.py",)
 
 
 def pytest_collection_modifyitems(config, items):
     tests_root = Path(__file__).parent
     for item in items:
         parts = Path(item.fspath).relative_to(tests_root).parts
-        relative = "/".join(parts)
-        if parts[0] in SLOW_FOLDERS and relative not in FAST_FILES:
+        if parts[0] in SLOW_FOLDERS and "/".join(parts) not in FAST_FILES:
             item.add_marker(pytest.mark.slow)
-        item.add_marker(pytest.mark.xdist_group(relative if relative in OWN_LANE else "suite"))
