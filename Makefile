@@ -53,8 +53,8 @@ install-offline:
 	$(NODE_PYTHON) -c "import torch; print('node torch', torch.__version__, 'cuda', torch.version.cuda)"
 	$(NODE_PYTHON) scripts/offline_install.py venv $(VENV)
 	$(PY) scripts/offline_install.py plan "$(WHEELHOUSE)" --subset $(SUBSET) --json $(VENV)/offline-plan.json --wheels > $(VENV)/offline-wheels.txt
-	test ! -s $(VENV)/offline-wheels.txt || $(PIP) install -q --no-index --no-deps $$(cat $(VENV)/offline-wheels.txt)
-	$(PIP) install -q --no-index --find-links "$(WHEELHOUSE)" --no-deps -e .
+	xargs -r $(PIP) install -q --no-index --no-deps < $(VENV)/offline-wheels.txt
+	$(PIP) install -q --no-index --no-build-isolation --find-links "$(WHEELHOUSE)" --no-deps -e .
 	$(PY) -c "import torch, models.method, training.loop, evaluation.sts; print('installed; torch', torch.__version__, 'kept')"
 
 # Proves and measures the CUDA path (benchmarks/gpu_check.py); DEVICE=cpu: the tiny rehearsal that make test runs.

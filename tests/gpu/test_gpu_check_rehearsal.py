@@ -30,3 +30,22 @@ def test_gpu_check_rehearsal_on_cpu(tmp_path):
     assert result["evaluation"]["sts7_sentences"] == 2 * 18_850 and result["evaluation"]["sts7_wall_s"] > 0
     md = (tmp_path / "gpu_check-cpu.md").read_text()
     assert "| d2cse |" in md and "seven-task STS" in md
+
+
+def test_step_profile_rehearsal_on_cpu(tmp_path):
+    """benchmarks/step_profile.py end to end on CPU at tiny size (no device timeline there), and its kernel table's
+    grouping by name."""
+    from types import SimpleNamespace
+
+    from benchmarks.step_profile import _top_kernels, main
+
+    assert main(["--device", "cpu", "--method", "simcse", "--steps", "1", "--warmup", "1", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "step_profile-simcse-cpu.json").read_text())
+    assert rec["step_wall_ms"] > 0 and rec["batch_size"] == 4 and rec["max_length"] == 16
+    assert rec["gpu_busy_share"] is None and rec["top_device"] == [] and rec["top_host"]
+    assert all(r["ms_per_step"] >= 0 and r["calls"] >= 1 for r in rec["top_host"])
+    kernels = [SimpleNamespace(name=n, device_time=t) for n, t in (("gemm", 300.0), ("cast", 50.0), ("gemm", 100.0))]
+    assert _top_kernels(kernels, steps=2, top=5) == [
+        {"name": "gemm", "ms_per_step": 0.2, "calls": 2},
+        {"name": "cast", "ms_per_step": 0.025, "calls": 1},
+    ]
