@@ -1,6 +1,6 @@
 """Where a training step's time goes: the GPU's busy share, kernel launches per step and the top kernels.
 
-    python benchmarks/step_profile.py [--method d2cse] [--device auto|cuda|cpu] [--size base|tiny]
+    python benchmarks/step_profile.py [--method METHOD] [--device auto|cuda|cpu] [--size base|tiny]
         [--steps 5] [--warmup 3] [--fused-adamw] [--compile] [--top 15] [--out DIR]
 
 The method's `default` preset at its real batch and length on a random-initialised BERT (the same model, rows and
@@ -131,7 +131,7 @@ def profile_steps(method: str, device: torch.device, size: str, steps: int, warm
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--method", default="d2cse", choices=list(METHODS))
+    p.add_argument("--method", default=METHODS[0], choices=list(METHODS), help="default: the registry's first")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--size", default=None, choices=["base", "tiny"], help="default: base on CUDA, tiny on CPU")
     p.add_argument("--steps", type=int, default=5)
