@@ -233,6 +233,32 @@ def count_step_flops(trainer: Trainer, batch) -> int:
     return int(counter.get_total_flops())
 
 
+def benchmark_trainer(
+    method: str,
+    device: torch.device,
+    size: str,
+    precision: str,
+    n_steps: int,
+    tokenizer,
+    batch: int | None,
+    length: int | None,
+    switches: dict,
+    state: Path,
+    hooks: list,
+):
+    """The method's default preset (`batch`/`length` overridden when given) on a random BERT of `size`, its synthetic
+    rows and a `Trainer` of `n_steps` steps per phase, no dev evaluation and no resume state written; returns
+    (config, trainer). Shared by the throughput rows and `benchmarks/step_profile.py`."""
+    cfg = preset(method, size, batch, length)
+    model = build_model(method, cfg, size, tokenizer, cfg.seed).to(device)
+    big = max(cfg.batch_size, cfg.prefix_phase.batch_size if cfg.prefix_phase else 0)
+    rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed)
+    loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
+    phases = job_phases(cfg, rows, nli, n_steps)
+    trainer = Trainer(model, phases, loop, device, state, lambda *a: None, lambda m: 0.0, lambda *a: None, hooks=hooks)
+    return cfg, trainer
+
+
 def training_throughput(
     method: str,
     device: torch.device,
@@ -246,11 +272,7 @@ def training_throughput(
     peak_tflops: float | None,
     switches: dict,
 ) -> dict:
-    cfg = preset(method, size, batch, length)
-    model = build_model(method, cfg, size, tokenizer, cfg.seed).to(device)
     n_steps = warmup + steps
-    big = max(cfg.batch_size, cfg.prefix_phase.batch_size if cfg.prefix_phase else 0)
-    rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed)
     times: list[float] = []
 
     class Timed(TrainerHooks):  # one step: forward to the end of the parameter update, synchronised
@@ -265,17 +287,18 @@ def training_throughput(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="gpu-check-state-") as state:
-        loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
-        trainer = Trainer(
-            model,
-            job_phases(cfg, rows, nli, n_steps),
-            loop,
+        cfg, trainer = benchmark_trainer(
+            method,
             device,
+            size,
+            precision,
+            n_steps,
+            tokenizer,
+            batch,
+            length,
+            switches,
             Path(state) / "state",
-            lambda *a: None,
-            lambda m: 0.0,
-            lambda *a: None,
-            hooks=[Timed()],
+            [Timed()],
         )
         trainer.run()
         peak = trainer.peak_memory_gb if device.type == "cuda" else None  # the steps' peak (training/memory.py)

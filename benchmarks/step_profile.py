@@ -18,7 +18,6 @@ it only rehearses the script (no device timeline).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import tempfile
@@ -32,16 +31,8 @@ if str(REPO_ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
-from benchmarks.gpu_check import (  # noqa: E402
-    METHODS,
-    build_model,
-    job_phases,
-    loop_config,
-    preset,
-    synthetic_rows,
-    synthetic_tokenizer,
-)
-from training.loop import Trainer, TrainerHooks  # noqa: E402
+from benchmarks.gpu_check import METHODS, benchmark_trainer, synthetic_tokenizer  # noqa: E402
+from training.loop import TrainerHooks  # noqa: E402
 
 
 def _device_events(prof) -> list:
@@ -67,42 +58,52 @@ def _top_kernels(kernels: list, steps: int, top: int) -> list[dict]:
     return [{"name": n[:90], "ms_per_step": round(us / 1e3 / steps, 3), "calls": c} for n, (us, c) in ranked]
 
 
+class _Step(TrainerHooks):
+    """After each parameter update: synchronise, mark the profiled window's start and end, advance the profiler."""
+
+    def __init__(self, device: torch.device, marks: dict[str, float]):
+        self.device, self.marks, self.updates = device, marks, 0
+
+    def arm(self, prof, skip: int, steps: int) -> None:
+        self.prof, self.skip, self.steps = prof, skip, steps
+
+    def on_update_end(self, trainer):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.updates += 1
+        if self.updates in (self.skip, self.skip + self.steps):
+            self.marks["t0" if self.updates == self.skip else "t1"] = time.perf_counter()
+        self.prof.step()
+
+
 def profile_steps(method: str, device: torch.device, size: str, steps: int, warmup: int, switches: dict, top: int):
     """Profile `steps` training steps of `method`'s default preset after `warmup` steps; returns the summary."""
     cuda = device.type == "cuda"
     batch, length = (None, None) if size == "base" else (4, 16)
-    cfg = preset(method, size, batch, length)
-    tok = synthetic_tokenizer()
-    model = build_model(method, cfg, size, tok, cfg.seed).to(device)
-    big = max(cfg.batch_size, cfg.prefix_phase.batch_size if cfg.prefix_phase else 0)
-    rows, nli = synthetic_rows(cfg, method, 2 * big, tok, cfg.seed)
     n_steps = warmup + steps
-    phases = job_phases(cfg, rows, nli, n_steps)
-    skip = sum(p.max_steps for p in phases[:-1]) + warmup  # profile the last phase's last `steps` steps
+    marks: dict[str, float] = {}
+    state = tempfile.TemporaryDirectory(prefix="step-profile-")
+    step_hook = _Step(device, marks)
+    cfg, trainer = benchmark_trainer(
+        method,
+        device,
+        size,
+        "bf16" if cuda else "fp32",
+        n_steps,
+        synthetic_tokenizer(),
+        batch,
+        length,
+        switches,
+        Path(state.name) / "state",
+        [step_hook],
+    )
+    skip = sum(p.max_steps for p in trainer.phases[:-1]) + warmup  # profile the last phase's last `steps` steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # the profiler's own warm-up is the last unprofiled step
     prof = profile(activities=activities, schedule=schedule(wait=skip - 1, warmup=1, active=steps, repeat=1))
-    marks: dict[str, float] = {}
-
-    class Step(TrainerHooks):
-        updates = 0
-
-        def on_update_end(self, trainer):
-            if cuda:
-                torch.cuda.synchronize(device)
-            self.updates += 1
-            if self.updates in (skip, skip + steps):
-                marks["t0" if self.updates == skip else "t1"] = time.perf_counter()
-            prof.step()
-
-    with tempfile.TemporaryDirectory(prefix="step-profile-") as state:
-        loop = dataclasses.replace(loop_config(cfg, "bf16" if cuda else "fp32", n_steps, **switches), save_state=False)
-        trainer = Trainer(
-            model, phases, loop, device, Path(state) / "state", lambda *a: None, lambda m: 0.0, lambda *a: None
-        )
-        trainer.hooks.append(Step())
-        with prof:
-            trainer.run()
+    step_hook.arm(prof, skip, steps)
+    with state, prof:
+        trainer.run()
     wall = (marks["t1"] - marks["t0"]) / steps
     averages = prof.key_averages()
     kernels = _device_events(prof)
