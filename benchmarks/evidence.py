@@ -646,6 +646,52 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+README_BEGIN = "<!-- evidence-table: `python benchmarks/evidence.py --report --readme README.md` renders it -->"
+README_END = "<!-- end evidence-table -->"
+
+
+def readme_table(report: dict[str, Any]) -> str:
+    """The README's summary: one row per method and control (Delta of each, method - control paired by seed) and the
+    count of measured cells, rendered from the report so that the README states exactly what was measured."""
+    s = report.get("summary") or summary(report)
+    n, missing = len(_cells(report)), len(report.get("missing", []))
+    lines = [
+        f"Measured: {n} of the protocol's {n + missing} cells"
+        + ("." if not missing else f" ({missing} still to run, so a row with fewer than 3 seeds is not a verdict)."),
+        "",
+        "| method | control (what it removes) | seeds, method / control | Δ method | Δ control "
+        "| method − control, paired by seed |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def pm(ms: dict[str, Any] | None, n: int) -> str:  # one seed has no spread to state
+        return "–" if ms is None else (_pm(ms, signed=True) if n > 1 else f"{ms['mean']:+.2f}")
+
+    for method, marms in ARMS.items():  # every method of the protocol, measured or not
+        m = s.get(method, {"arms": {}, "method_minus_control": {}})
+        own = m["arms"].get(METHOD)
+        n_own = len(own["seeds"]) if own else 0
+        for arm in marms[1:]:
+            ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
+            n_ctl = len(ctl["seeds"]) if ctl else 0
+            ptxt = "–" if pair is None else f"{pm(pair, pair['n'])} (better in {pair['method_better_in']}/{pair['n']})"
+            lines.append(
+                f"| {own['label'] if own else marms[0].label} | {arm.label.removeprefix('control: ')} | "
+                f"{n_own} / {n_ctl} | {pm(own and own['delta'], n_own)} | {pm(ctl and ctl['delta'], n_ctl)} | {ptxt} |"
+            )
+    return "\n".join(lines)
+
+
+def write_readme(report: dict[str, Any], readme: Path) -> None:
+    """Replace the block between README_BEGIN and README_END of `readme` with `readme_table(report)`."""
+    text = readme.read_text(encoding="utf-8")
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme}: no block between {README_BEGIN!r} and {README_END!r} to render the table into")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{readme_table(report)}\n{README_END}{tail}", encoding="utf-8")
+
+
 def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:
     """One PNG per method: STS-B dev vs step, mean line and min-max band over the seeds, method vs controls."""
     import matplotlib
@@ -781,13 +827,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON")
     p.add_argument("--report", action="store_true", help="re-render the markdown and the PNGs of --out, then exit")
+    p.add_argument(
+        "--readme", type=Path, default=None, help="with --report or --merge: also render the summary into this README"
+    )
     args = p.parse_args(argv)
     command = "python benchmarks/evidence.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge:
-        return merge(args.merge, args.out, command.strip())
+        rc = merge(args.merge, args.out, command.strip())
+        if args.readme:
+            write_readme(load(args.out), args.readme)
+        return rc
     if args.report:
         report = load(args.out)
         write(report, args.out)
+        if args.readme:
+            write_readme(report, args.readme)
         print(args.out.with_suffix(".md").read_text())
         return 0
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

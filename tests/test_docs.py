@@ -19,6 +19,7 @@ README_MAX_LINES = 250
 
 # [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis.
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HTML_LINK = re.compile(r"""(?:src|href)=["']([^"']+)["']""")  # <img src="..."> and <a href="..."> in the README
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 # A git object name as people paste it: 7 to 40 hex digits with at least one digit and one letter (so neither a
@@ -38,7 +39,8 @@ def _prose(text: str) -> str:
 
 def _relative_links(page: Path) -> list[str]:
     targets = []
-    for target in LINK.findall(_prose(page.read_text(encoding="utf-8"))):
+    prose = _prose(page.read_text(encoding="utf-8"))
+    for target in LINK.findall(prose) + HTML_LINK.findall(prose):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
             continue  # http:, https:, mailto: and links within the page
         targets.append(target)
@@ -94,11 +96,12 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path):
     page = tmp_path / "page.md"
     page.write_text(
         "See [a](missing.md), [b](page.md#top), [c](https://example.org/x.md) and `[d](nope.md)`.\n"
+        '<a href="gone.png"><img src="gone.png" width="20%"></a> <img src="https://example.org/y.png">\n'
         "As methods.md §4 says (issue #12, commit e721e3a); methods-overview.md and 1000000 are fine.\n",
         encoding="utf-8",
     )
-    assert _relative_links(page) == ["missing.md", "page.md#top"]
-    line = page.read_text(encoding="utf-8").splitlines()[1]
+    assert _relative_links(page) == ["missing.md", "page.md#top", "gone.png", "gone.png"]
+    line = page.read_text(encoding="utf-8").splitlines()[2]
     assert [p.search(line).group(0) for p in FORBIDDEN.values()] == ["methods.md", "issue #12", "e721e3a"]
     assert not FORBIDDEN["a design file outside the repository"].search("see methods-overview.md")
     assert not GIT_REF.search("1000000 rows, a defaced word, 0.021")

@@ -101,3 +101,36 @@ def test_the_protocol_hash_is_the_one_the_recorded_cells_were_run_under():
         ("d2cse", "head-lr-0.002", 0),
         ("d2cse", "head-lr-0.0002", 0),
     ]
+
+
+def test_readme_table_pairs_by_seed_and_lists_every_control(tmp_path):
+    cells = [
+        _cell("simcse", "method", 0, 80.0, 82.0),
+        _cell("simcse", "method", 1, 80.0, 83.0),
+        _cell("simcse", "no-dropout", 0, 80.0, 81.0),
+        _cell("simcse", "no-dropout", 1, 80.0, 81.0),
+        _cell("diffaug", "method", 0, 20.0, 80.0),
+    ]
+    report = {"cells": cells, "missing": [list(c) for c in ev.expected_cells()][len(cells) :]}
+    table = ev.readme_table(report)
+    assert table.startswith(f"Measured: 5 of the protocol's {len(ev.expected_cells())} cells (")
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == sum(len(a) - 1 for a in ev.ARMS.values())  # a row per control, measured or not
+    assert "| dropout 0 | 2 / 2 | +2.50 ± 0.71 | +1.00 ± 0.00 | +1.50 ± 0.71 (better in 2/2) |" in rows[0]
+    diffaug = next(r for r in rows if r.startswith("| DiffAug"))
+    assert diffaug.endswith("| 1 / 0 | +60.00 | – | – |")  # one seed states no spread; no control yet
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{ev.README_BEGIN}\nold numbers\n{ev.README_END}\n\nrest\n")
+    ev.write_readme(report, readme)
+    assert readme.read_text() == f"# x\n\n{ev.README_BEGIN}\n{table}\n{ev.README_END}\n\nrest\n"
+    readme.write_text("# no block\n")
+    with pytest.raises(SystemExit, match="no block"):
+        ev.write_readme(report, readme)
+
+
+def test_the_readme_states_the_committed_evidence():
+    """README's evidence table is the rendering of benchmarks/results/evidence.json, not numbers typed by hand."""
+    report = json.loads((ev.REPO_ROOT / "benchmarks" / "results" / "evidence.json").read_text())
+    readme = (ev.REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split(ev.README_BEGIN, 1)[1].split(ev.README_END, 1)[0]
+    assert block.strip() == ev.readme_table(report), "rerun python benchmarks/evidence.py --report --readme README.md"
