@@ -657,7 +657,11 @@ def readme_table(report: dict[str, Any]) -> str:
     n, missing = len(_cells(report)), len(report.get("missing", []))
     lines = [
         f"Measured: {n} of the protocol's {n + missing} cells"
-        + ("." if not missing else f" ({missing} still to run, so a row with fewer than 3 seeds is not a verdict)."),
+        + (
+            "."
+            if not missing
+            else f" ({missing} still to run, so a row with fewer than {len(PROTOCOL['seeds'])} seeds is not a verdict)."
+        ),
         "",
         "| method | control (what it removes) | seeds, method / control | Δ method | Δ control "
         "| method − control, paired by seed |",
@@ -784,7 +788,7 @@ def load(out: Path) -> dict[str, Any]:
     }
 
 
-def merge(paths: list[Path], out: Path, command: str) -> int:
+def merge(paths: list[Path], out: Path, command: str, readme: Path | None = None) -> int:
     report = load(out)
     have = {cell_id(c): c for c in _cells(report)}
     threads = set()
@@ -805,6 +809,8 @@ def merge(paths: list[Path], out: Path, command: str) -> int:
     report["cells"] = list(have.values())
     report["commands"].append(command)
     write(report, out)
+    if readme is not None:
+        write_readme(report, readme)
     print(out.with_suffix(".md").read_text())
     return 0 if report["complete"] else 1
 
@@ -833,10 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     command = "python benchmarks/evidence.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge:
-        rc = merge(args.merge, args.out, command.strip())
-        if args.readme:
-            write_readme(load(args.out), args.readme)
-        return rc
+        return merge(args.merge, args.out, command.strip(), args.readme)
     if args.report:
         report = load(args.out)
         write(report, args.out)
