@@ -55,12 +55,12 @@ install-offline:
 	$(PY) scripts/offline_install.py plan "$(WHEELHOUSE)" --subset $(SUBSET) --json $(VENV)/offline-plan.json --wheels > $(VENV)/offline-wheels.txt
 	xargs -r $(PIP) install -q --no-index --no-deps < $(VENV)/offline-wheels.txt
 	$(PIP) install -q --no-index --no-build-isolation --find-links "$(WHEELHOUSE)" --no-deps -e .
-	$(PY) -c "import torch, models.method, training.loop, evaluation.sts; print('installed; torch', torch.__version__, 'kept')"
+	$(PY) -c "import torch, cse.models.method, cse.training.loop, cse.evaluation.sts; print('installed; torch', torch.__version__, 'kept')"
 
 # Proves and measures the CUDA path (benchmarks/gpu_check.py); DEVICE=cpu: the tiny rehearsal that make test runs.
 DEVICE ?= auto
 gpu-check:
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) benchmarks/gpu_check.py --device $(DEVICE) $(GPU_CHECK_ARGS)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks.gpu_check --device $(DEVICE) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf .cse site

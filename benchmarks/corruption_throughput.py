@@ -3,7 +3,7 @@
 Both run on the same sentences, the same length-sorted batches and the same device; prints one
 JSON object with sentences/s of each and their ratio (target >= 0.9).
 
-    python benchmarks/corruption_throughput.py [--generator distilbert-base-uncased] [--sentences 2048]
+    python -m benchmarks.corruption_throughput [--generator distilbert-base-uncased] [--sentences 2048]
         [--batch-size 256] [--device auto] [--mask-ratio 0.3] [--mode argmax] [--repeats 1]
 
 The generator runs in train mode (dropout on) as the stage's reference default does
@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences, pad_batch
+from cse.models.loading import is_random_init, load_masked_lm, load_tokenizer, pick_device, resolve_model_path
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from models.corruption import Corruptor, SpecialTokens, corrupt_sequences, pad_batch  # noqa: E402
-from models.loading import is_random_init, load_masked_lm, load_tokenizer, pick_device, resolve_model_path  # noqa: E402
 
 FALLBACK = "random-init:distilbert-base-uncased"
 TARGET = 0.9
@@ -41,10 +39,10 @@ WIKI1M, NLI = 1_000_000, 275_601
 
 def workloads() -> dict[str, int]:
     """Sentences the corruption stage generates for each paper preset of every method that reads corrupted ids
-    (`config.methods.REGISTRY`; the smoke presets left out): rows × columns × variants (the preset's
-    `corrupt.variants`, else `config.training.required_variants`); presets with the same workload share a line."""
-    from config.methods import REGISTRY
-    from config.training import required_variants, resolve_train_config
+    (`cse.config.methods.REGISTRY`; the smoke presets left out): rows × columns × variants (the preset's
+    `corrupt.variants`, else `cse.config.training.required_variants`); presets with the same workload share a line."""
+    from cse.config.methods import REGISTRY
+    from cse.config.training import required_variants, resolve_train_config
 
     groups: dict[tuple[str, int, int], list[str]] = {}
     for method, spec in REGISTRY.items():

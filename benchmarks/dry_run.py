@@ -1,11 +1,11 @@
 """Paper-scale dry run: every training preset of every method builds at full size and steps through the real trainer.
 
-    python benchmarks/dry_run.py [--methods d2cse,simcse] [--presets default,dcpcse/sup] [--threads 1]
+    python -m benchmarks.dry_run [--methods d2cse,simcse] [--presets default,dcpcse/sup] [--threads 1]
         [--max-memory-gb 8] [--step-budget-s 4] [--include-smoke] [--no-meta] [--out benchmarks/results]
-    python benchmarks/dry_run.py --from-json   # rewrite the table from the saved JSON
+    python -m benchmarks.dry_run --from-json   # rewrite the table from the saved JSON
 
-For every preset `config.presets.PRESETS[method][name]` (resolved at run time with
-`config.training.resolve_train_config(name, method=method)`, so presets added later are picked up; the `smoke*`
+For every preset `cse.config.presets.PRESETS[method][name]` (resolved at run time with
+`cse.config.training.resolve_train_config(name, method=method)`, so presets added later are picked up; the `smoke*`
 presets are left out unless `--include-smoke` or named in `--presets`: they are MiniLM-sized and run by the tests):
 
 1. Build. The backbone is RANDOM-INITIALISED at the preset's real shape (no pretrained weights are reachable
@@ -13,7 +13,7 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    24 layers, 16 heads, 4096 intermediate; `roberta-base` = `RobertaConfig(vocab_size=50265,
    max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)`;
    `roberta-large` = the same with 1024/24/16/4096; `packaged:minilm` is loaded as is (real weights). The
-   model is `config.methods.get_method(method).model_class(config, backbone=<that model>, tokenizer=...)`.
+   model is `cse.config.methods.get_method(method).model_class(config, backbone=<that model>, tokenizer=...)`.
    Tokenizers: BERT-uncased shapes use the packaged MiniLM tokenizer (bert-base-uncased vocabulary).
    RoBERTa shapes use `RobertaIdsStandIn` below: no RoBERTa tokenizer is reachable offline, so a minimal object
    carries RoBERTa's ids (<s>=0, <pad>=1, </s>=2, <unk>=3, <mask>=50264, 50265 entries) and an `encode` that
@@ -23,22 +23,22 @@ presets are left out unless `--include-smoke` or named in `--presets`: they are 
    and checked against the count from DCPCSE's prefix layout where there is one.
    Generators (`cfg.corrupt.generator`, the methods that read corrupted ids): `distilbert-base-uncased` =
    random DistilBERT MLM 768/6 layers/12 heads/3072, vocab 30522; `distilroberta-base` = random RoBERTa MLM
-   768/6/12/3072, vocab 50265; `random-init:*` = `models.loading.build_random_masked_lm`.
+   768/6/12/3072, vocab 50265; `random-init:*` = `cse.models.loading.build_random_masked_lm`.
 
 2. Data. Synthetic token rows, every row exactly `cfg.max_length` ids (the worst case: no padding is saved):
    `[CLS] w … w [SEP]` (RoBERTa: `<s> … </s>`) with ids drawn from the backbone's ordinary vocabulary;
    unsupervised = one column (two dropout views), supervised = three columns (anchor, positive, hard negative);
    DiffAug also gets NLI triplet rows (stage-1 data and the auxiliary batch). The rows are wrapped as the
-   training stage does (`storage.training_data.TokenRows` / `CorruptionRows` → `training.rows.TrainingRows`)
-   and the phases come from `training.job.training_phases(cfg, rows, nli_rows)`.
+   training stage does (`cse.storage.training_data.TokenRows` / `CorruptionRows` → `cse.training.rows.TrainingRows`)
+   and the phases come from `cse.training.job.training_phases(cfg, rows, nli_rows)`.
    Corruption (DiffCSE, D2CSE): the preset's random-init generator runs through the project's corruption code
-   (`models.corruption.Corruptor` + `corrupt_sequences`) at the preset's mask ratio and mode, one variant per
+   (`cse.models.corruption.Corruptor` + `corrupt_sequences`) at the preset's mask ratio and mode, one variant per
    view (what epoch 0 of a job reads with the reference's fresh-corruption default); it corrupts up to 16
    distinct sentences per (column, variant) and the batches tile those (the generator shape is exercised;
    corrupting every row of a 512-row batch would cost minutes of CPU for nothing the dry run checks).
 
-3. Steps. `training.loop.Trainer` itself, with the job's loop settings (`training.job.loop_config`,
-   `save_state=False`) and a `StepProbe` on its public hooks (`training.loop.TrainerHooks`: timing/memory probes
+3. Steps. `cse.training.loop.Trainer` itself, with the job's loop settings (`cse.training.job.loop_config`,
+   `save_state=False`) and a `StepProbe` on its public hooks (`cse.training.loop.TrainerHooks`: timing/memory probes
    around the forward and the parameter update), runs 2
    optimiser steps: 2 steps of the one phase for every method; for DiffAug 1 prefix-phase step + 1 joint step
    (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so a second one per phase
@@ -100,7 +100,7 @@ from pathlib import Path
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--methods", default="", help="comma-separated methods (default: every method of config.methods.REGISTRY)"
+        "--methods", default="", help="comma-separated methods (default: every method of cse.config.methods.REGISTRY)"
     )
     p.add_argument("--presets", default="", help="comma-separated preset names or method/name pairs (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -134,7 +134,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
@@ -156,14 +155,14 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from config.methods import REGISTRY, model_class  # noqa: E402
-from config.training import resolve_train_config  # noqa: E402
-from models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
-from models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
-from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.job import loop_config, training_phases  # noqa: E402
-from training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
-from training.rows import TrainingRows  # noqa: E402
+from cse.config.methods import REGISTRY, model_class  # noqa: E402
+from cse.config.training import resolve_train_config  # noqa: E402
+from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
+from cse.models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
+from cse.storage.training_data import CorruptionRows, TokenRows  # noqa: E402
+from cse.training.job import loop_config, training_phases  # noqa: E402
+from cse.training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
+from cse.training.rows import TrainingRows  # noqa: E402
 
 MB = 2**20
 GB = 2**30
@@ -462,7 +461,7 @@ def build_full_masks(model: nn.Module) -> None:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from models.loading import attention_implementation
+    from cse.models.loading import attention_implementation
 
     def full_mask(mask_fn):
         return lambda *args, **kwargs: mask_fn(*args, **{**kwargs, "allow_is_bidirectional_skip": False})
@@ -484,7 +483,7 @@ def build_full_masks(model: nn.Module) -> None:
 
 
 def dry_run_loop_config(cfg) -> LoopConfig:
-    """The job's loop settings (`training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
+    """The job's loop settings (`cse.training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
     return dataclasses.replace(
         loop_config(
             cfg.model_copy(
@@ -978,7 +977,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         f"wall {meta.get('wall_seconds', '?')} s.",
         "",
         "Random-initialised models at the presets' real shapes; synthetic rows of the preset's maximum length (no "
-        "padding); the real `training.loop.Trainer`, fp32 on CPU. `rows/step measured` = sentence tuples per step of "
+        "padding); the real `cse.training.loop.Trainer`, fp32 on CPU. `rows/step measured` = sentence tuples per step of "
         "the CPU run (a micro batch unless `real` is marked); `steps` = optimiser steps run (DiffAug: 1 prefix + 1 joint). "
         "s/step measured = the last step of the phase, wall time and process CPU time (other jobs shared the 2 cores, "
         "so wall > CPU); projected = CPU time, linear in rows at the real batch on this CPU with `--threads` threads "
@@ -1065,7 +1064,7 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_interop_threads(1)
     started = time.perf_counter()
     meta = {
-        "command": "python benchmarks/dry_run.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.dry_run " + " ".join(sys.argv[1:]),
         "host": f"{platform.node()} ({psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / GB:.0f} GB RAM)",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

@@ -1,6 +1,6 @@
 """Evaluator throughput versus the bare encoder forward, and the wall time of a full evaluation.
 
-    python benchmarks/evaluation_throughput.py [--model packaged:minilm] [--pooler avg] [--mode test]
+    python -m benchmarks.evaluation_throughput [--model packaged:minilm] [--pooler avg] [--mode test]
 
 Bare forward: the backbone alone over the same unique sentences, in the same length-sorted, already
 padded batches, under `torch.inference_mode` (tokenisation and padding not timed). Evaluator: the
@@ -13,22 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from config.settings import get_settings  # noqa: E402
-from evaluation import Evaluator  # noqa: E402
-from evaluation.encode import autocast_context, length_sorted_batches, pad_batch  # noqa: E402
-from models.embedder import PooledEncoder  # noqa: E402
-from models.loading import pick_device  # noqa: E402
-from storage.readers import read_senteval  # noqa: E402
+from cse.config.settings import get_settings
+from cse.evaluation import Evaluator
+from cse.evaluation.encode import autocast_context, length_sorted_batches, pad_batch
+from cse.models.embedder import PooledEncoder
+from cse.models.loading import pick_device
+from cse.storage.readers import read_senteval
 
 
 def bare_forward_seconds(enc: PooledEncoder, token_ids, batch_size: int, precision: str) -> float:

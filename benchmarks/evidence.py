@@ -1,9 +1,9 @@
 """Does each method's defining mechanism work? Method vs a control that removes it, 3 seeds, STS-B dev curves.
 
-    python benchmarks/evidence.py [--methods simcse,dcpcse,d2cse,diffcse,diffaug] [--seeds 0,1,2] [--arms ...]
+    python -m benchmarks.evidence [--methods simcse,dcpcse,d2cse,diffcse,diffaug] [--seeds 0,1,2] [--arms ...]
         [--threads N] [--out benchmarks/results/evidence.json]
-    python benchmarks/evidence.py --merge a.json b.json ... [--out benchmarks/results/evidence.json]
-    python benchmarks/evidence.py --report [--out benchmarks/results/evidence.json]   # re-render .md and PNGs
+    python -m benchmarks.evidence --merge a.json b.json ... [--out benchmarks/results/evidence.json]
+    python -m benchmarks.evidence --report [--out benchmarks/results/evidence.json]   # re-render .md and PNGs
 
 No GPU and no BERT-base weights are reachable here, so the papers' tables cannot be rerun; this is the proxy that can
 tell a working method from a broken one. The protocol below was fixed (and committed) before any of its runs and is
@@ -59,12 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.machine import cpu_environment, set_offline_environment
 
-from machine import cpu_environment, set_offline_environment  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
 set_offline_environment()
 
@@ -105,7 +103,7 @@ METHOD = "method"
 def _evidence_methods() -> list:
     """The registry's methods that state evidence arms (`evidence_arms` of the model class), in `evidence_position`
     order."""
-    from config.methods import REGISTRY
+    from cse.config.methods import REGISTRY
 
     specs = [s for s in REGISTRY.values() if getattr(s.model_class, "evidence_arms", None)]
     return sorted(specs, key=lambda s: s.model_class.evidence_position)
@@ -129,7 +127,7 @@ HEAD_LR_METHOD = next(
 
 
 def protocol_hash() -> str:
-    from storage.hashing import stable_hash
+    from cse.storage.hashing import stable_hash
 
     arms = {m: [{"name": a.name, "label": a.label, "overrides": a.overrides} for a in arms] for m, arms in ARMS.items()}
     return stable_hash({"protocol": PROTOCOL, "arms": arms, "overrides": PROTOCOL_OVERRIDES})[:16]
@@ -137,7 +135,7 @@ def protocol_hash() -> str:
 
 def cfg_uses_corruption(method: str) -> bool:
     """The method reads the corruption stage's replaced tokens (its cells share the protocol's generator)."""
-    from config.methods import get_method
+    from cse.config.methods import get_method
 
     return get_method(method).uses_corruption
 
@@ -166,12 +164,12 @@ class Bench:
     """The data root (cached data stages), the STS-B dev evaluator and the fitted generator, shared by every cell."""
 
     def __init__(self, generator: str | None):
-        from config.settings import get_settings
-        from config.stages import local_mirror_ingest
-        from evaluation.evaluator import Evaluator
-        from storage.evaluations import load_sts_input
-        from storage.layout import DataRoot
-        from tasks.ingest import ingest_dataset
+        from cse.config.settings import get_settings
+        from cse.config.stages import local_mirror_ingest
+        from cse.evaluation.evaluator import Evaluator
+        from cse.storage.evaluations import load_sts_input
+        from cse.storage.layout import DataRoot
+        from cse.tasks.ingest import ingest_dataset
 
         self.ingest = local_mirror_ingest(SHARED_DATA)
         self.root = DataRoot(get_settings().data_root)
@@ -182,8 +180,8 @@ class Bench:
         self._corruption: dict[tuple, Any] = {}
 
     def tokens(self, dataset: str, cfg):
-        from tasks.ingest import ingest_dataset
-        from tasks.tokenize import tokenize_dataset
+        from cse.tasks.ingest import ingest_dataset
+        from cse.tasks.tokenize import tokenize_dataset
 
         tc = cfg.tokenize_config()
         key = (dataset, tc.model_dump_json())
@@ -195,10 +193,10 @@ class Bench:
         """The generator every corrupting cell uses: --generator, else the fit-generator stage on the Wiki1M sample
         (cached in the data root after its first fit)."""
         if self._generator is None:
-            from config.stages import GeneratorConfig, TokenizeConfig
-            from tasks.fit_generator import fit_generator
-            from tasks.ingest import ingest_dataset
-            from tasks.tokenize import tokenize_dataset
+            from cse.config.stages import GeneratorConfig, TokenizeConfig
+            from cse.tasks.fit_generator import fit_generator
+            from cse.tasks.ingest import ingest_dataset
+            from cse.tasks.tokenize import tokenize_dataset
 
             config = GeneratorConfig()
             tokens = tokenize_dataset.fn(
@@ -212,7 +210,7 @@ class Bench:
         return self._generator
 
     def corruption(self, tokens, cfg):
-        from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
+        from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 
         key = (tokens.key, cfg.corrupt.model_dump_json())
         if key not in self._corruption:
@@ -223,8 +221,8 @@ class Bench:
 
     def config(self, method: str, arm: Arm, seed: int, steps: int | None = None):
         """The cell's TrainConfig: the method's smoke preset, the protocol's settings, the arm's overrides, the seed."""
-        from config.presets import deep_merge
-        from config.training import resolve_train_config
+        from cse.config.presets import deep_merge
+        from cse.config.training import resolve_train_config
 
         base = {
             "backbone": PROTOCOL["backbone"],
@@ -267,9 +265,9 @@ def heldout_rtd(bench: Bench, model, tokens, corruption, pad_id: int) -> dict[st
     import numpy as np
     import torch
 
-    from models.losses import rtd_accuracy, rtd_loss
-    from storage.training_data import load_corruption_rows, load_token_rows
-    from training.rows import TrainingRows
+    from cse.models.losses import rtd_accuracy, rtd_loss
+    from cse.storage.training_data import load_corruption_rows, load_token_rows
+    from cse.training.rows import TrainingRows
 
     token_rows = load_token_rows(bench.root, tokens.key, ("text",))
     rows = TrainingRows(token_rows, load_corruption_rows(bench.root, corruption.key, token_rows), False, pad_id)
@@ -333,11 +331,11 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
 
     import torch
 
-    from models.loading import load_tokenizer
-    from storage.training_data import load_token_rows
-    from training.job import build_model, load_training_rows, loop_config, training_phases
-    from training.loop import Trainer, set_seed
-    from training.rows import TrainingRows
+    from cse.models.loading import load_tokenizer
+    from cse.storage.training_data import load_token_rows
+    from cse.training.job import build_model, load_training_rows, loop_config, training_phases
+    from cse.training.loop import Trainer, set_seed
+    from cse.training.rows import TrainingRows
 
     cfg = bench.config(method, arm, seed, steps)
     t_data = time.perf_counter()
@@ -357,7 +355,7 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
             raise RuntimeError("held-out NLI triplets overlap the stage-1 triplets")
     data_s = time.perf_counter() - t_data
     device = torch.device("cpu")
-    set_seed(cfg.seed)  # as training.job.fit: the initial prompts, MLPs and heads follow the job's seed
+    set_seed(cfg.seed)  # as cse.training.job.fit: the initial prompts, MLPs and heads follow the job's seed
     model = build_model(cfg, device)
     phases = training_phases(cfg, rows, nli_rows)
     total = sum(p.total_steps for p in phases)
@@ -646,7 +644,7 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-README_BEGIN = "<!-- evidence-table: `python benchmarks/evidence.py --report --readme README.md` renders it -->"
+README_BEGIN = "<!-- evidence-table: `python -m benchmarks.evidence --report --readme README.md` renders it -->"
 README_END = "<!-- end evidence-table -->"
 
 
@@ -837,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
         "--readme", type=Path, default=None, help="with --report or --merge: also render the summary into this README"
     )
     args = p.parse_args(argv)
-    command = "python benchmarks/evidence.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.evidence " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge:
         return merge(args.merge, args.out, command.strip(), args.readme)
     if args.report:
@@ -858,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
     if arms and (bad := sorted(set(arms) - known_arms)):
         p.error(f"unknown --arms {bad}; known: {sorted(known_arms)}")
 
-    os.environ["CSE_HOME"] = str(args.home.resolve())  # before config.settings is read
+    os.environ["CSE_HOME"] = str(args.home.resolve())  # before cse.config.settings is read
     for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
         os.environ.pop(k, None)
     if args.threads is not None:

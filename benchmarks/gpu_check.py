@@ -1,6 +1,6 @@
 """One command that proves and measures the CUDA path: the `gpu` test tier, then throughput at paper size.
 
-    python benchmarks/gpu_check.py [--device auto|cuda|cpu] [--out benchmarks/results] [--methods d2cse,simcse]
+    python -m benchmarks.gpu_check [--device auto|cuda|cpu] [--out benchmarks/results] [--methods d2cse,simcse]
         [--steps 10] [--warmup 3] [--skip-tests] [--skip-throughput] [--fused-adamw] [--compile]
         [--sdpa-backend flash|efficient|cudnn|math] [--peak-tflops F]
 
@@ -11,7 +11,7 @@ training subset of wheels (README "Air-gapped GPU nodes") and a torch: no networ
    `--device cpu`: tiny size, bf16, gloo instead of NCCL, so the same code runs on every `make test`).
 2. Throughput (size "base" on CUDA, "tiny" on CPU): every method's `default` preset at its real batch and maximum
    length (`--device cpu`: batch 4, length 16) on a random-initialised BERT-base (`BertConfig()`), through the real
-   `training.loop.Trainer.run` with its precision (bf16 on CUDA, fp32 on CPU). Rows are synthetic ids of exactly
+   `cse.training.loop.Trainer.run` with its precision (bf16 on CUDA, fp32 on CPU). Rows are synthetic ids of exactly
    the preset's maximum length; corrupted ids are random replacements (the corruption stage is measured apart).
    - steps/s and tokens/s: median step wall time of the last `--steps` steps, after `--warmup` steps;
    - peak memory: the highest per-step `torch.cuda.max_memory_allocated` of the run (`Trainer.peak_memory_gb`;
@@ -25,9 +25,9 @@ training subset of wheels (README "Air-gapped GPU nodes") and a torch: no networ
    - projected schedule: the preset's optimiser steps on the real data sizes (Wiki1M 1,000,000 sentences; NLI
      275,601 triplets for supervised presets and DiffAug's NLI phase) × the median step time (DiffAug's NLI
      phase at the joint step's time).
-   Corruption: sentences/s of `models.corruption.Corruptor` with a random DistilBERT-size generator (768/6/12) on
+   Corruption: sentences/s of `cse.models.corruption.Corruptor` with a random DistilBERT-size generator (768/6/12) on
    32-token rows, and the projected minutes of the faithful Wiki1M corruption (1,000,000 sentences × 2 epochs × 2
-   views, d2cse/default's variants). Evaluation: sentences/s of `evaluation.encode.embed_token_ids` on BERT-base
+   views, d2cse/default's variants). Evaluation: sentences/s of `cse.evaluation.encode.embed_token_ids` on BERT-base
    (batch 128, CUDA: bf16-free fp32 as the evaluator's default) over synthetic sentences, and the seven-task STS
    wall time = the seven tasks' sentences (`STS_PAIRS` × 2) ÷ that rate.
 3. Writes `<out>/gpu_check-<device-slug>.json` and `.md` (the README's GPU table copies the markdown).
@@ -55,21 +55,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
+
+import numpy as np
+import torch
+
+from cse.config.methods import REGISTRY, model_class
+from cse.config.training import resolve_train_config
+from cse.storage.training_data import CorruptionRows, TokenRows
+from cse.training.job import loop_config as job_loop_config
+from cse.training.job import training_phases
+from cse.training.loop import LoopConfig, Trainer, TrainerHooks
+from cse.training.rows import TrainingRows
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from config.methods import REGISTRY, model_class  # noqa: E402
-from config.training import resolve_train_config  # noqa: E402
-from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.job import loop_config as job_loop_config  # noqa: E402
-from training.job import training_phases  # noqa: E402
-from training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
-from training.rows import TrainingRows  # noqa: E402
-
 METHODS = tuple(REGISTRY)  # every registered method, in registry order
 VOCAB = 30522  # bert-base-uncased's size and special-id layout
 WIKI1M, NLI = 1_000_000, 275_601
@@ -183,7 +181,7 @@ def synthetic_rows(cfg, method: str, n: int, tokenizer, seed: int = 0) -> tuple[
 
 
 def loop_config(cfg, precision: str, steps: int, **switches) -> LoopConfig:
-    """The job's loop settings (`training.job.loop_config`) for `steps` steps of one epoch, no dev evaluation, a log
+    """The job's loop settings (`cse.training.job.loop_config`) for `steps` steps of one epoch, no dev evaluation, a log
     every step and the speed `switches`."""
     job = cfg.model_copy(
         update={
@@ -340,7 +338,7 @@ def training_throughput(
 def corruption_throughput(device: torch.device, size: str, sentences: int, length: int, precision: str) -> dict:
     from transformers import DistilBertConfig, DistilBertForMaskedLM
 
-    from models.corruption import Corruptor, SpecialTokens
+    from cse.models.corruption import Corruptor, SpecialTokens
 
     dims = (
         dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072)
@@ -374,8 +372,8 @@ def corruption_throughput(device: torch.device, size: str, sentences: int, lengt
 
 
 def evaluation_throughput(device: torch.device, size: str, sentences: int, tokenizer) -> dict:
-    from evaluation.encode import embed_token_ids
-    from models.embedder import PooledEncoder
+    from cse.evaluation.encode import embed_token_ids
+    from cse.models.embedder import PooledEncoder
 
     model = PooledEncoder(backbone(size), "cls_before_pooler", tokenizer=tokenizer).to(device).eval()
     rng = np.random.default_rng(0)
@@ -485,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sdpa-backend", default="", choices=["", "flash", "efficient", "cudnn", "math"])
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (default: by name)")
     args = p.parse_args(argv)
-    from models.loading import pick_device
+    from cse.models.loading import pick_device
 
     device = pick_device(args.device)
     cuda = device.type == "cuda"
@@ -500,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "gpu_check",
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
         "environment": {
             "device_name": name,
             "device": device.type,

@@ -1,14 +1,14 @@
 """Gradient caching at a paper preset's real batch: peak memory and step time per chunk size, on the same batches.
 
-    python benchmarks/grad_cache.py [--method METHOD (default: the registry default, D2CSE)] [--preset default] [--chunks full,128,64,32,16] [--steps 2]
+    python -m benchmarks.grad_cache [--method METHOD (default: the registry default, D2CSE)] [--preset default] [--chunks full,128,64,32,16] [--steps 2]
         [--threads 2] [--device cpu|cuda] [--out benchmarks/results]
 
-The preset (`config.presets`) is resolved as a job would resolve it; its backbone is a RANDOM-INITIALISED
+The preset (`cse.config.presets`) is resolved as a job would resolve it; its backbone is a RANDOM-INITIALISED
 BERT-base (`BertConfig()`, no pretrained weights are reachable here: the memory and time of a step do not depend on
 the weights), its batch is the real one, every row exactly the preset's maximum length (no padding saved), corrupted
 ids (DiffCSE, D2CSE) are 30 % random replacements (the helpers of benchmarks/gpu_check.py). Each chunk size runs in a
 fresh process (so memory freed by an earlier configuration is not counted as resident), builds the model from the
-same seed and trains `--steps` optimiser steps through the real `training.loop.Trainer` with
+same seed and trains `--steps` optimiser steps through the real `cse.training.loop.Trainer` with
 `LoopConfig.grad_cache_chunk_size` (`full` = off); every configuration sees the same batches in the same order.
 
 Figures (the first steps warm the allocator up):
@@ -40,17 +40,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from benchmarks.gpu_check import build_model, job_phases, loop_config, synthetic_rows, synthetic_tokenizer
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.training import resolve_train_config
+from cse.training.loop import Trainer, TrainerHooks
+from cse.training.memory import PeakMemory
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import torch  # noqa: E402
-from gpu_check import build_model, job_phases, loop_config, synthetic_rows, synthetic_tokenizer  # noqa: E402
-
-from config.methods import DEFAULT_METHOD  # noqa: E402
-from config.training import resolve_train_config  # noqa: E402
-from training.loop import Trainer, TrainerHooks  # noqa: E402
-from training.memory import PeakMemory  # noqa: E402
 
 
 def _in_use_gb(device: torch.device) -> float:
@@ -192,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     configurations = []
     for chunk in args.chunks.split(","):
-        cmd = [sys.executable, __file__, "--one", chunk] + [
+        cmd = [sys.executable, "-m", "benchmarks.grad_cache", "--one", chunk] + [
             a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--one")
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             sys.stderr.write(proc.stderr[-4000:])
@@ -218,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
         "torch": torch.__version__,
-        "command": "python benchmarks/grad_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.grad_cache " + " ".join(argv if argv is not None else sys.argv[1:]),
         "configurations": configurations,
     }
     suffix = "" if args.device == "cpu" else "_cuda"

@@ -1,6 +1,6 @@
 """Does training improve the encoder? Start vs trained STS Avg. per method, and SimCSE vs sentence-transformers.
 
-    python benchmarks/learning.py [--methods simcse,simcse-sup,dcpcse,diffcse,d2cse,diffaug,peer]
+    python -m benchmarks.learning [--methods simcse,simcse-sup,dcpcse,diffcse,d2cse,diffaug,peer]
         [--steps N] [--batch-size B] [--out benchmarks/results/learning.json]
 
 CPU scale: the packaged MiniLM (all-MiniLM-L6-v2), the local Wiki1M sample (11,913 sentences) or the local NLI
@@ -9,24 +9,24 @@ not part of `make test`. The script is the check: it exits 1 when a method does 
 or when our SimCSE and the sentence-transformers peer differ by more than 1.0 STS Avg. point.
 
 What runs (the project's own pieces, no re-implementation):
-- data: the ingestion, tokenisation and corruption stages (`tasks.ingest.ingest_dataset`, `tasks.tokenize.
-  tokenize_dataset`, `tasks.corrupt.plan_corruption` / `corrupt_shard` / `publish_corruption`, called through
+- data: the ingestion, tokenisation and corruption stages (`cse.tasks.ingest.ingest_dataset`, `cse.tasks.tokenize.
+  tokenize_dataset`, `cse.tasks.corrupt.plan_corruption` / `corrupt_shard` / `publish_corruption`, called through
   their Prefect tasks' `.fn`, so no Prefect server is needed) into a temporary `CSE_HOME` (MLflow's data-stage
   runs land in that temporary SQLite store); sources are read from `../shared/data` (never copied);
-- configs: `config.training.resolve_train_config(preset, overrides, method=...)` from each method's `smoke` preset
+- configs: `cse.config.training.resolve_train_config(preset, overrides, method=...)` from each method's `smoke` preset
   (supervised SimCSE: its `sup` preset brought to MiniLM / CPU scale), with the overrides in the table below;
-- training: `training.job.fit` (the training stage's own function: `build_model`, `training_phases`, the real
-  `training.loop.Trainer`, STS-B dev selection every `eval_steps`, best checkpoint written by `save_checkpoint`),
+- training: `cse.training.job.fit` (the training stage's own function: `build_model`, `training_phases`, the real
+  `cse.training.loop.Trainer`, STS-B dev selection every `eval_steps`, best checkpoint written by `save_checkpoint`),
   with plain callables instead of MLflow for params/metrics;
-- evaluation: `evaluation.evaluator.Evaluator` in `test` mode (the seven STS tasks, Avg. = mean of the seven
+- evaluation: `cse.evaluation.evaluator.Evaluator` in `test` mode (the seven STS tasks, Avg. = mean of the seven
   Spearman x 100, rounded as the papers do), fp32, retrieval/alignment extras off.
 
-"start" = the method's model as `training.job.build_model` builds it at step 0 with `torch.manual_seed(seed)`,
+"start" = the method's model as `cse.training.job.build_model` builds it at step 0 with `torch.manual_seed(seed)`,
 evaluated with its own `embed` (its evaluation pooler: CLS before pooler for SimCSE-unsup/DiffCSE/D2CSE/DCPCSE-
 unsup with the random initial prompts on, CLS -> the fresh MLP for supervised SimCSE, the template's [MASK] state
 with the random initial prefixes for DiffAug). `fit` is called right after seeding again with the same seed, so it
 builds the identical model (the script checks that two seeded builds have the same trainable tensors and
-records their hash). "trained" = the best STS-B dev checkpoint (`models.checkpoint.load_checkpoint` of the job's
+records their hash). "trained" = the best STS-B dev checkpoint (`cse.models.checkpoint.load_checkpoint` of the job's
 `best/` folder), our default selection.
 
 Per-method settings (batch 32 everywhere; `--steps` / `--batch-size` override all):
@@ -89,12 +89,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.machine import cpu_environment, set_offline_environment
 
-from machine import cpu_environment, set_offline_environment  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
 set_offline_environment()
 
@@ -109,7 +107,7 @@ PEER_RUN = ""
 
 
 def _runs() -> tuple[dict[str, dict[str, Any]], str]:
-    from config.methods import REGISTRY
+    from cse.config.methods import REGISTRY
 
     runs, peer = {}, ""
     for name, spec in REGISTRY.items():
@@ -143,9 +141,9 @@ class Bench:
     def __init__(self, batch_size: int, start_cache: list[Path] | None = None):
         import torch
 
-        from config.settings import get_settings
-        from config.stages import local_mirror_ingest
-        from storage.layout import DataRoot
+        from cse.config.settings import get_settings
+        from cse.config.stages import local_mirror_ingest
+        from cse.storage.layout import DataRoot
 
         self.torch = torch
         self.device = torch.device("cpu")
@@ -158,9 +156,9 @@ class Bench:
         self._probe: list[str] | None = None
         self._starts: dict[tuple, dict[str, Any]] = {}
         self._start_cache = list(start_cache or ())
-        from evaluation.evaluator import Evaluator
-        from storage.evaluations import load_sts_input
-        from tasks.ingest import ingest_dataset
+        from cse.evaluation.evaluator import Evaluator
+        from cse.storage.evaluations import load_sts_input
+        from cse.tasks.ingest import ingest_dataset
 
         t0 = time.perf_counter()
         sts = ingest_dataset.fn("sts", self.ingest)
@@ -186,8 +184,8 @@ class Bench:
 
     # ------------------------------------------------------------------ data stages
     def tokens(self, dataset: str, cfg):
-        from tasks.ingest import ingest_dataset
-        from tasks.tokenize import tokenize_dataset
+        from cse.tasks.ingest import ingest_dataset
+        from cse.tasks.tokenize import tokenize_dataset
 
         tc = cfg.tokenize_config()
         key = (dataset, tc.model_dump_json())
@@ -198,7 +196,7 @@ class Bench:
         return self._tokens[key]
 
     def corruption(self, tokens, cfg):
-        from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
+        from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 
         key = (tokens.key, cfg.corrupt.model_dump_json())
         if key not in self._corruption:
@@ -211,7 +209,7 @@ class Bench:
 
     def config(self, spec: dict[str, Any], steps: int):
         """The resolved TrainConfig of a run: the preset + CPU-scale overrides (epochs raised to cover the steps)."""
-        from config.training import resolve_train_config
+        from cse.config.training import resolve_train_config
 
         base = {
             "batch_size": self.batch_size,
@@ -235,8 +233,8 @@ class Bench:
 
     def inputs(self, cfg):
         """(tokens, corruption, nli_tokens, rows, nli_rows) of a config, through the real stages and loaders."""
-        from models.loading import load_tokenizer
-        from training.job import load_training_rows
+        from cse.models.loading import load_tokenizer
+        from cse.training.job import load_training_rows
 
         tokens = self.tokens(cfg.dataset, cfg)
         corruption = self.corruption(tokens, cfg) if cfg.uses_corruption else None
@@ -250,7 +248,7 @@ class Bench:
     # ------------------------------------------------------------------ evaluation
     def probe(self, model) -> str:
         """Hash of the model's embeddings (exact float32 bytes) of 256 test sentences spread over the seven tasks."""
-        from evaluation.encode import embed_sentences
+        from cse.evaluation.encode import embed_sentences
 
         if self._probe is None:
             everything = self.evaluator.sentences("test", extras=False)
@@ -288,7 +286,7 @@ class Bench:
 
 
 def state_hash(model) -> str:
-    from models.checkpoint import trainable_state_dict
+    from cse.models.checkpoint import trainable_state_dict
 
     h = hashlib.sha256()
     for k, v in sorted(trainable_state_dict(model).items()):
@@ -300,19 +298,19 @@ def state_hash(model) -> str:
 def seeded_build(cfg, device):
     import torch
 
-    from training.job import build_model
+    from cse.training.job import build_model
 
     torch.manual_seed(cfg.seed)
     return build_model(cfg, device)
 
 
 def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
-    """Start evaluation, `training.job.fit`, evaluation of the best dev checkpoint."""
+    """Start evaluation, `cse.training.job.fit`, evaluation of the best dev checkpoint."""
     import torch
 
-    from models.checkpoint import load_checkpoint, read_checkpoint_meta
-    from storage.runs import RunDir
-    from training.job import fit, run_key, training_phases
+    from cse.models.checkpoint import load_checkpoint, read_checkpoint_meta
+    from cse.storage.runs import RunDir
+    from cse.training.job import fit, run_key, training_phases
 
     spec = RUNS[name]
     cfg = bench.config(spec, steps)
@@ -412,10 +410,10 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     """Our SimCSE configured like the peer (no training-time MLP, final weights) beside sentence-transformers."""
     import torch
 
-    from models.embedder import PooledEncoder
-    from models.loading import PACKAGED_MINILM, load_tokenizer, resolve_model_path
-    from training.job import training_phases
-    from training.loop import LoopConfig, Trainer
+    from cse.models.embedder import PooledEncoder
+    from cse.models.loading import PACKAGED_MINILM, load_tokenizer, resolve_model_path
+    from cse.training.job import training_phases
+    from cse.training.loop import LoopConfig, Trainer
 
     spec = {**RUNS[PEER_RUN], "eval_steps": 10**9}
     cfg = bench.config(spec, steps)
@@ -618,7 +616,7 @@ def write_report(args, argv, env, bench, results, peer, total: float, complete: 
     ]
     if peer is not None and not peer["agree"]:
         failures.append(f"peer: |{peer['difference']:+.2f}| > {PEER_DIFF_LIMIT}")
-    command = "python benchmarks/learning.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.learning " + " ".join(argv if argv is not None else sys.argv[1:])
     report = {
         "benchmark": "learning",
         "command": command.strip(),
@@ -786,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be >= 1")
 
     home = Path(tempfile.mkdtemp(prefix="cse-learning-"))
-    os.environ["CSE_HOME"] = str(home)  # before config.settings is read
+    os.environ["CSE_HOME"] = str(home)  # before cse.config.settings is read
     for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
         os.environ.pop(k, None)
     if args.threads is not None:

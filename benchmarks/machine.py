@@ -60,7 +60,7 @@ def subject_method(benchmark: str):
     Args:
         benchmark: the benchmark's module name, e.g. "training_throughput".
     """
-    from config.methods import REGISTRY
+    from cse.config.methods import REGISTRY
 
     found = [s for s in REGISTRY.values() if benchmark in getattr(s.model_class, "benchmark_subject_of", ())]
     if len(found) != 1:

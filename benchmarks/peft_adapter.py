@@ -1,11 +1,11 @@
 """PEFT prefix adapter versus the sentence-transformers export: size on disk and load time, MiniLM backbone.
 
-    python benchmarks/peft_adapter.py [--backbone packaged:minilm] [--prefix-len 16] [--cls-prompt] [--repeat 5]
+    python -m benchmarks.peft_adapter [--backbone packaged:minilm] [--prefix-len 16] [--cls-prompt] [--repeat 5]
                                       [--checkpoint DIR] [--out results.json]
 
 A D2CSE checkpoint (fresh prompts unless `--checkpoint` names a trained one; sizes and load times do not depend on
-training) is exported both ways: `models.st_export.export_sentence_transformer` (our module inside a
-sentence-transformers folder; loading needs this package) and `models.peft_export.export_peft_adapter` (standard PEFT
+training) is exported both ways: `cse.models.st_export.export_sentence_transformer` (our module inside a
+sentence-transformers folder; loading needs this package) and `cse.models.peft_export.export_peft_adapter` (standard PEFT
 files; loading needs transformers + peft only). Both reference the backbone by name, so the bytes of the backbone's
 own weights are printed beside them for scale.
 
@@ -34,18 +34,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks.machine import subject_method  # noqa: E402
-from config.settings import get_settings  # noqa: E402
-from models import peft_loader  # noqa: E402
-from models.checkpoint import save_checkpoint  # noqa: E402
-from models.loading import resolve_model_path  # noqa: E402
-from models.peft_export import export_peft_adapter  # noqa: E402
-from models.st_export import CHECKPOINT_SUBDIR, export_sentence_transformer  # noqa: E402
-from storage.readers import read_senteval  # noqa: E402
+from benchmarks.machine import subject_method
+from cse.config.settings import get_settings
+from cse.models import peft_loader
+from cse.models.checkpoint import save_checkpoint
+from cse.models.loading import resolve_model_path
+from cse.models.peft_export import export_peft_adapter
+from cse.models.st_export import CHECKPOINT_SUBDIR, export_sentence_transformer
+from cse.storage.readers import read_senteval
 
 
 def folder_bytes(folder: Path, exclude: str | None = None) -> int:
@@ -66,20 +65,22 @@ _ST_LOAD = """
 import json, sys, time
 t = time.perf_counter()
 from sentence_transformers import SentenceTransformer
-import models.st_export
+import cse.models.st_export
 i = time.perf_counter() - t
 t = time.perf_counter()
 SentenceTransformer(sys.argv[1], trust_remote_code=True, device="cpu")
 print(json.dumps({"import": i, "load": time.perf_counter() - t}))
 """
 _PEFT_LOAD = """
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
+import importlib.util, json, sys, time
+from pathlib import Path
 t = time.perf_counter()
-from peft_embed import load_prefix_encoder
+spec = importlib.util.spec_from_file_location("peft_embed", Path(sys.argv[1]) / "peft_embed.py")
+peft_embed = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peft_embed)
 i = time.perf_counter() - t
 t = time.perf_counter()
-load_prefix_encoder(sys.argv[1])
+peft_embed.load_prefix_encoder(sys.argv[1])
 print(json.dumps({"import": i, "load": time.perf_counter() - t}))
 """
 

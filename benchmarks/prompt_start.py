@@ -1,6 +1,6 @@
 """Why do prompt methods start below their frozen encoder? STS-B dev at step 0 of D2CSE's smoke model (MiniLM, P = 8).
 
-    python benchmarks/prompt_start.py [--seed 0] [--threads 1]
+    python -m benchmarks.prompt_start [--seed 0] [--threads 1]
 
 Scores the untrained D2CSE model (the prompts as initialised under the seed), the same model with every prompt value
 set to zero, both with and without the position shift (`model.shift_positions`), and the plain MiniLM's CLS state.
@@ -15,10 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from machine import set_offline_environment, subject_method  # noqa: E402
+from benchmarks.machine import set_offline_environment, subject_method
 
 set_offline_environment()
 
@@ -31,17 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CSE_HOME", tempfile.mkdtemp(prefix="cse-prompt-start-"))
     import torch
 
-    from config.settings import get_settings
-    from config.stages import local_mirror_ingest
-    from config.training import resolve_train_config
-    from evaluation.evaluator import Evaluator
-    from models.embedder import PooledEncoder
-    from models.loading import PACKAGED_MINILM, load_tokenizer
-    from storage.evaluations import load_sts_input
-    from storage.layout import DataRoot
-    from tasks.ingest import ingest_dataset
-    from training.job import build_model
-    from training.loop import set_seed
+    from cse.config.settings import get_settings
+    from cse.config.stages import local_mirror_ingest
+    from cse.config.training import resolve_train_config
+    from cse.evaluation.evaluator import Evaluator
+    from cse.models.embedder import PooledEncoder
+    from cse.models.loading import PACKAGED_MINILM, load_tokenizer
+    from cse.storage.evaluations import load_sts_input
+    from cse.storage.layout import DataRoot
+    from cse.tasks.ingest import ingest_dataset
+    from cse.training.job import build_model
+    from cse.training.loop import set_seed
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,7 +1,7 @@
 """Peak memory of a Wiki1M-sized training job's rows: loading tokens + a 4-variant corruption and drawing batches,
 memory-mapped (this tree) against materialised (the code before the rows were memory-mapped, at a git commit).
 
-    nice -n 10 python benchmarks/rows_memory.py [--rows 1000000] [--variants 4] [--batches 500] [--batch-size 64]
+    nice -n 10 python -m benchmarks.rows_memory [--rows 1000000] [--variants 4] [--batches 500] [--batch-size 64]
         [--data-root DIR] [--old-ref e721e3a] [--paths old,new]
 
 Data (built once under --data-root, default $TMPDIR/cse-rows-memory, and reused): the 11,913 sentences of the
@@ -10,13 +10,13 @@ max_length 32), replicated to --rows rows (ids 0..rows-1), written as a `tokens`
 and a `corruption` dataset of --variants variants per row in the corruption stage's layout (row i's variants
 0..V-1 next to each other, parts of 50,000 sentences), each replacing 30 % of the non-special tokens by random ids
 (synthetic: a real generator would take days on a CPU for 4,000,000 sentences; the rows' shape and sizes are the
-same). Both are written by `storage.datasets.write_dataset`, so they carry their Arrow copies.
+same). Both are written by `cse.storage.datasets.write_dataset`, so they carry their Arrow copies.
 
-Each path runs in a fresh process: `storage.training_data.load_token_rows` + `load_corruption_rows` +
-`training.rows.TrainingRows` (unsupervised, two views), then --batches batches of --batch-size rows in the epoch
+Each path runs in a fresh process: `cse.storage.training_data.load_token_rows` + `load_corruption_rows` +
+`cse.training.rows.TrainingRows` (unsupervised, two views), then --batches batches of --batch-size rows in the epoch
 order of epochs 0 and 1 (half each: all four variants are read). The old path runs the same calls on the tree of
---old-ref (`git archive`, read-only on the repository) against the same data root: they read the Parquet parts into
-numpy arrays. A thread samples /proc/self/status every 20 ms. Printed per path (MiB): `rss_after_imports`,
+--old-ref (`git archive`, read-only on the repository; its top-level packages on the child's PYTHONPATH, as that tree
+predates the package `cse`) against the same data root: they read the Parquet parts into numpy arrays. A thread samples /proc/self/status every 20 ms. Printed per path (MiB): `rss_after_imports`,
 `peak_rss` (VmHWM: everything resident, memory-mapped file pages included), `peak_anon` (private memory: what the
 kernel cannot drop or share), `peak_file` (file pages mapped in: the libraries' code, and for the new path the
 dataset's pages the batches touched: page cache, shared by every process reading the dataset and reclaimable), each
@@ -75,14 +75,13 @@ class Sampler(threading.Thread):
 
 def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
     """(tokens key, corruption key) of the benchmark's datasets under `data_root`, built when missing."""
-    sys.path.insert(0, str(REPO_ROOT))
     import numpy as np
     import pyarrow as pa
 
-    from models.loading import PACKAGED_MINILM, load_tokenizer
-    from storage import schemas
-    from storage.datasets import write_dataset
-    from storage.layout import DataRoot
+    from cse.models.loading import PACKAGED_MINILM, load_tokenizer
+    from cse.storage import schemas
+    from cse.storage.datasets import write_dataset
+    from cse.storage.layout import DataRoot
 
     root = DataRoot(data_root)
     tokens_key, corruption_key = f"bench-{rows}", f"bench-{rows}-v{variants}"
@@ -195,15 +194,25 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------------------ one measurement
 
 
+def package_prefix(tree: str | Path) -> str:
+    """How the code of `tree` is imported: `cse.` (this layout: the installed package) or `` (a tree from before the
+    packages moved under `cse`: top-level `storage`, `training`, found through PYTHONPATH, `run_path`)."""
+    return "cse." if (Path(tree) / "cse" / "__init__.py").is_file() else ""
+
+
 def measure(tree: str, data_root: str, tokens_key: str, corruption_key: str, batches: int, batch_size: int) -> dict:
     """Load the rows and draw batches with the code of `tree` (in this fresh process); the memory it took."""
-    sys.path.insert(0, tree)
+    import importlib
+
     import numpy as np  # noqa: F401 - imported before the baseline, as every path needs it
     import torch  # noqa: F401
 
-    from storage.layout import DataRoot
-    from storage.training_data import load_corruption_rows, load_token_rows
-    from training.rows import TrainingRows, epoch_order
+    prefix = package_prefix(tree)
+    DataRoot = importlib.import_module(f"{prefix}storage.layout").DataRoot
+    training_data = importlib.import_module(f"{prefix}storage.training_data")
+    load_corruption_rows, load_token_rows = training_data.load_corruption_rows, training_data.load_token_rows
+    rows_module = importlib.import_module(f"{prefix}training.rows")
+    TrainingRows, epoch_order = rows_module.TrainingRows, rows_module.epoch_order
 
     sampler = Sampler()
     after_imports = _status()
@@ -261,7 +270,8 @@ def run_path(name: str, tree: Path, args, keys: tuple[str, str]) -> dict:
         "--batch-size",
         str(args.batch_size),
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree)
+    env = {**os.environ, "PYTHONPATH": str(tree)} if not package_prefix(tree) else None  # an old tree's packages
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"the {name} path failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,6 +1,6 @@
 """Where a training step's time goes: the GPU's busy share, kernel launches per step and the top kernels.
 
-    python benchmarks/step_profile.py [--method METHOD] [--device auto|cuda|cpu] [--size base|tiny]
+    python -m benchmarks.step_profile [--method METHOD] [--device auto|cuda|cpu] [--size base|tiny]
         [--steps 5] [--warmup 3] [--fused-adamw] [--compile] [--top 15] [--out DIR]
 
 The method's `default` preset at its real batch and length on a random-initialised BERT (the same model, rows and
@@ -24,15 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
-
-from benchmarks.gpu_check import METHODS, benchmark_trainer, synthetic_tokenizer  # noqa: E402
-from training.loop import TrainerHooks  # noqa: E402
+from benchmarks.gpu_check import METHODS, benchmark_trainer, synthetic_tokenizer
+from cse.training.loop import TrainerHooks
 
 
 def _device_events(prof) -> list:
@@ -144,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.warmup < 1 or args.steps < 1:
         p.error("--warmup and --steps must be at least 1")
-    from models.loading import pick_device
+    from cse.models.loading import pick_device
 
     device = pick_device(args.device)
     size = args.size or ("base" if device.type == "cuda" else "tiny")

@@ -1,13 +1,13 @@
 """D2CSE training-step time versus the bare forward+backward of the same frozen encoder on the same batches.
 
-    python benchmarks/training_throughput.py [--backbone packaged:minilm|bert-base|PATH] [--batch-size 64]
+    python -m benchmarks.training_throughput [--backbone packaged:minilm|bert-base|PATH] [--batch-size 64]
         [--steps 10] [--warmup 2] [--prefix-len 16] [--device auto] [--precision auto] [--seq-len-from-wiki PATH]
 
 Data: real Wiki1M sentences (tokenised, max_length 32), corrupted offline by replacing 30% of the
 non-special tokens with random ids (the real pipeline precomputes corruption, so it is not part of a
-step); batches are built by `training.rows.TrainingRows.batch` in a random epoch order.
+step); batches are built by `cse.training.rows.TrainingRows.batch` in a random epoch order.
 
-D2CSE step: `training.loop.Trainer.train_step` itself (autocast, forward, zero_grad, backward,
+D2CSE step: `cse.training.loop.Trainer.train_step` itself (autocast, forward, zero_grad, backward,
 clip_grad_norm_ 1.0, AdamW step, LR scheduler step). The model runs the prompted encoder on the 2B view
 rows (two dropout views) and the prompted, h-conditioned discriminator on the 2B corrupted rows.
 
@@ -29,27 +29,25 @@ import copy
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.machine import subject_method
+from cse.models.loading import PACKAGED_MINILM, load_encoder, load_tokenizer, pick_device
+from cse.storage.training_data import CorruptionRows, TokenRows
+from cse.training.loop import LoopConfig, Trainer
+from cse.training.rows import TrainingRows, epoch_order
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from benchmarks.machine import subject_method  # noqa: E402
-from models.loading import PACKAGED_MINILM, load_encoder, load_tokenizer, pick_device  # noqa: E402
-from storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from training.loop import LoopConfig, Trainer  # noqa: E402
-from training.rows import TrainingRows, epoch_order  # noqa: E402
-
 TARGET = 1.10
 WIKI1M_SENTENCES, PAPER_BATCH, EPOCHS = 1_000_000, 144, 2
 
@@ -226,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
             "requires grad so backward runs through all layers (activation grads only), as prompt "
             "tuning's does; no optimizer step"
         ),
-        "d2cse_step": "training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
+        "d2cse_step": "cse.training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
     }
     projection_key = (
         "projected_wiki1m_2_epochs_minutes"

@@ -5,8 +5,8 @@ pipeline stage. Flows take these models as parameters, so every field can be ove
 Prefect deployment's `parameters`.
 """
 
-from config.settings import Settings, get_settings
-from config.stages import (
+from cse.config.settings import Settings, get_settings
+from cse.config.stages import (
     CorruptConfig,
     IngestConfig,
     NliSource,

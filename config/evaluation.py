@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from config.stages import _Config
+from cse.config.stages import _Config
 
 DEFAULT_EXPERIMENT = "evaluation"  # where an evaluation of anything but a training job's checkpoint is logged
 
@@ -23,7 +23,7 @@ class EvalConfig(_Config):
     whose `checkpoint/` artifact folder is downloaded). With a checkpoint, `pooler` is optional and,
     when given, must equal the checkpoint's pooler; `model` is optional and, when it names another
     place than the recorded backbone (e.g. a local copy), the backbone is loaded from there and must
-    have the recorded shape and weights (`models.checkpoint` refuses it otherwise).
+    have the recorded shape and weights (`cse.models.checkpoint` refuses it otherwise).
 
     Open protocol choices (docs/methods-overview.md), recorded here: retrieval reports both duplicate
     rules with `retrieval_match` as headline; alignment positives are gold >= 4 (338 STS-B test pairs;

@@ -1,9 +1,9 @@
 """Finite numbers only: the one rule every configuration model follows.
 
 `inf` and `nan` are never meaningful parameter values (a learning rate of `inf` trains a NaN model), so every
-pydantic configuration (`config.stages._Config`, and through it every stage, training and evaluation config) and
+pydantic configuration (`cse.config.stages._Config`, and through it every stage, training and evaluation config) and
 every method's typed model config (a frozen dataclass of `models/`, checked by `check_finite_fields` in
-`config.methods`) refuses them; `require_finite` is the same rule for one number.
+`cse.config.methods`) refuses them; `require_finite` is the same rule for one number.
 """
 
 from __future__ import annotations

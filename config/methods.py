@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from config import published
-from config.finite import check_finite_fields
-from config.presets import PRESETS
+from cse.config import published
+from cse.config.finite import check_finite_fields
+from cse.config.presets import PRESETS
 
 if TYPE_CHECKING:
-    from models.method import CSEModel, MethodConfig
+    from cse.models.method import CSEModel, MethodConfig
 
 
 DEFAULT_METHOD = "d2cse"  # the method a job, a sweep or a seed study trains when none is named
@@ -54,11 +54,11 @@ class MethodSpec:
         name: the registry name (lowercase): `TrainConfig.method`, the `train-<name>` flow, MLflow experiment and
             registered-model names, the checkpoint's `method`.
         title: the name as the paper writes it (model cards, tables).
-        model: the model class as `"module:Class"` (`models.<name>:<Class>`), imported when a property needs it.
+        model: the model class as `"module:Class"` (`cse.models.<name>:<Class>`), imported when a property needs it.
         summary: one line on what trains and how; the flow's description and the model card's first sentence.
 
     Examples:
-        >>> from config.methods import get_method
+        >>> from cse.config.methods import get_method
         >>> spec = get_method("dcpcse")
         >>> spec.deployment("sup")
         'train-dcpcse/sup'
@@ -158,12 +158,12 @@ class MethodSpec:
 
     @property
     def flow_function(self) -> str:
-        """The flow object's name in flows/train.py (prefect.yaml's entrypoint `flows/train.py:<flow_function>`)."""
+        """The flow object's name in flows/train.py (prefect.yaml's entrypoint `cse.flows.train:<flow_function>`)."""
         return f"train_{self.name}"
 
     @property
     def entrypoint(self) -> str:
-        return f"flows/train.py:{self.flow_function}"
+        return f"cse.flows.train:{self.flow_function}"
 
     def deployment(self, preset: str = "default") -> str:
         """The deployment that trains `preset` (`train-<name>/<preset>`); experiment children run `default`."""
@@ -226,23 +226,23 @@ REGISTRY: dict[str, MethodSpec] = {
         MethodSpec(
             "d2cse",
             "D2CSE",
-            "models.d2cse:D2CSE",
+            "cse.models.d2cse:D2CSE",
             "deep prompts on a frozen PLM that is also the CRTD discriminator (optional [CLS] prompt)",
         ),
-        MethodSpec("simcse", "SimCSE", "models.simcse:SimCSE", "dropout views, full fine-tuning (unsup and sup)"),
+        MethodSpec("simcse", "SimCSE", "cse.models.simcse:SimCSE", "dropout views, full fine-tuning (unsup and sup)"),
         MethodSpec(
-            "dcpcse", "DCPCSE", "models.dcpcse:DCPCSE", "deep prompts on a frozen PLM (optional MLM auxiliary loss)"
+            "dcpcse", "DCPCSE", "cse.models.dcpcse:DCPCSE", "deep prompts on a frozen PLM (optional MLM auxiliary loss)"
         ),
         MethodSpec(
             "diffcse",
             "DiffCSE",
-            "models.diffcse:DiffCSE",
+            "cse.models.diffcse:DiffCSE",
             "trainable encoder + trainable discriminator, fixed DistilBERT generator",
         ),
         MethodSpec(
             "diffaug",
             "DiffAug",
-            "models.diffaug:DiffAug",
+            "cse.models.diffaug:DiffAug",
             "two prefix modules: NLI prefix tuning, then joint contrastive tuning",
         ),
     )

@@ -1,5 +1,5 @@
 """Named training presets per method (the papers' hyperparameter tables): plain data, read by the method registry
-(config/methods.py) and resolved into a TrainConfig by `config.training.resolve_train_config`.
+(config/methods.py) and resolved into a TrainConfig by `cse.config.training.resolve_train_config`.
 
 A deployment names a preset and may pass `overrides` (a nested dict merged into it), so every
 field of the resolved TrainConfig can be changed per deployment or per run.

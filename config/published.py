@@ -4,14 +4,14 @@ STS: Spearman ×100, STS12–16 "all", STS-B / SICK-R test, Avg. over the seven.
 with backbone `bert-base` / `bert-large` / `roberta-base` / `roberta-large` and setting `unsup` / `sup` /
 `semi` / `semi-aux`. Where a paper re-ran another method, the original paper's row is the reference and the
 re-run is kept under `reruns`. `rows_of(method)` (`MethodSpec.published`) gathers one method's rows; which
-published row a preset reproduces is `config.training.preset_row`.
+published row a preset reproduces is `cse.config.training.preset_row`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from storage.readers import SEVEN_TASKS
+from cse.storage.readers import SEVEN_TASKS
 
 
 def _row(columns: tuple[str, ...], source: str, scores: tuple[float, ...]) -> dict[str, float | str]:

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from config.finite import FINITE_ONLY
-from config.presets import PRESET_DATA_URL
-from storage.hf_sources import HFSource
+from cse.config.finite import FINITE_ONLY
+from cse.config.presets import PRESET_DATA_URL
+from cse.storage.hf_sources import HFSource
 
 _HF_DATA = PRESET_DATA_URL
 WIKI1M_URL = f"{_HF_DATA}/wiki1m_for_simcse.txt"
@@ -91,7 +91,7 @@ class SentEvalSource(_Source):
 
 
 def _senteval_expected_rows() -> dict[str, int]:
-    from storage.readers import SENTEVAL_EXPECTED_ROWS
+    from cse.storage.readers import SENTEVAL_EXPECTED_ROWS
 
     return SENTEVAL_EXPECTED_ROWS
 

@@ -23,17 +23,17 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 
-from config import published
-from config.methods import DEFAULT_METHOD, REGISTRY, get_method
-from config.presets import deep_merge
-from config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
-from models.method import MethodConfig
+from cse.config import published
+from cse.config.methods import DEFAULT_METHOD, REGISTRY, get_method
+from cse.config.presets import deep_merge
+from cse.config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
+from cse.models.method import MethodConfig
 
-# How many processes train a job, not what they compute: excluded from the run key (training.job.run_key).
+# How many processes train a job, not what they compute: excluded from the run key (cse.training.job.run_key).
 LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
 # Model fields added after jobs had been keyed, with their defaults: a field at its default is left out of the job's
-# identity (training.job.run_key), so the jobs that finished before it existed keep their run keys and stay cache hits.
-# The rule for every new model field that changes nothing at its default: add it here.
+# identity (cse.training.job.run_key), so the jobs that finished before it existed keep their run keys and stay cache
+# hits. The rule for every new model field that changes nothing at its default: add it here.
 KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {
     "dropout": None,
     "train_prompts": True,
@@ -269,7 +269,7 @@ def preset_row(method: str, preset: str) -> tuple[str, str | None, str]:
 
 def presets_for(key: tuple[str, str | None, str]) -> list[str]:
     """The presets of `key`'s method that reproduce that published row, in preset order (the first is canonical)."""
-    from config.presets import PRESETS
+    from cse.config.presets import PRESETS
 
     method = key[0]
     return [p for p in PRESETS.get(method, {}) if preset_row(method, p) == key]

@@ -4,7 +4,7 @@
 `tasks/evaluate.py` records results.
 """
 
-from evaluation.evaluator import Evaluator
-from evaluation.results import EvalResult
+from cse.evaluation.evaluator import Evaluator
+from cse.evaluation.results import EvalResult
 
 __all__ = ["Evaluator", "EvalResult"]

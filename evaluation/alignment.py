@@ -31,7 +31,7 @@ def alignment(x: Tensor, y: Tensor, alpha: float = 2.0) -> float:
 
     Examples:
         >>> import torch
-        >>> from evaluation.alignment import alignment
+        >>> from cse.evaluation.alignment import alignment
         >>> round(alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 3.0]])), 6)  # unit vectors at 90 degrees
         2.0
     """
@@ -55,7 +55,7 @@ def uniformity(x: Tensor, t: float = 2.0) -> float:
 
     Examples:
         >>> import torch
-        >>> from evaluation.alignment import uniformity
+        >>> from cse.evaluation.alignment import uniformity
         >>> round(uniformity(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])), 6)  # antipodal: exp(-2 * 4)
         -8.0
     """

@@ -59,7 +59,7 @@ class ClassifierSettings:
         validation_split: the held-out fraction of a final fit that has no validation set.
 
     Examples:
-        >>> from evaluation.classifier import SETTINGS
+        >>> from cse.evaluation.classifier import SETTINGS
         >>> SETTINGS["fasttest"].optim, SETTINGS["fasttest"].kfold
         ('rmsprop', 5)
     """
@@ -144,7 +144,7 @@ def group(
 
     Examples:
         >>> import numpy as np
-        >>> from evaluation.classifier import group
+        >>> from cse.evaluation.classifier import group
         >>> g = group(np.arange(100), regs=[1e-5, 1e-4], seed=1111, validation_split=0.05)
         >>> len(g.train), len(g.valid), g.regs
         (95, 5, (1e-05, 0.0001))
@@ -175,7 +175,7 @@ def initial_weights(d: int, nclasses: int, seed: int) -> tuple[Tensor, Tensor]:
 
     Examples:
         >>> import torch
-        >>> from evaluation.classifier import initial_weights
+        >>> from cse.evaluation.classifier import initial_weights
         >>> w, b = initial_weights(4, 2, seed=1111)
         >>> _ = torch.manual_seed(1111)
         >>> layer = torch.nn.Linear(4, 2)
@@ -207,7 +207,7 @@ def fit_groups(
 
     Examples:
         >>> import numpy as np, torch
-        >>> from evaluation.classifier import FASTTEST, fit_groups, group
+        >>> from cse.evaluation.classifier import FASTTEST, fit_groups, group
         >>> x = torch.cat([torch.full((20, 2), -1.0), torch.full((20, 2), 1.0)])
         >>> y = torch.cat([torch.zeros(20), torch.ones(20)]).long()
         >>> g = group(np.arange(40), regs=FASTTEST.regs, seed=1111, validation_split=0.25)

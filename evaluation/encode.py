@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from models.batching import pad_sequences
-from models.embedder import SentenceEmbedder
+from cse.models.batching import pad_sequences
+from cse.models.embedder import SentenceEmbedder
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -64,7 +64,7 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
         batch_size: sentences per batch.
 
     Examples:
-        >>> from evaluation.encode import length_sorted_batches
+        >>> from cse.evaluation.encode import length_sorted_batches
         >>> length_sorted_batches([3, 9, 5, 9], batch_size=2)
         [[1, 3], [2, 0]]
     """
@@ -82,7 +82,7 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor
         pad_id: the tokenizer's pad id.
 
     Examples:
-        >>> from evaluation.encode import pad_batch
+        >>> from cse.evaluation.encode import pad_batch
         >>> ids, mask = pad_batch([[101, 7, 102], [101, 102]], pad_id=0)
         >>> ids.tolist(), mask.tolist()
         ([[101, 7, 102], [101, 102, 0]], [[1, 1, 1], [1, 1, 0]])
@@ -118,7 +118,7 @@ def embed_token_ids(
     """`[N, d]` float32 CPU embeddings of pre-tokenised sentences, in input order.
 
     Args:
-        embedder: the model (any `models.embedder.SentenceEmbedder`).
+        embedder: the model (any `cse.models.embedder.SentenceEmbedder`).
         token_ids: the token ids of each sentence (none may be empty).
         batch_size: sentences per batch.
         precision: one of `PRECISIONS`.
@@ -177,8 +177,8 @@ def embed_sentences(
 
     Examples:
         ```python
-        from evaluation.encode import embed_sentences
-        from models.embedder import PooledEncoder
+        from cse.evaluation.encode import embed_sentences
+        from cse.models.embedder import PooledEncoder
 
         encoder = PooledEncoder.from_pretrained("packaged:minilm", "avg")
         emb, stats = embed_sentences(encoder, ["a man is playing a guitar ."])   # emb: [1, 384]

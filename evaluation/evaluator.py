@@ -21,13 +21,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from evaluation.alignment import alignment, uniformity
-from evaluation.encode import PRECISIONS, embed_token_ids
-from evaluation.qualitative import PAPER_QUERIES, answers_of, nearest_neighbours
-from evaluation.results import DEV_TASKS, TEST_TASKS, AlignUniform, EvalResult, Timing
-from evaluation.retrieval import RULES, retrieval_scores
-from evaluation.sts import cosine_pairs, rounded_average, score_task
-from models.embedder import SentenceEmbedder
+from cse.evaluation.alignment import alignment, uniformity
+from cse.evaluation.encode import PRECISIONS, embed_token_ids
+from cse.evaluation.qualitative import PAPER_QUERIES, answers_of, nearest_neighbours
+from cse.evaluation.results import DEV_TASKS, TEST_TASKS, AlignUniform, EvalResult, Timing
+from cse.evaluation.retrieval import RULES, retrieval_scores
+from cse.evaluation.sts import cosine_pairs, rounded_average, score_task
+from cse.models.embedder import SentenceEmbedder
 
 MODES = ("test", "dev")
 REQUIRED_COLUMNS = ("task", "subset", "split", "pair_index", "sentence1", "sentence2", "score")
@@ -61,13 +61,13 @@ class _Plan:
 
 
 class Evaluator:
-    """Scores any `SentenceEmbedder` on an STS table (schema `storage.schemas.STS`).
+    """Scores any `SentenceEmbedder` on an STS table (schema `cse.storage.schemas.STS`).
 
     The STS table is indexed once; each `run` embeds every unique sentence of its mode once (length-sorted batches)
     and scores every task from those embeddings.
 
     Args:
-        sts_table: the STS pairs (the `sts` dataset, or `storage.readers.read_senteval`'s table).
+        sts_table: the STS pairs (the `sts` dataset, or `cse.storage.readers.read_senteval`'s table).
         retrieval_match: the headline duplicate rule of the retrieval scores, `string` or `index`.
         retrieval_ks: the recall@k cut-offs.
         alignment_threshold: positive pairs for alignment are those with gold at (or above) this score.
@@ -83,9 +83,9 @@ class Evaluator:
 
     Examples:
         ```python
-        from evaluation.evaluator import Evaluator
-        from models.embedder import PooledEncoder
-        from storage.readers import read_senteval
+        from cse.evaluation.evaluator import Evaluator
+        from cse.models.embedder import PooledEncoder
+        from cse.storage.readers import read_senteval
 
         sts, _ = read_senteval("../shared/data/senteval")          # or the data root's `sts` dataset
         encoder = PooledEncoder.from_pretrained("packaged:minilm", "avg")
@@ -110,7 +110,7 @@ class Evaluator:
         missing = [c for c in REQUIRED_COLUMNS if c not in sts_table.column_names]
         if missing:
             raise MissingDataError(
-                f"the STS table lacks columns {missing} (expected the schema of storage.schemas.STS)"
+                f"the STS table lacks columns {missing} (expected the schema of cse.storage.schemas.STS)"
             )
         if retrieval_match not in RULES:
             raise ValueError(f"unknown retrieval duplicate rule {retrieval_match!r}; known: {', '.join(RULES)}")
@@ -226,7 +226,7 @@ class Evaluator:
         """Embed every unique sentence once and compute all scores of `mode`.
 
         Args:
-            embedder: the model to score (any `models.embedder.SentenceEmbedder`).
+            embedder: the model to score (any `cse.models.embedder.SentenceEmbedder`).
             mode: `test` (STS12–16, STS-B, SICK-R test, "Avg.") or `dev` (STS-B and SICK-R dev, for selection).
             tasks: the tasks to score, or None for all of the mode's.
             extras: in `test` mode, also retrieval, alignment/uniformity and the qualitative neighbours.
@@ -244,7 +244,7 @@ class Evaluator:
             MissingDataError: the table lacks pairs the mode needs.
         """
         if not isinstance(embedder, SentenceEmbedder):
-            raise TypeError(f"expected a models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
+            raise TypeError(f"expected a cse.models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
         t0 = time.perf_counter()

@@ -33,7 +33,7 @@ def bucket_of(gold: np.ndarray) -> np.ndarray:
         gold: gold STS scores in [0, 5].
 
     Examples:
-        >>> from evaluation.plots import bucket_of
+        >>> from cse.evaluation.plots import bucket_of
         >>> bucket_of([0.0, 3.9, 5.0]).tolist()
         [0, 3, 4]
     """

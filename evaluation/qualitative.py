@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evaluation.results import Neighbour, QueryNeighbours
+from cse.evaluation.results import Neighbour, QueryNeighbours
 
 PAPER_QUERIES: tuple[str, ...] = (
     "you can do it , too .",
@@ -40,7 +40,7 @@ def answers_of(
         score: the gold score of an answer pair.
 
     Examples:
-        >>> from evaluation.qualitative import answers_of
+        >>> from cse.evaluation.qualitative import answers_of
         >>> answers_of("yes you got it .", ["yes you got it .", "a"], ["you got it .", "b"], [5.0, 5.0])
         ['you got it .']
     """

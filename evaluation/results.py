@@ -1,5 +1,5 @@
 """Evaluation results: typed, JSON-serialisable, with flat metric names and paper-style table rows (rendered as
-markdown/CSV by `tracking.reporting`, where tasks/evaluate.py records them).
+markdown/CSV by `cse.tracking.reporting`, where tasks/evaluate.py records them).
 
 Metric names (MLflow allows letters, digits, `_ - . / :` and spaces, not `@`): `sts12` … `sts16`,
 `stsb`, `sickr`, `sts_avg` (Spearman ×100; `<name>_pearson` alongside), `sts12/<subset>`,
@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from storage.readers import TASK_TITLES  # the one definition of the task titles
+from cse.storage.readers import TASK_TITLES  # the one definition of the task titles
 
 TEST_TASKS: tuple[str, ...] = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 DEV_TASKS: tuple[str, ...] = ("stsb", "sickr")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evaluation.results import RetrievalScore
+from cse.evaluation.results import RetrievalScore
 
 RULES = ("index", "string")
 
@@ -44,7 +44,7 @@ def ranks_of_targets(sim: np.ndarray, targets: np.ndarray, exclude: np.ndarray) 
 
     Examples:
         >>> import numpy as np
-        >>> from evaluation.retrieval import ranks_of_targets
+        >>> from cse.evaluation.retrieval import ranks_of_targets
         >>> sim = np.array([[0.9, 0.5, 0.7]])
         >>> ranks_of_targets(sim, np.array([1]), np.array([[True, False, False]]))
         array([1])
@@ -67,7 +67,7 @@ def recall_at_k(ranks: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
 
     Examples:
         >>> import numpy as np
-        >>> from evaluation.retrieval import recall_at_k
+        >>> from cse.evaluation.retrieval import recall_at_k
         >>> recall_at_k(np.array([0, 2, 5, 0]), [1, 3])
         {1: 50.0, 3: 75.0}
     """

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from evaluation.results import Correlation, TaskScore
+from cse.evaluation.results import Correlation, TaskScore
 
 
 def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = None) -> np.ndarray:
@@ -32,7 +32,7 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = No
 
     Examples:
         >>> import numpy as np
-        >>> from evaluation.sts import cosine_pairs
+        >>> from cse.evaluation.sts import cosine_pairs
         >>> cosine_pairs(np.array([[1.0, 0.0], [0.0, 0.0]]), np.array([[1.0, 1.0], [1.0, 0.0]])).round(4)
         array([0.7071, 0.    ])
     """
@@ -59,7 +59,7 @@ def correlation(pred: Sequence[float], gold: Sequence[float]) -> Correlation:
         ValueError: lengths differ or fewer than 2 pairs.
 
     Examples:
-        >>> from evaluation.sts import correlation
+        >>> from cse.evaluation.sts import correlation
         >>> correlation([0.1, 0.5, 0.9], [1.0, 2.0, 5.0]).spearman
         100.0
     """
@@ -86,7 +86,7 @@ def score_task(task: str, split: str, subsets: Mapping[str, tuple[np.ndarray, np
 
     Examples:
         >>> import numpy as np
-        >>> from evaluation.sts import score_task
+        >>> from cse.evaluation.sts import score_task
         >>> s = score_task("stsb", "test", {"all": (np.array([0.1, 0.5, 0.9]), np.array([1.0, 2.0, 5.0]))})
         >>> s.spearman, s.n
         (100.0, 3)
@@ -122,7 +122,7 @@ def rounded_average(scores: Sequence[float]) -> float:
         scores: the per-task scores.
 
     Examples:
-        >>> from evaluation.sts import rounded_average
+        >>> from cse.evaluation.sts import rounded_average
         >>> rounded_average([72.374, 80.606])  # 72.37 and 80.61
         76.49
     """

@@ -1,7 +1,7 @@
 """SentEval's seven transfer tasks (MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC) as SimCSE and DiffCSE ran them.
 
 Protocol (SentEval, Conneau & Kiela 2018; SimCSE's `evaluation.py`; DiffCSE Table 2): a logistic regression
-(`evaluation.classifier`, no hidden layer) on the frozen sentence embeddings of the model's evaluation
+(`cse.evaluation.classifier`, no hidden layer) on the frozen sentence embeddings of the model's evaluation
 pooler (the one its STS evaluation uses); accuracy ×100.
 
 | task | classes | protocol (`kfold` = 10 in "test", 5 in "fasttest") |
@@ -14,7 +14,7 @@ pooler (the one its STS evaluation uses); accuracy ×100.
 Settings: "test" = the papers' numbers (SimCSE/DiffCSE `--mode test`: Adam, batch 64, tenacity 5, epoch size 4,
 kfold 10), "fasttest" = their cheaper mode and what training-time selection uses (`--mode dev`/`fasttest`:
 RMSprop, batch 128, tenacity 3, epoch size 2, kfold 5); seed 1111, at most 200 epochs, penalties
-1e-5 … 1e-2 (`evaluation.classifier`).
+1e-5 … 1e-2 (`cse.evaluation.classifier`).
 
 Choices the description leaves open, taken from SentEval's behaviour:
 * Examples are ordered as SentEval orders them before embedding (a stable sort by (number of words, label);
@@ -45,10 +45,10 @@ import pyarrow as pa
 import torch
 from pydantic import BaseModel, Field
 
-from evaluation.classifier import SETTINGS, ClassifierSettings, Fitted, fit_groups, group
-from evaluation.encode import PRECISIONS, embed_token_ids
-from evaluation.sts import rounded_average
-from models.embedder import SentenceEmbedder
+from cse.evaluation.classifier import SETTINGS, ClassifierSettings, Fitted, fit_groups, group
+from cse.evaluation.encode import PRECISIONS, embed_token_ids
+from cse.evaluation.sts import rounded_average
+from cse.models.embedder import SentenceEmbedder
 
 TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 TITLES = {"mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST", "trec": "TREC", "mrpc": "MRPC"}
@@ -181,14 +181,14 @@ def _senteval_order(s1: list[str], s2: list[str] | None, y: np.ndarray) -> np.nd
 
 
 class TransferEvaluator:
-    """Scores any `SentenceEmbedder` on SentEval's transfer tasks (a table of schema `storage.transfer.TRANSFER`).
+    """Scores any `SentenceEmbedder` on SentEval's transfer tasks (a table of schema `cse.storage.transfer.TRANSFER`).
 
     Reference: Conneau and Kiela (2018), *SentEval: An Evaluation Toolkit for Universal Sentence Representations*
     (`facebookresearch/SentEval`); the papers' settings as SimCSE (Gao et al., 2021) and DiffCSE (Chuang et al.,
     2022, Table 2) report them.
 
     Args:
-        table: the transfer examples (the `transfer` dataset, or `storage.transfer.read_transfer`'s table).
+        table: the transfer examples (the `transfer` dataset, or `cse.storage.transfer.read_transfer`'s table).
         limit: keep about this many evenly spaced examples per (task, split), at least 10 (tests, smoke runs);
             None keeps all.
 
@@ -198,9 +198,9 @@ class TransferEvaluator:
 
     Examples:
         ```python
-        from evaluation.transfer import TransferEvaluator
-        from models.embedder import PooledEncoder
-        from storage.transfer import read_transfer
+        from cse.evaluation.transfer import TransferEvaluator
+        from cse.models.embedder import PooledEncoder
+        from cse.storage.transfer import read_transfer
 
         table, _ = read_transfer("../shared/data/senteval")        # or the data root's `transfer` dataset
         evaluator = TransferEvaluator(table)
@@ -214,7 +214,7 @@ class TransferEvaluator:
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
             raise TransferDataError(
-                f"the transfer table lacks columns {missing} (expected the schema of storage.transfer.TRANSFER)"
+                f"the transfer table lacks columns {missing} (expected the schema of cse.storage.transfer.TRANSFER)"
             )
         if limit is not None and limit < 10:
             raise ValueError(f"limit must be >= 10 examples per split, got {limit}")
@@ -300,7 +300,7 @@ class TransferEvaluator:
         """Embed every unique sentence once, then run the protocol task by task.
 
         Args:
-            embedder: the model to score (any `models.embedder.SentenceEmbedder`).
+            embedder: the model to score (any `cse.models.embedder.SentenceEmbedder`).
             tasks: the tasks to run (`mr`, `cr`, `subj`, `mpqa`, `sst2`, `trec`, `mrpc`), or None for all.
             classifier: the classifier settings, `test` (the papers' numbers) or `fasttest` (training-time selection).
             batch_size: sentences per embedding batch.
@@ -317,7 +317,7 @@ class TransferEvaluator:
             ValueError: an unknown precision, classifier setting or task.
         """
         if not isinstance(embedder, SentenceEmbedder):
-            raise TypeError(f"expected a models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
+            raise TypeError(f"expected a cse.models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
         if classifier not in SETTINGS:
@@ -401,7 +401,7 @@ def score_features(
         task: one of `TRANSFER_TASKS`.
         features: `{split: [n, d] float32 tensor}`, all on one device.
         labels: `{split: [n] labels}`.
-        settings: the classifier settings (`evaluation.classifier.SETTINGS`).
+        settings: the classifier settings (`cse.evaluation.classifier.SETTINGS`).
         chunk: how many fits train side by side as one batched model.
 
     Raises:

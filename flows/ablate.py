@@ -15,11 +15,11 @@ from typing import Any
 
 from prefect import flow
 
-from config.methods import REGISTRY
-from config.presets import deep_merge
-from config.training import resolve_train_config
-from flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
-from flows.deployment_params import deployment_merged
+from cse.config.methods import REGISTRY
+from cse.config.presets import deep_merge
+from cse.config.training import resolve_train_config
+from cse.flows.children import Child, ChildResult, Dispatch, Group, publish_table, raise_for_failures, run_children
+from cse.flows.deployment_params import deployment_merged
 
 # The method whose paper's ablation table this flow runs: the registry's one entry with ablation variants (its model
 # class's `ablations`, models/d2cse.py) and the paper's numbers for them (`published.ablation`, config/published.py).

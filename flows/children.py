@@ -23,14 +23,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from config.methods import get_method
-from storage.hashing import stable_hash
-from tracking.group_runs import start_group_run
-from tracking.model_export import BEST_ALIAS, set_best_alias
-from tracking.provenance import prefect_flow_run_id
-from tracking.reporting import markdown_table, publish_artifacts, two_decimals
-from tracking.stage_runs import log_run_results
-from tracking.store import ensure_experiment, search_runs
+from cse.config.methods import get_method
+from cse.storage.hashing import stable_hash
+from cse.tracking.group_runs import start_group_run
+from cse.tracking.model_export import BEST_ALIAS, set_best_alias
+from cse.tracking.provenance import prefect_flow_run_id
+from cse.tracking.reporting import markdown_table, publish_artifacts, two_decimals
+from cse.tracking.stage_runs import log_run_results
+from cse.tracking.store import ensure_experiment, search_runs
 
 Dispatch = Literal["deployment", "inline"]
 _FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -141,7 +141,7 @@ def run_children(
 
 
 def _run_inline(group: Group, child: Child) -> ChildResult:
-    from flows.train import TRAIN_FLOWS
+    from cse.flows.train import TRAIN_FLOWS
 
     try:
         TRAIN_FLOWS[child.method](preset=child.preset, overrides=child.overrides, tags=group.child_tags(child))
@@ -200,7 +200,7 @@ def publish_table(group: Group, rows: list[dict[str, Any]], title: str, key: str
 
 def alias_best(group: Group, results: list[ChildResult]) -> dict[str, str]:
     """Point the registry alias `best` of the children's registered model(s) at the version of the completed child
-    with the best STS-B dev (`tracking.model_export.set_best_alias`); the parent run gets a tag
+    with the best STS-B dev (`cse.tracking.model_export.set_best_alias`); the parent run gets a tag
     `cse.best.<registered model>` = version for each. Returns {registered model: version}."""
     best = set_best_alias([r.run_id for r in results if r.state == "COMPLETED" and r.run_id])
     if best:

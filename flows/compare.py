@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from flows.deployment_params import deployment_merged
-from tasks.compare import ComparisonSummary, record_comparison, select_runs
+from cse.flows.deployment_params import deployment_merged
+from cse.tasks.compare import ComparisonSummary, record_comparison, select_runs
 
 
 @task(name="compare-runs")

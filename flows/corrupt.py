@@ -26,15 +26,15 @@ from typing import Literal
 from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from config.settings import shard_task_runner
-from config.stages import CorruptConfig, IngestConfig, TokenizeConfig
-from flows.deployment_params import deployment_merged
-from flows.tokenization import prepare_tokens
-from storage.corruption_stats import ShardResult
-from storage.datasets import DatasetRef
-from storage.sharded import building
-from tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
-from tasks.preflight import preflight_corrupt
+from cse.config.settings import shard_task_runner
+from cse.config.stages import CorruptConfig, IngestConfig, TokenizeConfig
+from cse.flows.deployment_params import deployment_merged
+from cse.flows.tokenization import prepare_tokens
+from cse.storage.corruption_stats import ShardResult
+from cse.storage.datasets import DatasetRef
+from cse.storage.sharded import building
+from cse.tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
+from cse.tasks.preflight import preflight_corrupt
 
 
 def run_shards(plan: CorruptPlan) -> list[ShardResult]:

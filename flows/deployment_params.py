@@ -5,9 +5,9 @@ Prefect merges a run's parameters over its deployment's one level deep: `prefect
 config of defaults with that one key. Every flow with a nested parameter (a stage's `config`, `ingest_config`,
 `tokenize_config`, an experiment's `overrides`) calls `deployment_merged` first, before any work: for each of those
 parameters that both the deployment and the run give as mappings, the run's keys are merged recursively over the
-deployment's (`config.presets.deep_merge`: nested mappings merge, any other value, lists and null included,
+deployment's (`cse.config.presets.deep_merge`: nested mappings merge, any other value, lists and null included,
 replaces), the way training `overrides` merge into a preset. A key the parameter's config does not know is refused
-by name with the known keys (`config.stages._Config`), as the flow run's failure reason.
+by name with the known keys (`cse.config.stages._Config`), as the flow run's failure reason.
 
 Outside a deployment run (a plain Python call, a subflow, a test) the values are returned as given.
 """
@@ -20,7 +20,7 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
-from config.presets import deep_merge
+from cse.config.presets import deep_merge
 
 
 def _deployment_run() -> tuple[UUID, dict[str, Any]] | None:

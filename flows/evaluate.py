@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from prefect import flow
 
-from config.evaluation import EvalConfig
-from flows.deployment_params import deployment_merged
-from tasks.evaluate import EvalSummary, evaluate_task
-from tasks.preflight import preflight_evaluate
+from cse.config.evaluation import EvalConfig
+from cse.flows.deployment_params import deployment_merged
+from cse.tasks.evaluate import EvalSummary, evaluate_task
+from cse.tasks.preflight import preflight_evaluate
 
 # The deployment default: the one pretrained model reachable offline, mean pooling.
 DEFAULT_CONFIG = EvalConfig(model="packaged:minilm", pooler="avg")

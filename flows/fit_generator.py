@@ -10,12 +10,12 @@ from typing import Literal
 
 from prefect import flow
 
-from config.stages import GeneratorConfig, IngestConfig, TokenizeConfig
-from flows.deployment_params import deployment_merged
-from flows.tokenization import prepare_tokens
-from storage.datasets import DatasetRef
-from tasks.fit_generator import fit_generator as fit_generator_task
-from tasks.preflight import preflight_fit_generator
+from cse.config.stages import GeneratorConfig, IngestConfig, TokenizeConfig
+from cse.flows.deployment_params import deployment_merged
+from cse.flows.tokenization import prepare_tokens
+from cse.storage.datasets import DatasetRef
+from cse.tasks.fit_generator import fit_generator as fit_generator_task
+from cse.tasks.preflight import preflight_fit_generator
 
 
 @flow(name="fit-generator", log_prints=True)

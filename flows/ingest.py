@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from prefect import flow
 
-from config.stages import IngestConfig
-from flows.deployment_params import deployment_merged
-from storage.datasets import DatasetRef
-from tasks.ingest import ingest_dataset
-from tasks.transfer_data import ingest_transfer
+from cse.config.stages import IngestConfig
+from cse.flows.deployment_params import deployment_merged
+from cse.storage.datasets import DatasetRef
+from cse.tasks.ingest import ingest_dataset
+from cse.tasks.transfer_data import ingest_transfer
 
 
 @flow(name="ingest", log_prints=True)

@@ -12,10 +12,10 @@ from typing import Any
 
 from prefect import flow
 
-from config.methods import DEFAULT_METHOD
-from config.presets import deep_merge
-from config.training import resolve_train_config
-from flows.children import (
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.presets import deep_merge
+from cse.config.training import resolve_train_config
+from cse.flows.children import (
     Child,
     ChildResult,
     Dispatch,
@@ -25,8 +25,8 @@ from flows.children import (
     raise_for_failures,
     run_children,
 )
-from flows.deployment_params import deployment_merged
-from storage.readers import SEVEN_TASKS
+from cse.flows.deployment_params import deployment_merged
+from cse.storage.readers import SEVEN_TASKS
 
 SUMMARY_METRICS = (*SEVEN_TASKS, "sts_avg", "best_stsb_dev", "retrieval_r1", "alignment", "uniformity")
 

@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from config.methods import DEFAULT_METHOD
-from config.presets import deep_merge
-from config.training import resolve_train_config
-from flows.children import (
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.presets import deep_merge
+from cse.config.training import resolve_train_config
+from cse.flows.children import (
     Child,
     ChildResult,
     Dispatch,
@@ -30,7 +30,7 @@ from flows.children import (
     raise_for_failures,
     run_children,
 )
-from flows.deployment_params import deployment_merged
+from cse.flows.deployment_params import deployment_merged
 
 COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]
 

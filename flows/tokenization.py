@@ -13,12 +13,12 @@ from typing import Literal
 
 from prefect import flow
 
-from config.stages import IngestConfig, TokenizeConfig
-from flows.deployment_params import deployment_merged
-from storage.datasets import DatasetRef
-from tasks.ingest import ingest_dataset
-from tasks.preflight import preflight_tokenize
-from tasks.tokenize import tokenize_dataset
+from cse.config.stages import IngestConfig, TokenizeConfig
+from cse.flows.deployment_params import deployment_merged
+from cse.storage.datasets import DatasetRef
+from cse.tasks.ingest import ingest_dataset
+from cse.tasks.preflight import preflight_tokenize
+from cse.tasks.tokenize import tokenize_dataset
 
 
 def prepare_tokens(

@@ -16,16 +16,16 @@ from typing import Any
 
 from prefect import Flow, flow
 
-from config.methods import REGISTRY, MethodSpec
-from config.training import TrainConfig, resolve_train_config
-from flows.corrupt import corrupt
-from flows.deployment_params import deployment_merged
-from flows.tokenization import prepare_tokens
-from storage.datasets import DatasetRef
-from tasks.ingest import ingest_dataset
-from tasks.log import stage_logger
-from tasks.preflight import preflight_training
-from tasks.train import (
+from cse.config.methods import REGISTRY, MethodSpec
+from cse.config.training import TrainConfig, resolve_train_config
+from cse.flows.corrupt import corrupt
+from cse.flows.deployment_params import deployment_merged
+from cse.flows.tokenization import prepare_tokens
+from cse.storage.datasets import DatasetRef
+from cse.tasks.ingest import ingest_dataset
+from cse.tasks.log import stage_logger
+from cse.tasks.preflight import preflight_training
+from cse.tasks.train import (
     TrainResult,
     evaluate_test,
     evaluate_transfer,
@@ -37,14 +37,14 @@ from tasks.train import (
     note_membership,
     record_result,
 )
-from tracking.data_warnings import data_warning_tags
-from tracking.reporting import markdown_table, two_decimals
+from cse.tracking.data_warnings import data_warning_tags
+from cse.tracking.reporting import markdown_table, two_decimals
 
 
 def sts_table_text(metrics: dict[str, float]) -> str:
     """The seven STS test scores and their average as a markdown table (header, rule, one row; no final newline)."""
     # lazy: the `evaluation` package imports scipy.stats (~1 s), which importing the flows does not need
-    from evaluation.results import TASK_TITLES, TEST_TASKS
+    from cse.evaluation.results import TASK_TITLES, TEST_TASKS
 
     row = {TASK_TITLES[t]: float(metrics[t]) for t in TEST_TASKS}
     return markdown_table([{**row, "Avg.": float(metrics["sts_avg"])}], cell=two_decimals).rstrip("\n")
@@ -154,7 +154,7 @@ def define_train_flows(namespace: dict[str, Any]) -> dict[str, Flow]:
     """Define the flow `train_<method>` (`MethodSpec.flow_function`) of every registry method as a name of
     `namespace`; returns method name → flow.
 
-    These are the objects prefect.yaml's entrypoints `flows/train.py:train_<method>` (`MethodSpec.entrypoint`) name:
+    These are the objects prefect.yaml's entrypoints `cse.flows.train:train_<method>` (`MethodSpec.entrypoint`) name:
     Prefect imports this module and reads the attribute. A method added to config/methods.py gets its flow here
     with no edit of this file (tests/flows/test_deployments.py checks prefect.yaml against the registry)."""
     flows = {name: train_flow(spec) for name, spec in REGISTRY.items()}
@@ -163,5 +163,5 @@ def define_train_flows(namespace: dict[str, Any]) -> dict[str, Flow]:
     return flows
 
 
-# flows/train.py:train_<method>, one per registry entry (define_train_flows)
+# cse.flows.train:train_<method>, one per registry entry (define_train_flows)
 TRAIN_FLOWS = define_train_flows(globals())

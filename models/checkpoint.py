@@ -8,7 +8,7 @@ A checkpoint folder holds
                          (BatchNorm running statistics), minus the model's `not_for_inference` prefixes — a few MB
                          for the prompt methods (D2CSE, DCPCSE) on BERT-base, one encoder (~440 MB) for the
                          fine-tuning methods (SimCSE, DiffCSE without its discriminator, DiffAug).
-`load_checkpoint` rebuilds the backbone from its name/path (`models.loading.load_encoder`), refuses one whose
+`load_checkpoint` rebuilds the backbone from its name/path (`cse.models.loading.load_encoder`), refuses one whose
 shape or weights differ, and returns the model in eval mode (the evaluable-model contract: `tokenizer`
 attribute and `embed(input_ids, attention_mask, token_type_ids=None)`).
 """
@@ -27,9 +27,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.embedder import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, CheckpointMismatchError, SentenceEmbedder
-from models.loading import resolve_model_path
-from models.method import SHAPE_KEYS, CSEModel, backbone_fingerprint, backbone_shape
+from cse.models.embedder import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, CheckpointMismatchError, SentenceEmbedder
+from cse.models.loading import resolve_model_path
+from cse.models.method import SHAPE_KEYS, CSEModel, backbone_fingerprint, backbone_shape
 
 META_FILE = "cse_model.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -204,7 +204,7 @@ def model_class_of(method: str) -> type[CSEModel]:
     if not method.isidentifier():
         raise CheckpointError(f"checkpoint names method {method!r}, not a method name")
     try:
-        module = importlib.import_module(f"models.{method}")
+        module = importlib.import_module(f"cse.models.{method}")
     except ModuleNotFoundError:
         raise CheckpointError(f"checkpoint names method {method!r}: no module models/{method}.py") from None
     for value in vars(module).values():
@@ -221,7 +221,7 @@ def load_checkpoint(
     `backbone_override`: another name/path of the same backbone (e.g. a local copy); it must match the
     recorded shape and fingerprint, otherwise `BackboneMismatchError`.
     """
-    from models.loading import load_encoder, load_tokenizer
+    from cse.models.loading import load_encoder, load_tokenizer
 
     folder = Path(folder)
     meta = validate_checkpoint(folder)  # before the backbone is loaded: a damaged file is named at once

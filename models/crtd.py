@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from models.batching import TrainBatch
-from models.heads import ProjectionMLP, RTDHead
-from models.losses import contrastive_loss, rtd_accuracy, rtd_loss
-from models.method import CSEModel, StepOutput
+from cse.models.batching import TrainBatch
+from cse.models.heads import ProjectionMLP, RTDHead
+from cse.models.losses import contrastive_loss, rtd_accuracy, rtd_loss
+from cse.models.method import CSEModel, StepOutput
 
 
 def check_objective(temperature: float, rtd_weight: float) -> None:
@@ -35,7 +35,7 @@ def check_objective(temperature: float, rtd_weight: float) -> None:
         ValueError: a value out of range, naming it.
 
     Examples:
-        >>> from models.crtd import check_objective
+        >>> from cse.models.crtd import check_objective
         >>> check_objective(temperature=0.05, rtd_weight=0.005)  # the D2CSE paper's values
     """
     if temperature <= 0:
@@ -65,7 +65,7 @@ def align_corruption(
 
     Examples:
         >>> import torch
-        >>> from models.crtd import align_corruption
+        >>> from cse.models.crtd import align_corruption
         >>> ids = torch.tensor([[[101, 7, 8, 102], [101, 7, 8, 102]]])
         >>> mask = torch.ones_like(ids)
         >>> corrupted, labels = align_corruption(ids, mask, torch.tensor([[[101, 9, 8, 102]]]), None)
@@ -128,7 +128,7 @@ class ConditionalRTDModel(CSEModel):
     References: Chuang et al. (2022), *DiffCSE*, equation 4 (`L = L_contrast + λ·L_RTD`); Lee (2023), *D2CSE*.
 
     Examples:
-        A method that shares the objective implements the two hooks (`models.diffcse.DiffCSE` in full):
+        A method that shares the objective implements the two hooks (`cse.models.diffcse.DiffCSE` in full):
 
         ```python
         class MyCRTD(ConditionalRTDModel):

@@ -13,7 +13,7 @@ Ablations of the D2CSE paper (Fig. 3 / Table 6) are configuration switches:
 (c) `condition_discriminator=False` — shared prompts, the discriminator sees its ordinary [CLS] input;
 (d) defaults — shared prompts + conditioning = D2CSE.
 
-The objective shared with DiffCSE is `models.crtd.ConditionalRTDModel`; this module says how D2CSE encodes the
+The objective shared with DiffCSE is `cse.models.crtd.ConditionalRTDModel`; this module says how D2CSE encodes the
 rows (frozen PLM + prompts) and how its discriminator (the same PLM, by default with the same prompts) reads them.
 """
 
@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from models.crtd import ConditionalRTDModel, CRTDOutput, check_objective
-from models.heads import ProjectionMLP, RTDHead
-from models.method import PromptConfig
-from models.prefix import PrefixKeyValues, PromptedBackbone, PromptedModel
+from cse.models.crtd import ConditionalRTDModel, CRTDOutput, check_objective
+from cse.models.heads import ProjectionMLP, RTDHead
+from cse.models.method import PromptConfig
+from cse.models.prefix import PrefixKeyValues, PromptedBackbone, PromptedModel
 
 if TYPE_CHECKING:
-    from models.peft_export import PeftPlan
+    from cse.models.peft_export import PeftPlan
 
 D2CSEOutput = CRTDOutput  # the name D2CSE's callers know
 
@@ -87,8 +87,8 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         cls_token_id: the embedding row that initialises the [CLS] prompt (default: the tokenizer's [CLS]).
 
     Examples:
-        >>> from config.methods import build_model
-        >>> from models.batching import pad_sequences
+        >>> from cse.config.methods import build_model
+        >>> from cse.models.batching import pad_sequences
         >>> model = build_model("d2cse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
         >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
         >>> model.embed(ids, mask).shape

@@ -22,7 +22,7 @@ negative). With `mlm=True` (DCPCSE, the RoBERTa-unsup setting):
 
 The LM head is trainable and not tied to the frozen input embeddings (DCPCSE, docs/methods-overview.md). It is loaded from the
 pretrained checkpoint's MLM head (BERT: `cls.predictions`; RoBERTa: `lm_head`) through
-`models.loading.load_masked_lm`; a checkpoint without MLM head weights (e.g. the packaged MiniLM, a bare
+`cse.models.loading.load_masked_lm`; a checkpoint without MLM head weights (e.g. the packaged MiniLM, a bare
 `BertModel`) is refused unless `mlm_head_random_init=True`.
 
 Evaluation embedding (DCPCSE, SimCSE): prefix always applied (dropout off in eval mode); `mlp_only_train=True`
@@ -40,15 +40,15 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from models.batching import TrainBatch
-from models.distributed import global_mean
-from models.heads import SimCSEPoolerMLP
-from models.losses import contrastive_loss
-from models.method import CSEModel, PromptConfig, StepOutput
-from models.prefix import PrefixKeyValues, PromptedModel
+from cse.models.batching import TrainBatch
+from cse.models.distributed import global_mean
+from cse.models.heads import SimCSEPoolerMLP
+from cse.models.losses import contrastive_loss
+from cse.models.method import CSEModel, PromptConfig, StepOutput
+from cse.models.prefix import PrefixKeyValues, PromptedModel
 
 if TYPE_CHECKING:
-    from models.peft_export import PeftPlan
+    from cse.models.peft_export import PeftPlan
 
 IGNORE_INDEX = -100
 
@@ -233,7 +233,7 @@ def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys=()) -> MaskedLMHe
 def load_mlm_head(config: DCPCSEConfig, backbone: nn.Module) -> MaskedLMHead:
     """The pretrained MLM head of `config.backbone` (DCPCSE), or — if it has none and `mlm_head_random_init` allows
     it — a fresh head whose decoder starts from a copy of `backbone`'s input embeddings (`MaskedLMHead.fresh`)."""
-    from models.loading import load_masked_lm
+    from cse.models.loading import load_masked_lm
 
     backbone_config = backbone.config
 
@@ -280,8 +280,8 @@ class DCPCSE(PromptedModel, CSEModel):
             loading the pretrained head (tests).
 
     Examples:
-        >>> from config.methods import build_model
-        >>> from models.batching import pad_sequences
+        >>> from cse.config.methods import build_model
+        >>> from cse.models.batching import pad_sequences
         >>> model = build_model("dcpcse", {"backbone": "packaged:minilm", "prefix_len": 16}).eval()
         >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
         >>> model.embed(ids, mask).shape

@@ -75,14 +75,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.batching import TrainBatch
-from models.heads import SimCSEPoolerMLP
-from models.losses import contrastive_loss
-from models.method import CSEModel, MethodConfig, StepOutput
-from models.prefix import PrefixKeyValues, PromptedModel, prompted_backbone
+from cse.models.batching import TrainBatch
+from cse.models.heads import SimCSEPoolerMLP
+from cse.models.losses import contrastive_loss
+from cse.models.method import CSEModel, MethodConfig, StepOutput
+from cse.models.prefix import PrefixKeyValues, PromptedModel, prompted_backbone
 
 if TYPE_CHECKING:
-    from models.peft_export import PeftPlan
+    from cse.models.peft_export import PeftPlan
 
 SENTENCE_PLACEHOLDER = "{sentence}"
 MASK_PLACEHOLDER = "[MASK]"
@@ -172,8 +172,8 @@ class DiffAug(PromptedModel, CSEModel):
         tokenizer: needed for the template ids; loaded from `config.backbone` when not given.
 
     Examples:
-        >>> from config.methods import build_model
-        >>> from models.batching import pad_sequences
+        >>> from cse.config.methods import build_model
+        >>> from cse.models.batching import pad_sequences
         >>> model = build_model("diffaug", {"backbone": "packaged:minilm"}).eval()
         >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
         >>> model.embed(ids, mask).shape  # the template's [MASK] state
@@ -202,7 +202,7 @@ class DiffAug(PromptedModel, CSEModel):
     def __init__(self, config: DiffAugConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()
         if tokenizer is None:  # the template ids need it even when a backbone is passed in
-            from models.loading import load_tokenizer
+            from cse.models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(config.backbone)
         # DiffAug fine-tunes the whole LM in the joint stage (DiffAug)
@@ -507,7 +507,7 @@ class DiffAug(PromptedModel, CSEModel):
 
     def peft_plan(self, plan: PeftPlan) -> PeftPlan:
         """The PEFT adapter: [MASK] pooling of the evaluation template, all 16 slots visible (the inference form)."""
-        from models import peft_loader
+        from cse.models import peft_loader
 
         template = self.eval_head + peft_loader.SENTENCE_PLACEHOLDER + self.eval_tail
         plan.pooling = {"kind": "mask", "template": template, "mask_token_id": int(self.mask_token_id)}

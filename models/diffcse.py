@@ -1,6 +1,6 @@
 """DiffCSE: SimCSE + conditional replaced-token detection with a trainable encoder and discriminator (DiffCSE paper).
 
-Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `models.crtd.ConditionalRTDModel`):
+Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `cse.models.crtd.ConditionalRTDModel`):
 1. the trainable encoder f (the full backbone, no prompts, pretrained pooler removed) encodes the rows;
    CLS → BN-MLP → `h`, the contrastive vector and, not detached, the conditioning vector (`before_mlp` = false);
 2. contrastive loss on `h` (SimCSE; with the contradiction column as hard negatives when n = 3);
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.crtd import ConditionalRTDModel, check_objective
-from models.heads import ProjectionMLP, RTDHead
-from models.method import MethodConfig
-from models.prefix import PromptedBackbone
+from cse.models.crtd import ConditionalRTDModel, check_objective
+from cse.models.heads import ProjectionMLP, RTDHead
+from cse.models.method import MethodConfig
+from cse.models.prefix import PromptedBackbone
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class DiffCSE(ConditionalRTDModel):
         tokenizer: attached for evaluation; loaded from `config.backbone` when the backbone is loaded here.
 
     Examples:
-        >>> from config.methods import build_model
-        >>> from models.batching import pad_sequences
+        >>> from cse.config.methods import build_model
+        >>> from cse.models.batching import pad_sequences
         >>> model = build_model("diffcse", {"backbone": "packaged:minilm"}).eval()
         >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
         >>> model.embed(ids, mask).shape

@@ -5,7 +5,7 @@ The batch size of a job is the global batch; each rank trains on its contiguous 
 (the single-process loss of the concatenated batch), but its autograd graph reaches only its own slice**:
 
 - `gather_with_local_grad(t)`: the rows of every rank in rank order; the local slice is `t` itself (it keeps its
-  graph), the other slices are constants. `models.losses.contrastive_loss` gathers z1/z2/z3 this way and takes
+  graph), the other slices are constants. `cse.models.losses.contrastive_loss` gathers z1/z2/z3 this way and takes
   the `B×B` (`B×2B`) loss of the global batch with global targets on every rank (as SimCSE's DDP code), so the
   backward of rank r gives the full `∂L/∂z_r`;
 - `global_mean(total, count)`: a mean over the elements of the global batch (the RTD per-token mean, a
@@ -371,7 +371,7 @@ def check_replicated(value: torch.Tensor, what: str = "loss", rtol: float = 1e-4
     if abs(high - low) > rtol * max(abs(high), abs(low), 1e-12) and not (math.isnan(high) or math.isnan(low)):
         raise RuntimeError(
             f"the {what} differs across ranks ({low:.8g} … {high:.8g}): some term of the objective is a mean over the "
-            "rank's own rows instead of the global batch. Build such terms with models.losses (contrastive_loss, "
-            "rtd_loss, cross_entropy_mean) or models.distributed.global_mean so that distributed training computes "
+            "rank's own rows instead of the global batch. Build such terms with cse.models.losses (contrastive_loss, "
+            "rtd_loss, cross_entropy_mean) or cse.models.distributed.global_mean so that distributed training computes "
             "the single-process objective (models/distributed.py)"
         )

@@ -4,8 +4,8 @@
 and `embed(input_ids, attention_mask, token_type_ids=None) -> [B, d]` (called in eval mode under
 `torch.inference_mode`; the caller switches modes). `token_ids` turns raw sentences into unpadded
 token ids (override it for prompt templates). `PooledEncoder` wraps an HF backbone with a pooler
-of `models.pooling`. Trained checkpoints (a folder with `cse_model.json` + `weights.safetensors`)
-are loaded by `models.checkpoint` (`load_checkpoint_folder`), which builds them from their method's class.
+of `cse.models.pooling`. Trained checkpoints (a folder with `cse_model.json` + `weights.safetensors`)
+are loaded by `cse.models.checkpoint` (`load_checkpoint_folder`), which builds them from their method's class.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from models.loading import load_encoder, load_tokenizer
-from models.pooling import check_pooler, needs_hidden_states, pool
+from cse.models.loading import load_encoder, load_tokenizer
+from cse.models.pooling import check_pooler, needs_hidden_states, pool
 
 CHECKPOINT_CONFIG = "cse_model.json"
 CHECKPOINT_WEIGHTS = "weights.safetensors"

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.corruption import Noise, SpecialTokens, candidate_mask, logits_at, mask_tokens, mlm_head, pad_batch
+from cse.models.corruption import Noise, SpecialTokens, candidate_mask, logits_at, mask_tokens, mlm_head, pad_batch
 
 
 def tied_output_embeddings(model: torch.nn.Module) -> torch.nn.Module:

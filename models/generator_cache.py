@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from models.corruption import Corruptor, Mode, SpecialTokens
-from models.loading import load_masked_lm, load_tokenizer
+from cse.models.corruption import Corruptor, Mode, SpecialTokens
+from cse.models.loading import load_masked_lm, load_tokenizer
 
 _CORRUPTORS: dict[tuple, Corruptor] = {}
 _LOCK = threading.Lock()

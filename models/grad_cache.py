@@ -29,7 +29,7 @@ same chunks encoded with their graphs kept (`keep_graph`), which computes the ba
 
 Examples:
     >>> import torch
-    >>> from models.grad_cache import RowChunks
+    >>> from cse.models.grad_cache import RowChunks
     >>> w = torch.nn.Parameter(torch.ones(3))
     >>> rows = torch.arange(12.0).view(4, 3)
     >>> out = RowChunks(chunk_size=2).map(lambda x: torch.tanh(x * w), rows)

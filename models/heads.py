@@ -24,7 +24,7 @@ class ProjectionMLP(nn.Module):
 
     Examples:
         >>> import torch
-        >>> from models.heads import ProjectionMLP
+        >>> from cse.models.heads import ProjectionMLP
         >>> mlp = ProjectionMLP(hidden_size=8)
         >>> mlp(torch.randn(6, 8)).shape
         torch.Size([6, 8])
@@ -60,7 +60,7 @@ class SimCSEPoolerMLP(nn.Module):
 
     Examples:
         >>> import torch
-        >>> from models.heads import SimCSEPoolerMLP
+        >>> from cse.models.heads import SimCSEPoolerMLP
         >>> out = SimCSEPoolerMLP(hidden_size=4)(torch.randn(2, 4))
         >>> out.shape, bool(out.abs().max() <= 1)
         (torch.Size([2, 4]), True)
@@ -80,14 +80,14 @@ class RTDHead(nn.Module):
     """The replaced-token-detection classifier Linear(d, 2) on the discriminator's token states.
 
     Created after the backbone, with PyTorch's default init, as DiffCSE's `electra_head` (`voidism/DiffCSE`).
-    Its logits feed `models.losses.rtd_loss`. Reference: Chuang et al. (2022), *DiffCSE*; Lee (2023), *D2CSE*.
+    Its logits feed `cse.models.losses.rtd_loss`. Reference: Chuang et al. (2022), *DiffCSE*; Lee (2023), *D2CSE*.
 
     Args:
         hidden_size: d, the discriminator's hidden size.
 
     Examples:
         >>> import torch
-        >>> from models.heads import RTDHead
+        >>> from cse.models.heads import RTDHead
         >>> RTDHead(hidden_size=8)(torch.randn(2, 5, 8)).shape
         torch.Size([2, 5, 2])
     """

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models import distributed
+from cse.models import distributed
 
 
 def cosine_logits(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -30,7 +30,7 @@ def cosine_logits(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch
 
     Examples:
         >>> import torch
-        >>> from models.losses import cosine_logits
+        >>> from cse.models.losses import cosine_logits
         >>> x = torch.eye(2)
         >>> cosine_logits(x, x, temperature=0.5)
         tensor([[2., 0.],
@@ -55,7 +55,7 @@ def contrastive_loss(
 
     Distributed training (torch.distributed initialised, world > 1): `z1`/`z2`/`z3` are the rank's slice; they are
     all-gathered (the local slice keeps its gradient) and every rank computes the loss of the global batch with
-    global targets, so its backward gives the full gradient of its own rows (`models.distributed`).
+    global targets, so its backward gives the full gradient of its own rows (`cse.models.distributed`).
 
     Reference: Gao, Yao, Chen (2021), *SimCSE: Simple Contrastive Learning of Sentence Embeddings*, equations 1
     and 5; `princeton-nlp/SimCSE`, `cl_forward`.
@@ -72,7 +72,7 @@ def contrastive_loss(
 
     Examples:
         >>> import torch
-        >>> from models.losses import contrastive_loss
+        >>> from cse.models.losses import contrastive_loss
         >>> z = torch.nn.functional.one_hot(torch.arange(4)).float()
         >>> round(contrastive_loss(z, z, temperature=0.05).item(), 6)  # every positive far above the negatives
         0.0
@@ -106,7 +106,7 @@ def rtd_loss(
     Label 1 means the generator replaced the token, 0 that it is the original. DiffCSE's reference code averages
     over all N·T positions, padding included (pads carry label 0): that is `mean_over_padding=True`, the default;
     `False` averages over the non-pad positions only. Distributed training: the mean over the positions of the
-    global batch (`models.distributed.global_mean`).
+    global batch (`cse.models.distributed.global_mean`).
 
     Reference: Chuang et al. (2022), *DiffCSE: Difference-based Contrastive Learning for Sentence Embeddings*,
     equation 3; `voidism/DiffCSE`. Lee (2023), *D2CSE*, uses the same term.
@@ -122,7 +122,7 @@ def rtd_loss(
 
     Examples:
         >>> import torch
-        >>> from models.losses import rtd_loss
+        >>> from cse.models.losses import rtd_loss
         >>> labels = torch.tensor([[0, 1, 0]])
         >>> confident = torch.nn.functional.one_hot(labels, 2).float() * 20
         >>> rtd_loss(confident, labels, torch.ones(1, 3)).item() < 1e-6
@@ -153,7 +153,7 @@ def rtd_accuracy(logits: torch.Tensor, labels: torch.Tensor, attention_mask: tor
 
     Examples:
         >>> import torch
-        >>> from models.losses import rtd_accuracy
+        >>> from cse.models.losses import rtd_accuracy
         >>> logits = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])
         >>> rtd_accuracy(logits, torch.tensor([[0, 1, 0]]), torch.tensor([[1, 1, 0]])).item()
         1.0
@@ -171,7 +171,7 @@ def cross_entropy_mean(logits: torch.Tensor, labels: torch.Tensor, ignore_index:
     Used for the auxiliary classification and MLM terms: DiffAug's NLI cross-entropy (Wang and Lu, 2022,
     *Differentiable Data Augmentation for Contrastive Sentence Representation Learning*) and DCPCSE's MLM loss
     (Jiang and Wang, 2022, *Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings*). Distributed
-    training: the mean over the labelled rows of the global batch (`models.distributed.global_mean`), so the term
+    training: the mean over the labelled rows of the global batch (`cse.models.distributed.global_mean`), so the term
     equals the single-process one. Every rank must call it, also one without labelled rows.
 
     Args:
@@ -184,7 +184,7 @@ def cross_entropy_mean(logits: torch.Tensor, labels: torch.Tensor, ignore_index:
 
     Examples:
         >>> import torch
-        >>> from models.losses import cross_entropy_mean
+        >>> from cse.models.losses import cross_entropy_mean
         >>> cross_entropy_mean(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)).item()
         0.0
         >>> round(cross_entropy_mean(torch.zeros(2, 4), torch.tensor([1, -100])).item(), 4)  # ln 4 over one row

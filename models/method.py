@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from models.batching import TrainBatch
-from models.embedder import SentenceEmbedder
-from models.grad_cache import NO_CHUNKS, RowChunks
+from cse.models.batching import TrainBatch
+from cse.models.embedder import SentenceEmbedder
+from cse.models.grad_cache import NO_CHUNKS, RowChunks
 
 if TYPE_CHECKING:
-    from models.peft_export import PeftPlan
+    from cse.models.peft_export import PeftPlan
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -103,7 +103,7 @@ def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
 
 def backbone_fingerprint(backbone: nn.Module) -> str:
     """A hash of a few pretrained tensors (first word-embedding rows, last layer's parameters)."""
-    from models.prefix import encoder_layers  # the layer list of every supported encoder family
+    from cse.models.prefix import encoder_layers  # the layer list of every supported encoder family
 
     h = hashlib.sha256()
     tensors = [backbone.get_input_embeddings().weight[:64]]
@@ -148,7 +148,7 @@ def set_backbone_dropout(backbone: nn.Module, p: float) -> None:
 def load_backbone(config: MethodConfig, backbone: nn.Module | None, tokenizer):
     """The given backbone/tokenizer, or both loaded from `config.backbone` (HF id, folder, `packaged:`)."""
     if backbone is None:
-        from models.loading import load_encoder, load_tokenizer
+        from cse.models.loading import load_encoder, load_tokenizer
 
         backbone = load_encoder(config.backbone)
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.backbone)
@@ -271,7 +271,7 @@ class CSEModel(SentenceEmbedder):
 
         A method's per-row passes go through `self.row_chunks.map`; a configuration whose loss ties rows of different
         chunks together outside the cached vectors overrides this with the reason. The job's config checks it
-        before anything runs (`config.training.TrainConfig`).
+        before anything runs (`cse.config.training.TrainConfig`).
 
         Args:
             config: the method's model config.

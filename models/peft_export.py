@@ -2,7 +2,7 @@
 
 The adapter folder holds PEFT's own files (`adapter_config.json`: `PREFIX_TUNING`, `FEATURE_EXTRACTION`,
 `prefix_projection=False`; `adapter_model.safetensors`: `prompt_embeddings`, the `P × 2·L·d` key/value rows in the
-P-tuning v2 layout that `models.prefix.PrefixEncoder` and PEFT share), the tokenizer, `cse_peft.json` (the pooling
+P-tuning v2 layout that `cse.models.prefix.PrefixEncoder` and PEFT share), the tokenizer, `cse_peft.json` (the pooling
 and the notes below, machine-readable), `peft_embed.py` (a copy of `models/peft_loader.py`, which embeds sentences
 with transformers + peft only) and a README. `PeftModel.from_pretrained(AutoModel.from_pretrained(base), folder)`
 followed by the recorded pooling gives our `embed` (checked at export time on probe sentences, and by the tests on
@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import peft_loader
-from models.batching import pad_sequences
+from cse.models import peft_loader
+from cse.models.batching import pad_sequences
 
 TOLERANCE = 1e-5
 LOADER_FILE = "peft_embed.py"
@@ -133,14 +133,14 @@ def adapter_plan(model) -> PeftPlan:
     (models/<method>.py). Raises `PeftExportError` for a method with no adapter and for what no adapter can carry."""
     if not type(model).exports_peft_adapter:
         raise PeftExportError(
-            f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; use models.st_export"
+            f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; use cse.models.st_export"
         )
     enc, backbone = model.encoder, model.backbone
     arch = type(backbone).__name__
     if "past_key_values" not in inspect.signature(type(backbone).forward).parameters:
         raise PeftExportError(
             f"{arch}: its forward takes no past_key_values, so PEFT prefix tuning cannot inject "
-            "prefixes into it; keep models.st_export for this backbone"
+            "prefixes into it; keep cse.models.st_export for this backbone"
         )
     if getattr(backbone.config, "is_encoder_decoder", False):
         raise PeftExportError(f"{arch} is an encoder-decoder; only encoder-only backbones are exported")
@@ -239,16 +239,15 @@ def export_peft_adapter(
     """Write `checkpoint_dir` (a checkpoint of a method whose model class defines `peft_plan`: D2CSE, DCPCSE, DiffAug)
     as a PEFT prefix-tuning adapter in `out_dir`.
 
-    The adapter is loaded back with stock transformers + peft (`models.peft_loader`) and compared with our `embed` on
-    `probe_sentences`; a difference above `TOLERANCE`, or a feature PEFT cannot express, raises `PeftExportError`
-    unless `allow_inexact=True` (then the folder is written with `exact=False` and the reason in `limitations`).
-    An earlier `out_dir` is replaced only once the new export has passed; an `out_dir` that is, holds or lies inside
-    the checkpoint folder is refused.
-    """
+    The adapter is loaded back with stock transformers + peft (`cse.models.peft_loader`) and compared with our `embed`
+    on `probe_sentences`; a difference above `TOLERANCE`, or a feature PEFT cannot express, raises `PeftExportError`
+    unless `allow_inexact=True` (then the folder is written with `exact=False` and the reason in `limitations`). An
+    earlier `out_dir` is replaced only once the new export has passed; an `out_dir` that is, holds or lies inside the
+    checkpoint folder is refused."""
     from peft import PrefixTuningConfig, TaskType, get_peft_model
 
-    from models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
-    from models.loading import load_encoder, resolve_model_path
+    from cse.models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
+    from cse.models.loading import load_encoder, resolve_model_path
 
     out, source = Path(out_dir).resolve(), Path(checkpoint_dir).resolve()
     if out == source or out in source.parents or source in out.parents:
@@ -259,7 +258,7 @@ def export_peft_adapter(
     if not model_class_of(meta["method"]).exports_peft_adapter:
         raise PeftExportError(
             f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
-            "adapter (its model class defines no peft_plan); use models.st_export"
+            "adapter (its model class defines no peft_plan); use cse.models.st_export"
         )
     model = load_checkpoint(checkpoint_dir)
     plan = adapter_plan(model)
@@ -268,7 +267,7 @@ def export_peft_adapter(
             f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
             + " | ".join(plan.inexact)
             + " (allow_inexact=True writes it marked inexact; "
-            "models.st_export keeps the exact model)"
+            "cse.models.st_export keeps the exact model)"
         )
 
     prompts = model.prompts

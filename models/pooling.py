@@ -55,7 +55,7 @@ def needs_hidden_states(name: str) -> bool:
         name: one of `POOLERS`.
 
     Examples:
-        >>> from models.pooling import needs_hidden_states
+        >>> from cse.models.pooling import needs_hidden_states
         >>> needs_hidden_states("avg_first_last"), needs_hidden_states("cls")
         (True, False)
     """
@@ -71,7 +71,7 @@ def masked_mean(states: Tensor, attention_mask: Tensor) -> Tensor:
 
     Examples:
         >>> import torch
-        >>> from models.pooling import masked_mean
+        >>> from cse.models.pooling import masked_mean
         >>> states = torch.tensor([[[1.0], [3.0], [100.0]]])
         >>> masked_mean(states, torch.tensor([[1, 1, 0]]))
         tensor([[2.]])
@@ -124,7 +124,7 @@ def pool(
             `avg_first_last` and `avg_top2`.
         input_ids: `(B, T)` token ids; needed by `mask`.
         mask_token_id: the tokenizer's mask token id; needed by `mask`.
-        mlp: the `cls` pooler's MLP (`Linear + tanh`, e.g. `models.heads.SimCSEPoolerMLP`); needed by `cls`.
+        mlp: the `cls` pooler's MLP (`Linear + tanh`, e.g. `cse.models.heads.SimCSEPoolerMLP`); needed by `cls`.
         first_layer: which layer `avg_first_last` calls "first": 0 (embedding output) or 1.
 
     Returns:
@@ -136,7 +136,7 @@ def pool(
 
     Examples:
         >>> import torch
-        >>> from models.pooling import pool
+        >>> from cse.models.pooling import pool
         >>> states = torch.arange(12.0).reshape(1, 3, 4)
         >>> pool("cls_before_pooler", states, torch.ones(1, 3))
         tensor([[0., 1., 2., 3.]])

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.batching import TrainBatch
-from models.heads import SimCSEPoolerMLP
-from models.losses import contrastive_loss
-from models.method import CSEModel, MethodConfig, StepOutput, set_backbone_dropout
+from cse.models.batching import TrainBatch
+from cse.models.heads import SimCSEPoolerMLP
+from cse.models.losses import contrastive_loss
+from cse.models.method import CSEModel, MethodConfig, StepOutput, set_backbone_dropout
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,8 @@ class SimCSE(CSEModel):
         tokenizer: attached for evaluation; loaded from `config.backbone` when the backbone is loaded here.
 
     Examples:
-        >>> from config.methods import build_model
-        >>> from models.batching import pad_sequences
+        >>> from cse.config.methods import build_model
+        >>> from cse.models.batching import pad_sequences
         >>> model = build_model("simcse", {"backbone": "packaged:minilm"}).eval()
         >>> ids, mask = pad_sequences(model.token_ids(["A man is playing a guitar."]), model.pad_token_id)
         >>> model.embed(ids, mask).shape

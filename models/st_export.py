@@ -43,8 +43,8 @@ class PromptedEncoderModule(InputModule):
 
     def __init__(self, checkpoint_dir: str | Path, max_seq_length: int | None = None):
         super().__init__()
-        from models.checkpoint import load_checkpoint
-        from models.loading import load_tokenizer
+        from cse.models.checkpoint import load_checkpoint
+        from cse.models.loading import load_tokenizer
 
         self.checkpoint_dir = Path(checkpoint_dir)
         self.encoder = load_checkpoint(self.checkpoint_dir, device="cpu")
@@ -132,7 +132,7 @@ def export_kind(folder: str | Path) -> STExport | None:
     path = Path(folder) / "modules.json"
     if not path.is_file():
         return None
-    from models import st_prompted
+    from cse.models import st_prompted
 
     types = [m.get("type", "") for m in json.loads(path.read_text(encoding="utf-8"))]
     if not types:
@@ -165,8 +165,8 @@ def export_portable_sentence_transformer(
     Returns:
         The `STExport` written.
     """
-    from models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
-    from models.st_standard import standard_sentence_transformer
+    from cse.models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
+    from cse.models.st_standard import standard_sentence_transformer
 
     out = Path(out_dir)
     _refuse_overlap(checkpoint_dir, out)
@@ -211,9 +211,9 @@ def _write_prompted(
     exactly (what PEFT's prefix layout cannot express, or a check above `TOLERANCE`)."""
     from sentence_transformers import SentenceTransformer
 
-    from models import st_prompted
-    from models.loading import load_encoder, resolve_model_path
-    from models.peft_export import (
+    from cse.models import st_prompted
+    from cse.models.loading import load_encoder, resolve_model_path
+    from cse.models.peft_export import (
         PROBE_SENTENCES,
         PeftExportError,
         adapter_plan,

@@ -30,7 +30,7 @@ def standard_sentence_transformer(checkpoint_dir: str | Path, workdir: str | Pat
     which must outlive the model until it is saved. Only a checkpoint whose pooler is standard (`cls_before_pooler`,
     `cls`, `avg`) and which holds every backbone tensor (a fully trained encoder) is tried; the pipeline must then
     reproduce the checkpoint's embeddings of `INPUT_EXAMPLE` within 1e-5."""
-    from models.checkpoint import load_checkpoint, read_checkpoint_meta
+    from cse.models.checkpoint import load_checkpoint, read_checkpoint_meta
 
     meta = read_checkpoint_meta(checkpoint_dir)
     pooler = meta.get("pooler")

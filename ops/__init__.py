@@ -1,1 +1,1 @@
-"""Operating the pipeline: the `cse` command line (`ops.cli`) and the Prefect server's automations (`ops.automations`)."""
+"""Operating the pipeline: the `cse` command line (`cse.ops.cli`) and the Prefect server's automations (`cse.ops.automations`)."""

@@ -7,7 +7,7 @@ after a heartbeat, neither another heartbeat nor a final state arrives within `m
 (`CSE_MISSED_HEARTBEATS`, default 3, at least 2; Prefect's documented recipe for self-hosted servers). Running the deployment again then resumes the job from its
 last checkpoint (tasks/train.py).
 
-    python -m ops.automations [--heartbeat-seconds 30]    # idempotent; scripts/services.sh and team.sh run it
+    python -m cse.ops.automations [--heartbeat-seconds 30]    # idempotent; scripts/services.sh and team.sh run it
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 
-from config.settings import env_int
+from cse.config.settings import env_int
 
 NAME = "crash-zombie-flow-runs"
 DEFAULT_HEARTBEAT_SECONDS = 30  # Prefect's minimum

@@ -29,10 +29,10 @@ import sys
 import duckdb
 import pandas as pd
 
-from config.methods import DEFAULT_METHOD
-from config.settings import get_settings, install_log_redaction, redact
-from storage.catalog import damaged, query, refresh_catalog
-from storage.layout import KINDS, DataRoot
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.settings import get_settings, install_log_redaction, redact
+from cse.storage.catalog import damaged, query, refresh_catalog
+from cse.storage.layout import KINDS, DataRoot
 
 # The deployment that makes each kind of dataset (named when there is none yet)
 PRODUCED_BY = {
@@ -106,8 +106,8 @@ def report(root: DataRoot) -> None:
 
 def deliver_metrics(run_dirs: list[str]) -> int:
     """Deliver the spool of every job folder; exit status 1 when one could not be delivered."""
-    from storage.runs import RunDir
-    from tracking.spool import SpoolNotDelivered, deliver_spool
+    from cse.storage.runs import RunDir
+    from cse.tracking.spool import SpoolNotDelivered, deliver_spool
 
     status = 0
     for path in run_dirs:
@@ -125,8 +125,8 @@ def card(run_dir: str, adapter: str | None = None) -> int:
     """Write the model card of a finished job's export and of its PEFT adapter folder (`adapter`, default the job's own
     `peft-adapter/` when it has one: the card, with the adapter's loading, replaces the adapter's own README so that
     `cse push` takes the folder)."""
-    from storage.runs import RunDir
-    from tracking.model_card import AdapterInfo, card_facts_of_job, write_model_card
+    from cse.storage.runs import RunDir
+    from cse.tracking.model_card import AdapterInfo, card_facts_of_job, write_model_card
 
     job = RunDir.at(run_dir)
     if not (job.export / "modules.json").is_file():
@@ -143,7 +143,7 @@ def card(run_dir: str, adapter: str | None = None) -> int:
 
 def push(export_dir: str, repo_id: str, private: bool, revision: str | None, token_env: str | None) -> int:
     """Upload an export folder to the hub (ops/publish.py) and print where it went."""
-    from ops.publish import push_export
+    from cse.ops.publish import push_export
 
     result = push_export(export_dir, repo_id, private=private, revision=revision, token_env=token_env)
     print(f"pushed {export_dir} to {result.url}" + (f" (commit {result.commit_url})" if result.commit_url else ""))
@@ -153,7 +153,7 @@ def push(export_dir: str, repo_id: str, private: bool, revision: str | None, tok
 def dataset(root: DataRoot, kind: str, key: str | None, hf: bool) -> int:
     """Print where dataset `kind/key` (default: the newest of `kind`) is and what it holds, or with `hf` the Python
     line that opens it as an HF `Dataset` (its Arrow copy is built first when the dataset predates it)."""
-    from storage.hf import ensure_arrow_copy, find_dataset
+    from cse.storage.hf import ensure_arrow_copy, find_dataset
 
     if key is None and not root.list(kind) and not root.dataset_dirs(kind):
         deployment, note = PRODUCED_BY[kind]
@@ -182,7 +182,7 @@ def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
     Only the repairs write, and each says so: marking, moving, clearing the mark of a dataset a full check finds intact
     again. Nothing else is written, so a read-only data root is checked all the same (a repair it cannot make is said,
     not an error)."""
-    from storage.integrity import DAMAGED_MARKER, check_dataset, mark_damaged, quarantine
+    from cse.storage.integrity import DAMAGED_MARKER, check_dataset, mark_damaged, quarantine
 
     checked, bad, not_written = 0, 0, []
     for kind in KINDS:
@@ -329,7 +329,7 @@ def _main(argv: list[str]) -> int:
     r.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the run goes on)")
     args = p.parse_args(argv)
     if args.cmd == "run":
-        from ops.deployments import run_deployment_cli
+        from cse.ops.deployments import run_deployment_cli
 
         return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout)
     if args.cmd == "deliver-metrics":

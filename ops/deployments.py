@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from config.methods import DEFAULT_METHOD
-from config.settings import redact
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.settings import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
 _PREFIXES = (

@@ -1,6 +1,6 @@
 """The Prefect profile `cse`: what lets a plain shell (only the venv activated) reach this checkout's Prefect server.
 
-`scripts/services.sh up` (so `make main`) runs `python -m ops.prefect_profile`: it writes the profile `cse` with
+`scripts/services.sh up` (so `make main`) runs `python -m cse.ops.prefect_profile`: it writes the profile `cse` with
 `PREFECT_API_URL` of the running server into the profiles file a plain shell reads (`~/.prefect/profiles.toml`, or
 under the shell's own `PREFECT_HOME` / `PREFECT_PROFILES_PATH`), and makes it the active profile, so that
 `prefect deployment run ...` and `cse run ...` reach the server without `source scripts/env.sh`. Other profiles and
@@ -88,7 +88,7 @@ def main(environ: Mapping[str, str] = os.environ) -> int:
     api_url = environ.get("PREFECT_API_URL", "")
     path = shell_profiles_path(environ)
     previous = write_profile(path, api_url, name)
-    from config.settings import redact
+    from cse.config.settings import redact
 
     print(
         f"Prefect profile {name!r} (PREFECT_API_URL={redact(api_url)}) is active in {path}: plain shells reach this "

@@ -2,7 +2,7 @@
 Hugging Face hub model repository.
 
 A folder is pushed only when it is complete: a model card (`README.md` with YAML front matter, written by
-`tracking.model_card.write_model_card` or `cse card RUN_DIR`) and `modules.json` (sentence-transformers) or
+`cse.tracking.model_card.write_model_card` or `cse card RUN_DIR`) and `modules.json` (sentence-transformers) or
 `adapter_config.json` (PEFT). The upload is `HfApi.create_repo(exist_ok=True)` then `HfApi.upload_folder` (one
 commit); a `revision` other than `main` is created as a branch first. The token comes from an environment variable
 (`--token-env`, default `HF_TOKEN`; unset: the hub's own stored login) and is never printed.

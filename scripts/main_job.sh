@@ -14,12 +14,12 @@ source scripts/run_deployment.sh
 run ingest/default
 run train-d2cse/smoke
 
-python -m ops.cli report
+python -m cse.ops.cli report
 # the smoke job's experiment in MLflow's model-training view, with the STS columns (tracking/run_pages.py)
 MLFLOW_PAGE=$(python -c 'import sys
-from config.methods import DEFAULT_METHOD
-from tracking.run_pages import experiment_url
-from tracking.store import experiment_ids
+from cse.config.methods import DEFAULT_METHOD
+from cse.tracking.run_pages import experiment_url
+from cse.tracking.store import experiment_ids
 ids = experiment_ids([DEFAULT_METHOD])
 print(experiment_url("http://127.0.0.1:5000", ids[0]) if ids else "http://127.0.0.1:5000")' 2>/dev/null || echo "http://127.0.0.1:5000")
 cat <<MSG

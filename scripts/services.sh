@@ -122,11 +122,11 @@ up() {
   done
   # one training job per GPU slot at a time (tasks/train.py occupies it while training on CUDA)
   retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
-  retry "crashed-run automation" python -m ops.automations
+  retry "crashed-run automation" python -m cse.ops.automations
   prefect --no-prompt deploy --all >"$CSE_HOME/run/deploy.log" 2>&1 || { cat "$CSE_HOME/run/deploy.log" >&2; exit 1; }
   start_worker
   # plain shells (only the venv activated) reach this server through the Prefect profile `cse` (ops/prefect_profile.py)
-  python -m ops.prefect_profile || echo "could not write the Prefect profile: plain shells need \`source scripts/env.sh\`" >&2
+  python -m cse.ops.prefect_profile || echo "could not write the Prefect profile: plain shells need \`source scripts/env.sh\`" >&2
   echo "Prefect UI: http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT   (worker log: $CSE_HOME/run/worker.log)"
 }
 

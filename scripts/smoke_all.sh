@@ -13,4 +13,4 @@ done
 run ablate-d2cse/smoke
 run seeds/smoke
 run compare/default -p 'tags={"preset": "smoke"}'
-python -m ops.cli report
+python -m cse.ops.cli report

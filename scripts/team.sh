@@ -248,7 +248,7 @@ prefect_up() {
     retry "work pool $pool" sh -c "prefect work-pool inspect '$pool' >/dev/null 2>&1 || prefect work-pool create '$pool' --type process"
   done
   retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
-  retry "crashed-run automation" python -m ops.automations
+  retry "crashed-run automation" python -m cse.ops.automations
   prefect --no-prompt deploy --all >"$RUN/deploy.log" 2>&1 || { cat "$RUN/deploy.log" >&2; die "prefect deploy failed"; }
   echo "Prefect: $(redact "$PREFECT_API_URL") on PostgreSQL database $CSE_PG_PREFECT_DB (log: $RUN/prefect.log)"
 }

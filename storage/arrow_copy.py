@@ -24,9 +24,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.atomic import TMP_PREFIX, atomic_dir, process_alive, remove_path, temporary_owner, write_json
-from storage.hashing import sha256_file
-from storage.manifest import ArrowCopy, Manifest
+from cse.storage.atomic import TMP_PREFIX, atomic_dir, process_alive, remove_path, temporary_owner, write_json
+from cse.storage.hashing import sha256_file
+from cse.storage.manifest import ArrowCopy, Manifest
 
 ARROW_DIR = "hf"
 STATE_FILE = "state.json"  # HF's names: `datasets.load_from_disk` reads these two

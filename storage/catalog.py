@@ -7,7 +7,7 @@ Views (refreshed after each stage writes):
   (model folders, no Parquet, no views) included;
 - `token_lengths`: length distribution per tokens dataset and column;
 - `corruption_stats`: masked / replaced ratios per corruption dataset;
-- `damaged_datasets`: datasets left out because they failed the cheap check of `storage.integrity` (kind, key,
+- `damaged_datasets`: datasets left out because they failed the cheap check of `cse.storage.integrity` (kind, key,
   file, reason). One damaged dataset never breaks the catalog: the others stay queryable.
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import duckdb
 
-from storage.integrity import Problem, check_dataset, warn_damaged_once
-from storage.layout import KINDS, NO_PARQUET_KINDS, DataRoot
+from cse.storage.integrity import Problem, check_dataset, warn_damaged_once
+from cse.storage.layout import KINDS, NO_PARQUET_KINDS, DataRoot
 
 log = logging.getLogger(__name__)
 

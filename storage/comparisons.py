@@ -8,11 +8,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage import schemas
-from storage.catalog import refresh_catalog
-from storage.datasets import write_dataset
-from storage.layout import DataRoot
-from storage.manifest import Manifest
+from cse.storage import schemas
+from cse.storage.catalog import refresh_catalog
+from cse.storage.datasets import write_dataset
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
 
 
 def write_comparison(

@@ -1,4 +1,4 @@
-"""The rows of a corruption dataset (schema `storage.schemas.CORRUPTION`), assembled from a tokens shard and the
+"""The rows of a corruption dataset (schema `cse.storage.schemas.CORRUPTION`), assembled from a tokens shard and the
 corruptor's output.
 
 Every input row × variants, in input order (row i variant 0..V-1, then row i+1): `id`, `column`, `variant`, the
@@ -38,7 +38,7 @@ def corruption_rows(tokens: pa.Table, flat: np.ndarray, offsets: np.ndarray, var
         tokens: the shard's tokens rows (`id`, `column`, `input_ids`).
         flat, offsets: its `input_ids` as `token_lists` gives them.
         variants: one corruption of the rows per variant, each with the arrays `corrupted`, `labels` (flat, in the
-            order of `flat`), `n_masked` and `n_replaced` (one per row): `models.corruption.SequenceCorruption`.
+            order of `flat`), `n_masked` and `n_replaced` (one per row): `cse.models.corruption.SequenceCorruption`.
     """
     n = tokens.num_rows
     originals = _list_array(offsets, flat, pa.int32())

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.sharded import ShardDone
+from cse.storage.sharded import ShardDone
 
 
 class ShardResult(ShardDone):
@@ -31,7 +31,7 @@ def shard_result(
 
     Args:
         shard: the shard's number.
-        table: its corruption rows (schema `storage.schemas.CORRUPTION`).
+        table: its corruption rows (schema `cse.storage.schemas.CORRUPTION`).
         special_ids: the token ids that are never corrupted (not counted as tokens).
         variants: corruptions per input row.
         computed: whether the shard was computed now (False: its file was reused).

@@ -17,10 +17,10 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from storage.arrow_copy import write_arrow_copy
-from storage.atomic import atomic_dir, write_parquet
-from storage.layout import DataRoot
-from storage.manifest import Manifest, file_facts
+from cse.storage.arrow_copy import write_arrow_copy
+from cse.storage.atomic import atomic_dir, write_parquet
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest, file_facts
 
 
 def part_name(i: int) -> str:

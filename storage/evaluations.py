@@ -15,13 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage import schemas
-from storage.catalog import refresh_catalog
-from storage.datasets import read_dataset, resolve_input, write_dataset
-from storage.hashing import sha256_files
-from storage.layout import DataRoot
-from storage.manifest import Manifest
-from storage.readers import read_senteval, senteval_root, senteval_source_files
+from cse.storage import schemas
+from cse.storage.catalog import refresh_catalog
+from cse.storage.datasets import read_dataset, resolve_input, write_dataset
+from cse.storage.hashing import sha256_files
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
+from cse.storage.readers import read_senteval, senteval_root, senteval_source_files
 
 
 @dataclass(frozen=True)

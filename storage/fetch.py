@@ -16,8 +16,8 @@ from pathlib import Path
 import requests
 from tqdm.auto import tqdm
 
-from storage.atomic import atomic_dir, atomic_file
-from storage.hashing import sha256_file
+from cse.storage.atomic import atomic_dir, atomic_file
+from cse.storage.hashing import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from storage.atomic import atomic_dir, write_json
-from storage.hashing import combine_hashes, sha256_file
-from storage.layout import DataRoot
-from storage.manifest import MANIFEST_NAME, Manifest
+from cse.storage.atomic import atomic_dir, write_json
+from cse.storage.hashing import combine_hashes, sha256_file
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import MANIFEST_NAME, Manifest
 
 KIND = "generator"
 GENERATOR_PREFIX = "generator:"

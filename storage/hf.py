@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.arrow_copy import ARROW_DIR, copy_present, in_copy, open_arrow_files, rebuild_arrow_copy
-from storage.integrity import DatasetDamaged, check_dataset, repair_arrow_copy
-from storage.layout import DataRoot
-from storage.manifest import Manifest
+from cse.storage.arrow_copy import ARROW_DIR, copy_present, in_copy, open_arrow_files, rebuild_arrow_copy
+from cse.storage.integrity import DatasetDamaged, check_dataset, repair_arrow_copy
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
 
 if TYPE_CHECKING:
     import datasets
@@ -70,7 +70,7 @@ class PublishedDataset:
 
 def find_dataset(root: DataRoot, kind: str, key: str | None = None) -> PublishedDataset:
     """The complete dataset `kind/key`, or with `key` None the newest of `kind` (as `cse` and the evaluation inputs
-    pick it). A key that is not one safe name is refused (`storage.paths.PathRefused`); a dataset that is there but
+    pick it). A key that is not one safe name is refused (`cse.storage.paths.PathRefused`); a dataset that is there but
     damaged is `DatasetDamaged` naming the file; FileNotFoundError naming the kind (and the newest keys there are)
     when there is none."""
     if key is None:

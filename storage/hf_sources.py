@@ -12,7 +12,7 @@ What the file readers guarantee holds here too:
   naming the dataset and the row (0-based, as `ds[row]` shows it);
 - control characters and over-long values are counted (errors with `strict`), empty sentences counted and kept,
   STS sentences whitespace-split and re-joined as SentEval does;
-- the content hash is of the rows read (the mapped columns' values and constants, `storage.hashing.arrow_column_hash`),
+- the content hash is of the rows read (the mapped columns' values and constants, `cse.storage.hashing.arrow_column_hash`),
   so the same rows give the same ingest key wherever they come from; the manifest records the source description.
 
 STS rows also need `task` (sts12 … sts16, stsb, sickr), `subset` and `split` (train | dev | test): each from a
@@ -31,9 +31,9 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from storage import schemas
-from storage.hashing import arrow_column_hash, canonical_json, combine_hashes
-from storage.readers import SEVEN_TASKS, STS_SUBSETS, DataFormatError, ReadStats, _senteval_words, text_findings
+from cse.storage import schemas
+from cse.storage.hashing import arrow_column_hash, canonical_json, combine_hashes
+from cse.storage.readers import SEVEN_TASKS, STS_SUBSETS, DataFormatError, ReadStats, _senteval_words, text_findings
 
 # The columns each kind of source gives, and those an STS row may take from a constant.
 TEXT_TARGETS = {"wiki1m": ("text",), "nli": ("sent0", "sent1", "hard_neg"), "sts": ("sentence1", "sentence2")}

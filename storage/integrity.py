@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from storage.arrow_copy import check_arrow_copy, in_copy, rebuild_arrow_copy
-from storage.atomic import write_json
-from storage.hashing import combine_hashes, sha256_file
-from storage.manifest import MANIFEST_NAME, Manifest, ManifestError
+from cse.storage.arrow_copy import check_arrow_copy, in_copy, rebuild_arrow_copy
+from cse.storage.atomic import write_json
+from cse.storage.hashing import combine_hashes, sha256_file
+from cse.storage.manifest import MANIFEST_NAME, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def repair_arrow_copy(
     """Move a damaged Arrow copy (`folder/hf`) to `<data_root>/quarantine/<kind>/<key>-<time>-hf/` (one rename, with
     `quarantine.json`), rebuild it from the intact Parquet parts and drop a `cse verify` marker that named only it.
     The caller holds the dataset's build lock and found `copy_only(folder, problems)`."""
-    from storage.arrow_copy import ARROW_DIR
+    from cse.storage.arrow_copy import ARROW_DIR
 
     folder = Path(folder)
     dest = quarantine_path(Path(data_root), kind, key)

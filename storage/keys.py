@@ -16,7 +16,7 @@ The rule for adding a parameter to a stage:
   first such parameter: a corruption with `positions="masked"` has the key it had before `positions` existed.
 - Write the parameter with its default into the stage's `ADDED_LATER` table below (for the generator, whose key
   holds the whole `GeneratorConfig`, a new field of that config; for training jobs, a model field, listed in
-  `config.training.KEY_NEUTRAL_MODEL_DEFAULTS`); `without_defaults` drops it at that default.
+  `cse.config.training.KEY_NEUTRAL_MODEL_DEFAULTS`); `without_defaults` drops it at that default.
 - A parameter that changes the output at every value (a new output format) bumps the stage's schema version
   instead: every key of the stage changes, deliberately.
 - A parameter that never changes the output (a device, a batch size of a deterministic computation, the number of
@@ -28,17 +28,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from storage.hashing import stable_hash
+from cse.storage.hashing import stable_hash
 
 # The schema version of each stage's output: part of its keys and of its manifests' params (`schema_version`).
 SCHEMA_VERSIONS: dict[str, int] = {"ingest": 1, "transfer": 1, "tokens": 1, "generator": 1, "corruption": 1}
 
 # Parameters added after keys of the stage existed → their default (what the stage did before them).
 CORRUPTION_ADDED_LATER: dict[str, Any] = {"positions": "masked"}
-GENERATOR_ADDED_LATER: dict[str, Any] = {}  # fields of config.stages.GeneratorConfig added after its first keys
+GENERATOR_ADDED_LATER: dict[str, Any] = {}  # fields of cse.config.stages.GeneratorConfig added after its first keys
 RUN_ADDED_LATER: dict[str, Any] = {"nli_tokens": None}  # the NLI tokens dataset of a DiffAug job
 
-# The settings of config.stages.CorruptConfig that enter a corruption key (`corruption_key`'s keyword arguments):
+# The settings of cse.config.stages.CorruptConfig that enter a corruption key (`corruption_key`'s keyword arguments):
 # `corruption_key(..., **config.model_dump(include=CORRUPTION_SETTINGS))`.
 CORRUPTION_SETTINGS = frozenset(
     {"mask_ratio", "mode", "variants", "seed", "shard_size", "generator_dropout", "positions"}
@@ -81,7 +81,7 @@ def tokens_key(input_hash: str, tokenizer_fingerprint: str, max_length: int) -> 
 
     Args:
         input_hash: the content hash of the dataset tokenised.
-        tokenizer_fingerprint: `models.loading.tokenizer_fingerprint` of the tokenizer.
+        tokenizer_fingerprint: `cse.models.loading.tokenizer_fingerprint` of the tokenizer.
         max_length: the truncation length.
     """
     return stable_hash(
@@ -143,7 +143,7 @@ def corruption_key(
             hash; `{"name": "unigram"}` for mode unigram).
         precision: `fp32` or `bf16`.
         mask_ratio, mode, variants, seed, shard_size, generator_dropout, positions: the corruption settings
-            (`config.stages.CorruptConfig`, resolved: `variants` and `seed` explicit).
+            (`cse.config.stages.CorruptConfig`, resolved: `variants` and `seed` explicit).
     """
     return stable_hash(
         {
@@ -171,7 +171,7 @@ def run_key(
 
     Args:
         config: the job's `TrainConfig` as a dict, without the launch fields and with its model fields added later
-            dropped at their defaults (`training.job.run_key` prepares it).
+            dropped at their defaults (`cse.training.job.run_key` prepares it).
         tokens_hash: the content hash of the tokens dataset.
         corruption_hash: the content hash of the corruption dataset (None for methods without one).
         nli_tokens_hash: the content hash of DiffAug's NLI tokens dataset (added later: None leaves it out).

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from storage.atomic import TMP_PREFIX, clean_temporaries, process_alive, remove_path, temporary_owner
-from storage.locks import exclusive, try_exclusive
-from storage.manifest import Manifest, ManifestError, read_manifest_if_complete
-from storage.paths import check_key
+from cse.storage.atomic import TMP_PREFIX, clean_temporaries, process_alive, remove_path, temporary_owner
+from cse.storage.locks import exclusive, try_exclusive
+from cse.storage.manifest import Manifest, ManifestError, read_manifest_if_complete
+from cse.storage.paths import check_key
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class DataRoot:
         return self.root / "datasets" / kind
 
     def dataset_dir(self, kind: str, key: str) -> Path:
-        """The folder of dataset `kind/key`; a key that is not one safe name (`storage.paths.check_key`: no `/`, no
+        """The folder of dataset `kind/key`; a key that is not one safe name (`cse.storage.paths.check_key`: no `/`, no
         `..`) is refused, so no key from a user reaches outside the kind's folder."""
         return self.kind_dir(kind) / check_key(key, f"{kind} dataset key")
 
@@ -88,7 +88,7 @@ class DataRoot:
 
     @contextlib.contextmanager
     def building(self, kind: str, key: str) -> Iterator[None]:
-        """The dataset's build lock (`storage.locks.exclusive` on `<key>.lock` beside it): concurrent flows that
+        """The dataset's build lock (`cse.storage.locks.exclusive` on `<key>.lock` beside it): concurrent flows that
         need the same dataset (the children of a sweep on several workers) build it once; the others wait here
         and then find it complete. Once held, the leftovers of killed builders of the kind are removed
         (`clean_stale`)."""
@@ -153,13 +153,13 @@ class DataRoot:
 
     def reuse(self, kind: str, key: str, *, full: bool = False, quarantine: bool = True):
         """A cache hit that verifies what it reuses: `(manifest, None)` for an intact dataset, `(None, None)` when
-        there is none, and `(None, Quarantined)` when one was there but damaged (`storage.integrity.check_dataset`;
+        there is none, and `(None, Quarantined)` when one was there but damaged (`cse.storage.integrity.check_dataset`;
         `full` adds the content hashes): it is moved to the quarantine, so the caller rebuilds it. Call it holding
         the dataset's build lock (`building`). With `quarantine=False` a damaged dataset is only reported as a miss.
         When only its Arrow copy (`hf/`) is damaged, the copy is quarantined and rebuilt from the intact Parquet parts
         and the dataset is reused: `(manifest, Quarantined)` (the record of the copy)."""
-        from storage.integrity import check_dataset, copy_only, repair_arrow_copy
-        from storage.integrity import quarantine as move_aside
+        from cse.storage.integrity import check_dataset, copy_only, repair_arrow_copy
+        from cse.storage.integrity import quarantine as move_aside
 
         folder = self.dataset_dir(kind, key)
         if not folder.exists():
@@ -176,8 +176,8 @@ class DataRoot:
         return None, move_aside(self.root, folder, kind, key, problems)
 
     def verify(self, kind: str, key: str, full: bool = True) -> Manifest:
-        """The manifest of an intact dataset; `storage.integrity.DatasetDamaged` naming the file otherwise."""
-        from storage.integrity import DatasetDamaged, check_dataset
+        """The manifest of an intact dataset; `cse.storage.integrity.DatasetDamaged` naming the file otherwise."""
+        from cse.storage.integrity import DatasetDamaged, check_dataset
 
         m = self.require(kind, key)
         if problems := check_dataset(self.dataset_dir(kind, key), kind, key, full=full):
@@ -215,7 +215,7 @@ class DataRoot:
                 try:
                     m = read_manifest_if_complete(sub)
                 except ManifestError as e:  # damaged: skipped here, reported by `cse verify` and the catalog
-                    from storage.integrity import warn_damaged_once
+                    from cse.storage.integrity import warn_damaged_once
 
                     warn_damaged_once(f"{kind}/{sub.name}", str(e))
                     continue

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from storage.atomic import write_json
-from storage.hashing import combine_hashes, sha256_file
+from cse.storage.atomic import write_json
+from cse.storage.hashing import combine_hashes, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 

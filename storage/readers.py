@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from storage import schemas
+from cse.storage import schemas
 
 # SentEval's subset lists (STS13 without the licensed SMT subset).
 STS_SUBSETS: dict[str, tuple[str, ...]] = {

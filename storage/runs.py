@@ -2,7 +2,7 @@
 
     <CSE_HOME>/runs/<method>/<run_key>/
       state/         newest resume state (`ResumeState`: trainable tensors, optimizer + scheduler + RNG, progress)
-      best/          best checkpoint on STS-B dev (models.checkpoint format)
+      best/          best checkpoint on STS-B dev (cse.models.checkpoint format)
       export/        sentence-transformers folder of the best checkpoint (with its model card, README.md)
       peft-adapter/  PEFT prefix-tuning adapter of the best checkpoint (prompt methods; with its model card)
       mlflow_run_id  the MLflow run this job logs to (a resumed job continues the same run)
@@ -24,11 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from config.settings import get_settings
-from storage.atomic import atomic_file, write_json
-from storage.hashing import sha256_file
-from storage.locks import exclusive
-from storage.paths import check_key, job_folder
+from cse.config.settings import get_settings
+from cse.storage.atomic import atomic_file, write_json
+from cse.storage.hashing import sha256_file
+from cse.storage.locks import exclusive
+from cse.storage.paths import check_key, job_folder
 
 QUARANTINE = "quarantine"  # <home>/quarantine/runs/<method>/<key>-<time>/, <job>/quarantine/<what>-<time>/
 
@@ -134,7 +134,7 @@ class RunDir:
     @classmethod
     def at(cls, path: str | Path) -> RunDir:
         """The existing job folder `path` (= <home>/runs/<method>/<run key>); any other shape is refused, saying what
-        was expected (`storage.paths.job_folder`)."""
+        was expected (`cse.storage.paths.job_folder`)."""
         home, method, key = job_folder(path)
         return cls(method, key, home=home)
 
@@ -184,7 +184,7 @@ class RunDir:
 
     @property
     def distributed_job(self) -> Path:
-        """What every rank trains (`training.distributed.DistributedJob`), written by the launching task."""
+        """What every rank trains (`cse.training.distributed.DistributedJob`), written by the launching task."""
         return self.distributed / "job.json"
 
     @property

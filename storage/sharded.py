@@ -4,7 +4,7 @@ A sharded build turns one input dataset (its `source`) into a dataset of `kind` 
 the input rows `shard_range(i)` (`shard_size` rows each, the last one short) and is written, atomically, as
 `datasets/<kind>/<key>.shards/shard-NNNNN.parquet` (`DataRoot.shards_dir`); a shard file already there is
 reused as it is, so a rerun after a crash computes only the missing shards. Publishing links the finished
-shards, in order, into the dataset folder with its manifest (`storage.datasets.publish_files`) and removes the
+shards, in order, into the dataset folder with its manifest (`cse.storage.datasets.publish_files`) and removes the
 work folder. Leftover `.tmp-*` shard files of killed writers are removed under the build lock
 (`DataRoot.building` → `DataRoot.clean_stale`).
 
@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from storage.atomic import write_parquet
-from storage.datasets import DatasetRef, publish_files
-from storage.layout import DataRoot
-from storage.manifest import Manifest
+from cse.storage.atomic import write_parquet
+from cse.storage.datasets import DatasetRef, publish_files
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
 
 
 def shard_name(shard: int) -> str:

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from storage.atomic import atomic_file
+from cse.storage.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 

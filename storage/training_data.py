@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.hf import open_arrow_table
-from storage.layout import DataRoot
+from cse.storage.hf import open_arrow_table
+from cse.storage.layout import DataRoot
 
 
 class ArrowLists(Sequence):

@@ -16,7 +16,7 @@ Every sentence is whitespace-split and re-joined with single spaces (SentEval's 
 batcher's `' '.join`), so a blank line becomes the empty sentence. Rows: one per example, in file order
 (pos file first, then neg, as SentEval concatenates them), `example_index` counting from 0 within (task, split);
 the cross-validated tasks (MR, CR, SUBJ, MPQA) have the single split `all`. A malformed line raises
-`storage.readers.DataFormatError` naming the file and the line.
+`cse.storage.readers.DataFormatError` naming the file and the line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from storage.readers import DataFormatError, ReadStats, require_file
+from cse.storage.readers import DataFormatError, ReadStats, require_file
 
 TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 TASK_DIRS = {
@@ -284,8 +284,8 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
     `spec=None`: `<shared_data>/senteval` when it holds the transfer tasks, else the newest ingested `transfer`
     dataset, else a FileNotFoundError saying to run the `ingest` flow with dataset `transfer`.
     """
-    from storage.datasets import read_dataset, resolve_input
-    from storage.hashing import sha256_files
+    from cse.storage.datasets import read_dataset, resolve_input
+    from cse.storage.hashing import sha256_files
 
     def from_folder(folder: Path) -> TransferInput:
         table, _ = read_transfer(folder)

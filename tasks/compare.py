@@ -19,16 +19,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from config import published
-from config.settings import get_settings
-from storage.comparisons import write_comparison
-from storage.hashing import stable_hash
-from storage.layout import DataRoot
-from storage.readers import SEVEN_TASKS
-from tracking.group_runs import COMPARISON_TABLE, log_comparison
-from tracking.model_export import set_best_alias
-from tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
-from tracking.store import experiment_ids, get_runs, search_runs
+from cse.config import published
+from cse.config.settings import get_settings
+from cse.storage.comparisons import write_comparison
+from cse.storage.hashing import stable_hash
+from cse.storage.layout import DataRoot
+from cse.storage.readers import SEVEN_TASKS
+from cse.tracking.group_runs import COMPARISON_TABLE, log_comparison
+from cse.tracking.model_export import set_best_alias
+from cse.tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
+from cse.tracking.store import experiment_ids, get_runs, search_runs
 
 TABLES: dict[str, tuple[str, ...]] = {
     "sts": (*SEVEN_TASKS, "sts_avg"),
@@ -70,7 +70,7 @@ def select_runs(
     latest_per_label: bool = True,
 ) -> list[RunRecord]:
     """Finished training runs with test STS metrics, oldest first; parent runs (sweeps, seeds) are skipped."""
-    from config.methods import METHODS
+    from cse.config.methods import METHODS
 
     if run_ids:
         runs = get_runs(run_ids)
@@ -117,7 +117,7 @@ def select_runs(
 
 def _published_row(table: str, run: RunRecord) -> tuple[dict[str, Any] | None, str]:
     """The published numbers for this run's table row, and the backbone family they belong to (the BERT-base row
-    for a backbone no paper reports: `config.published.reference_row`)."""
+    for a backbone no paper reports: `cse.config.published.reference_row`)."""
     if table == "parameters":
         params = {(m, f, run.setting): row for (m, f), row in published.PARAMETERS.items()}
         ref = published.reference_row(params, run.method, run.backbone, run.setting)
@@ -132,7 +132,7 @@ def _published_row(table: str, run: RunRecord) -> tuple[dict[str, Any] | None, s
 
 
 def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
-    """Long-form rows (schema `storage.schemas.COMPARISONS` minus id/created) for every table."""
+    """Long-form rows (schema `cse.storage.schemas.COMPARISONS` minus id/created) for every table."""
     rows: list[dict[str, Any]] = []
     for table, metrics in TABLES.items():
         for run in runs:

@@ -1,6 +1,6 @@
 """Offline replaced-token corruption of a tokens dataset (DiffCSE, Chuang et al., 2022), sharded and cached: the stage.
 
-The key (`storage.keys.corruption_key`) hashes the tokens' content, the generator (name or folder + its config.json;
+The key (`cse.storage.keys.corruption_key`) hashes the tokens' content, the generator (name or folder + its config.json;
 a `generator:<key>` dataset of the fit-generator stage, by key or by folder, by its key and content hash; "unigram"
 for mode unigram), the tokenizer fingerprint and every setting that changes the output. Each shard of `shard_size`
 sentences is one task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
@@ -31,11 +31,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from config.settings import get_settings
-from config.stages import CorruptConfig
-from models.corruption import Corruptor, SpecialTokens, corrupt_variants
-from models.generator_cache import release_generators, shared_corruptor
-from models.loading import (
+from cse.config.settings import get_settings
+from cse.config.stages import CorruptConfig
+from cse.models.corruption import Corruptor, SpecialTokens, corrupt_variants
+from cse.models.generator_cache import release_generators, shared_corruptor
+from cse.models.loading import (
     PACKAGED_MINILM,
     check_same_vocabulary,
     is_random_init,
@@ -44,22 +44,22 @@ from models.loading import (
     resolve_model_path,
     vocab_fingerprint,
 )
-from storage import schemas, sharded
-from storage.catalog import refresh_catalog
-from storage.corruption import corruption_rows, token_lists
-from storage.corruption_stats import ShardResult, corruption_stats, shard_result
-from storage.datasets import DatasetRef, read_dataset
-from storage.generators import GENERATOR_PREFIX, generator_dataset
-from storage.generators import KIND as GENERATOR_KIND
-from storage.hashing import sha256_file, stable_hash
-from storage.integrity import Quarantined
-from storage.keys import CORRUPTION_SETTINGS, SCHEMA_VERSIONS, corruption_key
-from storage.layout import DataRoot
-from storage.manifest import Manifest
-from storage.sharded import ShardedPlan
-from tasks.log import stage_logger
-from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
-from tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
+from cse.storage import schemas, sharded
+from cse.storage.catalog import refresh_catalog
+from cse.storage.corruption import corruption_rows, token_lists
+from cse.storage.corruption_stats import ShardResult, corruption_stats, shard_result
+from cse.storage.datasets import DatasetRef, read_dataset
+from cse.storage.generators import GENERATOR_PREFIX, generator_dataset
+from cse.storage.generators import KIND as GENERATOR_KIND
+from cse.storage.hashing import sha256_file, stable_hash
+from cse.storage.integrity import Quarantined
+from cse.storage.keys import CORRUPTION_SETTINGS, SCHEMA_VERSIONS, corruption_key
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
+from cse.storage.sharded import ShardedPlan
+from cse.tasks.log import stage_logger
+from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from cse.tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
 KIND = "corruption"
 SCHEMA_VERSION = SCHEMA_VERSIONS[KIND]
@@ -162,7 +162,7 @@ def resolve_generator(root: DataRoot, config: CorruptConfig, verify: bool = Fals
 
 def unigram_counts(root: DataRoot, tokens: Manifest, special: list[int]) -> list[int]:
     """The non-special token counts of a tokens dataset (what mode unigram draws from)."""
-    from models.generator import token_counts
+    from cse.models.generator import token_counts
 
     ids = pc.list_flatten(read_dataset(root, "tokens", tokens.key, columns=["input_ids"]).column("input_ids"))
     vocab = len(load_tokenizer(_tokens_tokenizer(tokens)))

@@ -1,8 +1,8 @@
-"""The torchrun entry point of a distributed training job: every rank runs `python -m tasks.distributed_train
+"""The torchrun entry point of a distributed training job: every rank runs `python -m cse.tasks.distributed_train
 <run dir>/distributed/job.json` (training/distributed.py launches it, holds the protocol and trains the rank).
 
 This module only adds the tracking: rank 0 logs params and per-step metrics into the job's MLflow run through
-`tracking.training_runs.rank_zero_callbacks` (an unreachable server spools into the job's folder; the launching task flushes).
+`cse.tracking.training_runs.rank_zero_callbacks` (an unreachable server spools into the job's folder; the launching task flushes).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from config.training import TrainConfig
-from models import distributed
-from tracking.training_runs import rank_zero_callbacks
-from training.distributed import DistributedJob, rank_main
-from training.distributed import torchrun_command as _torchrun_command
+from cse.config.training import TrainConfig
+from cse.models import distributed
+from cse.tracking.training_runs import rank_zero_callbacks
+from cse.training.distributed import DistributedJob, rank_main
+from cse.training.distributed import torchrun_command as _torchrun_command
 
-WORKER_MODULE = "tasks.distributed_train"  # what torchrun runs on every rank: this module
+WORKER_MODULE = "cse.tasks.distributed_train"  # what torchrun runs on every rank: this module
 
 
 def torchrun_command(cfg: TrainConfig, job_file: Path, rdzv_id: str) -> list[str]:

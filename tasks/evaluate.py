@@ -16,20 +16,20 @@ from typing import Any
 
 from prefect import task
 
-from config.evaluation import EvalConfig
-from config.settings import get_settings
-from evaluation import Evaluator
-from evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
-from evaluation.results import EvalResult
-from models.loading import pick_device
-from storage.evaluations import StsInput, load_sts_input, row_identity, write_evaluation_row
-from storage.layout import DataRoot
-from tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, check_training_sts, placement
-from tasks.log import stage_logger
-from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
-from tracking.reporting import csv_table, markdown_table, publish_artifacts
-from tracking.run_pages import page_metrics
-from tracking.stage_runs import active_run_id, log_run_results, stage_run
+from cse.config.evaluation import EvalConfig
+from cse.config.settings import get_settings
+from cse.evaluation import Evaluator
+from cse.evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
+from cse.evaluation.results import EvalResult
+from cse.models.loading import pick_device
+from cse.storage.evaluations import StsInput, load_sts_input, row_identity, write_evaluation_row
+from cse.storage.layout import DataRoot
+from cse.tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, check_training_sts, placement
+from cse.tasks.log import stage_logger
+from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+from cse.tracking.reporting import csv_table, markdown_table, publish_artifacts
+from cse.tracking.run_pages import page_metrics
+from cse.tracking.stage_runs import active_run_id, log_run_results, stage_run
 
 # ---------------------------------------------------------------- recording
 
@@ -109,7 +109,7 @@ def evaluation_row(
     sts: StsInput,
     mlflow_run_id: str | None,
 ) -> dict[str, Any]:
-    """The Parquet row (schema storage.schemas.EVALUATIONS) of one STS result (see `row_identity` for `what`)."""
+    """The Parquet row (schema cse.storage.schemas.EVALUATIONS) of one STS result (see `row_identity` for `what`)."""
 
     def score(name: str) -> float | None:
         return result.tasks[name].spearman if name in result.tasks else None
@@ -158,7 +158,7 @@ def record_evaluation(
     (inside a Prefect run). Returns the evaluation id (= the `evaluations` dataset key).
 
     `subset_metrics=False` (a training run) leaves the per-subset scores out of the run's metrics: they stay in its
-    `evaluation/sts_subsets.md` table and would come before the loss curves on its charts (`tracking.run_pages`)."""
+    `evaluation/sts_subsets.md` table and would come before the loss curves on its charts (`cse.tracking.run_pages`)."""
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:
@@ -239,7 +239,7 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
     """The whole stage in one MLflow run (FAILED on any error): of experiment `config.experiment`, or for a training
     job's checkpoint nested under the job's run, on the `sts` dataset the job used (tasks/evaluate_common.py)."""
     if config.mode == "transfer":  # SentEval's classification tasks: tasks/evaluate_transfer.py
-        from tasks.evaluate_transfer import run_transfer_evaluation
+        from cse.tasks.evaluate_transfer import run_transfer_evaluation
 
         return run_transfer_evaluation(config)
     log = stage_logger()

@@ -13,14 +13,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from config.evaluation import DEFAULT_EXPERIMENT, EvalConfig
-from models.checkpoint import load_checkpoint_folder, read_checkpoint_config
-from models.embedder import PooledEncoder, SentenceEmbedder
-from storage.evaluations import StsInput
-from storage.layout import DataRoot
-from storage.runs import checkpoint_job_run_id
-from tracking.store import download_checkpoint
-from tracking.training_runs import TrainingRunRef, training_run_ref
+from cse.config.evaluation import DEFAULT_EXPERIMENT, EvalConfig
+from cse.models.checkpoint import load_checkpoint_folder, read_checkpoint_config
+from cse.models.embedder import PooledEncoder, SentenceEmbedder
+from cse.storage.evaluations import StsInput
+from cse.storage.layout import DataRoot
+from cse.storage.runs import checkpoint_job_run_id
+from cse.tracking.store import download_checkpoint
+from cse.tracking.training_runs import TrainingRunRef, training_run_ref
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 CHECKPOINT_ARTIFACT = "checkpoint"

@@ -16,18 +16,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from config.evaluation import EvalConfig
-from config.settings import get_settings
-from evaluation.transfer import TransferEvaluator, TransferResult
-from models.loading import pick_device
-from storage.evaluations import row_identity, write_evaluation_row
-from storage.layout import DataRoot
-from storage.transfer import TransferInput, load_transfer_input
-from tasks.evaluate_common import EvalSummary, build_embedder, placement
-from tasks.log import stage_logger
-from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
-from tracking.reporting import csv_table, markdown_table, publish_artifacts
-from tracking.stage_runs import active_run_id, log_run_results, stage_run
+from cse.config.evaluation import EvalConfig
+from cse.config.settings import get_settings
+from cse.evaluation.transfer import TransferEvaluator, TransferResult
+from cse.models.loading import pick_device
+from cse.storage.evaluations import row_identity, write_evaluation_row
+from cse.storage.layout import DataRoot
+from cse.storage.transfer import TransferInput, load_transfer_input
+from cse.tasks.evaluate_common import EvalSummary, build_embedder, placement
+from cse.tasks.log import stage_logger
+from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+from cse.tracking.reporting import csv_table, markdown_table, publish_artifacts
+from cse.tracking.stage_runs import active_run_id, log_run_results, stage_run
 
 TRANSFER_COLUMNS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 
@@ -46,7 +46,7 @@ def transfer_evaluation_row(
     source: TransferInput,
     mlflow_run_id: str | None,
 ) -> dict[str, Any]:
-    """The Parquet row (schema storage.schemas.EVALUATIONS) of a transfer result; STS columns stay null."""
+    """The Parquet row (schema cse.storage.schemas.EVALUATIONS) of a transfer result; STS columns stay null."""
     row: dict[str, Any] = {
         **row_identity(
             evaluation_id=evaluation_id,

@@ -32,10 +32,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from config.settings import get_settings
-from config.stages import GeneratorConfig
-from models.corruption import SpecialTokens
-from models.generator import (
+from cse.config.settings import get_settings
+from cse.config.stages import GeneratorConfig
+from cse.models.corruption import SpecialTokens
+from cse.models.generator import (
     HeadFitter,
     batches,
     init_bias_from_counts,
@@ -44,19 +44,19 @@ from models.generator import (
     token_counts,
     unigram_accuracies,
 )
-from models.loading import check_same_vocabulary, load_masked_lm, load_tokenizer, pick_device, vocab_fingerprint
-from storage.catalog import refresh_catalog
-from storage.datasets import DatasetRef, read_dataset
-from storage.generators import GENERATOR_PREFIX, KIND, publish_model_folder
-from storage.hashing import stable_hash
-from storage.keys import SCHEMA_VERSIONS, generator_key
-from storage.layout import DataRoot
-from storage.manifest import Manifest
-from tasks.corrupt import generator_identity
-from tasks.log import stage_logger
-from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
-from tracking.reporting import markdown_table, publish_artifacts
-from tracking.stage_runs import log_dataset_metrics, log_quarantine, log_run_results, stage_run
+from cse.models.loading import check_same_vocabulary, load_masked_lm, load_tokenizer, pick_device, vocab_fingerprint
+from cse.storage.catalog import refresh_catalog
+from cse.storage.datasets import DatasetRef, read_dataset
+from cse.storage.generators import GENERATOR_PREFIX, KIND, publish_model_folder
+from cse.storage.hashing import stable_hash
+from cse.storage.keys import SCHEMA_VERSIONS, generator_key
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
+from cse.tasks.corrupt import generator_identity
+from cse.tasks.log import stage_logger
+from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from cse.tracking.reporting import markdown_table, publish_artifacts
+from cse.tracking.stage_runs import log_dataset_metrics, log_quarantine, log_run_results, stage_run
 
 SCHEMA_VERSION = SCHEMA_VERSIONS["generator"]
 PREDICTORS = {  # stats key → what the table calls it

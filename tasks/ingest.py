@@ -6,17 +6,17 @@ import time
 
 from prefect import task
 
-from config.settings import get_settings
-from config.stages import IngestConfig
-from storage import schemas
-from storage.catalog import refresh_catalog
-from storage.datasets import DatasetRef, write_dataset
-from storage.keys import SCHEMA_VERSIONS, ingest_key
-from storage.layout import DataRoot
-from storage.sources import check_sts_counts, read_source, resolve_source
-from tasks.log import stage_logger
-from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
-from tracking.stage_runs import log_quarantine, log_run_results, stage_run
+from cse.config.settings import get_settings
+from cse.config.stages import IngestConfig
+from cse.storage import schemas
+from cse.storage.catalog import refresh_catalog
+from cse.storage.datasets import DatasetRef, write_dataset
+from cse.storage.keys import SCHEMA_VERSIONS, ingest_key
+from cse.storage.layout import DataRoot
+from cse.storage.sources import check_sts_counts, read_source, resolve_source
+from cse.tasks.log import stage_logger
+from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from cse.tracking.stage_runs import log_quarantine, log_run_results, stage_run
 
 SCHEMA_VERSION = SCHEMA_VERSIONS["ingest"]
 PART_ROWS = 250_000

@@ -32,16 +32,16 @@ from typing import Any
 
 import torch
 
-from config.evaluation import EvalConfig
-from config.methods import get_method
-from config.settings import get_settings
-from config.stages import CorruptConfig, GeneratorConfig, IngestConfig, TokenizeConfig
-from config.training import TrainConfig
-from storage.fetch import mirror_lookup
-from storage.generators import GENERATOR_PREFIX, generator_dataset
-from storage.layout import DataRoot
-from storage.sources import CANONICAL_NAMES
-from tasks.log import stage_logger
+from cse.config.evaluation import EvalConfig
+from cse.config.methods import get_method
+from cse.config.settings import get_settings
+from cse.config.stages import CorruptConfig, GeneratorConfig, IngestConfig, TokenizeConfig
+from cse.config.training import TrainConfig
+from cse.storage.fetch import mirror_lookup
+from cse.storage.generators import GENERATOR_PREFIX, generator_dataset
+from cse.storage.layout import DataRoot
+from cse.storage.sources import CANONICAL_NAMES
+from cse.tasks.log import stage_logger
 
 # The network budget of one preflight, all probes together (seconds): the hub either answers quickly or not at all.
 PROBE_SECONDS = 4.0

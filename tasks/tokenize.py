@@ -23,19 +23,19 @@ from prefect import task, unmapped
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from config.settings import get_settings, shard_task_runner
-from config.stages import TokenizeConfig
-from models.loading import load_tokenizer, tokenizer_fingerprint, vocab_fingerprint
-from storage import schemas
-from storage.catalog import refresh_catalog
-from storage.datasets import DatasetRef, read_dataset, write_dataset
-from storage.keys import SCHEMA_VERSIONS, tokens_key
-from storage.layout import DataRoot
-from storage.manifest import Manifest
-from storage.sharded import ShardDone, ShardedPlan, build_shard, part_rows, publish_shards
-from tasks.log import stage_logger
-from tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
-from tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
+from cse.config.settings import get_settings, shard_task_runner
+from cse.config.stages import TokenizeConfig
+from cse.models.loading import load_tokenizer, tokenizer_fingerprint, vocab_fingerprint
+from cse.storage import schemas
+from cse.storage.catalog import refresh_catalog
+from cse.storage.datasets import DatasetRef, read_dataset, write_dataset
+from cse.storage.keys import SCHEMA_VERSIONS, tokens_key
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
+from cse.storage.sharded import ShardDone, ShardedPlan, build_shard, part_rows, publish_shards
+from cse.tasks.log import stage_logger
+from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
+from cse.tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_run, tag_dataset_run
 
 SCHEMA_VERSION = SCHEMA_VERSIONS["tokens"]
 

@@ -3,21 +3,21 @@
 A job runs four stages, each its own task in the Prefect UI with its own retries (composed by flows/train.py
 `train_job`, which holds the job's lock across them and checks the finished-job record first, `finished_result`):
 
-- `fit` (`fit_job`): holds the GPU slot, starts or resumes the job's MLflow run (tracking.training_runs), injects the MLflow
-  metric logger into `training.job.fit` and trains, selecting the best checkpoint on STS-B dev. No retries: a
-  deterministic failure (a non-finite loss, a bad config, out of memory) would only repeat, and a rerun resumes
-  from the last saved step anyway.
+- `fit` (`fit_job`): holds the GPU slot, starts or resumes the job's MLflow run (cse.tracking.training_runs), injects
+  the MLflow metric logger into `cse.training.job.fit` and trains, selecting the best checkpoint on STS-B dev. No
+  retries: a deterministic failure (a non-finite loss, a bad config, out of memory) would only repeat, and a rerun
+  resumes from the last saved step anyway.
 - `evaluate-test` (`evaluate_test`): the best checkpoint on the STS test sets (plus retrieval, alignment/uniformity).
 - `evaluate-transfer` (`evaluate_transfer`): the SentEval transfer tasks, when the job asks for them.
 - `export` (`export_model`): the checkpoint and config as MLflow artifacts, the MLflow model and its registry
   version, the sentence-transformers folder, the PEFT adapter (methods whose model exports one) and the model cards.
 The evaluation and export stages retry (`RETRIES`) only when the tracking server was unreachable
-(`tracking.spool.is_unreachable`); anything else fails the task at once. A failed later stage leaves the job's
-training intact: the MLflow run is tagged with the stage that failed (tracking.job_stages), no `result.json` is
+(`cse.tracking.spool.is_unreachable`); anything else fails the task at once. A failed later stage leaves the job's
+training intact: the MLflow run is tagged with the stage that failed (cse.tracking.job_stages), no `result.json` is
 written, and a rerun resumes at the last step (no training step runs again) and runs the later stages again.
 `record_result` writes `result.json` last, when every stage has finished.
 
-A job with `nproc_per_node × nnodes` > 1 trains under torchrun (`training.distributed.launch`; every rank runs
+A job with `nproc_per_node × nnodes` > 1 trains under torchrun (`cse.training.distributed.launch`; every rank runs
 tasks/distributed_train.py, i.e. `fit` on its slice of each global batch, rank 0 logging into this job's MLflow run);
 the fit task waits for it; the later stages are the same as for a single-process job.
 """
@@ -35,35 +35,35 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
-from config.methods import get_method
-from config.settings import get_settings
-from config.training import TrainConfig
-from models.checkpoint import load_checkpoint
-from models.loading import load_tokenizer, pick_device
-from storage.datasets import DatasetRef
-from storage.evaluations import load_sts_input
-from storage.layout import DataRoot
-from storage.runs import RunDir
-from tasks.distributed_train import WORKER_MODULE
-from tasks.log import stage_logger
-from tracking.job_stages import job_stage
-from tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs
-from tracking.model_card import CardFacts, write_model_card
-from tracking.model_export import log_encoder_model, registered_model_name
-from tracking.provenance import git_commit, prefect_flow_run_id
-from tracking.run_pages import preset_differences, run_name, set_description, start_description, sts_description
-from tracking.spool import ResilientMetricLogger, is_unreachable
-from tracking.stage_runs import log_run_results
-from tracking.training_runs import training_run, training_run_exists
-from training import job as train_job
-from training.distributed import DistributedJob, launch
-from training.loop import TrainingInterrupted
+from cse.config.methods import get_method
+from cse.config.settings import get_settings
+from cse.config.training import TrainConfig
+from cse.models.checkpoint import load_checkpoint
+from cse.models.loading import load_tokenizer, pick_device
+from cse.storage.datasets import DatasetRef
+from cse.storage.evaluations import load_sts_input
+from cse.storage.layout import DataRoot
+from cse.storage.runs import RunDir
+from cse.tasks.distributed_train import WORKER_MODULE
+from cse.tasks.log import stage_logger
+from cse.tracking.job_stages import job_stage
+from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs
+from cse.tracking.model_card import CardFacts, write_model_card
+from cse.tracking.model_export import log_encoder_model, registered_model_name
+from cse.tracking.provenance import git_commit, prefect_flow_run_id
+from cse.tracking.run_pages import preset_differences, run_name, set_description, start_description, sts_description
+from cse.tracking.spool import ResilientMetricLogger, is_unreachable
+from cse.tracking.stage_runs import log_run_results
+from cse.tracking.training_runs import training_run, training_run_exists
+from cse.training import job as train_job
+from cse.training.distributed import DistributedJob, launch
+from cse.training.loop import TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
 # LAZY: the stages import their heavy libraries when they run, not when flows/train.py is imported (deployments,
-# the CLI, experiment parents): sentence-transformers (models.st_export, ~5 s), peft (models.peft_export, ~3 s),
-# scipy.stats, matplotlib and scikit-learn (evaluation.evaluator, tasks.evaluate, tasks.evaluate_transfer, ~1.5 s).
+# the CLI, experiment parents): sentence-transformers (cse.models.st_export, ~5 s), peft (cse.models.peft_export, ~3 s),
+# scipy.stats, matplotlib and scikit-learn (cse.evaluation.evaluator, cse.tasks.evaluate, cse.tasks.evaluate_transfer, ~1.5 s).
 RETRIES = 2  # evaluate-test, evaluate-transfer, export: retried on a tracking outage only (`retry_on_outage`)
 RETRY_DELAYS = [30, 120]  # seconds before the first and the second retry
 
@@ -133,7 +133,7 @@ def job_inputs(
 def job_dir(
     cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None
 ) -> RunDir:
-    """The job's folder, `<home>/runs/<method>/<run key>` (`training.job.run_key`; pass `job_inputs`' datasets)."""
+    """The job's folder, `<home>/runs/<method>/<run key>` (`cse.training.job.run_key`; pass `job_inputs`' datasets)."""
     return RunDir(cfg.method, train_job.run_key(cfg, tokens, corruption, nli_tokens))
 
 
@@ -187,7 +187,7 @@ def fit_job(
         stop_after: interrupt after that many steps (`TrainingInterrupted`; resume tests).
         extra_tags: tags added to the job's MLflow run (experiment membership, sweeps' parents).
     """
-    from evaluation.evaluator import Evaluator  # lazy: see LAZY
+    from cse.evaluation.evaluator import Evaluator  # lazy: see LAZY
 
     plog = stage_logger()
     root = DataRoot(get_settings().data_root)
@@ -300,8 +300,8 @@ def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[
         sts: the STS dataset.
 
     Returns the test metrics (the seven STS tasks, `sts_avg`, retrieval, alignment/uniformity)."""
-    from evaluation.evaluator import Evaluator  # lazy: see LAZY
-    from tasks.evaluate import record_evaluation
+    from cse.evaluation.evaluator import Evaluator  # lazy: see LAZY
+    from cse.tasks.evaluate import record_evaluation
 
     root = DataRoot(get_settings().data_root)
     sts_input = load_sts_input(sts.key, root)
@@ -319,7 +319,7 @@ def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[
 
 def _description(cfg: TrainConfig, metrics: dict[str, float]) -> str:
     """The job's MLflow run description after its test evaluation: the STS table beside the published row."""
-    from config.published import setting_of
+    from cse.config.published import setting_of
 
     return sts_description(
         metrics,
@@ -346,7 +346,7 @@ def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
         fitted: the fit stage's result.
 
     Returns the transfer metrics (`mr` … `mrpc`, `transfer_avg`)."""
-    from tasks.evaluate_transfer import record_transfer_evaluation  # lazy: see LAZY
+    from cse.tasks.evaluate_transfer import record_transfer_evaluation  # lazy: see LAZY
 
     plog = stage_logger()
     with job_stage(fitted.run_id, "evaluate-transfer"):
@@ -387,7 +387,7 @@ def export_model(
         corruption: the corruption dataset the job read, else None.
         nli_tokens: the NLI tokens the job read, else None.
     """
-    from models.st_export import export_portable_sentence_transformer  # lazy: see LAZY
+    from cse.models.st_export import export_portable_sentence_transformer  # lazy: see LAZY
 
     plog = stage_logger()
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
@@ -437,12 +437,12 @@ def export_model(
 
 
 def export_adapter(method: str, run_dir: RunDir, logger):
-    """The best checkpoint as a PEFT prefix-tuning adapter (`models.peft_export`), or None.
+    """The best checkpoint as a PEFT prefix-tuning adapter (`cse.models.peft_export`), or None.
 
     Only methods whose model exports one have one (`MethodSpec.exports_peft_adapter`). A backbone PEFT cannot prefix
     (e.g. DistilBERT: no past key/values) or a feature it cannot hold exactly is refused by the export with its
     reason, which is logged: the sentence-transformers export and the MLflow model stand either way."""
-    from models.peft_export import PeftExportError, export_peft_adapter  # lazy: see LAZY
+    from cse.models.peft_export import PeftExportError, export_peft_adapter  # lazy: see LAZY
 
     if not get_method(method).exports_peft_adapter:
         return None

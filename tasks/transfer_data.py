@@ -1,5 +1,5 @@
 """Ingestion of SentEval's seven transfer tasks: the SentEval folder (local path, mirror or `senteval.tar`) →
-the Parquet dataset `transfer` (schema `storage.transfer.TRANSFER`), cached by the content hash of its files.
+the Parquet dataset `transfer` (schema `cse.storage.transfer.TRANSFER`), cached by the content hash of its files.
 
 Kept beside `tasks/ingest.py` (which ingests Wiki1M, NLI and STS) so that each reader stays in its own module;
 the `ingest` flow dispatches the dataset name `transfer` here.
@@ -11,17 +11,17 @@ import time
 
 from prefect import task
 
-from config.settings import get_settings
-from config.stages import IngestConfig
-from storage.catalog import refresh_catalog
-from storage.datasets import DatasetRef, write_dataset
-from storage.hashing import sha256_files
-from storage.keys import SCHEMA_VERSIONS, transfer_key
-from storage.layout import DataRoot
-from storage.sources import resolve_source
-from storage.transfer import TRANSFER, read_transfer, transfer_source_files
-from tasks.log import stage_logger
-from tracking.stage_runs import log_run_results, stage_run
+from cse.config.settings import get_settings
+from cse.config.stages import IngestConfig
+from cse.storage.catalog import refresh_catalog
+from cse.storage.datasets import DatasetRef, write_dataset
+from cse.storage.hashing import sha256_files
+from cse.storage.keys import SCHEMA_VERSIONS, transfer_key
+from cse.storage.layout import DataRoot
+from cse.storage.sources import resolve_source
+from cse.storage.transfer import TRANSFER, read_transfer, transfer_source_files
+from cse.tasks.log import stage_logger
+from cse.tracking.stage_runs import log_run_results, stage_run
 
 SCHEMA_VERSION = SCHEMA_VERSIONS["transfer"]
 

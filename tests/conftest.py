@@ -19,8 +19,8 @@ os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 import pytest
 import torch
 
-from config.settings import REPO_ROOT
-from models.loading import PACKAGED_MINILM, load_tokenizer
+from cse.config.settings import REPO_ROOT
+from cse.models.loading import PACKAGED_MINILM, load_tokenizer
 
 SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
@@ -56,7 +56,7 @@ def mlflow_store_template(tmp_path_factory) -> Path:
 
     if importlib.util.find_spec("mlflow") is None:
         return None
-    from tracking.store import prepare_sqlite_store
+    from cse.tracking.store import prepare_sqlite_store
 
     path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
     prepare_sqlite_store(path)
@@ -84,7 +84,7 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
-    from models.loading import resolve_model_path
+    from cse.models.loading import resolve_model_path
 
     return resolve_model_path(PACKAGED_MINILM)
 
@@ -140,7 +140,7 @@ def prefect_harness():
 
 @pytest.fixture
 def local_ingest_config(shared_data):
-    from config.stages import local_mirror_ingest
+    from cse.config.stages import local_mirror_ingest
 
     return local_mirror_ingest(shared_data)
 

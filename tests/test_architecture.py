@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-from config.settings import REPO_ROOT
+from cse.config.settings import REPO_ROOT
 
 PACKAGES = ("config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows", "ops")
 # What each layer may import from the project (docs/architecture.md); a layer always imports itself.
-# `config.settings` (paths and services from the environment) is the bottom layer `settings`.
+# `cse.config.settings` (paths and services from the environment) is the bottom layer `settings`.
 ALLOWED = {
     "settings": set(),
     "storage": {"settings"},
@@ -27,12 +28,16 @@ NO_ORCHESTRATION = ("models", "training", "evaluation", "storage")  # pure: no p
 
 
 def layer(module: str) -> str:
-    return "settings" if module == "config.settings" else module.split(".")[0]
+    """The layer of a project module (`cse.<package>...`; `cse.config.settings` is the layer `settings`)."""
+    return "settings" if module == "cse.config.settings" else module.removeprefix("cse.").split(".")[0]
 
 
 def module_name(path: Path) -> str:
+    """The import name of a file: `cse.<package>...` for the installed packages, the checkout path for the rest
+    (`benchmarks.gpu_check`, `tests.conftest`)."""
     parts = path.relative_to(REPO_ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    dotted = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return f"cse.{dotted}" if parts[0] in PACKAGES else dotted
 
 
 def project_files(extra: tuple[str, ...] = ()) -> dict[str, Path]:
@@ -123,7 +128,7 @@ def test_only_the_tracking_seam_imports_mlflow():
     offenders = [
         f"{path.relative_to(REPO_ROOT)}:{line}"
         for name, path in project_files(extra=("benchmarks",)).items()
-        if name.split(".")[0] != MLFLOW_SEAM
+        if layer(name) != MLFLOW_SEAM
         for module, line in imports(path)
         if module == "mlflow" or module.startswith("mlflow.")
     ]
@@ -134,7 +139,7 @@ def test_pure_layers_import_neither_prefect_nor_mlflow():
     offenders = [
         f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
         for name, path in project_files().items()
-        if name.split(".")[0] in NO_ORCHESTRATION
+        if layer(name) in NO_ORCHESTRATION
         for module, line in imports(path)
         if module.split(".")[0] in ("prefect", "mlflow", "prefect_dask")
     ]
@@ -157,10 +162,10 @@ def test_the_checker_sees_lazy_imports(tmp_path):
     source = tmp_path / "m.py"
     source.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import hidden\n\n"
-        "def f():\n    import mlflow.entities\n    from tasks.train import x\n"
+        "def f():\n    import mlflow.entities\n    from cse.tasks.train import x\n"
     )
     found = dict(imports(source))
-    assert found["mlflow.entities"] == 6 and found["tasks.train"] == 7 and "hidden" not in found
+    assert found["mlflow.entities"] == 6 and found["cse.tasks.train"] == 7 and "hidden" not in found
 
 
 def _private(name: str) -> bool:
@@ -169,8 +174,8 @@ def _private(name: str) -> bool:
 
 def private_uses(path: Path) -> list[str]:
     """Private names (a leading underscore, not a dunder) `path` takes from the project: imported from its packages
-    (`from models.x import _f`, `import training._y`), read as an attribute (`trainer._batch`: static analysis cannot
-    tell whose object it is, so every `._name` counts) or through `getattr(x, "_name")`. A class the file defines
+    (`from cse.models.x import _f`, `import cse.training._y`), read as an attribute (`trainer._batch`: static analysis
+    cannot tell whose object it is, so every `._name` counts) or through `getattr(x, "_name")`. A class the file defines
     may use its own: `self._x` / `cls._x` inside it."""
     tree = ast.parse(path.read_text(), filename=str(path))
     own: set[int] = set()
@@ -185,19 +190,14 @@ def private_uses(path: Path) -> list[str]:
         where = (
             f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}:{getattr(node, 'lineno', 0)}"
         )
-        if (
-            isinstance(node, ast.ImportFrom)
-            and node.module
-            and node.level == 0
-            and node.module.split(".")[0] in PACKAGES
-        ):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "cse":
             names = node.module.split(".") + [a.name for a in node.names]
             found += [f"{where}: imports {node.module}.{n}" for n in names if _private(n)]
         elif isinstance(node, ast.Import):
             found += [
                 f"{where}: imports {a.name}"
                 for a in node.names
-                if a.name.split(".")[0] in PACKAGES and any(_private(p) for p in a.name.split("."))
+                if a.name.split(".")[0] == "cse" and any(_private(p) for p in a.name.split("."))
             ]
         elif isinstance(node, ast.Attribute) and _private(node.attr) and id(node) not in own:
             found.append(f"{where}: reads {ast.unparse(node)}")
@@ -224,16 +224,134 @@ def test_benchmarks_use_no_private_name_of_the_project():
 def test_the_private_name_checker_sees_imports_attributes_and_getattr(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text(
-        "from training.loop import Trainer, _helper\nimport models._hidden\nfrom torch import _C\n\n"
+        "from cse.training.loop import Trainer, _helper\nimport cse.models._hidden\nfrom torch import _C\n\n"
         "class Probe:\n    def f(self):\n        return self._own, cls_obj._other\n\n"
         "def g(t):\n    t._batch(1)\n    return getattr(t, '_autocast'), t.__class__\n"
     )
     assert sorted(f.split(": ", 1)[1] for f in private_uses(source)) == sorted(
         [
-            "imports training.loop._helper",
-            "imports models._hidden",
+            "imports cse.training.loop._helper",
+            "imports cse.models._hidden",
             "reads cls_obj._other",
             "reads t._batch",
             "getattr _autocast",
         ]
     )
+
+
+# ------------------------------------------------------------------------------------------------ one import name
+# Every package is installed as `cse.<package>` (pyproject.toml's package-dir). The old top-level names (`models`,
+# `config`, ...) stay importable only where the checkout's root is on the import path (pytest, `python -m` in the checkout),
+# and there an import by the old name loads a second copy of the module beside `cse.<package>`: two registries, two
+# settings objects, classes that fail isinstance checks. So nothing may use them.
+OLD_NAMES = PACKAGES
+# Modules that name the old paths on purpose: the loader of files written before the move and its test, and the
+# benchmark that runs an older commit's tree (whose packages are top-level) beside this one.
+HANDLES_OLD_NAMES = ("ops/legacy.py", "tests/test_pre_rename.py", "benchmarks/rows_memory.py")
+NOT_SOURCE = (".venv", "site", "build", ".git", ".cse", "fixtures", "results", "__pycache__", "node_modules")
+
+
+def checkout_files(*patterns: str) -> list[Path]:
+    """The checkout's files matching `patterns` (glob names), outside virtual environments, build output, data and
+    the fixtures written by older code."""
+    found = set()
+    for pattern in patterns:
+        for path in REPO_ROOT.rglob(pattern):
+            rel = path.relative_to(REPO_ROOT)
+            if path.is_file() and not any(p in NOT_SOURCE or p.endswith(".egg-info") for p in rel.parts[:-1]):
+                found.add(path)
+    return sorted(found)
+
+
+def _old_module_path(text: str) -> bool:
+    """`text` is a dotted path into a project package by its old name (`storage.locks`, `models.d2cse:D2CSE`,
+    `tasks.train.log_encoder_model`): a module of that package, then anything."""
+    head, _, rest = text.partition(".")
+    if head not in OLD_NAMES or not rest:
+        return False
+    module = rest.split(".")[0].split(":")[0]
+    return (REPO_ROOT / head / f"{module}.py").is_file() or (REPO_ROOT / head / module / "__init__.py").is_file()
+
+
+def old_name_uses(path: Path) -> list[str]:
+    """Imports of an old top-level name (any depth, TYPE_CHECKING included), and string constants that are an old
+    module path (patch targets, logger names, entrypoints, `importlib.import_module` arguments)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    where = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [
+                f"{where}:{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] in OLD_NAMES
+            ]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in OLD_NAMES:
+                found.append(f"{where}:{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _old_module_path(node.value.strip()):
+            found.append(f"{where}:{node.lineno}: {node.value.strip()!r}")
+    return found
+
+
+def test_nothing_imports_a_package_by_its_old_top_level_name():
+    files = checkout_files("*.py")
+    assert REPO_ROOT / "benchmarks" / "gpu_check.py" in files and REPO_ROOT / "tests" / "conftest.py" in files
+    offenders = [
+        use
+        for path in files
+        if str(path.relative_to(REPO_ROOT)) not in HANDLES_OLD_NAMES
+        for use in old_name_uses(path)
+    ]
+    assert not offenders, "use cse.<package> (see pyproject.toml):\n" + "\n".join(offenders)
+
+
+# `python -m models.x`, `::: models.x` (mkdocstrings), `from models.x import`, `import models.x` in the docs, scripts,
+# Makefile, Dockerfiles and configuration
+_OLD_IN_TEXT = re.compile(
+    rf"(?:-m|:::)\s+(?:{'|'.join(OLD_NAMES)})\.\w|\bfrom\s+(?:{'|'.join(OLD_NAMES)})(?:\.\w+)*\s+import\b"
+    rf"|\bimport\s+(?:{'|'.join(OLD_NAMES)})\.\w"
+)
+
+
+def test_no_command_or_page_names_a_package_by_its_old_top_level_name():
+    files = checkout_files("*.md", "*.sh", "*.yaml", "*.yml", "*.toml", "Makefile", "Dockerfile*")
+    assert REPO_ROOT / "Makefile" in files and REPO_ROOT / "docs" / "api" / "models.md" in files
+    offenders = [
+        f"{path.relative_to(REPO_ROOT)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if _OLD_IN_TEXT.search(line)
+    ]
+    assert not offenders, "use cse.<package>:\n" + "\n".join(offenders)
+
+
+def test_the_old_name_checker_sees_imports_and_module_strings(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "import models.d2cse\nfrom config import settings\nimport cse.models.d2cse\n\n"
+        "def f(mp):\n    from storage.locks import exclusive\n    mp.setattr('tasks.train.log_encoder_model', 1)\n"
+        "    return ('models.d2cse:D2CSE', 'config.json', 'config.backbone', 'cse.storage.locks')\n"
+    )
+    assert sorted(u.split(": ", 1)[1] for u in old_name_uses(source)) == sorted(
+        [
+            "import models.d2cse",
+            "from config import ...",
+            "from storage.locks import ...",
+            "'tasks.train.log_encoder_model'",
+            "'models.d2cse:D2CSE'",
+        ]
+    )
+
+
+def test_every_package_folder_is_installed_under_cse():
+    """pyproject.toml installs each top-level package folder as `cse.<folder>`, and only those (plus `cse` itself);
+    `cse/` holds nothing but the package's `__init__.py`."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").is_file()} - {"tests", "cse"}
+    assert folders == set(PACKAGES)
+    expected = {"cse": "cse", **{f"cse.{name}": name for name in PACKAGES}}
+    assert setuptools["package-dir"] == expected
+    assert sorted(setuptools["packages"]) == sorted(expected)
+    assert [p.name for p in (REPO_ROOT / "cse").iterdir() if p.name != "__pycache__"] == ["__init__.py"]
+    assert not [p for name in PACKAGES for p in (REPO_ROOT / name).iterdir() if p.is_dir() and p.name != "__pycache__"]

@@ -109,17 +109,17 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path):
 
 # The modules whose docstrings carry runnable examples (`>>>`): the examples are part of the docs site, so they run.
 DOCTEST_MODULES = (
-    "models.losses",
-    "models.pooling",
-    "models.heads",
-    "models.crtd",
-    "evaluation.alignment",
-    "evaluation.sts",
-    "evaluation.retrieval",
-    "evaluation.classifier",
-    "evaluation.encode",
-    "evaluation.qualitative",
-    "evaluation.plots",
+    "cse.models.losses",
+    "cse.models.pooling",
+    "cse.models.heads",
+    "cse.models.crtd",
+    "cse.evaluation.alignment",
+    "cse.evaluation.sts",
+    "cse.evaluation.retrieval",
+    "cse.evaluation.classifier",
+    "cse.evaluation.encode",
+    "cse.evaluation.qualitative",
+    "cse.evaluation.plots",
 )
 
 

@@ -13,8 +13,8 @@ import re
 import tokenize
 from pathlib import Path
 
-from config.methods import METHODS
-from config.settings import REPO_ROOT
+from cse.config.methods import METHODS
+from cse.config.settings import REPO_ROOT
 
 ALLOWED = {"config/methods.py", "config/presets.py", "config/published.py"}
 SKIPPED_DIRS = {".venv", "tests", "docs", "site", ".git", ".cse", "build"}
@@ -55,7 +55,7 @@ def test_no_method_name_outside_its_unit():
         for path in source_files()
         for line, text in method_tokens(path, pattern)
     ]
-    assert not found, "method names outside their unit (read them from config.methods instead):\n" + "\n".join(found)
+    assert not found, "method names outside their unit (read them from cse.config.methods):\n" + "\n".join(found)
 
 
 def test_the_check_finds_a_method_name(tmp_path):

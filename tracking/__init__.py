@@ -1,18 +1,18 @@
 """The tracking seam: the only package that talks to MLflow and publishes results. Every other module calls these.
 
-- `tracking.store`: the tracking store (setup, errors said clearly, experiments, reading runs and artifacts back);
-- `tracking.stage_runs`: every stage run is an MLflow run (`stage_run`) and what a stage records on it;
-- `tracking.orphans`: stage runs left RUNNING by a killed process, closed as KILLED;
-- `tracking.provenance`: the git commit and the Prefect flow run of a run;
-- `tracking.lineage`: the datasets a run read, as MLflow dataset inputs (`tracking.datasets` builds them);
-- `tracking.training_runs`: a training job's run (started or resumed), rank 0's callbacks;
-- `tracking.spool`: per-step metrics that survive an unreachable tracking server (the outage spool);
-- `tracking.group_runs`: the parent run of a group of children, a comparison's run;
-- `tracking.model_export`, `tracking.model_card`: logged and registered models and their cards;
-- `tracking.reporting`: result tables as markdown/CSV and Prefect artifacts.
-- `tracking.run_pages`: what the MLflow pages show (model-training view, run names, STS descriptions).
+- `cse.tracking.store`: the tracking store (setup, errors said clearly, experiments, reading runs and artifacts back);
+- `cse.tracking.stage_runs`: every stage run is an MLflow run (`stage_run`) and what a stage records on it;
+- `cse.tracking.orphans`: stage runs left RUNNING by a killed process, closed as KILLED;
+- `cse.tracking.provenance`: the git commit and the Prefect flow run of a run;
+- `cse.tracking.lineage`: the datasets a run read, as MLflow dataset inputs (`cse.tracking.datasets` builds them);
+- `cse.tracking.training_runs`: a training job's run (started or resumed), rank 0's callbacks;
+- `cse.tracking.spool`: per-step metrics that survive an unreachable tracking server (the outage spool);
+- `cse.tracking.group_runs`: the parent run of a group of children, a comparison's run;
+- `cse.tracking.model_export`, `cse.tracking.model_card`: logged and registered models and their cards;
+- `cse.tracking.reporting`: result tables as markdown/CSV and Prefect artifacts.
+- `cse.tracking.run_pages`: what the MLflow pages show (model-training view, run names, STS descriptions).
 """
 
-from tracking.redaction import install_redaction
+from cse.tracking.redaction import install_redaction
 
 install_redaction()  # every process that tracks anything masks credentials in its logs and MLflow's errors

@@ -14,7 +14,7 @@ Two kinds, both `mlflow.data.dataset.Dataset` subclasses, so `mlflow.log_input` 
 
 `as_dataset` / `as_datasets` turn what the stages hold (a `DatasetRef`, a `Manifest`, a `ResolvedSource` of a file,
 folder, URL or Hugging Face dataset, an STS or transfer evaluation input) into them;
-`tracking.lineage.log_dataset_inputs` logs them with their context.
+`cse.tracking.lineage.log_dataset_inputs` logs them with their context.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from mlflow.data.dataset_source import DatasetSource
 from mlflow.data.sources import HTTPDatasetSource, HuggingFaceDatasetSource, LocalArtifactDatasetSource
 from mlflow.types.schema import Array, ColSpec, DataType, Object, Property, Schema
 
-from config.settings import get_settings
-from storage.datasets import DatasetRef
-from storage.evaluations import StsInput
-from storage.layout import DataRoot
-from storage.manifest import Manifest
-from storage.transfer import TransferInput
+from cse.config.settings import get_settings
+from cse.storage.datasets import DatasetRef
+from cse.storage.evaluations import StsInput
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
+from cse.storage.transfer import TransferInput
 
 DIGEST_CHARS = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE (the SQL stores' digest column)
-_SOURCE_FIELDS = ("dataset", "path", "origin", "location", "content_hash")  # storage.sources.ResolvedSource
+_SOURCE_FIELDS = ("dataset", "path", "origin", "location", "content_hash")  # cse.storage.sources.ResolvedSource
 
 
 def digest_of(content_hash: str) -> str:
@@ -197,7 +197,7 @@ class SourceDataset(Dataset):
 
 
 def _hf_dataset(kind: str, rows: Any) -> SourceDataset:
-    """One Hugging Face dataset an ingestion source read (`storage.hf_sources.HFRows`): a hub dataset as a
+    """One Hugging Face dataset an ingestion source read (`cse.storage.hf_sources.HFRows`): a hub dataset as a
     `hugging_face` source (hub id, config, split, revision, data files), a local one as its folder; digest = the hash
     of the rows read; with their count and schema."""
     spec = rows.spec
@@ -235,12 +235,12 @@ def as_datasets(item: Any, root: DataRoot | None = None) -> list[Dataset]:
 def as_dataset(item: Any, root: DataRoot | None = None) -> Dataset:
     """The MLflow dataset of what a stage read:
     - a `DatasetRef` or a `Manifest` (a published dataset) → `ParquetDataset`;
-    - a resolved ingestion source (`storage.sources.ResolvedSource`: dataset, path, origin, location, content hash)
+    - a resolved ingestion source (`cse.storage.sources.ResolvedSource`: dataset, path, origin, location, content hash)
       → `SourceDataset` named `<dataset>-source/<file or folder name>` (a Hugging Face source:
       `<dataset>-source/hf:<id>[:<config>][@<split>]`, its hub id or folder, the rows' hash, count and schema);
-    - an evaluation input (`storage.evaluations.StsInput`, `storage.transfer.TransferInput`) → the `ParquetDataset`
-      of its `sts` / `transfer` dataset when it came from one (origin `dataset`), else a `SourceDataset` of its
-      SentEval folder with the table's rows and schema;
+    - an evaluation input (`cse.storage.evaluations.StsInput`, `cse.storage.transfer.TransferInput`) → the
+      `ParquetDataset` of its `sts` / `transfer` dataset when it came from one (origin `dataset`), else a
+      `SourceDataset` of its SentEval folder with the table's rows and schema;
     - an MLflow `Dataset` → itself.
     Anything else raises a TypeError naming its type."""
     if isinstance(item, Dataset):
@@ -263,7 +263,8 @@ def as_dataset(item: Any, root: DataRoot | None = None) -> Dataset:
             schema=item.table.schema,
             details={"origin": item.origin, "location": item.location},
         )
-    if all(hasattr(item, a) for a in _SOURCE_FIELDS):  # storage.sources.ResolvedSource (or any source shaped like it)
+    # cse.storage.sources.ResolvedSource (or any source shaped like it)
+    if all(hasattr(item, a) for a in _SOURCE_FIELDS):
         if len(parts := getattr(item, "hf", ())) == 1:
             return _hf_dataset(item.dataset, parts[0])
         if parts:

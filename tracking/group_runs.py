@@ -7,8 +7,8 @@ from typing import Any
 
 import mlflow
 
-from tracking.run_pages import NOTE_TAG
-from tracking.store import ensure_experiment, flatten
+from cse.tracking.run_pages import NOTE_TAG
+from cse.tracking.store import ensure_experiment, flatten
 
 
 def start_group_run(experiment_id: str, run_name: str, tags: Mapping[str, str], params: Mapping[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """The MLflow run of a training job across its later stages (test evaluation, transfer evaluation, export).
 
-The fit stage opens the job's run and ends it when training ends (tracking.training_runs `training_run`). Each later stage is
+The fit stage opens the job's run and ends it when training ends (cse.tracking.training_runs `training_run`). Each later stage is
 its own Prefect task; `job_stage` makes the job's run the active run again for that stage (the evaluation recorders
 and the model logging write to the active run), so the stage's results land on the same run. A stage that raises
 ends the run FAILED and tags it `cse.failed_stage` = the stage, so MLflow says which stage failed (the training
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import mlflow
 
-from tracking.store import configure_mlflow
+from cse.tracking.store import configure_mlflow
 
 FAILED_STAGE_TAG = "cse.failed_stage"
 

@@ -1,5 +1,5 @@
 """Dataset inputs: what a run read, as the "Datasets used" of the run in the MLflow UI, so lineage runs from the raw
-source to the model. `tracking.datasets` turns our datasets into MLflow datasets; this module logs them on runs and
+source to the model. `cse.tracking.datasets` turns our datasets into MLflow datasets; this module logs them on runs and
 reads them back."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from mlflow.entities import DatasetInput, InputTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from tracking.datasets import as_datasets
-from tracking.stage_runs import active_run_id
-from tracking.store import configure_mlflow
+from cse.tracking.datasets import as_datasets
+from cse.tracking.stage_runs import active_run_id
+from cse.tracking.store import configure_mlflow
 
 # The `mlflow.data.context` input tag: how a run used a dataset (MLflow's autologging says "train" / "eval").
 CONTEXT_SOURCE = "source"  # what a data stage reads and transforms (ingest: the raw file; tokenise, corrupt: a dataset)
@@ -30,7 +30,7 @@ def log_dataset_inputs(
 ) -> list[DatasetInput]:
     """Log what run `run_id` (default: the active run) read as MLflow dataset inputs, each with its context
     (`CONTEXT_*`, the input tag `mlflow.data.context`) and `tags` (extra input tags). An input is anything
-    `tracking.datasets.as_datasets` takes: a `DatasetRef` or `Manifest` (Parquet-backed, digest = the content hash,
+    `cse.tracking.datasets.as_datasets` takes: a `DatasetRef` or `Manifest` (Parquet-backed, digest = the content hash,
     source = the dataset folder, schema and row count), a resolved ingestion source (path or URL + sha256; an HF
     source: one input per HF dataset), an STS/transfer evaluation input, or an `mlflow.data` Dataset. All go in one
     `MlflowClient.log_inputs` request (what `mlflow.log_input` sends for one dataset of the active run); an input the

@@ -16,7 +16,7 @@ folder, the PEFT adapter where one exists, the MLflow model URI) and the papers 
 The data section states where the training rows really came from (the ingested dataset's manifest: the local sample
 or the full source, its rows, what the job used), and the rendered card names no absolute local path (`$CSE_HOME/…`
 or a file name instead). A backbone no paper reports is compared with the BERT-base row, labelled as a reference
-(`config.published.reference_family`).
+(`cse.config.published.reference_family`).
 
 `card_facts_of_job(run_dir)` (for `cse card RUN_DIR`) reads a finished job's recorded result and its MLflow run
 (config, tags, registered version); it is the only function here that talks to MLflow.
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from config import published
-from config.methods import REGISTRY, MethodSpec
-from storage.atomic import atomic_file
-from storage.readers import SEVEN_TASKS, TASK_TITLES
+from cse.config import published
+from cse.config.methods import REGISTRY, MethodSpec
+from cse.storage.atomic import atomic_file
+from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 
 if TYPE_CHECKING:
-    from config.training import TrainConfig
-    from storage.datasets import DatasetRef
-    from storage.runs import RunDir
+    from cse.config.training import TrainConfig
+    from cse.storage.datasets import DatasetRef
+    from cse.storage.runs import RunDir
 
 CARD_FILE = "README.md"
 MISSING = "—"
@@ -97,7 +97,7 @@ class AdapterInfo(BaseModel):
     @classmethod
     def from_folder(cls, folder: str | Path) -> AdapterInfo:
         """The adapter an export wrote into `folder`, from its `cse_peft.json` (models/peft_loader.py)."""
-        from models.peft_loader import read_spec
+        from cse.models.peft_loader import read_spec
 
         return cls.of({**read_spec(folder), "folder": str(folder)})
 
@@ -120,7 +120,7 @@ class PublishedReference(BaseModel):
     @classmethod
     def lookup(cls, method: str, backbone: str, setting: str) -> PublishedReference | None:
         """The published row of (method, backbone family, setting); for a backbone no paper reports, the BERT-base row
-        as a reference (`stands_in_for`, config.published.reference_family); None when no paper reports one."""
+        as a reference (`stands_in_for`, cse.config.published.reference_family); None when no paper reports one."""
         family, stands_in = published.reference_family(backbone)
         rows = REGISTRY[method].published if method in REGISTRY else published.rows_of(method)
         cell = (family, setting)
@@ -145,9 +145,9 @@ class PublishedReference(BaseModel):
 
 
 class DataOrigin(BaseModel):
-    """Where one training dataset's rows came from, as ingested (`storage.sources.ingested_origin`), or as configured
-    when the ingested dataset is not at hand (`origin="configured"`: not verified). No local paths: `source` is a file
-    name, a URL or `hf:<id>@<split>`; `dataset_key` addresses the ingested dataset (`cse dataset show`)."""
+    """Where one training dataset's rows came from, as ingested (`cse.storage.sources.ingested_origin`), or as
+    configured when the ingested dataset is not at hand (`origin="configured"`: not verified). No local paths: `source`
+    is a file name, a URL or `hf:<id>@<split>`; `dataset_key` addresses the ingested dataset (`cse dataset show`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -197,7 +197,7 @@ class CardFacts(BaseModel):
     summary: str = ""
     preset: str
     backbone: str
-    setting: str = Field(description="unsup / sup / semi / semi-aux (config.published.setting_of)")
+    setting: str = Field(description="unsup / sup / semi / semi-aux (cse.config.published.setting_of)")
     uses_corruption: bool = False
     dataset: str = Field(default=MISSING, description="the training data: wiki1m or nli")
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -251,7 +251,7 @@ class CardFacts(BaseModel):
         `tokens`/`corruption`/`nli_tokens`: the input `DatasetRef`s (or their content hashes). `checkpoint`: the
         best checkpoint folder, read for the trainable parameter count and the evaluation pooler when
         `trainable_parameters` is not given. `adapter`: a `PeftExport` (or a dict of its fields) or None.
-        `registered_name`/`version`/`logged_model_uri`: tracking.model_export's `LoggedEncoder` fields.
+        `registered_name`/`version`/`logged_model_uri`: cse.tracking.model_export's `LoggedEncoder` fields.
         `st_export`: models/st_export.py's `STExport` (or a dict of `kind`, `reason`), None when not known.
         The data origin is read from the ingested datasets the tokens came from (under the configured data root);
         where they are not found, the configured sources are named, marked as such."""
@@ -594,7 +594,7 @@ def _loading(facts: CardFacts, library: Library) -> str:
         )
     else:
         how = (
-            "its `modules.json` names `models.st_export.PromptedEncoderModule`, so it needs this project's package "
+            "its `modules.json` names `cse.models.st_export.PromptedEncoderModule`, so it needs this project's package "
             f"importable ({st.reason})"
         )
     lines = [
@@ -794,9 +794,9 @@ def _describe_source(src: Any) -> str:
 def _data_origins(sources: Mapping[str, Any], refs: Mapping[str, Any]) -> list[DataOrigin]:
     """Each training dataset's origin: read from the ingested dataset its tokens (`refs`: a `DatasetRef` or a content
     hash) were made from, else the configured source of `sources`, marked `configured`."""
-    from config.settings import get_settings
-    from storage.layout import DataRoot
-    from storage.sources import ingested_origin
+    from cse.config.settings import get_settings
+    from cse.storage.layout import DataRoot
+    from cse.storage.sources import ingested_origin
 
     out = []
     for name, src in sources.items():
@@ -839,7 +839,7 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~$-])/[^\s\"'`,;)\]]+")
 def portable_path(path: str | Path) -> str:
     """A local path as a card may name it: `$CSE_HOME/<relative>` under `$CSE_HOME`, else its last name (a file or
     folder name; no absolute path). Relative paths and ids are returned as they are."""
-    from config.settings import get_settings
+    from cse.config.settings import get_settings
 
     text = str(path)
     if not Path(text).is_absolute():
@@ -857,7 +857,7 @@ def _portable(text: str) -> str:
 
 
 def _checkpoint_meta(folder: Path) -> dict[str, Any]:
-    from models.checkpoint import read_checkpoint_meta
+    from cse.models.checkpoint import read_checkpoint_meta
 
     return read_checkpoint_meta(folder)
 
@@ -871,8 +871,8 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
     best checkpoint (trainable parameters, pooler). Errors name what is missing."""
     import mlflow
 
-    from config.training import TrainConfig
-    from tracking.store import configure_mlflow
+    from cse.config.training import TrainConfig
+    from cse.tracking.store import configure_mlflow
 
     record = run_dir.result()
     if record is None:
@@ -890,12 +890,12 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         ) from None
     cfg = TrainConfig.model_validate(config)
     tags = run.data.tags
-    name, version = tags.get("cse.registered_model"), tags.get("cse.model_version")  # tracking.model_export's tags
+    name, version = tags.get("cse.registered_model"), tags.get("cse.model_version")  # cse.tracking.model_export's tags
     if version is None:  # registered otherwise: the newest version made from this run
         versions = sorted(client.search_model_versions(f"run_id = '{run_id}'"), key=lambda v: int(v.version))
         name, version = (versions[-1].name, versions[-1].version) if versions else (None, None)
     best = Path(record.get("best_checkpoint") or run_dir.best)
-    from models.st_export import export_kind  # lazy: sentence-transformers is imported by that module
+    from cse.models.st_export import export_kind  # lazy: sentence-transformers is imported by that module
 
     return CardFacts.from_training(
         cfg,

@@ -35,7 +35,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, DataType, ParamSchema, ParamSpec, Schema, TensorSpec
 
-from models.st_standard import INPUT_EXAMPLE, standard_sentence_transformer  # the standard pipeline: see there
+from cse.models.st_standard import INPUT_EXAMPLE, standard_sentence_transformer  # the standard pipeline: see there
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
     """pyfunc: a list of sentences → an (n, d) float32 array."""
 
     def load_context(self, context) -> None:
-        from models.checkpoint import load_checkpoint
-        from models.loading import load_tokenizer
+        from cse.models.checkpoint import load_checkpoint
+        from cse.models.loading import load_tokenizer
 
         ckpt = Path(context.artifacts["checkpoint"])
         self.encoder = load_checkpoint(ckpt, device="cpu")
@@ -157,7 +157,7 @@ def log_encoder_model(
     """Log the checkpoint as an MLflow model in the active run (the flavour: see the module docstring), and register
     it as a new version of `registered_name` (with `version_tags`) when given. A registry that refuses the version
     leaves the logged model in place: a warning and the run tag `cse.registry_error` say why."""
-    from models.checkpoint import read_checkpoint_meta
+    from cse.models.checkpoint import read_checkpoint_meta
 
     meta = read_checkpoint_meta(checkpoint_dir)
     signature = embedding_signature(meta.get("embedding_dim"))
@@ -209,7 +209,7 @@ def set_best_alias(run_ids: list[str], metric: str = SELECTION_METRIC, alias: st
     """Point `alias` of every registered model that holds a version of one of `run_ids` at its version with the
     highest `metric` (the runs' STS-B dev selection score). Runs without the metric or without a registered version
     are skipped. Returns {registered model name: version}; {} when none qualifies."""
-    from tracking.store import configure_mlflow
+    from cse.tracking.store import configure_mlflow
 
     configure_mlflow()
     client = mlflow.MlflowClient()

@@ -1,6 +1,6 @@
 """Stage runs left RUNNING by a killed process: each stage run records its owner process (`OWNER_TAG`), and the next
 run of the same stage closes those whose owner is gone as KILLED (`close_orphaned_runs`, called by
-`tracking.stage_runs.stage_run`)."""
+`cse.tracking.stage_runs.stage_run`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from config.settings import redact
+from cse.config.settings import redact
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,16 @@
 """No credential in clear: what this process prints, logs or raises about MLflow and Prefect is masked.
 
-`config.settings.redact` masks the password of `scheme://user:password@host` URIs and `password=` / `token=`
+`cse.config.settings.redact` masks the password of `scheme://user:password@host` URIs and `password=` / `token=`
 parameters. `install_redaction` (run when `tracking` is imported, so by every stage, flow and `cse` command) applies
 it where the project does not write the text itself:
-- every log record of the process (`config.settings.install_log_redaction`: a record factory, and a filter on the
+- every log record of the process (`cse.config.settings.install_log_redaction`: a record factory, and a filter on the
   root, `mlflow` and `prefect` loggers and their handlers);
 - MLflow's exceptions: their message (e.g. `API request to http://user:password@host/... failed`) is masked when the
   exception is created, so a task's error, the flow's error and Prefect's Failed state message carry the masked text;
 - MLflow's "View run … at: <tracking URI>" lines, written straight to stdout: switched off
   (`MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`) when the tracking URI carries credentials.
 Stage and training runs also re-raise any other exception whose message holds a credential as a masked copy
-(`config.settings.redacted_exception`).
+(`cse.config.settings.redacted_exception`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from config.settings import install_log_redaction, redact
+from cse.config.settings import install_log_redaction, redact
 
 _SUPPRESS_URLS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
@@ -40,7 +40,7 @@ def quiet_run_urls(tracking_uri: str | None) -> None:
 
 def mask_mlflow_exceptions() -> None:
     """Mask credentials in the message of every `MlflowException` from now on (idempotent; imports MLflow: called by
-    `tracking.store`, which every module of `tracking/` that talks to MLflow goes through)."""
+    `cse.tracking.store`, which every module of `tracking/` that talks to MLflow goes through)."""
     from mlflow.exceptions import MlflowException
 
     if not getattr(MlflowException.__init__, "cse_masking", False):

@@ -8,7 +8,7 @@ How MLflow 3 (3.17) decides what a page shows, and what this module does about i
   in the browser (local storage `mlflow.workflowType`, default GenAI); the URL parameter `workflowType` overrides it.
   Every link this project prints carries `workflowType=machine_learning` (`experiment_url`, `run_url`). Experiments
   are also tagged `mlflow.experimentKind = custom_model_development` (`MODEL_TRAINING`, set by
-  `tracking.store.ensure_experiment` on new experiments and on existing ones when next used), which MLflow 3
+  `cse.tracking.store.ensure_experiment` on new experiments and on existing ones when next used), which MLflow 3
   versions that read the tag honour and which stops the "Choose experiment type" pop-up.
 - **The runs table** shows no metric column until one is chosen (a per-browser choice), so each experiment holds
   the shared view `SCORES_VIEW` (experiment tag `mlflow.sharedViewState.<key>`): the seven STS tasks and `sts_avg`
@@ -31,9 +31,9 @@ from typing import Any
 
 import mlflow
 
-from config import published
-from storage.readers import SEVEN_TASKS, TASK_TITLES
-from tracking.reporting import markdown_table
+from cse.config import published
+from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
+from cse.tracking.reporting import markdown_table
 
 NOTE_TAG = "mlflow.note.content"  # the run description MLflow shows (markdown)
 HEADLINE = (*SEVEN_TASKS, "sts_avg")  # the headline metrics: the runs table's columns, the description's table
@@ -108,7 +108,7 @@ def _value_text(value: Any) -> str:
 def preset_differences(cfg) -> dict[str, Any]:
     """The fields of the training config `cfg` whose values differ from its preset's (its `method`/`preset` resolved
     without overrides), by dotted name in name order (none when the preset cannot be resolved)."""
-    from config.training import resolve_train_config
+    from cse.config.training import resolve_train_config
 
     try:
         base = resolve_train_config(cfg.preset, method=cfg.method)
@@ -207,7 +207,7 @@ def sts_description(
         method: the method.
         preset: the preset.
         backbone: the backbone.
-        setting: the published setting (`config.published.setting_of`).
+        setting: the published setting (`cse.config.published.setting_of`).
         differences: what differs from the preset (`preset_differences`).
     """
     ref = published.reference_row(published.STS, method, backbone, setting)

@@ -28,9 +28,9 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from config.settings import redact
-from storage.runs import RunDir
-from storage.spool import (
+from cse.config.settings import redact
+from cse.storage.runs import RunDir
+from cse.storage.spool import (
     SpoolRecord,
     append_record,
     has_records,
@@ -39,7 +39,7 @@ from storage.spool import (
     read_records,
     replace_records,
 )
-from tracking.store import MAX_PARAM_LEN, configure_mlflow
+from cse.tracking.store import MAX_PARAM_LEN, configure_mlflow
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 import mlflow
 from mlflow.entities import Metric, RunTag
 
-from tracking.orphans import OWNER_TAG, close_orphaned_runs, process_owner
-from tracking.provenance import git_commit, prefect_flow_run_id
-from tracking.store import configure_mlflow, ensure_experiment, flatten, reraise
+from cse.tracking.orphans import OWNER_TAG, close_orphaned_runs, process_owner
+from cse.tracking.provenance import git_commit, prefect_flow_run_id
+from cse.tracking.store import configure_mlflow, ensure_experiment, flatten, reraise
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ def log_quarantine(
     record, logger: logging.Logger | logging.LoggerAdapter | None = None, run_id: str | None = None
 ) -> None:
     """Record in the stage's MLflow run (the active one, or `run_id`) that a damaged dataset was moved aside
-    (`storage.integrity.Quarantined`): tags `quarantined` / `quarantine_reason` and the artifact `quarantine.json`."""
+    (`cse.storage.integrity.Quarantined`): tags `quarantined` / `quarantine_reason` and the artifact
+    `quarantine.json`."""
     from dataclasses import asdict
 
     (logger or log).warning(

@@ -12,10 +12,10 @@ from typing import Any
 
 import mlflow
 
-from config.settings import get_settings, redact, redacted_exception
-from storage.locks import exclusive
-from tracking.redaction import mask_mlflow_exceptions, quiet_run_urls
-from tracking.run_pages import experiment_page_tags
+from cse.config.settings import get_settings, redact, redacted_exception
+from cse.storage.locks import exclusive
+from cse.tracking.redaction import mask_mlflow_exceptions, quiet_run_urls
+from cse.tracking.run_pages import experiment_page_tags
 
 mask_mlflow_exceptions()  # MLflow's error texts name the tracking URI, password included (tracking/redaction.py)
 
@@ -50,7 +50,7 @@ def configure_mlflow() -> str:
 def tracking_error(exc: BaseException) -> BaseException:
     """The exception to show for `exc` raised by a tracking call: a read-only SQLite store as
     `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a message holding a credential masked
-    (`config.settings.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
+    (`cse.config.settings.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
     text = " ".join(str(exc).split())
     if "readonly database" in text or "read-only file system" in text.lower():
         uri = mlflow.get_tracking_uri()
@@ -73,7 +73,7 @@ def reraise(exc: BaseException):
 
 def ensure_experiment(name: str) -> str:
     """The experiment id, creating it with an artifact location under the artifact root if new. Its pages open in
-    MLflow's model-training view with the STS columns (`tracking.run_pages.experiment_page_tags`): set at creation,
+    MLflow's model-training view with the STS columns (`cse.tracking.run_pages.experiment_page_tags`): set at creation,
     and on an experiment made before (or by someone else) the first time this process uses it."""
     uri = configure_mlflow()
     tags = experiment_page_tags()

@@ -16,11 +16,11 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from config.settings import redact
-from storage.runs import RunDir
-from tracking.lineage import CONTEXT_EVAL
-from tracking.spool import ResilientMetricLogger
-from tracking.store import configure_mlflow, ensure_experiment, flatten, reraise
+from cse.config.settings import redact
+from cse.storage.runs import RunDir
+from cse.tracking.lineage import CONTEXT_EVAL
+from cse.tracking.spool import ResilientMetricLogger
+from cse.tracking.store import configure_mlflow, ensure_experiment, flatten, reraise
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ The task starts it on its node and logs the command; the other nodes must run th
 and `CSE_HOME` must be on a filesystem every node sees: the ranks read the rows and the resume state there).
 
 Every rank (`rank_main`) joins the process group (NCCL on GPU, one GPU per rank = `LOCAL_RANK`; gloo on CPU), loads
-the rows, builds the model and runs `training.job.fit`, i.e. the Trainer on its slice of each global batch
+the rows, builds the model and runs `cse.training.job.fit`, i.e. the Trainer on its slice of each global batch
 (models/distributed.py: the step equals the single-process step on the whole batch). Rank 0 alone evaluates on
 STS-B dev, saves the best checkpoint and the resume state, and logs params/metrics through the callbacks the entry
 point injects (the job's MLflow run stays open in, and is ended by, the launching task). At the end rank 0 writes
@@ -43,14 +43,14 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from config.settings import REPO_ROOT
-from config.training import TrainConfig
-from models import distributed
-from storage.atomic import atomic_file
-from storage.datasets import DatasetRef
-from storage.runs import RunDir
-from training.job import LogMetrics, LogParams
-from training.loop import LoopResult, TrainingInterrupted
+from cse.config.settings import REPO_ROOT
+from cse.config.training import TrainConfig
+from cse.models import distributed
+from cse.storage.atomic import atomic_file
+from cse.storage.datasets import DatasetRef
+from cse.storage.runs import RunDir
+from cse.training.job import LogMetrics, LogParams
+from cse.training.loop import LoopResult, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +152,14 @@ def _run(cmd: list[str]) -> int:
 
 # ------------------------------------------------------------------------------------------------ one rank
 def train_rank(job: DistributedJob, device: torch.device, main_callbacks: MainCallbacks) -> LoopResult:
-    """This rank's share of the job: rows, model, Trainer (`training.job.fit`); callbacks (`main_callbacks(job)`)
+    """This rank's share of the job: rows, model, Trainer (`cse.training.job.fit`); callbacks (`main_callbacks(job)`)
     and evaluation on rank 0 only."""
-    from config.settings import get_settings
-    from evaluation.evaluator import Evaluator
-    from models.loading import load_tokenizer
-    from storage.evaluations import load_sts_input
-    from storage.layout import DataRoot
-    from training.job import fit, load_training_rows
+    from cse.config.settings import get_settings
+    from cse.evaluation.evaluator import Evaluator
+    from cse.models.loading import load_tokenizer
+    from cse.storage.evaluations import load_sts_input
+    from cse.storage.layout import DataRoot
+    from cse.training.job import fit, load_training_rows
 
     cfg = job.config
     root = DataRoot(get_settings().data_root)
@@ -186,7 +186,7 @@ def train_rank(job: DistributedJob, device: torch.device, main_callbacks: MainCa
 
 def init_process_group(cfg: TrainConfig) -> torch.device:
     """Join torchrun's process group: NCCL with GPU `LOCAL_RANK` when training on CUDA, gloo on CPU."""
-    from models.loading import pick_device
+    from cse.models.loading import pick_device
 
     device = pick_device(cfg.device)
     if device.type == "cuda":

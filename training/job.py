@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from config.settings import get_settings
-from config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
-from storage import keys
-from storage.datasets import DatasetRef
-from storage.layout import DataRoot
-from storage.runs import RunDir
-from storage.training_data import load_corruption_rows, load_token_rows
-from training.loop import LoopConfig, LoopResult, Phase, StopAfter, Trainer, set_seed
-from training.rows import TrainingRows
+from cse.config.settings import get_settings
+from cse.config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
+from cse.storage import keys
+from cse.storage.datasets import DatasetRef
+from cse.storage.layout import DataRoot
+from cse.storage.runs import RunDir
+from cse.storage.training_data import load_corruption_rows, load_token_rows
+from cse.training.loop import LoopConfig, LoopResult, Phase, StopAfter, Trainer, set_seed
+from cse.training.rows import TrainingRows
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def build_model(cfg: TrainConfig, device: torch.device):
     Returns:
         The model.
     """
-    from config.methods import get_method
+    from cse.config.methods import get_method
 
     return get_method(cfg.method).build_model(cfg.model, backbone_name=cfg.backbone).to(device)
 
@@ -138,8 +138,8 @@ def require_a_batch(root: DataRoot, key: str, rows: int, batch_size: int, field:
 
 def transfer_evaluator(data_root):
     """The SentEval transfer tasks (shared mirror, else the newest ingested `transfer` dataset) and their source."""
-    from evaluation.transfer import TransferEvaluator
-    from storage.transfer import load_transfer_input
+    from cse.evaluation.transfer import TransferEvaluator
+    from cse.storage.transfer import load_transfer_input
 
     source = load_transfer_input(None, DataRoot(data_root), get_settings().shared_data)
     return TransferEvaluator(source.table), source
@@ -181,7 +181,7 @@ def fit(
     """Build the model and run the training loop: the single-process job, or one rank of a distributed job
     (training/distributed.py; only rank 0 calls the callbacks, so `evaluator` may be None elsewhere). `slot` is held
     around the loop (the `train` task's GPU slot); `logger` says when the job resumes."""
-    from models.checkpoint import save_checkpoint
+    from cse.models.checkpoint import save_checkpoint
 
     set_seed(
         cfg.seed

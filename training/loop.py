@@ -1,19 +1,19 @@
 """The training loop: AdamW + linear decay, clipping, autocast, dev-set selection, resumable state.
 
 Pure PyTorch plus callbacks (`log_metrics`, `evaluate_dev`, `save_best`), so MLflow and the evaluator stay
-at the seams (training/job.py builds them; tasks/train.py injects the MLflow logger). The model is a `models.method.CSEModel`; the loop calls its
+at the seams (training/job.py builds them; tasks/train.py injects the MLflow logger). The model is a `cse.models.method.CSEModel`; the loop calls its
 `training_step(batch, step, phase)`. A job is a list of `Phase`s run one after the other (one for
 every method but DiffAug, whose prefix-only NLI stage precedes joint tuning); each phase has its
 own data, batch size, learning rate, AdamW over `model.parameter_groups(phase)` and linear decay;
 the global step counts across phases, and dev evaluation / best-checkpoint selection span them all
 (as DiffAug's reference code, TianduoWang/DiffAug, counts steps). Resume state holds the trainable tensors, optimizer,
 scheduler, RNG states, the position in the data and the best dev score, in the files that
-`storage.runs.ResumeState` names (the job folder's `RunDir.resume_state`); with `deterministic=True` a
+`cse.storage.runs.ResumeState` names (the job folder's `RunDir.resume_state`); with `deterministic=True` a
 killed and resumed run ends with the same weights as an uninterrupted one.
 
 Distributed (torch.distributed initialised with world > 1, e.g. under torchrun: training/distributed.py):
 the batch size stays the global batch; every rank draws the same global batch (same seed and order) and
-trains on its contiguous slice (`models.distributed.shard_batch`). The losses compute the global-batch
+trains on its contiguous slice (`cse.models.distributed.shard_batch`). The losses compute the global-batch
 objective (models/distributed.py), BatchNorm layers use global statistics, and the gradients are SUMMED over
 ranks before clipping, so a step equals the single-process step on the concatenated batch. Dropout draws
 differ by rank (rank r > 0 seeds its RNG from (seed, r)). Only rank 0 evaluates, saves the best checkpoint,
@@ -50,13 +50,13 @@ from safetensors.torch import load_file, save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
-from models import distributed
-from models.checkpoint import trainable_state_dict
-from models.grad_cache import RowChunks
-from storage.atomic import atomic_dir
-from storage.runs import ResumeState, ResumeStateDamaged, check_file_records, file_records
-from training.memory import PeakMemory
-from training.rows import TrainingRows, epoch_order
+from cse.models import distributed
+from cse.models.checkpoint import trainable_state_dict
+from cse.models.grad_cache import RowChunks
+from cse.storage.atomic import atomic_dir
+from cse.storage.runs import ResumeState, ResumeStateDamaged, check_file_records, file_records
+from cse.training.memory import PeakMemory
+from cse.training.rows import TrainingRows, epoch_order
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class TrainerHooks:
 
 class StopAfter(TrainerHooks):
     """Raise `TrainingInterrupted` once `steps` steps have run (after that step's logging, evaluation and resume
-    state): simulates a kill for resume tests (`training.job.fit(stop_after=...)`).
+    state): simulates a kill for resume tests (`cse.training.job.fit(stop_after=...)`).
 
     Args:
         steps: the global step after which training stops.
@@ -233,7 +233,7 @@ class Trainer:
     """Runs a job's phases with AdamW + linear decay (module docstring).
 
     Args:
-        model: a `models.method.CSEModel` (its `training_step(batch, step, phase)`).
+        model: a `cse.models.method.CSEModel` (its `training_step(batch, step, phase)`).
         data: the rows of a single phase, or the job's `Phase`s.
         cfg: the loop settings.
         device: where the model trains.
@@ -297,7 +297,7 @@ class Trainer:
 
     def _compiled_step(self):
         """`torch.compile` of the model's training step, with room for one graph per encoder layer: the prompted
-        attention function is specialised on its layer's index (`models.prefix`), and at dynamo's default limit of 8
+        attention function is specialised on its layer's index (`cse.models.prefix`), and at dynamo's default limit of 8
         recompilations the rest of a 12-layer encoder ran uncompiled (measured on an H100: D2CSE's compiled step was
         no faster than its eager one)."""
         config = torch._dynamo.config

@@ -10,7 +10,7 @@ A region starts with `reset()` and `peak_gb()` reads its peak so far:
 
 Examples:
     >>> import torch
-    >>> from training.memory import PeakMemory
+    >>> from cse.training.memory import PeakMemory
     >>> probe = PeakMemory(torch.device("cpu"))
     >>> probe.reset()
     >>> probe.peak_gb() > 0

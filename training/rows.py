@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from config.training import required_variants
-from models.batching import TrainBatch, pad_sequences
-from storage.training_data import CorruptionRows, TokenRows, take_rows
+from cse.config.training import required_variants
+from cse.models.batching import TrainBatch, pad_sequences
+from cse.storage.training_data import CorruptionRows, TokenRows, take_rows
 
 
 class TrainingRows:

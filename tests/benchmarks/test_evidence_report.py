@@ -133,4 +133,4 @@ def test_the_readme_states_the_committed_evidence():
     report = json.loads((ev.REPO_ROOT / "benchmarks" / "results" / "evidence.json").read_text())
     readme = (ev.REPO_ROOT / "README.md").read_text(encoding="utf-8")
     block = readme.split(ev.README_BEGIN, 1)[1].split(ev.README_END, 1)[0]
-    assert block.strip() == ev.readme_table(report), "rerun python benchmarks/evidence.py --report --readme README.md"
+    assert block.strip() == ev.readme_table(report), "rerun python -m benchmarks.evidence --report --readme README.md"

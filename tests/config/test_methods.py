@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from config.methods import METHODS, REGISTRY, build_model, get_method
-from config.presets import PRESETS
-from config.training import TrainConfig, resolve_train_config
-from models.checkpoint import CheckpointError, model_class_of
-from storage.hashing import stable_hash
+from cse.config.methods import METHODS, REGISTRY, build_model, get_method
+from cse.config.presets import PRESETS
+from cse.config.training import TrainConfig, resolve_train_config
+from cse.models.checkpoint import CheckpointError, model_class_of
+from cse.storage.hashing import stable_hash
 
 
 def test_the_registry_is_the_presets_methods():
@@ -24,7 +24,7 @@ def test_the_registry_is_the_presets_methods():
 def test_each_entry_lives_where_checkpoints_find_it(method):
     """A checkpoint names its method only; its class is found in models/<method>.py (model_class_of)."""
     spec = get_method(method)
-    assert spec.model.split(":")[0] == f"models.{method}"
+    assert spec.model.split(":")[0] == f"cse.models.{method}"
     assert spec.model_class.method == method
     assert model_class_of(method) is spec.model_class
 
@@ -57,7 +57,7 @@ def test_derived_facts():
     assert get_method("simcse").stages(supervised=True) == ("ingest:nli", "tokenize:nli", "train", "evaluate")
     assert (get_method("dcpcse").flow_name, get_method("dcpcse").entrypoint) == (
         "train-dcpcse",
-        "flows/train.py:train_dcpcse",
+        "cse.flows.train:train_dcpcse",
     )
 
 

@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from config import published
-from config.presets import PRESETS
-from config.published import (
+from cse.config import published
+from cse.config.presets import PRESETS
+from cse.config.published import (
     ALIGN_UNIFORM,
     D2CSE_ABLATION,
     PARAMETERS,
@@ -24,8 +24,8 @@ from config.published import (
     published_keys,
     setting_of,
 )
-from config.training import preset_row, presets_for
-from storage.readers import SEVEN_TASKS
+from cse.config.training import preset_row, presets_for
+from cse.storage.readers import SEVEN_TASKS
 
 FAMILIES = {"bert-base", "bert-large", "roberta-base", "roberta-large"}
 SETTINGS = {"unsup", "sup", "semi", "semi-aux"}

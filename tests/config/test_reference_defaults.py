@@ -11,17 +11,17 @@ import pytest
 import torch
 import yaml
 
-from config.evaluation import EvalConfig
-from config.methods import model_class
-from config.presets import PRESETS
-from config.published import published_keys
-from config.settings import REPO_ROOT
-from config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, CorruptConfig
-from config.training import presets_for, required_variants, resolve_train_config
-from models.d2cse import D2CSE, D2CSEModelConfig
-from storage.training_data import CorruptionRows, TokenRows
-from training.loop import LoopConfig, Trainer
-from training.rows import TrainingRows
+from cse.config.evaluation import EvalConfig
+from cse.config.methods import model_class
+from cse.config.presets import PRESETS
+from cse.config.published import published_keys
+from cse.config.settings import REPO_ROOT
+from cse.config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, CorruptConfig
+from cse.config.training import presets_for, required_variants, resolve_train_config
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.storage.training_data import CorruptionRows, TokenRows
+from cse.training.loop import LoopConfig, Trainer
+from cse.training.rows import TrainingRows
 
 CORRUPTING = [(m, p) for m in PRESETS for p in PRESETS[m] if model_class(m).uses_corruption]
 
@@ -80,7 +80,7 @@ def test_a_stand_alone_corruption_is_the_one_a_seed_42_job_reads():
 
 
 def test_seeds_children_get_independent_corruption_keys():
-    from storage.keys import CORRUPTION_SETTINGS, corruption_key
+    from cse.storage.keys import CORRUPTION_SETTINGS, corruption_key
 
     keys = {
         corruption_key(
@@ -141,8 +141,8 @@ def test_single_variant_is_shared_and_said_so():
 
 
 def test_evaluation_is_fp32_unless_asked():
-    from evaluation.encode import autocast_context, embed_token_ids
-    from evaluation.evaluator import Evaluator
+    from cse.evaluation.encode import autocast_context, embed_token_ids
+    from cse.evaluation.evaluator import Evaluator
 
     assert EvalConfig(checkpoint="some/run").precision == "fp32"
     assert resolve_train_config("default", method="d2cse").eval_precision == "fp32"
@@ -162,8 +162,8 @@ def test_evaluation_is_fp32_unless_asked():
 
 def test_training_selects_and_tests_in_the_configured_eval_precision(tiny_bert_dir, tokenizer, tmp_path):
     """`fit` hands `eval_precision` to every dev evaluation (fp32 by default, even when training runs in bf16)."""
-    from storage.runs import RunDir
-    from training.job import fit
+    from cse.storage.runs import RunDir
+    from cse.training.job import fit
 
     calls = []
 
@@ -301,8 +301,8 @@ def test_every_method_has_a_default_preset_and_deployment_for_experiment_childre
 
 def test_the_job_seed_fixes_the_initial_weights(tiny_bert_dir, monkeypatch):
     """`fit` seeds before building the model: the initial prompts and heads follow `seed`, not earlier RNG use."""
-    import training.job as train_task
-    from storage.runs import RunDir
+    import cse.training.job as train_task
+    from cse.storage.runs import RunDir
 
     class Dev:
         def run(self, model, mode, batch_size, precision):

@@ -17,17 +17,17 @@ import torch
 import yaml
 from torch import nn
 
-from config import published
-from config.methods import REGISTRY, MethodSpec, get_method, missing_deployments
-from config.presets import PRESETS
-from config.settings import REPO_ROOT
-from config.training import preset_row, resolve_train_config
-from models.batching import TrainBatch, pad_sequences
-from models.losses import contrastive_loss
-from models.method import CSEModel, PromptConfig, StepOutput
-from models.peft_export import PeftExportError, adapter_plan
-from models.prefix import PromptedModel
-from tracking.model_card import CardFacts, model_card
+from cse.config import published
+from cse.config.methods import REGISTRY, MethodSpec, get_method, missing_deployments
+from cse.config.presets import PRESETS
+from cse.config.settings import REPO_ROOT
+from cse.config.training import preset_row, resolve_train_config
+from cse.models.batching import TrainBatch, pad_sequences
+from cse.models.losses import contrastive_loss
+from cse.models.method import CSEModel, PromptConfig, StepOutput
+from cse.models.peft_export import PeftExportError, adapter_plan
+from cse.models.prefix import PromptedModel
+from cse.tracking.model_card import CardFacts, model_card
 
 TOY_BIBTEX = """@misc{toy2026,
   title  = {A Toy Method for the Registry Test},
@@ -111,14 +111,14 @@ def test_the_registry_entry_gives_config_stages_and_the_aux_rule(toy):
 
 def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
     """The flow comes from the registry entry; the deployment check prints the prefect.yaml lines to add."""
-    from flows import train
+    from cse.flows import train
 
     namespace: dict = {}
     flows = train.define_train_flows(namespace)  # what flows/train.py does with its globals() at import
     flow = namespace[toy.flow_function]
     assert flows[toy.name] is flow
     assert flow.name == toy.flow_name == "train-toy" and toy.flow_function == "train_toy"
-    assert toy.entrypoint == "flows/train.py:train_toy" and toy.deployment("smoke") == "train-toy/smoke"
+    assert toy.entrypoint == "cse.flows.train:train_toy" and toy.deployment("smoke") == "train-toy/smoke"
     assert "deep prompts on a frozen encoder" in flow.description
 
     deployments = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
@@ -127,8 +127,8 @@ def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
     assert "prefect.yaml lines to add" in capsys.readouterr().out
     entries = yaml.safe_load("pool: &local_pool {name: local}\ndeployments:\n" + lines)["deployments"]
     assert [(e["name"], e["entrypoint"], e["parameters"]) for e in entries] == [
-        ("default", "flows/train.py:train_toy", {"preset": "default"}),
-        ("smoke", "flows/train.py:train_toy", {"preset": "smoke"}),
+        ("default", "cse.flows.train:train_toy", {"preset": "default"}),
+        ("smoke", "cse.flows.train:train_toy", {"preset": "smoke"}),
     ]
     assert entries[1]["tags"] == ["train", "toy", "smoke"] and entries[0]["work_pool"] == {"name": "local"}
     accepted = set(inspect.signature(flow.fn).parameters)
@@ -186,7 +186,7 @@ def test_the_peft_plan_is_the_model_classs(toy, tiny_bert_dir):
 
 
 def test_the_comparison_rows_derive_from_the_published_table(toy, monkeypatch):
-    from tasks.compare import RunRecord, build_comparison
+    from cse.tasks.compare import RunRecord, build_comparison
 
     run = RunRecord(
         run_id="r1",

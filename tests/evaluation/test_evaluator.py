@@ -13,14 +13,14 @@ import torch
 from scipy.stats import pearsonr, spearmanr
 from torch import nn
 
-from evaluation import Evaluator
-from evaluation.evaluator import MissingDataError, UnknownTaskError
-from evaluation.results import TEST_TASKS
-from models.embedder import PooledEncoder, SentenceEmbedder
-from models.pooling import pool
-from storage import schemas
-from storage.readers import read_senteval
-from tracking.reporting import markdown_table
+from cse.evaluation import Evaluator
+from cse.evaluation.evaluator import MissingDataError, UnknownTaskError
+from cse.evaluation.results import TEST_TASKS
+from cse.models.embedder import PooledEncoder, SentenceEmbedder
+from cse.models.pooling import pool
+from cse.storage import schemas
+from cse.storage.readers import read_senteval
+from cse.tracking.reporting import markdown_table
 
 # ---------------------------------------------------------------- a hand-made table
 

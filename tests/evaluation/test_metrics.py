@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.alignment import alignment, uniformity
-from evaluation.plots import alignment_uniformity_plot, bucket_of, cosine_by_gold_plot
-from evaluation.qualitative import answers_of, nearest_neighbours
-from evaluation.retrieval import ranks_of_targets, retrieval_scores
-from evaluation.sts import correlation, cosine_pairs, rounded_average, score_task
+from cse.evaluation.alignment import alignment, uniformity
+from cse.evaluation.plots import alignment_uniformity_plot, bucket_of, cosine_by_gold_plot
+from cse.evaluation.qualitative import answers_of, nearest_neighbours
+from cse.evaluation.retrieval import ranks_of_targets, retrieval_scores
+from cse.evaluation.sts import correlation, cosine_pairs, rounded_average, score_task
 
 # ---------------------------------------------------------------- STS
 
@@ -161,7 +161,7 @@ def test_metric_names_are_flat_mlflow_keys_and_recall_is_named_r1():
     so recall@k is `retrieval_r<k>` (the headline rule) beside `retrieval_<rule>_r<k>`."""
     import re
 
-    from evaluation.results import AlignUniform, Correlation, EvalResult, RetrievalScore, TaskScore, Timing
+    from cse.evaluation.results import AlignUniform, Correlation, EvalResult, RetrievalScore, TaskScore, Timing
 
     sts12 = TaskScore(
         task="sts12",

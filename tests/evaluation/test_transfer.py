@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.classifier import FASTTEST, TEST, ClassifierSettings, fit_groups, group, initial_weights
-from evaluation.transfer import TransferEvaluator, score_features
-from storage.readers import DataFormatError
-from storage.transfer import EXPECTED_COUNTS, TRANSFER, CountMismatchError, read_transfer
+from cse.evaluation.classifier import FASTTEST, TEST, ClassifierSettings, fit_groups, group, initial_weights
+from cse.evaluation.transfer import TransferEvaluator, score_features
+from cse.storage.readers import DataFormatError
+from cse.storage.transfer import EXPECTED_COUNTS, TRANSFER, CountMismatchError, read_transfer
 
 # ---------------------------------------------------------------- readers (real files)
 
@@ -208,11 +208,11 @@ def test_protocol_separable_reaches_100_and_shuffled_stays_near_chance(task):
 def test_transfer_evaluation_end_to_end(shared_data, tiny_bert_dir, isolated_home):
     import mlflow
 
-    from config.evaluation import EvalConfig
-    from config.settings import get_settings
-    from storage.catalog import query
-    from storage.layout import DataRoot
-    from tasks.evaluate import run_evaluation
+    from cse.config.evaluation import EvalConfig
+    from cse.config.settings import get_settings
+    from cse.storage.catalog import query
+    from cse.storage.layout import DataRoot
+    from cse.tasks.evaluate import run_evaluation
 
     cfg = EvalConfig(
         model=str(tiny_bert_dir),
@@ -248,10 +248,10 @@ def test_every_unique_sentence_is_embedded_once(shared_data):
 
 
 def test_transfer_config_presets_and_comparison():
-    from config.evaluation import EvalConfig
-    from config.published import TRANSFER, published_keys
-    from config.training import resolve_train_config
-    from tasks.compare import RunRecord, build_comparison
+    from cse.config.evaluation import EvalConfig
+    from cse.config.published import TRANSFER, published_keys
+    from cse.config.training import resolve_train_config
+    from cse.tasks.compare import RunRecord, build_comparison
 
     with pytest.raises(ValueError, match="transfer_tasks"):
         EvalConfig(model="m", pooler="avg", mode="transfer", tasks=("stsb",))
@@ -303,11 +303,11 @@ def test_transfer_config_presets_and_comparison():
 @pytest.mark.slow  # a training flow under the Prefect harness
 def test_training_selects_on_the_transfer_dev_average(prefect_harness, tiny_bert_dir, shared_data, monkeypatch):
     """selection: transfer logs transfer_dev_avg every eval step, keeps the best one and test-evaluates on the transfer
-    tasks too (a subset of the data through `training.job.transfer_evaluator`, to stay cheap)."""
-    import training.job as train_task
-    from flows.train import TRAIN_FLOWS
-    from storage.transfer import load_transfer_input
-    from tracking.store import configure_mlflow
+    tasks too (a subset of the data through `cse.training.job.transfer_evaluator`, to stay cheap)."""
+    import cse.training.job as train_task
+    from cse.flows.train import TRAIN_FLOWS
+    from cse.storage.transfer import load_transfer_input
+    from cse.tracking.store import configure_mlflow
 
     def small(data_root):
         source = load_transfer_input(str(shared_data / "senteval"), None)
@@ -340,12 +340,12 @@ def test_training_selects_on_the_transfer_dev_average(prefect_harness, tiny_bert
 
 
 def test_ingest_transfer_dataset_then_cache_hit(prefect_harness, shared_data):
-    from config.settings import get_settings
-    from config.stages import IngestConfig, SentEvalSource
-    from flows.ingest import ingest
-    from storage.catalog import query
-    from storage.layout import DataRoot
-    from storage.transfer import load_transfer_input
+    from cse.config.settings import get_settings
+    from cse.config.stages import IngestConfig, SentEvalSource
+    from cse.flows.ingest import ingest
+    from cse.storage.catalog import query
+    from cse.storage.layout import DataRoot
+    from cse.storage.transfer import load_transfer_input
 
     cfg = IngestConfig(datasets=("transfer",), senteval=SentEvalSource(path=str(shared_data / "senteval")))
     first = ingest(cfg)["transfer"]

@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import functools
-import importlib
+import importlib.util
 import inspect
+import re
 import sys
 
 import pytest
 import yaml
-from prefect.flows import Flow
+from prefect.flows import Flow, load_flow_from_entrypoint
 
-from config.methods import METHODS, REGISTRY, get_method, missing_deployments
-from config.settings import REPO_ROOT
-from config.training import resolve_train_config
+from cse.config.methods import METHODS, REGISTRY, get_method, missing_deployments
+from cse.config.settings import REPO_ROOT
+from cse.config.training import resolve_train_config
 
 DEPLOYMENTS = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
-EXPERIMENTS = ("flows/seeds.py:seeds", "flows/sweep.py:sweep", "flows/ablate.py:ablate_d2cse")
+EXPERIMENTS = ("cse.flows.seeds:seeds", "cse.flows.sweep:sweep", "cse.flows.ablate:ablate_d2cse")
+# Entrypoints name the installed package's modules (`cse.flows.train:train_d2cse`), not files of the checkout: a worker
+# runs them wherever `cse` is installed, and Prefect imports them once as `cse.flows.<module>` (a file-path entrypoint
+# is executed as a second, separately named copy of the module, with its folder put on the import path).
+MODULE_ENTRYPOINT = re.compile(r"cse\.flows\.[a-z_]+:[a-z_0-9]+")
 
 
 @functools.cache
 def load_flow(entrypoint: str) -> Flow:
-    """The flow object an entrypoint `flows/<module>.py:<name>` names, imported as the package module `flows.<module>`
-    (Prefect's own loader would leave `flows/` on this test process's sys.path for every later test)."""
-    path, name = entrypoint.split(":")
-    flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+    """The flow object a module-style entrypoint `cse.flows.<module>:<name>` names, loaded the way Prefect's worker
+    loads it (`load_flow_from_entrypoint`: the installed module is imported; no folder is left on the import path)."""
+    assert MODULE_ENTRYPOINT.fullmatch(entrypoint), f"{entrypoint}: not a module entrypoint cse.flows.<module>:<flow>"
+    flow = load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False)
     assert isinstance(flow, Flow), f"{entrypoint} is not a Prefect flow"
     return flow
 
@@ -42,17 +47,18 @@ NAMES = deployment_names()
 
 
 def train_entries() -> list[dict]:
-    return [e for e in DEPLOYMENTS if e["entrypoint"].startswith("flows/train.py:")]
+    return [e for e in DEPLOYMENTS if e["entrypoint"].startswith("cse.flows.train:")]
 
 
 def test_every_deployment_is_unique_and_loads_a_flow_accepting_its_parameters():
     assert len(NAMES) == len(DEPLOYMENTS), "two deployments share a flow and name"
-    assert str(REPO_ROOT / "flows") not in sys.path
+    assert importlib.util.find_spec("deployment_params") is None, "flows/ was left on the import path"
 
 
 def test_no_flow_module_shadows_the_standard_library():
-    """Prefect's worker puts an entrypoint's folder on sys.path, and processes it spawns (Dask nannies, torchrun)
-    inherit it: a `flows/tokenize.py` would replace the standard library's `tokenize` in all of them."""
+    """A file-path entrypoint would make Prefect put its folder on the import path, and processes it spawns (Dask
+    nannies, torchrun) inherit it: a `flows/tokenize.py` would replace the standard library's `tokenize` in all of
+    them. The entrypoints are module paths (`MODULE_ENTRYPOINT`), so this guards a file-path entrypoint added by hand."""
     clashes = sorted(p.stem for p in (REPO_ROOT / "flows").glob("*.py") if p.stem in sys.stdlib_module_names)
     assert not clashes, f"flows/ modules named like standard-library modules: {clashes}"
     for name, entry in NAMES.items():
@@ -100,7 +106,7 @@ def test_every_dispatch_target_exists():
 
 
 def test_the_flows_of_flows_train_are_the_registrys():
-    from flows import train
+    from cse.flows import train
 
     assert set(train.TRAIN_FLOWS) == set(METHODS)
     for name, spec in REGISTRY.items():
@@ -118,10 +124,10 @@ def test_an_unknown_preset_or_method_is_refused_with_the_known_ones():
 def test_each_corrupt_deployment_writes_the_corruption_its_presets_jobs_read():
     """Issue 24: `corrupt/<preset>` run on its own writes the very dataset (same key settings, same tokens) that
     every corrupting method's `<preset>` job reads, so the job finds it instead of corrupting again."""
-    from config.stages import CorruptConfig, TokenizeConfig
-    from storage.keys import CORRUPTION_SETTINGS
+    from cse.config.stages import CorruptConfig, TokenizeConfig
+    from cse.storage.keys import CORRUPTION_SETTINGS
 
-    entries = [e for e in DEPLOYMENTS if e["entrypoint"] == "flows/corrupt.py:corrupt"]
+    entries = [e for e in DEPLOYMENTS if e["entrypoint"] == "cse.flows.corrupt:corrupt"]
     assert {e["name"] for e in entries} >= {"default", "smoke"}
     for entry in entries:
         params = entry.get("parameters") or {}

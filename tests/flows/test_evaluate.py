@@ -9,18 +9,18 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from config.evaluation import EvalConfig
-from config.settings import get_settings
-from flows.evaluate import evaluate
-from storage import schemas
-from storage.catalog import query
-from storage.datasets import write_dataset
-from storage.evaluations import load_sts_input
-from storage.layout import DataRoot
-from storage.readers import read_senteval
-from tasks.evaluate import record_evaluation
-from tasks.evaluate_common import resolve_checkpoint
-from tracking.store import configure_mlflow, ensure_experiment
+from cse.config.evaluation import EvalConfig
+from cse.config.settings import get_settings
+from cse.flows.evaluate import evaluate
+from cse.storage import schemas
+from cse.storage.catalog import query
+from cse.storage.datasets import write_dataset
+from cse.storage.evaluations import load_sts_input
+from cse.storage.layout import DataRoot
+from cse.storage.readers import read_senteval
+from cse.tasks.evaluate import record_evaluation
+from cse.tasks.evaluate_common import resolve_checkpoint
+from cse.tracking.store import configure_mlflow, ensure_experiment
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
@@ -121,8 +121,8 @@ def test_dev_mode_from_an_ingested_dataset(prefect_harness, shared_data, tiny_be
 
 
 def _d2cse_checkpoint(tiny_bert_dir, folder):
-    from models.checkpoint import save_checkpoint
-    from models.d2cse import D2CSE, D2CSEModelConfig
+    from cse.models.checkpoint import save_checkpoint
+    from cse.models.d2cse import D2CSE, D2CSEModelConfig
 
     torch.manual_seed(0)
     model = D2CSE(D2CSEModelConfig(backbone=str(tiny_bert_dir), prefix_len=3)).eval()
@@ -145,7 +145,7 @@ def test_checkpoint_from_folder_and_from_mlflow_run(prefect_harness, shared_data
     bare = resolve_checkpoint(train_run.info.run_id, tmp_path / "download")  # a bare run id works too
     assert (bare / "cse_model.json").read_text() == (folder / "cse_model.json").read_text()
 
-    from evaluation import Evaluator  # the same number in-process, as a training loop would compute it
+    from cse.evaluation import Evaluator  # the same number in-process, as a training loop would compute it
 
     sts = load_sts_input(str(shared_data / "senteval"), DataRoot(get_settings().data_root))
     res = Evaluator(sts.table).run(model, "dev")
@@ -168,7 +168,7 @@ def test_checkpoint_with_another_backbone_fails_cleanly(
 ):
     from transformers import BertConfig, BertModel
 
-    from models.checkpoint import BackboneMismatchError
+    from cse.models.checkpoint import BackboneMismatchError
 
     folder, _ = _d2cse_checkpoint(tiny_bert_dir, tmp_path / "best")
     other = tmp_path / "other_bert"  # same shape, different weights

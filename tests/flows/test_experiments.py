@@ -12,15 +12,15 @@ import statistics
 import mlflow
 import pytest
 
-from config.settings import get_settings
-from flows.ablate import ablate_d2cse, ablation_children
-from flows.compare import compare
-from flows.seeds import seeds
-from flows.sweep import fine_grid, grid_children, sweep
-from storage.catalog import query
-from storage.layout import DataRoot
-from tasks.compare import select_runs
-from tracking.store import configure_mlflow
+from cse.config.settings import get_settings
+from cse.flows.ablate import ablate_d2cse, ablation_children
+from cse.flows.compare import compare
+from cse.flows.seeds import seeds
+from cse.flows.sweep import fine_grid, grid_children, sweep
+from cse.storage.catalog import query
+from cse.storage.layout import DataRoot
+from cse.tasks.compare import select_runs
+from cse.tracking.store import configure_mlflow
 
 
 @pytest.fixture

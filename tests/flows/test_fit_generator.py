@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import mlflow
 
-from config.settings import get_settings
-from config.stages import GeneratorConfig, IngestConfig, WikiSource
-from flows.fit_generator import fit_generator
-from storage.layout import DataRoot
-from tracking.store import configure_mlflow
+from cse.config.settings import get_settings
+from cse.config.stages import GeneratorConfig, IngestConfig, WikiSource
+from cse.flows.fit_generator import fit_generator
+from cse.storage.layout import DataRoot
+from cse.tracking.store import configure_mlflow
 
 
 def test_fit_generator_flow_tokenises_with_the_backbone_and_reuses_everything(

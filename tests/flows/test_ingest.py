@@ -5,14 +5,14 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from config.settings import get_settings
-from config.stages import IngestConfig, NliSource, TokenizeConfig
-from flows.ingest import ingest
-from flows.tokenization import tokenize
-from storage.catalog import query
-from storage.datasets import read_dataset
-from storage.layout import DataRoot
-from tracking.store import configure_mlflow
+from cse.config.settings import get_settings
+from cse.config.stages import IngestConfig, NliSource, TokenizeConfig
+from cse.flows.ingest import ingest
+from cse.flows.tokenization import tokenize
+from cse.storage.catalog import query
+from cse.storage.datasets import read_dataset
+from cse.storage.layout import DataRoot
+from cse.tracking.store import configure_mlflow
 
 
 def _data_runs():

@@ -11,11 +11,11 @@ import mlflow
 import numpy as np
 import pytest
 
-from config.presets import PRESETS
-from config.training import resolve_train_config
-from flows.train import TRAIN_FLOWS
-from models.checkpoint import load_checkpoint, read_checkpoint_meta
-from tracking.store import configure_mlflow
+from cse.config.presets import PRESETS
+from cse.config.training import resolve_train_config
+from cse.flows.train import TRAIN_FLOWS
+from cse.models.checkpoint import load_checkpoint, read_checkpoint_meta
+from cse.tracking.store import configure_mlflow
 
 LOSS_TERMS = {
     "d2cse": ("loss_contrastive", "loss_rtd", "rtd_accuracy"),

@@ -15,8 +15,8 @@ def test_default_preset_fails_in_seconds_naming_the_backbone_and_the_fix(
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.logging.handlers import APILogHandler
 
-    from flows.train import train_d2cse
-    from ops.deployments import failures_of
+    from cse.flows.train import train_d2cse
+    from cse.ops.deployments import failures_of
 
     # the worker's environment (scripts/env.sh): sources from the local mirror; HF_HUB_OFFLINE as the CI sets it or
     # not (the hub does not answer here either way); an empty HF cache, so no model downloaded elsewhere counts

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from config.methods import DEFAULT_METHOD
-from config.settings import REPO_ROOT, get_settings
-from storage.layout import DataRoot
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.settings import REPO_ROOT, get_settings
+from cse.storage.layout import DataRoot
 
 SMOKE = next(
     e
     for e in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
-    if e["entrypoint"] == "flows/corrupt.py:corrupt" and e["name"] == "smoke"
+    if e["entrypoint"] == "cse.flows.corrupt:corrupt" and e["name"] == "smoke"
 )
 DEPLOYMENT = "corrupt/reruns-smoke"
 
@@ -29,7 +29,7 @@ def _run(deployment_id, parameters: dict):
     from prefect.client.orchestration import get_client
     from prefect.flow_engine import run_flow
 
-    from flows.corrupt import corrupt
+    from cse.flows.corrupt import corrupt
 
     with get_client(sync_client=True) as client:
         run = client.create_flow_run_from_deployment(deployment_id, parameters=parameters)
@@ -45,12 +45,12 @@ def _keys(kind: str) -> set[str]:
 def test_a_corrupt_rerun_changes_one_key_and_the_smoke_job_reads_it(
     prefect_harness, wiki_head, shared_data, tmp_path, monkeypatch
 ):
-    from config.stages import IngestConfig, TokenizeConfig
-    from flows.corrupt import corrupt
-    from flows.tokenization import prepare_tokens
-    from flows.train import job_datasets
-    from ops.deployments import run_deployment_cli
-    from storage.manifest import Manifest
+    from cse.config.stages import IngestConfig, TokenizeConfig
+    from cse.flows.corrupt import corrupt
+    from cse.flows.tokenization import prepare_tokens
+    from cse.flows.train import job_datasets
+    from cse.ops.deployments import run_deployment_cli
+    from cse.storage.manifest import Manifest
 
     monkeypatch.setenv("CSE_SOURCE_MIRROR", str(shared_data))  # the sts dataset a job reads, as scripts/env.sh sets it
     corpus = tmp_path / "wiki1m_first_128.txt"
@@ -72,7 +72,7 @@ def test_a_corrupt_rerun_changes_one_key_and_the_smoke_job_reads_it(
     assert {k: params[k] for k in deployed} == deployed and params["variants"] == 2
 
     # the smoke training job asking for the same masking ratio finds that corruption: nothing new is written
-    from config.training import resolve_train_config
+    from cse.config.training import resolve_train_config
 
     cfg = resolve_train_config(
         "smoke", {"corrupt": {"mask_ratio": 0.15}, "ingest": data["ingest_config"]}, method=DEFAULT_METHOD
@@ -93,7 +93,7 @@ def test_a_corrupt_rerun_changes_one_key_and_the_smoke_job_reads_it(
 def test_a_plain_call_refuses_an_unknown_key_by_name_before_any_work(prefect_harness):
     from prefect.exceptions import ParameterTypeError
 
-    from flows.corrupt import corrupt
+    from cse.flows.corrupt import corrupt
 
     with pytest.raises(
         ParameterTypeError,
@@ -110,16 +110,16 @@ def test_a_re_evaluation_scores_the_jobs_sts_dataset_nested_under_its_run(prefec
     import mlflow
     import pyarrow.compute as pc
 
-    from config.evaluation import EvalConfig
-    from flows.evaluate import evaluate
-    from storage import schemas
-    from storage.datasets import write_dataset
-    from storage.readers import read_senteval
-    from storage.runs import RunDir
-    from tasks.evaluate_common import placement
+    from cse.config.evaluation import EvalConfig
+    from cse.flows.evaluate import evaluate
+    from cse.storage import schemas
+    from cse.storage.datasets import write_dataset
+    from cse.storage.readers import read_senteval
+    from cse.storage.runs import RunDir
+    from cse.tasks.evaluate_common import placement
+    from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+    from cse.tracking.store import configure_mlflow, ensure_experiment
     from tests.flows.test_evaluate import _d2cse_checkpoint
-    from tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
-    from tracking.store import configure_mlflow, ensure_experiment
 
     root = DataRoot(get_settings().data_root)
     table, _ = read_senteval(shared_data / "senteval")

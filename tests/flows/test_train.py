@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from flows.train import train_d2cse
-from models.checkpoint import load_checkpoint
-from tracking.store import configure_mlflow
-from training.loop import TrainingInterrupted
+from cse.flows.train import train_d2cse
+from cse.models.checkpoint import load_checkpoint
+from cse.tracking.store import configure_mlflow
+from cse.training.loop import TrainingInterrupted
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
@@ -104,7 +104,7 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
 
     # the PEFT adapter, loaded with transformers + peft only (its own peft_embed.py), gives the same embeddings
     adapter = Path(result.run_dir) / "peft-adapter"
-    from models.peft_loader import embed_sentences, load_prefix_encoder
+    from cse.models.peft_loader import embed_sentences, load_prefix_encoder
 
     peft_model, peft_tokenizer, spec = load_prefix_encoder(adapter)
     np.testing.assert_allclose(
@@ -136,7 +136,7 @@ def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):
 
 
 def test_the_printed_sts_table_uses_the_evaluation_titles():
-    from flows.train import sts_table_text
+    from cse.flows.train import sts_table_text
 
     metrics = {"sts12": 1, "sts13": 2, "sts14": 3, "sts15": 4, "sts16": 5, "stsb": 6, "sickr": 7, "sts_avg": 4}
     assert sts_table_text(metrics).splitlines() == [

@@ -1,6 +1,7 @@
-"""One rank of the gpu tier's data-parallel check, started by torchrun (tests/gpu/test_cuda.py): joins the process
-group through `training.distributed.init_process_group` (NCCL on CUDA, gloo on CPU), trains 2 steps of a tiny
-SimCSE with `training.loop.Trainer` and, on rank 0, writes the losses and the world size as JSON to argv[1]."""
+"""One rank of the gpu tier's data-parallel check, started by torchrun as `-m tests.gpu.ddp_worker` from the checkout
+root (tests/gpu/test_cuda.py): joins the process group through `cse.training.distributed.init_process_group` (NCCL on
+CUDA, gloo on CPU), trains 2 steps of a tiny SimCSE with `cse.training.loop.Trainer` and, on rank 0, writes the losses
+and the world size as JSON to argv[1]."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.gpu_check import build_model, job_phases, loop_config, preset, synthetic_rows, synthetic_tokenizer  # noqa: E402
-from training.distributed import init_process_group  # noqa: E402
-from training.loop import Trainer  # noqa: E402
+from benchmarks.gpu_check import build_model, job_phases, loop_config, preset, synthetic_rows, synthetic_tokenizer
+from cse.training.distributed import init_process_group
+from cse.training.loop import Trainer
 
 
 def main(out: str, device_kind: str) -> None:

@@ -34,7 +34,8 @@ from benchmarks.gpu_check import (
     synthetic_rows,
     synthetic_tokenizer,
 )
-from training.loop import StopAfter, Trainer, TrainingInterrupted
+from cse.config.settings import REPO_ROOT
+from cse.training.loop import StopAfter, Trainer, TrainingInterrupted
 
 CUDA = torch.cuda.is_available()
 REHEARSAL = os.environ.get("CSE_GPU_CHECK_DEVICE") == "cpu"
@@ -157,7 +158,7 @@ def test_grad_cache_under_autocast_and_the_grad_scaler_equals_the_chunks_with_th
 ):
     """Two steps with cached chunks of 3 rows (fp16: through the GradScaler) end where the same chunks with their
     graphs kept end; the steps' peak memory is logged."""
-    from models.grad_cache import RowChunks
+    from cse.models.grad_cache import RowChunks
 
     weights = []
     for keep_graph in (True, False):
@@ -173,7 +174,7 @@ def test_grad_cache_under_autocast_and_the_grad_scaler_equals_the_chunks_with_th
 
 @pytest.mark.parametrize("size", SIZES)
 def test_prefix_attention_sdpa_equals_eager(size):
-    from models.prefix import PrefixEncoder, PromptedBackbone
+    from cse.models.prefix import PrefixEncoder, PromptedBackbone
 
     sdpa = backbone(size, seed=3, attn="sdpa")
     eager = backbone(size, seed=3, attn="eager")
@@ -207,8 +208,8 @@ def test_prefix_attention_sdpa_equals_eager(size):
 
 
 def test_evaluator_on_device_equals_cpu_fp32(tok):
-    from evaluation.encode import embed_token_ids
-    from evaluation.sts import correlation
+    from cse.evaluation.encode import embed_token_ids
+    from cse.evaluation.sts import correlation
 
     size = SIZES[-1]
     cfg = preset("simcse", size)
@@ -231,7 +232,7 @@ def test_evaluator_on_device_equals_cpu_fp32(tok):
 def test_corruption_on_device():
     from transformers import DistilBertConfig, DistilBertForMaskedLM
 
-    from models.corruption import Corruptor, SpecialTokens
+    from cse.models.corruption import Corruptor, SpecialTokens
 
     torch.manual_seed(0)
     gen = DistilBertForMaskedLM(DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=64))
@@ -280,11 +281,12 @@ def test_data_parallel_through_torchrun(tmp_path):
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={world}",
-        str(Path(__file__).with_name("ddp_worker.py")),
+        "-m",
+        "tests.gpu.ddp_worker",
         str(out),
         DEVICE.type,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["world"] == world and got["backend"] == ("nccl" if DEVICE.type == "cuda" else "gloo")

@@ -1,5 +1,5 @@
-"""`make gpu-check DEVICE=cpu`: benchmarks/gpu_check.py end to end on CPU (the gpu tier at tiny size, then every
-method's throughput, corruption and evaluation measurements at tiny size), so the GPU command cannot rot."""
+"""`make gpu-check DEVICE=cpu`: `python -m benchmarks.gpu_check` end to end on CPU (the gpu tier at tiny size, then
+every method's throughput, corruption and evaluation measurements at tiny size), so the GPU command cannot rot."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import subprocess
 import sys
 
-from config.settings import REPO_ROOT
+from cse.config.settings import REPO_ROOT
 
 
 def test_gpu_check_rehearsal_on_cpu(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--out", str(tmp_path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

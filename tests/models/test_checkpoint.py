@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
-from models.checkpoint import META_FILE, WEIGHTS_FILE, BackboneMismatchError, load_checkpoint, save_checkpoint
-from models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.checkpoint import META_FILE, WEIGHTS_FILE, BackboneMismatchError, load_checkpoint, save_checkpoint
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
 
 
 def _trained(tiny_bert_dir, tokenizer, **overrides) -> D2CSE:
@@ -135,8 +135,8 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_evaluator_loader_accepts_the_checkpoint(tiny_bert_dir, tokenizer, tmp_path):
-    from models.checkpoint import load_checkpoint_folder
-    from models.embedder import SentenceEmbedder
+    from cse.models.checkpoint import load_checkpoint_folder
+    from cse.models.embedder import SentenceEmbedder
 
     model = _trained(tiny_bert_dir, tokenizer)
     folder = save_checkpoint(model, tmp_path / "ckpt")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.corruption import (
+from cse.models.corruption import (
     Corruptor,
     Noise,
     SpecialTokens,
@@ -18,7 +18,7 @@ from models.corruption import (
     pad_batch,
     pick_tokens,
 )
-from models.loading import load_masked_lm
+from cse.models.loading import load_masked_lm
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import models.crtd as crtd
-from models.batching import TrainBatch
-from models.crtd import ConditionalRTDModel, align_corruption, check_objective
-from models.d2cse import D2CSE, D2CSEModelConfig
-from models.diffcse import DiffCSE, DiffCSEConfig
-from models.losses import contrastive_loss, rtd_accuracy
+import cse.models.crtd as crtd
+from cse.models.batching import TrainBatch
+from cse.models.crtd import ConditionalRTDModel, align_corruption, check_objective
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.losses import contrastive_loss, rtd_accuracy
 from tests.batches import corrupted_views
 
 B, T, D = 4, 9, 32

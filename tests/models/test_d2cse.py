@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
 from tests.batches import corrupted_views
 from tests.tolerance import assert_close_scaled
 
@@ -278,7 +278,7 @@ def test_roberta_backbone_with_cls_prompt():
 
 
 def test_is_a_sentence_embedder(make_model, tokenizer):
-    from models.embedder import SentenceEmbedder
+    from cse.models.embedder import SentenceEmbedder
 
     model = make_model()
     assert isinstance(model, SentenceEmbedder)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
-from config.methods import model_class
-from models.batching import TrainBatch
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.dcpcse import DCPCSE, DCPCSEConfig, MaskedLMHead, mask_tokens, mlm_head_from_masked_lm, mlm_weight_at
-from models.losses import contrastive_loss
+from cse.config.methods import model_class
+from cse.models.batching import TrainBatch
+from cse.models.checkpoint import load_checkpoint, save_checkpoint
+from cse.models.dcpcse import DCPCSE, DCPCSEConfig, MaskedLMHead, mask_tokens, mlm_head_from_masked_lm, mlm_weight_at
+from cse.models.losses import contrastive_loss
 
 B, T, D, LAYERS, P = 4, 9, 32, 2, 3
 SENTENCES = ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"]

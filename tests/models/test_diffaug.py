@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from config.methods import build_model
-from models.batching import TrainBatch
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.diffaug import DiffAug, DiffAugConfig
-from models.losses import contrastive_loss
-from models.prefix import PrefixKeyValues
+from cse.config.methods import build_model
+from cse.models.batching import TrainBatch
+from cse.models.checkpoint import load_checkpoint, save_checkpoint
+from cse.models.diffaug import DiffAug, DiffAugConfig
+from cse.models.losses import contrastive_loss
+from cse.models.prefix import PrefixKeyValues
 
 MAX_TOKENS = 8
 COPIES = MAX_TOKENS + 8 + 4  # > the quirk index max_sentence_tokens + prefix_len/2

@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from models.batching import TrainBatch
-from models.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
-from models.diffcse import DiffCSE, DiffCSEConfig
-from models.losses import contrastive_loss, rtd_loss
-from models.method import backbone_fingerprint
+from cse.models.batching import TrainBatch
+from cse.models.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
+from cse.models.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.losses import contrastive_loss, rtd_loss
+from cse.models.method import backbone_fingerprint
 from tests.batches import corrupted_views
 
 B, T, D = 4, 9, 32
@@ -37,7 +37,7 @@ def _pretrained(tiny_bert_dir) -> dict[str, torch.Tensor]:
 
 
 def test_config_defaults_validation_and_registry(tiny_bert_dir):
-    from config.methods import build_model, model_class
+    from cse.config.methods import build_model, model_class
 
     cfg = DiffCSEConfig(backbone="bert-base-uncased")
     assert (cfg.temperature, cfg.rtd_weight, cfg.hard_negative_weight, cfg.rtd_mean_over_padding) == (

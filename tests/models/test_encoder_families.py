@@ -37,12 +37,12 @@ from transformers import (
     XLMRobertaModel,
 )
 
-from models.batching import TrainBatch
-from models.d2cse import D2CSE, D2CSEModelConfig
-from models.dcpcse import DCPCSE, DCPCSEConfig
-from models.diffcse import DiffCSE, DiffCSEConfig
-from models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone, encoder_family
-from models.simcse import SimCSE, SimCSEConfig
+from cse.models.batching import TrainBatch
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.dcpcse import DCPCSE, DCPCSEConfig
+from cse.models.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone, encoder_family
+from cse.models.simcse import SimCSE, SimCSEConfig
 from tests.tolerance import assert_close_scaled
 
 P, D, H, V, T = 3, 32, 4, 100, 8
@@ -202,7 +202,7 @@ def wrap(model, shift: bool = False) -> tuple[torch.nn.Module, PromptedBackbone]
 
 
 def expected_positions(family: str, ids: torch.Tensor, offset: int) -> torch.Tensor:
-    """The family's position numbering after `offset` prefix slots, written out independently of models.prefix."""
+    """The family's position numbering after `offset` prefix slots, written out independently of cse.models.prefix."""
     if family in PAD:  # padding-aware: pads keep padding_idx, real tokens count on from padding_idx + 1 + offset
         pad = PAD[family]
         real = ids.ne(pad).long()

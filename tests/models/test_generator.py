@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.corruption import Corruptor, SpecialTokens, corrupt_sequences
-from models.generator import (
+from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences
+from cse.models.generator import (
     HeadFitter,
     freeze_backbone,
     init_bias_from_counts,
@@ -15,7 +15,7 @@ from models.generator import (
     token_counts,
     unigram_accuracies,
 )
-from models.loading import load_masked_lm
+from cse.models.loading import load_masked_lm
 
 
 @pytest.fixture(scope="module")

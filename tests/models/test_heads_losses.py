@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.heads import ProjectionMLP, RTDHead, SimCSEPoolerMLP
-from models.losses import contrastive_loss, rtd_accuracy, rtd_loss
+from cse.models.heads import ProjectionMLP, RTDHead, SimCSEPoolerMLP
+from cse.models.losses import contrastive_loss, rtd_accuracy, rtd_loss
 
 
 def _count(m: nn.Module) -> int:

@@ -18,19 +18,19 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from models.batching import TrainBatch
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.d2cse import D2CSE, D2CSEModelConfig
-from models.dcpcse import DCPCSE, DCPCSEConfig
-from models.diffaug import DiffAug, DiffAugConfig
-from models.diffcse import DiffCSE, DiffCSEConfig
-from models.losses import contrastive_loss
-from models.peft_export import export_peft_adapter
-from models.simcse import SimCSE, SimCSEConfig
-from storage.training_data import CorruptionRows, TokenRows
+from cse.models.batching import TrainBatch
+from cse.models.checkpoint import load_checkpoint, save_checkpoint
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.dcpcse import DCPCSE, DCPCSEConfig
+from cse.models.diffaug import DiffAug, DiffAugConfig
+from cse.models.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.losses import contrastive_loss
+from cse.models.peft_export import export_peft_adapter
+from cse.models.simcse import SimCSE, SimCSEConfig
+from cse.storage.training_data import CorruptionRows, TokenRows
+from cse.training.loop import LoopConfig, Phase, Trainer
+from cse.training.rows import TrainingRows
 from tests.batches import SENTENCES, corrupted_views
-from training.loop import LoopConfig, Phase, Trainer
-from training.rows import TrainingRows
 
 B, T, D = 4, 9, 32
 SEED = 1234

@@ -18,13 +18,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.d2cse import D2CSE, D2CSEModelConfig
-from models.dcpcse import DCPCSE, DCPCSEConfig
-from models.diffaug import DiffAug, DiffAugConfig
-from models.peft_export import LOADER_FILE, TOLERANCE, PeftExportError, export_peft_adapter, reference_embeddings
-from models.simcse import SimCSE, SimCSEConfig
-from storage.readers import read_senteval
+from cse.models.checkpoint import load_checkpoint, save_checkpoint
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.dcpcse import DCPCSE, DCPCSEConfig
+from cse.models.diffaug import DiffAug, DiffAugConfig
+from cse.models.peft_export import LOADER_FILE, TOLERANCE, PeftExportError, export_peft_adapter, reference_embeddings
+from cse.models.simcse import SimCSE, SimCSEConfig
+from cse.storage.readers import read_senteval
 
 D = 32
 # case → (backbone fixture, method class, config overrides, expected pooling, expected modules_to_save)

@@ -8,10 +8,10 @@ import typing
 import pytest
 import torch
 
-from config.evaluation import Pooler
-from models.checkpoint import load_checkpoint_folder, read_checkpoint_config
-from models.embedder import CheckpointMismatchError, PooledEncoder
-from models.pooling import POOLERS, UnknownPoolerError, masked_mean, needs_hidden_states, pool
+from cse.config.evaluation import Pooler
+from cse.models.checkpoint import load_checkpoint_folder, read_checkpoint_config
+from cse.models.embedder import CheckpointMismatchError, PooledEncoder
+from cse.models.pooling import POOLERS, UnknownPoolerError, masked_mean, needs_hidden_states, pool
 
 # Two rows, three positions, d = 2; row 1 has one pad at the end.
 LAST = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], [[10.0, 0.0], [20.0, 2.0], [99.0, 99.0]]])
@@ -79,7 +79,7 @@ def tiny_cls(tiny_bert_dir):
 
 
 def _batch(enc, sentences):
-    from evaluation.encode import pad_batch
+    from cse.evaluation.encode import pad_batch
 
     return pad_batch(enc.token_ids(sentences), enc.pad_token_id)
 
@@ -145,7 +145,7 @@ def _fake_checkpoint(folder, **cfg):
     """A folder that passes `validate_checkpoint` (metadata keys, a well-formed safetensors file) but holds no model."""
     from safetensors.torch import save_file
 
-    from models.checkpoint import FORMAT_VERSION
+    from cse.models.checkpoint import FORMAT_VERSION
 
     folder.mkdir(parents=True, exist_ok=True)
     meta = {

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, DynamicCache, RobertaConfig, RobertaModel
 
-from models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
+from cse.models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
 from tests.tolerance import assert_close_scaled
 
 P, L, D, H = 4, 2, 32, 4

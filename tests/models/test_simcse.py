@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from config.methods import build_model, model_class
-from models.batching import TrainBatch
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.losses import contrastive_loss
-from models.simcse import SimCSE, SimCSEConfig
+from cse.config.methods import build_model, model_class
+from cse.models.batching import TrainBatch
+from cse.models.checkpoint import load_checkpoint, save_checkpoint
+from cse.models.losses import contrastive_loss
+from cse.models.simcse import SimCSE, SimCSEConfig
 
 B, T, D, LAYERS = 4, 9, 32, 2
 SENTENCES = ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"]

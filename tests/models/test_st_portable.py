@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.methods import build_model
-from config.settings import REPO_ROOT
-from models import st_prompted
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.st_export import (
+from cse.config.methods import build_model
+from cse.models import st_prompted
+from cse.models.checkpoint import load_checkpoint, save_checkpoint
+from cse.models.st_export import (
     CHECKPOINT_SUBDIR,
     STExport,
     export_kind,
@@ -30,21 +29,23 @@ from tests.models.test_st_export import _embed
 
 SENTENCES = ["a woman is slicing an onion .", "two dogs run on the beach today"]
 
-# Run in a child with cwd = a temp dir, PYTHONPATH unset and every sys.path entry that would import this project
-# (the repository root, the editable install's path hook / .pth entries) removed: `import models` and `import config`
-# must fail there first, then the export loads with sentence-transformers + torch + transformers only.
+# Run in a child with cwd = a temp dir and PYTHONPATH unset, where a finder placed first on sys.meta_path refuses
+# the project's package `cse` and the old top-level names (however they would be found: an editable or a regular
+# install, the repository root): `import cse` and `import models` must fail there first, then the export loads with
+# sentence-transformers + torch + transformers only.
 _CHILD = textwrap.dedent(
     """
-    import json, sys
-    repo = sys.argv[1]
-    sys.path[:] = [p for p in sys.path if p and (not p.startswith(repo) or "site-packages" in p)]
-    # the editable install's finders (a meta path finder and a path hook mapping the project to the repository)
-    def ours(f):
-        return "__editable__" in (getattr(f, "__module__", None) or type(f).__module__)
-    sys.meta_path[:] = [f for f in sys.meta_path if not ours(f)]
-    sys.path_hooks[:] = [h for h in sys.path_hooks if not ours(h)]
-    sys.path_importer_cache.clear()
-    for name in ("models", "config", "storage", "tracking"):
+    import importlib.abc, json, sys
+    PROJECT = ("cse", "models", "config", "storage", "tracking")
+
+    class NotInstalled(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in PROJECT:
+                raise ModuleNotFoundError(f"No module named {name!r} (refused: the project is not installed here)")
+            return None
+
+    sys.meta_path.insert(0, NotInstalled())
+    for name in PROJECT:
         try:
             __import__(name)
         except ImportError:
@@ -52,10 +53,10 @@ _CHILD = textwrap.dedent(
         raise SystemExit(f"the project's package {name!r} is importable in the child: the test would prove nothing")
     from sentence_transformers import SentenceTransformer
     out = {}
-    for name, (folder, trust) in json.loads(sys.argv[2]).items():
+    for name, (folder, trust) in json.loads(sys.argv[1]).items():
         model = SentenceTransformer(folder, trust_remote_code=trust, device="cpu")
-        out[name] = model.encode(json.loads(sys.argv[3]), convert_to_numpy=True).tolist()
-    leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("models", "config", "storage", "tracking"))
+        out[name] = model.encode(json.loads(sys.argv[2]), convert_to_numpy=True).tolist()
+    leaked = sorted(m for m in sys.modules if m.split(".")[0] in PROJECT)
     print(json.dumps({"embeddings": out, "leaked": leaked}))
     """
 )
@@ -67,7 +68,7 @@ def _load_outside_the_project(folders: dict[str, tuple[Path, bool]], tmp_path: P
     env["HF_HOME"] = str(tmp_path / "hf_home")  # transformers copies the folder's module code under HF_MODULES_CACHE
     env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"
     spec = {name: [str(folder), trust] for name, (folder, trust) in folders.items()}
-    args = [str(REPO_ROOT), json.dumps(spec), json.dumps(SENTENCES)]
+    args = [json.dumps(spec), json.dumps(SENTENCES)]
     run = subprocess.run(
         [sys.executable, "-c", _CHILD, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
@@ -156,13 +157,13 @@ def test_the_bundled_module_imports_nothing_from_the_project():
 
 def test_a_failed_check_falls_back_to_the_project_module(checkpoints, tmp_path, monkeypatch):
     """A check that fails (here: an impossible tolerance) leaves the in-project form, with the reason."""
-    import models.st_export as st_export
+    import cse.models.st_export as st_export
 
     monkeypatch.setattr(st_export, "TOLERANCE", -1.0)
     result = export_portable_sentence_transformer(checkpoints["d2cse"], tmp_path / "export", probe_sentences=("a b",))
     assert result.kind == "project" and "differs from the training code's embeddings" in result.reason
     modules = json.loads((tmp_path / "export" / "modules.json").read_text())
-    assert modules[0]["type"] == "models.st_export.PromptedEncoderModule" and result.trust_remote_code
+    assert modules[0]["type"] == "cse.models.st_export.PromptedEncoderModule" and result.trust_remote_code
     assert not (tmp_path / ".tmp-st-export").exists()
 
 

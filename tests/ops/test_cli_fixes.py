@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from config.settings import get_settings
-from ops.cli import PRODUCED_BY
-from ops.cli import main as cse
-from storage.evaluations import write_evaluation_row
-from storage.layout import KINDS, DataRoot
+from cse.config.settings import get_settings
+from cse.ops.cli import PRODUCED_BY
+from cse.ops.cli import main as cse
+from cse.storage.evaluations import write_evaluation_row
+from cse.storage.layout import KINDS, DataRoot
 
 
 def _err(capsys) -> str:

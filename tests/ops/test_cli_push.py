@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import CommitInfo, HfApi, RepoUrl
 
-from ops.cli import main as cse
-from ops.publish import IGNORE_PATTERNS, ExportFolderError, check_export_folder
-from tracking.model_card import CardFacts, write_model_card
+from cse.ops.cli import main as cse
+from cse.ops.publish import IGNORE_PATTERNS, ExportFolderError, check_export_folder
+from cse.tracking.model_card import CardFacts, write_model_card
 
 SECRET = "hf_secret_token_value_123"
 

@@ -14,8 +14,8 @@ import time
 import pytest
 from prefect import flow, task
 
-from ops.cli import main as cse
-from ops.deployments import failures_of, one_line_reason, parse_params, run_deployment_cli
+from cse.ops.cli import main as cse
+from cse.ops.deployments import failures_of, one_line_reason, parse_params, run_deployment_cli
 
 
 @task
@@ -67,7 +67,7 @@ def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
     from prefect.flow_engine import run_flow
 
-    monkeypatch.setattr("ops.deployments.LOG_QUIET_S", 0.3)  # (the stage line was flushed before the failure)
+    monkeypatch.setattr("cse.ops.deployments.LOG_QUIET_S", 0.3)  # (the stage line was flushed before the failure)
     deployment_id = failing.to_deployment(name="cse-run-test").apply()
     lines: list[str] = []
     status: list[int] = []

@@ -13,10 +13,10 @@ from distributed import Client, LocalCluster, get_task_stream
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_dask import DaskTaskRunner
 
-from config.settings import ShardRunnerSettings, get_settings, shard_runner_settings, shard_task_runner
-from config.stages import CorruptConfig, TokenizeConfig, WikiSource
-from flows.corrupt import corrupt
-from storage.layout import DataRoot
+from cse.config.settings import ShardRunnerSettings, get_settings, shard_runner_settings, shard_task_runner
+from cse.config.stages import CorruptConfig, TokenizeConfig, WikiSource
+from cse.flows.corrupt import corrupt
+from cse.storage.layout import DataRoot
 
 SENTENCES = 1_200
 SHARD_SIZE = 350  # → 4 corruption shards, the last one short
@@ -67,7 +67,9 @@ def test_dask_shards_match_the_local_run_byte_for_byte(
                 monkeypatch, isolated_home / "data-dask", ingest_config, config
             )
         workers = set(cluster.scheduler_info["workers"])
-        generators_loaded = client.run(lambda: len(__import__("models.generator_cache").generator_cache._CORRUPTORS))
+        generators_loaded = client.run(
+            lambda: len(__import__("cse.models.generator_cache").models.generator_cache._CORRUPTORS)
+        )
 
     assert dask_ref.path != local_ref.path and not dask_ref.cache_hit
     assert dask_ref.key == local_ref.key and dask_manifest.stats["shards_computed"] == len(dask_parts)

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from models.batching import TrainBatch
-from models.distributed import (
+from cse.models.batching import TrainBatch
+from cse.models.distributed import (
     all_reduce_gradients,
     check_replicated,
     convert_batchnorm,
@@ -67,7 +67,7 @@ def _backbone(vocab_size: int):
 
 
 def _tokenizer():
-    from models.loading import PACKAGED_MINILM, load_tokenizer
+    from cse.models.loading import PACKAGED_MINILM, load_tokenizer
 
     return load_tokenizer(PACKAGED_MINILM)
 
@@ -76,7 +76,7 @@ def _build(kind: str):
     """The model of a test case, initialised from seed 0 (the same in every process)."""
     torch.manual_seed(0)
     if kind == "diffaug":
-        from models.diffaug import DiffAug, DiffAugConfig
+        from cse.models.diffaug import DiffAug, DiffAugConfig
 
         tok = _tokenizer()
         return DiffAug(
@@ -92,21 +92,21 @@ def _build(kind: str):
         )
     backbone = _backbone(SMALL_VOCAB)
     if kind == "simcse":
-        from models.simcse import SimCSE, SimCSEConfig
+        from cse.models.simcse import SimCSE, SimCSEConfig
 
         return SimCSE(SimCSEConfig(backbone="tiny", hard_negative_weight=0.7), backbone=backbone)
     if kind == "dcpcse":
-        from models.dcpcse import DCPCSE, DCPCSEConfig
+        from cse.models.dcpcse import DCPCSE, DCPCSEConfig
 
         return DCPCSE(DCPCSEConfig(backbone="tiny", prefix_len=4, prefix_dropout=0.0), backbone=backbone)
     if kind == "d2cse":
-        from models.d2cse import D2CSE, D2CSEModelConfig
+        from cse.models.d2cse import D2CSE, D2CSEModelConfig
 
         return D2CSE(
             D2CSEModelConfig(backbone="tiny", prefix_len=4, prefix_dropout=0.0, rtd_weight=0.5), backbone=backbone
         )
     if kind == "diffcse":
-        from models.diffcse import DiffCSE, DiffCSEConfig
+        from cse.models.diffcse import DiffCSE, DiffCSEConfig
 
         return DiffCSE(
             DiffCSEConfig(backbone="tiny", rtd_weight=0.5, rtd_mean_over_padding=False, hard_negative_weight=0.3),
@@ -157,7 +157,7 @@ def _step(kind: str, batch: TrainBatch, phase: str, dtype: torch.dtype, chunk: i
 def _step_indefault_dtype(kind: str, batch: TrainBatch, phase: str, chunk: int | None = None) -> dict:
     """Loss, metrics, trainable gradients (summed over ranks when distributed) and buffers of one training step;
     `chunk`: its per-row passes in cached chunks of that many rows (models/grad_cache.py)."""
-    from models.grad_cache import RowChunks
+    from cse.models.grad_cache import RowChunks
 
     model = _build(kind)
     model.use_grad_cache(RowChunks(chunk))
@@ -179,8 +179,8 @@ def _step_indefault_dtype(kind: str, batch: TrainBatch, phase: str, chunk: int |
 
 # ------------------------------------------------------------------------------------------------ trainer runs
 def _training_rows():
-    from storage.training_data import CorruptionRows, TokenRows
-    from training.rows import TrainingRows
+    from cse.storage.training_data import CorruptionRows, TokenRows
+    from cse.training.rows import TrainingRows
 
     rng = np.random.default_rng(0)
     seqs = [
@@ -232,8 +232,8 @@ def _train(state_dir: Path, stop_after: int | None = None, chunk: int | None = N
 def _train_indefault_dtype(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
     """D2CSE (BN-MLP + RTD) through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4 rows);
     `chunk`: grad_cache's chunk size."""
-    from models.checkpoint import trainable_state_dict
-    from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
+    from cse.models.checkpoint import trainable_state_dict
+    from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 
     loop = LoopConfig(
         batch_size=6,
@@ -289,15 +289,15 @@ class LocalMean(torch.nn.Module):
         return [self.w]
 
     def training_step(self, batch, step=0, phase="main"):
-        from models.method import StepOutput
+        from cse.models.method import StepOutput
 
         return StepOutput((batch.input_ids.float() @ self.w).mean())
 
 
 def _local_mean_is_refused(tmp: Path) -> str:
-    from storage.training_data import TokenRows
-    from training.loop import LoopConfig, Trainer
-    from training.rows import TrainingRows
+    from cse.storage.training_data import TokenRows
+    from cse.training.loop import LoopConfig, Trainer
+    from cse.training.rows import TrainingRows
 
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
@@ -501,10 +501,10 @@ def test_shard_batch_slices_every_field_and_the_aux_batch():
 
 
 def test_trainer_refuses_a_batch_smaller_than_the_world(monkeypatch):
-    from models import distributed
-    from storage.training_data import TokenRows
-    from training.loop import LoopConfig, Trainer
-    from training.rows import TrainingRows
+    from cse.models import distributed
+    from cse.storage.training_data import TokenRows
+    from cse.training.loop import LoopConfig, Trainer
+    from cse.training.rows import TrainingRows
 
     monkeypatch.setattr(distributed, "world", lambda: 4)
     seqs = [np.array([1, 5, 2])] * 9
@@ -528,10 +528,10 @@ def test_trainer_refuses_a_batch_smaller_than_the_world(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ launch
 def test_launch_fields_are_validated_and_left_out_of_the_job_identity():
-    from config.training import TrainConfig
-    from storage.datasets import DatasetRef
-    from tasks.distributed_train import torchrun_command
-    from training.job import run_key
+    from cse.config.training import TrainConfig
+    from cse.storage.datasets import DatasetRef
+    from cse.tasks.distributed_train import torchrun_command
+    from cse.training.job import run_key
 
     ref = DatasetRef(kind="tokens", key="k", path="p", rows=1, content_hash="h")
     one, two = TrainConfig(), TrainConfig(nproc_per_node=2, nnodes=2)
@@ -547,7 +547,7 @@ def test_launch_fields_are_validated_and_left_out_of_the_job_identity():
         "2",
         "--standalone",
         "-m",
-        "tasks.distributed_train",
+        "cse.tasks.distributed_train",
         "/runs/x/job.json",
     ]
     with pytest.raises(ValueError, match="CSE_RDZV_ENDPOINT"):
@@ -576,10 +576,10 @@ def test_train_task_runs_torchrun_and_rank0_logs_into_the_job_run(prefect_harnes
     """train-d2cse with nproc_per_node=2 on CPU (gloo): killed, then resumed in the same MLflow run."""
     import mlflow
 
-    from flows.train import train_d2cse
-    from models.checkpoint import load_checkpoint
-    from tracking.store import configure_mlflow
-    from training.loop import TrainingInterrupted
+    from cse.flows.train import train_d2cse
+    from cse.models.checkpoint import load_checkpoint
+    from cse.tracking.store import configure_mlflow
+    from cse.training.loop import TrainingInterrupted
 
     overrides = {
         "backbone": str(tiny_bert_dir),

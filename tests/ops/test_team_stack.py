@@ -39,7 +39,7 @@ import mlflow
 import psutil
 import pytest
 
-from config.settings import REPO_ROOT
+from cse.config.settings import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

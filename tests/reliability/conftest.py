@@ -9,10 +9,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from config.settings import get_settings
-from config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
-from storage.layout import DataRoot
-from tracking.store import configure_mlflow
+from cse.config.settings import get_settings
+from cse.config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
+from cse.storage.layout import DataRoot
+from cse.tracking.store import configure_mlflow
 
 WIKI_LINES = 300
 NLI_ROWS = 200
@@ -48,7 +48,7 @@ def root() -> DataRoot:
 
 
 def ingest(dataset: str, config: IngestConfig, **kw):
-    from tasks.ingest import ingest_dataset
+    from cse.tasks.ingest import ingest_dataset
 
     return ingest_dataset.fn(dataset, config, **kw)
 

@@ -6,8 +6,8 @@ import json
 
 import pyarrow.parquet as pq
 
-from ops.cli import main as cse
-from storage.integrity import DAMAGED_MARKER, QUARANTINE_DIR, QUARANTINE_RECORD, check_dataset
+from cse.ops.cli import main as cse
+from cse.storage.integrity import DAMAGED_MARKER, QUARANTINE_DIR, QUARANTINE_RECORD, check_dataset
 from tests.reliability.conftest import data_runs, flip_byte_in_data, ingest, part, truncate
 
 
@@ -68,8 +68,8 @@ def test_training_verifies_content_hashes_of_every_input(monkeypatch):
     """Before training, every dataset the job reads is verified down to its content hash (flows/train.py)."""
     from types import SimpleNamespace
 
-    from config.training import resolve_train_config
-    from flows import train
+    from cse.config.training import resolve_train_config
+    from cse.flows import train
 
     calls = []
     ref = SimpleNamespace(key="k", content_hash="h")
@@ -84,8 +84,8 @@ def test_training_verifies_content_hashes_of_every_input(monkeypatch):
 
 
 def test_tokens_cache_hit_with_flipped_byte_is_rebuilt_when_verifying(ingest_config, root):
-    from config.stages import TokenizeConfig
-    from tasks.tokenize import tokenize_dataset
+    from cse.config.stages import TokenizeConfig
+    from cse.tasks.tokenize import tokenize_dataset
 
     src = ingest("nli", ingest_config)
     cfg = TokenizeConfig(tokenizer="packaged:minilm")
@@ -117,9 +117,9 @@ def test_folder_without_manifest_is_reported_and_kept(ingest_config, root, capsy
 
 
 def test_corruption_damage_is_quarantined_under_the_lock_and_logged(ingest_config, root, tiny_generator_dir):
-    from config.stages import CorruptConfig, TokenizeConfig
-    from tasks.corrupt import corrupt_shard, corruption_run, plan_corruption, publish_corruption
-    from tasks.tokenize import tokenize_dataset
+    from cse.config.stages import CorruptConfig, TokenizeConfig
+    from cse.tasks.corrupt import corrupt_shard, corruption_run, plan_corruption, publish_corruption
+    from cse.tasks.tokenize import tokenize_dataset
 
     tokens = tokenize_dataset.fn(ingest("nli", ingest_config), TokenizeConfig(tokenizer="packaged:minilm"))
     cfg = CorruptConfig(generator=str(tiny_generator_dir), shard_size=256, batch_size=64, device="cpu", variants=1)
@@ -145,8 +145,8 @@ def test_corruption_damage_is_quarantined_under_the_lock_and_logged(ingest_confi
 def test_evaluation_refuses_a_damaged_sts_dataset(ingest_config, root):
     import pytest
 
-    from storage.evaluations import load_sts_input
-    from storage.integrity import DatasetDamaged
+    from cse.storage.evaluations import load_sts_input
+    from cse.storage.integrity import DatasetDamaged
 
     sts = ingest("sts", ingest_config)
     assert load_sts_input(sts.key, root).table.num_rows == sts.rows

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ops.cli import main as cse
-from storage.catalog import damaged, query, refresh_catalog
+from cse.ops.cli import main as cse
+from cse.storage.catalog import damaged, query, refresh_catalog
 from tests.reliability.conftest import data_runs, ingest, part, truncate
 
 

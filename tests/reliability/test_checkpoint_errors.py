@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.checkpoint import META_FILE, WEIGHTS_FILE, CheckpointError, load_checkpoint, save_checkpoint
-from models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.checkpoint import META_FILE, WEIGHTS_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def checkpoint(good_checkpoint, tmp_path, monkeypatch):
     """A copy of a valid checkpoint; loading a backbone fails the test (the checks must come first)."""
     import shutil
 
-    import models.loading
+    import cse.models.loading
 
     folder = tmp_path / "best"
     shutil.copytree(good_checkpoint, folder)
@@ -30,7 +30,7 @@ def checkpoint(good_checkpoint, tmp_path, monkeypatch):
     def no_backbone(*a, **k):
         raise AssertionError("the backbone was loaded before the checkpoint files were checked")
 
-    monkeypatch.setattr(models.loading, "load_encoder", no_backbone)
+    monkeypatch.setattr(cse.models.loading, "load_encoder", no_backbone)
     return folder
 
 
@@ -70,7 +70,7 @@ def test_missing_weights_and_empty_folder_are_named(checkpoint, tmp_path):
 
 
 def test_evaluation_reads_the_same_checks(checkpoint):
-    from models.checkpoint import read_checkpoint_config
+    from cse.models.checkpoint import read_checkpoint_config
 
     (checkpoint / META_FILE).write_text("{\n  'single quotes': 1\n}")
     with pytest.raises(CheckpointError, match=rf"{META_FILE}: damaged: not valid JSON at line 2 column 3"):

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from ops.cli import main as cse
-from storage.layout import DataRoot
-from storage.paths import PathRefused, check_key, contained
-from storage.runs import RunDir
+from cse.ops.cli import main as cse
+from cse.storage.layout import DataRoot
+from cse.storage.paths import PathRefused, check_key, contained
+from cse.storage.runs import RunDir
 from tests.reliability.conftest import ingest
 
 
@@ -48,8 +48,8 @@ def test_every_unsafe_key_form_is_refused(key):
 
 def test_a_flow_parameter_key_is_refused_before_any_path_is_built(root):
     """The corrupt flow's `tokens_key` parameter and a run key reach `storage/` through the same check."""
-    from config.stages import CorruptConfig
-    from tasks.corrupt import plan_corruption
+    from cse.config.stages import CorruptConfig
+    from cse.tasks.corrupt import plan_corruption
 
     with pytest.raises(PathRefused, match="tokens dataset key '../nli/x' refused"):
         plan_corruption("../nli/x", CorruptConfig())
@@ -87,7 +87,7 @@ def test_one_warning_per_damaged_dataset_per_command(ingest_config, root, caplog
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["file_sizes"] = {k: v + 1 for k, v in manifest["file_sizes"].items()}
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    from storage import integrity
+    from cse.storage import integrity
 
     integrity._WARNED.clear()  # a fresh command
     caplog.clear()

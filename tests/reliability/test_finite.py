@@ -11,13 +11,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from config.evaluation import EvalConfig
-from config.stages import CorruptConfig
-from config.training import PrefixPhaseConfig, TrainConfig, resolve_train_config
-from models.method import StepOutput
-from storage.training_data import TokenRows
-from training.loop import LoopConfig, NonFiniteLoss, Trainer
-from training.rows import TrainingRows
+from cse.config.evaluation import EvalConfig
+from cse.config.stages import CorruptConfig
+from cse.config.training import PrefixPhaseConfig, TrainConfig, resolve_train_config
+from cse.models.method import StepOutput
+from cse.storage.training_data import TokenRows
+from cse.training.loop import LoopConfig, NonFiniteLoss, Trainer
+from cse.training.rows import TrainingRows
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, "inf", "NaN"])

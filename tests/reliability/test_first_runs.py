@@ -1,5 +1,5 @@
 """Issue 23 item 5: flows started at once on a fresh `$CSE_HOME` all open the MLflow store; its creation and migration
-are serialised by a lock (`tracking.store.prepare_sqlite_store`), so none fails with `duplicate column name` or alembic's
+are serialised by a lock (`cse.tracking.store.prepare_sqlite_store`), so none fails with `duplicate column name` or alembic's
 "expected to match one row". Cheap: forked processes that each open the store the way every stage does
 (`configure_mlflow`, then a stage run), no training."""
 
@@ -14,7 +14,7 @@ def _first_run(home: str, barrier, results) -> None:
     os.environ["CSE_HOME"] = home
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
-        from tracking.stage_runs import stage_run
+        from cse.tracking.stage_runs import stage_run
 
         barrier.wait(timeout=60)  # all at once
         with stage_run("data", f"first-run-{os.getpid()}"):

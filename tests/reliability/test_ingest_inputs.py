@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
-from storage.datasets import read_dataset
-from storage.readers import DataFormatError, read_nli, read_senteval, read_wiki1m
+from cse.config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
+from cse.storage.datasets import read_dataset
+from cse.storage.readers import DataFormatError, read_nli, read_senteval, read_wiki1m
 from tests.reliability.conftest import data_runs, ingest
 
 

@@ -7,8 +7,8 @@ import errno
 
 import pytest
 
-from config.stages import IngestConfig, NliSource, WikiSource
-from tasks.ingest import EmptySourceError
+from cse.config.stages import IngestConfig, NliSource, WikiSource
+from cse.tasks.ingest import EmptySourceError
 from tests.reliability.conftest import ingest
 from tests.reliability.test_read_only import in_read_only
 
@@ -32,12 +32,12 @@ def test_a_source_without_usable_rows_is_refused_at_ingestion(content, dataset, 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_out_of_space_names_the_dataset_and_its_folder(code, ingest_config, root, monkeypatch):
-    import storage.datasets
+    import cse.storage.datasets
 
     def full(*a, **k):
         raise OSError(code, "No space left on device")
 
-    monkeypatch.setattr(storage.datasets, "write_parquet", full)
+    monkeypatch.setattr(cse.storage.datasets, "write_parquet", full)
     with pytest.raises(
         OSError, match=rf"while building dataset nli/\w+ in {root.kind_dir('nli')}.*nothing was published"
     ) as e:
@@ -46,14 +46,14 @@ def test_out_of_space_names_the_dataset_and_its_folder(code, ingest_config, root
 
 
 def test_a_read_only_mlflow_store_says_so_first(isolated_home, monkeypatch):
-    from tracking.store import configure_mlflow
+    from cse.tracking.store import configure_mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{isolated_home / 'mlflow.db'}")
     configure_mlflow()  # the store exists (migrated); then the home becomes read-only
 
     def start_a_stage():
-        from tracking.stage_runs import stage_run
-        from tracking.store import TrackingStoreReadOnly
+        from cse.tracking.stage_runs import stage_run
+        from cse.tracking.store import TrackingStoreReadOnly
 
         try:
             with stage_run("data", "read-only-store"):

@@ -12,11 +12,11 @@ import logging
 import mlflow
 import pytest
 
-from config.settings import get_settings
-from config.stages import TokenizeConfig
-from config.training import resolve_train_config
-from storage.layout import DataRoot
-from storage.runs import ResumeState, RunDir
+from cse.config.settings import get_settings
+from cse.config.stages import TokenizeConfig
+from cse.config.training import resolve_train_config
+from cse.storage.layout import DataRoot
+from cse.storage.runs import ResumeState, RunDir
 from tests.reliability.conftest import ingest
 
 STEPS = 2
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Logger 'prefect.task_runs' attem
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory, shared_data, tiny_bert_dir, _shared_tracking_store):
     """wiki1m (the first 300 lines), sts and the wiki1m tokens of the tiny BERT, in a data root kept for the module."""
-    from config.stages import IngestConfig, SentEvalSource, WikiSource
-    from tasks.tokenize import tokenize_dataset
+    from cse.config.stages import IngestConfig, SentEvalSource, WikiSource
+    from cse.tasks.tokenize import tokenize_dataset
 
     home = tmp_path_factory.mktemp("job_results_home")
     wiki = home / "wiki.txt"
@@ -61,7 +61,7 @@ def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
     monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
 
     def run(**overrides):
-        from flows.train import train_job
+        from cse.flows.train import train_job
 
         cfg = resolve_train_config(
             "smoke",
@@ -90,7 +90,7 @@ def _versions(run_id: str) -> list:
 def test_a_run_whose_loss_turns_non_finite_fails_and_nothing_is_registered(job):
     """The campaign's NaN model came from `learning_rate = inf` (now refused by the config); a finite but absurd
     learning rate diverges the same way: the task stops at the first non-finite loss, naming the step."""
-    from training.loop import NonFiniteLoss
+    from cse.training.loop import NonFiniteLoss
 
     with pytest.raises(NonFiniteLoss, match=r"training stopped at step 2 of 2 \(phase 'main'\): the loss is nan"):
         job(learning_rate=1e30)
@@ -129,7 +129,7 @@ def test_a_finished_jobs_damage_is_found_on_the_cache_hit(job, caplog):
     [moved] = (get_settings().home / "quarantine" / "runs" / "simcse").iterdir()
     assert (moved / job_dir.path.name / "best" / "weights.safetensors").stat().st_size == 1000
     assert json.loads((moved / "quarantine.json").read_text())["problems"][0].startswith(str(weights))
-    from models.checkpoint import load_checkpoint
+    from cse.models.checkpoint import load_checkpoint
 
     load_checkpoint(retrained.best_checkpoint)  # intact again
 
@@ -139,8 +139,8 @@ def test_a_failed_export_fails_only_the_export_task_and_the_rerun_does_not_train
     completed `fit` task and a failed `export` task, the training state finished (resume state at the last step, no
     `result.json`) and the run tagged with the failed stage; the rerun resumes at the last step (no training step
     runs again) and exports."""
-    import flows.train as stages
-    from tracking.job_stages import FAILED_STAGE_TAG
+    import cse.flows.train as stages
+    from cse.tracking.job_stages import FAILED_STAGE_TAG
 
     ended: dict[str, str] = {}
 
@@ -153,7 +153,7 @@ def test_a_failed_export_fails_only_the_export_task_and_the_rerun_does_not_train
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stages, "fit_job", stages.fit_job.with_options(on_completion=[note], on_failure=[note]))
         mp.setattr(stages, "export_model", stages.export_model.with_options(on_completion=[note], on_failure=[note]))
-        mp.setattr("tasks.train.log_encoder_model", refuse)
+        mp.setattr("cse.tasks.train.log_encoder_model", refuse)
         with pytest.raises(RuntimeError, match="the model registry refused the model"):
             job()
     assert ended == {"fit": "COMPLETED", "export": "FAILED"}
@@ -182,7 +182,7 @@ def test_a_damaged_resume_state_is_named_quarantined_and_training_restarts(damag
     """The campaign's case (a truncated `trainable.safetensors`: every rerun failed with safetensors' `incomplete
     metadata`, naming no file) and two new ones: a flipped byte (same size: found by the hash recorded at write) and
     an unreadable progress file."""
-    from training.loop import TrainingInterrupted
+    from cse.training.loop import TrainingInterrupted
 
     state = ResumeState(tmp_path / "state")
     with pytest.raises(TrainingInterrupted):
@@ -200,7 +200,7 @@ def test_a_damaged_resume_state_is_named_quarantined_and_training_restarts(damag
     else:
         data = bytearray(b"{ step: ")
     target.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="training.loop"):
+    with caplog.at_level(logging.WARNING, logger="cse.training.loop"):
         result = _tiny_trainer(state.folder).run()
     assert result.resumed_from is None and result.steps == 4  # restarted from step 0, finished
     assert f"resume state file {target} is damaged" in caplog.text and "restarts from step 0" in caplog.text
@@ -210,7 +210,7 @@ def test_a_damaged_resume_state_is_named_quarantined_and_training_restarts(damag
 
 
 def test_fewer_rows_than_a_batch_are_refused_at_the_jobs_start(data_root, tiny_bert_dir, monkeypatch):
-    from training.job import load_training_rows
+    from cse.training.job import load_training_rows
 
     folder, refs = data_root
     monkeypatch.setenv("CSE_DATA_ROOT", str(folder))

@@ -9,15 +9,15 @@ import sys
 import textwrap
 import time
 
-from config.settings import REPO_ROOT
-from config.stages import IngestConfig, WikiSource
-from storage.locks import exclusive
+from cse.config.settings import REPO_ROOT
+from cse.config.stages import IngestConfig, WikiSource
+from cse.storage.locks import exclusive
+from cse.tracking.orphans import ORPHAN_TAG, OWNER_TAG
 from tests.reliability.conftest import data_runs, ingest
-from tracking.orphans import ORPHAN_TAG, OWNER_TAG
 
 _KILLED_WRITER = textwrap.dedent("""
     import os, sys, time, pathlib
-    import storage.datasets as ds
+    import cse.storage.datasets as ds
     real = ds.write_parquet
     def stuck(table, path, schema=None):  # the first part is written, then the stage "hangs" until killed
         out = real(table, path, schema)
@@ -25,8 +25,8 @@ _KILLED_WRITER = textwrap.dedent("""
         time.sleep(600)
         return out
     ds.write_parquet = stuck
-    from config.stages import IngestConfig, WikiSource
-    from tasks.ingest import ingest_dataset
+    from cse.config.stages import IngestConfig, WikiSource
+    from cse.tasks.ingest import ingest_dataset
     ingest_dataset.fn("wiki1m", IngestConfig(wiki=WikiSource(path=sys.argv[1])))
 """)
 
@@ -91,9 +91,9 @@ def test_only_temporaries_of_dead_unlocked_writers_are_removed(root):
 
 
 def test_a_run_of_a_live_process_is_not_closed():
-    from tracking.orphans import close_orphaned_runs
-    from tracking.stage_runs import stage_run
-    from tracking.store import ensure_experiment
+    from cse.tracking.orphans import close_orphaned_runs
+    from cse.tracking.stage_runs import stage_run
+    from cse.tracking.store import ensure_experiment
 
     with stage_run("data", "reliability-live") as run:  # this process is alive: its run stays RUNNING
         assert close_orphaned_runs(ensure_experiment("data"), "reliability-live") == []

@@ -8,11 +8,11 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from config.evaluation import EvalConfig
-from config.settings import redact
-from config.stages import TokenizeConfig
-from config.training import TrainConfig
-from ops.cli import main as cse
+from cse.config.evaluation import EvalConfig
+from cse.config.settings import redact
+from cse.config.stages import TokenizeConfig
+from cse.config.training import TrainConfig
+from cse.ops.cli import main as cse
 from tests.reliability.conftest import flip_byte_in_data, ingest, part
 
 # ------------------------------------------------------------------ item 6
@@ -119,7 +119,7 @@ def test_redact_masks_every_uri_form(uri):
 
 
 def test_evaluation_error_does_not_leak_the_tracking_password(monkeypatch, tmp_path):
-    from tasks.evaluate_common import resolve_checkpoint
+    from cse.tasks.evaluate_common import resolve_checkpoint
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{SECRET}@127.0.0.1:9")  # nothing listens on port 9
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -135,8 +135,8 @@ def test_evaluation_error_does_not_leak_the_tracking_password(monkeypatch, tmp_p
 def test_outage_warning_does_not_leak_the_tracking_password(tmp_path, caplog):
     import mlflow
 
-    from storage.runs import RunDir
-    from tracking.spool import ResilientMetricLogger
+    from cse.storage.runs import RunDir
+    from cse.tracking.spool import ResilientMetricLogger
 
     client = mlflow.MlflowClient(tracking_uri=f"http://alice:{SECRET}@127.0.0.1:9")
     run_dir = RunDir("d2cse", "job", home=tmp_path)

@@ -63,7 +63,7 @@ def _read_only(root: Path, commands: list[list[str]]) -> list[tuple[int, str, st
     """Run `cse` commands with the data root read-only; (status, stdout, stderr) of each."""
 
     def run():
-        from ops.cli import main as cse
+        from cse.ops.cli import main as cse
 
         out = []
         for argv in commands:

@@ -36,7 +36,7 @@ def test_dead_server_task_flow_and_state_never_show_the_password(
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.logging.handlers import APILogHandler
 
-    from tasks.ingest import ingest_dataset
+    from cse.tasks.ingest import ingest_dataset
 
     @flow(name="reliability-secret")
     def ingest_flow():
@@ -71,8 +71,8 @@ def test_dead_server_task_flow_and_state_never_show_the_password(
 def test_cse_errors_and_third_party_log_records_are_masked(dead_tracking, capsys, caplog):
     """New cases of the class: a `cse` command that reads MLflow, and any library logging an exception whose text
     holds a DSN password (the record factory masks the message and the traceback)."""
-    from ops.cli import main as cse
-    from storage.runs import RunDir
+    from cse.ops.cli import main as cse
+    from cse.storage.runs import RunDir
 
     job = RunDir("d2cse", "k1")
     (job.export).mkdir()
@@ -106,7 +106,7 @@ def test_view_run_lines_never_show_the_password(monkeypatch, capfd):
     from mlflow.entities import Run, RunData, RunInfo
     from mlflow.tracking._tracking_service.client import TrackingServiceClient
 
-    from tracking.store import configure_mlflow
+    from cse.tracking.store import configure_mlflow
 
     uri = f"http://alice:{SECRET}@127.0.0.1:{_dead_port()}"
     run = Run(

@@ -11,9 +11,9 @@ import types
 
 import pytest
 
-from storage import fetch
-from storage.atomic import TMP_PREFIX
-from storage.fetch import ChecksumError, download, extract_tar, mirror_lookup, verify
+from cse.storage import fetch
+from cse.storage.atomic import TMP_PREFIX
+from cse.storage.fetch import ChecksumError, download, extract_tar, mirror_lookup, verify
 
 BODY = b"one sentence\nanother sentence\n" * 1000
 
@@ -58,7 +58,7 @@ def test_a_wrong_checksum_after_downloading_names_the_file(http_server, tmp_path
 def test_server_errors_are_retried_with_backoff(http_server, tmp_path, no_sleep, caplog):
     url = http_server.serve("/flaky.txt", BODY, fail_first=2, fail_status=503)
     dest = tmp_path / "flaky.txt"
-    with caplog.at_level(logging.WARNING, logger="storage.fetch"):
+    with caplog.at_level(logging.WARNING, logger="cse.storage.fetch"):
         download(url, dest, retries=3)
     assert dest.read_bytes() == BODY
     assert http_server.hits["/flaky.txt"] == 3 and no_sleep == [1, 2]
@@ -108,7 +108,7 @@ def test_mirror_lookup(tmp_path, monkeypatch, caplog):
         mirror_lookup("wiki1m_for_simcse.txt")
 
     (tmp_path / "wiki1m_head.txt").write_text("a sample\n")
-    with caplog.at_level(logging.WARNING, logger="storage.fetch"):
+    with caplog.at_level(logging.WARNING, logger="cse.storage.fetch"):
         assert mirror_lookup("wiki1m_for_simcse.txt") == (tmp_path / "wiki1m_head.txt").resolve()
     assert "not the full canonical file" in caplog.text
 

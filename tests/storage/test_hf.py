@@ -13,15 +13,15 @@ import pyarrow as pa
 import pytest
 from datasets.table import MemoryMappedTable
 
-from ops.cli import main as cse
-from storage import schemas
-from storage.arrow_copy import ARROW_DIR
-from storage.datasets import read_dataset, write_dataset
-from storage.hashing import sha256_files
-from storage.hf import find_dataset, open_arrow_table, open_hf_dataset
-from storage.integrity import QUARANTINE_DIR, check_dataset
-from storage.layout import DataRoot
-from storage.manifest import MANIFEST_NAME, Manifest
+from cse.ops.cli import main as cse
+from cse.storage import schemas
+from cse.storage.arrow_copy import ARROW_DIR
+from cse.storage.datasets import read_dataset, write_dataset
+from cse.storage.hashing import sha256_files
+from cse.storage.hf import find_dataset, open_arrow_table, open_hf_dataset
+from cse.storage.integrity import QUARANTINE_DIR, check_dataset
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import MANIFEST_NAME, Manifest
 
 N = 6000  # rows: enough that a copy into memory would show in Arrow's allocator
 
@@ -40,7 +40,7 @@ def _tokens(start: int, n: int) -> pa.Table:
 
 @pytest.fixture
 def root(isolated_home) -> DataRoot:
-    from config.settings import get_settings
+    from cse.config.settings import get_settings
 
     return DataRoot(get_settings().data_root)
 

@@ -10,12 +10,12 @@ import datasets
 import pytest
 from pydantic import ValidationError
 
-from config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
-from storage.fetch import ChecksumError
-from storage.hf_sources import HFRowError, HFSource, HFSourceError
-from storage.layout import DataRoot
-from storage.readers import DataFormatError, read_wiki1m
-from storage.sources import check_sts_counts, read_source, resolve_source
+from cse.config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
+from cse.storage.fetch import ChecksumError
+from cse.storage.hf_sources import HFRowError, HFSource, HFSourceError
+from cse.storage.layout import DataRoot
+from cse.storage.readers import DataFormatError, read_wiki1m
+from cse.storage.sources import check_sts_counts, read_source, resolve_source
 
 LINES = ["first sentence .", "second  one", "", "fourth after an empty line"]
 
@@ -186,7 +186,7 @@ def test_config_takes_the_short_form_and_refuses_two_origins(tmp_path):
 
 
 def test_the_ingest_stage_reads_an_hf_source_and_caches_it(tmp_path, isolated_home):
-    from tasks.ingest import ingest_dataset
+    from cse.tasks.ingest import ingest_dataset
 
     datasets.Dataset.from_dict({"sent0": ["a", "b"], "sent1": ["c", "d"], "hard_neg": ["e", "f"]}).save_to_disk(
         tmp_path / "nli"

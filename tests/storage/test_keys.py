@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from config.stages import CorruptConfig, GeneratorConfig
-from config.training import resolve_train_config
-from storage import keys
-from storage.datasets import DatasetRef
-from storage.hashing import stable_hash
-from storage.keys import (
+from cse.config.stages import CorruptConfig, GeneratorConfig
+from cse.config.training import resolve_train_config
+from cse.storage import keys
+from cse.storage.datasets import DatasetRef
+from cse.storage.hashing import stable_hash
+from cse.storage.keys import (
     CORRUPTION_SETTINGS,
     corruption_key,
     generator_key,
@@ -25,7 +25,7 @@ from storage.keys import (
     transfer_key,
     without_defaults,
 )
-from training.job import run_key
+from cse.training.job import run_key
 
 H1, H2, H3 = "a" * 64, "b" * 64, "c" * 64
 GEN = {"name": "distilbert-base-uncased", "config_sha256": "c"}

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import REPO_ROOT
-from storage.locks import exclusive, try_exclusive
+from cse.config.settings import REPO_ROOT
+from cse.storage.locks import exclusive, try_exclusive
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from storage.locks import exclusive
+from cse.storage.locks import exclusive
 with exclusive(Path(sys.argv[1]), "test lock"):
     print("held", flush=True)
     sys.stdin.readline()  # hold until told (or killed)
@@ -69,7 +69,7 @@ def test_a_waiter_enters_when_the_holding_process_is_killed(holder, caplog):
         with exclusive(lock, "dataset tokens/k"):
             entered.set()
 
-    with caplog.at_level(logging.INFO, logger="storage.locks"):
+    with caplog.at_level(logging.INFO, logger="cse.storage.locks"):
         t = threading.Thread(target=waiter)
         t.start()
         assert not entered.wait(0.5)  # waits while the other process holds it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage.readers import DataFormatError, read_nli, read_senteval, read_wiki1m, senteval_root
+from cse.storage.readers import DataFormatError, read_nli, read_senteval, read_wiki1m, senteval_root
 
 EXPECTED_TEST = {"sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186, "stsb": 1379, "sickr": 4927}
 

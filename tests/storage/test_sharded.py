@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage import schemas
-from storage.atomic import TMP_PREFIX
-from storage.datasets import DatasetRef, read_dataset, write_dataset
-from storage.layout import DataRoot
-from storage.manifest import Manifest
-from storage.sharded import (
+from cse.storage import schemas
+from cse.storage.atomic import TMP_PREFIX
+from cse.storage.datasets import DatasetRef, read_dataset, write_dataset
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
+from cse.storage.sharded import (
     ShardDone,
     ShardedPlan,
     build_shard,

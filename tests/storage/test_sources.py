@@ -10,11 +10,11 @@ import tarfile
 
 import pytest
 
-from storage.fetch import ChecksumError
-from storage.hashing import sha256_files
-from storage.layout import DataRoot
-from storage.readers import DataFormatError, senteval_source_files
-from storage.sources import ResolvedSource, read_source, resolve_source
+from cse.storage.fetch import ChecksumError
+from cse.storage.hashing import sha256_files
+from cse.storage.layout import DataRoot
+from cse.storage.readers import DataFormatError, senteval_source_files
+from cse.storage.sources import ResolvedSource, read_source, resolve_source
 
 WIKI = "first sentence\nsecond one\n\nfourth after an empty line\n"
 NLI = 'sent0,sent1,hard_neg\na man,a person,a woman\n"quoted, with comma",b,c\n'

@@ -7,12 +7,12 @@ import threading
 import pyarrow as pa
 import pytest
 
-from storage import schemas
-from storage.atomic import atomic_dir, atomic_file, clean_temporaries
-from storage.catalog import query, refresh_catalog
-from storage.datasets import read_dataset, write_dataset
-from storage.layout import DataRoot
-from storage.manifest import MANIFEST_NAME
+from cse.storage import schemas
+from cse.storage.atomic import atomic_dir, atomic_file, clean_temporaries
+from cse.storage.catalog import query, refresh_catalog
+from cse.storage.datasets import read_dataset, write_dataset
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import MANIFEST_NAME
 
 
 def _wiki(n: int) -> pa.Table:
@@ -119,7 +119,7 @@ def test_building_lock_admits_one_builder_per_dataset(tmp_path):
 
 def test_training_job_lock_admits_one_process_per_job(tmp_path):
     """A second flow of the same training job waits until the first is done with it."""
-    from storage.runs import RunDir
+    from cse.storage.runs import RunDir
 
     job, other = RunDir("d2cse", "key1", home=tmp_path), RunDir("d2cse", "key2", home=tmp_path)
     entered = threading.Event()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from config import published
-from storage.readers import SEVEN_TASKS
-from tasks.compare import (
+from cse.config import published
+from cse.storage.readers import SEVEN_TASKS
+from cse.tasks.compare import (
     RunRecord,
     build_comparison,
     record_comparison,
@@ -16,7 +16,7 @@ from tasks.compare import (
     select_runs,
     wide_tables,
 )
-from tracking.stage_runs import log_run_results, stage_run
+from cse.tracking.stage_runs import log_run_results, stage_run
 
 SIMCSE_PUB = published.STS[("simcse", "bert-base", "unsup")]
 
@@ -206,10 +206,10 @@ def test_wide_tables_and_their_markdown_and_csv():
 def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     import mlflow
 
-    from config.settings import get_settings
-    from storage.catalog import query
-    from storage.layout import DataRoot
-    from tracking.store import get_runs
+    from cse.config.settings import get_settings
+    from cse.storage.catalog import query
+    from cse.storage.layout import DataRoot
+    from cse.tracking.store import get_runs
 
     runs = select_runs(experiments=["simcse"])
     summary = record_comparison(runs, {"experiments": ["simcse"]})

@@ -9,18 +9,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import models.generator_cache as generator_cache
-import tasks.corrupt as corrupt_tasks
-from config.settings import get_settings
-from config.stages import CorruptConfig
-from flows.corrupt import corrupt
-from models.loading import VocabularyMismatchError, tokenizer_fingerprint, vocab_fingerprint
-from storage import schemas
-from storage.catalog import query
-from storage.datasets import read_dataset, write_dataset
-from storage.layout import DataRoot
-from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption, shard_path
-from tracking.store import configure_mlflow
+import cse.models.generator_cache as generator_cache
+import cse.tasks.corrupt as corrupt_tasks
+from cse.config.settings import get_settings
+from cse.config.stages import CorruptConfig
+from cse.flows.corrupt import corrupt
+from cse.models.loading import VocabularyMismatchError, tokenizer_fingerprint, vocab_fingerprint
+from cse.storage import schemas
+from cse.storage.catalog import query
+from cse.storage.datasets import read_dataset, write_dataset
+from cse.storage.layout import DataRoot
+from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption, shard_path
+from cse.tracking.store import configure_mlflow
 
 SENTENCES = 300
 

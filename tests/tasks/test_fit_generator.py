@@ -11,21 +11,21 @@ import pyarrow as pa
 import pytest
 from transformers import AutoModelForMaskedLM
 
-import models.generator_cache as generator_cache
-import tasks.fit_generator as fit_tasks
-from config.settings import get_settings
-from config.stages import CorruptConfig, GeneratorConfig
-from models.loading import tokenizer_fingerprint, vocab_fingerprint
-from storage import schemas
-from storage.catalog import query
-from storage.datasets import read_dataset, write_dataset
-from storage.generators import HELDOUT_FILE
-from storage.keys import CORRUPTION_SETTINGS, corruption_key
-from storage.layout import DataRoot
-from storage.manifest import Manifest
-from tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
-from tasks.fit_generator import fit_generator
-from tracking.store import configure_mlflow
+import cse.models.generator_cache as generator_cache
+import cse.tasks.fit_generator as fit_tasks
+from cse.config.settings import get_settings
+from cse.config.stages import CorruptConfig, GeneratorConfig
+from cse.models.loading import tokenizer_fingerprint, vocab_fingerprint
+from cse.storage import schemas
+from cse.storage.catalog import query
+from cse.storage.datasets import read_dataset, write_dataset
+from cse.storage.generators import HELDOUT_FILE
+from cse.storage.keys import CORRUPTION_SETTINGS, corruption_key
+from cse.storage.layout import DataRoot
+from cse.storage.manifest import Manifest
+from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
+from cse.tasks.fit_generator import fit_generator
+from cse.tracking.store import configure_mlflow
 
 # Two sentence types of 10 word pieces: type k puts token BASE + 20 k + i at position i. Position and the unmasked
 # neighbours (the type) determine every token; the most frequent token covers 1/20 of them.

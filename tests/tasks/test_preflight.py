@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from config.stages import IngestConfig, WikiSource
-from config.training import resolve_train_config
-from models.loading import PACKAGED_MINILM
-from storage.layout import DataRoot
-from tasks import preflight
-from tasks.preflight import (
+from cse.config.stages import IngestConfig, WikiSource
+from cse.config.training import resolve_train_config
+from cse.models.loading import PACKAGED_MINILM
+from cse.storage.layout import DataRoot
+from cse.tasks import preflight
+from cse.tasks.preflight import (
     HubProbe,
     Preflight,
     PreflightError,
@@ -25,7 +25,7 @@ from tasks.preflight import (
     model_status,
     training_checks,
 )
-from tracking.data_warnings import DATA_WARNING_TAG, data_warning_tags
+from cse.tracking.data_warnings import DATA_WARNING_TAG, data_warning_tags
 
 
 @pytest.fixture
@@ -239,7 +239,7 @@ def test_count_lines_counts_a_last_line_without_newline(tmp_path):
 
 def test_cse_run_prints_a_preflight_reason_whole():
     """`cse run` cuts a long failure reason, but never the preflight's list of missing things and fixes."""
-    from ops.deployments import REASON_CHARS, one_line_reason
+    from cse.ops.deployments import REASON_CHARS, one_line_reason
 
     long = "PreflightError: preflight: job cannot run\n1. " + "x" * 2 * REASON_CHARS
     assert one_line_reason(f"Flow run encountered an exception: {long}") == " ".join(long.split())

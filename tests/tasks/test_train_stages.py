@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import requests
 
-from tasks.train import RETRIES, evaluate_test, evaluate_transfer, export_model, fit_job, retry_on_outage
+from cse.tasks.train import RETRIES, evaluate_test, evaluate_transfer, export_model, fit_job, retry_on_outage
 
 
 def test_each_stage_is_its_own_task_and_only_the_later_stages_retry():

@@ -1,5 +1,5 @@
-"""Dataset inputs (tracking/datasets.py, tracking.lineage.log_dataset_inputs): what a run read, as MLflow shows it in
-"Datasets used" and returns in `run.inputs` — name, digest (our content hash), source (the dataset folder or the raw
+"""Dataset inputs (tracking/datasets.py, cse.tracking.lineage.log_dataset_inputs): what a run read, as MLflow shows it
+in "Datasets used" and returns in `run.inputs` — name, digest (our content hash), source (the dataset folder or the raw
 file/URL), schema, profile and the context tag — against a real SQLite store."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import pyarrow as pa
 import pytest
 from mlflow.types.schema import Array, DataType, Object
 
-from config.settings import get_settings
-from storage import schemas
-from storage.datasets import DatasetRef, write_dataset
-from storage.evaluations import StsInput
-from storage.hashing import sha256_file
-from storage.layout import DataRoot
-from storage.sources import ResolvedSource
-from tracking.datasets import DIGEST_CHARS, ParquetDataset, as_dataset, mlflow_schema
-from tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs, run_dataset_inputs
-from tracking.stage_runs import stage_run
+from cse.config.settings import get_settings
+from cse.storage import schemas
+from cse.storage.datasets import DatasetRef, write_dataset
+from cse.storage.evaluations import StsInput
+from cse.storage.hashing import sha256_file
+from cse.storage.layout import DataRoot
+from cse.storage.sources import ResolvedSource
+from cse.tracking.datasets import DIGEST_CHARS, ParquetDataset, as_dataset, mlflow_schema
+from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs, run_dataset_inputs
+from cse.tracking.stage_runs import stage_run
 
 
 def _tokens(root: DataRoot, key: str, ids: list[list[int]]) -> DatasetRef:
@@ -126,7 +126,7 @@ def test_a_run_lists_its_inputs_with_their_contexts_through_search_runs():
 
 
 def test_hugging_face_sources_log_one_input_per_dataset(tmp_path):
-    from storage.hf_sources import HFRows, HFSource
+    from cse.storage.hf_sources import HFRows, HFSource
 
     def rows(spec: str, folder, texts: list[str]) -> HFRows:
         return HFRows(

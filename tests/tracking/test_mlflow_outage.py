@@ -20,13 +20,13 @@ import mlflow
 import pytest
 import torch
 
-from ops.cli import main as cse
-from storage.runs import RunDir
-from storage.spool import metric_count, read_records
+from cse.ops.cli import main as cse
+from cse.storage.runs import RunDir
+from cse.storage.spool import metric_count, read_records
+from cse.tracking.spool import DELAYED_TAG, ResilientMetricLogger, deliver_spool
+from cse.tracking.store import configure_mlflow
+from cse.training.loop import LoopResult, Trainer
 from tests.training.test_loop import Recorder, _loop, _model, probe, rows  # noqa: F401  (the tiny trainer's fixtures)
-from tracking.spool import DELAYED_TAG, ResilientMetricLogger, deliver_spool
-from tracking.store import configure_mlflow
-from training.loop import LoopResult, Trainer
 
 STEPS = 10  # log every step; dev evaluation at 5 and 10
 
@@ -185,7 +185,7 @@ def _history(run_id: str, keys) -> dict[str, list[tuple[int, float]]]:
 
 
 def _tracking_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "tracking.spool" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "cse.tracking.spool" and r.levelno == logging.WARNING]
 
 
 def test_server_killed_and_restarted_during_training(server, train, tmp_path, caplog):
@@ -196,7 +196,7 @@ def test_server_killed_and_restarted_during_training(server, train, tmp_path, ca
     metrics_log = ResilientMetricLogger(run_id, run_dir, retry_seconds=0)
     metrics_log.log_params({"learning_rate": 0.02})
     outage = Outage(metrics_log, server, down_at=3, up_at=7)
-    with caplog.at_level(logging.INFO, logger="tracking.spool"):
+    with caplog.at_level(logging.INFO, logger="cse.tracking.spool"):
         result = train(outage)
         assert metrics_log.flush() == 0
 
@@ -233,7 +233,7 @@ def test_server_down_until_the_end_then_delivered(server, train, tmp_path, caplo
     run_dir.set_mlflow_run_id(run_id)
     metrics_log = ResilientMetricLogger(run_id, run_dir, retry_seconds=3600)  # after the first failure: spool only
     outage = Outage(metrics_log, server, down_at=3, up_at=None)
-    with caplog.at_level(logging.WARNING, logger="tracking.spool"):
+    with caplog.at_level(logging.WARNING, logger="cse.tracking.spool"):
         result = train(outage)
         left = metrics_log.flush()
 

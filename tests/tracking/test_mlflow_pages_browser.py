@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from config import published
-from config.methods import DEFAULT_METHOD
-from config.settings import get_settings
-from config.training import resolve_train_config
-from storage.readers import SEVEN_TASKS
-from storage.runs import RunDir
-from tracking.run_pages import (
+from cse.config import published
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.settings import get_settings
+from cse.config.training import resolve_train_config
+from cse.storage.readers import SEVEN_TASKS
+from cse.storage.runs import RunDir
+from cse.tracking.run_pages import (
     experiment_url,
     page_metrics,
     preset_differences,
@@ -38,8 +38,8 @@ from tracking.run_pages import (
     start_description,
     sts_description,
 )
-from tracking.stage_runs import log_dataset_metrics, log_run_results
-from tracking.training_runs import training_run
+from cse.tracking.stage_runs import log_dataset_metrics, log_run_results
+from cse.tracking.training_runs import training_run
 
 pytestmark = pytest.mark.slow
 

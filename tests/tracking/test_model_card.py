@@ -14,14 +14,14 @@ import mlflow
 import pytest
 import yaml
 
-from config import published
-from config.methods import METHODS, REGISTRY, get_method
-from config.presets import PRESETS
-from config.training import preset_row, resolve_train_config
-from ops.cli import main as cse
-from storage.datasets import DatasetRef
-from storage.runs import RunDir
-from tracking.model_card import (
+from cse.config import published
+from cse.config.methods import METHODS, REGISTRY, get_method
+from cse.config.presets import PRESETS
+from cse.config.training import preset_row, resolve_train_config
+from cse.ops.cli import main as cse
+from cse.storage.datasets import DatasetRef
+from cse.storage.runs import RunDir
+from cse.tracking.model_card import (
     MISSING,
     AdapterInfo,
     CardFacts,
@@ -29,7 +29,7 @@ from tracking.model_card import (
     published_differences,
     write_model_card,
 )
-from tracking.store import configure_mlflow, ensure_experiment
+from cse.tracking.store import configure_mlflow, ensure_experiment
 
 # Each method's BibTeX entry (its model class's `bibtex`), in the papers' order of the former table.
 BIBTEX = {name: get_method(name).bibtex for name in ("d2cse", "dcpcse", "diffcse", "diffaug", "simcse")}
@@ -162,7 +162,7 @@ def test_missing_facts_render_as_dashes():
     cfg = resolve_train_config("smoke", method="dcpcse")  # packaged MiniLM: no paper reports it
     facts = CardFacts.from_training(cfg, {"sts12": 60.0, "sts13": float("nan")})
     card = model_card(facts)
-    # the BERT-base row stands in as a reference, labelled as such (config.published.reference_family)
+    # the BERT-base row stands in as a reference, labelled as such (cse.config.published.reference_family)
     ref = published.STS[("dcpcse", "bert-base", "unsup")]
     assert facts.reference.key == ("dcpcse", "bert-base", "unsup") and facts.reference.stands_in_for == cfg.backbone
     assert published_differences(facts) == {"sts12": pytest.approx(60.0 - ref["sts12"])}
@@ -364,7 +364,7 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
     assert 'load_model("models:/cse-d2cse-bert-base-unsup/1")' in card and "This model: 2,658,818" in card
     assert _row(card, "STS", "difference")[0] == "+0.08" and _row(card, "STS", "difference")[1] == MISSING
     assert json.loads(card.split("```json\n", 1)[1].split("\n```", 1)[0]) == d2cse_cfg.model_dump(mode="json")
-    # tracking.model_export tags the run with the version it registered: the card names that one
+    # cse.tracking.model_export tags the run with the version it registered: the card names that one
     client.set_tag(run.info.run_id, "cse.registered_model", "cse-d2cse-bert-base-uncased-default")
     client.set_tag(run.info.run_id, "cse.model_version", "7")
     assert cse(["card", str(job.path)]) == 0
@@ -401,7 +401,7 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
 def _ingested(root, source: dict, rows: int, key: str = "wiki-key", tokens_key: str = "tok-key") -> DatasetRef:
     """An ingested wiki1m dataset (its manifest's `source`, as tasks/ingest.py records it) and the tokens made from
     it; returns the tokens' `DatasetRef`."""
-    from storage.manifest import Manifest
+    from cse.storage.manifest import Manifest
 
     for kind, k, n, src in (
         ("wiki1m", key, rows, source),
@@ -418,8 +418,8 @@ def _ingested(root, source: dict, rows: int, key: str = "wiki-key", tokens_key: 
 def test_the_card_states_the_ingested_sample_and_names_no_local_path(isolated_home, tmp_path):
     """The smoke job's data: the local 11,913-line sample, not the hub's Wiki1M the config names by default; the
     temporary folders (CSE_HOME, the sample's folder, the backbone's) appear nowhere in the card."""
-    from config.settings import get_settings
-    from storage.layout import DataRoot
+    from cse.config.settings import get_settings
+    from cse.storage.layout import DataRoot
 
     sample = tmp_path / "mirror" / "wiki1m_head.txt"
     root = DataRoot(get_settings().data_root)

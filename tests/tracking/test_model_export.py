@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from config.methods import build_model
-from models.checkpoint import save_checkpoint
-from tracking.model_export import (
+from cse.config.methods import build_model
+from cse.models.checkpoint import save_checkpoint
+from cse.tracking.model_export import (
     backbone_label,
     log_encoder_model,
     pip_requirements,
     registered_model_name,
     set_best_alias,
 )
-from tracking.store import ensure_experiment
+from cse.tracking.store import ensure_experiment
 
 SENTENCES = ["a man is playing a guitar .", "two dogs run ."]
 

@@ -1,11 +1,11 @@
-"""tracking.reporting: the one markdown renderer, the one CSV renderer (exact output) and the Prefect publisher."""
+"""cse.tracking.reporting: the one markdown renderer, the one CSV renderer (exact output) and the Prefect publisher."""
 
 from __future__ import annotations
 
 import pytest
 
-from tracking import reporting
-from tracking.reporting import compact_number, csv_table, markdown_table, plain, publish_artifacts, two_decimals
+from cse.tracking import reporting
+from cse.tracking.reporting import compact_number, csv_table, markdown_table, plain, publish_artifacts, two_decimals
 
 ROWS = [{"model": "a", "score": 76.254, "n": 3, "note": None}, {"model": "b", "score": 0.5, "n": 12, "note": "x"}]
 
@@ -97,6 +97,6 @@ def test_rendering_imports_neither_prefect_nor_mlflow():
     import subprocess
     import sys
 
-    code = "import sys, tracking.reporting; print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))"
+    code = "import sys, cse.tracking.reporting; print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

@@ -8,11 +8,11 @@ import json
 
 import mlflow
 
-from config import published
-from config.methods import DEFAULT_METHOD
-from config.training import resolve_train_config
-from storage.readers import SEVEN_TASKS
-from tracking.run_pages import (
+from cse.config import published
+from cse.config.methods import DEFAULT_METHOD
+from cse.config.training import resolve_train_config
+from cse.storage.readers import SEVEN_TASKS
+from cse.tracking.run_pages import (
     EXPERIMENT_KIND_TAG,
     MODEL_TRAINING,
     SCORES_VIEW,
@@ -24,7 +24,7 @@ from tracking.run_pages import (
     run_url,
     sts_description,
 )
-from tracking.store import configure_mlflow, ensure_experiment
+from cse.tracking.store import configure_mlflow, ensure_experiment
 
 
 def test_run_names_carry_what_differs_from_the_preset(monkeypatch):
@@ -37,7 +37,7 @@ def test_run_names_carry_what_differs_from_the_preset(monkeypatch):
     assert (
         run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 corrupt.seed=7 max_steps=3 seed=7"
     )  # name order; seed sets corrupt.seed
-    monkeypatch.setattr("tracking.run_pages.RUN_NAME_MAX", 20)  # past it, the rest is counted
+    monkeypatch.setattr("cse.tracking.run_pages.RUN_NAME_MAX", 20)  # past it, the rest is counted
     assert run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 +3 more"
 
 

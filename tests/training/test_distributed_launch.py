@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import training.distributed as td
-from config.training import TrainConfig
-from storage.datasets import DatasetRef
-from storage.runs import RunDir
-from training.loop import LoopResult, TrainingInterrupted
+import cse.training.distributed as td
+from cse.config.training import TrainConfig
+from cse.storage.datasets import DatasetRef
+from cse.storage.runs import RunDir
+from cse.training.loop import LoopResult, TrainingInterrupted
 
 REF = DatasetRef(kind="tokens", key="k", path="p", rows=1, content_hash="h")
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.checkpoint import trainable_state_dict
-from models.d2cse import D2CSE, D2CSEModelConfig
-from storage.training_data import CorruptionRows, TokenRows
-from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
-from training.rows import TrainingRows, epoch_order
+from cse.models.checkpoint import trainable_state_dict
+from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.storage.training_data import CorruptionRows, TokenRows
+from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
+from cse.training.rows import TrainingRows, epoch_order
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ class Recorder:
 @pytest.fixture
 def probe(rows):
     ids = [rows.tokens.seqs["text"][0], rows.tokens.seqs["text"][0]]
-    from models.batching import pad_sequences
+    from cse.models.batching import pad_sequences
 
     return pad_sequences(ids, rows.pad_id)
 
@@ -159,8 +159,8 @@ def test_resume_state_of_another_schedule_is_refused(rows, tiny_bert_dir, tmp_pa
 
 
 def test_hooks_see_every_phase_step_forward_and_update_in_order_and_save_state_off_writes_nothing(tmp_path):
+    from cse.training.loop import TrainerHooks
     from tests.training.test_resume_state import _trainer as weighted_trainer
-    from training.loop import TrainerHooks
 
     class Seen(TrainerHooks):
         def __init__(self):

@@ -1,4 +1,4 @@
-"""training/loop.py keeps its resume state in the files `storage.runs.ResumeState` names (the job folder's
+"""training/loop.py keeps its resume state in the files `cse.storage.runs.ResumeState` names (the job folder's
 `RunDir.resume_state`): written whole, found again on resume, and `RunDir.has_state` agrees."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import numpy as np
 import torch
 
-from models.method import StepOutput
-from storage.runs import ResumeState, RunDir
-from storage.training_data import TokenRows
-from training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
-from training.rows import TrainingRows
+from cse.models.method import StepOutput
+from cse.storage.runs import ResumeState, RunDir
+from cse.storage.training_data import TokenRows
+from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
+from cse.training.rows import TrainingRows
 
 
 class Weighted(torch.nn.Module):

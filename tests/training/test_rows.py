@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from storage.training_data import CorruptionRows, TokenRows
-from training.rows import TrainingRows, epoch_order
+from cse.storage.training_data import CorruptionRows, TokenRows
+from cse.training.rows import TrainingRows, epoch_order
 
 
 def _rows(supervised: bool, variants: int, n: int = 4) -> TrainingRows:
@@ -81,8 +81,8 @@ def _datasets(root, n: int = 40, variants: int = 3, columns=("text",), corrupt_f
     """A tokens and a corruption dataset in the stages' long form, rows shuffled and split over several parts."""
     import pyarrow as pa
 
-    from storage import schemas
-    from storage.datasets import write_dataset
+    from cse.storage import schemas
+    from cse.storage.datasets import write_dataset
 
     rng = np.random.default_rng(0)
     seqs = {
@@ -123,7 +123,7 @@ def _materialised(root, columns, limit=None) -> tuple[TokenRows, CorruptionRows]
     Parquet parts into int64 numpy arrays."""
     import pyarrow.compute as pc
 
-    from storage.datasets import read_dataset
+    from cse.storage.datasets import read_dataset
 
     def lists(col):
         return [np.asarray(x, dtype=np.int64) for x in col.to_pylist()]
@@ -149,8 +149,8 @@ def _materialised(root, columns, limit=None) -> tuple[TokenRows, CorruptionRows]
 
 @pytest.mark.parametrize("supervised,limit", [(False, None), (True, 30)])
 def test_memory_mapped_rows_give_the_batches_the_materialised_rows_gave(tmp_path, supervised, limit):
-    from storage.layout import DataRoot
-    from storage.training_data import ArrowLists, load_corruption_rows, load_token_rows
+    from cse.storage.layout import DataRoot
+    from cse.storage.training_data import ArrowLists, load_corruption_rows, load_token_rows
 
     root = DataRoot(tmp_path)
     columns = ("sent0", "sent1", "hard_neg") if supervised else ("text",)
@@ -169,8 +169,8 @@ def test_memory_mapped_rows_give_the_batches_the_materialised_rows_gave(tmp_path
 
 
 def test_memory_mapped_loaders_keep_their_checks(tmp_path):
-    from storage.layout import DataRoot
-    from storage.training_data import load_corruption_rows, load_token_rows
+    from cse.storage.layout import DataRoot
+    from cse.storage.training_data import load_corruption_rows, load_token_rows
 
     root = DataRoot(tmp_path / "a")
     _datasets(root, n=10, variants=2)
@@ -189,8 +189,8 @@ def test_memory_mapped_loaders_keep_their_checks(tmp_path):
 
     import pyarrow as pa
 
-    from storage import schemas
-    from storage.datasets import write_dataset
+    from cse.storage import schemas
+    from cse.storage.datasets import write_dataset
 
     uneven = DataRoot(tmp_path / "c")
     rows = [

@@ -1,4 +1,4 @@
-"""A job's identity (training.job.run_key): model and job fields added later leave the keys of older jobs unchanged."""
+"""A job's identity (cse.training.job.run_key): model and job fields added later leave older jobs' keys unchanged."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import dataclasses
 
 import pytest
 
-from config.methods import REGISTRY
-from config.training import (
+from cse.config.methods import REGISTRY
+from cse.config.training import (
     KEY_NEUTRAL_JOB_DEFAULTS,
     KEY_NEUTRAL_MODEL_DEFAULTS,
     LAUNCH_FIELDS,
     TrainConfig,
     resolve_train_config,
 )
-from storage.datasets import DatasetRef
-from storage.hashing import stable_hash
-from training.job import run_key
+from cse.storage.datasets import DatasetRef
+from cse.storage.hashing import stable_hash
+from cse.training.job import run_key
 
 TOKENS = DatasetRef(kind="tokens", key="t", content_hash="c" * 64, rows=1, path="/nowhere", cache_hit=True)
 
