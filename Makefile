@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: lint setup test test-fast main smoke-all clean install-offline gpu-check docs
+.PHONY: lint setup test test-fast main smoke-all clean install-offline gpu-check gpu-speed docs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -61,6 +61,12 @@ install-offline:
 DEVICE ?= auto
 gpu-check:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks.gpu_check --device $(DEVICE) $(GPU_CHECK_ARGS)
+
+# Step time of every method eager vs compiled (+ CUDA graphs), kernels and launches per step, checkpoint and
+# evaluation overhead of a whole run, the sentence-transformers peer (benchmarks/gpu_speed.py, docs/gpu.md);
+# DEVICE=cpu: the tiny rehearsal.
+gpu-speed:
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks.gpu_speed --device $(DEVICE) $(GPU_SPEED_ARGS)
 
 clean:
 	rm -rf .cse site

@@ -50,6 +50,7 @@ Output: --out (JSON), the markdown table beside it (.md) and one PNG of STS-B de
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -394,9 +395,9 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
 
     start_eval_s = eval_s
     with tempfile.TemporaryDirectory(prefix="evidence-state-") as state:
-        trainer = Trainer(
-            model, phases, loop_config(cfg, "fp32"), device, Path(state), lambda *a: None, evaluate_dev, log_metrics
-        )
+        # (the protocol's optimizer: AdamW without fused kernels, as it was measured)
+        loop = dataclasses.replace(loop_config(cfg, "fp32"), fused_adamw=False)
+        trainer = Trainer(model, phases, loop, device, Path(state), lambda *a: None, evaluate_dev, log_metrics)
         result = trainer.run()
     train_s = result.seconds - (eval_s - start_eval_s)  # the loop's seconds without its dev evaluations
     if curve[-1][0] != result.steps:

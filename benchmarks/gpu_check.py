@@ -105,13 +105,15 @@ def synthetic_tokenizer():
     return BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
 
 
-def backbone(size: str, seed: int = 0, attn: str = "sdpa"):
-    """A random-initialised BERT of `size` ("tiny" or "base" = BertConfig()) with bert-base-uncased's vocabulary."""
+def backbone(size: str, seed: int = 0, attn: str = "sdpa", layers: int | None = None):
+    """A random-initialised BERT of `size` ("tiny" or "base" = BertConfig()) with bert-base-uncased's vocabulary
+    (`layers`: another depth)."""
     from transformers import BertConfig, BertModel
 
+    dims = {**SIZES[size], **({"num_hidden_layers": layers} if layers else {})}
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return BertModel(BertConfig(vocab_size=VOCAB, attn_implementation=attn, **SIZES[size]), add_pooling_layer=False)
+        return BertModel(BertConfig(vocab_size=VOCAB, attn_implementation=attn, **dims), add_pooling_layer=False)
 
 
 def preset(method: str, size: str, batch: int | None = None, length: int | None = None):
@@ -133,14 +135,14 @@ def preset(method: str, size: str, batch: int | None = None, length: int | None 
     return cfg.model_copy(update=update)
 
 
-def build_model(method: str, cfg, size: str, tokenizer, seed: int = 0):
+def build_model(method: str, cfg, size: str, tokenizer, seed: int = 0, layers: int | None = None):
     """The method's model on a random BERT of `size` (with the class's `random_backbone_kwargs`, e.g. DCPCSE's fresh
-    LM head with mlm, as the dry run)."""
+    LM head with mlm, as the dry run; `layers`: another depth)."""
     cls = model_class(method)
-    enc = backbone(size, seed)
-    kwargs = cls.random_backbone_kwargs(cfg.model, enc) if hasattr(cls, "random_backbone_kwargs") else {}
-    with torch.random.fork_rng():
+    enc = backbone(size, seed, layers=layers)
+    with torch.random.fork_rng():  # (the fresh heads of `random_backbone_kwargs` too: the same model every time)
         torch.manual_seed(seed)
+        kwargs = cls.random_backbone_kwargs(cfg.model, enc) if hasattr(cls, "random_backbone_kwargs") else {}
         return cls(cfg.model, backbone=enc, tokenizer=tokenizer, **kwargs)
 
 

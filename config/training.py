@@ -29,8 +29,9 @@ from cse.config.presets import deep_merge
 from cse.config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
 from cse.models.method import MethodConfig
 
-# How many processes train a job, not what they compute: excluded from the run key (cse.training.job.run_key).
-LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes"})
+# How a job runs, not what it computes (how many processes; the speed switches, whose results equal the plain step's
+# within float tolerance): excluded from the run key (training.job.run_key).
+LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes", "speed"})
 # Model fields added after jobs had been keyed, with their defaults: a field at its default is left out of the job's
 # identity (cse.training.job.run_key), so the jobs that finished before it existed keep their run keys and stay cache
 # hits. The rule for every new model field that changes nothing at its default: add it here.
@@ -73,6 +74,40 @@ class GradCacheConfig(_Config):
         ge=1,
         description="rows (sentences × views) of each rank's batch encoded at a time; the loss still sees the whole "
         "batch and the gradients are those of the whole batch. None = off (every pass on the whole batch)",
+    )
+
+
+class SpeedConfig(_Config):
+    """How fast a job runs, not what it computes (docs/gpu.md; left out of the run key, `LAUNCH_FIELDS`).
+
+    Each switch leaves the losses and gradients equal to the plain step's within float tolerance (the tests prove it
+    on CPU, tests/training/test_speed.py). None keeps the loop's default, which an environment variable may set
+    (`CSE_COMPILE`, `CSE_FUSED_ADAMW`, ...; training/loop.py).
+    """
+
+    compile: bool | None = Field(
+        default=None,
+        description="torch.compile of the whole training step as one graph (CUDA graphs on a GPU); None: on on a GPU, "
+        "off on CPU (CSE_COMPILE=0|1 overrides)",
+    )
+    compile_mode: str = Field(
+        default="",
+        description="torch.compile mode; empty: reduce-overhead (CUDA graphs) on a GPU, default elsewhere",
+    )
+    fused_adamw: bool | None = Field(default=None, description="AdamW's fused kernels; None: wherever torch has them")
+    cast_frozen_weights: bool = Field(
+        default=True, description="bf16/fp16 copies of the frozen Linear weights made once, not at every use (exact)"
+    )
+    pad_to_max_length: bool = Field(
+        default=True, description="every batch padded to max_length (one shape for every step; exact)"
+    )
+    async_state: bool = Field(default=True, description="resume states written on a background thread")
+    state_interval_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="at a checkpoint step, write the resume state only when this many seconds passed since the last "
+        "one (0: at every checkpoint step; a kill loses at most this much training); None: on a GPU 50 × the last "
+        "state's cost (at most ~2 % of the run), elsewhere 0",
     )
 
 
@@ -122,6 +157,7 @@ class TrainConfig(_Config):
     )
     grad_clip: float = Field(default=1.0, gt=0, description="global gradient-norm clipping threshold")
     grad_cache: GradCacheConfig = GradCacheConfig()
+    speed: SpeedConfig = SpeedConfig()
     seed: int = Field(default=42, ge=0)
     eval_steps: int = Field(default=125, ge=1)
     checkpoint_steps: int | None = Field(default=None, ge=1, description="resume-state cadence; None = eval_steps")

@@ -106,6 +106,33 @@ def eval_mode(module: torch.nn.Module):
             m.train(was)
 
 
+class DeviceBatches:
+    """Padded batches kept on the device between calls: a dev set evaluated every few hundred training steps is
+    padded and copied once, not at every evaluation (`Evaluator` keeps one per embedder).
+
+    Entries are keyed by the token-id list object, the batch size and the device; an entry remembers its list, so a
+    new list that happens to reuse a freed list's id is never served the old batches.
+    """
+
+    def __init__(self):
+        self._entries: dict[tuple, tuple[Sequence, list[tuple[list[int], Tensor, Tensor]]]] = {}
+
+    def batches(
+        self, token_ids: Sequence[Sequence[int]], batch_size: int, pad_id: int, device: torch.device
+    ) -> list[tuple[list[int], Tensor, Tensor]]:
+        """(indices, ids, mask) of each length-sorted batch of `token_ids`, on `device` (built on the first call)."""
+        key = (id(token_ids), batch_size, pad_id, str(device))
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] is token_ids:
+            return hit[1]
+        built = []
+        for idx in length_sorted_batches([len(x) for x in token_ids], batch_size):
+            ids, mask = pad_batch([token_ids[i] for i in idx], pad_id)
+            built.append((idx, ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)))
+        self._entries[key] = (token_ids, built)
+        return built
+
+
 def embed_token_ids(
     embedder: SentenceEmbedder,
     token_ids: Sequence[Sequence[int]],
@@ -114,6 +141,7 @@ def embed_token_ids(
     precision: str = "fp32",
     progress: bool = False,
     desc: str = "embedding",
+    device_cache: DeviceBatches | None = None,
 ) -> tuple[Tensor, EncodeStats]:
     """`[N, d]` float32 CPU embeddings of pre-tokenised sentences, in input order.
 
@@ -124,6 +152,7 @@ def embed_token_ids(
         precision: one of `PRECISIONS`.
         progress: show a progress bar.
         desc: the progress bar's label.
+        device_cache: keep the padded batches on the device for the next call with the same `token_ids` list.
 
     Returns:
         The embeddings and the pass's `EncodeStats`.
@@ -138,27 +167,34 @@ def embed_token_ids(
     if empty:
         raise ValueError(f"{len(empty)} sentences tokenised to zero tokens (first index {empty[0]})")
     device = embedder.device
-    batches = length_sorted_batches([len(x) for x in token_ids], batch_size)
-    out: Tensor | None = None
     pad_id = embedder.pad_token_id
     t0 = time.perf_counter()
+    if device_cache is not None:
+        batches = device_cache.batches(token_ids, batch_size, pad_id, device)
+    else:
+        batches = [(idx, None, None) for idx in length_sorted_batches([len(x) for x in token_ids], batch_size)]
+    out: Tensor | None = None
+    parts: list[tuple[list[int], Tensor]] = []
     with (
         eval_mode(embedder),
         torch.inference_mode(),
         autocast_context(device, precision),
         tqdm(total=n, desc=desc, unit="sent", disable=not progress, mininterval=1.0) as bar,
     ):
-        for idx in batches:
-            input_ids, mask = pad_batch([token_ids[i] for i in idx], pad_id)
+        for idx, input_ids, mask in batches:
+            if input_ids is None:
+                input_ids, mask = pad_batch([token_ids[i] for i in idx], pad_id)
             emb = embedder.embed(input_ids.to(device, non_blocking=True), mask.to(device, non_blocking=True))
             if emb.dim() != 2 or emb.shape[0] != len(idx):
                 raise ValueError(
                     f"{type(embedder).__name__}.embed returned shape {tuple(emb.shape)}, expected [{len(idx)}, d]"
                 )
+            parts.append((idx, emb.float()))  # (copied to the host at the end: one wait, not one per batch)
+            bar.update(len(idx))
+        for idx, emb in parts:
             if out is None:
                 out = torch.empty((n, emb.shape[1]), dtype=torch.float32)
-            out[torch.as_tensor(idx)] = emb.float().cpu()
-            bar.update(len(idx))
+            out[torch.as_tensor(idx)] = emb.cpu()
     seconds = time.perf_counter() - t0
     return out, EncodeStats(sentences=n, tokens=sum(len(x) for x in token_ids), batches=len(batches), seconds=seconds)
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 
 from cse.evaluation.alignment import alignment, uniformity
-from cse.evaluation.encode import PRECISIONS, embed_token_ids
+from cse.evaluation.encode import PRECISIONS, DeviceBatches, embed_token_ids
 from cse.evaluation.qualitative import PAPER_QUERIES, answers_of, nearest_neighbours
 from cse.evaluation.results import DEV_TASKS, TEST_TASKS, AlignUniform, EvalResult, Timing
 from cse.evaluation.retrieval import RULES, retrieval_scores
@@ -125,6 +125,8 @@ class Evaluator:
         self._data = self._index(sts_table)
         self._plans: dict[tuple, _Plan] = {}
         self._token_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # the padded batches on the embedder's device (a dev set evaluated every eval_steps is copied once)
+        self._device_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @staticmethod
     def _index(table: pa.Table) -> dict[tuple[str, str], dict[str, _Subset]]:
@@ -253,7 +255,13 @@ class Evaluator:
         plan = self._plan(*key)
         ids = self._token_ids(embedder, key, plan.sentences)
         emb_t, st = embed_token_ids(
-            embedder, ids, batch_size=batch_size, precision=precision, progress=progress, desc=f"evaluate ({mode})"
+            embedder,
+            ids,
+            batch_size=batch_size,
+            precision=precision,
+            progress=progress,
+            desc=f"evaluate ({mode})",
+            device_cache=self._device_cache.setdefault(embedder, DeviceBatches()),
         )
         emb = emb_t.numpy().astype(np.float64)
 

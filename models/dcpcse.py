@@ -92,9 +92,14 @@ class DCPCSEConfig(PromptConfig):
 
 
 # ------------------------------------------------------------------------------------------------ MLM pieces
-def mlm_weight_at(step: int, weight: float = 0.1, decay: float = 0.95, decay_steps: int = 100) -> float:
-    """λ_t = weight · decay^(step / decay_steps), continuous exponent; `step` = completed optimiser steps (DCPCSE)."""
-    if step < 0:
+def mlm_weight_at(
+    step: int | torch.Tensor, weight: float = 0.1, decay: float = 0.95, decay_steps: int = 100
+) -> float | torch.Tensor:
+    """λ_t = weight · decay^(step / decay_steps), continuous exponent; `step` = completed optimiser steps (DCPCSE).
+
+    `step` may be a 0-d tensor (a compiled training step gets it so, on the device, so that one graph serves every
+    step); the weight is then a tensor too."""
+    if isinstance(step, int) and step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     return weight * decay ** (step / decay_steps)
 
@@ -260,7 +265,7 @@ class DCPCSEOutput:
     loss: torch.Tensor
     contrastive_loss: torch.Tensor
     mlm_loss: torch.Tensor | None
-    mlm_weight: float
+    mlm_weight: float | torch.Tensor
     z: torch.Tensor
 
 
@@ -419,7 +424,7 @@ class DCPCSE(PromptedModel, CSEModel):
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        step: int = 0,
+        step: int | torch.Tensor = 0,
         token_type_ids: torch.Tensor | None = None,
     ) -> DCPCSEOutput:
         """One training forward on `(B, n, T)` rows, n = 2 (unsup, two dropout views) or 3 (sup, hard negative)."""
@@ -454,7 +459,7 @@ class DCPCSE(PromptedModel, CSEModel):
         metrics = {"loss_contrastive": out.contrastive_loss.detach()}
         if out.mlm_loss is not None:
             metrics["loss_mlm"] = out.mlm_loss.detach()
-            metrics["mlm_weight"] = torch.tensor(out.mlm_weight)
+            metrics["mlm_weight"] = torch.as_tensor(out.mlm_weight, dtype=torch.float32, device=out.loss.device)
         return StepOutput(out.loss, metrics)
 
     def embed(

@@ -66,14 +66,14 @@ stage-1 scheduler sized by stage 2, multi-GPU gathering of negatives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from cse.models.batching import TrainBatch
 from cse.models.heads import SimCSEPoolerMLP
@@ -235,6 +235,8 @@ class DiffAug(PromptedModel, CSEModel):
                 raise ValueError(f"DiffAug's prompt template needs a tokenizer with a {name[:-3]} (got none)")
         self.cls_token_id, self.sep_token_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
         self.mask_token_id = int(tokenizer.mask_token_id)
+        # the pad id of templated rows, read once (the tokenizer is not called inside a training step)
+        self.template_pad_id = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0
         head, tail = self.config.template.replace(MASK_PLACEHOLDER, tokenizer.mask_token).split(SENTENCE_PLACEHOLDER)
         self.eval_head, self.eval_tail = head, tail
         # Reference `get_encoded_bs_and_es`: both halves tokenised without special tokens, [CLS] / [SEP] added
@@ -276,40 +278,72 @@ class DiffAug(PromptedModel, CSEModel):
         texts = [(self.eval_head + s + self.eval_tail).strip() for s in sentences]
         return self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
 
-    def wrap_rows(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(R, T)` rows `[CLS] sentence [SEP]` (right-padded) → templated training rows (DiffAug).
+    def check_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """Refuse rows that are not `[CLS] sentence [SEP]` (right-padded, as the tokenisation stage writes them).
 
-        Returns `(ids, mask, lengths, mask_positions)`: the `(R, W)` ids `enc_bs + sentence[:max_sentence_tokens]
-        + enc_es` right-padded with the tokenizer's pad id, their mask, the kept sentence lengths `(R,)` and the
-        index of the template's [MASK] in every row `(R,)`.
+        Reads the values, so the trainer calls it on the host batch (`check_batch`), never inside a step.
+
+        Args:
+            input_ids: `(R, T)` token ids.
+            attention_mask: `(R, T)` token mask.
+
+        Raises:
+            ValueError: a row shorter than two tokens, or one that does not start with [CLS] and end with [SEP].
         """
         if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
             raise ValueError(
                 f"rows must be (R, T) ids and mask of equal shape, got {tuple(input_ids.shape)} / "
                 f"{tuple(attention_mask.shape)}"
             )
-        rows, width = input_ids.shape
-        device = input_ids.device
+        if not input_ids.shape[0]:
+            return
         n_tokens = attention_mask.long().sum(-1)
-        if rows and bool((n_tokens < 2).any()):
+        if bool((n_tokens < 2).any()):
             raise ValueError("every training row must hold at least [CLS] and [SEP]")
         last = input_ids.gather(1, (n_tokens - 1).clamp_min(0).unsqueeze(1)).squeeze(1)
-        if rows and (bool((input_ids[:, 0] != self.cls_token_id).any()) or bool((last != self.sep_token_id).any())):
+        if bool((input_ids[:, 0] != self.cls_token_id).any()) or bool((last != self.sep_token_id).any()):
             raise ValueError(
                 f"training rows must be `[CLS] sentence [SEP]` (ids {self.cls_token_id} … {self.sep_token_id}) "
                 "as the tokenisation stage writes them"
             )
-        lengths = (n_tokens - 2).clamp(max=self.config.max_sentence_tokens)
+
+    def check_batch(self, batch: TrainBatch) -> None:
+        """`check_rows` on every view of a host batch and of its NLI batch (the trainer's host-side check)."""
+        for part in (batch, batch.aux):
+            if part is not None:
+                self.check_rows(part.flat(part.input_ids), part.flat(part.attention_mask))
+
+    def wrap_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, check: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(R, T)` rows `[CLS] sentence [SEP]` (right-padded) → templated training rows (DiffAug).
+
+        Returns `(ids, mask, lengths, mask_positions)`: the `(R, W)` ids `enc_bs + sentence[:max_sentence_tokens]
+        + enc_es` right-padded with the tokenizer's pad id, their mask, the kept sentence lengths `(R,)` and the
+        index of the template's [MASK] in every row `(R,)`. The width `W = |enc_bs| + min(T − 2, max_sentence_tokens)
+        + |enc_es|` depends on the input's shape only (no value is read): for rows padded to their longest, as the
+        reference pads them, it is the reference's width; wider input only adds masked pad columns.
+
+        Args:
+            input_ids: `(R, T)` token ids.
+            attention_mask: `(R, T)` token mask.
+            check: `check_rows` first (reads the values; the training step passes False, the trainer having
+                checked the host batch).
+        """
+        if check:
+            self.check_rows(input_ids, attention_mask)
+        rows, width = input_ids.shape
+        device = input_ids.device
+        n_tokens = attention_mask.long().sum(-1)
+        lengths = (n_tokens - 2).clamp(min=0, max=self.config.max_sentence_tokens)
         nb, ne = len(self.enc_bs), len(self.enc_es)
-        out_width = nb + (int(lengths.max()) if rows else 0) + ne
+        out_width = nb + max(0, min(width - 2, self.config.max_sentence_tokens)) + ne
         pos = torch.arange(out_width, device=device).unsqueeze(0)
         k = lengths.unsqueeze(1)
         sentence = input_ids.gather(1, (pos - nb + 1).clamp(0, width - 1).expand(rows, out_width))
         head = self.bs_ids[pos.clamp(max=nb - 1)].expand(rows, out_width)
         tail = self.es_ids[(pos - nb - k).clamp(0, ne - 1)]
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        pad = self.template_pad_id
         ids = torch.where(
             pos < nb, head, torch.where(pos < nb + k, sentence, torch.where(pos < nb + k + ne, tail, pad))
         )
@@ -323,8 +357,9 @@ class DiffAug(PromptedModel, CSEModel):
 
     def module_visibility(self, modules: torch.Tensor) -> torch.Tensor:
         """`(R,)` module per row (0 = A, 1 = B) → `(R, P)` prefix visibility: A `[1×P/2, 0×P/2]`, B the reverse."""
-        half = torch.arange(self.config.prefix_len, device=modules.device) >= self.config.module_len
-        return (half.unsqueeze(0) == modules.bool().unsqueeze(1)).long()
+        half = (torch.arange(self.config.prefix_len, device=modules.device) >= self.config.module_len).long()
+        # (integers compared, not booleans: inductor's value-range analysis fails on a bool == bool, torch 2.13)
+        return (half.unsqueeze(0) == (modules != 0).long().unsqueeze(1)).long()
 
     def prefix_sample(self, modules: torch.Tensor | None, rows: int) -> PrefixKeyValues:
         """A prefix sample for `rows` rows; `modules` None = all slots visible (inference)."""
@@ -343,11 +378,13 @@ class DiffAug(PromptedModel, CSEModel):
 
     # --------------------------------------------------------------------------------- passes
     def mask_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor, encoder=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(R, T)` tokenisation-stage rows → (`(R, d)` [MASK] states with each row's module, `(R,)` sentence lengths)."""
-        ids, mask, lengths, mask_pos = self.wrap_rows(input_ids, attention_mask)
-        out = self.encoder(ids, mask, prefix=self.prefix_sample(modules, ids.shape[0]))
+        """`(R, T)` tokenisation-stage rows → (`(R, d)` [MASK] states with each row's module, `(R,)` sentence lengths).
+        `encoder`: what runs the prompted encoder (default `self.encoder`; stage 1 passes it with frozen weights)."""
+        ids, mask, lengths, mask_pos = self.wrap_rows(input_ids, attention_mask, check=False)
+        encoder = self.encoder if encoder is None else encoder  # (`or` would ask a function's truth: a graph break)
+        out = encoder(ids, mask, prefix=self.prefix_sample(modules, ids.shape[0]))
         states = out.last_hidden_state[torch.arange(ids.shape[0], device=ids.device), mask_pos]
         return states, lengths
 
@@ -389,18 +426,17 @@ class DiffAug(PromptedModel, CSEModel):
             accuracy = (logits.argmax(-1) == labels).float().mean()
         return loss, accuracy
 
-    @contextmanager
-    def _gradients_only_for(self, params: Sequence[nn.Parameter]) -> Iterator[None]:
-        """Exclude every other trainable parameter from autograd while active (stage 1, see module docstring)."""
-        keep = {id(p) for p in params}
-        excluded = [p for p in self.parameters() if p.requires_grad and id(p) not in keep]
-        for p in excluded:
-            p.requires_grad_(False)
-        try:
-            yield
-        finally:
-            for p in excluded:
-                p.requires_grad_(True)
+    def _outside_the_prefix_phase(self, module: nn.Module):
+        """`module` as a function whose parameters outside the prefix phase are detached (stage 1, module docstring):
+        autograd computes no gradient for them, and nothing is switched on the live parameters, so the step has no
+        state to restore and compiles as one graph."""
+        keep = {id(p) for p in self.phase_parameters("prefix")}
+        detached = {n: p.detach() for n, p in module.named_parameters() if id(p) not in keep}
+
+        def run(*args, **kwargs):
+            return functional_call(module, detached, args, kwargs, strict=False)
+
+        return run
 
     def phase_parameters(self, phase: str) -> list[nn.Parameter]:
         """ "prefix": the prefix encoder and the NLI classifier; "joint": every parameter (DiffAug)."""
@@ -422,8 +458,7 @@ class DiffAug(PromptedModel, CSEModel):
         """`mask_states` with gradients for the prefix stage's parameters only: the per-row pass of stage 1. The
         exclusion is taken here too because a cached chunk (grad_cache) re-runs this pass during the backward,
         outside `prefix_stage_step`."""
-        with self._gradients_only_for(self.phase_parameters("prefix")):
-            return self.mask_states(input_ids, attention_mask, modules)
+        return self.mask_states(input_ids, attention_mask, modules, self._outside_the_prefix_phase(self.encoder))
 
     def prefix_stage_step(self, batch: TrainBatch) -> StepOutput:
         """Stage 1: NLI cross-entropy with the MLP, no denoising; gradients only for prefix encoder + classifier."""
@@ -431,12 +466,11 @@ class DiffAug(PromptedModel, CSEModel):
         if batch.aux is not None:
             raise ValueError("the prefix stage takes NLI triplets as its main batch, not an aux batch")
         b, n, _ = batch.input_ids.shape
-        with self._gradients_only_for(self.phase_parameters("prefix")):
-            modules = self.view_modules(b, n, batch.input_ids.device)
-            states, _ = self.row_chunks.map(
-                self.prefix_stage_states, batch.flat(batch.input_ids), batch.flat(batch.attention_mask), modules
-            )
-            loss, accuracy = self.nli_loss(self.mlp(states).view(b, n, -1))
+        modules = self.view_modules(b, n, batch.input_ids.device)
+        states, _ = self.row_chunks.map(
+            self.prefix_stage_states, batch.flat(batch.input_ids), batch.flat(batch.attention_mask), modules
+        )
+        loss, accuracy = self.nli_loss(self._outside_the_prefix_phase(self.mlp)(states).view(b, n, -1))
         return StepOutput(loss, {"loss_nli": loss.detach(), "nli_accuracy": accuracy})
 
     def joint_stage_step(self, batch: TrainBatch) -> StepOutput:
@@ -454,7 +488,7 @@ class DiffAug(PromptedModel, CSEModel):
             self._check_views(aux.input_ids, aux.attention_mask, (3,), "aux input_ids")
             ab, an, at = aux.input_ids.shape
             width = max(t, at)
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            pad = self.template_pad_id
             ids = torch.cat(
                 [F.pad(ids, (0, width - t), value=pad), F.pad(aux.flat(aux.input_ids), (0, width - at), value=pad)]
             )

@@ -209,6 +209,15 @@ def global_mean(total: torch.Tensor, count: torch.Tensor | float) -> torch.Tenso
     return (summed[0] / summed[1].detach().clamp_min(1)).to(total.dtype)
 
 
+def global_max(t: torch.Tensor) -> torch.Tensor:
+    """The largest value of `t` over the ranks (no gradient); `t` itself when not distributed."""
+    if not is_distributed():
+        return t
+    t = t.detach().clone()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def global_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """`Σ numerator / max(Σ denominator, 1)` over ranks, without gradient (accuracies)."""
     num, den = numerator.detach().double(), denominator.detach().double()

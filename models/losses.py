@@ -104,7 +104,8 @@ def rtd_loss(
     """Replaced-token detection: the 2-class cross-entropy of `(N, T, 2)` logits against `(N, T)` labels.
 
     Label 1 means the generator replaced the token, 0 that it is the original. DiffCSE's reference code averages
-    over all N·T positions, padding included (pads carry label 0): that is `mean_over_padding=True`, the default;
+    over all N·T positions of the batch padded to its longest row, padding included (pads carry label 0): that is
+    `mean_over_padding=True`, the default (positions past the longest row of a batch padded further do not count);
     `False` averages over the non-pad positions only. Distributed training: the mean over the positions of the
     global batch (`cse.models.distributed.global_mean`).
 
@@ -131,9 +132,14 @@ def rtd_loss(
     labels = labels.long() * attention_mask.long()
     per_token = F.cross_entropy(logits.reshape(-1, 2).float(), labels.reshape(-1), reduction="none")
     if mean_over_padding:
-        if distributed.is_distributed():
-            return distributed.global_mean(per_token.sum(), per_token.numel())
-        return per_token.mean()
+        # The reference pads every batch to its longest row, so its positions are rows × that length. Columns past
+        # it (a batch padded to a fixed length, training/rows.py) are left out, which keeps the mean the reference's
+        # whatever the padding; nothing is read on the host.
+        rows, length = attention_mask.shape
+        longest = distributed.global_max(attention_mask.sum(-1).max())
+        window = (torch.arange(length, device=per_token.device) < longest).to(per_token.dtype)
+        total = (per_token.view(rows, length) * window).sum()
+        return distributed.global_mean(total, rows * longest)
     keep = attention_mask.reshape(-1).to(per_token.dtype)
     if distributed.is_distributed():
         return distributed.global_mean((per_token * keep).sum(), keep.sum())

@@ -254,8 +254,21 @@ class CSEModel(SentenceEmbedder):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     @abstractmethod
-    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
-        """Loss of one batch in train mode."""
+    def training_step(self, batch: TrainBatch, step: int | torch.Tensor = 0, phase: str = "main") -> StepOutput:
+        """Loss of one batch in train mode.
+
+        The step reads no tensor value on the host (no `.item()`, `bool(tensor)`, data-dependent shapes): a compiled
+        step is one graph, and an eager step on a GPU never waits for it. Checks of the rows' values belong in
+        `check_batch`. `step` is an int in eager mode and a 0-d device tensor in a compiled step.
+        """
+
+    def check_batch(self, batch: TrainBatch) -> None:
+        """Refuse a training batch this method cannot use, reading its values: the trainer calls it on the host
+        batch before it moves to the device (default: nothing to check).
+
+        Args:
+            batch: the host batch.
+        """
 
     def describe(self) -> dict[str, Any]:
         return {

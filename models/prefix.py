@@ -44,6 +44,7 @@ the new implementation names as well).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Iterator
@@ -61,6 +62,7 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfA
 from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
 PREFIX_KWARG = "cse_prefix"
+POSITION0_KWARG = "cse_position0"
 _PREFIX_IMPLEMENTATIONS = {"sdpa": "cse_prefix_sdpa", "eager": "cse_prefix_eager"}
 
 
@@ -75,7 +77,9 @@ class EncoderFamily:
     code, class swapped for a prefix-aware subclass); `positions`: "absolute" (`offset … offset+T-1`), "padding"
     (RoBERTa's padding-aware numbering from `padding_idx + 1 + offset`) or "rotary" (RoPE angles `offset …`);
     `prebuilt_mask`: the `(B', 1, T, P+T)` mask is built by `PromptedBackbone` (else the attention extends the
-    family's own mask with the prefix columns); `token_types`: the model takes `token_type_ids`.
+    family's own mask with the prefix columns); `token_types`: the model takes `token_type_ids`; `layer_kwargs`: the
+    family's encoder hands the model's extra keyword arguments to every layer, so position-0 vectors reach the first
+    layer as the `cse_position0` argument (else, DeBERTa-v2/v3, a forward hook on the embeddings replaces them).
     """
 
     name: str
@@ -85,6 +89,7 @@ class EncoderFamily:
     positions: str
     prebuilt_mask: bool
     token_types: bool
+    layer_kwargs: bool = True
 
     def position_kind(self, config) -> str:
         """`positions`, or "none" for DeBERTa-v2/v3 without absolute position embeddings (`position_biased_input`)."""
@@ -118,6 +123,7 @@ ENCODER_FAMILIES: dict[str, EncoderFamily] = {
         positions="padding",
         prebuilt_mask=False,
         token_types=False,
+        layer_kwargs=False,  # MPNetModel calls its encoder without the model's kwargs
     ),
     "deberta-v2": EncoderFamily(
         "DeBERTa-v2/v3",
@@ -127,6 +133,7 @@ ENCODER_FAMILIES: dict[str, EncoderFamily] = {
         positions="absolute",
         prebuilt_mask=False,
         token_types=True,
+        layer_kwargs=False,  # its encoder calls the layers without the model's kwargs
     ),
     "modernbert": EncoderFamily(
         "ModernBERT",
@@ -276,9 +283,13 @@ class PrefixEncoder(nn.Module):
 
     def forward(self, batch_size: int, mask: torch.Tensor | None = None) -> PrefixKeyValues:
         """Steps 1–3 of DCPCSE reference prefixes: expand to `B'` rows, reshape, dropout, permute to `(2L, B', H, P, Dh)`, pair up."""
-        x = self.rows().unsqueeze(0).expand(batch_size, -1, -1)
+        # dropout on the `(B', P, 2·L·d)` rows, then the reshape: the same elements in the same order as dropping out
+        # the 5-D view, and the backward's reshape then precedes dropout's (a compiled backward mis-strided the reverse)
+        x = self.dropout(self.rows().unsqueeze(0).expand(batch_size, -1, -1))
         x = x.view(batch_size, self.prefix_len, 2 * self.num_layers, self.num_heads, self.head_dim)
-        x = self.dropout(x)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):  # one cast of the sample, not one per layer and K/V (same values)
+            x = x.to(torch.get_autocast_dtype(device))
         kv = x.permute(2, 0, 3, 1, 4).unbind(0)  # unbind: one backward, no zero-filled tensor per slot
         return PrefixKeyValues(tuple((kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)), mask)
 
@@ -461,12 +472,46 @@ _MODULE_ROUTE: dict[type, type] = {
 }
 
 
+def _with_position0(hidden_states: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    """`hidden_states` `(B', T, d)` with position 0 replaced by `vectors` `(B', d)` (DiffCSE step 5)."""
+    return torch.cat([vectors.unsqueeze(1).to(hidden_states.dtype), hidden_states[:, 1:]], dim=1)
+
+
+class _Position0Input:
+    """Mixed into the class of every encoder layer of a `PromptedBackbone` whose family passes the model's kwargs to
+    its layers (`EncoderFamily.layer_kwargs`): the layer takes the `cse_position0` argument off its kwargs, and the
+    first layer (`_cse_first`) replaces position 0 of its input with it. Set once when the backbone is wrapped, so a
+    conditioned pass registers nothing per call (a compiled step has no hook to trace). Parameters and state-dict names
+    are the layer's own."""
+
+    _cse_first = False
+
+    def forward(self, hidden_states, *args, **kwargs):
+        vectors = kwargs.pop(POSITION0_KWARG, None)
+        if vectors is not None and self._cse_first:
+            hidden_states = _with_position0(hidden_states, vectors)
+        return super().forward(hidden_states, *args, **kwargs)
+
+
+_POSITION0_CLASSES: dict[type, type] = {}
+
+
+def _position0_class(cls: type) -> type:
+    """`cls` with `_Position0Input` mixed in (one class per layer class)."""
+    if issubclass(cls, _Position0Input):
+        return cls
+    if cls not in _POSITION0_CLASSES:
+        _POSITION0_CLASSES[cls] = type(cls.__name__, (_Position0Input, cls), {"__module__": cls.__module__})
+    return _POSITION0_CLASSES[cls]
+
+
 @contextmanager
 def _replace_position0_output(embeddings: nn.Module, vectors: torch.Tensor) -> Iterator[None]:
-    """While active, the embedding module's output at position 0 is `vectors` (B', d) (DiffCSE step 5, docs/methods-overview.md)."""
+    """While active, the embedding module's output at position 0 is `vectors` (B', d) (DiffCSE step 5,
+    docs/methods-overview.md): the route of the families whose layers get no kwargs (MPNet, DeBERTa-v2/v3)."""
 
     def hook(module, args, output):
-        return torch.cat([vectors.unsqueeze(1).to(output.dtype), output[:, 1:]], dim=1)
+        return _with_position0(output, vectors)
 
     handle = embeddings.register_forward_hook(hook)
     try:
@@ -568,6 +613,10 @@ class PromptedBackbone(nn.Module):
                     f"{self.family.name}: attention head size {head_dim} != hidden_size / heads = "
                     f"{self.hidden_size // self.num_heads}; the prefix layout (H × d/H per layer) cannot fit it"
                 )
+            if self.family.layer_kwargs:
+                layer = self.layers[i]
+                layer.__class__ = _position0_class(type(layer))
+                layer._cse_first = i == 0
             if self.family.injection == "module":
                 swapped = _MODULE_ROUTE.get(type(attn))
                 if swapped is not None:
@@ -603,12 +652,14 @@ class PromptedBackbone(nn.Module):
         return pos
 
     def check_position_ids(self, position_ids: torch.Tensor, input_ids: torch.Tensor) -> None:
-        """Explicit positions must have the ids' shape and stay inside the position table."""
+        """Explicit positions must have the ids' shape and stay inside the position table. The range is read on the
+        CPU only: on an accelerator reading it would stall every step, so a caller there checks its positions once
+        (DiffAug checks its template positions when it is built)."""
         if position_ids.shape != input_ids.shape:
             raise ValueError(
                 f"position_ids {tuple(position_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
             )
-        if position_ids.numel():
+        if position_ids.numel() and position_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             low, high = int(position_ids.min()), int(position_ids.max())
             limit = self.config.max_position_embeddings
             if low < 0 or high >= limit:
@@ -703,18 +754,21 @@ class PromptedBackbone(nn.Module):
         else:
             kwargs["input_ids"] = input_ids
 
-        with _prefix_scope(
-            self.attention_modules() if self.family.injection == "module" else [],
-            prefix if self.family.injection == "module" else None,
-        ):
-            if position0_output is None:
+        if position0_output is not None and position0_output.shape != (batch, self.hidden_size):
+            raise ValueError(
+                f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}"
+            )
+        if self.family.layer_kwargs:
+            if position0_output is not None:
+                kwargs[POSITION0_KWARG] = position0_output
+            if self.family.injection == "interface":  # no context to enter: nothing per call but the kwargs
                 return self.backbone(**kwargs)
-            if position0_output.shape != (batch, self.hidden_size):
-                raise ValueError(
-                    f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}"
-                )
-            with _replace_position0_output(self._position0_module(), position0_output):
-                return self.backbone(**kwargs)
+        with contextlib.ExitStack() as scope:
+            if self.family.injection == "module" and prefix is not None:
+                scope.enter_context(_prefix_scope(self.attention_modules(), prefix))
+            if position0_output is not None and not self.family.layer_kwargs:
+                scope.enter_context(_replace_position0_output(self._position0_module(), position0_output))
+            return self.backbone(**kwargs)
 
 
 def prompted_backbone(

@@ -166,6 +166,8 @@ class SimCSE(CSEModel):
         }
 
     # --- benchmark facts (benchmarks/...) ---
+    # benchmarks/gpu_speed.py: the method measured beside sentence-transformers' trainer (the same objective).
+    benchmark_subject_of = ("gpu_speed_peer",)
     # benchmarks/evidence.py (fixed protocol: its hash covers these): the position of this method's cells and its arms
     # (name, label, overrides over the protocol); the control removes the defining mechanism, dropout noise (the SimCSE
     # paper's "no dropout" row).

@@ -41,20 +41,80 @@ def atomic_file(final: str | Path) -> Iterator[Path]:
         raise
 
 
+PREVIOUS_SUFFIX = ".previous"
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Flush a folder's entries (a rename or a new file in it) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in sorted(folder.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+        if p.is_file() and not p.is_symlink():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        elif p.is_dir():
+            fsync_dir(p)
+    fsync_dir(folder)
+
+
+def previous_dir(final: str | Path) -> Path:
+    """Where `atomic_dir` keeps the folder it replaces until the new one is in place."""
+    final = Path(final)
+    return final.with_name(final.name + PREVIOUS_SUFFIX)
+
+
+def recover_dir(final: str | Path) -> bool:
+    """Put back the folder a killed `atomic_dir` had moved aside (killed between its two renames: `final` is missing
+    and `<final>.previous` holds the complete old folder); drop a leftover `.previous` once `final` exists. Returns
+    whether a folder was put back."""
+    final, previous = Path(final), previous_dir(final)
+    if not previous.is_dir():
+        return False
+    if final.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        return False
+    os.rename(previous, final)
+    return True
+
+
 @contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
-    """Yield a temporary folder; on success it replaces `final` as a whole, on error it is removed."""
+    """Yield a temporary folder; on success it replaces `final` as a whole, on error it is removed.
+
+    The new folder's files are fsynced before it is moved in, and the old folder is removed only after the new one is
+    in place: the old one is first renamed to `<final>.previous`, the new one renamed to `final`, then the old one
+    deleted. A kill at any point leaves either folder complete (between the renames only `<final>.previous`, which
+    `recover_dir` puts back).
+    """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(final)
     tmp = _tmp_sibling(final)
     tmp.mkdir()
     try:
         yield tmp
+        _fsync_tree(tmp)
+        previous = previous_dir(final)
         if final.exists():
-            shutil.rmtree(final)
+            os.rename(final, previous)
         os.replace(tmp, final)
+        fsync_dir(final.parent)
+        if previous.exists():
+            shutil.rmtree(previous)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        recover_dir(final)
         raise
 
 

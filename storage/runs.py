@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cse.config.settings import get_settings
-from cse.storage.atomic import atomic_file, write_json
+from cse.storage.atomic import atomic_file, recover_dir, write_json
 from cse.storage.hashing import sha256_file
 from cse.storage.locks import exclusive
 from cse.storage.paths import check_key, job_folder
@@ -111,6 +111,8 @@ class ResumeState:
         return self.folder / "trainer_state.json"
 
     def exists(self) -> bool:
+        """Whether a state was written (a state a kill left moved aside by `atomic_dir` is put back first)."""
+        recover_dir(self.folder)
         return self.progress.is_file()
 
     def quarantine(self, reason: str) -> Path:

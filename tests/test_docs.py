@@ -120,6 +120,9 @@ DOCTEST_MODULES = (
     "cse.evaluation.encode",
     "cse.evaluation.qualitative",
     "cse.evaluation.plots",
+    "cse.training.precision",
+    "cse.training.state_writer",
+    "cse.training.memory",
 )
 
 

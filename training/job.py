@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -112,7 +113,8 @@ def load_training_rows(
     )
     require_a_batch(root, tokens.key, len(token_rows.ids), cfg.batch_size, "batch_size")
     corruption_rows = load_corruption_rows(root, corruption.key, token_rows) if corruption is not None else None
-    rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, pad_id)
+    pad_to = cfg.max_length if cfg.speed.pad_to_max_length else None
+    rows = TrainingRows(token_rows, corruption_rows, cfg.supervised, pad_id, pad_to)
     nli_rows = None
     if nli_tokens is not None:
         nli_token_rows = load_token_rows(
@@ -122,7 +124,7 @@ def load_training_rows(
             require_a_batch(
                 root, nli_tokens.key, len(nli_token_rows.ids), cfg.prefix_phase.batch_size, "prefix_phase.batch_size"
             )
-        nli_rows = TrainingRows(nli_token_rows, None, True, pad_id)
+        nli_rows = TrainingRows(nli_token_rows, None, True, pad_id, pad_to)
     return rows, nli_rows
 
 
@@ -145,8 +147,28 @@ def transfer_evaluator(data_root):
     return TransferEvaluator(source.table), source
 
 
-def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
-    """The loop settings of a job."""
+def loop_config(cfg: TrainConfig, precision: str, device: torch.device | None = None) -> LoopConfig:
+    """The loop settings of a job (`device`: where it trains, for the speed switches' defaults; None: CPU)."""
+    speed = cfg.speed
+    switches = {
+        "cast_frozen_weights": speed.cast_frozen_weights,
+        "async_state": speed.async_state,
+        "state_interval_s": speed.state_interval_s,
+    }
+    if speed.fused_adamw is not None:
+        switches["fused_adamw"] = speed.fused_adamw
+    if speed.compile_mode:
+        switches["compile_mode"] = speed.compile_mode
+    if speed.compile is not None:
+        switches["compile"] = speed.compile
+    elif not os.environ.get("CSE_COMPILE"):  # the default: compiled on a GPU (docs/gpu.md), for one process without
+        # gradient caching (whose chunks re-run outside the compiled step; a multi-process step holds collectives)
+        switches["compile"] = (
+            device is not None
+            and device.type == "cuda"
+            and cfg.grad_cache.chunk_size is None
+            and cfg.nproc_per_node * cfg.nnodes == 1
+        )
     return LoopConfig(
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
@@ -160,6 +182,7 @@ def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
         precision=precision,
         deterministic=cfg.deterministic,
         grad_cache_chunk_size=cfg.grad_cache.chunk_size,
+        **switches,
     )
 
 
@@ -221,7 +244,7 @@ def fit(
     trainer = Trainer(
         model,
         training_phases(cfg, rows, nli_rows),
-        loop_config(cfg, precision),
+        loop_config(cfg, precision, device),
         device,
         run_dir.resume_state,
         save_best,

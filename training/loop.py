@@ -20,6 +20,13 @@ differ by rank (rank r > 0 seeds its RNG from (seed, r)). Only rank 0 evaluates,
 writes the resume state (with every rank's RNG state) and logs; the others wait at a barrier. Resume works
 with the same or another world size (the schedule depends only on the global batch).
 
+Speed (docs/gpu.md): a step reads nothing on the host. Its losses, terms and gradient norm stay on the device
+(`StepMetrics`) and are read every `log_steps`; a non-finite loss or gradient norm trips the `NonFiniteGuard`, whose
+flag the fused AdamW kernels read as `found_inf` (that update and every later one are skipped on the device), and the
+next read raises `NonFiniteLoss` naming the step. Frozen Linear weights are cast once for bf16/fp16
+(`cse.training.precision.FrozenLinearCast`); with `LoopConfig.compile` the whole step is one compiled graph (CUDA graphs on
+a GPU); resume states are written on a background thread (`cse.training.state_writer`).
+
 Public step API (what benchmarks and probes use instead of subclassing): `TrainerHooks` passed as
 `Trainer(..., hooks=[...])` are called at phase start, around each step, around the forward and around the
 parameter update (clipping + optimizer + scheduler); `enter_phase(i)`, `batch_at(step)` (the real input
@@ -38,7 +45,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -46,17 +53,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from cse.models import distributed
-from cse.models.checkpoint import trainable_state_dict
+from cse.models.checkpoint import frozen_parameter_names
 from cse.models.grad_cache import RowChunks
-from cse.storage.atomic import atomic_dir
-from cse.storage.runs import ResumeState, ResumeStateDamaged, check_file_records, file_records
+from cse.storage.runs import ResumeState, ResumeStateDamaged, check_file_records
 from cse.training.memory import PeakMemory
+from cse.training.precision import FrozenLinearCast
 from cse.training.rows import TrainingRows, epoch_order
+from cse.training.state_writer import StateSnapshot, StateWriter, host_copy
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +74,9 @@ class TrainingInterrupted(RuntimeError):
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The loss or the gradient norm of a step is not finite (inf / nan): training stops at that step, before the
-    optimizer applies it, so no NaN weights are saved, selected, registered or exported. The message names the
+    """The loss or the gradient norm of a step is not finite (inf / nan). The optimizer applies neither that step nor
+    any later one (`NonFiniteGuard`), and training stops at the next read of the metrics (a log step, an evaluation,
+    a state write, the end), so no NaN weights are saved, selected, registered or exported. The message names the
     step, the phase, which value and the step's other loss terms."""
 
 
@@ -122,18 +131,36 @@ class LoopConfig:
     log_steps: int
     precision: str  # fp32 | bf16 | fp16
     deterministic: bool
-    # Speed switches that leave results equal within float tolerance (off by default; not part of the run key):
-    # fused AdamW kernels, torch.compile of the model's training step, and one SDPA kernel for every attention
-    # call ("flash" | "efficient" | "cudnn" | "math"; "" = PyTorch's choice). Environment: CSE_FUSED_ADAMW=1,
-    # CSE_COMPILE=1, CSE_SDPA_BACKEND=<kernel>.
-    fused_adamw: bool = field(default_factory=lambda: os.environ.get("CSE_FUSED_ADAMW", "") == "1")
-    compile: bool = field(default_factory=lambda: os.environ.get("CSE_COMPILE", "") == "1")
+    # Speed switches that leave results equal within float tolerance (not part of the run key; docs/gpu.md):
+    # - fused_adamw: AdamW's fused kernels (None: on wherever torch has them, CUDA and CPU); the fused optimizer also
+    #   carries the non-finite guard on the device (`NonFiniteGuard`), so the step reads nothing on the host;
+    # - compile: torch.compile of the whole training step (forward and, through AOTAutograd, backward) as one graph
+    #   (fullgraph); compile_mode "" = "reduce-overhead" (CUDA graphs) on CUDA, "default" elsewhere; compile_backend
+    #   "inductor" (or "aot_eager", "cudagraphs": dynamo's own backends);
+    # - cast_frozen_weights: frozen nn.Linear weights cast once for bf16/fp16 training (training/precision.py; exact);
+    # - sdpa_backend: one SDPA kernel for every attention call ("flash" | "efficient" | "cudnn" | "math"; "" =
+    #   PyTorch's choice).
+    # Environment: CSE_FUSED_ADAMW=0|1, CSE_COMPILE=0|1, CSE_COMPILE_MODE, CSE_COMPILE_BACKEND, CSE_CAST_FROZEN=0|1,
+    # CSE_SDPA_BACKEND=<kernel>.
+    fused_adamw: bool | None = field(default_factory=lambda: _env_flag("CSE_FUSED_ADAMW"))
+    compile: bool = field(default_factory=lambda: bool(_env_flag("CSE_COMPILE")))
+    compile_mode: str = field(default_factory=lambda: os.environ.get("CSE_COMPILE_MODE", ""))
+    compile_backend: str = field(default_factory=lambda: os.environ.get("CSE_COMPILE_BACKEND", "inductor"))
+    cast_frozen_weights: bool = field(default_factory=lambda: _env_flag("CSE_CAST_FROZEN") is not False)
     sdpa_backend: str = field(default_factory=lambda: os.environ.get("CSE_SDPA_BACKEND", ""))
     # Build the next batch on a host thread while the device runs this step, in pinned memory with non-blocking
     # copies (None: on CUDA only; a CPU step gains nothing from it).
     prefetch: bool | None = None
     # Write the resume state at checkpoint steps and at the end (False: nothing is written; the run cannot resume).
     save_state: bool = True
+    # Resume states are written on a background thread (training/state_writer.py; False: inline), and at a checkpoint
+    # step only when at least `state_interval_s` seconds passed since the last one (0: at every checkpoint step; the
+    # last step always writes). None: on CUDA, `STATE_COST_FACTOR` × the last write's cost (its snapshot and its
+    # background write), so states take at most ~2 % of a run (measured on an H100: a full BERT-base state with Adam,
+    # 1.25 GiB, costs 0.8 s of snapshot and 2.9 s of writing, while SimCSE's 125 steps between checkpoints take 1.5 s);
+    # elsewhere 0.
+    async_state: bool = True
+    state_interval_s: float | None = None
     # Exact gradient caching (models/grad_cache.py): the per-row passes of a step run in chunks of this many rows of
     # the rank's batch, the loss on the whole batch; None runs them whole.
     grad_cache_chunk_size: int | None = None
@@ -151,6 +178,19 @@ class LoopResult:
     sentences_per_s: float
 
 
+STATE_COST_FACTOR = 50.0  # LoopConfig.state_interval_s=None on CUDA: states apart by 50 × their cost (≤ 2 %)
+
+
+@dataclass
+class _Window:
+    """What the loop counts between two logs: start time, sentences, tokens and host wait."""
+
+    start: float = field(default_factory=time.perf_counter)
+    sentences: int = 0
+    tokens: int = 0
+    wait: float = 0.0
+
+
 # LoopConfig.sdpa_backend → torch.nn.attention.SDPBackend member.
 SDPA_BACKENDS = {
     "flash": lambda: SDPBackend.FLASH_ATTENTION,
@@ -158,6 +198,85 @@ SDPA_BACKENDS = {
     "cudnn": lambda: SDPBackend.CUDNN_ATTENTION,
     "math": lambda: SDPBackend.MATH,
 }
+
+
+def _env_flag(name: str) -> bool | None:
+    """An on/off environment switch: "1" on, "0" off, unset or empty None (the default applies)."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return None if value == "" else value == "1"
+
+
+class StepMetrics(Mapping):
+    """The metrics of one training step, kept on the device: the loss, the method's terms and the gradient norm, as one
+    tensor. Nothing is read until asked: `floats()` (or any item) copies them to the host once, so a loop that reads
+    them every `log_steps` waits for the device only then.
+
+    Args:
+        names: the metric names, in the order of `values`.
+        values: `(len(names),)` float32 values on the step's device.
+    """
+
+    def __init__(self, names: tuple[str, ...], values: torch.Tensor):
+        self.names, self.values = names, values
+        self._floats: dict[str, float] | None = None
+
+    def floats(self) -> dict[str, float]:
+        """The values as Python floats (NaN on the meta device, which has no values)."""
+        if self._floats is None:
+            if self.values.device.type == "meta":
+                self._floats = dict.fromkeys(self.names, float("nan"))
+            else:
+                self._floats = dict(zip(self.names, self.values.tolist()))
+        return self._floats
+
+    def __getitem__(self, name: str) -> float:
+        return self.floats()[name]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class NonFiniteGuard:
+    """The non-finite check kept on the device: a sticky flag that turns every later optimizer update into a no-op.
+
+    `observe` runs after the backward, before the optimizer: if the step's loss or gradient norm is not finite the
+    flag goes to 1 and stays there, and the fused AdamW kernels, which read it as their `found_inf`, skip the update
+    (weights, moments and step count unchanged) for this step and every later one. The first bad step and its values
+    are recorded on the device too; `check` reads the flag (one sync: the trainer calls it every `log_steps`, before
+    every evaluation and state write, and at the end) and raises `NonFiniteLoss` naming that step.
+
+    Args:
+        device: the training device.
+    """
+
+    def __init__(self, device: torch.device):
+        self.flag = torch.zeros((), dtype=torch.float32, device=device)
+        # per set of metric names (a phase's): (first bad step, its values), step -1 while none
+        self.records: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def observe(self, step: int, names: tuple[str, ...], values: torch.Tensor) -> None:
+        """Record step `step` (1-based) with `values` (`names`: the loss first, the gradient norm last)."""
+        bad = ~(torch.isfinite(values[0]) & torch.isfinite(values[-1]))
+        newly = bad & (self.flag == 0)
+        first_step, first_values = self.records.get(names, (torch.full_like(self.flag, -1, dtype=torch.long), values))
+        self.records[names] = (torch.where(newly, step, first_step), torch.where(newly, values, first_values))
+        torch.maximum(self.flag, bad.to(self.flag.dtype), out=self.flag)
+
+    def tripped(self) -> bool:
+        """Whether a step was not finite (reads the flag: a sync)."""
+        return self.flag.device.type != "meta" and bool(self.flag)
+
+    def first(self) -> tuple[int, dict[str, float]]:
+        """(1-based step, its values by name) of the first non-finite step."""
+        for names, (step, values) in self.records.items():
+            if int(step) > 0:
+                return int(step), dict(zip(names, values.tolist()))
+        raise RuntimeError("no non-finite step was recorded")
 
 
 def set_seed(seed: int) -> None:
@@ -178,9 +297,11 @@ class TrainerHooks:
     step `on_step_start`, `on_forward_start`/`on_forward_end` (around `model.training_step`),
     `on_update_start`/`on_update_end` (around gradient clipping, the optimizer and scheduler steps: the
     batch-independent part of a step) and `on_step_end` (after `trainer.step` is incremented and the step's
-    logging, dev evaluation and resume state are done, with the step's metrics as floats; an exception raised
-    there stops training, as `StopAfter` does). Every method gets the `Trainer`, whose `step`, `phase`,
-    `optimizer` and `model` are public.
+    logging, dev evaluation and resume state are done, with the step's metrics; an exception raised
+    there stops training, as `StopAfter` does). The metrics of `on_step_end` stay on the device until read (a
+    `StepMetrics`: reading one waits for the step); on a log step they are the logged floats, with the window's rates,
+    learning rates and epoch. Every method gets the `Trainer`, whose `step`, `phase`, `optimizer` and `model` are
+    public.
 
     Example:
         >>> class Losses(TrainerHooks):
@@ -208,8 +329,8 @@ class TrainerHooks:
     def on_update_end(self, trainer: Trainer) -> None:
         """The parameters and the learning rate were updated."""
 
-    def on_step_end(self, trainer: Trainer, batch, metrics: dict[str, float]) -> None:
-        """Step `trainer.step` ended with `metrics` (loss terms, grad_norm)."""
+    def on_step_end(self, trainer: Trainer, batch, metrics: Mapping[str, float]) -> None:
+        """Step `trainer.step` ended with `metrics` (loss terms, grad_norm; read lazily)."""
 
 
 class StopAfter(TrainerHooks):
@@ -283,8 +404,23 @@ class Trainer:
             raise ValueError(f"sdpa_backend {cfg.sdpa_backend!r} is not one of {sorted(SDPA_BACKENDS)}")
         self.prefetch = device.type == "cuda" if cfg.prefetch is None else cfg.prefetch
         self._use_grad_cache(cfg)
+        # AdamW's fused kernels wherever torch has them; with them (and no fp16 GradScaler, which skips steps itself)
+        # the non-finite check stays on the device (`NonFiniteGuard`), else every step reads its loss on the host.
+        self.fused_adamw = cfg.fused_adamw if cfg.fused_adamw is not None else device.type in ("cuda", "cpu")
+        self.guard = NonFiniteGuard(device) if self.fused_adamw and not self.scaler.is_enabled() else None
+        if device.type == "meta":
+            self.guard = None
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        cast = FrozenLinearCast(model, low) if low is not None and cfg.cast_frozen_weights else None
+        self.frozen_cast = cast if cast is not None and len(cast) and device.type != "meta" else None
+        self.writer = StateWriter(self.state, background=cfg.async_state)
+        self._last_state_t: float | None = None
+        self._last_snapshot_s = 0.0
+        self.cudagraphs = False  # set by _compiled_step: the step replays CUDA graphs
+        self._step_tensor = torch.zeros((), dtype=torch.long, device=device) if cfg.compile else None
         self._step_fn = self._compiled_step() if cfg.compile else self.model.training_step
-        # Peak memory of each step (CUDA allocations; CPU: the resident set), the last step's and the run's, GiB
+        # Peak memory of the steps of each log window (CUDA allocations; CPU: the resident set), the last window's
+        # and the run's, GiB
         self.memory = PeakMemory(device) if device.type in ("cuda", "cpu") else None
         self.step_peak_memory_gb, self.peak_memory_gb = float("nan"), 0.0
         # Host time spent getting each step's batch onto the device (waiting for the prefetch, building it, issuing
@@ -296,10 +432,12 @@ class Trainer:
         self.enter_phase(0)
 
     def _compiled_step(self):
-        """`torch.compile` of the model's training step, with room for one graph per encoder layer: the prompted
-        attention function is specialised on its layer's index (`cse.models.prefix`), and at dynamo's default limit of 8
-        recompilations the rest of a 12-layer encoder ran uncompiled (measured on an H100: D2CSE's compiled step was
-        no faster than its eager one)."""
+        """`torch.compile` of the model's whole training step as one graph (`fullgraph=True`: a graph break is an
+        error, not a silent slow path; every method's step compiles so, tests/training/test_speed.py). AOTAutograd
+        compiles its backward too. Mode "reduce-overhead" (the CUDA default) replays both as CUDA graphs: one launch
+        for hundreds of kernels. The step number reaches the step as a device tensor (`_step_tensor`), so one graph
+        serves every step. The room left for recompilations covers an encoder's layers for the case a graph per
+        layer is made (the prompted attention is specialised on its layer's index, `cse.models.prefix`)."""
         config = torch._dynamo.config
         depth = [getattr(m.config, "num_hidden_layers", 0) for m in self.model.modules() if hasattr(m, "config")]
         room = 4 * max(depth, default=12) + 8  # (a layer's variants: views, discriminator input, prefix modules)
@@ -307,7 +445,15 @@ class Trainer:
             if hasattr(config, name):
                 setattr(config, name, max(getattr(config, name), room))
                 break
-        return torch.compile(self.model.training_step)
+        mode = self.cfg.compile_mode or ("reduce-overhead" if self.device.type == "cuda" else "default")
+        backend = self.cfg.compile_backend
+        self.cudagraphs = self.device.type == "cuda" and (
+            backend == "cudagraphs" or (backend == "inductor" and mode in ("reduce-overhead", "max-autotune"))
+        )
+        options = {"mode": mode} if backend == "inductor" else {}
+        # static shapes: a batch of another shape (DiffAug's two phases, an epoch's short last batch) gets a graph of
+        # its own rather than one symbolic graph for all (CUDA graphs replay fixed shapes)
+        return torch.compile(self.model.training_step, fullgraph=True, dynamic=False, backend=backend, **options)
 
     def _use_grad_cache(self, cfg: LoopConfig) -> None:
         """Hand `grad_cache_chunk_size` to the model (`CSEModel.use_grad_cache`), refusing what cannot combine."""
@@ -315,7 +461,7 @@ class Trainer:
             return
         if cfg.compile:
             raise ValueError(
-                "grad_cache.chunk_size and CSE_COMPILE=1 cannot be combined: the cached chunks are re-run during "
+                "grad_cache.chunk_size and compile (CSE_COMPILE=1) cannot be combined: the cached chunks are re-run during "
                 "the backward, outside the compiled training step; unset one of them"
             )
         use = getattr(self.model, "use_grad_cache", None)
@@ -390,20 +536,28 @@ class Trainer:
             groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
         groups = [g for g in groups if g["params"]]
         self.params = [p for g in groups for p in g["params"]]  # clipping and gradient reduction see every group
-        fused = {"fused": True} if self.cfg.fused_adamw else {}
+        fused = {"fused": True} if self.fused_adamw else {}
         self.optimizer = torch.optim.AdamW(
             groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **fused
         )
+        if self.guard is not None:  # the fused kernels skip the update while the guard's flag is set
+            self.optimizer.found_inf = self.guard.flag
         horizon = phase.schedule_steps or phase.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
         for h in self.hooks:
             h.on_phase_start(self)
 
     # ------------------------------------------------------------------ state
-    def save_state(self) -> None:
-        """Write the resume state (rank 0; every rank's RNG state); nothing when `LoopConfig.save_state` is off."""
+    def save_state(self, force: bool = False) -> None:
+        """Write the resume state (rank 0; every rank's RNG state): a snapshot now, the files on the writer's thread.
+        Nothing when `LoopConfig.save_state` is off, or when less than `state_interval_s` passed since the last write
+        (unless `force`: the last step)."""
         if not self.cfg.save_state:
             return
+        now = time.monotonic()
+        if not force and self._last_state_t is not None and now - self._last_state_t < self.state_interval_s():
+            return
+        self._last_state_t = now
         if self.world > 1:  # every rank's RNG state goes into rank 0's file
             ranks_rng = distributed.all_gather_object(self._rng_state())
             if self.rank == 0:
@@ -412,35 +566,51 @@ class Trainer:
             return
         self._write_state({})
 
+    def state_interval_s(self) -> float:
+        """The least time between two resume states at checkpoint steps (`LoopConfig.state_interval_s`; None: on CUDA
+        `STATE_COST_FACTOR` × the last state's cost, the snapshot on this thread plus the write on the writer's)."""
+        if self.cfg.state_interval_s is not None:
+            return self.cfg.state_interval_s
+        if self.device.type != "cuda" or not self.writer.writes:
+            return 0.0
+        return STATE_COST_FACTOR * (self._last_snapshot_s + self.writer.write_s / self.writer.writes)
+
     def _write_state(self, extra: dict) -> None:
-        with atomic_dir(self.state.folder) as tmp:
-            files = self.state.within(tmp)
-            save_file(trainable_state_dict(self.model), str(files.trainable))
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                    "scaler": self.scaler.state_dict(),
-                    **self._rng_state(),
-                    **extra,
+        self.writer.wait()  # (the previous write's time counts as the snapshot's wait)
+        t0 = time.perf_counter()
+        with self._fp32_weights():
+            frozen = frozen_parameter_names(self.model)  # (the backbone's frozen weights: rebuilt from its name)
+            snapshot = StateSnapshot(
+                tensors={
+                    k: v.detach().to("cpu", copy=True).contiguous()
+                    for k, v in self.model.state_dict().items()
+                    if k not in frozen
                 },
-                files.optimizer,
-            )
-            recorded = file_records(tmp)  # sizes and hashes: a damaged state is named on resume (`_read_state`)
-            files.progress.write_text(
-                json.dumps(
+                payload=host_copy(
                     {
-                        "files": recorded,
-                        "step": self.step,
-                        "best_score": self.best_score,
-                        "best_step": self.best_step,
-                        "phase": self.phase_index,
-                        "total_steps": self.total_steps,
-                        "phases": self._phase_signature(),
-                    },
-                    indent=2,
-                )
+                        "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(),
+                        "scaler": self.scaler.state_dict(),
+                        **self._rng_state(),
+                        **extra,
+                    }
+                ),
+                progress={
+                    "step": self.step,
+                    "best_score": self.best_score,
+                    "best_step": self.best_step,
+                    "phase": self.phase_index,
+                    "total_steps": self.total_steps,
+                    "phases": self._phase_signature(),
+                },
             )
+        self._last_snapshot_s = time.perf_counter() - t0
+        self.writer.blocked_s += self._last_snapshot_s
+        self.writer.write(snapshot)
+
+    def _fp32_weights(self):
+        """The fp32 masters of the frozen weights while active (evaluation, checkpoints, state; `FrozenLinearCast`)."""
+        return self.frozen_cast.masters() if self.frozen_cast is not None else nullcontext()
 
     def _phase_signature(self) -> list[dict]:
         return [
@@ -510,32 +680,38 @@ class Trainer:
             stack.enter_context(sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()))
         return stack
 
-    def _value(self, t) -> float:
-        """A metric as a Python float; NaN on the meta device (shapes only, no values)."""
-        if torch.is_tensor(t):
-            return float("nan") if t.device.type == "meta" else float(t.detach())
-        return float(t)
-
-    def train_step(self, batch) -> dict[str, float]:
+    def train_step(self, batch) -> StepMetrics:
         """One optimiser step of the current phase on `batch` (on the device): forward under `precision_context()`,
         backward, gradient reduction over ranks, clipping, AdamW and scheduler steps. Does not advance `step`.
+
+        Nothing is read on the host: the metrics stay on the device (`StepMetrics`), and a non-finite loss or gradient
+        norm trips the `NonFiniteGuard` (the update is skipped on the device) and raises at the next `check_finite`.
+        Without the guard (an optimizer without fused kernels, or fp16 with its GradScaler) each step checks on the
+        host, as before.
 
         Args:
             batch: a `TrainBatch` on `device` (e.g. `batch_at(trainer.step)[0].to(trainer.device)`).
 
         Returns:
-            The step's loss, its loss terms and the gradient norm, as floats.
+            The step's loss, its loss terms and the gradient norm (read lazily).
         """
         self.model.train()
-        if self.memory is not None:
-            self.memory.reset()
+        if self.frozen_cast is not None:
+            self.frozen_cast.low()
         for h in self.hooks:
             h.on_forward_start(self, batch)
+        step = self.step
+        if self._step_tensor is not None:  # one compiled graph for every step: the number travels as a tensor
+            self._step_tensor.fill_(self.step)
+            step = self._step_tensor
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with self.precision_context():
-            out = self._step_fn(batch, step=self.step, phase=self.phase.name)
+            out = self._step_fn(batch, step=step, phase=self.phase.name)
         for h in self.hooks:
             h.on_forward_end(self, batch)
-        self._require_finite("loss", out.loss, out.metrics)
+        if self.guard is None:
+            self._require_finite("loss", out.loss, out.metrics)
         self.optimizer.zero_grad(set_to_none=True)
         # (the SDPA kernel choice also holds in the backward, where grad_cache re-runs its chunks)
         with sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()) if self.cfg.sdpa_backend else nullcontext():
@@ -547,34 +723,60 @@ class Trainer:
             h.on_update_start(self)
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
-        if not self.scaler.is_enabled():  # (fp16's scaler skips a step with inf gradients and lowers its scale itself)
+        names = ("loss", *out.metrics, "grad_norm")
+        values = torch.stack(
+            [
+                torch.as_tensor(v, device=grad_norm.device).detach().float().reshape(())
+                for v in (out.loss, *out.metrics.values(), grad_norm)
+            ]
+        )  # (a new tensor: a CUDA graph's outputs are overwritten by its next replay)
+        if self.guard is not None:
+            self.guard.observe(self.step + 1, names, values)
+        elif (
+            not self.scaler.is_enabled()
+        ):  # (fp16's scaler skips a step with inf gradients and lowers its scale itself)
             self._require_finite("gradient norm", grad_norm, {"loss": out.loss, **out.metrics})
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         for h in self.hooks:
             h.on_update_end(self)
-        if self.memory is not None:
-            self.step_peak_memory_gb = self.memory.peak_gb()
-            self.peak_memory_gb = max(self.peak_memory_gb, self.step_peak_memory_gb)
-        values = {"loss": out.loss, **out.metrics, "grad_norm": grad_norm}
-        return {n: self._value(v) for n, v in values.items()}
+        return StepMetrics(names, values)
+
+    def check_finite(self) -> None:
+        """Raise `NonFiniteLoss` for the first step whose loss or gradient norm was not finite (reads the guard's flag:
+        the loop calls it every `log_steps`, before evaluations and state writes, and at the end)."""
+        if self.guard is None or not self.guard.tripped():
+            return
+        step, values = self.guard.first()
+        loss, norm = values.get("loss", float("nan")), values.get("grad_norm", float("nan"))
+        what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", norm)
+        terms = {n: v for n, v in values.items() if n != "grad_norm"}
+        self._raise_non_finite(step, what, value, terms, later=self.step - step)
 
     def _require_finite(self, what: str, value: torch.Tensor, terms: dict) -> None:
-        """`NonFiniteLoss` naming the step (1-based, as logged), the phase, `what` and the step's loss terms when
-        `value` is inf or nan (never on the meta device, which has no values)."""
+        """`NonFiniteLoss` naming the step, the phase, `what` and the step's loss terms when `value` is inf or nan (never
+        on the meta device, which has no values): the host check of a trainer without the `NonFiniteGuard`."""
         if value.device.type == "meta":
             return
         v = float(value.detach())
         if math.isfinite(v):
             return
-        shown = ", ".join(f"{n}={self._value(t):.6g}" for n, t in terms.items())
+        self._raise_non_finite(self.step + 1, what, v, {n: float(t) for n, t in terms.items()}, later=0)
+
+    def _raise_non_finite(self, step: int, what: str, value: float, terms: dict[str, float], later: int) -> None:
+        shown = ", ".join(f"{n}={v:.6g}" for n, v in terms.items())
+        phase = self.phases[self._phase_of(step - 1)].name
+        after = f"; the {later} later step(s) before this check ran with their updates skipped" if later > 0 else ""
+        if self.state.exists():
+            kept = "the resume state holds the last state written before it"
+        else:
+            kept = "no resume state had been written yet, so a rerun starts from step 0"
         raise NonFiniteLoss(
-            f"training stopped at step {self.step + 1} of {self.total_steps} (phase {self.phase.name!r}): "
-            f"the {what} is {v}"
+            f"training stopped at step {step} of {self.total_steps} (phase {phase!r}): the {what} is {value}"
             + (f" ({shown})" if shown else "")
-            + "; nothing of this step was applied. Lower the learning rate or check the data and "
-            "precision; the resume state holds the last good step"
+            + f"; nothing of this step was applied{after}. Lower the learning rate or check the data and "
+            f"precision; {kept}"
         )
 
     def _order(self, n: int, seed: int, epoch: int):
@@ -607,6 +809,9 @@ class Trainer:
         phase = self.phases[index]
         batch, epoch, b = self.phase_batch(phase, step - self.offsets[index], index)
         n_sentences, n_tokens = batch.sentences, batch.tokens  # of the global batch
+        check = getattr(self.model, "check_batch", None)
+        if check is not None:  # the values are checked here, on the host, never inside the step
+            check(batch)
         batch = self._shard(batch)
         if self.prefetch and self.device.type == "cuda":
             batch = batch.pin_memory()
@@ -617,11 +822,14 @@ class Trainer:
     )
 
     def _maybe_evaluate(self) -> None:
-        score = self.evaluate_dev(self.model)
+        self.check_finite()  # (never evaluate, select or save the weights of a run that already failed)
+        with self._fp32_weights():
+            score = self.evaluate_dev(self.model)
         self.log_metrics({self.selection_metric: score}, self.step)
         if self.best_score is None or score > self.best_score:  # strictly better (SimCSE's trainer)
             self.best_score, self.best_step = score, self.step
-            self.save_best(self.model, self.step, score)
+            with self._fp32_weights():
+                self.save_best(self.model, self.step, score)
             self.log_metrics({f"best_{self.selection_metric}": score}, self.step)
 
     def run(self) -> LoopResult:
@@ -655,13 +863,45 @@ class Trainer:
             bar.close()
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-            self.loop_s = time.perf_counter() - t0
+            try:
+                self.writer.wait()  # a state in flight is completed, also when training stopped with an error
+            finally:
+                if self.frozen_cast is not None:
+                    self.frozen_cast.master()
+                self.loop_s = time.perf_counter() - t0
         return result
 
+    def _log_window(self, metrics: StepMetrics, window: _Window, epoch: float, bar) -> dict[str, float]:
+        """Read the step's metrics (the guard first), add the window's rates, memory and learning rates, log them and
+        return them."""
+        self.check_finite()
+        logged = dict(metrics.floats())
+        dt = max(time.perf_counter() - window.start, 1e-9)
+        logged.update(
+            learning_rate=self.scheduler.get_last_lr()[0],
+            epoch=epoch,
+            phase=float(self.phase_index),
+            sentences_per_s=window.sentences / dt,
+            tokens_per_s=window.tokens / dt,
+            host_wait_share=window.wait / dt,
+        )
+        for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
+            logged[f"learning_rate_{group.get('name', 'group')}"] = lr
+        if self.memory is not None:  # the window's peak (CUDA: allocated tensors; CPU: resident set)
+            self.step_peak_memory_gb = self.memory.peak_gb()
+            self.peak_memory_gb = max(self.peak_memory_gb, self.step_peak_memory_gb)
+            logged["peak_memory_gb"] = self.step_peak_memory_gb
+            self.memory.reset()
+        bar.set_postfix(phase=self.phase.name, loss=f"{logged['loss']:.4f}", refresh=False)
+        if self.rank == 0:
+            self.log_metrics(logged, self.step)
+        return logged
+
     def _run_steps(self, pool, bar, t0: float, resumed: int | None) -> LoopResult:
-        sentences, window_t, window_sent, window_tok, window_wait = 0, time.perf_counter(), 0, 0, 0.0
-        window_peak = 0.0  # the highest per-step peak memory since the last log
+        sentences, window = 0, _Window()
         next_batch = None  # (step, future) of the prefetched batch
+        if self.memory is not None:
+            self.memory.reset()
         while self.step < self.total_steps:
             self.enter_phase(self._phase_of(self.step))
             phase = self.phase
@@ -676,39 +916,24 @@ class Trainer:
             batch = batch.to(self.device)
             waited = time.perf_counter() - t_wait
             self.host_wait_s += waited
-            window_wait += waited
+            window.wait += waited
             for h in self.hooks:
                 h.on_step_start(self, batch)
             metrics = self.train_step(batch)
-            window_peak = max(window_peak, self.step_peak_memory_gb)
             self.step += 1
             sentences += n_sentences
-            window_sent += n_sentences
-            window_tok += n_tokens
+            window.sentences += n_sentences
+            window.tokens += n_tokens
             bar.update(1)
-            bar.set_postfix(phase=phase.name, loss=f"{metrics['loss']:.4f}", refresh=False)
-            if self.step % self.cfg.log_steps == 0 or self.step == self.total_steps:
-                dt = max(time.perf_counter() - window_t, 1e-9)
-                metrics.update(
-                    learning_rate=self.scheduler.get_last_lr()[0],
-                    epoch=epoch + (b + 1) / phase.steps_per_epoch,
-                    phase=float(self.phase_index),
-                    sentences_per_s=window_sent / dt,
-                    tokens_per_s=window_tok / dt,
-                    host_wait_share=window_wait / dt,
-                )
-                for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
-                    metrics[f"learning_rate_{group.get('name', 'group')}"] = lr
-                if self.memory is not None:  # the steps' peak (CUDA: allocated tensors; CPU: resident set)
-                    metrics["peak_memory_gb"] = window_peak
-                if self.rank == 0:
-                    self.log_metrics(metrics, self.step)
-                window_t, window_sent, window_tok, window_wait = time.perf_counter(), 0, 0, 0.0
-                window_peak = 0.0
+            last = self.step == self.total_steps
+            if self.step % self.cfg.log_steps == 0 or last:  # the only place a step's values are read
+                metrics = self._log_window(metrics, window, epoch + (b + 1) / phase.steps_per_epoch, bar)
+                window = _Window()
             if self.step % self.cfg.eval_steps == 0:
                 self._main_only(self._maybe_evaluate)
-            if self.step % self.cfg.checkpoint_steps == 0 or self.step == self.total_steps:
-                self.save_state()
+            if self.step % self.cfg.checkpoint_steps == 0 or last:
+                self.check_finite()
+                self.save_state(force=last)
             for h in self.hooks:
                 h.on_step_end(self, batch, metrics)
         bar.close()

@@ -19,10 +19,23 @@ from cse.storage.training_data import CorruptionRows, TokenRows, take_rows
 
 
 class TrainingRows:
-    """Rows of one training dataset; `corruption` None for methods that do not read corrupted ids."""
+    """Rows of one training dataset; `corruption` None for methods that do not read corrupted ids.
 
-    def __init__(self, tokens: TokenRows, corruption: CorruptionRows | None, supervised: bool, pad_id: int):
-        self.tokens, self.corruption, self.pad_id = tokens, corruption, pad_id
+    `pad_to`: every batch is padded to this length (the job's `max_length`: one shape for every step, so a compiled
+    step is one graph); None pads each batch to its longest row, as the references' collators do. Both give the same
+    losses and gradients: attention masks padded keys, every pooler and loss reads masked positions only, and the
+    RTD mean over padding counts the positions up to the batch's longest row (`cse.models.losses.rtd_loss`).
+    """
+
+    def __init__(
+        self,
+        tokens: TokenRows,
+        corruption: CorruptionRows | None,
+        supervised: bool,
+        pad_id: int,
+        pad_to: int | None = None,
+    ):
+        self.tokens, self.corruption, self.pad_id, self.pad_to = tokens, corruption, pad_id, pad_to
         self.view_columns = tokens.columns if supervised else (tokens.columns[0],) * 2
 
     def __len__(self) -> int:
@@ -49,10 +62,16 @@ class TrainingRows:
         return f"{have} variants cycled over {needed} view-epochs"
 
     def batch(self, rows: np.ndarray, epoch: int) -> TrainBatch:
-        """Rows `rows` of epoch `epoch`, padded to their longest view; the ids are taken from the (memory-mapped) row
-        sequences one batch at a time, never all at once."""
+        """Rows `rows` of epoch `epoch`, padded to `pad_to` (else to their longest view); the ids are taken from the
+        (memory-mapped) row sequences one batch at a time, never all at once."""
         views_ids = [take_rows(self.tokens.seqs[col], rows) for col in self.view_columns]
-        length = max(len(s) for view in views_ids for s in view)
+        longest = max(len(s) for view in views_ids for s in view)
+        if self.pad_to is not None and longest > self.pad_to:
+            raise ValueError(
+                f"a training row has {longest} tokens, more than the batch length {self.pad_to} (max_length): "
+                "the tokens dataset was made with another max_length"
+            )
+        length = self.pad_to or longest
         ids, mask = zip(*(pad_sequences(view, self.pad_id, length) for view in views_ids))
         if self.corruption is None:
             return TrainBatch(torch.stack(ids, 1), torch.stack(mask, 1))

@@ -49,3 +49,40 @@ def test_step_profile_rehearsal_on_cpu(tmp_path):
         {"name": "gemm", "ms_per_step": 0.2, "calls": 2},
         {"name": "cast", "ms_per_step": 0.025, "calls": 1},
     ]
+
+
+def test_gpu_speed_rehearsal_on_cpu(tmp_path):
+    """`make gpu-speed DEVICE=cpu`: benchmarks/gpu_speed.py end to end on CPU (one method in its three modes, the run's
+    state and evaluation overhead, the sentence-transformers peer); `make gpu-speed` runs every method."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_speed",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--methods",
+            "simcse",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "gpu_speed-cpu.json").read_text())
+    assert [(r["method"], r["mode"]) for r in result["rows"]] == [
+        ("simcse", "reference"),
+        ("simcse", "eager"),
+        ("simcse", "compiled"),
+    ]
+    for r in result["rows"]:
+        assert r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 and r["flops_per_step"] > 0, r
+    run = result["runs"]["simcse"]
+    assert run["state"]["state_mib"] > 0 and run["evaluation"]["eval_s"] > 0
+    assert run["projected"]["steps"] == 15_625 and 0 < run["projected"]["overhead_share"] < 1
+    assert result["peer"]["ms_per_step"] > 0
+    md = (tmp_path / "gpu_speed-cpu.md").read_text()
+    assert "| simcse | compiled |" in md and "the peer's speed" in md

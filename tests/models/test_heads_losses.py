@@ -98,14 +98,31 @@ def test_contrastive_loss_is_scale_invariant_and_differentiable():
 
 
 def test_rtd_loss_mean_over_all_positions_including_padding():
-    logits = torch.tensor([[[2.0, 0.0], [0.0, 1.0], [3.0, 3.0]]])  # (1, 3, 2)
-    labels = torch.tensor([[0, 1, 1]])  # the pad's label is forced to 0
-    mask = torch.tensor([[1, 1, 0]])
+    # two rows padded to the longer one, as the reference's collator pads a batch
+    logits = torch.tensor([[[2.0, 0.0], [0.0, 1.0], [3.0, 3.0]], [[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]])  # (2, 3, 2)
+    labels = torch.tensor([[0, 1, 1], [0, 0, 1]])  # the pad's label is forced to 0
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     ce = [_ce([2.0, 0.0], 0), _ce([0.0, 1.0], 1), _ce([3.0, 3.0], 0)]
-    assert rtd_loss(logits, labels, mask).item() == pytest.approx(sum(ce) / 3, rel=1e-6)
+    ce += [_ce([1.0, 0.0], 0), _ce([0.0, 0.0], 0), _ce([0.0, 2.0], 1)]
+    assert rtd_loss(logits, labels, mask).item() == pytest.approx(sum(ce) / 6, rel=1e-6)
     assert rtd_loss(logits, labels, mask, mean_over_padding=False).item() == pytest.approx(
-        (ce[0] + ce[1]) / 2, rel=1e-6
+        (sum(ce) - ce[2]) / 5, rel=1e-6
     )
+
+
+def test_rtd_loss_does_not_count_columns_past_the_longest_row():
+    """A batch padded beyond its longest row (training/rows.py pads to max_length) has the reference's loss: the
+    mean runs over rows × the longest row, whatever the extra columns hold."""
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(3, 5, 2, generator=g), torch.randint(0, 2, (3, 5), generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    wide = torch.cat([logits, torch.randn(3, 4, 2, generator=g) * 10], 1)
+    wide_labels = torch.cat([labels, torch.ones(3, 4, dtype=torch.long)], 1)
+    wide_mask = torch.cat([mask, torch.zeros(3, 4, dtype=torch.long)], 1)
+    for over_padding in (True, False):
+        want = rtd_loss(logits[:, :4], labels[:, :4], mask[:, :4], mean_over_padding=over_padding)
+        got = rtd_loss(wide, wide_labels, wide_mask, mean_over_padding=over_padding)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
 
 
 def test_rtd_loss_of_uniform_logits_is_log2():

@@ -273,7 +273,8 @@ def test_position0_output_replaces_embedding_output_after_layernorm():
     plain, wrapped = _wrap(_bert())
     ids, mask = _batch(0)
     seen = []
-    hook = wrapped.backbone.encoder.register_forward_pre_hook(
+    # what the first layer's attention reads: the embedding output (after LayerNorm) with position 0 replaced
+    hook = wrapped.attention_modules()[0].register_forward_pre_hook(
         lambda m, args, kwargs: seen.append(kwargs.get("hidden_states", args[0] if args else None)), with_kwargs=True
     )
     try:

@@ -1,0 +1,153 @@
+"""Resume states written beside training: a snapshot on the training thread, the files on a background thread.
+
+`snapshot_state` copies what a resume needs to host memory (the trainable tensors, the optimizer state, everything
+else the trainer records): the only part that waits for the device. `StateWriter.write` hands the snapshot to one
+background thread, which serialises it, hashes every file while writing it (the sizes and SHA-256 digests go into
+the progress file, so a damaged state is named on resume) and moves the folder into place with
+`cse.storage.atomic.atomic_dir`: a kill at any time leaves the previous state or the new one, complete. One write is in
+flight at a time; the next snapshot waits for it (`StateWriter.blocked_s` counts that wait and the snapshots).
+
+Examples:
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> from cse.storage.runs import ResumeState
+    >>> state = ResumeState(Path(tempfile.mkdtemp()) / "state")
+    >>> writer = StateWriter(state, background=True)
+    >>> writer.write(StateSnapshot({"w": torch.ones(2)}, {"optimizer": {}}, {"step": 1}))
+    >>> writer.close()
+    >>> sorted(p.name for p in state.folder.iterdir())
+    ['optimizer.pt', 'trainable.safetensors', 'trainer_state.json']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+
+from cse.storage.atomic import atomic_dir
+from cse.storage.runs import ResumeState
+
+
+@dataclass
+class StateSnapshot:
+    """What one resume state holds, in host memory: `tensors` (safetensors), `payload` (torch.save: optimizer,
+    scheduler, scaler, RNG states) and `progress` (JSON; the file records are added when written)."""
+
+    tensors: dict[str, torch.Tensor]
+    payload: dict[str, Any]
+    progress: dict[str, Any]
+
+
+def host_copy(obj: Any) -> Any:
+    """`obj` with every tensor copied to host memory (nested dicts, lists and tuples followed): later in-place updates
+    of the originals (the optimizer's next step) cannot reach the copy."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return obj
+
+
+class _HashingFile(io.RawIOBase):
+    """A write-only file that hashes what passes through it (torch.save writes here)."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        view = memoryview(b)
+        self.sha.update(view)
+        self.size += view.nbytes
+        return self.f.write(view)
+
+
+def _write_bytes(path: Path, data: bytes) -> dict[str, Any]:
+    with open(path, "wb") as f:
+        f.write(data)
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _write_torch(path: Path, obj: Any) -> dict[str, Any]:
+    with open(path, "wb") as f:
+        sink = _HashingFile(f)
+        torch.save(obj, sink)
+    return {"size": sink.size, "sha256": sink.sha.hexdigest()}
+
+
+def write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
+    """Write `snapshot` as the resume state `state` (atomically; file sizes and hashes recorded in its progress file).
+
+    Args:
+        state: the resume state's files.
+        snapshot: what to write.
+    """
+    with atomic_dir(state.folder) as tmp:
+        files = state.within(tmp)
+        records = {
+            files.trainable.name: _write_bytes(files.trainable, safetensors_bytes(snapshot.tensors)),
+            files.optimizer.name: _write_torch(files.optimizer, snapshot.payload),
+        }
+        files.progress.write_text(json.dumps({"files": records, **snapshot.progress}, indent=2))
+
+
+class StateWriter:
+    """Writes resume states one at a time, on a background thread or inline.
+
+    Args:
+        state: the resume state's files.
+        background: write on a background thread (the training loop goes on meanwhile); False writes inline.
+    """
+
+    def __init__(self, state: ResumeState, background: bool = True):
+        self.state = state
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="cse-state") if background else None
+        self.pending: Future | None = None
+        self.writes = 0
+        self.blocked_s = 0.0  # the training thread's time in snapshots and in waiting for the previous write
+        self.write_s = 0.0  # the writes' own time (on the background thread when there is one)
+
+    def _timed_write(self, snapshot: StateSnapshot) -> None:
+        t0 = time.perf_counter()
+        write_state(self.state, snapshot)
+        self.write_s += time.perf_counter() - t0
+        self.writes += 1
+
+    def write(self, snapshot: StateSnapshot) -> None:
+        """Write `snapshot` (after the write in flight, if any, is done; its error, if any, is raised here)."""
+        self.wait()
+        if self.pool is None:
+            self._timed_write(snapshot)
+        else:
+            self.pending = self.pool.submit(self._timed_write, snapshot)
+
+    def wait(self) -> None:
+        """Wait for the write in flight; raise its error."""
+        if self.pending is not None:
+            t0 = time.perf_counter()
+            pending, self.pending = self.pending, None
+            try:
+                pending.result()
+            finally:
+                self.blocked_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Wait for the write in flight and stop the thread."""
+        try:
+            self.wait()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
