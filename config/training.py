@@ -87,8 +87,8 @@ class SpeedConfig(_Config):
 
     compile: bool | None = Field(
         default=None,
-        description="torch.compile of the whole training step as one graph (CUDA graphs on a GPU); None: on on a GPU, "
-        "off on CPU (CSE_COMPILE=0|1 overrides)",
+        description="torch.compile of the whole training step as one graph (CUDA graphs on a GPU); None: on a GPU for a "
+        "run of at least 3,000 steps (where the compilation repays itself), else off (CSE_COMPILE=0|1 overrides)",
     )
     compile_mode: str = Field(
         default="",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -147,8 +146,8 @@ def transfer_evaluator(data_root):
     return TransferEvaluator(source.table), source
 
 
-def loop_config(cfg: TrainConfig, precision: str, device: torch.device | None = None) -> LoopConfig:
-    """The loop settings of a job (`device`: where it trains, for the speed switches' defaults; None: CPU)."""
+def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
+    """The loop settings of a job."""
     speed = cfg.speed
     switches = {
         "cast_frozen_weights": speed.cast_frozen_weights,
@@ -159,16 +158,8 @@ def loop_config(cfg: TrainConfig, precision: str, device: torch.device | None = 
         switches["fused_adamw"] = speed.fused_adamw
     if speed.compile_mode:
         switches["compile_mode"] = speed.compile_mode
-    if speed.compile is not None:
+    if speed.compile is not None:  # (None: the loop decides, `Trainer.compiles`)
         switches["compile"] = speed.compile
-    elif not os.environ.get("CSE_COMPILE"):  # the default: compiled on a GPU (docs/gpu.md), for one process without
-        # gradient caching (whose chunks re-run outside the compiled step; a multi-process step holds collectives)
-        switches["compile"] = (
-            device is not None
-            and device.type == "cuda"
-            and cfg.grad_cache.chunk_size is None
-            and cfg.nproc_per_node * cfg.nnodes == 1
-        )
     return LoopConfig(
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
@@ -244,7 +235,7 @@ def fit(
     trainer = Trainer(
         model,
         training_phases(cfg, rows, nli_rows),
-        loop_config(cfg, precision, device),
+        loop_config(cfg, precision),
         device,
         run_dir.resume_state,
         save_best,

@@ -135,7 +135,8 @@ class LoopConfig:
     # - fused_adamw: AdamW's fused kernels (None: on wherever torch has them, CUDA and CPU); the fused optimizer also
     #   carries the non-finite guard on the device (`NonFiniteGuard`), so the step reads nothing on the host;
     # - compile: torch.compile of the whole training step (forward and, through AOTAutograd, backward) as one graph
-    #   (fullgraph); compile_mode "" = "reduce-overhead" (CUDA graphs) on CUDA, "default" elsewhere; compile_backend
+    #   (fullgraph); None decides by the run (`Trainer.compiles`: on CUDA, for a run long enough to repay the
+    #   compilation); compile_mode "" = "reduce-overhead" (CUDA graphs) on CUDA, "default" elsewhere; compile_backend
     #   "inductor" (or "aot_eager", "cudagraphs": dynamo's own backends);
     # - cast_frozen_weights: frozen nn.Linear weights cast once for bf16/fp16 training (training/precision.py; exact);
     # - sdpa_backend: one SDPA kernel for every attention call ("flash" | "efficient" | "cudnn" | "math"; "" =
@@ -143,7 +144,7 @@ class LoopConfig:
     # Environment: CSE_FUSED_ADAMW=0|1, CSE_COMPILE=0|1, CSE_COMPILE_MODE, CSE_COMPILE_BACKEND, CSE_CAST_FROZEN=0|1,
     # CSE_SDPA_BACKEND=<kernel>.
     fused_adamw: bool | None = field(default_factory=lambda: _env_flag("CSE_FUSED_ADAMW"))
-    compile: bool = field(default_factory=lambda: bool(_env_flag("CSE_COMPILE")))
+    compile: bool | None = field(default_factory=lambda: _env_flag("CSE_COMPILE"))
     compile_mode: str = field(default_factory=lambda: os.environ.get("CSE_COMPILE_MODE", ""))
     compile_backend: str = field(default_factory=lambda: os.environ.get("CSE_COMPILE_BACKEND", "inductor"))
     cast_frozen_weights: bool = field(default_factory=lambda: _env_flag("CSE_CAST_FROZEN") is not False)
@@ -178,6 +179,7 @@ class LoopResult:
     sentences_per_s: float
 
 
+COMPILE_MIN_STEPS = 3000  # LoopConfig.compile=None: compile on CUDA for runs of at least this many steps
 STATE_COST_FACTOR = 50.0  # LoopConfig.state_interval_s=None on CUDA: states apart by 50 × their cost (≤ 2 %)
 
 
@@ -417,8 +419,9 @@ class Trainer:
         self._last_state_t: float | None = None
         self._last_snapshot_s = 0.0
         self.cudagraphs = False  # set by _compiled_step: the step replays CUDA graphs
-        self._step_tensor = torch.zeros((), dtype=torch.long, device=device) if cfg.compile else None
-        self._step_fn = self._compiled_step() if cfg.compile else self.model.training_step
+        self.compiled = self.compiles()
+        self._step_tensor = torch.zeros((), dtype=torch.long, device=device) if self.compiled else None
+        self._step_fn = self._compiled_step() if self.compiled else self.model.training_step
         # Peak memory of the steps of each log window (CUDA allocations; CPU: the resident set), the last window's
         # and the run's, GiB
         self.memory = PeakMemory(device) if device.type in ("cuda", "cpu") else None
@@ -430,6 +433,20 @@ class Trainer:
         self.phase_index = -1
         self._orders: dict[tuple[int, int, int], object] = {}
         self.enter_phase(0)
+
+    def compiles(self) -> bool:
+        """Whether the step is compiled: `LoopConfig.compile`, or when None, on CUDA for a single-process run without
+        gradient caching (its chunks re-run outside the compiled step) of at least `COMPILE_MIN_STEPS` steps. Measured
+        on an H100 (docs/gpu.md): compilation takes 25–124 s once and saves 21–46 ms a step, so it repays itself
+        after 800–2,700 steps; every default preset runs 3,907 or more, a smoke run 40."""
+        if self.cfg.compile is not None:
+            return self.cfg.compile
+        return (
+            self.device.type == "cuda"
+            and self.world == 1
+            and self.cfg.grad_cache_chunk_size is None
+            and self.total_steps >= COMPILE_MIN_STEPS
+        )
 
     def _compiled_step(self):
         """`torch.compile` of the model's whole training step as one graph (`fullgraph=True`: a graph break is an
@@ -459,7 +476,7 @@ class Trainer:
         """Hand `grad_cache_chunk_size` to the model (`CSEModel.use_grad_cache`), refusing what cannot combine."""
         if cfg.grad_cache_chunk_size is None:
             return
-        if cfg.compile:
+        if cfg.compile:  # (None: the automatic choice leaves compilation off with gradient caching)
             raise ValueError(
                 "grad_cache.chunk_size and compile (CSE_COMPILE=1) cannot be combined: the cached chunks are re-run during "
                 "the backward, outside the compiled training step; unset one of them"

@@ -322,3 +322,25 @@ def test_the_trainer_runs_the_compiled_step_to_the_eager_weights(tok, tmp_path):
         weights.append({n: p.detach() for n, p in model.named_parameters() if p.requires_grad})
     for n, w in weights[0].items():
         assert_close_scaled(weights[1][n], w, terms=BATCH * LENGTH, rtol=1e-4, msg=n)
+
+
+def test_the_step_is_compiled_by_default_on_a_gpu_for_runs_long_enough_to_repay_it():
+    """`LoopConfig.compile=None` (the job default): compiled on CUDA for a single-process run of ≥ 3,000 steps without
+    gradient caching; an explicit value wins."""
+    from cse.training.loop import COMPILE_MIN_STEPS
+
+    def decides(device="cuda", steps=COMPILE_MIN_STEPS, world=1, chunk=None, compile=None) -> bool:
+        t = object.__new__(Trainer)
+        t.cfg, t.device, t.world, t.total_steps = (
+            _loop(compile=compile, grad_cache_chunk_size=chunk),
+            device,
+            world,
+            steps,
+        )
+        t.device = torch.device(device)
+        return t.compiles()
+
+    assert decides()
+    assert not decides(device="cpu") and not decides(steps=COMPILE_MIN_STEPS - 1)  # CPU; a smoke run
+    assert not decides(world=2) and not decides(chunk=8)
+    assert decides(device="cpu", compile=True) and not decides(compile=False)
