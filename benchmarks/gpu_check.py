@@ -403,11 +403,18 @@ def device_slug(device: torch.device) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def markdown(result: dict) -> str:
+def report_header(title: str, result: dict) -> str:
+    """The first line of a GPU report: what ran, on which device and torch, when, by which command."""
     env = result["environment"]
+    return (
+        f"{title} on **{env['device_name']}** (torch {env['torch']}, CUDA {env['cuda']}), "
+        f"{result['date']}; `{result['command']}`"
+    )
+
+
+def markdown(result: dict) -> str:
     lines = [
-        f"GPU check on **{env['device_name']}** (torch {env['torch']}, CUDA {env['cuda']}), "
-        f"{result['date']}; `{result['command']}`",
+        report_header("GPU check", result),
         "",
         f"Tests (`pytest -m gpu`): {result['tests']['summary']}",
         "",

@@ -63,6 +63,7 @@ from benchmarks.gpu_check import (
     count_step_flops,
     device_slug,
     projected_steps,
+    report_header,
     sync,
     synthetic_tokenizer,
 )
@@ -355,10 +356,8 @@ def peer_row(device: torch.device, size: str, steps: int, warmup: int, tokenizer
 
 
 def markdown(result: dict) -> str:
-    env = result["environment"]
     lines = [
-        f"GPU speed on **{env['device_name']}** (torch {env['torch']}, CUDA {env['cuda']}), {result['date']}; "
-        f"`{result['command']}`",
+        report_header("GPU speed", result),
         "",
         "| method | mode | batch × length | ms/step | tokens/s | MFU | kernels/step | launch calls/step | GPU busy | "
         "peak GiB | warm-up s |",

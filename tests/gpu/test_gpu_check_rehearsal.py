@@ -10,15 +10,20 @@ import sys
 from cse.config.settings import REPO_ROOT
 
 
-def test_gpu_check_rehearsal_on_cpu(tmp_path):
+def _rehearse(module: str, out, *args: str) -> None:
+    """`python -m benchmarks.<module> --device cpu --out <out> <args>` from the checkout root; it must exit 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--out", str(tmp_path)],
+        [sys.executable, "-m", f"benchmarks.{module}", "--device", "cpu", "--out", str(out), *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_gpu_check_rehearsal_on_cpu(tmp_path):
+    _rehearse("gpu_check", tmp_path)
     result = json.loads((tmp_path / "gpu_check-cpu.json").read_text())
     assert result["tests"]["returncode"] == 0 and "passed" in result["tests"]["summary"]
     assert "failed" not in result["tests"]["summary"] and "skipped" not in result["tests"]["summary"]
@@ -54,24 +59,7 @@ def test_step_profile_rehearsal_on_cpu(tmp_path):
 def test_gpu_speed_rehearsal_on_cpu(tmp_path):
     """`make gpu-speed DEVICE=cpu`: benchmarks/gpu_speed.py end to end on CPU (one method in its three modes, the run's
     state and evaluation overhead, the sentence-transformers peer); `make gpu-speed` runs every method."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_speed",
-            "--device",
-            "cpu",
-            "--out",
-            str(tmp_path),
-            "--methods",
-            "simcse",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    _rehearse("gpu_speed", tmp_path, "--methods", "simcse")
     result = json.loads((tmp_path / "gpu_speed-cpu.json").read_text())
     assert [(r["method"], r["mode"]) for r in result["rows"]] == [
         ("simcse", "reference"),
