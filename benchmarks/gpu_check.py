@@ -20,8 +20,8 @@ training subset of wheels (README "Air-gapped GPU nodes") and a torch: no networ
      backward as they run: matmuls, attention, convolutions; elementwise ops are not counted), MFU = FLOPs/step ÷
      step time ÷ the GPU's dense bf16 peak (`PEAK_TFLOPS` by device name, or `--peak-tflops`; CPU: null);
    - host wait share: `Trainer.host_wait_s / Trainer.loop_s`: the part of the loop spent getting each batch onto
-     the device (waiting for the prefetch thread, building the batch, issuing the copy); each step ends in a sync
-     (its metrics become Python floats), so this is time the GPU waits for the host;
+     the device (waiting for the prefetch thread, building the batch, issuing the copy); the timing hook ends each
+     step in a sync, so this is time the GPU waits for the host (benchmarks/gpu_speed.py times steps unsynchronised);
    - projected schedule: the preset's optimiser steps on the real data sizes (Wiki1M 1,000,000 sentences; NLI
      275,601 triplets for supervised presets and DiffAug's NLI phase) × the median step time (DiffAug's NLI
      phase at the joint step's time).
