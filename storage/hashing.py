@@ -8,11 +8,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-_CHUNK = 1 << 20
-
-
 def sha256_file(path: str | Path) -> str:
-    """The SHA-256 hex digest of a file, read in chunks.
+    """The SHA-256 hex digest of a file (`hashlib.file_digest`: read in chunks, no copy of the whole file).
 
     Args:
         path: the file to hash.
@@ -20,11 +17,8 @@ def sha256_file(path: str | Path) -> str:
     Returns:
         The hex digest.
     """
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_files(paths: Iterable[str | Path]) -> str:
