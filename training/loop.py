@@ -58,6 +58,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from cse.models import distributed
+from cse.models.batching import TrainBatch
 from cse.models.checkpoint import frozen_parameter_names
 from cse.models.grad_cache import RowChunks
 from cse.storage.runs import ResumeState, ResumeStateDamaged, check_file_records
@@ -697,7 +698,7 @@ class Trainer:
             stack.enter_context(sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()))
         return stack
 
-    def train_step(self, batch) -> StepMetrics:
+    def train_step(self, batch: TrainBatch) -> StepMetrics:
         """One optimiser step of the current phase on `batch` (on the device): forward under `precision_context()`,
         backward, gradient reduction over ranks, clipping, AdamW and scheduler steps. Does not advance `step`.
 
