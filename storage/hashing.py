@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+
 def sha256_file(path: str | Path) -> str:
     """The SHA-256 hex digest of a file (`hashlib.file_digest`: read in chunks, no copy of the whole file).
 
