@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from cse.config.finite import FINITE_ONLY
 from cse.config.presets import PRESET_DATA_URL
+from cse.config.secrets import register_secrets_in
 from cse.storage.hf_sources import HFSource
 
 _HF_DATA = PRESET_DATA_URL
@@ -31,6 +32,15 @@ class _Config(BaseModel):
                 f"known: {', '.join(cls.model_fields)}"
             )
         return data
+
+    @model_validator(mode="after")
+    def _remember_credentials(self):
+        """A credential written in a value (a source URL's password) is remembered as a known secret, so that every
+        exit masks it, also where only a piece of the URL is shown (`cse.config.secrets`)."""
+        for value in self.__dict__.values():
+            if isinstance(value, str) and ("@" in value or "=" in value):
+                register_secrets_in(value)
+        return self
 
 
 _HF_HELP = (

@@ -24,13 +24,16 @@ Errors print one line (`cse: error: ...`) and exit with status 2; `cse --debug .
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from contextlib import contextmanager
 
 import duckdb
 import pandas as pd
 
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.settings import get_settings, install_log_redaction, redact
+from cse.config.secrets import install_log_redaction, redact
+from cse.config.settings import get_settings
 from cse.storage.catalog import damaged, query, refresh_catalog
 from cse.storage.layout import KINDS, DataRoot
 
@@ -121,6 +124,24 @@ def deliver_metrics(run_dirs: list[str]) -> int:
     return status
 
 
+# A command waits on an unreachable tracking server this long at most, unless these are set (MLflow's defaults, 7
+# retries with backoff and a 120 s timeout, kept `cse card` silent for 4.5 minutes before its error).
+INTERACTIVE_MLFLOW = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+@contextmanager
+def interactive_mlflow():
+    """MLflow's HTTP retries bounded for a command someone waits on (`INTERACTIVE_MLFLOW`, where not set), restored
+    afterwards."""
+    added = {k: v for k, v in INTERACTIVE_MLFLOW.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 def card(run_dir: str, adapter: str | None = None) -> int:
     """Write the model card of a finished job's export and of its PEFT adapter folder (`adapter`, default the job's own
     `peft-adapter/` when it has one: the card, with the adapter's loading, replaces the adapter's own README so that
@@ -135,7 +156,8 @@ def card(run_dir: str, adapter: str | None = None) -> int:
         )
     if adapter is None and (job.peft_adapter / "adapter_config.json").is_file():
         adapter = str(job.peft_adapter)
-    facts = card_facts_of_job(job, adapter=AdapterInfo.from_folder(adapter) if adapter else None)
+    with interactive_mlflow():
+        facts = card_facts_of_job(job, adapter=AdapterInfo.from_folder(adapter) if adapter else None)
     for folder in (job.export, *([adapter] if adapter else [])):
         print(f"wrote {write_model_card(folder, facts)}")
     return 0

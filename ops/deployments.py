@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.settings import redact
+from cse.config.secrets import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
 _PREFIXES = (

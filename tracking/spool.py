@@ -28,7 +28,7 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from cse.config.settings import redact
+from cse.config.secrets import redact
 from cse.storage.runs import RunDir
 from cse.storage.spool import (
     SpoolRecord,

@@ -16,7 +16,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from cse.config.settings import redact
+from cse.config.secrets import redact
 from cse.storage.runs import RunDir
 from cse.tracking.lineage import CONTEXT_EVAL
 from cse.tracking.spool import ResilientMetricLogger
