@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cse.config.finite import FINITE_ONLY
+from cse.config.finite import FINITE_ONLY, refuse_booleans
 from cse.config.presets import PRESET_DATA_URL
 from cse.config.secrets import register_secrets_in
 from cse.storage.hf_sources import HFSource
@@ -25,12 +25,14 @@ class _Config(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
-        """Unknown keys refused by name with the known ones (pydantic's error adds the field path above them)."""
+        """Unknown keys refused by name with the known ones (pydantic's error adds the field path above them), and a
+        boolean given for a number (config/finite.py)."""
         if isinstance(data, Mapping) and (unknown := sorted(str(k) for k in data if k not in cls.model_fields)):
             raise ValueError(
                 f"unknown {cls.__name__} key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                 f"known: {', '.join(cls.model_fields)}"
             )
+        refuse_booleans({k: f.annotation for k, f in cls.model_fields.items()}, data, cls.__name__)
         return data
 
     @model_validator(mode="after")
