@@ -115,7 +115,7 @@ def deliver_metrics(run_dirs: list[str]) -> int:
     status = 0
     for path in run_dirs:
         try:
-            n = deliver_spool(RunDir.at(path))
+            n = deliver_spool(RunDir.at(path, home=get_settings().home))
         except (SpoolNotDelivered, FileNotFoundError, ValueError) as e:
             print(f"{path}: not delivered: {e}", file=sys.stderr)
             status = 1
@@ -149,7 +149,7 @@ def card(run_dir: str, adapter: str | None = None) -> int:
     from cse.storage.runs import RunDir
     from cse.tracking.model_card import AdapterInfo, card_facts_of_job, write_model_card
 
-    job = RunDir.at(run_dir)
+    job = RunDir.at(run_dir, home=get_settings().home)  # never a folder outside $CSE_HOME: the card is written there
     if not (job.export / "modules.json").is_file():
         raise FileNotFoundError(
             f"{job.export} holds no sentence-transformers export (modules.json): has the job finished?"
