@@ -44,7 +44,8 @@ _SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
 # user-info: everything from `://` to the last `@` before the host's end (greedy, backtracking to that `@`)
 _URI_USERINFO = re.compile(rf"(?P<scheme>{_SCHEME})(?P<userinfo>[^/?#\s]*)@")
 _SECRET_NAMES = r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|client[_-]?secret"
-# `password=...` (query strings, libpq DSNs): a quoted value (libpq's `'...'` with `\'` escapes) or up to `&`/space
+# `password=...` (query strings, libpq DSNs, keyword arguments in a repr): a quoted value (libpq's `'...'` with `\'`
+# escapes), or an unquoted one up to `&` or a space (libpq's rule: `password=abc)def` is that whole password)
 _SECRET_PARAM = re.compile(
     rf"(?i)(?P<name>\b(?:{_SECRET_NAMES})=)(?P<secret>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^&\s]+)"
 )
@@ -61,11 +62,20 @@ _known_pattern: re.Pattern | None = None
 _lock = threading.Lock()
 
 
+# values a `token=`/`password=` may show that are no secret (`token=None` in a repr): never remembered
+_NOT_SECRETS = frozenset({"none", "null", "true", "false", "***", "<redacted>"})
+
+
 def _variants(secret: str) -> set[str]:
     """A secret, its percent-decoded and -encoded forms, and the pieces a parser cuts it into."""
     forms = {secret, secret.replace("\\'", "'"), unquote(secret), quote(unquote(secret), safe="")}
     pieces = {p for f in forms for p in _SPLITS.split(f)}
-    return {v for v in forms | pieces if len(v) >= MIN_SECRET}
+    return {v for v in forms | pieces if len(v) >= MIN_SECRET and not _no_secret(v)}
+
+
+def _no_secret(value: str) -> bool:
+    """`None`, `null`, `true`, `false` or a mask, also as a repr's `None)` or `None,`."""
+    return value.lower().rstrip(")]},;'\"") in _NOT_SECRETS or not value.strip("*")
 
 
 def register_secret(secret: str) -> None:
@@ -75,7 +85,10 @@ def register_secret(secret: str) -> None:
         secret: a password, token or key; its variants shorter than `MIN_SECRET` characters are not remembered.
     """
     global _known_pattern
-    new = _variants(secret.strip("'\"")) - _known
+    secret = secret.strip("'\"")
+    if _no_secret(secret):
+        return
+    new = _variants(secret) - _known
     if not new:
         return
     with _lock:

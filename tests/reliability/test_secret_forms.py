@@ -54,6 +54,8 @@ def test_the_rule_masks_every_form_wherever_it_is_written(form):
         assert MARK not in redact(text), text
         assert "***" in redact(text)
     assert redact("http://127.0.0.1:5000/api and mail@example.com") == "http://127.0.0.1:5000/api and mail@example.com"
+    redact("hf_hub_download(repo, token=None)")  # masked there, but `None` is no secret to remember
+    assert redact("the result is None) and mask_token='[MASK]'") == "the result is None) and mask_token='[MASK]'"
     assert redact_value({"ingest": {"wiki": {"url": form}}, "steps": [1, form]})["steps"][0] == 1
     assert MARK not in json.dumps(redact_value({"ingest": {"wiki": {"url": form}}, "steps": [1, form]}))
 
