@@ -160,6 +160,13 @@ def redact(text: object) -> str:
 
     Returns:
         The masked text (the same text when it holds no credential).
+
+    Examples:
+        >>> from cse.config.secrets import redact
+        >>> redact("postgresql://cse:p@ss'Wh1stle9@db:5432/mlflow")
+        'postgresql://cse:***@db:5432/mlflow'
+        >>> redact("failed to resolve host 'ss'Wh1stle9@db'")  # a piece of the password seen above
+        "failed to resolve host 'ss'***@db'"
     """
     out = mask_uris(str(text))
     if "=" in out:
