@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cache, cached_property
@@ -36,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 
 from cse.config import published
-from cse.config.finite import check_finite_fields
+from cse.config.finite import check_finite_fields, refuse_booleans
+from cse.config.limits import cut
 from cse.config.presets import PRESETS
 
 if TYPE_CHECKING:
@@ -198,9 +200,11 @@ class MethodSpec:
         unknown = sorted(set(fields) - known)
         if unknown:
             raise ValueError(
-                f"unknown {self.config_class.__name__} keys {unknown}; known: {sorted(known - {'backbone'})}"
+                f"unknown {self.config_class.__name__} keys {cut([cut(k, 60) for k in unknown[:10]])}"
+                f"{f' and {len(unknown) - 10:,d} more' if len(unknown) > 10 else ''}; known: {sorted(known - {'backbone'})}"
             )
-        # types checked ("16" → 16, "x" refused) before the dataclass's own checks run
+        # a boolean for a number refused, then types checked ("16" → 16, "x" refused) before the dataclass's own checks
+        refuse_booleans(typing.get_type_hints(self.config_class), fields, f"model ({self.config_class.__name__})")
         config = _adapter(self.config_class).validate_python({"backbone": backbone, **fields})
         return check_finite_fields(
             config, f"model ({self.config_class.__name__})"

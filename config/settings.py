@@ -17,9 +17,7 @@ Nothing here holds credentials: a team deployment sets the variables (or Prefect
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -50,88 +48,6 @@ class Settings:
     mlflow_tracking_uri: str
     mlflow_artifact_root: Path
     shard_runner: ShardRunnerSettings = ShardRunnerSettings()
-
-
-_URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@:\s'\"]*):(?P<secret>[^/@\s'\"]+)@")
-_SECRET_PARAM = re.compile(
-    r"(?i)(?P<name>\b(?:password|passwd|pwd|secret|token|api_key|apikey|access_key)=)(?P<secret>[^&\s'\"]+)"
-)
-
-
-def redact(text: object) -> str:
-    """`text` with every credential in it masked: the password of `scheme://user:password@host` URIs (MLflow
-    tracking URI, Prefect API URL, PostgreSQL DSN) and `password=`/`token=`-style parameters (query strings,
-    libpq key=value DSNs). Use it on every URI or error message the project prints or logs."""
-    out = _URI_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
-    return _SECRET_PARAM.sub(lambda m: f"{m['name']}***", out)
-
-
-def redacted_exception(exc: BaseException) -> BaseException:
-    """`exc` itself when its message holds no credential; otherwise an exception of the same type (RuntimeError when
-    the type cannot be rebuilt from a message) whose message is `redact`ed. Raise it `from None` so that the original
-    text (in the chain) is never printed."""
-    text = str(exc)
-    if redact(text) == text:
-        return exc
-    try:
-        clean = type(exc)(redact(text))
-        if redact(str(clean)) != str(clean):
-            raise TypeError("message not taken as given")
-    except Exception:  # noqa: BLE001 - a type with another constructor
-        clean = RuntimeError(f"{type(exc).__name__}: {redact(text)}")
-    return clean.with_traceback(exc.__traceback__)
-
-
-class RedactingFilter(logging.Filter):
-    """A logging filter that masks credentials (`redact`) in a record's message and in its formatted traceback.
-    Installed on the handlers of the root, `mlflow` and `prefect` loggers by `install_log_redaction`; the same
-    rewrite is applied to every record this process creates (the record factory), whoever logs it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        _redact_record(record)
-        return True
-
-
-def _redact_record(record: logging.LogRecord) -> logging.LogRecord:
-    try:
-        text = record.getMessage()
-    except Exception:  # noqa: BLE001 - a malformed record is logging's business, not ours
-        return record
-    if (clean := redact(text)) != text:
-        record.msg, record.args = clean, None
-    if record.exc_info and record.exc_info[1] is not None and not getattr(record, "_cse_redacted", False):
-        formatted = logging.Formatter().formatException(record.exc_info)
-        if (clean := redact(formatted)) != formatted:
-            record.exc_text = clean
-        record._cse_redacted = True
-    if record.stack_info and (clean := redact(record.stack_info)) != record.stack_info:
-        record.stack_info = clean
-    return record
-
-
-_REDACTION_INSTALLED = False
-REDACTED_LOGGERS = ("", "mlflow", "prefect", "prefect.flow_runs", "prefect.task_runs")
-
-
-def install_log_redaction() -> None:
-    """Mask credentials in every log record of this process (idempotent): a record factory rewrites each record as it
-    is created, and a `RedactingFilter` sits on the root, `mlflow` and `prefect` loggers and their handlers (the
-    Prefect API handler included), so MLflow's and Prefect's own messages (a tracking URI with a password in an
-    exception text, a Failed state's message) reach no console, file or server in clear."""
-    global _REDACTION_INSTALLED
-    if not _REDACTION_INSTALLED:
-        previous = logging.getLogRecordFactory()
-
-        def factory(*args, **kwargs):
-            return _redact_record(previous(*args, **kwargs))
-
-        logging.setLogRecordFactory(factory)
-        _REDACTION_INSTALLED = True
-    for name in REDACTED_LOGGERS:
-        logger = logging.getLogger(name)
-        for target in (logger, *logger.handlers):
-            if not any(isinstance(f, RedactingFilter) for f in target.filters):
-                target.addFilter(RedactingFilter())
 
 
 def env_int(name: str, minimum: int = 1) -> int | None:

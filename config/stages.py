@@ -8,8 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cse.config.finite import FINITE_ONLY
+from cse.config.finite import FINITE_ONLY, refuse_booleans
+from cse.config.limits import cut
 from cse.config.presets import PRESET_DATA_URL
+from cse.config.secrets import register_secrets_in
 from cse.storage.hf_sources import HFSource
 
 _HF_DATA = PRESET_DATA_URL
@@ -24,13 +26,26 @@ class _Config(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
-        """Unknown keys refused by name with the known ones (pydantic's error adds the field path above them)."""
+        """Unknown keys refused by name with the known ones (pydantic's error adds the field path above them), and a
+        boolean given for a number (config/finite.py)."""
         if isinstance(data, Mapping) and (unknown := sorted(str(k) for k in data if k not in cls.model_fields)):
-            raise ValueError(
-                f"unknown {cls.__name__} key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            raise ValueError(  # each key, and the list, cut: a 10 MB override is not echoed whole
+                f"unknown {cls.__name__} key{'s' if len(unknown) > 1 else ''} "
+                f"{cut(', '.join(repr(cut(k, 60)) for k in unknown[:10]))}"
+                f"{f' and {len(unknown) - 10:,d} more' if len(unknown) > 10 else ''}; "
                 f"known: {', '.join(cls.model_fields)}"
             )
+        refuse_booleans({k: f.annotation for k, f in cls.model_fields.items()}, data, cls.__name__)
         return data
+
+    @model_validator(mode="after")
+    def _remember_credentials(self):
+        """A credential written in a value (a source URL's password) is remembered as a known secret, so that every
+        exit masks it, also where only a piece of the URL is shown (`cse.config.secrets`)."""
+        for value in self.__dict__.values():
+            if isinstance(value, str) and ("@" in value or "=" in value):
+                register_secrets_in(value)
+        return self
 
 
 _HF_HELP = (

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 
 from cse.config import published
+from cse.config.limits import check_parameter
 from cse.config.methods import DEFAULT_METHOD, REGISTRY, get_method
 from cse.config.presets import deep_merge
 from cse.config.stages import CorruptConfig, IngestConfig, TokenizeConfig, _Config
@@ -289,7 +290,7 @@ def resolve_train_config(
     """The TrainConfig of `method`'s `preset` (config/presets.py) with `overrides` (a nested dict) merged in."""
     spec = get_method(method)
     fields = spec.preset(preset)
-    overrides = dict(overrides or {})
+    overrides = dict(check_parameter("overrides", overrides or {}))  # not 900 levels deep, not 10 MB
     if overrides.get("method", method) != method:
         raise ValueError(f"overrides name method {overrides['method']!r} but the preset belongs to {method!r}")
     base = {"method": method, "preset": preset}

@@ -21,6 +21,29 @@ from cse.models.embedder import SentenceEmbedder
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
+class NonFiniteEmbeddings(ValueError):
+    """A model gave `nan`/`inf` embeddings: the evaluation is refused rather than scoring them (a cosine of a non-finite
+    vector would silently become 0). `rows` are the indices of the sentences affected."""
+
+    def __init__(self, rows: Sequence[int], total: int, sentences: Sequence[str] | None = None, what: str = ""):
+        self.rows, self.total = list(rows), total
+        shown = ", ".join(
+            f"#{i} {_cut(sentences[i])!r}" if sentences is not None else f"#{i}" for i in self.rows[:EXAMPLES]
+        )
+        super().__init__(
+            f"{len(self.rows):,d} of {total:,d} sentences{f' of {what}' if what else ''} have non-finite (nan/inf) "
+            f"embeddings (first: {shown}): the evaluation is refused, not scored as cosine 0. A weight of the model "
+            "is non-finite (e.g. an embedding row of a token the training rows never hold) or it diverged"
+        )
+
+
+EXAMPLES = 3  # sentences a `NonFiniteEmbeddings` message shows
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
 @dataclass
 class EncodeStats:
     """What one embedding pass did: sentences, tokens, batches and wall seconds."""
@@ -142,8 +165,9 @@ def embed_token_ids(
     progress: bool = False,
     desc: str = "embedding",
     device_cache: DeviceBatches | None = None,
+    sentences: Sequence[str] | None = None,
 ) -> tuple[Tensor, EncodeStats]:
-    """`[N, d]` float32 CPU embeddings of pre-tokenised sentences, in input order.
+    """`[N, d]` float32 CPU embeddings of pre-tokenised sentences, in input order; every value finite.
 
     Args:
         embedder: the model (any `cse.models.embedder.SentenceEmbedder`).
@@ -153,12 +177,14 @@ def embed_token_ids(
         progress: show a progress bar.
         desc: the progress bar's label.
         device_cache: keep the padded batches on the device for the next call with the same `token_ids` list.
+        sentences: the sentences `token_ids` came from, quoted by a `NonFiniteEmbeddings` error.
 
     Returns:
         The embeddings and the pass's `EncodeStats`.
 
     Raises:
         ValueError: no sentences, an empty one, or an embedding of the wrong shape.
+        NonFiniteEmbeddings: an embedding holds `nan` or `inf` (naming how many and the first sentences).
     """
     n = len(token_ids)
     if n == 0:
@@ -195,6 +221,9 @@ def embed_token_ids(
             if out is None:
                 out = torch.empty((n, emb.shape[1]), dtype=torch.float32)
             out[torch.as_tensor(idx)] = emb.cpu()
+    if not bool(torch.isfinite(out).all()):
+        bad = (~torch.isfinite(out)).any(dim=1).nonzero().flatten().tolist()
+        raise NonFiniteEmbeddings(bad, n, sentences, desc)
     seconds = time.perf_counter() - t0
     return out, EncodeStats(sentences=n, tokens=sum(len(x) for x in token_ids), batches=len(batches), seconds=seconds)
 
@@ -220,4 +249,5 @@ def embed_sentences(
         emb, stats = embed_sentences(encoder, ["a man is playing a guitar ."])   # emb: [1, 384]
         ```
     """
-    return embed_token_ids(embedder, embedder.token_ids(list(sentences)), **kwargs)
+    sentences = list(sentences)
+    return embed_token_ids(embedder, embedder.token_ids(sentences), sentences=sentences, **kwargs)

@@ -262,6 +262,7 @@ class Evaluator:
             progress=progress,
             desc=f"evaluate ({mode})",
             device_cache=self._device_cache.setdefault(embedder, DeviceBatches()),
+            sentences=plan.sentences,
         )
         emb = emb_t.numpy().astype(np.float64)
 

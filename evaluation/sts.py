@@ -1,8 +1,8 @@
 """STS scoring as SentEval does it (Conneau and Kiela, 2018, *SentEval*; `facebookresearch/SentEval`).
 
-Cosine per pair (NaN → 0), Spearman/Pearson ×100 against gold; for STS12–16 the per-subset scores,
-their plain mean, their size-weighted mean and the "all" score (one correlation over all subsets
-concatenated), which is the headline. "Avg." = mean of per-task scores rounded to 2 decimals.
+Cosine per pair (a zero vector → 0; a non-finite one is an error, never a silent 0), Spearman/Pearson ×100 against
+gold; for STS12–16 the per-subset scores, their plain mean, their size-weighted mean and the "all" score (one
+correlation over all subsets concatenated), which is the headline. "Avg." = mean of per-task scores rounded to 2 decimals.
 
 One deliberate refinement: a pair whose two sentences are the same string gets cosine exactly 1
 (`identical`). SentEval computes 1 ± float noise there, and that noise alone orders the tied pairs
@@ -23,12 +23,16 @@ from cse.evaluation.results import Correlation, TaskScore
 
 
 def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = None) -> np.ndarray:
-    """The row-wise cosine of two `[N, d]` arrays in float64; zero or non-finite vectors give 0 (SentEval's guard).
+    """The row-wise cosine of two `[N, d]` arrays in float64; a zero vector gives 0 (SentEval's guard), a non-finite
+    one is an error (SentEval's `nan_to_num` would score it 0 without a word).
 
     Args:
         a: `[N, d]` embeddings of the first sentences.
         b: `[N, d]` embeddings of the second sentences.
         identical: bool `[N]` marking pairs of the same sentence: their cosine is exactly 1 (unless zero).
+
+    Raises:
+        ValueError: the shapes differ, or a vector holds `nan`/`inf` (naming how many pairs).
 
     Examples:
         >>> import numpy as np
@@ -36,10 +40,11 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = No
         >>> cosine_pairs(np.array([[1.0, 0.0], [0.0, 0.0]]), np.array([[1.0, 1.0], [1.0, 0.0]])).round(4)
         array([0.7071, 0.    ])
     """
-    a = np.nan_to_num(np.asarray(a, dtype=np.float64))
-    b = np.nan_to_num(np.asarray(b, dtype=np.float64))
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 2:
         raise ValueError(f"cosine_pairs needs two [N, d] arrays of one shape, got {a.shape} and {b.shape}")
+    if (bad := int((~np.isfinite(a).all(axis=1) | ~np.isfinite(b).all(axis=1)).sum())) > 0:
+        raise ValueError(f"{bad} of {len(a)} pairs hold a non-finite (nan/inf) vector: no cosine is scored for them")
     with np.errstate(invalid="ignore", divide="ignore"):
         cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     cos = np.nan_to_num(cos, nan=0.0, posinf=0.0, neginf=0.0)

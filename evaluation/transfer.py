@@ -328,7 +328,13 @@ class TransferEvaluator:
         sentences, plan = self._plan(names)
         ids = self._token_ids(embedder, names, sentences)
         emb, st = embed_token_ids(
-            embedder, ids, batch_size=batch_size, precision=precision, progress=progress, desc="evaluate (transfer)"
+            embedder,
+            ids,
+            batch_size=batch_size,
+            precision=precision,
+            progress=progress,
+            desc="evaluate (transfer)",
+            sentences=sentences,
         )
         device = embedder.device
         emb = emb.to(device)

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
+from cse.config.limits import check_parameter
 from cse.config.presets import deep_merge
 
 
@@ -74,11 +75,14 @@ def deployment_merged(**values: Any) -> tuple[Any, ...]:
 
     Raises:
         pydantic.ValidationError: a merged config is invalid (unknown keys are named with the known ones).
+        ParameterRefused: a run's value nested too deep or too long (`cse.config.limits`).
     """
     found = _deployment_run()
     if found is None:
         return tuple(values.values())
     deployment_id, given = found
+    for name in values:  # a 900-level or 10 MB value is refused by name before any merge walks it
+        check_parameter(name, given.get(name))
     names = [n for n, v in values.items() if isinstance(given.get(n), Mapping)]
     if not names:
         return tuple(values.values())

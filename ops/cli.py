@@ -24,13 +24,16 @@ Errors print one line (`cse: error: ...`) and exit with status 2; `cse --debug .
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from contextlib import contextmanager
 
 import duckdb
 import pandas as pd
 
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.settings import get_settings, install_log_redaction, redact
+from cse.config.secrets import install_log_redaction, redact
+from cse.config.settings import get_settings
 from cse.storage.catalog import damaged, query, refresh_catalog
 from cse.storage.layout import KINDS, DataRoot
 
@@ -112,13 +115,31 @@ def deliver_metrics(run_dirs: list[str]) -> int:
     status = 0
     for path in run_dirs:
         try:
-            n = deliver_spool(RunDir.at(path))
+            n = deliver_spool(RunDir.at(path, home=get_settings().home))
         except (SpoolNotDelivered, FileNotFoundError, ValueError) as e:
             print(f"{path}: not delivered: {e}", file=sys.stderr)
             status = 1
         else:
             print(f"{path}: delivered {n} metric values" if n else f"{path}: nothing to deliver")
     return status
+
+
+# A command waits on an unreachable tracking server this long at most, unless these are set (MLflow's defaults, 7
+# retries with backoff and a 120 s timeout, kept `cse card` silent for 4.5 minutes before its error).
+INTERACTIVE_MLFLOW = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+@contextmanager
+def interactive_mlflow():
+    """MLflow's HTTP retries bounded for a command someone waits on (`INTERACTIVE_MLFLOW`, where not set), restored
+    afterwards."""
+    added = {k: v for k, v in INTERACTIVE_MLFLOW.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def card(run_dir: str, adapter: str | None = None) -> int:
@@ -128,14 +149,15 @@ def card(run_dir: str, adapter: str | None = None) -> int:
     from cse.storage.runs import RunDir
     from cse.tracking.model_card import AdapterInfo, card_facts_of_job, write_model_card
 
-    job = RunDir.at(run_dir)
+    job = RunDir.at(run_dir, home=get_settings().home)  # never a folder outside $CSE_HOME: the card is written there
     if not (job.export / "modules.json").is_file():
         raise FileNotFoundError(
             f"{job.export} holds no sentence-transformers export (modules.json): has the job finished?"
         )
     if adapter is None and (job.peft_adapter / "adapter_config.json").is_file():
         adapter = str(job.peft_adapter)
-    facts = card_facts_of_job(job, adapter=AdapterInfo.from_folder(adapter) if adapter else None)
+    with interactive_mlflow():
+        facts = card_facts_of_job(job, adapter=AdapterInfo.from_folder(adapter) if adapter else None)
     for folder in (job.export, *([adapter] if adapter else [])):
         print(f"wrote {write_model_card(folder, facts)}")
     return 0
@@ -268,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line instead of a traceback (--debug shows it)
         if debug:
             raise
+        if isinstance(e, UsageError):
+            print(f"cse: error: {redact(e)}", file=sys.stderr)
+            return 2
         if isinstance(e, SqlError):
             text = str(e).split("\nLINE ")[0]  # (DuckDB's caret drawing does not survive one line)
             print(f"cse: error: SQL error: {redact(' '.join(text.split()))}", file=sys.stderr)
@@ -283,26 +308,72 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _nonblank(what: str):
+    """An argparse type: the text when it holds more than whitespace (`""` is not "the current folder")."""
+
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{what} is empty")
+        return text
+
+    check.__name__ = what  # argparse names the type in its message
+    return check
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the timeout must be a finite number of seconds > 0")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one `cse: error:` line (exit 2) like every other error, not a usage dump."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} ({' '.join(self.format_usage().split())})")
+
+
+class UsageError(ValueError):
+    """A command line argparse refuses (an empty SQL text, a negative timeout, a missing argument)."""
+
+
 def _main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cse", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="cse", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("report", help="datasets and evaluations in the data root")
     q = sub.add_parser("sql", help="run SQL over the DuckDB catalog")
-    q.add_argument("sql")
+    q.add_argument("sql", type=_nonblank("the SQL"))
     d = sub.add_parser("deliver-metrics", help="deliver metrics spooled while the MLflow server was unreachable")
     d.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)")
     v = sub.add_parser("verify", help="check every dataset of the data root; exit 1 on damage")
     v.add_argument("--quick", action="store_true", help="sizes and row counts only (no content hashes)")
     v.add_argument("--quarantine", action="store_true", help="move damaged datasets to the quarantine now")
     c = sub.add_parser("card", help="(re)write the model card of a finished training job's export")
-    c.add_argument("run_dir", metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)")
+    c.add_argument(
+        "run_dir", type=_nonblank("RUN_DIR"), metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)"
+    )
     c.add_argument(
         "--adapter", metavar="DIR", help="the job's PEFT adapter folder: listed in the card, and given the card too"
     )
     u = sub.add_parser("push", help="upload an export folder (with its model card) to the Hugging Face hub")
-    u.add_argument("export_dir", metavar="EXPORT_DIR", help="a sentence-transformers export or a PEFT adapter folder")
-    u.add_argument("repo_id", metavar="REPO_ID", help="hub model repository (owner/name), created when missing")
+    u.add_argument(
+        "export_dir",
+        type=_nonblank("EXPORT_DIR"),
+        metavar="EXPORT_DIR",
+        help="a sentence-transformers export or a PEFT adapter folder",
+    )
+    u.add_argument(
+        "repo_id",
+        type=_nonblank("REPO_ID"),
+        metavar="REPO_ID",
+        help="hub model repository (owner/name), created when missing",
+    )
     u.add_argument("--private", action="store_true", help="create the repository private")
     u.add_argument("--revision", help="branch to commit to (created when missing; default: main)")
     u.add_argument(
@@ -326,7 +397,7 @@ def _main(argv: list[str]) -> int:
         metavar="KEY=VALUE",
         help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable",
     )
-    r.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the run goes on)")
+    r.add_argument("--timeout", type=_seconds, metavar="S", help="stop waiting after S (> 0) seconds (the run goes on)")
     args = p.parse_args(argv)
     if args.cmd == "run":
         from cse.ops.deployments import run_deployment_cli

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.settings import redact
+from cse.config.secrets import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
 _PREFIXES = (
@@ -45,18 +46,24 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 
     Raises:
         ValueError: an item without `=` or with an empty key (named).
+        ParameterRefused: a value nested too deep or too long (`cse.config.limits`), named.
     """
     params: dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(
-                f"parameter {item!r} is not key=value (e.g. -p n=3 or -p 'config={{\"mask_ratio\": 0.15}}')"
+                f"parameter {cut(item)!r} is not key=value (e.g. -p n=3 or -p 'config={{\"mask_ratio\": 0.15}}')"
             )
+        key = key.strip()
+        check_parameter(key, None, chars=len(value))  # refused before it is parsed: 10 MB is not settings
         try:
-            params[key.strip()] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError:
-            params[key.strip()] = value
+            parsed = value
+        except RecursionError:  # deeper than Python's JSON parser goes
+            raise ParameterRefused(f"parameter {key!r} is nested deeper than {MAX_DEPTH} levels") from None
+        params[key] = check_parameter(key, parsed, chars=len(value))
     return params
 
 
@@ -323,6 +330,8 @@ def run_deployment_cli(
     from prefect.settings import PREFECT_UI_URL
 
     err = err or (lambda line: print(line, file=sys.stderr, flush=True))
+    if timeout_s is not None and not 0 < timeout_s < float("inf"):  # checked before a flow run is created
+        raise ValueError(f"timeout {timeout_s!r}: a finite number of seconds > 0, or None to wait until the run ends")
     parameters = parse_params(params)
 
     async def go() -> int:

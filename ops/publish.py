@@ -43,6 +43,8 @@ class PushResult:
 def check_export_folder(folder: str | Path) -> Path:
     """`folder` when it holds a model card with front matter and a model (`modules.json` or `adapter_config.json`);
     an `ExportFolderError` naming what is missing otherwise."""
+    if not str(folder).strip():  # Path("") is the current folder: never pushed by accident
+        raise ExportFolderError("no export folder given (an empty path): name the export folder to push")
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ExportFolderError(

@@ -89,7 +89,8 @@ RUN="$CSE_TEAM_HOME/run"
 mkdir -p "$RUN"
 
 die() { echo "team.sh: $*" >&2; exit 1; }
-redact() { printf '%s' "$1" | sed -E 's#(://[^/@:[:space:]]*):[^/@[:space:]]+@#\1:***@#g'; }  # mask the password of user:password@ URIs
+# mask URI user-info as cse.config.secrets.redact does: the password (to the last @ before the host) or a token
+redact() { printf '%s' "$1" | sed -E -e 's|(://[^/?#:[:space:]]*):[^/?#[:space:]]*@|\1:***@|g' -e 's|://[^/?#:[:space:]]+@|://***@|g'; }
 has() { case " $CSE_TEAM_SERVICES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 valid_name() { [[ "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "not a plain SQL identifier: $1"; }
 

@@ -208,6 +208,31 @@ def check_arrow_copy(folder: str | Path, m: Manifest, full: bool = False) -> lis
     return found
 
 
+def compare_arrow_copy(folder: str | Path, m: Manifest) -> list[tuple[Path, str]]:
+    """Whether the Arrow copy holds the Parquet parts' values, part by part (the full check: both are read), as
+    (file, reason) ([] when they agree or no copy is recorded). Training reads the copy and SQL the parts: an edit of
+    one, with its manifest entries rewritten, would give them different data. Which one was edited is unknown, so the
+    reason names the dataset folder (the whole dataset is rebuilt, not the copy from the parts)."""
+    if m.arrow is None or len(m.arrow.files) != len(m.files):
+        return []
+    folder = Path(folder)
+    found: list[tuple[Path, str]] = []
+    for part, copy in zip(m.files, m.arrow.files):
+        parquet = pq.read_table(folder / part)
+        with pa.memory_map(str(folder / copy)) as source:
+            arrow = pa.ipc.open_stream(source).read_all()
+        same = parquet.column_names == arrow.column_names and parquet.num_rows == arrow.num_rows
+        differ = [
+            c
+            for c in (parquet.column_names if same else [])
+            if not parquet.column(c).equals(arrow.column(c).cast(parquet.schema.field(c).type))
+        ]
+        if not same or differ:
+            what = f"the values of {', '.join(differ)}" if differ else "the columns or rows"
+            found.append((folder, f"{what} of {copy} differ from {part}: the Arrow copy or the part was edited"))
+    return found
+
+
 def in_copy(folder: str | Path, file: str | Path) -> bool:
     """Whether `file` lies in the Arrow copy of the dataset in `folder` (its `hf/` folder or a file in it)."""
     copy_dir = Path(folder) / ARROW_DIR

@@ -214,9 +214,20 @@ def query(root: DataRoot, sql: str):
     """Run SQL against the catalog read-only (the in-memory one of a read-only data root when the last refresh built
     one); returns a pandas DataFrame."""
     if (con := _IN_MEMORY.get(root.root)) is not None:
-        return con.cursor().execute(sql).df()
+        return _frame(con.cursor().execute(sql), sql)
     with duckdb.connect(str(root.catalog_path), read_only=True) as con:
-        return con.execute(sql).df()
+        return _frame(con.execute(sql), sql)
+
+
+class EmptyQuery(ValueError):
+    """SQL that holds no statement (empty, blank, only comments or `;`): nothing to run."""
+
+
+def _frame(result, sql: str):
+    if result is None:  # DuckDB runs nothing and returns None for a text without a statement
+        shown = sql if len(sql) <= 80 else f"{sql[:80]}…"
+        raise EmptyQuery(f"no SQL statement in {shown!r}: nothing to run (e.g. cse sql 'SELECT * FROM manifests')")
+    return result.df()
 
 
 def damaged(root: DataRoot) -> list[Problem]:

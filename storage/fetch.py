@@ -16,6 +16,7 @@ from pathlib import Path
 import requests
 from tqdm.auto import tqdm
 
+from cse.config.secrets import redact
 from cse.storage.atomic import atomic_dir, atomic_file
 from cse.storage.hashing import sha256_file
 
@@ -90,17 +91,19 @@ def download(url: str, dest: str | Path, *, retries: int = 3, sha256: str | None
                         bar.update(len(chunk))
                     f.flush()
                     if total is not None and f.tell() != total:
-                        raise OSError(f"truncated download of {url}: {f.tell()} of {total} bytes")
+                        raise OSError(f"truncated download of {redact(url)}: {f.tell()} of {total} bytes")
             verify(dest, sha256)
             return dest
         except (requests.RequestException, OSError) as e:
             last = e
             if attempt < retries:
                 wait = 2**attempt
-                log.warning("download of %s failed (%s); retry %d/%d in %ds", url, e, attempt + 1, retries, wait)
+                log.warning(
+                    "download of %s failed (%s); retry %d/%d in %ds", redact(url), redact(e), attempt + 1, retries, wait
+                )
                 time.sleep(wait)
     raise ConnectionError(
-        f"could not download {url} after {retries + 1} attempts ({last}); "
+        f"could not download {redact(url)} after {retries + 1} attempts ({redact(last)}); "
         "set the source's `path` to a local copy, or CSE_SOURCE_MIRROR to a folder holding it"
     )
 

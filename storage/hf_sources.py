@@ -33,7 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cse.storage import schemas
 from cse.storage.hashing import arrow_column_hash, canonical_json, combine_hashes
-from cse.storage.readers import SEVEN_TASKS, STS_SUBSETS, DataFormatError, ReadStats, _senteval_words, text_findings
+from cse.storage.readers import (
+    SEVEN_TASKS,
+    STS_SUBSETS,
+    DataFormatError,
+    ReadStats,
+    _senteval_words,
+    is_blank,
+    text_findings,
+)
 
 # The columns each kind of source gives, and those an STS row may take from a constant.
 TEXT_TARGETS = {"wiki1m": ("text",), "nli": ("sent0", "sent1", "hard_neg"), "sts": ("sentence1", "sentence2")}
@@ -305,7 +313,7 @@ def read_hf(kind: str, parts: list[HFRows], stats: ReadStats | None = None) -> t
             values = {c: _texts(rows, c, st) for c in cols}
             for c in cols:
                 cols[c] += values[c]
-            st.empty += sum(any(not values[c][i].strip() for c in cols) for i in range(rows.table.num_rows))
+            st.empty += sum(any(is_blank(values[c][i]) for c in cols) for i in range(rows.table.num_rows))
         st.rows = len(next(iter(cols.values())))
         schema = schemas.WIKI1M if kind == "wiki1m" else schemas.NLI
         return pa.table({"id": pa.array(range(st.rows), pa.int64()), **cols}, schema=schema), st
@@ -326,7 +334,7 @@ def read_hf(kind: str, parts: list[HFRows], stats: ReadStats | None = None) -> t
             if not 0.0 <= g <= 5.0:
                 raise HFRowError(rows.where, i, f"gold score {g} outside [0, 5]")
             a, b = _senteval_words(s1[i]), _senteval_words(s2[i])
-            if not a or not b:
+            if is_blank(a) or is_blank(b):
                 st.empty += 1
             group = (task[i], subset[i], split[i])
             n = counters.get(group, 0)

@@ -1,10 +1,12 @@
 """Verifying published datasets, and moving damaged ones aside (never deleting them).
 
 A cache hit reuses a dataset only after `check_dataset` found it intact:
-- always (cheap): the manifest reads, every listed file exists with the size and Parquet row count the manifest
-  records, the rows add up, and no `damaged.json` marker (left by `cse verify`) is in the folder;
+- always (cheap): the manifest reads and matches its seal (storage/seal.py: an edit that rewrote the manifest to
+  match is found), every listed file exists with the size and Parquet row count the manifest records, the rows add
+  up, and no `damaged.json` marker (left by `cse verify`) is in the folder;
 - with `full=True` (`verify: true`, `cse verify`, and always before training): the sha256 of every file against
-  the manifest's per-file hashes and its content hash.
+  the manifest's per-file hashes and its content hash, and the Arrow copy's rows against the Parquet parts' rows
+  (`compare_arrow_copy`: the two views of the dataset hold the same values).
 The dataset's Arrow copy (`hf/`, storage/arrow_copy.py; training reads its rows from it) is checked the same way when
 the manifest records one: files, sizes, stream row counts always, hashes with `full`.
 A damaged dataset is quarantined: its folder is moved to `<data_root>/quarantine/<kind>/<key>-<UTC time>/` with a
@@ -24,10 +26,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from cse.storage.arrow_copy import check_arrow_copy, in_copy, rebuild_arrow_copy
+from cse.storage.arrow_copy import check_arrow_copy, compare_arrow_copy, in_copy, rebuild_arrow_copy
 from cse.storage.atomic import write_json
 from cse.storage.hashing import combine_hashes, sha256_file
 from cse.storage.manifest import MANIFEST_NAME, Manifest, ManifestError
+from cse.storage.seal import check_seal
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,13 @@ def check_dataset(  # noqa: C901 (a checklist: one branch per kind of damage, ea
             bad(mark, "marked damaged by `cse verify`")
     if (m.kind, m.key) != (kind, key):
         bad(mpath, f"manifest says {m.kind}/{m.key}, the folder is {kind}/{key}")
+    try:
+        raw = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:  # read a moment ago: changed since
+        raw = {}
+        bad(mpath, f"unreadable manifest ({type(e).__name__})")
+    if (seal_problem := check_seal(folder, raw)) is not None:
+        bad(mpath, seal_problem)
     total, readable = 0, True
     for name in m.files:
         p = folder / name
@@ -163,6 +173,9 @@ def check_dataset(  # noqa: C901 (a checklist: one branch per kind of damage, ea
                 )
     for file, reason in check_arrow_copy(folder, m, full=full and not problems):
         bad(file, reason)
+    if full and not problems:
+        for file, reason in compare_arrow_copy(folder, m):
+            bad(file, reason)
     return problems
 
 

@@ -9,6 +9,9 @@ parts only).
 stream file per Parquet part in Hugging Face's `save_to_disk` layout, with its own sizes, rows and hashes. It is
 derived from the parts, so it never enters `content_hash` (keys and run keys do not change with it); manifests
 written before it existed have none, and the copy is built on first open.
+
+`seal` (storage/seal.py) is an HMAC of every other field under the data root's key: a manifest rewritten to match
+edited files no longer matches its seal.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from cse.storage.atomic import write_json
 from cse.storage.hashing import combine_hashes, sha256_file
+from cse.storage.seal import seal_for
 
 MANIFEST_NAME = "manifest.json"
 
@@ -69,9 +73,16 @@ class Manifest(BaseModel):
     arrow: ArrowCopy | None = Field(default=None, description="the memory-mappable Arrow copy; None before it is built")
     created: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
     schema_version: int = 1
+    seal: str | None = Field(
+        default=None, description="HMAC of the other fields under the data root's seal key (storage/seal.py)"
+    )
 
     def write(self, folder: str | Path) -> Path:
-        return write_json(self.model_dump(), Path(folder) / MANIFEST_NAME)
+        """Write the manifest into `folder`, sealed when `folder` is in a data root (storage/seal.py; the seal is also
+        set on this object, so it equals the manifest read back)."""
+        data = json.loads(json.dumps(self.model_dump(), default=str))  # exactly what the file will hold
+        data["seal"] = self.seal = seal_for(folder, data)
+        return write_json(data, Path(folder) / MANIFEST_NAME)
 
     @classmethod
     def read(cls, folder: str | Path) -> Manifest:

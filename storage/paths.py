@@ -4,7 +4,11 @@
 - A key (dataset key, run key, method name) is one path component: letters, digits, `.`, `_`, `-`, starting with a
   letter or digit, at most 200 characters, never `..`. So `<data root>/datasets/<kind>/<key>` can never leave its
   kind's folder (`../../etc`, `../wiki1m/<key>` and absolute paths are refused).
-- A folder a command takes (a training job folder) must have the shape the command expects, said in the refusal.
+- A folder a command takes (a training job folder) must have the shape the command expects, said in the refusal, and
+  lie inside the `$CSE_HOME` of the command (`cse card` writes there).
+- A training job's folder is reached from `$CSE_HOME` without a symbolic link (`no_links_below`): a link under
+  `<CSE_HOME>/runs` would send the job's writes outside `$CSE_HOME`, and every later stage, which checks the folder's
+  shape, would refuse it. So the link is refused before the job starts.
 
 Refusals are `PathRefused` (a `ValueError`): one line naming what was given and what was expected.
 """
@@ -52,17 +56,43 @@ def contained(base: str | Path, path: str | Path, what: str) -> Path:
     return resolved
 
 
-def job_folder(path: str | Path) -> tuple[Path, str, str]:
+def no_links_below(home: str | Path, parts: tuple[str, ...], what: str) -> Path:
+    """`home/parts...`, refused (`PathRefused`) when an existing folder on the way from `home` is a symbolic link.
+
+    Args:
+        home: the root (itself may be reached through links: it is resolved).
+        parts: the names below it (`("runs", method, run key)`).
+        what: what the folder is, for the message.
+    """
+    path = Path(home).expanduser().resolve()
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise PathRefused(
+                f"{path} is a symbolic link to {path.resolve()}: refused before the {what} is made (its writes would "
+                f"leave {Path(home).expanduser().resolve()}, and its later stages refuse such a folder). Remove the "
+                "link, or set CSE_HOME to a folder on the disk you want the runs on"
+            )
+    return path
+
+
+def job_folder(path: str | Path, home: str | Path | None = None) -> tuple[Path, str, str]:
     """`(home, method, run key)` of a training job folder `<home>/runs/<method>/<run key>`; `PathRefused` saying what
-    was expected when `path` does not have that shape (or is no folder).
+    was expected when `path` does not have that shape (or is no folder), or lies outside `home`.
 
     Args:
         path: the folder as given (`cse card`, `cse deliver-metrics`, a distributed job's hand-over).
+        home: the `$CSE_HOME` the folder must lie in (the commands' own); None checks the shape only.
     """
     resolved = Path(path).expanduser().resolve()
     expected = "a training job folder <CSE_HOME>/runs/<method>/<run key> (the run_dir tag of its MLflow run)"
     if len(resolved.parents) < 3 or resolved.parent.parent.name != "runs":
         raise PathRefused(f"{str(path)!r} is not {expected}")
+    if home is not None and resolved.parents[2] != Path(home).expanduser().resolve():
+        raise PathRefused(
+            f"{str(path)!r} is not {expected}: it lies outside CSE_HOME={Path(home).expanduser().resolve()} "
+            "(set CSE_HOME to the home the job belongs to)"
+        )
     method, key = resolved.parent.name, resolved.name
     check_key(method, f"method of job folder {str(path)!r}")
     check_key(key, f"run key of job folder {str(path)!r}")

@@ -1,7 +1,9 @@
 """Parsers of the canonical source formats, exactly as SimCSE/SentEval read them.
 
 Every parser reads strict UTF-8 line by line; a malformed line raises `DataFormatError` naming the
-file and the 1-based line number. Empty sentences are kept and counted, never dropped silently.
+file and the 1-based line number. Empty sentences are kept and counted, never dropped silently; "empty" means blank
+(`is_blank`): nothing but whitespace, format and control characters of any script (NBSP, U+3000, U+200B, U+FEFF,
+U+2060 count as nothing, as an ASCII space does).
 
 One rule for every text source (`iter_lines`): a UTF-8 byte-order mark at the start of a file is stripped and
 counted (`bom`); lines with control characters (C0 but tab, DEL, C1: NUL bytes, a stray carriage return, U+0092)
@@ -14,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,12 +66,27 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 except tab and lin
 _EXAMPLES = 10  # file:line examples kept per kind of finding
 
 
+_INVISIBLE = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf"})  # separators, control and format characters
+
+
+def is_blank(text: str | None) -> bool:
+    """Whether `text` shows nothing: empty, or only Unicode whitespace, separators, control and format characters
+    (categories Zs, Zl, Zp, Cc, Cf: NBSP, U+3000, the zero-width space U+200B, U+FEFF, the word joiner U+2060, ...).
+
+    Examples:
+        >>> from cse.storage.readers import is_blank
+        >>> is_blank("\u00a0\u3000\u200b\ufeff\u2060"), is_blank(" a ")
+        (True, False)
+    """
+    return not text or all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in text)
+
+
 @dataclass
 class ReadStats:
     """Counts and first examples of what a source reader found (rows, empty, skipped and per-finding counts)."""
 
     rows: int = 0
-    empty: int = 0  # rows with at least one empty sentence (kept)
+    empty: int = 0  # rows with at least one blank sentence (`is_blank`; kept)
     skipped: int = 0  # rows skipped by the format's own rule (e.g. unscored STS pairs)
     details: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)  # finding -> the first "file:line: what"
@@ -190,7 +208,7 @@ def read_wiki1m(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Ta
     st = stats if stats is not None else ReadStats()
     for _, line in iter_lines(path, st):
         texts.append(line)
-        if not line.strip():
+        if is_blank(line):
             st.empty += 1
     st.rows = len(texts)
     table = pa.table(
@@ -219,7 +237,7 @@ def read_nli(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Table
             raise DataFormatError(path, reader.line_num, "empty line inside the CSV")
         if len(row) != 3:
             raise DataFormatError(path, reader.line_num, f"{len(row)} columns, expected 3 (sent0,sent1,hard_neg)")
-        if any(not c.strip() for c in row):
+        if any(is_blank(c) for c in row):
             st.empty += 1
         for c, v in zip(NLI_HEADER, row):
             cols[c].append(v)
@@ -293,7 +311,7 @@ def _read_sts_subset(folder: Path, task: str, subset: str, rows: _Rows, st: Read
         if len(parts) != 2:
             raise DataFormatError(inp, ln, f"{len(parts)} tab-separated fields, expected 2 sentences")
         s1, s2 = (_senteval_words(x) for x in parts)
-        if not s1 or not s2:
+        if is_blank(s1) or is_blank(s2):
             st.empty += 1
         rows.add(task, subset, "test", n, s1, s2, _score(gs, gn, gold.strip()))
         n += 1
@@ -309,7 +327,7 @@ def _read_stsb(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
                 path, ln, f"{len(parts)} tab-separated fields, expected >= 7 (genre, file, year, id, score, s1, s2)"
             )
         s1, s2 = _senteval_words(parts[5]), _senteval_words(parts[6])
-        if not s1 or not s2:
+        if is_blank(s1) or is_blank(s2):
             st.empty += 1
         rows.add("stsb", "all", split, n, s1, s2, _score(path, ln, parts[4]))
         n += 1
@@ -336,7 +354,7 @@ def _read_sick(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
         if len(parts) < 4:
             raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected >= 4 (pair_ID, A, B, score)")
         s1, s2 = _senteval_words(parts[1]), _senteval_words(parts[2])
-        if not s1 or not s2:
+        if is_blank(s1) or is_blank(s2):
             st.empty += 1
         rows.add("sickr", "all", split, n, s1, s2, _score(path, ln, parts[3]))
         n += 1

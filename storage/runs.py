@@ -28,7 +28,7 @@ from cse.config.settings import get_settings
 from cse.storage.atomic import atomic_file, recover_dir, write_json
 from cse.storage.hashing import sha256_file
 from cse.storage.locks import exclusive
-from cse.storage.paths import check_key, job_folder
+from cse.storage.paths import check_key, job_folder, no_links_below
 
 QUARANTINE = "quarantine"  # <home>/quarantine/runs/<method>/<key>-<time>/, <job>/quarantine/<what>-<time>/
 
@@ -125,7 +125,9 @@ class RunDir:
     """The folder of a training job (`<home>/runs/<method>/<run key>`): its state, checkpoints and lock."""
 
     def __init__(self, method: str, run_key: str, home: Path | None = None):
-        self.path = (home or get_settings().home) / "runs" / check_key(method, "method") / check_key(run_key, "run key")
+        parts = ("runs", check_key(method, "method"), check_key(run_key, "run key"))
+        # a link on the way would send the job's writes outside the home: refused before the folder is made
+        self.path = no_links_below(home or get_settings().home, parts, "training job folder")
         self.path.mkdir(parents=True, exist_ok=True)
 
     def exclusive(self):
@@ -134,10 +136,10 @@ class RunDir:
         return exclusive(self.path.parent / f"{self.path.name}.lock", f"training job {self.path}")
 
     @classmethod
-    def at(cls, path: str | Path) -> RunDir:
-        """The existing job folder `path` (= <home>/runs/<method>/<run key>); any other shape is refused, saying what
-        was expected (`cse.storage.paths.job_folder`)."""
-        home, method, key = job_folder(path)
+    def at(cls, path: str | Path, home: str | Path | None = None) -> RunDir:
+        """The existing job folder `path` (= <home>/runs/<method>/<run key>); any other shape, or a folder outside
+        `home` when given, is refused, saying what was expected (`cse.storage.paths.job_folder`)."""
+        home, method, key = job_folder(path, home)
         return cls(method, key, home=home)
 
     @property

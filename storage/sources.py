@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from cse.config.secrets import redact
 from cse.storage import readers
 from cse.storage.fetch import ChecksumError, download, extract_tar, mirror_lookup, verify
 from cse.storage.hashing import combine_hashes, sha256_file, sha256_files
@@ -31,7 +32,7 @@ class ResolvedSource:
     dataset: str
     path: Path  # a file (wiki1m, nli) or the SentEval folder (sts); an HF source: the folder of its (first) dataset
     origin: str  # "path" | "mirror" | "url" | "hf"
-    location: str  # the path or URL it came from (`hf:<dataset>@<split>`, joined by " + ", for HF sources)
+    location: str  # the path or URL (credentials masked) it came from (`hf:<dataset>@<split>`, " + "-joined for HF)
     content_hash: str
     hf: tuple[HFRows, ...] = field(default=(), compare=False, repr=False)  # the loaded rows of an HF source
 
@@ -79,7 +80,7 @@ def resolve_source(
     elif (m := mirror_lookup(canonical)) is not None:
         p, origin, location = m, "mirror", str(m)
     else:
-        origin, location = "url", url
+        origin, location = "url", redact(url)  # what manifests, MLflow and cards record: no credential
         if dataset == "sts":
             archive = download(url, root.downloads / "senteval.tar", retries=retries, sha256=sha256)
             p = extract_tar(archive, root.downloads / "senteval")

@@ -77,8 +77,9 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
                     usable := table.num_rows - stats.empty
                 ) < 1:  # nothing to tokenise or train on: refused here, not later
                     raise EmptySourceError(
-                        f"{src.where}: {usable} usable rows ({table.num_rows} rows read, {stats.empty} "
-                        f"with an empty sentence, {stats.skipped} skipped): nothing to ingest"
+                        f"{src.where}: {usable} usable rows ({table.num_rows} rows read, {stats.empty} with a blank "
+                        f"sentence: empty, or only whitespace and invisible characters; {stats.skipped} skipped): "
+                        "nothing to ingest"
                     )
                 if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
                     raise ValueError(f"{src.where}: {table.num_rows} rows, expected {exp}")
@@ -86,7 +87,9 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
                     check_sts_counts(src, stats, config.senteval.expected_rows)
                 if stats.empty:
                     log.warning(
-                        "%s: %d rows with an empty sentence (kept; tokenised as a single space)", src.where, stats.empty
+                        "%s: %d rows with a blank sentence (empty, or only whitespace and invisible characters; kept)",
+                        src.where,
+                        stats.empty,
                     )
                 for finding in _FINDINGS:
                     if n := stats.details.get(finding):

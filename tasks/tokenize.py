@@ -73,11 +73,15 @@ def _token_parts(table: pa.Table, columns: tuple[str, ...], tokenizer, cfg: Toke
     bar.close()
 
 
-def _length_counts(part: pa.Table, max_length: int) -> dict[str, int]:
-    """The length counts of one tokens part (or shard): sentences, truncated ones, sum and max of the lengths."""
+def _length_counts(part: pa.Table, max_length: int, specials: int, columns: int) -> dict[str, int]:
+    """The length counts of one tokens part (or shard): sentences, truncated ones, sum and max of the lengths, and the
+    sentences (and source rows, of `columns` sentences each) that hold nothing but the `specials` special tokens."""
     lengths = part.column("length").to_numpy().astype(np.int64)
+    empty = lengths <= specials
     return {
         "sentences": int(lengths.size),
+        "empty": int(empty.sum()),
+        "empty_rows": int(empty.reshape(-1, columns).any(axis=1).sum()) if lengths.size else 0,
         "truncated": int((lengths >= max_length).sum()),
         "length_sum": int(lengths.sum()),
         "max_length_seen": int(lengths.max()) if lengths.size else 0,
@@ -90,6 +94,8 @@ def _length_stats(counts: Iterable[Mapping[str, int]]) -> dict:
     sentences, length_sum = sum(c["sentences"] for c in counts), sum(c["length_sum"] for c in counts)
     return {
         "sentences": sentences,
+        "empty": sum(c["empty"] for c in counts),
+        "empty_rows": sum(c["empty_rows"] for c in counts),
         "truncated": sum(c["truncated"] for c in counts),
         "mean_length": length_sum / sentences if sentences else 0.0,
         "max_length_seen": max((c["max_length_seen"] for c in counts), default=0),
@@ -115,6 +121,8 @@ class TokenShardResult(ShardDone):
     """Statistics of one tokenized shard: sentences, truncated sentences, total and maximum length."""
 
     sentences: int
+    empty: int
+    empty_rows: int
     truncated: int
     length_sum: int
     max_length_seen: int
@@ -146,16 +154,37 @@ def tokenize_shard(plan: TokenizePlan, shard: int) -> TokenShardResult:
         ["id", *plan.columns],
         lambda rows: _token_part(rows, tuple(plan.columns), _shard_tokenizer(plan), plan.config),
     )
-    return TokenShardResult(shard=shard, computed=computed, **_length_counts(table, plan.config.max_length))
+    specials = _shard_tokenizer(plan).num_special_tokens_to_add()
+    counts = _length_counts(table, plan.config.max_length, specials, len(plan.columns))
+    return TokenShardResult(shard=shard, computed=computed, **counts)
 
 
 def _tokenize_on_runner(runner, root: DataRoot, plan: TokenizePlan, params: dict) -> Manifest:
     """Encode every part as a `tokenize-shard` task on `runner`, then publish the shard files as the parts."""
     with runner:
         shards = runner.map(tokenize_shard, {"plan": unmapped(plan), "shard": list(range(plan.n_shards))}).result()
-    return publish_shards(
-        root, plan, shards, params=params, stats=lambda done: _length_stats(r.model_dump() for r in done)
-    )
+
+    def stats(done):  # refused before anything is published
+        return _usable(_length_stats(r.model_dump() for r in done), plan.source, plan.config)
+
+    return publish_shards(root, plan, shards, params=params, stats=stats)
+
+
+class EmptyTokensError(ValueError):
+    """Every source row tokenises to nothing but special tokens (`[CLS] [SEP]`): nothing to train on."""
+
+
+def _usable(stats: dict, source: DatasetRef, config: TokenizeConfig) -> dict:
+    """`stats` when some source row has content tokens in every sentence; `EmptyTokensError` naming the dataset, the
+    tokenizer and the counts otherwise (a source whose lines the tokenizer drops whole, e.g. combining marks only)."""
+    rows = stats["sentences"] // max(len(schemas.TEXT_COLUMNS[source.kind]), 1)
+    if rows and stats["empty_rows"] >= rows:
+        raise EmptyTokensError(
+            f"{source.kind} dataset {source.key}: all {rows:,d} rows tokenise to nothing but special tokens with "
+            f"{config.tokenizer!r} ({stats['empty']:,d} of {stats['sentences']:,d} sentences empty after "
+            "tokenisation): nothing to train on. Check the source's text"
+        )
+    return stats
 
 
 @task(name="tokenize-dataset")
@@ -203,7 +232,16 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
                         params=tokens_params,
                         source={"kind": source.kind, "key": source.key},
                         inputs={source.kind: source.content_hash},
-                        stats=_length_stats(_length_counts(p, config.max_length) for p in parts),
+                        stats=_usable(
+                            _length_stats(
+                                _length_counts(
+                                    p, config.max_length, tokenizer.num_special_tokens_to_add(), len(columns)
+                                )
+                                for p in parts
+                            ),
+                            source,
+                            config,
+                        ),
                     )
                 else:  # Dask: one tokenize-shard task per part
                     plan = TokenizePlan(
@@ -217,6 +255,13 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
                     )
                     manifest = _tokenize_on_runner(runner, root, plan, tokens_params)
                 refresh_catalog(root)
+        if empty_rows := manifest.stats.get("empty_rows"):
+            log.warning(
+                "tokens %s: %d of %d source rows hold a sentence that tokenises to nothing but special tokens (kept)",
+                key,
+                empty_rows,
+                manifest.stats["sentences"] // max(len(schemas.TEXT_COLUMNS[source.kind]), 1),
+            )
         seconds = time.perf_counter() - t0
         log_dataset_metrics(
             {

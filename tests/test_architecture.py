@@ -10,7 +10,8 @@ from cse.config.settings import REPO_ROOT
 
 PACKAGES = ("config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows", "ops")
 # What each layer may import from the project (docs/architecture.md); a layer always imports itself.
-# `cse.config.settings` (paths and services from the environment) is the bottom layer `settings`.
+# `cse.config.settings` (paths and services from the environment) and `cse.config.secrets` (the masking rule for
+# credentials, applied at every exit, storage's included) are the bottom layer `settings`.
 ALLOWED = {
     "settings": set(),
     "storage": {"settings"},
@@ -27,9 +28,12 @@ MLFLOW_SEAM = "tracking"  # the package: store, stage/training/group runs, linea
 NO_ORCHESTRATION = ("models", "training", "evaluation", "storage")  # pure: no prefect, no mlflow
 
 
+SETTINGS_LAYER = ("cse.config.settings", "cse.config.secrets")
+
+
 def layer(module: str) -> str:
-    """The layer of a project module (`cse.<package>...`; `cse.config.settings` is the layer `settings`)."""
-    return "settings" if module == "cse.config.settings" else module.removeprefix("cse.").split(".")[0]
+    """The layer of a project module (`cse.<package>...`; `SETTINGS_LAYER` is the layer `settings`)."""
+    return "settings" if module in SETTINGS_LAYER else module.removeprefix("cse.").split(".")[0]
 
 
 def module_name(path: Path) -> str:

@@ -27,7 +27,9 @@ def job_stage(run_id: str, stage: str) -> Iterator[str]:
         run_id: the job's MLflow run (the fit stage's `run_id`).
         stage: the stage's name, written to the tag `cse.failed_stage` when the block raises.
 
-    The run ends FINISHED after the block, KILLED on an interrupt, FAILED on any other exception (which propagates).
+    The run ends FINISHED after the block, KILLED on an interrupt or a termination signal (any exception that is not an
+    `Exception`: `KeyboardInterrupt`, Prefect's `TerminationSignal` for SIGTERM), FAILED on any other exception (which
+    propagates).
     """
     configure_mlflow()
     client = mlflow.MlflowClient()
@@ -35,8 +37,9 @@ def job_stage(run_id: str, stage: str) -> Iterator[str]:
         with mlflow.start_run(run_id=run_id):
             try:
                 yield run_id
-            except KeyboardInterrupt:
-                mlflow.end_run(status="KILLED")
+            except BaseException as e:
+                if not isinstance(e, Exception):  # an interrupt or a termination signal (Prefect's SIGTERM)
+                    mlflow.end_run(status="KILLED")
                 raise
     except BaseException:
         client.set_tag(run_id, FAILED_STAGE_TAG, stage)

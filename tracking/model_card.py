@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cse.config import published
 from cse.config.methods import REGISTRY, MethodSpec
+from cse.config.secrets import redact
 from cse.storage.atomic import atomic_file
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 
@@ -339,7 +340,8 @@ def model_card(facts: CardFacts, library: Library = "sentence-transformers") -> 
         _configuration(facts),
         _citation(facts),
     ]
-    return _portable("\n".join(p.rstrip("\n") + "\n" for p in parts if p))  # no absolute local path anywhere
+    # no absolute local path, no credential (a source URL's password: `cse push` uploads the card) anywhere
+    return redact(_portable("\n".join(p.rstrip("\n") + "\n" for p in parts if p)))
 
 
 def write_model_card(folder: str | Path, facts: CardFacts) -> Path:

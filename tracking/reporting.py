@@ -17,6 +17,8 @@ import io
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from cse.config.secrets import redact, redact_value
+
 Row = Mapping[str, Any]
 Formatter = Callable[[Any], str]
 
@@ -101,14 +103,14 @@ def publish_artifacts(
     markdown: Mapping[str, tuple[str, str]] | None = None,
 ) -> bool:
     """Inside a Prefect flow or task run (`in_prefect_run`): a Prefect table artifact per entry of `tables`
-    (key → (rows, description)), then a markdown artifact per entry of `markdown` (key → (text, description)).
-    Outside one: nothing. Returns whether it published."""
+    (key → (rows, description)), then a markdown artifact per entry of `markdown` (key → (text, description)), every
+    string masked (`cse.config.secrets.redact`). Outside one: nothing. Returns whether it published."""
     if not in_prefect_run():
         return False
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     for key, (rows, description) in (tables or {}).items():
-        create_table_artifact(table=[dict(r) for r in rows], key=key, description=description)
+        create_table_artifact(table=[redact_value(dict(r)) for r in rows], key=key, description=redact(description))
     for key, (text, description) in (markdown or {}).items():
-        create_markdown_artifact(markdown=text, key=key, description=description)
+        create_markdown_artifact(markdown=redact(text), key=key, description=redact(description))
     return True

@@ -28,7 +28,7 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from cse.config.settings import redact
+from cse.config.secrets import redact
 from cse.storage.runs import RunDir
 from cse.storage.spool import (
     SpoolRecord,
@@ -159,6 +159,10 @@ class ResilientMetricLogger:
     or 30); each delivered request also sets the run tag `metrics_delayed` to the number of metric values that
     reached the run late, and delivered batches are removed from the spool atomically. `flush()` makes a last
     attempt and warns with what is left. A spool left by a crash is delivered by the resumed job's first call.
+
+    A resumed job runs again the steps between its resume state and the kill, which the killed process had already
+    logged: the first `log_metrics` call reads the step each metric of the run reached (its MLflow history and the
+    spool), and a value at a step not past it is dropped, so every step appears once in a metric's history.
     """
 
     def __init__(
@@ -175,6 +179,7 @@ class ResilientMetricLogger:
         self.client = client or mlflow.MlflowClient()
         self._failed_at: float | None = None  # monotonic time of the last failed attempt of the current outage
         self._outage_warned = False
+        self._logged_through: dict[str, int] | None = None  # metric → the last step the run holds (read once)
 
     @property
     def spool(self) -> Path:
@@ -187,9 +192,31 @@ class ResilientMetricLogger:
 
     # ------------------------------------------------------------------ the callbacks
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Log `metrics` at `step`, stamped now (the Trainer's `log_metrics` callback)."""
-        now = int(time.time() * 1000)
-        self._log({"metrics": [_metric_entry(k, v, now, step) for k, v in metrics.items()], "params": {}})
+        """Log `metrics` at `step`, stamped now (the Trainer's `log_metrics` callback); a metric the run already holds
+        at this step or a later one (logged before a kill, run again after the resume) is not logged again."""
+        if self._logged_through is None:
+            self._logged_through = self._steps_logged()
+        fresh = {k: v for k, v in metrics.items() if step > self._logged_through.get(k, -1)}
+        if fresh:
+            now = int(time.time() * 1000)
+            self._log({"metrics": [_metric_entry(k, v, now, step) for k, v in fresh.items()], "params": {}})
+
+    def _steps_logged(self) -> dict[str, int]:
+        """The last step of each metric the run holds: in MLflow (its history) and waiting in the spool. A fresh run
+        holds none (one request); an unreachable server leaves only the spool's."""
+        steps: dict[str, int] = {}
+        for record in read_records(self.spool):
+            for m in record.get("metrics", ()):
+                steps[m["key"]] = max(steps.get(m["key"], -1), int(m["step"]))
+        try:
+            with fail_fast_http():
+                for key in self.client.get_run(self.run_id).data.metrics:
+                    history = self.client.get_metric_history(self.run_id, key)
+                    steps[key] = max([steps.get(key, -1), *(m.step for m in history)])
+        except Exception as e:
+            if not is_unreachable(e):
+                raise
+        return steps
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log `params` (values stringified, length-capped as `flatten` does)."""

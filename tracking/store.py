@@ -12,12 +12,14 @@ from typing import Any
 
 import mlflow
 
-from cse.config.settings import get_settings, redact, redacted_exception
+from cse.config.secrets import redact, redacted_exception
+from cse.config.settings import get_settings
 from cse.storage.locks import exclusive
-from cse.tracking.redaction import mask_mlflow_exceptions, quiet_run_urls
+from cse.tracking.redaction import mask_mlflow_client, mask_mlflow_exceptions, quiet_run_urls
 from cse.tracking.run_pages import experiment_page_tags
 
 mask_mlflow_exceptions()  # MLflow's error texts name the tracking URI, password included (tracking/redaction.py)
+mask_mlflow_client()  # and nothing the project sends to MLflow holds a credential in clear (names, params, tags, ...)
 
 MAX_PARAM_LEN = 6000  # a param's value is cut to this many characters (MLflow's limit)
 
@@ -50,7 +52,7 @@ def configure_mlflow() -> str:
 def tracking_error(exc: BaseException) -> BaseException:
     """The exception to show for `exc` raised by a tracking call: a read-only SQLite store as
     `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a message holding a credential masked
-    (`cse.config.settings.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
+    (`cse.config.secrets.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
     text = " ".join(str(exc).split())
     if "readonly database" in text or "read-only file system" in text.lower():
         uri = mlflow.get_tracking_uri()

@@ -16,7 +16,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from cse.config.settings import redact
+from cse.config.secrets import redact
 from cse.storage.runs import RunDir
 from cse.tracking.lineage import CONTEXT_EVAL
 from cse.tracking.spool import ResilientMetricLogger
@@ -61,7 +61,8 @@ def training_run(
     killed: tuple[type[BaseException], ...] = (KeyboardInterrupt,),
 ) -> Iterator[mlflow.ActiveRun]:
     """`start_or_resume_training_run` as the active run of the block: ended FINISHED after it, KILLED when it raises
-    one of `killed` (an interrupt, the loop's simulated kill), FAILED on any other exception (which propagates)."""
+    one of `killed` (the loop's simulated kill) or any exception that is not an `Exception` (an interrupt, Prefect's
+    `TerminationSignal` for SIGTERM, an exit), FAILED on any other exception (which propagates)."""
     try:
         active = start_or_resume_training_run(experiment, run_dir, run_name, tags, params, log_system_metrics)
     except Exception as e:  # noqa: BLE001 - the store's error, said clearly and without credentials
@@ -69,14 +70,12 @@ def training_run(
     with active as run:
         try:
             yield run
-        except killed:
-            mlflow.end_run(status="KILLED")
-            raise
         except BaseException as e:
+            if isinstance(e, killed) or not isinstance(e, Exception):  # stopped from outside, not failed
+                mlflow.end_run(status="KILLED")
+                raise
             mlflow.end_run(status="FAILED")
-            if isinstance(e, Exception):
-                reraise(e)
-            raise
+            reraise(e)
 
 
 def training_run_exists(run_id: str) -> bool:

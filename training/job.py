@@ -77,6 +77,39 @@ def build_model(cfg: TrainConfig, device: torch.device):
     return get_method(cfg.method).build_model(cfg.model, backbone_name=cfg.backbone).to(device)
 
 
+class NonFiniteWeights(ValueError):
+    """The model a job builds holds `nan`/`inf` weights (its backbone, as loaded): refused before the first step."""
+
+
+def require_finite_weights(model: torch.nn.Module, backbone: str) -> None:
+    """Refuse a model with a non-finite parameter or buffer, naming each tensor (and, for a matrix, its first rows):
+    a backbone whose embedding row of one token is `inf` trains without a word when the training rows never hold the
+    token, then embeds every sentence that does as `nan`.
+
+    Args:
+        model: the job's model as built.
+        backbone: the backbone's name, for the message.
+
+    Raises:
+        NonFiniteWeights: naming the tensors, their non-finite counts and the backbone.
+    """
+    found = []
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = ~torch.isfinite(t.detach())
+            where = ""
+            if t.dim() == 2:
+                rows = bad.any(dim=1).nonzero().flatten().tolist()
+                where = f", rows {', '.join(map(str, rows[:5]))}{' …' if len(rows) > 5 else ''}"
+            found.append(f"{name} ({int(bad.sum()):,d} of {t.numel():,d} values{where})")
+    if found:
+        raise NonFiniteWeights(
+            f"the model built on backbone {backbone!r} holds non-finite (nan/inf) weights: {'; '.join(found[:5])}"
+            f"{f' and {len(found) - 5} more tensors' if len(found) > 5 else ''}. Refused before training: check or "
+            "replace the backbone's weights"
+        )
+
+
 def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None) -> list[Phase]:
     """One phase for every method but DiffAug: prefix-only NLI steps, then joint tuning (DiffAug, Wang & Lu, 2022)."""
     joint = Phase("main", rows, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)
@@ -201,6 +234,7 @@ def fit(
         cfg.seed
     )  # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
     model = build_model(cfg, device)
+    require_finite_weights(model, cfg.backbone)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log_params(
         {

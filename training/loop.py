@@ -402,7 +402,9 @@ class Trainer:
             distributed.convert_batchnorm(model)  # BatchNorm statistics over the global batch
         self.offsets = [sum(p.total_steps for p in data[:i]) for i in range(len(data))]
         self.total_steps = sum(p.total_steps for p in data)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and device.type == "cuda")
+        # fp16 scales its loss on every device (fp16's narrow range underflows small gradients on a CPU as on a GPU)
+        scaled = cfg.precision == "fp16" and device.type in ("cuda", "cpu")
+        self.scaler = torch.amp.GradScaler(device.type if scaled else "cuda", enabled=scaled)
         if cfg.sdpa_backend and cfg.sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"sdpa_backend {cfg.sdpa_backend!r} is not one of {sorted(SDPA_BACKENDS)}")
         self.prefetch = device.type == "cuda" if cfg.prefetch is None else cfg.prefetch
@@ -672,7 +674,8 @@ class Trainer:
             raise ValueError(f"resume state has tensors the model does not: {unexpected[:5]}")
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
-        self.scaler.load_state_dict(st["scaler"])
+        if st["scaler"] or not self.scaler.is_enabled():  # (a state from before fp16 scaled on the CPU has none)
+            self.scaler.load_state_dict(st["scaler"])
         ranks_rng = st.get("rng_ranks")
         if ranks_rng is not None and len(ranks_rng) == self.world:
             self._set_rng_state(ranks_rng[self.rank])
@@ -786,10 +789,15 @@ class Trainer:
         shown = ", ".join(f"{n}={v:.6g}" for n, v in terms.items())
         phase = self.phases[self._phase_of(step - 1)].name
         after = f"; the {later} later step(s) before this check ran with their updates skipped" if later > 0 else ""
-        if self.state.exists():
-            kept = "the resume state holds the last state written before it"
+        try:  # a state write in flight is finished first: the message says what a rerun will find
+            self.writer.wait()
+        except Exception as e:  # noqa: BLE001 - said with the stop, which stays the error raised
+            kept = f"the last resume state could not be written ({type(e).__name__}: {e})"
         else:
-            kept = "no resume state had been written yet, so a rerun starts from step 0"
+            if self.state.exists():
+                kept = "the resume state holds the last state written before it"
+            else:
+                kept = "no resume state had been written yet, so a rerun starts from step 0"
         raise NonFiniteLoss(
             f"training stopped at step {step} of {self.total_steps} (phase {phase!r}): the {what} is {value}"
             + (f" ({shown})" if shown else "")

@@ -1,5 +1,6 @@
 """Small data roots for the reliability suite: the heads of the real mirror's files (../shared/data), ingested
-through the real stage functions (called without Prefect, `.fn`), so each test damages and rebuilds in seconds."""
+through the real stage functions (called without Prefect, `.fn`), so each test damages and rebuilds in seconds; and
+one tiny SimCSE job (`job`) on a data root built once per session."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import mlflow
 import pytest
 
 from cse.config.settings import get_settings
-from cse.config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
+from cse.config.stages import IngestConfig, NliSource, SentEvalSource, TokenizeConfig, WikiSource
+from cse.config.training import resolve_train_config
 from cse.storage.layout import DataRoot
 from cse.tracking.store import configure_mlflow
 
 WIKI_LINES = 300
 NLI_ROWS = 200
+STEPS = 2  # the training steps of the tiny job (`job`)
 
 
 @pytest.fixture
@@ -95,3 +98,62 @@ def shared_tracking_store(isolated_home, _shared_tracking_store, monkeypatch) ->
     data root, and tests read only their newest runs."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", _shared_tracking_store)
     return _shared_tracking_store
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory, shared_data, tiny_bert_dir, _shared_tracking_store):
+    """wiki1m (the first 300 lines), sts and the wiki1m tokens of the tiny BERT, in a data root built once (tests
+    read it; the jobs they run write under their own `CSE_HOME`)."""
+    from cse.tasks.tokenize import tokenize_dataset
+
+    home = tmp_path_factory.mktemp("job_results_home")
+    wiki = home / "wiki.txt"
+    with open(shared_data / "wiki1m_head.txt", "rb") as f:
+        wiki.write_bytes(b"".join(next(f) for _ in range(300)))
+    senteval = home / "senteval"  # the STS and SICK files cut to their first 100 lines: dev selection in a blink
+    for src in (shared_data / "senteval").glob("S*/**/*"):
+        if src.is_file():
+            dst = senteval / src.relative_to(shared_data / "senteval")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with open(src, "rb") as f:
+                dst.write_bytes(b"".join(line for _, line in zip(range(100), f)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CSE_HOME", str(home))
+        mp.setenv("MLFLOW_TRACKING_URI", _shared_tracking_store)
+        config = IngestConfig(
+            wiki=WikiSource(path=str(wiki)), senteval=SentEvalSource(path=str(senteval), expected_rows=None)
+        )
+        refs = {"sts": ingest("sts", config)}
+        refs["tokens"] = tokenize_dataset.fn(
+            ingest("wiki1m", config), TokenizeConfig(tokenizer=str(tiny_bert_dir), max_length=32)
+        )
+    return home / "data", refs
+
+
+@pytest.fixture
+def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
+    """Run the tiny job's stage tasks (flows/train.py `train_job`: fit, evaluate, export) with config overrides."""
+    folder, refs = data_root
+    monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
+
+    def run(**overrides):
+        from cse.flows.train import train_job
+
+        cfg = resolve_train_config(
+            "smoke",
+            {
+                "backbone": str(tiny_bert_dir),
+                "max_steps": STEPS,
+                "eval_steps": STEPS,
+                "batch_size": 8,
+                "max_train_sentences": 64,
+                "test_evaluation": False,
+                "system_metrics": False,
+                "max_length": 32,
+                **overrides,
+            },
+            method="simcse",
+        )
+        return train_job(cfg, refs["tokens"], None, refs["sts"])
+
+    return run

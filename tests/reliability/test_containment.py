@@ -95,3 +95,54 @@ def test_one_warning_per_damaged_dataset_per_command(ingest_config, root, caplog
     assert cse(["sql", "select count(*) from manifests"]) == 0
     warned = [r.getMessage() for r in caplog.records if "left out damaged dataset" in r.getMessage()]
     assert len(warned) == 1 and f"nli/{nli.key}" in warned[0]
+
+
+# ------------------------------------------------------------------ issue 32: links and folders outside $CSE_HOME
+
+
+def test_a_job_whose_method_folder_links_outside_the_home_is_refused_before_it_starts(job, isolated_home, tmp_path):
+    """The campaign's case: `$CSE_HOME/runs/simcse` a link to a folder outside the root. Training wrote there and
+    finished; the export task then refused the folder (`is not a training job folder`). Now the link is refused
+    before the job's folder is made, naming it and its target."""
+    import mlflow
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (isolated_home / "runs").mkdir()
+    (isolated_home / "runs" / "simcse").symlink_to(outside)
+    with pytest.raises(PathRefused, match=rf"{isolated_home}/runs/simcse is a symbolic link to {outside}: refused"):
+        job()
+    assert list(outside.iterdir()) == []  # nothing written outside the home
+    assert mlflow.search_runs(experiment_names=["simcse"], output_format="list") == []  # no run started
+
+
+@pytest.mark.parametrize("link", ["runs", "runs/simcse/k1"])
+def test_a_link_anywhere_below_the_home_is_refused(link, isolated_home, tmp_path):
+    """New cases of the class: `runs` itself, and a job folder, as links."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (isolated_home / link).parent.mkdir(parents=True, exist_ok=True)
+    (isolated_home / link).symlink_to(target)
+    with pytest.raises(PathRefused, match="is a symbolic link"):
+        RunDir("simcse", "k1")
+    assert list(target.iterdir()) == []
+
+
+def _finished_job_outside(tmp_path) -> RunDir:
+    job = RunDir("simcse", "k1", home=tmp_path / "other_home")
+    (job.export).mkdir()
+    (job.export / "modules.json").write_text("[]")
+    job.set_result({"run_id": "0" * 32, "run_dir": str(job.path), "steps": 1, "resumed_from": None})
+    return job
+
+
+@pytest.mark.parametrize("command", [["card"], ["deliver-metrics"]])
+def test_commands_refuse_a_job_folder_outside_the_home(command, tmp_path, capsys):
+    """The campaign's `cse card <folder outside CSE_HOME>` wrote a README there; `deliver-metrics` (a new case) would
+    have sent and deleted that folder's spool."""
+    job = _finished_job_outside(tmp_path)
+    job.metrics_spool.write_text('{"metrics": {"loss": 1.0}, "step": 1, "timestamp": 0}\n')
+    status = cse([*command, str(job.path)])
+    captured = capsys.readouterr()
+    assert status in (1, 2) and "lies outside CSE_HOME=" in captured.err + captured.out
+    assert not (job.export / "README.md").exists() and job.metrics_spool.is_file()

@@ -106,11 +106,13 @@ def _run(kind: str, lr: float, tmp_path):
 
 def test_a_diverging_run_stops_at_the_first_non_finite_loss(tmp_path):
     """A finite but huge learning rate (the config accepts it) blows the weights up after step 1: step 2's loss is
-    inf. The loop stops there, names it, and applies nothing of step 2."""
+    inf. The loop stops there, names it, and applies nothing of step 2 (step 2 ran: its update was skipped on the
+    device by the non-finite guard, so the weights stay those of step 1, finite)."""
     trainer, model, saved = _run("square", 1e30, tmp_path)
-    with pytest.raises(NonFiniteLoss, match=r"step 2 of 4 \(phase 'main'\): the loss is inf \(contrastive=inf\)"):
+    message = r"step 2 of 4 \(phase 'main'\): the loss is inf \(loss=inf, contrastive=inf\)"
+    with pytest.raises(NonFiniteLoss, match=message):
         trainer.run()
-    assert trainer.step == 1 and torch.isfinite(model.w).all() and saved == []
+    assert trainer.step == 2 and torch.isfinite(model.w).all() and saved == []
 
 
 def test_a_non_finite_gradient_norm_stops_the_run_before_the_optimizer_step(tmp_path):

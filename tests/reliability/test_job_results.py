@@ -13,74 +13,13 @@ import mlflow
 import pytest
 
 from cse.config.settings import get_settings
-from cse.config.stages import TokenizeConfig
 from cse.config.training import resolve_train_config
 from cse.storage.layout import DataRoot
 from cse.storage.runs import ResumeState, RunDir
-from tests.reliability.conftest import ingest
+from tests.reliability.conftest import STEPS
 
-STEPS = 2
 # the job's stage tasks run here outside a flow (standalone task runs), whose logs Prefect cannot send to its API
 pytestmark = pytest.mark.filterwarnings("ignore:Logger 'prefect.task_runs' attempted to send logs:UserWarning")
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory, shared_data, tiny_bert_dir, _shared_tracking_store):
-    """wiki1m (the first 300 lines), sts and the wiki1m tokens of the tiny BERT, in a data root kept for the module."""
-    from cse.config.stages import IngestConfig, SentEvalSource, WikiSource
-    from cse.tasks.tokenize import tokenize_dataset
-
-    home = tmp_path_factory.mktemp("job_results_home")
-    wiki = home / "wiki.txt"
-    with open(shared_data / "wiki1m_head.txt", "rb") as f:
-        wiki.write_bytes(b"".join(next(f) for _ in range(300)))
-    senteval = home / "senteval"  # the STS and SICK files cut to their first 100 lines: dev selection in a blink
-    for src in (shared_data / "senteval").glob("S*/**/*"):
-        if src.is_file():
-            dst = senteval / src.relative_to(shared_data / "senteval")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            with open(src, "rb") as f:
-                dst.write_bytes(b"".join(line for _, line in zip(range(100), f)))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CSE_HOME", str(home))
-        mp.setenv("MLFLOW_TRACKING_URI", _shared_tracking_store)
-        config = IngestConfig(
-            wiki=WikiSource(path=str(wiki)), senteval=SentEvalSource(path=str(senteval), expected_rows=None)
-        )
-        refs = {"sts": ingest("sts", config)}
-        refs["tokens"] = tokenize_dataset.fn(
-            ingest("wiki1m", config), TokenizeConfig(tokenizer=str(tiny_bert_dir), max_length=32)
-        )
-    return home / "data", refs
-
-
-@pytest.fixture
-def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
-    """Run the tiny job's stage tasks (flows/train.py `train_job`: fit, evaluate, export) with config overrides."""
-    folder, refs = data_root
-    monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
-
-    def run(**overrides):
-        from cse.flows.train import train_job
-
-        cfg = resolve_train_config(
-            "smoke",
-            {
-                "backbone": str(tiny_bert_dir),
-                "max_steps": STEPS,
-                "eval_steps": STEPS,
-                "batch_size": 8,
-                "max_train_sentences": 64,
-                "test_evaluation": False,
-                "system_metrics": False,
-                "max_length": 32,
-                **overrides,
-            },
-            method="simcse",
-        )
-        return train_job(cfg, refs["tokens"], None, refs["sts"])
-
-    return run
 
 
 def _versions(run_id: str) -> list:

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from cse.config.evaluation import EvalConfig
-from cse.config.settings import redact
+from cse.config.secrets import redact
 from cse.config.stages import TokenizeConfig
 from cse.config.training import TrainConfig
 from cse.ops.cli import main as cse

@@ -1,15 +1,24 @@
 """Issue 23 item 2: a password in the tracking URI is never printed: not by a task's error, the flow's error, the
-Failed state's message, Prefect's or MLflow's logs, MLflow's "View run" lines, nor a `cse` command's error line."""
+Failed state's message, Prefect's or MLflow's logs, MLflow's "View run" lines, nor a `cse` command's error line.
+Issue 32 adds the campaign's forms the pattern missed: a password holding `'`, and a raw `@` in a PostgreSQL DSN's
+password (the driver then names the password's tail as the host, once per retry)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import traceback
 
 import pytest
 
 SECRET = "pw-S3cr3t-23"
+# the tracking URIs of the end-to-end cases: the password of each holds SECRET
+URIS = {
+    "plain": "http://alice:{secret}@127.0.0.1:{port}",
+    "quote": "http://alice:Pw'{secret}@127.0.0.1:{port}",
+    "raw @": "postgresql+psycopg://alice:p@ss{secret}@127.0.0.1:{port}/mlflow",
+}
 
 
 def _dead_port() -> int:
@@ -18,9 +27,10 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def dead_tracking(monkeypatch) -> str:
-    uri = f"http://alice:{SECRET}@127.0.0.1:{_dead_port()}"
+@pytest.fixture(params=list(URIS))
+def dead_tracking(request, monkeypatch) -> str:
+    uri = URIS[request.param].format(secret=SECRET, port=_dead_port())
+    monkeypatch.setattr("mlflow.store.db.utils.MAX_RETRY_COUNT", 2)  # the DSN's store: 2 tries, not 10 (100 s)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
@@ -64,8 +74,10 @@ def test_dead_server_task_flow_and_state_never_show_the_password(
         "Prefect API logs": "\n".join(api_logs),
     }
     assert {name: SECRET in text for name, text in shown.items()} == {name: False for name in shown}
-    assert "alice:***@127.0.0.1" in state.message and "alice:***@127.0.0.1" in shown["flow error"]
-    assert "alice:***@127.0.0.1" in shown["Prefect API logs"] + shown["stderr"]  # the error was logged, masked
+    # the error was shown and logged, masked (the DSN's driver names only the password's tail, as the host)
+    masked = "'***@127.0.0.1'" if dead_tracking.startswith("postgresql") else "alice:***@127.0.0.1"
+    assert masked in state.message and masked in shown["flow error"]
+    assert masked in shown["Prefect API logs"] + shown["stderr"]
 
 
 def test_cse_errors_and_third_party_log_records_are_masked(dead_tracking, capsys, caplog):
@@ -97,6 +109,29 @@ def test_cse_errors_and_third_party_log_records_are_masked(dead_tracking, capsys
     assert SECRET not in caplog.text and "cse:***@db" in caplog.text and "password=***" in caplog.text
     formatted = logging.Formatter().format(caplog.records[-1])
     assert SECRET not in formatted and "token=***" in formatted
+
+
+def test_cse_card_on_an_unreachable_server_answers_in_seconds_and_masked(monkeypatch, capsys):
+    """The campaign's `cse card` printed the quoted password after 4.5 minutes of silent retries (MLflow's 7 HTTP
+    retries with backoff): a command someone waits on bounds them (`cse.ops.cli.INTERACTIVE_MLFLOW`)."""
+    import time
+
+    from cse.ops.cli import main as cse
+    from cse.storage.runs import RunDir
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", URIS["quote"].format(secret=SECRET, port=_dead_port()))
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    job = RunDir("simcse", "k1")
+    job.export.mkdir()
+    (job.export / "modules.json").write_text("[]")
+    job.set_result({"run_id": "0" * 32, "run_dir": str(job.path), "steps": 1, "resumed_from": None})
+    t0 = time.monotonic()
+    assert cse(["card", str(job.path)]) == 2
+    err = capsys.readouterr().err
+    assert time.monotonic() - t0 < 30 and SECRET not in err and "alice:***@127.0.0.1" in err
+    assert "cannot read MLflow run 00000000000000000000000000000000" in err
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # restored after the command
 
 
 def test_view_run_lines_never_show_the_password(monkeypatch, capfd):
