@@ -38,6 +38,7 @@ from pydantic import TypeAdapter
 from cse.config import published
 from cse.config.finite import check_finite_fields
 from cse.config.presets import PRESETS
+from cse.config.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from cse.models.method import CSEModel, MethodConfig
@@ -186,7 +187,9 @@ class MethodSpec:
 
     def preset(self, name: str) -> Mapping[str, Any]:
         if name not in self.presets:
-            raise ValueError(f"unknown {self.name} preset {name!r}; known: {sorted(self.presets)}")
+            raise ValueError(
+                f"unknown {self.name} preset {name!r}{did_you_mean([name], self.presets)}; known: {sorted(self.presets)}"
+            )
         return self.presets[name]
 
     def model_config(self, backbone: str, fields: Mapping[str, Any] | None = None) -> MethodConfig:
@@ -198,7 +201,8 @@ class MethodSpec:
         unknown = sorted(set(fields) - known)
         if unknown:
             raise ValueError(
-                f"unknown {self.config_class.__name__} keys {unknown}; known: {sorted(known - {'backbone'})}"
+                f"unknown {self.config_class.__name__} keys {unknown}{did_you_mean(unknown, known - {'backbone'})}; "
+                f"known: {sorted(known - {'backbone'})}"
             )
         # types checked ("16" → 16, "x" refused) before the dataclass's own checks run
         config = _adapter(self.config_class).validate_python({"backbone": backbone, **fields})
@@ -257,7 +261,7 @@ def get_method(name: str) -> MethodSpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; known: {list(METHODS)}") from None
+        raise ValueError(f"unknown method {name!r}{did_you_mean([name], METHODS)}; known: {list(METHODS)}") from None
 
 
 def build_model(method: str, model_config: dict[str, Any], backbone=None, tokenizer=None) -> CSEModel:

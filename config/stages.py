@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from cse.config.finite import FINITE_ONLY
 from cse.config.presets import PRESET_DATA_URL
+from cse.config.suggest import did_you_mean
 from cse.storage.hf_sources import HFSource
 
 _HF_DATA = PRESET_DATA_URL
@@ -27,8 +28,8 @@ class _Config(BaseModel):
         """Unknown keys refused by name with the known ones (pydantic's error adds the field path above them)."""
         if isinstance(data, Mapping) and (unknown := sorted(str(k) for k in data if k not in cls.model_fields)):
             raise ValueError(
-                f"unknown {cls.__name__} key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                f"known: {', '.join(cls.model_fields)}"
+                f"unknown {cls.__name__} key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+                f"{did_you_mean(unknown, cls.model_fields)}; known: {', '.join(cls.model_fields)}"
             )
         return data
 

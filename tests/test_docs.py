@@ -109,6 +109,7 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path):
 
 # The modules whose docstrings carry runnable examples (`>>>`): the examples are part of the docs site, so they run.
 DOCTEST_MODULES = (
+    "cse.config.suggest",
     "cse.models.losses",
     "cse.models.pooling",
     "cse.models.heads",
