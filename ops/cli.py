@@ -90,15 +90,25 @@ def report(root: DataRoot) -> None:
         print("\nCorruption statistics:")
         _print(query(root, "SELECT * FROM corruption_stats"), {"masked_ratio": 4, "replaced_ratio": 4})
     if root.list("evaluations"):
-        print("\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last:")
-        scores = ("sts12", "sts13", "sts14", "sts15", "sts16", "sts-b", "sick-r", "avg", "r1")
+        print(
+            "\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last; a training run's "
+            "label says what differs from its preset, `before` is its backbone's Avg. before training (the row "
+            "`backbone ...`):"
+        )
+        scores = ("sts12", "sts13", "sts14", "sts15", "sts16", "sts-b", "sick-r", "avg", "before", "r1")
+        columns = set(query(root, "SELECT * FROM evaluations_all LIMIT 0").columns)
+        before = (  # (data roots written before the column existed have none)
+            ("b.sts_avg", "LEFT JOIN evaluations_all b ON b.evaluation_id = e.backbone_evaluation")
+            if "backbone_evaluation" in columns
+            else ("NULL", "")
+        )
         _print(
             query(
                 root,
-                "SELECT created[:19] AS created, label, sts12, sts13, sts14, sts15, sts16, "
-                'stsb AS "sts-b", sickr AS "sick-r", sts_avg AS avg, retrieval_r1 AS r1, '
-                "alignment AS align, uniformity AS uniform "
-                "FROM evaluations_all WHERE mode = 'test' ORDER BY created",
+                "SELECT e.created[:19] AS created, e.label, e.sts12, e.sts13, e.sts14, e.sts15, e.sts16, "
+                'e.stsb AS "sts-b", e.sickr AS "sick-r", e.sts_avg AS avg, '
+                f"{before[0]} AS before, e.retrieval_r1 AS r1, e.alignment AS align, e.uniformity AS uniform "
+                f"FROM evaluations_all e {before[1]} WHERE e.mode = 'test' ORDER BY e.created",
             ),
             {**dict.fromkeys(scores, 2), "align": 4, "uniform": 4},
         )
