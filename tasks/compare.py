@@ -26,7 +26,7 @@ from cse.config.settings import get_settings
 from cse.storage.comparisons import write_comparison
 from cse.storage.hashing import stable_hash
 from cse.storage.layout import DataRoot
-from cse.storage.readers import SEVEN_TASKS
+from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 from cse.tracking.group_runs import COMPARISON_CHART, COMPARISON_TABLE, log_comparison
 from cse.tracking.model_export import set_best_alias
 from cse.tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts, two_decimals
@@ -270,8 +270,14 @@ def comparison_description(tables: dict[str, list[dict[str, Any]]], comparison_i
     training, its published row and the difference; two decimals), then where the other tables are."""
     head = f"**Comparison {comparison_id}**: {len({r['label'] for r in tables.get('sts', [])})} runs side by side."
     sts = tables.get("sts")
+    titles = {m: TASK_TITLES[m] for m in TABLES["sts"]}
     body = (
-        markdown_table(sts, ["label", "row", *TABLES["sts"], "source"], title=TITLES["sts"], cell=two_decimals)
+        markdown_table(
+            [{k: r[k] for k in ("label", "row", "source")} | {titles[m]: r.get(m) for m in titles} for r in sts],
+            ["label", "row", *titles.values(), "source"],
+            title=TITLES["sts"],
+            cell=two_decimals,
+        )
         if sts
         else "No run has STS test scores."
     )

@@ -239,6 +239,7 @@ def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     note = run.data.tags["mlflow.note.content"]  # the run's description: the runs side by side on STS
     assert note.startswith(f"**Comparison {summary.comparison_id}**: 2 runs side by side.")
     assert "### STS (Spearman ×100, test)" in note and "| a | run |" in note and "| b | run |" in note
+    assert "| label | row | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. | source |" in note
     assert "| b | backbone | 50.00 | – |" in note and "| a | run | – | – | – | – | – | 80.00 | – | 71.50 |" in note
     # the chart of every run × task, an artifact shown in the description
     assert "comparison_sts.png" in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
