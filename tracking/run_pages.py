@@ -176,7 +176,13 @@ def preset_differences(cfg) -> dict[str, Any]:
     except (KeyError, ValueError):
         return {}
     ours, theirs = _flat(cfg.model_dump()), _flat(base.model_dump())
-    return {k: ours.get(k) for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)}
+    diffs = {k: ours.get(k) for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)}
+
+    def leaf(key: str) -> str:  # a mapping of the preset replaced by a value (`expected_rows: null`): that one key
+        parts = key.split(".")
+        return next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in ours), key)
+
+    return {leaf(k): ours.get(leaf(k)) for k in diffs}
 
 
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

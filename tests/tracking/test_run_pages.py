@@ -44,6 +44,10 @@ def test_run_names_carry_what_differs_from_the_preset(monkeypatch):
     assert (
         run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 corrupt.seed=7 max_steps=3 seed=7"
     )  # name order; seed sets corrupt.seed
+    nulled = resolve_train_config("smoke", {"ingest": {"senteval": {"expected_rows": None}}}, method=DEFAULT_METHOD)
+    assert (
+        run_name(nulled) == f"{DEFAULT_METHOD}-smoke expected_rows=None"
+    )  # a mapping replaced: one name, not each key
     monkeypatch.setattr("cse.tracking.run_pages.RUN_NAME_MAX", 20)  # past it, the rest is counted
     assert run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 +3 more"
 
