@@ -11,9 +11,13 @@
     cse push EXPORT_DIR REPO_ID [--private] [--revision R] [--token-env VAR]
                           upload an export folder with its model card to the Hugging Face hub; prints the URL
 
-    cse run DEPLOYMENT [-p key=value ...] [--timeout S]
-                          run a deployment through the worker and wait (`-p 'config={"mask_ratio": 0.15}'`: JSON values);
-                          prints each stage's cache hit or write, and on failure the failing task's reason; exit 1
+    cse run DEPLOYMENT [-p key=value ...] [--timeout S] [--quiet]
+                          run a deployment through the worker and follow it (`-p 'config={"mask_ratio": 0.15}'`: JSON
+                          values): a line per stage, each stage's cache hit or write, the training steps' progress bar
+                          (loss, last dev score, ETA), then the STS table beside the backbone before training and the
+                          paper's row, the MLflow run id and the Prefect and MLflow pages; on failure the failing task's
+                          reason, exit 1. --quiet: the changes of state and, at the end, the stage lines only
+    cse deployments       the deployments on the Prefect server (FLOW/DEPLOYMENT and what each does)
 
     cse dataset KIND [KEY] [--hf]  where a dataset is and what it holds (KEY: the newest of KIND when left out);
                           --hf prints one line of Python that opens it as a Hugging Face `Dataset`, memory-mapped
@@ -112,6 +116,21 @@ def report(root: DataRoot) -> None:
             ),
             {**dict.fromkeys(scores, 2), "align": 4, "uniform": 4},
         )
+
+
+def deployments() -> int:
+    """Print every deployment on the Prefect server (`cse run` takes these names) with what it does."""
+    import asyncio
+
+    from cse.ops.deployments import list_deployments
+
+    rows = asyncio.run(list_deployments())
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, what in rows:
+        print(f"{name:<{width}}  {what}".rstrip())
+    if not rows:
+        print("(no deployments: `make main` or `bash scripts/services.sh up` registers them)")
+    return 0
 
 
 def deliver_metrics(run_dirs: list[str]) -> int:
@@ -337,11 +356,17 @@ def _main(argv: list[str]) -> int:
         help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable",
     )
     r.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the run goes on)")
+    r.add_argument(
+        "--quiet", action="store_true", help="no progress or summary: the changes of state, then the stage lines"
+    )
+    sub.add_parser("deployments", help="the deployments on the Prefect server")
     args = p.parse_args(argv)
     if args.cmd == "run":
         from cse.ops.deployments import run_deployment_cli
 
-        return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout)
+        return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout, quiet=args.quiet)
+    if args.cmd == "deployments":
+        return deployments()
     if args.cmd == "deliver-metrics":
         return deliver_metrics(args.run_dirs)
     if args.cmd == "card":
