@@ -28,6 +28,7 @@ from cse.tracking.run_pages import (
     sts_table,
 )
 from cse.tracking.store import configure_mlflow
+from cse.tracking.training_runs import EVALUATES_RUN_TAG
 
 FLOW_RUN_TAG = "prefect_flow_run_id"  # set on every run a flow run makes (cse.tracking.provenance)
 LOSS, DEV = curve_name("loss"), curve_name("stsb_dev")
@@ -158,14 +159,29 @@ def _reference(view: RunView) -> published.Reference | None:
     return published.reference_row(published.STS, method, backbone, setting)
 
 
+def _parent(view: RunView) -> RunView | None:
+    """The training run an evaluation re-evaluates (tag `cse.evaluates_run`), None for another evaluation."""
+    run_id = view.tags.get(EVALUATES_RUN_TAG)
+    if not run_id:
+        return None
+    try:
+        return RunView.of(mlflow.MlflowClient().get_run(run_id))
+    except MlflowException:
+        return None
+
+
 def summary_lines(view: RunView, base: str | None = None) -> list[str]:
     """What `cse run` prints for an MLflow run its flow run made, once it ended: a training run's STS table (the run,
     the backbone before training, the paper's row, the differences), an evaluation's scores, a comparison's
     side-by-side table (its description without the chart); then the run's id and its page."""
     lines: list[str] = []
     if view.kind in ("training", "evaluation") and any(t in view.metrics for t in HEADLINE):
-        before = read_backbone_tag(view.tags) if view.kind == "training" else None
-        lines += ["STS test, Spearman x100:", sts_table(view.metrics, before, _reference(view))]
+        scored = view
+        if view.kind == "evaluation" and (parent := _parent(view)) is not None:  # a re-evaluation: its job's rows
+            scored = parent
+            lines.append(f"re-evaluation of {parent.name} (MLflow run {parent.run_id}):")
+        before = read_backbone_tag(scored.tags) if scored.kind == "training" else None
+        lines += ["STS test, Spearman x100:", sts_table(view.metrics, before, _reference(scored))]
     elif view.kind == "comparison":
         note = view.tags.get(NOTE_TAG, "")
         lines.append("\n".join(line for line in note.splitlines() if not line.startswith("![")).strip())
