@@ -19,6 +19,7 @@ from uuid import UUID
 
 from cse.config.methods import DEFAULT_METHOD
 from cse.config.settings import redact
+from cse.ops.follow import STAGE_LINE, Follower, Printer, summary
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
 _PREFIXES = (
@@ -26,8 +27,6 @@ _PREFIXES = (
     "Flow run encountered an exception",
     "Flow run encountered an exception:",
 )
-# The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them): the summary after a run
-STAGE_LINE = re.compile(r"\b(cache hit|written|already finished)\b")
 REASON_CHARS = 400
 # A preflight failure (tasks/preflight.py) lists every missing thing with its fix: printed whole, never cut
 UNCUT_REASONS = ("PreflightError: ",)
@@ -478,8 +477,6 @@ def run_deployment_cli(
     import sys
 
     from prefect.settings import PREFECT_UI_URL
-
-    from cse.ops.follow import Follower, Printer, summary
 
     err = err or (lambda line: print(line, file=sys.stderr, flush=True))
     parameters = parse_params(params)

@@ -6,7 +6,7 @@ While the run goes on, every poll reads (nothing is read from the worker's proce
   duration), and one when a stage still runs after `ANNOUNCE_AFTER_S` seconds; a task that runs many times (shards)
   is counted on one line, `corrupt-shard: 3 of 8 completed`;
 - the new log lines of those runs that say whether a stage reused its result or wrote it (`cache hit`, `written`, the
-  lines `cse.ops.deployments.STAGE_LINE` matches), as they arrive;
+  lines `STAGE_LINE` matches), as they arrive;
 - the MLflow training run the flow run made (`cse.tracking.progress`): its last logged step of `total_steps`, loss
   and STS-B dev score, from the metrics the loop logs every `log_steps`; the bar and its ETA (from the pace between the
   logged steps' timestamps) are drawn by tqdm's own `format_meter`.
@@ -34,6 +34,8 @@ ANNOUNCE_AFTER_S = 5.0  # a stage still running after this long gets a line (lon
 GROUP_EVERY_S = 10.0  # a repeated task's count line at most this often (and when all are done)
 MLFLOW_SEARCH_EVERY_S = 5.0  # how often the MLflow store is searched for the flow run's training runs
 _SUFFIX = re.compile(r"-[0-9a-f]{3}$")  # Prefect's task run names: `<task name>-<3 hex digits>`
+# The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them)
+STAGE_LINE = re.compile(r"\b(cache hit|written|already finished)\b")
 
 
 def task_name(run_name: str) -> str:
@@ -183,8 +185,6 @@ class Follower:
     async def _log_lines(self, client) -> None:
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
         from prefect.client.schemas.sorting import LogSort
-
-        from cse.ops.deployments import STAGE_LINE
 
         flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=self.flow_runs))
         if self._logs_after is not None:
