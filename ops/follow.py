@@ -3,8 +3,8 @@ training steps, and at the end the result with its links.
 
 While the run goes on, every poll reads (nothing is read from the worker's processes or files):
 - the task runs of the flow run and of its child flow runs (Prefect's API): a line when a stage ends (its state and
-  duration), and one when a stage still runs after `ANNOUNCE_AFTER_S` seconds; a task that runs many times (shards)
-  is counted on one line, `corrupt-shard: 3 of 8 completed`;
+  duration), and one when a stage still runs after `ANNOUNCE_AFTER_S` seconds; a task run once per shard
+  (`SHARDS`) is counted on one line, `corrupt-shard: 3 of 8 completed`;
 - the new log lines of those runs that say whether a stage reused its result or wrote it (`cache hit`, `written`, the
   lines `STAGE_LINE` matches), as they arrive;
 - the MLflow training run the flow run made (`cse.tracking.progress`): its last logged step of `total_steps`, loss
@@ -31,7 +31,8 @@ from uuid import UUID
 from cse.config.settings import redact
 
 ANNOUNCE_AFTER_S = 5.0  # a stage still running after this long gets a line (long stages show up; quick ones once)
-GROUP_EVERY_S = 10.0  # a repeated task's count line at most this often (and when all are done)
+GROUP_EVERY_S = 10.0  # a shard task's count line at most this often (and when all are done)
+SHARDS = "-shard"  # the tasks run once per shard (tokenize-shard, corrupt-shard): counted on one line
 MLFLOW_SEARCH_EVERY_S = 5.0  # how often the MLflow store is searched for the flow run's training runs
 _SUFFIX = re.compile(r"-[0-9a-f]{3}$")  # Prefect's task run names: `<task name>-<3 hex digits>`
 # The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them)
@@ -159,7 +160,7 @@ class Follower:
         now = time.monotonic()
         for name in dict.fromkeys(names):
             group = [r for r, n in zip(runs, names) if n == name]
-            if len(group) > 1:  # a task run many times (shards): one count line
+            if name.endswith(SHARDS):  # a task run once per shard: one count line
                 done = sum(1 for r in group if r.state is not None and r.state.is_final())
                 was_done, was_total, printed = self._groups.get(name, (0, 0, -1e9))
                 changed = (done, len(group)) != (was_done, was_total)
@@ -169,18 +170,18 @@ class Follower:
                     self.printer.line(f"{self.stamp()}{name}: {done} of {len(group)} completed{tail}")
                     self._groups[name] = (done, len(group), now)
                 continue
-            run = group[0]
-            state = run.state.name if run.state else "Pending"
-            if run.state is not None and run.state.is_final():
-                if self._states.get(run.id) != state:
-                    took = f" in {run.total_run_time.total_seconds():.0f} s" if run.total_run_time else ""
-                    self.printer.line(f"{self.stamp()}{name}: {state}{took}")
-                    self._states[run.id] = state
-            elif run.state is not None and run.state.is_running() and run.id not in self._announced:
-                started = run.start_time.timestamp() if run.start_time else time.time()
-                if time.time() - started >= ANNOUNCE_AFTER_S or name == "fit":
-                    self.printer.line(f"{self.stamp()}{name}: running")
-                    self._announced.add(run.id)
+            for run in group:
+                state = run.state.name if run.state else "Pending"
+                if run.state is not None and run.state.is_final():
+                    if self._states.get(run.id) != state:
+                        took = f" in {run.total_run_time.total_seconds():.0f} s" if run.total_run_time else ""
+                        self.printer.line(f"{self.stamp()}{name}: {state}{took}")
+                        self._states[run.id] = state
+                elif run.state is not None and run.state.is_running() and run.id not in self._announced:
+                    started = run.start_time.timestamp() if run.start_time else time.time()
+                    if time.time() - started >= ANNOUNCE_AFTER_S or name == "fit":
+                        self.printer.line(f"{self.stamp()}{name}: running")
+                        self._announced.add(run.id)
 
     async def _log_lines(self, client) -> None:
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
