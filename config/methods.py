@@ -40,6 +40,7 @@ from cse.config import published
 from cse.config.finite import check_finite_fields, refuse_booleans
 from cse.config.limits import cut
 from cse.config.presets import PRESETS
+from cse.config.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from cse.models.method import CSEModel, MethodConfig
@@ -188,7 +189,9 @@ class MethodSpec:
 
     def preset(self, name: str) -> Mapping[str, Any]:
         if name not in self.presets:
-            raise ValueError(f"unknown {self.name} preset {name!r}; known: {sorted(self.presets)}")
+            raise ValueError(
+                f"unknown {self.name} preset {name!r}{did_you_mean([name], self.presets)}; known: {sorted(self.presets)}"
+            )
         return self.presets[name]
 
     def model_config(self, backbone: str, fields: Mapping[str, Any] | None = None) -> MethodConfig:
@@ -201,7 +204,7 @@ class MethodSpec:
         if unknown:
             raise ValueError(
                 f"unknown {self.config_class.__name__} keys {cut([cut(k, 60) for k in unknown[:10]])}"
-                f"{f' and {len(unknown) - 10:,d} more' if len(unknown) > 10 else ''}; known: {sorted(known - {'backbone'})}"
+                f"{f' and {len(unknown) - 10:,d} more' if len(unknown) > 10 else ''}{did_you_mean(unknown, known - {'backbone'})}; known: {sorted(known - {'backbone'})}"
             )
         # a boolean for a number refused, then types checked ("16" → 16, "x" refused) before the dataclass's own checks
         refuse_booleans(typing.get_type_hints(self.config_class), fields, f"model ({self.config_class.__name__})")
@@ -261,7 +264,7 @@ def get_method(name: str) -> MethodSpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; known: {list(METHODS)}") from None
+        raise ValueError(f"unknown method {name!r}{did_you_mean([name], METHODS)}; known: {list(METHODS)}") from None
 
 
 def build_model(method: str, model_config: dict[str, Any], backbone=None, tokenizer=None) -> CSEModel:

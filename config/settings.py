@@ -7,6 +7,7 @@
 | `CSE_SHARED_DATA` | `../shared/data` | local mirror of the canonical sources (tests, CI, offline demo) |
 | `MLFLOW_TRACKING_URI` | `sqlite:///$CSE_HOME/mlflow.db` | MLflow backend store |
 | `CSE_MLFLOW_ARTIFACTS` | `$CSE_HOME/mlartifacts` | artifact root for experiments this project creates |
+| `CSE_MLFLOW_UI_URL` | the tracking URI when it is a server's, else `http://127.0.0.1:5000` (`mlflow ui`) | the MLflow UI the links `cse run` prints point at |
 | `CSE_TASK_RUNNER` | `local` (`dask` when `CSE_DASK_ADDRESS` is set) | where shard tasks run: `local` (this process, one at a time), `dask-local` (a temporary Dask `LocalCluster`), `dask` (the scheduler at `CSE_DASK_ADDRESS`) |
 | `CSE_DASK_ADDRESS` | unset | address of a running Dask scheduler, e.g. `tcp://host:8786` |
 | `CSE_DASK_WORKERS` | Dask's default | worker processes of the `dask-local` cluster |
@@ -48,6 +49,7 @@ class Settings:
     mlflow_tracking_uri: str
     mlflow_artifact_root: Path
     shard_runner: ShardRunnerSettings = ShardRunnerSettings()
+    mlflow_ui_url: str = "http://127.0.0.1:5000"
 
 
 def env_int(name: str, minimum: int = 1) -> int | None:
@@ -104,6 +106,8 @@ def get_settings() -> Settings:
         mlflow_tracking_uri=tracking,
         mlflow_artifact_root=artifacts,
         shard_runner=shard_runner_settings(),
+        mlflow_ui_url=os.environ.get("CSE_MLFLOW_UI_URL")
+        or (tracking if tracking.startswith(("http://", "https://")) else "http://127.0.0.1:5000"),
     )
 
 

@@ -12,6 +12,7 @@ from cse.config.finite import FINITE_ONLY, refuse_booleans
 from cse.config.limits import cut
 from cse.config.presets import PRESET_DATA_URL
 from cse.config.secrets import register_secrets_in
+from cse.config.suggest import did_you_mean
 from cse.storage.hf_sources import HFSource
 
 _HF_DATA = PRESET_DATA_URL
@@ -32,7 +33,7 @@ class _Config(BaseModel):
             raise ValueError(  # each key, and the list, cut: a 10 MB override is not echoed whole
                 f"unknown {cls.__name__} key{'s' if len(unknown) > 1 else ''} "
                 f"{cut(', '.join(repr(cut(k, 60)) for k in unknown[:10]))}"
-                f"{f' and {len(unknown) - 10:,d} more' if len(unknown) > 10 else ''}; "
+                f"{f' and {len(unknown) - 10:,d} more' if len(unknown) > 10 else ''}{did_you_mean(unknown, cls.model_fields)}; "
                 f"known: {', '.join(cls.model_fields)}"
             )
         refuse_booleans({k: f.annotation for k, f in cls.model_fields.items()}, data, cls.__name__)

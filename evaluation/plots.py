@@ -108,3 +108,64 @@ def alignment_uniformity_plot(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+STS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("sts12", "STS12"),
+    ("sts13", "STS13"),
+    ("sts14", "STS14"),
+    ("sts15", "STS15"),
+    ("sts16", "STS16"),
+    ("stsb", "STS-B"),
+    ("sickr", "SICK-R"),
+    ("sts_avg", "Avg."),
+)
+
+
+def sts_scores_plot(rows: Mapping[str, Mapping[str, object]], path: str | Path, title: str = "") -> Path:
+    """Grouped bars of STS test scores (Spearman ×100): the seven tasks and Avg. on the x axis, one bar per row
+    (a run, the backbone before training, a paper's row, ...), each labelled with its score; a missing or
+    non-numeric score is left out.
+
+    Args:
+        rows: label → scores by metric name (`sts12` … `sickr`, `sts_avg`), in legend order.
+        path: the PNG to write.
+        title: the figure title.
+
+    Returns:
+        `path`.
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> from cse.evaluation.plots import sts_scores_plot
+        >>> out = pathlib.Path(tempfile.mkdtemp()) / "sts.png"
+        >>> sts_scores_plot({"run": {"sts12": 70.0, "sts_avg": 71.5}, "paper": {"sts12": "n/a"}}, out).stat().st_size > 0
+        True
+    """
+
+    def number(value: object) -> float:
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return np.nan
+
+    table = {label: [number(scores.get(metric)) for metric, _ in STS_COLUMNS] for label, scores in rows.items()}
+    n = max(len(table), 1)
+    width = 0.8 / n
+    x = np.arange(len(STS_COLUMNS))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(STS_COLUMNS) * max(1.0, n / 3)), 4.2 + 0.2 * ((n + 2) // 3)))
+    for i, (label, values) in enumerate(table.items()):
+        bars = ax.bar(x - 0.4 + width * (i + 0.5), values, width, label=label, color=plt.cm.tab10(i % 10))
+        if n <= 4:
+            ax.bar_label(bars, labels=[f"{v:.1f}" if np.isfinite(v) else "" for v in values], fontsize=6, padding=1)
+    ax.set_xticks(x, [t for _, t in STS_COLUMNS])
+    ax.set_ylabel("Spearman × 100")
+    finite = [v for values in table.values() for v in values if np.isfinite(v)]
+    ax.set_ylim(max(0.0, min(finite, default=0.0) - 10.0), min(100.0, max(finite, default=100.0) + 8.0))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=min(n, 3), frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(title or "STS test (Spearman × 100)")
+    path = Path(path)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # (the legend below the axes included)
+    plt.close(fig)
+    return path

@@ -22,6 +22,7 @@ from cse.flows.corrupt import corrupt
 from cse.flows.deployment_params import deployment_merged
 from cse.flows.tokenization import prepare_tokens
 from cse.storage.datasets import DatasetRef
+from cse.tasks.backbone import evaluate_backbone
 from cse.tasks.ingest import ingest_dataset
 from cse.tasks.log import stage_logger
 from cse.tasks.preflight import preflight_training
@@ -38,16 +39,16 @@ from cse.tasks.train import (
     record_result,
 )
 from cse.tracking.data_warnings import data_warning_tags
-from cse.tracking.reporting import markdown_table, two_decimals
+from cse.tracking.run_pages import sts_table
 
 
-def sts_table_text(metrics: dict[str, float]) -> str:
-    """The seven STS test scores and their average as a markdown table (header, rule, one row; no final newline)."""
-    # lazy: the `evaluation` package imports scipy.stats (~1 s), which importing the flows does not need
-    from cse.evaluation.results import TASK_TITLES, TEST_TASKS
+def sts_table_text(cfg: TrainConfig, metrics: dict[str, float], backbone: dict[str, Any] | None = None) -> str:
+    """The job's STS test table as markdown (no final newline): this run, the backbone before training, the paper's
+    row and the differences (`cse.tracking.run_pages.sts_table`)."""
+    from cse.config import published
 
-    row = {TASK_TITLES[t]: float(metrics[t]) for t in TEST_TASKS}
-    return markdown_table([{**row, "Avg.": float(metrics["sts_avg"])}], cell=two_decimals).rstrip("\n")
+    setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
+    return sts_table(metrics, backbone, published.reference_row(published.STS, cfg.method, cfg.backbone, setting))
 
 
 def train_job(
@@ -59,7 +60,8 @@ def train_job(
     stop_after: int | None = None,
     extra_tags: dict[str, str] | None = None,
 ) -> TrainResult:
-    """One training job as its stage tasks: fit, evaluate-test and evaluate-transfer (when configured), export.
+    """One training job as its stage tasks: evaluate-backbone (the backbone's own score before training, with the
+    test evaluation), fit, evaluate-test and evaluate-transfer (when configured), export.
 
     The job's lock is held across the stages (a second flow of the same job waits, then resumes or returns the
     result). A finished job (its verified `result.json`) is returned without running any stage. A stage that fails
@@ -83,16 +85,25 @@ def train_job(
             plog.info("job %s already finished (MLflow run %s): returning its result", run_dir.path, done.run_id)
             note_membership(done, extra_tags)  # of the experiment that asked again for it
             return done
+        # the backbone's own score before training (cached per backbone and STS data), beside every score of the job
+        backbone = evaluate_backbone(cfg, sts).before() if cfg.test_evaluation else None
         fitted = fit_job(
-            cfg, tokens, corruption, sts, nli_tokens=nli_tokens, stop_after=stop_after, extra_tags=extra_tags
+            cfg,
+            tokens,
+            corruption,
+            sts,
+            nli_tokens=nli_tokens,
+            stop_after=stop_after,
+            extra_tags=extra_tags,
+            backbone=backbone,
         )
         test_metrics: dict[str, float] = {}
         if cfg.test_evaluation:
-            test_metrics = evaluate_test(cfg, fitted, sts)
+            test_metrics = evaluate_test(cfg, fitted, sts, backbone)
             if cfg.transfer_evaluation or cfg.selection == "transfer":  # SentEval transfer tasks, test settings
                 test_metrics = {**test_metrics, **evaluate_transfer(cfg, fitted)}
-        export_model(cfg, fitted, test_metrics, tokens, corruption, nli_tokens)
-        return record_result(fitted, test_metrics)
+        export_model(cfg, fitted, test_metrics, tokens, corruption, nli_tokens, backbone)
+        return record_result(fitted, test_metrics, backbone)
 
 
 def job_datasets(cfg: TrainConfig) -> tuple[DatasetRef, DatasetRef | None, DatasetRef, DatasetRef | None]:
@@ -124,7 +135,7 @@ def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str
         + (f" (resumed from step {result.resumed_from})" if result.resumed_from is not None else "")
     )
     if result.test_metrics:
-        print("\n" + sts_table_text(result.test_metrics))
+        print("\n" + sts_table_text(cfg, result.test_metrics, result.backbone))
     return result
 
 

@@ -199,6 +199,11 @@ class DiffAug(PromptedModel, CSEModel):
     builds_on = ("simcse",)
     evaluation_pooler = "mask"
 
+    @classmethod
+    def backbone_pooling(cls, config: DiffAugConfig) -> tuple[str, str | None]:
+        """The backbone before training reads the template's mask token, as the trained model does."""
+        return "mask", config.template
+
     def __init__(self, config: DiffAugConfig, backbone: nn.Module | None = None, tokenizer=None):
         super().__init__()
         if tokenizer is None:  # the template ids need it even when a backbone is passed in

@@ -227,6 +227,22 @@ class CSEModel(SentenceEmbedder):
     def evaluation_pooler(self) -> str:
         """Name of the evaluation embedding (`cls_before_pooler`, `cls`, `mask`, ...)."""
 
+    @classmethod
+    def backbone_pooling(cls, config: MethodConfig) -> tuple[str, str | None]:
+        """How the pretrained backbone alone is scored before training (the job's step-0 baseline, the row "backbone
+        before training"): the pooler of this method's evaluation embedding, read from the backbone's own output, and
+        the prompt template each sentence is wrapped in (None: the sentence as it is).
+
+        `cls` (the method's MLP over [CLS], which training starts from random weights) becomes `cls_before_pooler`;
+        a method whose pooler depends on its config (a property) is scored on `cls_before_pooler`. A method that
+        reads a prompt template overrides this.
+
+        Args:
+            config: the method's model config.
+        """
+        pooler = cls.evaluation_pooler if isinstance(cls.evaluation_pooler, str) else "cls_before_pooler"
+        return ("cls_before_pooler" if pooler == "cls" else pooler), None
+
     def phase_parameters(self, phase: str) -> list[nn.Parameter]:
         """The tensors the optimiser of `phase` steps (default: every trainable tensor); refuses an empty set."""
         if phase not in self.phases:

@@ -11,9 +11,13 @@
     cse push EXPORT_DIR REPO_ID [--private] [--revision R] [--token-env VAR]
                           upload an export folder with its model card to the Hugging Face hub; prints the URL
 
-    cse run DEPLOYMENT [-p key=value ...] [--timeout S]
-                          run a deployment through the worker and wait (`-p 'config={"mask_ratio": 0.15}'`: JSON values);
-                          prints each stage's cache hit or write, and on failure the failing task's reason; exit 1
+    cse run DEPLOYMENT [-p key=value ...] [--timeout S] [--quiet]
+                          run a deployment through the worker and follow it (`-p 'config={"mask_ratio": 0.15}'`: JSON
+                          values): a line per stage, each stage's cache hit or write, the training steps' progress bar
+                          (loss, last dev score, ETA), then the STS table beside the backbone before training and the
+                          paper's row, the MLflow run id and the Prefect and MLflow pages; on failure the failing task's
+                          reason, exit 1. --quiet: the changes of state and, at the end, the stage lines only
+    cse deployments       the deployments on the Prefect server (FLOW/DEPLOYMENT and what each does)
 
     cse dataset KIND [KEY] [--hf]  where a dataset is and what it holds (KEY: the newest of KIND when left out);
                           --hf prints one line of Python that opens it as a Hugging Face `Dataset`, memory-mapped
@@ -93,18 +97,43 @@ def report(root: DataRoot) -> None:
         print("\nCorruption statistics:")
         _print(query(root, "SELECT * FROM corruption_stats"), {"masked_ratio": 4, "replaced_ratio": 4})
     if root.list("evaluations"):
-        print("\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last:")
-        scores = ("sts12", "sts13", "sts14", "sts15", "sts16", "sts-b", "sick-r", "avg", "r1")
+        print(
+            "\nSTS test evaluations (Spearman x100; STS12-16 'all', STS-B/SICK-R test), newest last; a training run's "
+            "label says what differs from its preset, `before` is its backbone's Avg. before training (the row "
+            "`backbone ...`):"
+        )
+        scores = ("sts12", "sts13", "sts14", "sts15", "sts16", "sts-b", "sick-r", "avg", "before", "r1")
+        columns = set(query(root, "SELECT * FROM evaluations_all LIMIT 0").columns)
+        before = (  # (data roots written before the column existed have none)
+            ("b.sts_avg", "LEFT JOIN evaluations_all b ON b.evaluation_id = e.backbone_evaluation")
+            if "backbone_evaluation" in columns
+            else ("NULL", "")
+        )
         _print(
             query(
                 root,
-                "SELECT created[:19] AS created, label, sts12, sts13, sts14, sts15, sts16, "
-                'stsb AS "sts-b", sickr AS "sick-r", sts_avg AS avg, retrieval_r1 AS r1, '
-                "alignment AS align, uniformity AS uniform "
-                "FROM evaluations_all WHERE mode = 'test' ORDER BY created",
+                "SELECT e.created[:19] AS created, e.label, e.sts12, e.sts13, e.sts14, e.sts15, e.sts16, "
+                'e.stsb AS "sts-b", e.sickr AS "sick-r", e.sts_avg AS avg, '
+                f"{before[0]} AS before, e.retrieval_r1 AS r1, e.alignment AS align, e.uniformity AS uniform "
+                f"FROM evaluations_all e {before[1]} WHERE e.mode = 'test' ORDER BY e.created",
             ),
             {**dict.fromkeys(scores, 2), "align": 4, "uniform": 4},
         )
+
+
+def deployments() -> int:
+    """Print every deployment on the Prefect server (`cse run` takes these names) with what it does."""
+    import asyncio
+
+    from cse.ops.deployments import list_deployments
+
+    rows = asyncio.run(list_deployments())
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, what in rows:
+        print(f"{name:<{width}}  {what}".rstrip())
+    if not rows:
+        print("(no deployments: `make main` or `bash scripts/services.sh up` registers them)")
+    return 0
 
 
 def deliver_metrics(run_dirs: list[str]) -> int:
@@ -398,11 +427,17 @@ def _main(argv: list[str]) -> int:
         help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable",
     )
     r.add_argument("--timeout", type=_seconds, metavar="S", help="stop waiting after S (> 0) seconds (the run goes on)")
+    r.add_argument(
+        "--quiet", action="store_true", help="no progress or summary: the changes of state, then the stage lines"
+    )
+    sub.add_parser("deployments", help="the deployments on the Prefect server")
     args = p.parse_args(argv)
     if args.cmd == "run":
         from cse.ops.deployments import run_deployment_cli
 
-        return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout)
+        return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout, quiet=args.quiet)
+    if args.cmd == "deployments":
+        return deployments()
     if args.cmd == "deliver-metrics":
         return deliver_metrics(args.run_dirs)
     if args.cmd == "card":

@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -20,6 +20,7 @@ from uuid import UUID
 from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
 from cse.config.methods import DEFAULT_METHOD
 from cse.config.secrets import redact
+from cse.ops.follow import STAGE_LINE, Follower, Printer, summary
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
 _PREFIXES = (
@@ -27,8 +28,6 @@ _PREFIXES = (
     "Flow run encountered an exception",
     "Flow run encountered an exception:",
 )
-# The stages' own words for a reused or fresh result (tasks/*.py, flows/*.py log them): the summary after a run
-STAGE_LINE = re.compile(r"\b(cache hit|written|already finished)\b")
 REASON_CHARS = 400
 # A preflight failure (tasks/preflight.py) lists every missing thing with its fix: printed whole, never cut
 UNCUT_REASONS = ("PreflightError: ",)
@@ -39,13 +38,15 @@ LATE_HINT_AFTER_S = 60.0
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """`key=value` strings → parameters; a value that parses as JSON is JSON, any other a string.
+    """`key=value` strings → parameters; a value that parses as JSON is JSON, any other a string, except a value that
+    opens a JSON object or list (`{`, `[`) and does not parse: that is refused, naming the column.
 
     Args:
         items: the `-p` arguments, e.g. `["config={\"mask_ratio\": 0.15}", "n=3"]`.
 
     Raises:
-        ValueError: an item without `=` or with an empty key (named).
+        ValueError: an item without `=` or with an empty key (named); malformed JSON (its parameter, the error and the
+            column, with the text around it).
         ParameterRefused: a value nested too deep or too long (`cse.config.limits`), named.
     """
     params: dict[str, Any] = {}
@@ -59,7 +60,14 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         check_parameter(key, None, chars=len(value))  # refused before it is parsed: 10 MB is not settings
         try:
             parsed = json.loads(value)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as e:
+            if value.lstrip().startswith(("{", "[")):
+                near = cut(value[max(0, e.pos - 20) : e.pos + 1])
+                raise ValueError(
+                    f"parameter {key!r}: malformed JSON, {e.msg} at column {e.colno} of its value "
+                    f"(…{near}⟵ here); the whole -p argument goes in single quotes, e.g. "
+                    f"-p '{key}={{\"learning_rate\": 0.0001}}'"
+                ) from None
             parsed = value
         except RecursionError:  # deeper than Python's JSON parser goes
             raise ParameterRefused(f"parameter {key!r} is nested deeper than {MAX_DEPTH} levels") from None
@@ -188,8 +196,9 @@ async def stage_lines(client, flow_run_id: UUID) -> list[str]:
     return [redact(" ".join(line.split())) for _, line in found]
 
 
-async def outcome_of(flow_run_id: UUID) -> RunOutcome:
-    """What a finished flow run did: its state, its stage lines and, unless it completed, its failures."""
+async def outcome_of(flow_run_id: UUID, with_stage_lines: bool = True) -> RunOutcome:
+    """What a finished flow run did: its state, its stage lines (unless `with_stage_lines` is False: `cse run`
+    printed them as they came) and, unless it completed, its failures."""
     from prefect.client.orchestration import get_client
 
     async with get_client() as client:
@@ -200,7 +209,7 @@ async def outcome_of(flow_run_id: UUID) -> RunOutcome:
             run.name,
             run.state.name if run.state else "unknown",
             completed,
-            stage_lines=await stage_lines(client, flow_run_id),
+            stage_lines=await stage_lines(client, flow_run_id) if with_stage_lines else [],
             failures=[] if completed else await failures_of(client, flow_run_id),
         )
 
@@ -241,38 +250,176 @@ async def refused_parameters(deployment: str, detail: str) -> str:
     return line
 
 
-async def start(deployment: str, parameters: dict[str, Any]):
-    """Create a flow run of `deployment` (`flow-name/deployment-name`) with `parameters`; returns the flow run.
+class ServicesDown(RuntimeError):
+    """The Prefect server did not answer: names the URL tried and how to start the services."""
+
+
+def services_down(e: BaseException) -> ServicesDown:
+    """The error to show when the Prefect API at the configured URL cannot be reached."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = redact(PREFECT_API_URL.value() or "(no PREFECT_API_URL: Prefect would start a temporary server)")
+    return ServicesDown(
+        f"no Prefect server answers at {url} ({type(e).__name__}: {' '.join(str(e).split()) or 'no answer'}): "
+        "start the services with `bash scripts/services.sh up` (or `make main`) from the checkout, or point "
+        "PREFECT_API_URL at your team's server"
+    )
+
+
+def require_api_url() -> str:
+    """The configured Prefect API URL; without one, `ServicesDown` (Prefect would start a temporary server of its own,
+    which knows no deployment)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise ServicesDown(
+            "no Prefect server is configured (PREFECT_API_URL is unset and the Prefect profile `cse` is not active): "
+            "start the services with `bash scripts/services.sh up` (or `make main`) from the checkout, which also "
+            "writes the profile, or point PREFECT_API_URL at your team's server"
+        )
+    return url
+
+
+def _unreachable(e: BaseException) -> bool:
+    import httpx
+
+    return isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)) or (
+        isinstance(e, OSError) and "connection" in str(e).lower()
+    )
+
+
+async def deployment_names(client) -> list[str]:
+    """Every deployment on the server as `flow/deployment`, sorted."""
+    flows = {f.id: f.name for f in await client.read_flows()}
+    return sorted(f"{flows.get(d.flow_id, '?')}/{d.name}" for d in await client.read_deployments())
+
+
+async def list_deployments() -> list[tuple[str, str]]:
+    """`cse deployments`: (flow/deployment, first sentence of its description) of every deployment on the server.
 
     Raises:
-        LookupError: the deployment is not on the server (names the API URL and how to register them).
-        ValueError: the server refused the parameters (its reason, and for an unknown key the known ones).
+        ServicesDown: no server answers.
     """
+    from prefect.client.orchestration import get_client
+
+    require_api_url()
+    try:
+        async with get_client() as client:
+            flows = {f.id: f.name for f in await client.read_flows()}
+            found = await client.read_deployments()
+    except Exception as e:  # noqa: BLE001 - an unreachable server is said with its URL and the fix
+        if _unreachable(e):
+            raise services_down(e) from None
+        raise
+    rows = [(f"{flows.get(d.flow_id, '?')}/{d.name}", (d.description or "").split(". ")[0].strip()) for d in found]
+    return sorted(rows)
+
+
+def training_spec(flow_name: str, parameters: dict[str, Any]):
+    """The registry method a flow's `preset` and `overrides` belong to: its `method` parameter, else the method the flow
+    name ends with (`train-<method>`, `ablate-<method>`); None for a flow of no method."""
+    from cse.config.methods import REGISTRY
+
+    if isinstance(parameters.get("method"), str) and parameters["method"] in REGISTRY:
+        return REGISTRY[parameters["method"]]
+    return next((spec for name, spec in REGISTRY.items() if flow_name.endswith(f"-{name}")), None)
+
+
+def check_training_parameters(flow_name: str, deployment_params: dict[str, Any], given: dict[str, Any]) -> None:
+    """Before a flow run is created: the `preset` and `overrides` a run of a training or experiment flow would train
+    with (the run's merged over the deployment's, as the flow merges them: flows/deployment_params.py) resolve to a
+    valid `TrainConfig`, else a ValueError naming every refused key with the closest known one and the full list.
+
+    Args:
+        flow_name: the deployment's flow (`train-<method>`, `seeds`, `sweep`, `ablate-<method>`, ...).
+        deployment_params: the deployment's own parameters.
+        given: the run's parameters (`-p`).
+    """
+    from pydantic import ValidationError
+
+    from cse.config.presets import deep_merge
+    from cse.config.training import resolve_train_config
+
+    merged = {**deployment_params, **given}
+    if "overrides" not in merged and "preset" not in merged and not flow_name.startswith("train-"):
+        return
+    spec = training_spec(flow_name, merged)
+    if spec is None:
+        return
+    overrides = given.get("overrides", deployment_params.get("overrides"))
+    if isinstance(given.get("overrides"), dict) and isinstance(deployment_params.get("overrides"), dict):
+        overrides = deep_merge(dict(deployment_params["overrides"]), dict(given["overrides"]))
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ValueError(f"parameter 'overrides' must be a JSON object of TrainConfig fields, got {overrides!r}")
+    try:
+        resolve_train_config(merged.get("preset", "default"), overrides, method=spec.name)
+    except ValidationError as e:
+        errors = "; ".join(
+            ((".".join(map(str, err["loc"])) + ": ") if err["loc"] else "") + err["msg"].removeprefix("Value error, ")
+            for err in e.errors()
+        )
+        raise ValueError(f"refused before any flow run was created: {errors}") from None
+    except ValueError as e:
+        raise ValueError(f"refused before any flow run was created: {e}") from None
+
+
+async def start(deployment: str, parameters: dict[str, Any]):
+    """Create a flow run of `deployment` (`flow-name/deployment-name`) with `parameters`; returns the flow run. The
+    training parameters (`preset`, `overrides`) are checked first (`check_training_parameters`): a mistake creates
+    no flow run.
+
+    Raises:
+        LookupError: the deployment is not on the server (names the API URL, the closest deployment names and how to
+            register them).
+        ValueError: the parameters were refused (their reason, and for an unknown key the known ones).
+        ServicesDown: no Prefect server answers.
+    """
+    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL
 
+    from cse.config.suggest import closest
+
     if "/" not in deployment:
         raise ValueError(f"deployment {deployment!r} is not FLOW/DEPLOYMENT (e.g. train-{DEFAULT_METHOD}/smoke)")
+    require_api_url()
     try:
+        async with get_client() as client:
+            try:
+                found = await client.read_deployment_by_name(deployment)
+            except ObjectNotFound:
+                names = await deployment_names(client)
+                hint = closest(deployment, names)
+                raise LookupError(
+                    f"deployment {deployment!r} not found on the Prefect server at {redact(PREFECT_API_URL.value())}"
+                    + (f" (did you mean {hint!r}?)" if hint else "")
+                    + "; `cse deployments` lists them (`make main` or `scripts/services.sh up` registers them)"
+                ) from None
+            flow = await client.read_flow(found.flow_id)
+        check_training_parameters(flow.name, dict(found.parameters or {}), parameters)
         return await run_deployment(deployment, parameters=parameters, timeout=0)
     except PrefectHTTPStatusError as e:  # 409: the parameters fail the deployment's schema (no flow run was made)
         if e.response.status_code != 409:
             raise
         raise ValueError(await refused_parameters(deployment, e.response.json().get("detail", str(e)))) from None
-    except ObjectNotFound:
-        raise LookupError(
-            f"deployment {deployment!r} not found on the Prefect server at {redact(PREFECT_API_URL.value())}"
-            " (`make main` or `scripts/services.sh up` registers the deployments; `prefect deployment "
-            "ls` lists them)"
-        ) from None
+    except Exception as e:
+        if _unreachable(e):
+            raise services_down(e) from None
+        raise
 
 
 async def wait(
-    flow_run_id: UUID, on_state: Callable[[str], None], poll_s: float = 2.0, timeout_s: float | None = None
+    flow_run_id: UUID,
+    on_state: Callable[[str], None],
+    poll_s: float = 2.0,
+    timeout_s: float | None = None,
+    on_poll: Callable[[Any, bool], Awaitable[None]] | None = None,
 ) -> None:
     """Poll the flow run until its state is final, calling `on_state(line)` at each change of state (and once with a
-    hint when no worker has picked it up after a minute).
+    hint when no worker has picked it up after a minute) and `on_poll(client, final)` after each poll (`final` on the
+    last, once the state is final).
 
     Raises:
         TimeoutError: not final after `timeout_s` seconds (the run goes on).
@@ -284,10 +431,13 @@ async def wait(
         while True:
             run = await client.read_flow_run(flow_run_id)
             name = run.state.name if run.state else "unknown"
+            final = run.state is not None and run.state.is_final()
+            if on_poll is not None:
+                await on_poll(client, final)
             if name != last:
                 on_state(name)
                 last = name
-            if run.state is not None and run.state.is_final():
+            if final:
                 return
             waited = time.monotonic() - began
             if not hinted and run.state is not None and run.state.is_scheduled() and waited > LATE_HINT_AFTER_S:
@@ -314,9 +464,13 @@ def run_deployment_cli(
     poll_s: float = 2.0,
     out: Callable[[str], None] = _stdout,
     err: Callable[[str], None] | None = None,
+    quiet: bool = False,
+    tty: bool | None = None,
 ) -> int:
-    """`cse run`: start `deployment`, wait, print the stage lines; on failure the reason of each failing task.
-    Returns 0 when the run completed, else 1.
+    """`cse run`: start `deployment` and follow it (cse.ops.follow: a line per stage as it ends, the stages' cache hits
+    and writes as they come, the training progress bar; at the end the result's table, the MLflow run id and the
+    Prefect and MLflow pages); on failure the reason of each failing task. `quiet`: only the changes of state, then
+    the stage lines and the reasons (for scripts). Returns 0 when the run completed, else 1.
 
     Args:
         deployment: `flow-name/deployment-name`.
@@ -324,6 +478,8 @@ def run_deployment_cli(
         timeout_s: give up waiting after this many seconds (exit 1; the run goes on).
         poll_s: seconds between state checks.
         out, err: where lines go (stdout, stderr).
+        quiet: print what `cse run --quiet` prints.
+        tty: whether stdout is a terminal (the bar is redrawn in place); None: ask stdout.
     """
     import sys
 
@@ -333,23 +489,44 @@ def run_deployment_cli(
     if timeout_s is not None and not 0 < timeout_s < float("inf"):  # checked before a flow run is created
         raise ValueError(f"timeout {timeout_s!r}: a finite number of seconds > 0, or None to wait until the run ends")
     parameters = parse_params(params)
+    printer = Printer(out, sys.stdout.isatty() if tty is None else tty)
 
     async def go() -> int:
         run = await start(deployment, parameters)
         ui = PREFECT_UI_URL.value()
-        out(f"==> {deployment}: flow run {run.name} ({run.id})" + (f"  {ui}/runs/flow-run/{run.id}" if ui else ""))
+        link = f"{ui.rstrip('/')}/runs/flow-run/{run.id}" if ui else None
+        out(f"==> {deployment}: flow run {run.name} ({run.id})" + (f"  {link}" if link else ""))
         began = time.monotonic()
-        await wait(run.id, lambda s: out(f"    {time.monotonic() - began:6.0f} s  {s}"), poll_s, timeout_s)
-        result = await outcome_of(run.id)
+        follower = Follower(run.id, printer, began=began)
+        warned: list[str] = []
+
+        async def follow(client, final: bool) -> None:
+            try:
+                await follower.poll(client, final)
+            except Exception as e:  # noqa: BLE001 - following is a courtesy: the run goes on, said once
+                if not warned:
+                    warned.append(str(e))
+                    printer.line(f"    (not following the progress: {type(e).__name__}: {redact(str(e))[:200]})")
+
+        def state(line: str) -> None:
+            printer.line(f"    {time.monotonic() - began:6.0f} s  {line}")
+
+        await wait(run.id, state, poll_s, timeout_s, on_poll=None if quiet else follow)
+        printer.close()
+        result = await outcome_of(run.id, with_stage_lines=quiet)
         for line in result.stage_lines:
             out(f"    stage: {line}")
         if result.completed:
-            out(f"==> {deployment}: {result.state}")
+            out(f"==> {deployment}: {result.state} in {time.monotonic() - began:.0f} s")
+            if not quiet:
+                summary(follower.flow_runs or [run.id], printer, link)
             return 0
         err(f"==> {deployment}: flow run {result.name} ended {result.state}")
         for failure in result.failures or [Failure([result.name], None, "(no reason recorded)")]:
             err(f"    reason: {failure}")
         err(f"    full log: prefect flow-run logs {run.id}")
+        if not quiet:
+            summary(follower.flow_runs or [run.id], printer, link)
         return 1
 
     return asyncio.run(go())

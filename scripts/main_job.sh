@@ -28,8 +28,8 @@ Browse:
   Prefect UI  http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT
   MLflow UI   mlflow ui --backend-store-uri "$MLFLOW_TRACKING_URI" --host 127.0.0.1 --port 5000
               then open $MLFLOW_PAGE
-  DuckDB      duckdb "$CSE_HOME/data/catalog.duckdb"   (views: wiki1m, nli, sts, tokens, corruption, manifests, ...)
+  SQL         cse sql "SELECT label, sts_avg FROM evaluations_all"   (views: wiki1m, nli, sts, tokens, evaluations, ...)
 From any shell with the venv activated (source .venv/bin/activate; docs/quickstart.md):
-  cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.0001}'    cse report    cse sql "SELECT ..."
+  cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.0001}'    cse deployments    cse report
 Stop the services with: bash scripts/services.sh down
 MSG

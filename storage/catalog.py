@@ -7,6 +7,8 @@ Views (refreshed after each stage writes):
   (model folders, no Parquet, no views) included;
 - `token_lengths`: length distribution per tokens dataset and column;
 - `corruption_stats`: masked / replaced ratios per corruption dataset;
+- `comparisons_wide`: the newest comparison's STS table, one row per run with the seven tasks and Avg. as columns,
+  beside its backbone's Avg. before training, the published Avg. and their difference;
 - `damaged_datasets`: datasets left out because they failed the cheap check of `cse.storage.integrity` (kind, key,
   file, reason). One damaged dataset never breaks the catalog: the others stay queryable.
 """
@@ -24,6 +26,7 @@ import duckdb
 
 from cse.storage.integrity import Problem, check_dataset, warn_damaged_once
 from cse.storage.layout import KINDS, NO_PARQUET_KINDS, DataRoot
+from cse.storage.readers import SEVEN_TASKS
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,28 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
         stmts.append("DROP VIEW IF EXISTS corruption_stats")
     if "tokens" not in present:
         stmts.append("DROP VIEW IF EXISTS token_lengths")
+    if "comparisons" in present:
+        stmts.append(comparisons_wide_sql())
+    else:
+        stmts.append("DROP VIEW IF EXISTS comparisons_wide")
     return stmts, damaged
+
+
+def comparisons_wide_sql() -> str:
+    """The view `comparisons_wide`: the newest comparison's STS rows pivoted to one row per run (`run` values of the
+    seven tasks and Avg.; `backbone_avg`, `published_avg` and `difference_avg`: the Avg. of the run's other rows)."""
+
+    def value(kind: str, metric: str, name: str) -> str:
+        return f"max(value) FILTER (WHERE row_kind = '{kind}' AND metric = '{metric}') AS {name}"
+
+    columns = [value("run", t, t) for t in (*SEVEN_TASKS, "sts_avg")]
+    columns += [value(k, "sts_avg", f"{k}_avg") for k in ("backbone", "published", "difference")]
+    return (
+        "CREATE OR REPLACE VIEW comparisons_wide AS SELECT label, method, backbone, setting, mlflow_run_id, "
+        + ", ".join(columns)
+        + " FROM comparisons WHERE \"table\" = 'sts' GROUP BY label, method, backbone, setting, mlflow_run_id "
+        "ORDER BY label"
+    )
 
 
 _IN_MEMORY: dict[Path, duckdb.DuckDBPyConnection] = {}  # data root → its catalog, when the file cannot be written

@@ -92,7 +92,8 @@ def row_identity(
 ) -> dict[str, Any]:
     """The columns every evaluation row shares (STS and transfer): which model, evaluated on which data, when.
     `what` names the evaluated model (keys model or backbone, pooler, checkpoint, method); missing keys come from
-    the result's `embedder` description."""
+    the result's `embedder` description; `backbone_evaluation`, the evaluation id of a training job's backbone before
+    training."""
     return {
         "evaluation_id": evaluation_id,
         "created": datetime.now(UTC).isoformat(),
@@ -103,6 +104,7 @@ def row_identity(
         "checkpoint": what.get("checkpoint"),
         "method": what.get("method") or embedder.get("method"),
         "mlflow_run_id": mlflow_run_id,
+        "backbone_evaluation": what.get("backbone_evaluation"),
         "sts_source": source,
         "sts_hash": source_hash,
     }

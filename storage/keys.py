@@ -31,7 +31,14 @@ from typing import Any
 from cse.storage.hashing import stable_hash
 
 # The schema version of each stage's output: part of its keys and of its manifests' params (`schema_version`).
-SCHEMA_VERSIONS: dict[str, int] = {"ingest": 1, "transfer": 1, "tokens": 1, "generator": 1, "corruption": 1}
+SCHEMA_VERSIONS: dict[str, int] = {
+    "ingest": 1,
+    "transfer": 1,
+    "tokens": 1,
+    "generator": 1,
+    "corruption": 1,
+    "backbone_evaluation": 1,
+}
 
 # Parameters added after keys of the stage existed → their default (what the stage did before them).
 CORRUPTION_ADDED_LATER: dict[str, Any] = {"positions": "masked"}
@@ -160,6 +167,36 @@ def corruption_key(
             "precision": precision,
             "v": SCHEMA_VERSIONS["corruption"],
             **without_defaults({"positions": positions}, CORRUPTION_ADDED_LATER),
+        }
+    )
+
+
+BACKBONE_EVALUATION_PREFIX = "backbone-"  # the evaluation id (= `evaluations` dataset key) of a backbone's own score
+
+
+def backbone_evaluation_key(
+    backbone: Mapping[str, str], pooler: str, template: str | None, sts_hash: str, precision: str
+) -> str:
+    """The evaluation id of a backbone's own STS test score before training (`datasets/evaluations/<key>`, cached per
+    backbone, pooler and STS data): `backbone-<hash>` of the backbone's identity, the pooler and prompt template, the
+    STS dataset's content hash and the evaluation precision.
+
+    Args:
+        backbone: the backbone's identity (name or folder, hash of its config.json).
+        pooler: the pooler read from the backbone's output (`cls_before_pooler`, `avg`, `mask`, ...).
+        template: the prompt template each sentence is wrapped in, None for none.
+        sts_hash: the content hash of the STS dataset scored.
+        precision: the evaluation precision (`fp32`, `bf16`).
+    """
+    return BACKBONE_EVALUATION_PREFIX + stable_hash(
+        {
+            "stage": "backbone_evaluation",
+            "backbone": dict(backbone),
+            "pooler": pooler,
+            "template": template,
+            "sts": sts_hash,
+            "precision": precision,
+            "v": SCHEMA_VERSIONS["backbone_evaluation"],
         }
     )
 

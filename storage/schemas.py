@@ -74,6 +74,9 @@ EVALUATIONS = pa.schema(
         pa.field("checkpoint", pa.string()),
         pa.field("method", pa.string()),
         pa.field("mlflow_run_id", pa.string()),
+        # a training job's test evaluation: the evaluation id of its backbone's score before training (added later:
+        # absent from older files, read as null through the `_all` views)
+        pa.field("backbone_evaluation", pa.string()),
         pa.field("sts_source", pa.string(), nullable=False),  # dataset key or folder
         pa.field("sts_hash", pa.string(), nullable=False),
         *[pa.field(t, pa.float64()) for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "sts_avg")],
@@ -97,13 +100,14 @@ EVALUATIONS = pa.schema(
 
 
 # One comparison (flow `compare`) in long form: a value per (table, row, metric). `row_kind` says whether the
-# row is one of our runs, the papers' published number, or their difference (run − published).
+# row is one of our runs, its backbone's own score before training, the papers' published number, or their difference
+# (run − published).
 COMPARISONS = pa.schema(
     [
         pa.field("comparison_id", pa.string(), nullable=False),
         pa.field("created", pa.string(), nullable=False),
         pa.field("table", pa.string(), nullable=False),  # sts | retrieval | align_uniform | parameters | transfer
-        pa.field("row_kind", pa.string(), nullable=False),  # run | published | difference
+        pa.field("row_kind", pa.string(), nullable=False),  # run | backbone (before training) | published | difference
         pa.field("label", pa.string(), nullable=False),
         pa.field("method", pa.string()),
         pa.field("backbone", pa.string()),

@@ -14,7 +14,9 @@ of each compared model at its version with the best STS-B dev.
 from __future__ import annotations
 
 import json
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,10 +26,11 @@ from cse.config.settings import get_settings
 from cse.storage.comparisons import write_comparison
 from cse.storage.hashing import stable_hash
 from cse.storage.layout import DataRoot
-from cse.storage.readers import SEVEN_TASKS
-from cse.tracking.group_runs import COMPARISON_TABLE, log_comparison
+from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
+from cse.tracking.group_runs import COMPARISON_CHART, COMPARISON_TABLE, log_comparison
 from cse.tracking.model_export import set_best_alias
-from cse.tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts
+from cse.tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts, two_decimals
+from cse.tracking.run_pages import BACKBONE_LABEL, read_backbone_tag
 from cse.tracking.store import experiment_ids, get_runs, search_runs
 
 TABLES: dict[str, tuple[str, ...]] = {
@@ -55,6 +58,8 @@ class RunRecord(BaseModel):
     preset: str
     supervised: bool
     metrics: dict[str, float]
+    backbone_metrics: dict[str, float] = {}  # the backbone's own scores before training (tag `cse.backbone`)
+    backbone_pooler: str | None = None
 
     @property
     def setting(self) -> str:
@@ -89,6 +94,7 @@ def select_runs(
         if methods and t["method"] not in methods:
             continue
         label = t.get("cse.child") or run.info.run_name or run.info.run_id
+        before = read_backbone_tag(t) or {}
         records.append(
             RunRecord(
                 run_id=run.info.run_id,
@@ -105,6 +111,8 @@ def select_runs(
                         else {}
                     ),
                 },
+                backbone_metrics=before.get("metrics") or {},
+                backbone_pooler=before.get("pooler"),
             )
         )
     if latest_per_label:
@@ -151,6 +159,18 @@ def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
                 {**common, "row_kind": "run", "source": "this project", "metric": k, "value": v}
                 for k, v in ours.items()
             ]
+            if table == "sts" and run.backbone_metrics:  # the backbone before training, beside the run
+                source = f"{BACKBONE_LABEL} ({run.backbone_pooler})" if run.backbone_pooler else BACKBONE_LABEL
+                rows += [
+                    {
+                        **common,
+                        "row_kind": "backbone",
+                        "source": source,
+                        "metric": k,
+                        "value": run.backbone_metrics.get(k),
+                    }
+                    for k in metrics
+                ]
             pub, fam = _published_row(table, run)
             if pub is None:
                 continue
@@ -246,11 +266,21 @@ def table_columns(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[Any
 
 
 def comparison_description(tables: dict[str, list[dict[str, Any]]], comparison_id: str) -> str:
-    """The comparison run's description (markdown): the runs side by side on STS (each run, its published row and
-    the difference), then where the other tables are."""
+    """The comparison run's description (markdown): the runs side by side on STS (each run, its backbone before
+    training, its published row and the difference; two decimals), then where the other tables are."""
     head = f"**Comparison {comparison_id}**: {len({r['label'] for r in tables.get('sts', [])})} runs side by side."
     sts = tables.get("sts")
-    body = render_markdown({"sts": sts}) if sts else "No run has STS test scores."
+    titles = {m: TASK_TITLES[m] for m in TABLES["sts"]}
+    body = (
+        markdown_table(
+            [{k: r[k] for k in ("label", "row", "source")} | {titles[m]: r.get(m) for m in titles} for r in sts],
+            ["label", "row", *titles.values(), "source"],
+            title=TITLES["sts"],
+            cell=two_decimals,
+        )
+        if sts
+        else "No run has STS test scores."
+    )
     others = [TITLES[t] for t in tables if t != "sts"]
     tail = f"Also in the artifact `comparison.md` (and the table `{COMPARISON_TABLE}`): " + "; ".join(others) + "."
     return "\n\n".join([head, body.rstrip("\n"), tail] if others else [head, body.rstrip("\n")])
@@ -281,16 +311,25 @@ def record_comparison(runs: list[RunRecord], selection: dict[str, Any]) -> Compa
         root, comparison_id, [{**r, "comparison_id": comparison_id, "created": created} for r in rows], params=selection
     )
     best_versions = set_best_alias([r.run_id for r in runs])
-    run_id = log_comparison(
-        comparison_id,
-        selection,
-        markdown,
-        render_csv(tables),
-        len(runs),
-        table=table_columns(tables),
-        tags={f"cse.best.{name}": version for name, version in best_versions.items()},
-        description=comparison_description(tables, comparison_id),
-    )
+    from cse.evaluation.plots import sts_scores_plot  # lazy: matplotlib
+
+    with tempfile.TemporaryDirectory(prefix="cse-compare-") as tmp:
+        chart = sts_scores_plot(
+            {r.label: r.metrics for r in runs if "sts_avg" in r.metrics},
+            Path(tmp) / COMPARISON_CHART,
+            title=f"comparison {comparison_id}: STS test (Spearman ×100)",
+        )
+        run_id = log_comparison(
+            comparison_id,
+            selection,
+            markdown,
+            render_csv(tables),
+            len(runs),
+            table=table_columns(tables),
+            tags={f"cse.best.{name}": version for name, version in best_versions.items()},
+            description=comparison_description(tables, comparison_id),
+            chart=chart,
+        )
     published_tables = {"sts": "STS vs published", "transfer": "transfer tasks vs published"}
     publish_artifacts(
         tables={

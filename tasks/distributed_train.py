@@ -25,7 +25,8 @@ def torchrun_command(cfg: TrainConfig, job_file: Path, rdzv_id: str) -> list[str
 
 
 def _main_callbacks(job: DistributedJob):
-    return rank_zero_callbacks(job.run_id, job.run_folder(), world_size=distributed.world())
+    phases = 2 if job.config.prefix_phase is not None else 1
+    return rank_zero_callbacks(job.run_id, job.run_folder(), world_size=distributed.world(), phases=phases)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from cse.tasks.evaluate_common import EvalSummary, build_embedder, check_same_st
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from cse.tracking.reporting import csv_table, markdown_table, publish_artifacts
-from cse.tracking.run_pages import page_metrics
+from cse.tracking.run_pages import page_metrics, score_tags
 from cse.tracking.stage_runs import active_run_id, log_run_results, stage_run
 
 # ---------------------------------------------------------------- recording
@@ -153,26 +153,28 @@ def record_evaluation(
     artifact_path: str = "evaluation",
     write_row: bool = True,
     subset_metrics: bool = True,
+    step: int = 0,
 ) -> str:
-    """Log `result` to the active MLflow run (if any), write its Parquet row, create Prefect artifacts
-    (inside a Prefect run). Returns the evaluation id (= the `evaluations` dataset key).
+    """Log `result` to the active MLflow run (if any; at `step`, with its score tags), write its Parquet row, create
+    Prefect artifacts (inside a Prefect run). Returns the evaluation id (= the `evaluations` dataset key).
 
-    `subset_metrics=False` (a training run) leaves the per-subset scores out of the run's metrics: they stay in its
-    `evaluation/sts_subsets.md` table and would come before the loss curves on its charts (`cse.tracking.run_pages`)."""
+    `subset_metrics=False` (a training run, a re-evaluation nested under one) logs only the headline metrics
+    (`cse.tracking.run_pages.page_metrics`): the per-subset scores and the evaluator's other single values stay in the
+    run's `evaluation/` files and would bury the curves on its charts (`cse.tracking.run_pages`)."""
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:
+        metrics = result.metrics() if subset_metrics else page_metrics(result.metrics())
         log_run_results(
             run_id,
-            metrics={
-                f"{metric_prefix}{k}": float(v)
-                for k, v in (result.metrics() if subset_metrics else page_metrics(result.metrics())).items()
-            },
+            metrics={f"{metric_prefix}{k}": float(v) for k, v in metrics.items()},
             tags={
                 "evaluation_id": evaluation_id,
                 "sts_source": f"{sts.origin}:{sts.location}",
                 "sts_hash": sts.content_hash,
+                **(score_tags(result.metrics()) if result.mode == "test" and not metric_prefix else {}),
             },
+            step=step,
         )
         with tempfile.TemporaryDirectory(prefix="cse-eval-") as tmp:
             files = write_result_files(result, label, Path(tmp) / "files")
@@ -273,7 +275,8 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
             precision=config.precision,
             progress=config.progress,
         )
-        evaluation_id = record_evaluation(result, label=label, what=what, sts=sts)
+        # nested under a training run: its headline scores only (the subsets would fill the experiment's charts)
+        evaluation_id = record_evaluation(result, label=label, what=what, sts=sts, subset_metrics=where.parent is None)
         log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
         log.info(
             "evaluation %s (%s): %s",

@@ -102,9 +102,10 @@ def record_transfer_evaluation(
     metric_prefix: str = "",
     artifact_path: str = "transfer",
     write_row: bool = True,
+    step: int = 0,
 ) -> str:
-    """Log `result` to the active MLflow run (if any), write its Parquet row, create Prefect artifacts (inside a
-    Prefect run). Returns the evaluation id."""
+    """Log `result` to the active MLflow run (if any; at `step`: a training job's last, so that its charts are lines),
+    write its Parquet row, create Prefect artifacts (inside a Prefect run). Returns the evaluation id."""
     evaluation_id = f"transfer-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:
@@ -117,6 +118,7 @@ def record_transfer_evaluation(
                 "transfer_hash": source.content_hash,
                 "transfer_classifier": result.classifier,
             },
+            step=step,
         )
         with tempfile.TemporaryDirectory(prefix="cse-transfer-") as tmp:
             write_transfer_files(result, label, Path(tmp))

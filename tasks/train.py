@@ -28,6 +28,9 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import torch
 from prefect import task
@@ -51,7 +54,23 @@ from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN
 from cse.tracking.model_card import CardFacts, write_model_card
 from cse.tracking.model_export import log_encoder_model, registered_model_name
 from cse.tracking.provenance import git_commit, prefect_flow_run_id
-from cse.tracking.run_pages import preset_differences, run_name, set_description, start_description, sts_description
+from cse.tracking.run_pages import (
+    BACKBONE_TAG,
+    OVERRIDES_PARAM,
+    STS_CHART,
+    artifact_image,
+    backbone_row_label,
+    backbone_tag,
+    curve_metrics,
+    overrides_text,
+    page_metrics,
+    preset_differences,
+    run_name,
+    score_tags,
+    set_description,
+    start_description,
+    sts_description,
+)
 from cse.tracking.spool import ResilientMetricLogger, is_unreachable
 from cse.tracking.stage_runs import log_run_results
 from cse.tracking.training_runs import training_run, training_run_exists
@@ -78,6 +97,7 @@ class TrainResult(BaseModel):
     best_stsb_dev: float | None
     resumed_from: int | None
     test_metrics: dict[str, float] = {}
+    backbone: dict[str, Any] = {}  # the backbone before training (`BackboneScore.before()`); {} when not evaluated
 
 
 class FitResult(BaseModel):
@@ -175,6 +195,7 @@ def fit_job(
     nli_tokens: DatasetRef | None = None,
     stop_after: int | None = None,
     extra_tags: dict[str, str] | None = None,
+    backbone: dict[str, Any] | None = None,
 ) -> FitResult:
     """Train (or resume) one job, selecting its best checkpoint on STS-B dev (or the transfer dev average).
 
@@ -186,6 +207,8 @@ def fit_job(
         nli_tokens: the NLI tokens (methods or presets that also read NLI rows), else None.
         stop_after: interrupt after that many steps (`TrainingInterrupted`; resume tests).
         extra_tags: tags added to the job's MLflow run (experiment membership, sweeps' parents).
+        backbone: the backbone's score before training (`cse.tasks.backbone.BackboneScore.before()`), recorded on the
+            run (tag `cse.backbone`, its Avg. as a score tag, the description) when given.
     """
     from cse.evaluation.evaluator import Evaluator  # lazy: see LAZY
 
@@ -206,12 +229,17 @@ def fit_job(
         run_dir,
         run_name(cfg),
         tags,
-        cfg.model_dump(),
+        {**cfg.model_dump(), OVERRIDES_PARAM: overrides_text(cfg)},
         cfg.system_metrics,
         killed=(KeyboardInterrupt, TrainingInterrupted),
     ) as run:
+        if backbone:  # its scores as metrics come with the test scores (evaluate_test): a run has both or neither
+            log_run_results(
+                run.info.run_id, tags={BACKBONE_TAG: backbone_tag(backbone), **score_tags({}, backbone["metrics"])}
+            )
         set_description(
-            run.info.run_id, start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg))
+            run.info.run_id,
+            start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg), before=backbone),
         )
         log_dataset_inputs(
             run.info.run_id,
@@ -224,6 +252,11 @@ def fit_job(
         )
         # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
         metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
+        phases = 2 if cfg.prefix_phase is not None else 1
+
+        def log_curves(metrics: dict[str, float], step: int) -> None:  # in their Model-metrics sections (run_pages)
+            metrics_log.log_metrics(curve_metrics(metrics, phases), step)
+
         try:
             if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
                 job = DistributedJob(
@@ -249,17 +282,18 @@ def fit_job(
                     precision,
                     evaluator,
                     metrics_log.log_params,
-                    metrics_log.log_metrics,
+                    log_curves,
                     stop_after=stop_after,
                     slot=gpu_slot(device),
                     logger=plog,
                 )
         finally:
             metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
-        log_run_results(
+        log_run_results(  # at the last step: a line on the Model metrics tab, not a one-bar chart
             run.info.run_id,
             metrics={"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s},
             tags={} if result.resumed_from is None else {"resumed_from_step": result.resumed_from},
+            step=result.steps,
         )
     plog.info(
         "trained %d steps; best %s %.2f at step %s",
@@ -291,13 +325,18 @@ def _what(cfg: TrainConfig, fitted: FitResult) -> dict[str, str]:
     retry_condition_fn=retry_on_outage,
     cache_policy=NO_CACHE,
 )
-def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[str, float]:
-    """The job's best checkpoint on the STS test sets, recorded on the job's MLflow run and as an evaluation row.
+def evaluate_test(
+    cfg: TrainConfig, fitted: FitResult, sts: DatasetRef, backbone: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """The job's best checkpoint on the STS test sets, recorded on the job's MLflow run (its headline scores at the
+    job's last step, the backbone's before training at step 0: a line from before to after on the Model metrics tab;
+    the score tags; the chart and the description) and as an evaluation row labelled with the run's name.
 
     Args:
         cfg: the job's training config (evaluation batch size and precision).
         fitted: the fit stage's result.
         sts: the STS dataset.
+        backbone: the backbone's score before training (`BackboneScore.before()`), None when not evaluated.
 
     Returns the test metrics (the seven STS tasks, `sts_avg`, retrieval, alignment/uniformity)."""
     from cse.evaluation.evaluator import Evaluator  # lazy: see LAZY
@@ -310,15 +349,53 @@ def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[
         res = Evaluator(sts_input.table).run(
             best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision
         )
+        metrics = res.metrics()
         record_evaluation(
-            res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input, what=_what(cfg, fitted), subset_metrics=False
+            res,
+            label=run_name(cfg),
+            sts=sts_input,
+            what={**_what(cfg, fitted), **({"backbone_evaluation": backbone["evaluation_id"]} if backbone else {})},
+            subset_metrics=False,
+            step=fitted.steps,
         )
-        set_description(fitted.run_id, _description(cfg, res.metrics()))
-    return res.metrics()
+        if backbone:
+            log_run_results(fitted.run_id, metrics=page_metrics(backbone["metrics"]), step=0)
+        chart = _log_chart(cfg, fitted.run_id, metrics, backbone)
+        set_description(fitted.run_id, _description(cfg, metrics, backbone, chart))
+    return metrics
 
 
-def _description(cfg: TrainConfig, metrics: dict[str, float]) -> str:
-    """The job's MLflow run description after its test evaluation: the STS table beside the published row."""
+def _published_sts(cfg: TrainConfig):
+    from cse.config import published
+
+    return published.reference_row(
+        published.STS, cfg.method, cfg.backbone, published.setting_of(cfg.method, cfg.preset, cfg.supervised)
+    )
+
+
+def _log_chart(cfg: TrainConfig, run_id: str, metrics: dict[str, float], backbone: dict[str, Any] | None) -> str | None:
+    """The run's STS chart (this run, the backbone before training, the paper's row; `STS_CHART`), logged as an
+    artifact; returns the markdown that shows it in the description."""
+    from cse.evaluation.plots import sts_scores_plot  # lazy: see LAZY
+
+    rows = {"this run": metrics}
+    if backbone:
+        rows[backbone_row_label(backbone.get("pooler"))] = backbone["metrics"]
+    if (ref := _published_sts(cfg)) is not None:
+        rows[ref.label] = ref.row
+    with tempfile.TemporaryDirectory(prefix="cse-chart-") as tmp:
+        folder, name = Path(tmp) / Path(STS_CHART).parent, Path(STS_CHART).name
+        folder.mkdir()
+        sts_scores_plot(rows, folder / name, title=f"{run_name(cfg)}: STS test (Spearman ×100)")
+        log_run_results(run_id, folders={str(Path(STS_CHART).parent): folder})
+    return artifact_image(run_id, STS_CHART, "STS test: this run, the backbone before training, the paper")
+
+
+def _description(
+    cfg: TrainConfig, metrics: dict[str, float], backbone: dict[str, Any] | None = None, chart: str | None = None
+) -> str:
+    """The job's MLflow run description after its test evaluation: the STS table beside the backbone before training
+    and the published row, and the chart."""
     from cse.config.published import setting_of
 
     return sts_description(
@@ -328,6 +405,8 @@ def _description(cfg: TrainConfig, metrics: dict[str, float]) -> str:
         backbone=cfg.backbone,
         setting=setting_of(cfg.method, cfg.preset, cfg.supervised),
         differences=preset_differences(cfg),
+        before=backbone,
+        chart=chart,
     )
 
 
@@ -356,7 +435,7 @@ def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
         tres = transfer.run(
             best, classifier="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision, log=plog.info
         )
-        record_transfer_evaluation(tres, label=f"{cfg.method}-{cfg.preset}", source=source, what=_what(cfg, fitted))
+        record_transfer_evaluation(tres, label=run_name(cfg), source=source, what=_what(cfg, fitted), step=fitted.steps)
     return tres.metrics()
 
 
@@ -374,6 +453,7 @@ def export_model(
     tokens: DatasetRef,
     corruption: DatasetRef | None,
     nli_tokens: DatasetRef | None = None,
+    backbone: dict[str, Any] | None = None,
 ) -> None:
     """Record and export the job's best checkpoint: the checkpoint and config as MLflow artifacts, the MLflow model
     and its registry version (`cse-<method>-<backbone>-<preset>`), the sentence-transformers folder, the PEFT adapter
@@ -386,6 +466,7 @@ def export_model(
         tokens: the training tokens (their hash goes on the registry version and the cards).
         corruption: the corruption dataset the job read, else None.
         nli_tokens: the NLI tokens the job read, else None.
+        backbone: the backbone's score before training (for the model cards), None when not evaluated.
     """
     from cse.models.st_export import export_portable_sentence_transformer  # lazy: see LAZY
 
@@ -429,6 +510,7 @@ def export_model(
             steps=fitted.steps,
             best_stsb_dev=fitted.best_score,
             st_export=st_export,
+            backbone=backbone,
         )
         folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
         if adapter is not None:
@@ -453,7 +535,9 @@ def export_adapter(method: str, run_dir: RunDir, logger):
         return None
 
 
-def record_result(fitted: FitResult, test_metrics: dict[str, float]) -> TrainResult:
+def record_result(
+    fitted: FitResult, test_metrics: dict[str, float], backbone: dict[str, Any] | None = None
+) -> TrainResult:
     """Write the finished job's `result.json` (every stage done; with its best checkpoint's file records) and return
     it: from now on a rerun returns it (`finished_result`)."""
     out = TrainResult(
@@ -464,6 +548,7 @@ def record_result(fitted: FitResult, test_metrics: dict[str, float]) -> TrainRes
         best_stsb_dev=fitted.best_score,
         resumed_from=fitted.resumed_from,
         test_metrics=test_metrics,
+        backbone=backbone or {},
     )
     fitted.job.set_result(out.model_dump())
     return out

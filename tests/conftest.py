@@ -49,6 +49,21 @@ def wiki_head(shared_data, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def senteval_head(shared_data, tmp_path_factory) -> Path:
+    """The real SentEval STS and SICK files cut to their first 24 lines (about 550 scored pairs): a test evaluation
+    in seconds. Ingest it with `senteval: {"path": ..., "expected_rows": null}` (the counts of the full files do not
+    hold)."""
+    out = tmp_path_factory.mktemp("senteval_head")
+    src = shared_data / "senteval"
+    for f in [*src.glob("STS/*/*"), *src.glob("SICK/*")]:
+        target = out / f.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(f, "rb") as fh:
+            target.write_bytes(b"".join(line for _, line in zip(range(24), fh)))
+    return out
+
+
+@pytest.fixture(scope="session")
 def mlflow_store_template(tmp_path_factory) -> Path:
     """An empty MLflow SQLite store with its schema migrated once per session (seconds each time otherwise); None
     where MLflow is not installed (a GPU node with the training wheelhouse runs `pytest -m gpu` without it)."""

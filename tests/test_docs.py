@@ -111,6 +111,7 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path):
 DOCTEST_MODULES = (
     "cse.config.limits",
     "cse.config.secrets",
+    "cse.config.suggest",
     "cse.storage.readers",
     "cse.models.losses",
     "cse.models.pooling",

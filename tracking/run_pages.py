@@ -1,6 +1,7 @@
 """What the MLflow pages show a researcher: experiments that open in the model-training view, run names that say
-what differs from the preset, a run description with the STS table beside the paper's row, the headline metrics as
-the runs table's columns, and the per-subset scores kept out of the way of the loss curves.
+what differs from the preset, a run description with the STS table (this run, the backbone before training, the
+paper's row) and its chart, score columns in the paper's order with two decimals, and a Model metrics tab that
+starts with the loss and dev curves.
 
 How MLflow 3 (3.17) decides what a page shows, and what this module does about it:
 
@@ -10,16 +11,27 @@ How MLflow 3 (3.17) decides what a page shows, and what this module does about i
   are also tagged `mlflow.experimentKind = custom_model_development` (`MODEL_TRAINING`, set by
   `cse.tracking.store.ensure_experiment` on new experiments and on existing ones when next used), which MLflow 3
   versions that read the tag honour and which stops the "Choose experiment type" pop-up.
-- **The runs table** shows no metric column until one is chosen (a per-browser choice), so each experiment holds
-  the shared view `SCORES_VIEW` (experiment tag `mlflow.sharedViewState.<key>`): the seven STS tasks and `sts_avg`
-  as columns, best `sts_avg` first. `experiment_url` opens it.
-- **Model-metrics tab**: charts are grouped into sections by the metric name's prefix before the last "/", the
-  sections in name order and the unprefixed metrics (the loss curves, `sts_avg`, ...) last. Per-subset scores
-  (`sts12/MSRpar`, 48 one-bar charts with their Pearson twins) would come first and bury the loss curve, so a
-  training run keeps them as the table `evaluation/sts_subsets.md` (and `.csv`) and the headline metrics only
-  (`page_metrics`); a stand-alone evaluation run, which has no curves, keeps them as metrics (`sts12/MSRpar`).
+- **The runs table** shows no metric, param or tag column until one is chosen (a per-browser choice), so each
+  experiment holds the shared view `SCORES_VIEW` (experiment tag `mlflow.sharedViewState.<key>`; `experiment_url`
+  opens it). Its metric columns would come in name order (`sickr, sts12, …, sts_avg, stsb`) with every digit of the
+  float, and MLflow offers no column format: the view shows instead the run's score tags (`score_tags`: `1 STS12`
+  … `8 Avg.`, `9 backbone Avg.`; the leading digit keeps the paper's order, the value is text with two decimals)
+  and the param `overrides` (what differs from the preset). The metrics stay as they are, for search and the API.
+  The view sorts by start time: MLflow nests child runs (a re-evaluation under its training run) only when the
+  table is sorted by date or not sorted.
+- **Model-metrics tab**: one chart per metric, grouped into sections by the name's prefix before the last "/";
+  the prefixed sections come first, in name order, and the unprefixed metrics last, each section in name order; a
+  metric whose latest step is 0 is drawn as a single bar, any other as a line. So the training loop's curves are
+  logged in the sections `dev/` (STS-B dev), `loss/` (the loss and the method's terms), `optimizer/`,
+  `progress/` and `throughput/` (`curve_metrics`), and the test evaluation's headline scores, unprefixed, at the
+  job's last step, beside the backbone's at step 0 (`page_metrics`): a line from before to after training instead
+  of a bar. Per-subset scores (`sts12/MSRpar`, 48 charts with their Pearson twins) and the evaluator's other single
+  values stay in the run's `evaluation/` files; a stand-alone evaluation run, which has no curves, keeps them as
+  metrics.
 - **The description** (tag `mlflow.note.content`, markdown, shown on the run's Overview) is the STS table of the run
-  beside the published row of its method (`sts_description`); a comparison run's is its side-by-side table.
+  beside the backbone before training and the published row of its method (`sts_description`), and the chart
+  `evaluation/sts_chart.png` as an image served by the tracking server (`artifact_image`); a comparison run's is its
+  side-by-side table and the chart of all its runs.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import json
 import math
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import mlflow
 
@@ -37,6 +50,32 @@ from cse.tracking.reporting import markdown_table
 
 NOTE_TAG = "mlflow.note.content"  # the run description MLflow shows (markdown)
 HEADLINE = (*SEVEN_TASKS, "sts_avg")  # the headline metrics: the runs table's columns, the description's table
+# the test metrics a training run logs (at its last step, the backbone's at step 0); the rest stays in its files
+PAGE_METRICS = (
+    *HEADLINE,
+    "retrieval_r1",
+    "retrieval_r3",
+    "retrieval_r5",
+    "retrieval_r10",
+    "alignment",
+    "uniformity",
+    "stsb_dev",  # (a re-evaluation in dev mode)
+    "sickr_dev",
+)
+BACKBONE_AVG_TAG = "9 backbone Avg."  # the score tag of the backbone's Avg. before training (`score_tags`)
+OVERRIDES_PARAM = "overrides"  # the training run's param: what differs from the preset (`overrides_text`)
+BACKBONE_TAG = "cse.backbone"  # a training run's backbone before training, JSON (`backbone_tag`)
+# the training loop's metrics by section of the Model metrics tab (`curve_metrics`); the rest is the method's loss
+CURVE_SECTIONS = {
+    "learning_rate": "optimizer",
+    "grad_norm": "optimizer",
+    "epoch": "progress",
+    "phase": "progress",
+    "sentences_per_s": "throughput",
+    "tokens_per_s": "throughput",
+    "host_wait_share": "throughput",
+    "peak_memory_gb": "throughput",
+}
 SCORES_VIEW = "cse-scores"  # the shared runs-table view of every experiment (`scores_view_state`)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3's experiment type
 MODEL_TRAINING = "custom_model_development"  # ... "model training" (not GenAI)
@@ -59,18 +98,40 @@ def run_url(base: str, experiment_id: str, run_id: str) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{ML_VIEW}"
 
 
+def score_tag(metric: str) -> str:
+    """The run tag holding `metric`'s score as text (`sts12` → `1 STS12`, `sts_avg` → `8 Avg.`): the leading digit is
+    the paper's column order, which the runs table keeps because it orders tag columns by name."""
+    return f"{HEADLINE.index(metric) + 1} {TASK_TITLES[metric]}"
+
+
+def score_tags(metrics: Mapping[str, Any], backbone: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The score tags of a run with STS test scores: `score_tag(t)` → the score with two decimals for every headline
+    metric present, and `BACKBONE_AVG_TAG` → the backbone's Avg. before training when `backbone` (its metrics) gives
+    one."""
+    tags = {score_tag(t): _score(metrics[t]) for t in HEADLINE if t in metrics}
+    if backbone and "sts_avg" in backbone:
+        tags[BACKBONE_AVG_TAG] = _score(backbone["sts_avg"])
+    return tags
+
+
 def scores_view_state() -> dict[str, Any]:
-    """The runs-table state of `SCORES_VIEW` as MLflow's shared views hold it: the headline metrics as columns,
-    sorted by `sts_avg` (best first), all runs."""
+    """The runs-table state of `SCORES_VIEW` as MLflow's shared views hold it: the param `overrides`, the score tags in
+    the paper's order and the backbone's Avg. as columns, newest run first (the order under which MLflow nests child
+    runs), all runs."""
+    columns = [
+        f"params.`{OVERRIDES_PARAM}`",
+        *(f"tags.`{score_tag(m)}`" for m in HEADLINE),
+        f"tags.`{BACKBONE_AVG_TAG}`",
+    ]
     return {
         "searchFilter": "",
-        "orderByKey": "metrics.`sts_avg`",
+        "orderByKey": "attributes.start_time",
         "orderByAsc": False,
         "startTime": "ALL",
         "lifecycleFilter": "Active",
         "datasetsFilter": [],
         "modelVersionFilter": "All Runs",
-        "selectedColumns": [f"metrics.`{m}`" for m in HEADLINE],
+        "selectedColumns": columns,
         "runsExpanded": {},
         "runsPinned": [],
         "runsHidden": [],
@@ -115,7 +176,13 @@ def preset_differences(cfg) -> dict[str, Any]:
     except (KeyError, ValueError):
         return {}
     ours, theirs = _flat(cfg.model_dump()), _flat(base.model_dump())
-    return {k: ours.get(k) for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)}
+    diffs = {k: ours.get(k) for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)}
+
+    def leaf(key: str) -> str:  # a mapping of the preset replaced by a value (`expected_rows: null`): that one key
+        parts = key.split(".")
+        return next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in ours), key)
+
+    return {leaf(k): ours.get(leaf(k)) for k in diffs}
 
 
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -149,11 +216,49 @@ def run_name(cfg) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ metrics
+def curve_name(name: str) -> str:
+    """The MLflow name of a metric the training loop logs: in its Model-metrics section (`CURVE_SECTIONS`; dev scores
+    in `dev/`, the method's loss and terms in `loss/`); the selection's best (`best_stsb_dev`), which the registry's
+    alias and the experiments read, keeps its name."""
+    if name.startswith("best_"):
+        return name
+    if "_dev" in name:
+        return f"dev/{name}"
+    section = CURVE_SECTIONS.get(name) or ("optimizer" if name.startswith("learning_rate_") else "loss")
+    return f"{section}/{name}"
+
+
+def curve_metrics(metrics: Mapping[str, float], phases: int = 1) -> dict[str, float]:
+    """The training loop's metrics under their MLflow names (`curve_name`); `phase` only for a job of more than one
+    phase (a flat zero line otherwise)."""
+    return {curve_name(k): v for k, v in metrics.items() if not (k == "phase" and phases < 2)}
+
+
 def page_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The evaluation metrics a training run logs: all but the per-subset scores (`sts12/MSRpar` and their Pearson
-    twins), which would come before the loss curves on the Model-metrics tab; they stay in the run's
-    `evaluation/sts_subsets.md` table. The headline names (`sts12` … `sickr`, `sts_avg`) are unchanged."""
-    return {k: v for k, v in metrics.items() if "/" not in k}
+    """The test metrics a training run logs (`PAGE_METRICS`: the seven tasks, Avg., recall@k, alignment and
+    uniformity, unchanged names). The per-subset scores (`sts12/MSRpar`), the Pearson and mean variants and the
+    timings stay in the run's `evaluation/` files (`sts_subsets.md`, `result.json`)."""
+    return {k: v for k, v in metrics.items() if k in PAGE_METRICS}
+
+
+def backbone_tag(backbone: Mapping[str, Any]) -> str:
+    """The `BACKBONE_TAG` value: the backbone's evaluation before training (its evaluation id, pooler and headline
+    scores, two decimals) as JSON, read back by `compare` and `cse run`."""
+    keep = {k: backbone[k] for k in ("evaluation_id", "pooler", "template", "label") if backbone.get(k) is not None}
+    keep["metrics"] = {k: round(float(v), 4) for k, v in (backbone.get("metrics") or {}).items() if k in PAGE_METRICS}
+    return json.dumps(keep, separators=(",", ":"))
+
+
+def read_backbone_tag(tags: Mapping[str, str]) -> dict[str, Any] | None:
+    """The backbone's evaluation recorded on a training run (`backbone_tag`), or None."""
+    text = tags.get(BACKBONE_TAG)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 # ------------------------------------------------------------------------------------------------ descriptions
@@ -169,25 +274,67 @@ def _signed(value: float | None) -> str:
     return "–" if value is None else f"{value:+.2f}"
 
 
-def sts_table(
-    rows: list[tuple[str, Mapping[str, Any]]], reference: published.Reference | None = None, ours: int = 0
-) -> str:
-    """A markdown table of STS rows (label, scores by metric name: `sts12` … `sickr`, `sts_avg`): one row each, then
-    `reference`'s published row and the difference of row `ours` from it."""
-    columns = ["", *(TASK_TITLES[t] for t in HEADLINE)]
-    table = [{"": label, **{TASK_TITLES[t]: _score(scores.get(t)) for t in HEADLINE}} for label, scores in rows]
+BACKBONE_LABEL = "backbone before training"  # the row of the backbone's own score in every STS table
+
+
+def backbone_row_label(pooler: str | None) -> str:
+    """The label of the backbone's row: `backbone before training (cls_before_pooler)`."""
+    return f"{BACKBONE_LABEL} ({pooler})" if pooler else BACKBONE_LABEL
+
+
+def _diff(a: Mapping[str, Any], b: Mapping[str, Any], t: str) -> float | None:
+    try:
+        return float(a[t]) - float(b[t])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def sts_rows(
+    metrics: Mapping[str, Any],
+    backbone: Mapping[str, Any] | None = None,
+    reference: published.Reference | None = None,
+) -> list[tuple[str, dict[str, str]]]:
+    """The STS table of one run as (label, cell by task title) rows: this run, the backbone before training
+    (`backbone`: its `metrics` and `pooler`), the paper's row (`reference`), and the differences of the run from the
+    paper and from the backbone; two decimals, `–` where a value is missing."""
+
+    def cells(values: Mapping[str, Any]) -> dict[str, str]:
+        return {TASK_TITLES[t]: _score(values.get(t)) for t in HEADLINE}
+
+    def deltas(other: Mapping[str, Any]) -> dict[str, str]:
+        return {TASK_TITLES[t]: _signed(_diff(metrics, other, t)) for t in HEADLINE}
+
+    rows = [("this run", cells(metrics))]
+    base = (backbone or {}).get("metrics") or {}
+    if base:
+        rows.append((backbone_row_label(backbone.get("pooler")), cells(base)))
     if reference is not None:
-        table.append({"": reference.label, **{TASK_TITLES[t]: _score(reference.row.get(t)) for t in HEADLINE}})
-        run = rows[ours][1]
+        rows.append((reference.label, cells(reference.row)))
+        rows.append(("difference (run − published)", deltas(reference.row)))
+    if base:
+        rows.append(("difference (run − backbone)", deltas(base)))
+    return rows
 
-        def diff(t: str) -> float | None:
-            try:
-                return float(run[t]) - float(reference.row[t])
-            except (KeyError, TypeError, ValueError):
-                return None
 
-        table.append({"": "difference (run − published)", **{TASK_TITLES[t]: _signed(diff(t)) for t in HEADLINE}})
-    return markdown_table(table, columns).rstrip("\n")
+def sts_table(
+    metrics: Mapping[str, Any],
+    backbone: Mapping[str, Any] | None = None,
+    reference: published.Reference | None = None,
+) -> str:
+    """`sts_rows` as a markdown table (no final newline)."""
+    columns = ["", *(TASK_TITLES[t] for t in HEADLINE)]
+    return markdown_table(
+        [{"": label, **cells} for label, cells in sts_rows(metrics, backbone, reference)], columns
+    ).rstrip("\n")
+
+
+def artifact_image(run_id: str, path: str, alt: str) -> str:
+    """Markdown showing the PNG artifact `path` of run `run_id` in a description: the tracking server serves it at
+    `get-artifact?path=…&run_uuid=…`, relative to the UI's own address (so the link holds for any host and port)."""
+    return f"![{alt}](get-artifact?path={quote(path)}&run_uuid={run_id})"
+
+
+STS_CHART = "evaluation/sts_chart.png"  # a test-evaluated training run's chart: this run, the backbone, the paper
 
 
 def sts_description(
@@ -198,9 +345,12 @@ def sts_description(
     backbone: str,
     setting: str,
     differences: Mapping[str, Any] | None = None,
+    before: Mapping[str, Any] | None = None,
+    chart: str | None = None,
 ) -> str:
-    """The description of a test-evaluated training run: its STS table (Spearman ×100) beside the published row of
-    its method and setting (the BERT-base row, labelled so, when no paper reports its backbone) and the difference.
+    """The description of a test-evaluated training run: its STS table (Spearman ×100) beside the backbone before
+    training and the published row of its method and setting (the BERT-base row, labelled so, when no paper reports
+    its backbone), the differences, and the chart.
 
     Args:
         metrics: the run's test metrics (`sts12` … `sickr`, `sts_avg`).
@@ -209,6 +359,8 @@ def sts_description(
         backbone: the backbone.
         setting: the published setting (`cse.config.published.setting_of`).
         differences: what differs from the preset (`preset_differences`).
+        before: the backbone's evaluation before training (`metrics`, `pooler`), None when not evaluated.
+        chart: markdown of the run's chart (`artifact_image`), None for none.
     """
     ref = published.reference_row(published.STS, method, backbone, setting)
     lines = [
@@ -216,9 +368,15 @@ def sts_description(
         "",
         'STS test, Spearman ×100 (STS12–16 "all", STS-B and SICK-R test; Avg. over the seven):',
         "",
-        sts_table([("this run", metrics)], ref),
+        sts_table(metrics, before, ref),
         "",
     ]
+    if before:
+        lines += [
+            f"The backbone before training: `{backbone}` itself with the job's pooler "
+            f"(`{before.get('pooler')}`), no training (cached per backbone and STS data).",
+            "",
+        ]
     if ref is None:
         lines.append(f"No paper reports {method} at setting {setting}: no published row to compare with.")
     else:
@@ -230,17 +388,42 @@ def sts_description(
                 else ""
             )
         )
+    if chart:
+        lines += ["", chart]
     lines += ["", "Per-subset scores: artifact `evaluation/sts_subsets.md`; every metric: the Model metrics tab."]
     return "\n".join(lines)
 
 
-def start_description(method: str, preset: str, backbone: str, differences: Mapping[str, Any] | None = None) -> str:
-    """The description of a training run while it trains (replaced by `sts_description` after its test evaluation)."""
-    return (
-        f"**{method} / {preset}** on `{backbone}`{_differences_text(differences)}\n\n"
+def start_description(
+    method: str,
+    preset: str,
+    backbone: str,
+    differences: Mapping[str, Any] | None = None,
+    before: Mapping[str, Any] | None = None,
+) -> str:
+    """The description of a training run while it trains (replaced by `sts_description` after its test evaluation);
+    with the backbone's score before training when it was evaluated (`before`)."""
+    head = f"**{method} / {preset}** on `{backbone}`{_differences_text(differences)}"
+    lines = [head, ""]
+    base = (before or {}).get("metrics") or {}
+    if "sts_avg" in base:
+        lines += [
+            f"{backbone_row_label(before.get('pooler'))}: STS Avg. {_score(base['sts_avg'])} (Spearman ×100).",
+            "",
+        ]
+    lines.append(
         "Training: the loss and STS-B dev curves are on the Model metrics tab. The STS test table, beside the "
-        "published row, appears here when the test evaluation finishes."
+        "backbone and the published row, appears here when the test evaluation finishes."
     )
+    return "\n".join(lines)
+
+
+def overrides_text(cfg) -> str:
+    """The param `overrides` of a training run: what differs from its preset as in its name (`lr=0.03
+    prefix_len=12`), or `(preset)`."""
+    name = run_name(cfg)
+    head = f"{cfg.method}-{cfg.preset}"
+    return name[len(head) :].strip() or "(preset)"
 
 
 def _differences_text(differences: Mapping[str, Any] | None) -> str:

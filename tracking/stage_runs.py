@@ -109,8 +109,9 @@ def log_run_results(
     texts: Mapping[str, str] | None = None,
     dicts: Mapping[str, Any] | None = None,
     folders: Mapping[str, str | Path] | None = None,
+    step: int = 0,
 ) -> None:
-    """Results on run `run_id`, through the client (no active-run state involved): `metrics` (step 0, stamped
+    """Results on run `run_id`, through the client (no active-run state involved): `metrics` (at `step`, stamped
     now), `tags` (values stringified), `texts` and `dicts` (artifact file name → text, or → a dict saved as JSON)
     and `folders` (artifact path → local folder whose files are uploaded there)."""
     client = mlflow.MlflowClient()
@@ -118,7 +119,7 @@ def log_run_results(
     if metrics or tags:
         client.log_batch(
             run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
+            metrics=[Metric(k, float(v), now, step) for k, v in (metrics or {}).items()],
             tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
         )
     for name, text in (texts or {}).items():

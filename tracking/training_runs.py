@@ -19,6 +19,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from cse.config.secrets import redact
 from cse.storage.runs import RunDir
 from cse.tracking.lineage import CONTEXT_EVAL
+from cse.tracking.run_pages import curve_metrics
 from cse.tracking.spool import ResilientMetricLogger
 from cse.tracking.store import configure_mlflow, ensure_experiment, flatten, reraise
 
@@ -88,10 +89,11 @@ def training_run_exists(run_id: str) -> bool:
     return True
 
 
-def rank_zero_callbacks(run_id: str, run_dir: RunDir, world_size: int):
+def rank_zero_callbacks(run_id: str, run_dir: RunDir, world_size: int, phases: int = 1):
     """Rank 0's `log_params` / `log_metrics` of a distributed job: into the job's run through the client (the run's
     status is left alone; tag `world_size`), via `ResilientMetricLogger` (an unreachable server spools into the
-    job's folder; the launching task flushes)."""
+    job's folder; the launching task flushes); the loop's metrics under their MLflow names
+    (`cse.tracking.run_pages.curve_metrics`, for a job of `phases` phases), as the single-process job logs them."""
     configure_mlflow()
     client = mlflow.MlflowClient()
     client.set_tag(run_id, "world_size", str(world_size))
@@ -103,7 +105,10 @@ def rank_zero_callbacks(run_id: str, run_dir: RunDir, world_size: int):
         except MlflowException as e:  # a resumed run that logged other values before
             log.warning("params not logged (%s): %s", e, params)
 
-    return log_params, metrics_log.log_metrics
+    def log_metrics(metrics: dict, step: int) -> None:
+        metrics_log.log_metrics(curve_metrics(metrics, phases), step)
+
+    return log_params, log_metrics
 
 
 # The MLflow tag that nests a run under another in the UI (what `mlflow.start_run(nested=True)` sets), and ours naming

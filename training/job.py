@@ -279,6 +279,7 @@ def fit(
     )
     trainer.selection_metric = metric
     trainer.warn = (logger or log).warning
+    log_params({"total_steps": trainer.total_steps})  # (what `cse run` measures its progress bar against)
     if trainer.step == 0 and run_dir.has_state():
         (logger or log).info("resuming %s from %s", run_id, run_dir.state)
     with slot if slot is not None else contextlib.nullcontext():

@@ -332,9 +332,9 @@ def test_training_selects_on_the_transfer_dev_average(prefect_harness, tiny_bert
     import mlflow
 
     client = mlflow.tracking.MlflowClient()
-    history = [m.value for m in client.get_metric_history(result.run_id, "transfer_dev_avg")]
+    history = [m.value for m in client.get_metric_history(result.run_id, "dev/transfer_dev_avg")]
     assert len(history) == 2 and result.best_stsb_dev == max(history)  # the selection score is the transfer dev average
-    assert len(client.get_metric_history(result.run_id, "stsb_dev")) == 2  # still logged beside it
+    assert len(client.get_metric_history(result.run_id, "dev/stsb_dev")) == 2  # still logged beside it
     metrics = client.get_run(result.run_id).data.metrics
     assert {"mr", "sst2", "mrpc", "transfer_avg", "sts_avg"} <= set(metrics) and "transfer_avg" in result.test_metrics
 

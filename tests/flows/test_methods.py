@@ -89,7 +89,7 @@ def test_smoke_flow_of_each_method(prefect_harness, tiny_overrides, method):
 
     configure_mlflow()
     client = mlflow.tracking.MlflowClient()
-    dev = [m.value for m in client.get_metric_history(result.run_id, "stsb_dev")]
+    dev = [m.value for m in client.get_metric_history(result.run_id, "dev/stsb_dev")]
     assert len(dev) == total // 2 and result.best_stsb_dev == pytest.approx(
         max(dev)
     )  # every 2 steps; the best selected
@@ -103,9 +103,9 @@ def test_smoke_flow_of_each_method(prefect_harness, tiny_overrides, method):
         "sentence_transformers" if method in ("simcse", "diffcse") else "python_function"
     )
     for term in LOSS_TERMS[method]:
-        assert np.isfinite(client.get_metric_history(result.run_id, term)[-1].value), term
+        assert np.isfinite(client.get_metric_history(result.run_id, f"loss/{term}")[-1].value), term
     if method == "diffaug":
-        phases = [h.value for h in client.get_metric_history(result.run_id, "phase")]
+        phases = [h.value for h in client.get_metric_history(result.run_id, "progress/phase")]
         assert phases[0] == 0.0 and phases[-1] == 1.0  # prefix phase, then joint tuning
 
     assert read_checkpoint_meta(result.best_checkpoint)["method"] == method
@@ -126,5 +126,5 @@ def test_a_supervised_job_with_grad_cache_logs_its_chunk_size_and_peak_memory(pr
     client = mlflow.tracking.MlflowClient()
     run = client.get_run(result.run_id)
     assert run.data.params["grad_cache.chunk_size"] == "5" and run.data.tags["preset"] == "sup"
-    peaks = client.get_metric_history(result.run_id, "peak_memory_gb")
+    peaks = client.get_metric_history(result.run_id, "throughput/peak_memory_gb")
     assert len(peaks) == 2 and all(m.value > 0 for m in peaks)  # log_steps 1: one window per step

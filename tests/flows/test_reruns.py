@@ -97,7 +97,8 @@ def test_a_plain_call_refuses_an_unknown_key_by_name_before_any_work(prefect_har
 
     with pytest.raises(
         ParameterTypeError,
-        match=r"config: Value error, unknown CorruptConfig key 'mask_rato'; known: generator, mask_ratio",
+        match=r"config: Value error, unknown CorruptConfig key 'mask_rato' \(did you mean 'mask_ratio'\?\); known: "
+        r"generator, mask_ratio",
     ):
         corrupt(config={"mask_rato": 0.15})
     assert not _keys("tokens") and not _keys("corruption")

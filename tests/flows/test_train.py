@@ -50,15 +50,47 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     note = run.data.tags["mlflow.note.content"]
     assert "| this run |" in note and "| difference (run − published) |" in note
     assert f"| published (BERT-base; this run uses {tiny_bert_dir.name}) |" in note
+    # issue 34: the backbone before training is scored with the job's pooler and shown beside the run
+    assert "| backbone before training (cls_before_pooler) |" in note and "| difference (run − backbone) |" in note
+    assert f"(get-artifact?path=evaluation/sts_chart.png&run_uuid={result.run_id})" in note  # the chart, shown
+    before = json.loads(run.data.tags["cse.backbone"])
+    assert before["pooler"] == "cls_before_pooler" and before["evaluation_id"].startswith("backbone-")
+    assert result.backbone["evaluation_id"] == before["evaluation_id"]
+    assert run.data.tags["9 backbone Avg."] == f"{before['metrics']['sts_avg']:.2f}"  # the score tags: text
+    assert run.data.tags["1 STS12"] == f"{run.data.metrics['sts12']:.2f}" and "8 Avg." in run.data.tags
+    assert run.data.params["overrides"].startswith(f"backbone={tiny_bert_dir.name} eval_steps=4 ")
     m = run.data.metrics
-    assert not [k for k in m if "/" in k] and "sts12" in m
+    # the loop's curves in their sections (dev, loss, ...); the test scores unprefixed: no per-subset score, no
+    # Pearson or timing single value; every metric a line (its latest step >= 1), none a one-bar chart
+    assert {k.split("/")[0] for k in m if "/" in k} == {"dev", "loss", "optimizer", "progress", "throughput"}
+    assert "progress/phase" not in m and not [k for k in m if k.startswith(("sts12/", "sts14/"))]
+    assert "sts_avg_pearson" not in m and "eval_seconds" not in m and "sts12_wmean" not in m
     for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):
         assert np.isfinite(m[name]), name
     assert m["sts_avg"] == round(np.mean([round(m[t], 2) for t in SEVEN]), 2)
-    assert len(client.get_metric_history(result.run_id, "loss")) == 2  # log_steps 5 + the last step
-    assert [h.step for h in client.get_metric_history(result.run_id, "stsb_dev")] == [4, 8]
+    for name in m:
+        latest = max(client.get_metric_history(result.run_id, name), key=lambda h: (h.step, h.timestamp))
+        assert latest.step >= 1, name
+    avg = sorted((h.step, h.value) for h in client.get_metric_history(result.run_id, "sts_avg"))
+    assert avg == [(0, before["metrics"]["sts_avg"]), (8, m["sts_avg"])]  # the backbone, then the trained model
+    assert len(client.get_metric_history(result.run_id, "loss/loss")) == 2  # log_steps 5 + the last step
+    assert [h.step for h in client.get_metric_history(result.run_id, "dev/stsb_dev")] == [4, 8]
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"checkpoint", "sentence-transformers", "config.json", "evaluation", "plots"} <= artifacts
+    assert "evaluation/sts_chart.png" in {a.path for a in client.list_artifacts(result.run_id, "evaluation")}
+    # the backbone's evaluation is the cached `evaluations` dataset of its key; the run's row names it
+    from cse.config.settings import get_settings
+    from cse.storage.catalog import query
+    from cse.storage.layout import DataRoot
+
+    rows = query(DataRoot(get_settings().data_root), "SELECT * FROM evaluations_all ORDER BY created").to_dict(
+        "records"
+    )
+    assert [r["evaluation_id"] for r in rows][0] == before["evaluation_id"]
+    assert rows[0]["label"] == f"backbone {tiny_bert_dir} (cls_before_pooler)" and not isinstance(
+        rows[0]["mlflow_run_id"], str
+    )  # (no MLflow run of its own: the training runs hold it)
+    assert rows[1]["backbone_evaluation"] == before["evaluation_id"] and rows[1]["label"] == run.info.run_name
 
     sentences = ["a man is playing a guitar .", "a woman is slicing an onion ."]
     model = load_checkpoint(result.best_checkpoint)
@@ -121,6 +153,7 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
         assert "The job trained on the first 256 rows (`max_train_sentences: 256`) of wiki1m: 8 optimiser steps" in card
         assert str(tiny_bert_dir.parent) not in card and "/tmp/" not in card
         assert "trust_remote_code=True" in card and "cse_prompted_encoder.py" in card  # the bundled module
+        assert "| backbone before training (`" in card and "| gain over the backbone |" in card
 
 
 def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):
@@ -135,12 +168,23 @@ def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):
     assert mlflow.get_run(result.run_id).info.status == "FINISHED"
 
 
-def test_the_printed_sts_table_uses_the_evaluation_titles():
+def test_the_printed_sts_table_shows_the_backbone_and_the_paper():
+    from cse.config import published
+    from cse.config.training import resolve_train_config
     from cse.flows.train import sts_table_text
 
+    cfg = resolve_train_config("smoke", method="d2cse")
     metrics = {"sts12": 1, "sts13": 2, "sts14": 3, "sts15": 4, "sts16": 5, "stsb": 6, "sickr": 7, "sts_avg": 4}
-    assert sts_table_text(metrics).splitlines() == [
-        "| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |",
-        "|---|---|---|---|---|---|---|---|",
-        "| 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 | 7.00 | 4.00 |",
+    before = {"pooler": "cls_before_pooler", "metrics": {k: v + 0.5 for k, v in metrics.items()}}
+    lines = sts_table_text(cfg, metrics, before).splitlines()
+    paper = published.STS[("d2cse", "bert-base", "unsup")]
+    assert lines[:4] == [
+        "|  | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| this run | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 | 7.00 | 4.00 |",
+        "| backbone before training (cls_before_pooler) | 1.50 | 2.50 | 3.50 | 4.50 | 5.50 | 6.50 | 7.50 | 4.50 |",
     ]
+    assert lines[4].startswith("| published (BERT-base; this run uses packaged:minilm) | ")
+    assert f"| {paper['sts_avg']:.2f} |" in lines[4]
+    assert lines[5].startswith("| difference (run − published) | ")
+    assert lines[6] == "| difference (run − backbone) | -0.50 | -0.50 | -0.50 | -0.50 | -0.50 | -0.50 | -0.50 | -0.50 |"

@@ -86,11 +86,32 @@ def test_report_has_no_nan_and_two_decimals(capsys):
         "71.67",
         "72.00",
         "71.12",
+        "-",
         "55.50",
         "0.1235",
         "-2.5000",
     ]
-    assert rows["partial"] == ["60.00"] * 8 + ["-", "-", "-"]
+    assert rows["partial"] == ["60.00"] * 8 + ["-", "-", "-", "-"]
+
+
+def test_report_shows_each_run_beside_its_backbone_before_training(capsys):
+    """Issue 34: a training run's evaluation is labelled with what differs from its preset (its MLflow run name), and
+    `before` is the Avg. of its backbone's own evaluation (the row `backbone ...`, joined by `backbone_evaluation`)."""
+    root = DataRoot(get_settings().data_root)
+    tasks = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+    base = {t: 70.0 for t in tasks}
+    _evaluation(root, "backbone-1", **base, sts_avg=73.694, label="backbone packaged:minilm (cls)")
+    for i, (eid, label, avg) in enumerate((("t1", "d2cse-smoke", 71.57), ("t2", "d2cse-smoke lr=0.0001", 69.82))):
+        scores = {t: avg for t in tasks} | {"sts_avg": avg, "created": f"2026-01-01T00:00:0{i + 1}"}
+        _evaluation(root, eid, **scores, label=label, backbone_evaluation="backbone-1")
+    assert cse(["report"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line.split() for line in lines if line.split()[:2] == ["created", "label"])
+    assert header[header.index("avg") + 1] == "before"
+    rows = [line for line in lines if line.startswith("2026-01-01")]
+    assert " d2cse-smoke lr=0.0001 " in rows[2] and rows[2].split()[-5:-3] == ["69.82", "73.69"]
+    assert rows[1].split()[1] == "d2cse-smoke" and rows[1].split()[-5:-3] == ["71.57", "73.69"]
+    assert " backbone packaged:minilm (cls) " in rows[0] and rows[0].split()[-5:-3] == ["73.69", "-"]
 
 
 def test_manifests_key_column_is_dataset_key(capsys):

@@ -8,6 +8,7 @@ executes the scheduled flow run itself (`run_flow`), as a worker's flow-run proc
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -62,7 +63,11 @@ def test_parse_params_and_one_line_reason():
     assert one_line_reason(None) == "(no message)" and one_line_reason("x" * 1000).endswith("…")
 
 
-def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch):
+@pytest.mark.parametrize("quiet", [True, False])
+def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch, quiet):
+    """`--quiet` prints what `cse run` printed before it followed runs: the changes of state, then the stage lines and
+    the reason. Followed, the stages come as they end (with the stage lines as they are logged), and the end names the
+    flow run's Prefect page."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
     from prefect.flow_engine import run_flow
@@ -79,28 +84,33 @@ def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch):
                 poll_s=0.2,
                 out=lines.append,
                 err=lambda line: lines.append(f"ERR {line}"),
+                quiet=quiet,
+                tty=False,
             )
         )
     )
+    flt = FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]))
+    with get_client(sync_client=True) as client:
+        earlier = {r.id for r in client.read_flow_runs(flow_run_filter=flt)}  # (the other parametrisation's)
     waiter.start()
     with get_client(sync_client=True) as client:  # what a worker does: take the scheduled run and execute it
         deadline = time.time() + 30
-        while (
-            not (
-                runs := client.read_flow_runs(
-                    flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]))
-                )
-            )
-            and time.time() < deadline
-        ):
+        while not (runs := [r for r in client.read_flow_runs(flow_run_filter=flt) if r.id not in earlier]):
+            assert time.time() < deadline, f"cse run created no flow run: {lines}"
             time.sleep(0.1)
-    assert runs, f"cse run created no flow run: {lines}"
     assert runs[0].parameters == {"config": {"backbone": "my-local-bert"}}  # the -p value, parsed as JSON
     run_flow(failing, flow_run=runs[0], parameters=runs[0].parameters, return_type="state")
     waiter.join(60)
     assert status == [1], lines
     text = "\n".join(lines)
     assert "stage: nli 200 rows key=abc cache hit /data/nli/abc" in text
+    if quiet:
+        assert "    stage: nli 200 rows key=abc cache hit /data/nli/abc" in lines and "Prefect flow run:" not in text
+    else:  # followed: the stage's line when it was logged, each task's end, the flow run's page at the end
+        assert re.search(r"^\s+\d+ s  stage: nli 200 rows key=abc cache hit", text, flags=re.M), text
+        assert re.search(r"^\s+\d+ s  ingest_stage: Completed", text, flags=re.M), text
+        assert re.search(r"^\s+\d+ s  load_backbone: Failed", text, flags=re.M), text
+        assert re.search(rf"^    Prefect flow run: http://\S+/runs/flow-run/{runs[0].id}$", text, flags=re.M), text
     assert "ERR ==> cse-run-failing/cse-run-test: flow run" in text and "ended Failed" in text
     reason = [line for line in lines if line.startswith("ERR     reason: ")]
     assert len(reason) == 1, lines
@@ -134,6 +144,55 @@ def test_unknown_deployment_is_one_line(prefect_harness, capsys):
     assert cse(["run", "no-such-flow/default", "-p", "n=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("cse: error: LookupError: deployment 'no-such-flow/default' not found on the Prefect server")
-    assert "`make main` or `scripts/services.sh up` registers the deployments" in err
+    assert "`cse deployments` lists them (`make main` or `scripts/services.sh up` registers them)" in err
     assert cse(["run", "train-d2cse"]) == 2
     assert "is not FLOW/DEPLOYMENT" in capsys.readouterr().err
+
+
+def test_mistakes_are_refused_before_any_flow_run_with_what_to_do(prefect_harness, capsys):
+    """Issue 34: a misspelt deployment gets the closest name; a training override key or preset is checked before a
+    flow run exists, naming every valid key; malformed JSON is named as such with its column; no server: the URL
+    tried and how to start the services; `cse deployments` lists what `cse run` takes."""
+    from prefect.client.orchestration import get_client
+
+    from cse.flows.train import train_d2cse
+
+    train_d2cse.to_deployment(name="smoke", parameters={"preset": "smoke"}).apply()
+
+    def created() -> int:
+        with get_client(sync_client=True) as client:
+            return len(client.read_flow_runs())
+
+    before = created()
+    assert cse(["run", "train-d2cse/smok"]) == 2
+    assert "not found on the Prefect server" in (err := _err(capsys)) and "(did you mean 'train-d2cse/smoke'?)" in err
+    assert cse(["run", "train-d2cse/smoke", "-p", 'overrides={"learning_rat": 0.0001}']) == 2
+    err = _err(capsys)
+    assert err.startswith("cse: error: ValueError: refused before any flow run was created: unknown TrainConfig key")
+    assert "'learning_rat' (did you mean 'learning_rate'?); known: method, preset, backbone" in err
+    assert err.rstrip().endswith("nproc_per_node, nnodes")  # the whole list, not cut
+    assert cse(["run", "train-d2cse/smoke", "-p", 'overrides={"model": {"prefix_lne": 3}}']) == 2
+    assert "unknown D2CSEModelConfig keys ['prefix_lne'] (did you mean 'prefix_len'?)" in _err(capsys)
+    assert cse(["run", "train-d2cse/smoke", "-p", "preset=smok"]) == 2
+    assert "unknown d2cse preset 'smok' (did you mean 'smoke'?)" in _err(capsys)
+    assert cse(["run", "train-d2cse/smoke", "-p", 'overrides={"learning_rate": 0.0001']) == 2
+    err = _err(capsys)
+    assert "parameter 'overrides': malformed JSON, Expecting ',' delimiter at column 25 of its value" in err
+    assert created() == before  # none of these made a flow run
+
+    assert cse(["deployments"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("train-d2cse/smoke ") for line in listed), listed
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing answers there
+        for args in (["run", "train-d2cse/smoke"], ["deployments"]):
+            assert cse(args) == 2
+            err = _err(capsys)
+            assert err.startswith("cse: error: ServicesDown: no Prefect server answers at http://127.0.0.1:9/api")
+            assert "start the services with `bash scripts/services.sh up`" in err
+
+
+def _err(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]

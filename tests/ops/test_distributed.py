@@ -607,7 +607,7 @@ def test_train_task_runs_torchrun_and_rank0_logs_into_the_job_run(prefect_harnes
     assert run.info.status == "FINISHED"
     assert run.data.tags["world_size"] == "2" and run.data.params["nproc_per_node"] == "2"
     assert run.data.params["trainable_parameters"] and run.data.params["resolved_device"] == "cpu"
-    assert {h.step for h in client.get_metric_history(result.run_id, "stsb_dev")} == {4, 8}
-    assert 8 in {h.step for h in client.get_metric_history(result.run_id, "loss")}
+    assert {h.step for h in client.get_metric_history(result.run_id, "dev/stsb_dev")} == {4, 8}
+    assert 8 in {h.step for h in client.get_metric_history(result.run_id, "loss/loss")}
     assert np.isfinite(run.data.metrics["train_seconds"])
     assert load_checkpoint(result.best_checkpoint).method == "d2cse"

