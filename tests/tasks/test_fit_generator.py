@@ -9,6 +9,7 @@ import mlflow
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 from transformers import AutoModelForMaskedLM
 
 import cse.models.generator_cache as generator_cache
