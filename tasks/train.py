@@ -51,7 +51,14 @@ from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN
 from cse.tracking.model_card import CardFacts, write_model_card
 from cse.tracking.model_export import log_encoder_model, registered_model_name
 from cse.tracking.provenance import git_commit, prefect_flow_run_id
-from cse.tracking.run_pages import preset_differences, run_name, set_description, start_description, sts_description
+from cse.tracking.run_pages import (
+    preset_differences,
+    run_name,
+    set_description,
+    start_description,
+    sts_description,
+    with_rtd_probe,
+)
 from cse.tracking.spool import ResilientMetricLogger, is_unreachable
 from cse.tracking.stage_runs import log_run_results
 from cse.tracking.training_runs import training_run, training_run_exists
@@ -198,6 +205,7 @@ def fit_job(
     tokenizer = load_tokenizer(cfg.backbone)
     if not cfg.distributed:  # (the ranks of a distributed job load their own)
         rows, nli_rows = train_job.load_training_rows(cfg, root, tokens, corruption, nli_tokens, tokenizer.pad_token_id)
+        probe = train_job.rtd_probe(cfg, root, tokens, corruption, tokenizer.pad_token_id)
     evaluator = Evaluator(load_sts_input(sts.key, root).table)
     tags = job_tags(cfg, tokens, corruption, nli_tokens, run_dir, extra_tags)
 
@@ -253,9 +261,17 @@ def fit_job(
                     stop_after=stop_after,
                     slot=gpu_slot(device),
                     logger=plog,
+                    probe=probe,
                 )
         finally:
             metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
+        if cfg.uses_corruption:  # the RTD mechanism probe of every evaluation, in the description while untested
+            set_description(
+                run.info.run_id,
+                with_rtd_probe(
+                    start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg)), run.info.run_id
+                ),
+            )
         log_run_results(
             run.info.run_id,
             metrics={"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s},
@@ -313,7 +329,7 @@ def evaluate_test(cfg: TrainConfig, fitted: FitResult, sts: DatasetRef) -> dict[
         record_evaluation(
             res, label=f"{cfg.method}-{cfg.preset}", sts=sts_input, what=_what(cfg, fitted), subset_metrics=False
         )
-        set_description(fitted.run_id, _description(cfg, res.metrics()))
+        set_description(fitted.run_id, with_rtd_probe(_description(cfg, res.metrics()), fitted.run_id))
     return res.metrics()
 
 
