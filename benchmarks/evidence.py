@@ -657,8 +657,7 @@ def readme_table(report: dict[str, Any]) -> str:
     s = report.get("summary") or summary(report)
     n, missing = len(_cells(report)), len(report.get("missing", []))
     lines = [
-        f"Protocol 1 (`{report.get('protocol', protocol_hash())}`, {PROTOCOL['steps']} steps): measured {n} of its "
-        f"{n + missing} cells"
+        f"Protocol 1 ({PROTOCOL['steps']} steps): measured {n} of its {n + missing} cells"
         + (
             "."
             if not missing

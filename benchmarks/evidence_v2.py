@@ -130,6 +130,31 @@ def trains_rtd(arm: Arm) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- data
+def generator_record(key: str, config: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    """What the report keeps of the protocol's fitted generator (its manifest's stats)."""
+    return {
+        "key": key,
+        "config": config,
+        "heldout_top1": stats.get("heldout_top1"),
+        "heldout_positions": stats.get("heldout_positions"),
+        "heldout_sentences": stats.get("heldout_sentences"),
+        "steps": stats.get("steps"),
+        "seconds": stats.get("seconds"),
+        "history": stats.get("history"),
+    }
+
+
+def generator_in_home(home: Path) -> dict[str, Any] | None:
+    """The protocol's generator as fitted in `home`'s data root (the fit-generator stage's manifest whose config is
+    `GENERATOR`), or None when it is not fitted there: a merge reports it even before any STS run read it."""
+    for manifest in sorted((home / "data" / "datasets" / "generator").glob("*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        config = m.get("params", {}).get("config", {})
+        if all(config.get(k) == v for k, v in GENERATOR.items()):
+            return generator_record(m["key"], {k: v for k, v in config.items() if k != "device"}, m.get("stats", {}))
+    return None
+
+
 def fit_v2_generator(bench: Bench) -> dict[str, Any]:
     """The protocol's generator (the fit-generator stage, cached in the data root) and its held-out accuracies."""
     from cse.config.stages import GeneratorConfig, TokenizeConfig
@@ -144,18 +169,9 @@ def fit_v2_generator(bench: Bench) -> dict[str, Any]:
     )
     _log("fitting (or reusing) the protocol's generator: MiniLM fine-tuned as a masked LM")
     ref = fit_generator.fn(tokens.key, config)
-    manifest = bench.root.require("generator", ref.key)
-    stats = manifest.stats
-    return {
-        "key": ref.key,
-        "config": config.model_dump(exclude={"device"}),
-        "heldout_top1": stats.get("heldout_top1"),
-        "heldout_positions": stats.get("heldout_positions"),
-        "heldout_sentences": stats.get("heldout_sentences"),
-        "steps": stats.get("steps"),
-        "seconds": stats.get("seconds"),
-        "history": stats.get("history"),
-    }
+    return generator_record(
+        ref.key, config.model_dump(exclude={"device"}), bench.root.require("generator", ref.key).stats
+    )
 
 
 def swap_corruption(token_rows, n_train: int, probability: float, variants: int, seed: int):
@@ -595,13 +611,9 @@ def status_line(report: dict[str, Any]) -> str:
     power = [r for r in report.get("records", []) if r["kind"] == "power"]
     missing = [c for c in planned if c not in done]
     return (
-        f"Protocol 2 ({report['protocol']}): {len(power)} power checks; {len(planned) - len(missing)} of the "
-        f"{len(planned)} STS runs measured"
-        + (
-            "."
-            if not missing
-            else f" (partial: {', '.join('/'.join(map(str, c)) for c in missing)} not run), so no row is a verdict."
-        )
+        f"Protocol 2 ({PROTOCOL_V2['steps']:,} steps): {len(power)} power checks; "
+        f"{len(planned) - len(missing)} of its {len(planned)} STS runs measured"
+        + ("." if not missing else f" (partial: {len(missing)} still to run, so no STS row of it is a verdict).")
     )
 
 
@@ -682,7 +694,12 @@ def readme_rows(report: dict[str, Any]) -> list[str]:
         own = m["arms"].get(METHOD)
         n_own = len(own["seeds"]) if own else 0
         knob = m.get("knob")
-        ktxt = "" if knob is None else f", {knob['name'].replace('_', ' ')} {_rate(knob['value'])}"
+        ktxt = (
+            ""
+            if knob is None
+            else f", {knob['name'].replace('_', ' ')} {_rate(knob['value'])}"
+            + ("" if knob["passed"] else " (no power)")
+        )
         for arm in arms[1:]:
             ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
             n_ctl = len(ctl["seeds"]) if ctl else 0
@@ -717,7 +734,7 @@ def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path |
         raise SystemExit(f"{out}: its protocol_v2 is of hash {previous.get('protocol')}, not {protocol_hash()}")
     records = {record_id(r): r for r in previous.get("records", [])}
     records.update({record_id(r): r for r in read_parts(home)})
-    generator = previous.get("generator")
+    generator = previous.get("generator") or generator_in_home(home)
     for p in sorted(part_dir(home).glob("*.json")):
         generator = json.loads(p.read_text()).get("generator") or generator
     report = {

@@ -113,9 +113,7 @@ def test_readme_table_pairs_by_seed_and_lists_every_control(tmp_path):
     ]
     report = {"cells": cells, "missing": [list(c) for c in ev.expected_cells()][len(cells) :]}
     table = ev.readme_table(report)
-    assert table.startswith(
-        f"Protocol 1 (`{ev.protocol_hash()}`, 200 steps): measured 5 of its {len(ev.expected_cells())} cells ("
-    )
+    assert table.startswith(f"Protocol 1 (200 steps): measured 5 of its {len(ev.expected_cells())} cells (")
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == sum(len(a) - 1 for a in ev.ARMS.values())  # a row per control, measured or not
     assert rows[0].startswith("| 1 | SimCSE")
