@@ -449,6 +449,11 @@ def read_parts(home: Path) -> list[dict[str, Any]]:
     return records
 
 
+def part_commands(home: Path) -> list[str]:
+    """The commands that wrote the parts, in part order."""
+    return [c for p in sorted(part_dir(home).glob("*.json")) for c in json.loads(p.read_text()).get("commands", [])]
+
+
 def record_id(r: dict[str, Any]) -> tuple:
     return (r["kind"], r["method"], r["arm"], r.get("seed"), r.get("knob_value"))
 
@@ -540,8 +545,10 @@ def _pm(ms: dict[str, Any] | None, digits: int = 2, signed: bool = False) -> str
     return fmt.format(ms["mean"]) + (f" ± {ms['std']:.{digits}f}" if ms["n"] > 1 else "")
 
 
-def _rate(value: float | None) -> str:
-    return "the job's" if value is None else f"{value:g}"
+def _rate(value: float | None, job_rate: float | None = None) -> str:
+    if value is not None:
+        return f"{value:g}"
+    return "the job's" if job_rate is None else f"the job's ({job_rate:g})"
 
 
 def power_table(report: dict[str, Any]) -> list[str]:
@@ -555,7 +562,8 @@ def power_table(report: dict[str, Any]) -> list[str]:
         for r in m["power"]:
             p = r["probe"]
             lines.append(
-                f"| {method} | {r['label']} | `{r['knob']}` | {_rate(r['knob_value'])} | {p['true_h']:.4f} | "
+                f"| {method} | {r['label']} | `{r['knob']}` | {_rate(r['knob_value'], r.get('learning_rate'))} | "
+                f"{p['true_h']:.4f} | "
                 f"{p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | {p['constant_guess']:.4f} | "
                 f"{'yes' if r['passes'] else 'no'} |"
             )
@@ -564,6 +572,8 @@ def power_table(report: dict[str, Any]) -> list[str]:
 
 def sts_table(report: dict[str, Any]) -> list[str]:
     s = report["summary"]
+    if not any(m["arms"] for m in s.values()):
+        return ["(none measured yet)"]
     lines = [
         "| method | arm | knob used | seeds | start | final | Δ | method − this control (paired) |",
         "|---|---|---|---|---|---|---|---|",
@@ -590,6 +600,8 @@ def sts_table(report: dict[str, Any]) -> list[str]:
 
 
 def mechanism_table(report: dict[str, Any]) -> list[str]:
+    if not any("mechanism" in a for m in report["summary"].values() for a in m["arms"].values()):
+        return ["(none measured yet: it is measured at the end of each STS run whose RTD side learns)"]
     lines = [
         "| method | arm | seeds | loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess |",
         "|---|---|---|---|---|---|---|---|",
@@ -748,7 +760,7 @@ def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path |
             records.values(), key=lambda r: (r["kind"] != "power", r["method"], r["arm"], r.get("seed") or 0)
         ),
         "environment": previous.get("environment") or cpu_environment(),
-        "commands": list(dict.fromkeys([*previous.get("commands", []), command])),
+        "commands": list(dict.fromkeys([*previous.get("commands", []), *part_commands(home), command])),
     }
     report["summary"] = summary(report)
     report["complete"] = all(
