@@ -650,21 +650,30 @@ README_END = "<!-- end evidence-table -->"
 
 
 def readme_table(report: dict[str, Any]) -> str:
-    """The README's summary: one row per method and control (Delta of each, method - control paired by seed) and the
-    count of measured cells, rendered from the report so that the README states exactly what was measured."""
+    """The README's summary: one row per method and control (Delta of each, method - control paired by seed) of this
+    protocol (protocol 1) and, when the report holds them, of protocol 2 (benchmarks/evidence_v2.py), each row
+    labelled by its protocol, with the count of measured cells, rendered from the report so that the README states
+    exactly what was measured."""
     s = report.get("summary") or summary(report)
     n, missing = len(_cells(report)), len(report.get("missing", []))
     lines = [
-        f"Measured: {n} of the protocol's {n + missing} cells"
+        f"Protocol 1 ({PROTOCOL['steps']} steps): measured {n} of its {n + missing} cells"
         + (
             "."
             if not missing
             else f" ({missing} still to run, so a row with fewer than {len(PROTOCOL['seeds'])} seeds is not a verdict)."
         ),
+    ]
+    v2 = report.get("protocol_v2")
+    if v2:
+        from benchmarks import evidence_v2
+
+        lines.append(evidence_v2.status_line(v2))
+    lines += [
         "",
-        "| method | control (what it removes) | seeds, method / control | Δ method | Δ control "
+        "| protocol | method | control (what it removes) | seeds, method / control | Δ method | Δ control "
         "| method − control, paired by seed |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
 
     def pm(ms: dict[str, Any] | None, n: int) -> str:  # one seed has no spread to state
@@ -679,9 +688,11 @@ def readme_table(report: dict[str, Any]) -> str:
             n_ctl = len(ctl["seeds"]) if ctl else 0
             ptxt = "–" if pair is None else f"{pm(pair, pair['n'])} (better in {pair['method_better_in']}/{pair['n']})"
             lines.append(
-                f"| {own['label'] if own else marms[0].label} | {arm.label.removeprefix('control: ')} | "
+                f"| 1 | {own['label'] if own else marms[0].label} | {arm.label.removeprefix('control: ')} | "
                 f"{n_own} / {n_ctl} | {pm(own and own['delta'], n_own)} | {pm(ctl and ctl['delta'], n_ctl)} | {ptxt} |"
             )
+    if v2:
+        lines += evidence_v2.readme_rows(v2)
     return "\n".join(lines)
 
 

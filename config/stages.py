@@ -283,6 +283,13 @@ class GeneratorConfig(_Config):
     )
     batch_size: int = Field(default=64, ge=1, description="sentences per step")
     lr: float = Field(default=2e-3, gt=0.0)
+    backbone_lr: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="None: the backbone stays frozen and only the MLM head learns (the default); a rate: full MLM "
+        "fine-tuning, the backbone (and the tied word embeddings) at this rate, the head at `lr`; `reuse` must be 1 "
+        "(no cached features: each step runs the backbone with dropout)",
+    )
     weight_decay: float = Field(default=0.01, ge=0.0)
     warmup_ratio: float = Field(default=0.05, ge=0.0, lt=1.0)
     bias_init: Literal["unigram", "zeros"] = Field(
@@ -298,6 +305,14 @@ class GeneratorConfig(_Config):
         "(the smoke presets' generator); None: none",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _fine_tuning_reads_no_cached_features(self):
+        if self.backbone_lr is not None and self.reuse != 1:
+            raise ValueError(
+                f"backbone_lr (full MLM fine-tuning) runs the backbone at every step: reuse must be 1, got {self.reuse}"
+            )
+        return self
 
 
 def local_mirror_ingest(shared_data: str | Path) -> IngestConfig:

@@ -41,6 +41,7 @@ KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {
     "train_prompts": True,
     "shared_prefix": False,
     "head_learning_rate": None,
+    "discriminator_learning_rate": None,  # DiffCSE's (D2CSE's has a number: 7e-6, kept in its keys)
 }
 # Job fields added after jobs had been keyed, with their defaults: left out of the run key at their default (the same
 # rule as KEY_NEUTRAL_MODEL_DEFAULTS, storage/keys.py).

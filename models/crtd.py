@@ -2,7 +2,10 @@
 
 `ConditionalRTDModel` does the shape checks, RTD label defaulting (`corrupted != original` on real tokens), the
 contrastive loss, the RTD loss and `training_step`; a subclass says how the training rows are encoded
-(`encode_rows`) and how its discriminator reads the corrupted rows conditioned on `h` (`discriminate_rows`).
+(`encode_rows`) and how its discriminator reads the corrupted rows conditioned on `h` (`discriminate`, and
+`discriminate_rows` in the training pass). `rtd_h_probe` measures whether the discriminator uses which sentence `h`
+describes: its loss with the true `h`, with another row's and with none (the training job logs it at every
+evaluation, training/job.py).
 
 References: Chuang et al. (2022), *DiffCSE: Difference-based Contrastive Learning for Sentence Embeddings*
 (conditional replaced-token detection with a separate discriminator; `voidism/DiffCSE`); Lee (2023), *D2CSE:
@@ -17,11 +20,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from cse.models.batching import TrainBatch
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.losses import contrastive_loss, rtd_accuracy, rtd_loss
 from cse.models.method import CSEModel, StepOutput
+
+# The metric names of `ConditionalRTDModel.rtd_h_probe`'s figures, as a training run logs them (training/job.py) and its
+# description shows them (cse.tracking.run_pages); `rtd_h_gap` = rolled − true.
+PROBE_METRICS = {
+    "true_h": "rtd_loss_true_h",
+    "rolled_h": "rtd_loss_rolled_h",
+    "no_h": "rtd_loss_no_h",
+    "gap": "rtd_h_gap",
+}
 
 
 def check_objective(temperature: float, rtd_weight: float) -> None:
@@ -128,16 +141,19 @@ class ConditionalRTDModel(CSEModel):
     References: Chuang et al. (2022), *DiffCSE*, equation 4 (`L = L_contrast + λ·L_RTD`); Lee (2023), *D2CSE*.
 
     Examples:
-        A method that shares the objective implements the two hooks (`cse.models.diffcse.DiffCSE` in full):
+        A method that shares the objective implements three hooks (`cse.models.diffcse.DiffCSE` in full):
 
         ```python
         class MyCRTD(ConditionalRTDModel):
             def encode_rows(self, input_ids, attention_mask, token_type_ids):
                 return self.encode_cls(input_ids, attention_mask, token_type_ids), None
 
-            def discriminate_rows(self, corrupted_ids, attention_mask, h, token_type_ids, context):
+            def discriminate(self, corrupted_ids, attention_mask, h, token_type_ids=None):
                 out = self.discriminator(corrupted_ids, attention_mask, token_type_ids, position0_output=h)
                 return self.rtd_head(out.last_hidden_state)
+
+            def discriminate_rows(self, corrupted_ids, attention_mask, h, token_type_ids, context):
+                return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
         ```
     """
 
@@ -176,6 +192,25 @@ class ConditionalRTDModel(CSEModel):
             h: `(B', d)` conditioning vectors (the BN-MLP output, not detached).
             token_type_ids: `(B', T)` segment ids, or None.
             context: what `encode_rows` returned beside the CLS states.
+        """
+
+    @abstractmethod
+    def discriminate(
+        self,
+        corrupted_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        h: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """RTD logits `(B', T, 2)` of the discriminator on `(B', T)` corrupted rows, its embedding output at position 0
+        replaced by `h`, or its own [CLS] input when `h` is None, whatever the config says about conditioning (the
+        mechanism probe, `rtd_h_probe`, calls it with the true, a rolled and no `h`).
+
+        Args:
+            corrupted_ids: `(B', T)` corrupted token ids.
+            attention_mask: `(B', T)` token mask.
+            h: `(B', d)` conditioning vectors, or None.
+            token_type_ids: `(B', T)` segment ids, or None.
         """
 
     def encode_cls_rows(
@@ -235,6 +270,62 @@ class ConditionalRTDModel(CSEModel):
         return CRTDOutput(
             loss=l_cl + cfg.rtd_weight * l_rtd, contrastive_loss=l_cl, rtd_loss=l_rtd, rtd_accuracy=acc, h=z
         )
+
+    @torch.no_grad()
+    def rtd_h_probe(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        corrupted_ids: torch.Tensor,
+        rtd_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        shift: int = 1,
+    ) -> dict[str, float]:
+        """Does the discriminator use which sentence `h` describes? Its RTD loss on `(B, T)` rows (one view each, every
+        row a different sentence) conditioned on the true `h`, on `h` rolled by `shift` rows (another sentence's), and
+        on no `h`, in eval mode (the mode the model was in is restored).
+
+        A discriminator that reads the sentence in `h` has a lower loss with the true `h` than with the rolled one:
+        `gap = rolled_h − true_h` > 0. One that ignores `h`, or whose conditioning is misaligned with the rows, gives
+        `gap` ≈ 0; `no_h` tells whether it uses an `h`-like input at position 0 at all. The loss is the 2-class
+        cross-entropy averaged over real tokens (the special tokens included), computed locally: the probe runs on one
+        process (rank 0's evaluation) and makes no collective call.
+
+        Args:
+            input_ids: `(B, T)` original token ids, B >= 2.
+            attention_mask: `(B, T)` token mask.
+            corrupted_ids: `(B, T)` corrupted ids.
+            rtd_labels: `(B, T)` labels (1 = replaced), or None: `corrupted != original` on real tokens.
+            token_type_ids: `(B, T)` segment ids, or None.
+            shift: rows to roll `h` by (1: the next row's sentence).
+
+        Returns:
+            `{"true_h", "rolled_h", "no_h", "gap"}` (floats).
+        """
+        if input_ids.dim() != 2 or input_ids.shape[0] < 2:
+            raise ValueError(f"the probe needs (B, T) rows with B >= 2, got {tuple(input_ids.shape)}")
+        if corrupted_ids.shape != input_ids.shape or attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and corrupted_ids "
+                f"{tuple(corrupted_ids.shape)} must have one shape"
+            )
+        if rtd_labels is None:
+            rtd_labels = (corrupted_ids != input_ids) & attention_mask.bool()
+        was_training = self.training
+        self.eval()
+        try:
+            h = self.projection(self.encode_cls_rows(input_ids, attention_mask, token_type_ids))
+            keep = attention_mask.reshape(-1).float()
+            labels = (rtd_labels.long() * attention_mask.long()).reshape(-1)
+            out = {}
+            for name, cond in (("true_h", h), ("rolled_h", h.roll(shift, dims=0)), ("no_h", None)):
+                logits = self.discriminate(corrupted_ids, attention_mask, cond, token_type_ids)
+                per_token = F.cross_entropy(logits.reshape(-1, 2).float(), labels, reduction="none")
+                out[name] = float((per_token * keep).sum() / keep.sum().clamp_min(1.0))
+        finally:
+            self.train(was_training)
+        out["gap"] = out["rolled_h"] - out["true_h"]
+        return out
 
     def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
         """The loss of one batch and its logged terms (`loss_contrastive`, `loss_rtd`, `rtd_accuracy`).

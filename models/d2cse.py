@@ -319,6 +319,11 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         ),
     )
     evidence_mechanism_arms = ("method", "ablation-c")
+    # benchmarks/evidence_v2.py (protocol 2; its hash covers these): the method and lambda = 0, and the proxy knob its
+    # power check chooses, in order: the first BN-MLP + RTD head rate at which the RTD head learns to read h (None: the
+    # job's single rate).
+    evidence_v2_arms = evidence_arms[:2]
+    evidence_power_knob = ("head_learning_rate", (None, 2e-3, 2e-4))
     evidence_head_lr_sensitivity = True
     # benchmarks/learning.py: run name -> settings (see models/simcse.py).
     learning_runs = {

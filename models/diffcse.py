@@ -44,9 +44,19 @@ class DiffCSEConfig(MethodConfig):
     rtd_weight: float = 0.005
     hard_negative_weight: float = 0.0
     rtd_mean_over_padding: bool = True
+    # The discriminator D and the RTD head train at the job's learning rate, the paper's single rate (the reference
+    # code has one optimizer group); a value here puts them in an AdamW group of their own. A proxy knob of the
+    # evidence benchmark's protocol 2 (benchmarks/evidence_v2.py: the rate at which the RTD side can learn to read h
+    # within a short CPU run), not a setting of any preset.
+    discriminator_learning_rate: float | None = None
 
     def __post_init__(self):
         check_objective(self.temperature, self.rtd_weight)
+        if self.discriminator_learning_rate is not None and not self.discriminator_learning_rate > 0:
+            raise ValueError(
+                "discriminator_learning_rate must be positive (or None: the job's rate), got "
+                f"{self.discriminator_learning_rate}"
+            )
 
 
 class DiffCSE(ConditionalRTDModel):
@@ -145,6 +155,19 @@ class DiffCSE(ConditionalRTDModel):
     ) -> torch.Tensor:
         return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
 
+    def parameter_groups(self, phase: str) -> list[dict]:
+        """Every trainable tensor at the job's rate; with `discriminator_learning_rate` set, D and the RTD head in a
+        group of their own at that rate."""
+        params = self.phase_parameters(phase)
+        rate = self.config.discriminator_learning_rate
+        if rate is None:
+            return [{"params": params}]
+        own = {id(p) for p in (*self.discriminator.parameters(), *self.rtd_head.parameters())}
+        return [
+            {"params": [p for p in params if id(p) not in own]},
+            {"params": [p for p in params if id(p) in own], "lr": rate, "name": "discriminator"},
+        ]
+
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -163,6 +186,10 @@ class DiffCSE(ConditionalRTDModel):
         ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
     )
     evidence_mechanism_arms = ("method",)
+    # benchmarks/evidence_v2.py (protocol 2; its hash covers these): the arms (the method and lambda = 0) and the proxy
+    # knob its power check chooses, in order, the first rate at which the RTD side learns to read h (None: the job's).
+    evidence_v2_arms = evidence_arms
+    evidence_power_knob = ("discriminator_learning_rate", (None, 1e-4, 1e-3))
     # benchmarks/learning.py: run name -> settings (see models/simcse.py).
     learning_runs = {
         "diffcse": dict(

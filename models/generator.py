@@ -14,6 +14,9 @@ the same draws the corruption stage makes).
 
 One choice beyond BERT: the output bias starts at the log unigram frequencies of the training tokens (centred), so
 the head starts at the unigram baseline instead of the uniform one; `bias_init="zeros"` gives BERT's init.
+
+`MLMFineTuner` is the other way to fit a generator (`GeneratorConfig.backbone_lr`): full masked-LM fine-tuning, the
+encoder unfrozen, for a stronger generator than a head on a frozen sentence encoder can be.
 """
 
 from __future__ import annotations
@@ -176,6 +179,67 @@ class HeadFitter:
             if len(features)
             else torch.zeros(0, dtype=torch.long)
         )
+
+
+class MLMFineTuner:
+    """Full masked-LM fine-tuning (`GeneratorConfig.backbone_lr`): AdamW on every parameter, the backbone (with the
+    tied word embeddings) at `backbone_lr` and the head at `lr`, each batch through the model in train mode (dropout
+    on), with linear warmup and linear decay to zero; the loss is cross-entropy at the selected positions."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab_size: int,
+        lr: float,
+        backbone_lr: float,
+        weight_decay: float,
+        total_steps: int,
+        warmup_steps: int,
+        device: torch.device | str = "cpu",
+    ):
+        if model.base_model is model:
+            raise ValueError(f"{type(model).__name__} is not a masked LM with a separate head")
+        tied_output_embeddings(model)
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.model.requires_grad_(True)
+        self.vocab_size = vocab_size
+        base = {id(p) for p in model.base_model.parameters()}
+        groups = []
+        for in_base, rate in ((True, backbone_lr), (False, lr)):
+            params = [p for p in model.parameters() if (id(p) in base) == in_base]
+            groups += [
+                {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, "lr": rate},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": rate},
+            ]
+        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]])
+        total, warm = max(total_steps, 1), max(warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(total - warm, 1))
+        )
+        self.steps = 0
+
+    def step(self, batch: MaskedBatch) -> float:
+        """One optimiser step on the batch's selected positions; returns the loss."""
+        self.model.train()
+        logits = logits_at(
+            self.model,
+            batch.input_ids.to(self.device),
+            batch.attention_mask.to(self.device),
+            batch.selected.to(self.device),
+        )[:, : self.vocab_size]
+        loss = F.cross_entropy(logits, batch.targets.to(self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.steps += 1
+        return float(loss.detach())
+
+    def predict(self, batches: list[MaskedBatch]) -> torch.Tensor:
+        """Top-1 ids at the selected positions of `batches` (eval mode), in order."""
+        out = [masked_lm_predictions(self.model, b, self.vocab_size, self.device) for b in batches]
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
 @torch.no_grad()

@@ -42,7 +42,7 @@ SCHEMA_VERSIONS: dict[str, int] = {
 
 # Parameters added after keys of the stage existed → their default (what the stage did before them).
 CORRUPTION_ADDED_LATER: dict[str, Any] = {"positions": "masked"}
-GENERATOR_ADDED_LATER: dict[str, Any] = {}  # fields of cse.config.stages.GeneratorConfig added after its first keys
+GENERATOR_ADDED_LATER: dict[str, Any] = {"backbone_lr": None}  # GeneratorConfig fields added after its first keys
 RUN_ADDED_LATER: dict[str, Any] = {"nli_tokens": None}  # the NLI tokens dataset of a DiffAug job
 
 # The settings of cse.config.stages.CorruptConfig that enter a corruption key (`corruption_key`'s keyword arguments):

@@ -1,7 +1,8 @@
 """Fit a masked-LM generator on a frozen encoder from a tokens dataset, and publish it as dataset `generator/<key>`.
 
 The head is BERT's MLM head on the frozen backbone (models/generator.py), fitted with BERT's 80/10/10 masking at
-`mask_ratio`. A fixed held-out split of the corpus (a seeded permutation of the sentence ids, `split_seed`; the ids
+`mask_ratio`; with `backbone_lr` set, the whole masked LM is fine-tuned instead (the backbone unfrozen, at that
+rate). A fixed held-out split of the corpus (a seeded permutation of the sentence ids, `split_seed`; the ids
 are recorded in the folder's `heldout.json`) is masked once with a seed of its own, and on those same held-out
 positions the stage scores top-1 accuracy of:
 - `fitted`: the fitted generator;
@@ -37,6 +38,7 @@ from cse.config.stages import GeneratorConfig
 from cse.models.corruption import SpecialTokens
 from cse.models.generator import (
     HeadFitter,
+    MLMFineTuner,
     batches,
     init_bias_from_counts,
     mask_batch,
@@ -60,7 +62,7 @@ from cse.tracking.stage_runs import log_dataset_metrics, log_quarantine, log_run
 
 SCHEMA_VERSION = SCHEMA_VERSIONS["generator"]
 PREDICTORS = {  # stats key → what the table calls it
-    "fitted": "fitted generator (MLM head on the frozen backbone)",
+    "fitted": "fitted generator",
     "unigram_argmax": "unigram: always the most frequent training token",
     "unigram_sample": "unigram: a token drawn from the training frequencies (expected)",
     "random_init": "random-init generator",
@@ -150,18 +152,26 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
     steps_per_epoch = math.ceil(len(train_rows) / config.batch_size)
     planned = steps_per_epoch * config.epochs * config.reuse
     total = min(config.max_steps or planned, planned)
-    fitter = HeadFitter(
-        model, special.vocab_size, config.lr, config.weight_decay, total, round(config.warmup_ratio * total), device
-    )
+    warmup = round(config.warmup_ratio * total)
+    if config.backbone_lr is None:  # the MLM head on the frozen backbone
+        fitter = HeadFitter(model, special.vocab_size, config.lr, config.weight_decay, total, warmup, device)
+    else:  # full MLM fine-tuning
+        fitter = MLMFineTuner(
+            model, special.vocab_size, config.lr, config.backbone_lr, config.weight_decay, total, warmup, device
+        )
 
-    # The held-out positions: masked once (seeded by split_seed), features computed once.
+    # The held-out positions: masked once (seeded by split_seed); a frozen backbone's features computed once.
     held_gen = torch.Generator().manual_seed(stable_seed(config.split_seed, "heldout"))
     held_batches = [
         mask_batch(held_flat, held_offsets, rows, special, config.mask_ratio, held_gen)
         for rows in batches(len(held_rows), config.batch_size, None)
     ]
     targets = torch.cat([b.targets for b in held_batches])
-    held_features = torch.cat([fitter.features(b) for b in held_batches])
+    if isinstance(fitter, HeadFitter):
+        held_features = torch.cat([fitter.features(b) for b in held_batches])
+        predict = lambda: fitter.predict(held_features)  # noqa: E731
+    else:
+        predict = lambda: fitter.predict(held_batches)  # noqa: E731
     accuracy: dict[str, float] = unigram_accuracies(counts, targets.numpy())
     if config.baseline_generator:
         check_same_vocabulary(
@@ -174,7 +184,7 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
         del baseline
 
     def evaluate(step: int, loss: float | None) -> dict[str, float]:
-        acc = _accuracy(fitter.predict(held_features), targets)
+        acc = _accuracy(predict(), targets)
         entry = {"step": step, "heldout_top1": acc, **({"train_loss": loss} if loss is not None else {})}
         log_dataset_metrics({k: v for k, v in entry.items() if k != "step"}, run_id=run_id, step=step)
         return entry
@@ -192,7 +202,10 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
                 mask_batch(train_flat, train_offsets, rows, special, config.mask_ratio, train_gen)
                 for rows in epoch_batches[start : start + config.chunk_batches]
             ]
-            cached = [(fitter.features(b), b.targets) for b in chunk if len(b.targets)]
+            if isinstance(fitter, HeadFitter):
+                cached = [(fitter.features(b), b.targets) for b in chunk if len(b.targets)]
+            else:  # (reuse is 1: each batch runs through the unfrozen backbone once)
+                cached = [(b,) for b in chunk if len(b.targets)]
             for _ in range(config.reuse):
                 for i in torch.randperm(len(cached), generator=train_gen).tolist():
                     losses.append(fitter.step(*cached[i]))

@@ -70,6 +70,7 @@ from cse.tracking.run_pages import (
     set_description,
     start_description,
     sts_description,
+    with_rtd_probe,
 )
 from cse.tracking.spool import ResilientMetricLogger, is_unreachable
 from cse.tracking.stage_runs import log_run_results
@@ -221,6 +222,7 @@ def fit_job(
     tokenizer = load_tokenizer(cfg.backbone)
     if not cfg.distributed:  # (the ranks of a distributed job load their own)
         rows, nli_rows = train_job.load_training_rows(cfg, root, tokens, corruption, nli_tokens, tokenizer.pad_token_id)
+        probe = train_job.rtd_probe(cfg, root, tokens, corruption, tokenizer.pad_token_id)
     evaluator = Evaluator(load_sts_input(sts.key, root).table)
     tags = job_tags(cfg, tokens, corruption, nli_tokens, run_dir, extra_tags)
 
@@ -286,9 +288,18 @@ def fit_job(
                     stop_after=stop_after,
                     slot=gpu_slot(device),
                     logger=plog,
+                    probe=probe,
                 )
         finally:
             metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
+        if cfg.uses_corruption:  # the RTD mechanism probe of every evaluation, in the description while untested
+            set_description(
+                run.info.run_id,
+                with_rtd_probe(
+                    start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg), before=backbone),
+                    run.info.run_id,
+                ),
+            )
         log_run_results(  # at the last step: a line on the Model metrics tab, not a one-bar chart
             run.info.run_id,
             metrics={"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s},
@@ -361,7 +372,7 @@ def evaluate_test(
         if backbone:
             log_run_results(fitted.run_id, metrics=page_metrics(backbone["metrics"]), step=0)
         chart = _log_chart(cfg, fitted.run_id, metrics, backbone)
-        set_description(fitted.run_id, _description(cfg, metrics, backbone, chart))
+        set_description(fitted.run_id, with_rtd_probe(_description(cfg, metrics, backbone, chart), fitted.run_id))
     return metrics
 
 

@@ -32,6 +32,9 @@ How MLflow 3 (3.17) decides what a page shows, and what this module does about i
   beside the backbone before training and the published row of its method (`sts_description`), and the chart
   `evaluation/sts_chart.png` as an image served by the tracking server (`artifact_image`); a comparison run's is its
   side-by-side table and the chart of all its runs.
+  A run of a method with a conditional discriminator (D2CSE, DiffCSE) adds the RTD mechanism probe of each
+  evaluation (`with_rtd_probe`; its curves in the section `rtd_probe/`): does the discriminator use which sentence
+  h describes?
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from urllib.parse import quote
 import mlflow
 
 from cse.config import published
+from cse.models.crtd import PROBE_METRICS
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 from cse.tracking.reporting import markdown_table
 
@@ -81,6 +85,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3's experiment type
 MODEL_TRAINING = "custom_model_development"  # ... "model training" (not GenAI)
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."  # MLflow's experiment tag of a shared view
 ML_VIEW = "workflowType=machine_learning"  # the URL parameter that opens MLflow's model-training view
+RTD_GAP_READ = 0.01  # |rtd_h_gap| below this (nats per token) is read as no measurable use of h
 RUN_NAME_MAX = 120  # characters of a run name's override part before "+N more"
 _SHORT_NAMES = {"learning_rate": "lr"}  # an override's name in a run name (else the last part of its dotted name)
 
@@ -224,6 +229,8 @@ def curve_name(name: str) -> str:
         return name
     if "_dev" in name:
         return f"dev/{name}"
+    if name in (*PROBE_METRICS.values(), "rtd_probe_seconds"):  # the RTD mechanism probe (cse.training.job)
+        return f"rtd_probe/{name}"
     section = CURVE_SECTIONS.get(name) or ("optimizer" if name.startswith("learning_rate_") else "loss")
     return f"{section}/{name}"
 
@@ -435,3 +442,65 @@ def _differences_text(differences: Mapping[str, Any] | None) -> str:
 def set_description(run_id: str, markdown: str) -> None:
     """Set run `run_id`'s description (tag `mlflow.note.content`) to `markdown` (MLflow pointed at the store)."""
     mlflow.MlflowClient().set_tag(run_id, NOTE_TAG, markdown)
+
+
+# ------------------------------------------------------------------------------------------------ the RTD probe
+def rtd_probe_history(run_id: str) -> list[tuple[int, dict[str, float]]]:
+    """The RTD mechanism probe's figures of run `run_id` at each evaluation step (`cse.models.crtd.PROBE_METRICS`,
+    read back from the run's metric history), in step order; empty when the run logged none."""
+    client = mlflow.MlflowClient()
+    by_step: dict[int, dict[str, float]] = {}
+    for key, name in PROBE_METRICS.items():
+        for m in client.get_metric_history(run_id, curve_name(name)):
+            by_step.setdefault(m.step, {})[key] = m.value
+    return sorted(by_step.items())
+
+
+def rtd_probe_section(history: list[tuple[int, Mapping[str, float]]]) -> str:
+    """The description's section on the RTD mechanism probe: a table of each evaluation's held-out RTD loss with the
+    true, the rolled and no h, the gap rolled − true, and what the last gap says."""
+    if not history:
+        return ""
+    rows = [
+        {
+            "step": str(step),
+            "loss, true h": f"{v.get('true_h', math.nan):.4f}",
+            "loss, rolled h": f"{v.get('rolled_h', math.nan):.4f}",
+            "loss, no h": f"{v.get('no_h', math.nan):.4f}",
+            "rtd_h_gap (rolled − true)": f"{v.get('gap', math.nan):+.4f}",
+        }
+        for step, v in history
+    ]
+    step, gap = history[-1][0], history[-1][1].get("gap", math.nan)
+    if gap >= RTD_GAP_READ:
+        reading = (
+            f"At step {step} the discriminator's loss is {gap:.4f} lower with its own sentence's h than with another "
+            "sentence's: it reads the sentence in h."
+        )
+    elif gap > -RTD_GAP_READ:
+        reading = (
+            f"At step {step} the gap is {gap:+.4f}, below {RTD_GAP_READ}: the discriminator does not measurably use "
+            "which sentence h describes, so the CRTD term sends little or no sentence-specific signal into h."
+        )
+    else:
+        reading = (
+            f"At step {step} the loss is {-gap:.4f} higher with its own sentence's h than with another sentence's: "
+            "the conditioning looks misaligned with the rows."
+        )
+    return "\n".join(
+        [
+            "**RTD mechanism probe** (the discriminator on a fixed batch of 64 sentences, eval mode; parameter "
+            "`rtd_probe_rows` says which): RTD loss with the true h, with h rolled by one row (another sentence's) and "
+            "with no h.",
+            "",
+            markdown_table(rows, list(rows[0])).rstrip("\n"),
+            "",
+            reading,
+        ]
+    )
+
+
+def with_rtd_probe(markdown: str, run_id: str) -> str:
+    """`markdown` followed by run `run_id`'s RTD probe section (`rtd_probe_section`), if the run logged the probe."""
+    section = rtd_probe_section(rtd_probe_history(run_id))
+    return f"{markdown}\n\n{section}" if section else markdown

@@ -159,16 +159,17 @@ def train_rank(job: DistributedJob, device: torch.device, main_callbacks: MainCa
     from cse.models.loading import load_tokenizer
     from cse.storage.evaluations import load_sts_input
     from cse.storage.layout import DataRoot
-    from cse.training.job import fit, load_training_rows
+    from cse.training.job import fit, load_training_rows, rtd_probe
 
     cfg = job.config
     root = DataRoot(get_settings().data_root)
     tokenizer = load_tokenizer(cfg.backbone)
     rows, nli_rows = load_training_rows(cfg, root, job.tokens, job.corruption, job.nli_tokens, tokenizer.pad_token_id)
-    evaluator, log_params, log_metrics = None, (lambda params: None), (lambda metrics, step: None)
+    evaluator, log_params, log_metrics, probe = None, (lambda params: None), (lambda metrics, step: None), None
     if distributed.is_main():
         evaluator = Evaluator(load_sts_input(job.sts.key, root).table)
         log_params, log_metrics = main_callbacks(job)
+        probe = rtd_probe(cfg, root, job.tokens, job.corruption, tokenizer.pad_token_id)
     return fit(
         cfg,
         rows,
@@ -181,6 +182,7 @@ def train_rank(job: DistributedJob, device: torch.device, main_callbacks: MainCa
         log_params,
         log_metrics,
         stop_after=job.stop_after,
+        probe=probe,
     )  # (no slot: the launching task holds the GPU slots)
 
 

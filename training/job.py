@@ -3,20 +3,29 @@
 Pure: the caller injects the tracking callbacks (`log_params`, `log_metrics`: the `train` task passes its MLflow
 logger, tasks/train.py; rank 0 of a distributed job its own, tasks/distributed_train.py), the dev evaluator and
 the context held around the loop (the task's GPU slot).
+
+Every evaluation of a method with a conditional discriminator (D2CSE, DiffCSE) also runs the RTD mechanism probe
+(`ConditionalRTDModel.rtd_h_probe`) on one fixed batch (`rtd_probe`): the discriminator's RTD loss with the true h,
+with h rolled by one row (another sentence's) and with no h, logged as `rtd_loss_true_h`, `rtd_loss_rolled_h`,
+`rtd_loss_no_h` and `rtd_h_gap` = rolled − true (with `rtd_probe_seconds`, its cost). It runs in the evaluation
+callback, outside the compiled training step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from cse.config.settings import get_settings
 from cse.config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
+from cse.models.crtd import PROBE_METRICS, ConditionalRTDModel
 from cse.storage import keys
 from cse.storage.datasets import DatasetRef
 from cse.storage.layout import DataRoot
@@ -170,6 +179,76 @@ def require_a_batch(root: DataRoot, key: str, rows: int, batch_size: int, field:
         )
 
 
+PROBE_ROWS = 64  # sentences in the RTD mechanism probe's fixed batch
+
+
+@dataclass(frozen=True)
+class RTDProbe:
+    """The fixed batch of the RTD mechanism probe: `(B, T)` rows, one view each, with their corruption (variant 0).
+
+    Attributes:
+        input_ids: `(B, T)` original ids.
+        attention_mask: `(B, T)` token mask.
+        corrupted_ids: `(B, T)` corrupted ids (the corruption stage's variant 0).
+        rtd_labels: `(B, T)` labels (1 = replaced).
+        held_out: whether the job never trains on these rows.
+        rows: where the rows come from, in words (the run's parameter `rtd_probe_rows`).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    corrupted_ids: torch.Tensor
+    rtd_labels: torch.Tensor
+    held_out: bool
+    rows: str
+
+    def run(self, model, device: torch.device) -> dict[str, float]:
+        """The probe's metrics (`cse.models.crtd.PROBE_METRICS` and `rtd_probe_seconds`) for `model` as it is now."""
+        t0 = time.perf_counter()
+        out = model.rtd_h_probe(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.corrupted_ids.to(device),
+            self.rtd_labels.to(device),
+        )
+        return {**{PROBE_METRICS[k]: v for k, v in out.items()}, "rtd_probe_seconds": time.perf_counter() - t0}
+
+
+def rtd_probe(
+    cfg: TrainConfig, root: DataRoot, tokens: DatasetRef, corruption: DatasetRef | None, pad_id: int
+) -> RTDProbe | None:
+    """The RTD probe's fixed batch for a job that reads a corruption (None otherwise): the last `PROBE_ROWS`
+    sentences of the tokens dataset (first column: `text`, or the anchor `sent0` when supervised), corruption
+    variant 0. They are held out when the job trains on at most the dataset's rows minus those (`max_train_sentences`,
+    e.g. the smoke presets); a job on the whole dataset also trains on them, and the parameter `rtd_probe_rows` says so
+    (at paper scale, 64 of 1M sentences seen once per epoch)."""
+    if corruption is None:
+        return None
+    column = "sent0" if cfg.supervised else "text"
+    token_rows = load_token_rows(root, tokens.key, (column,))
+    n = len(token_rows)
+    k = min(PROBE_ROWS, n)
+    if k < 2:
+        return None
+    rows = TrainingRows(token_rows, load_corruption_rows(root, corruption.key, token_rows), False, pad_id)
+    batch = rows.batch(list(range(n - k, n)), 0)  # (k, 2, T): view 0 reads variant 0
+    trained = min(cfg.max_train_sentences or n, n)
+    held_out = trained <= n - k
+    where = (
+        f"the last {k} of {n:,} sentences ({column}), never trained on (the job trains on the first {trained:,})"
+        if held_out
+        else f"the last {k} of {n:,} sentences ({column}), also training rows (the job trains on the first {trained:,})"
+    )
+    return RTDProbe(
+        batch.input_ids[:, 0],
+        batch.attention_mask[:, 0],
+        batch.corrupted_ids[:, 0],
+        batch.rtd_labels[:, 0],
+        held_out,
+        where + "; corruption variant 0",
+    )
+
+
 def transfer_evaluator(data_root):
     """The SentEval transfer tasks (shared mirror, else the newest ingested `transfer` dataset) and their source."""
     from cse.evaluation.transfer import TransferEvaluator
@@ -224,10 +303,12 @@ def fit(
     stop_after: int | None = None,
     slot: AbstractContextManager | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    probe: RTDProbe | None = None,
 ) -> LoopResult:
     """Build the model and run the training loop: the single-process job, or one rank of a distributed job
     (training/distributed.py; only rank 0 calls the callbacks, so `evaluator` may be None elsewhere). `slot` is held
-    around the loop (the `train` task's GPU slot); `logger` says when the job resumes."""
+    around the loop (the `train` task's GPU slot); `logger` says when the job resumes; `probe` (`rtd_probe`) is run
+    and logged at every evaluation when the model has a conditional discriminator."""
     from cse.models.checkpoint import save_checkpoint
 
     set_seed(
@@ -245,6 +326,10 @@ def fit(
             "corruption_reuse": rows.reuse_description(cfg.epochs),
         }
     )
+    if probe is not None and not isinstance(model, ConditionalRTDModel):
+        probe = None  # (a method without a conditional discriminator)
+    if probe is not None:
+        log_params({"rtd_probe_rows": probe.rows})
 
     metric = "transfer_dev_avg" if cfg.selection == "transfer" else "stsb_dev"
     transfer_dev = None
@@ -254,6 +339,8 @@ def fit(
 
     def evaluate_dev(m) -> float:
         nonlocal transfer_dev
+        if probe is not None:  # the RTD mechanism probe, on its fixed batch (fp32, eval mode, no gradient)
+            log_metrics(probe.run(m, device), trainer.step)
         stsb = evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision).metrics()[
             "stsb_dev"
         ]

@@ -113,11 +113,12 @@ def test_readme_table_pairs_by_seed_and_lists_every_control(tmp_path):
     ]
     report = {"cells": cells, "missing": [list(c) for c in ev.expected_cells()][len(cells) :]}
     table = ev.readme_table(report)
-    assert table.startswith(f"Measured: 5 of the protocol's {len(ev.expected_cells())} cells (")
+    assert table.startswith(f"Protocol 1 (200 steps): measured 5 of its {len(ev.expected_cells())} cells (")
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == sum(len(a) - 1 for a in ev.ARMS.values())  # a row per control, measured or not
+    assert rows[0].startswith("| 1 | SimCSE")
     assert "| dropout 0 | 2 / 2 | +2.50 ± 0.71 | +1.00 ± 0.00 | +1.50 ± 0.71 (better in 2/2) |" in rows[0]
-    diffaug = next(r for r in rows if r.startswith("| DiffAug"))
+    diffaug = next(r for r in rows if r.startswith("| 1 | DiffAug"))
     assert diffaug.endswith("| 1 / 0 | +60.00 | – | – |")  # one seed states no spread; no control yet
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{ev.README_BEGIN}\nold numbers\n{ev.README_END}\n\nrest\n")

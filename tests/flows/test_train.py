@@ -75,6 +75,21 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     assert avg == [(0, before["metrics"]["sts_avg"]), (8, m["sts_avg"])]  # the backbone, then the trained model
     assert len(client.get_metric_history(result.run_id, "loss/loss")) == 2  # log_steps 5 + the last step
     assert [h.step for h in client.get_metric_history(result.run_id, "dev/stsb_dev")] == [4, 8]
+    # the RTD mechanism probe at every evaluation (training/job.py): true, rolled and no h, the gap, its cost
+    probe = {
+        name: client.get_metric_history(result.run_id, f"rtd_probe/{name}")
+        for name in ("rtd_loss_true_h", "rtd_loss_rolled_h", "rtd_loss_no_h", "rtd_h_gap", "rtd_probe_seconds")
+    }
+    for name, history in probe.items():
+        assert [h.step for h in history] == [4, 8] and all(np.isfinite(h.value) for h in history), name
+    for true, rolled, gap in zip(probe["rtd_loss_true_h"], probe["rtd_loss_rolled_h"], probe["rtd_h_gap"]):
+        assert gap.value == pytest.approx(rolled.value - true.value, abs=1e-6)
+    assert run.data.params["rtd_probe_rows"] == (
+        "the last 64 of 11,913 sentences (text), never trained on (the job trains on the first 256); "
+        "corruption variant 0"
+    )
+    assert "**RTD mechanism probe**" in note and "| rtd_h_gap (rolled − true) |" in note
+    assert f"| 8 | {probe['rtd_loss_true_h'][1].value:.4f} |" in note
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"checkpoint", "sentence-transformers", "config.json", "evaluation", "plots"} <= artifacts
     assert "evaluation/sts_chart.png" in {a.path for a in client.list_artifacts(result.run_id, "evaluation")}

@@ -272,3 +272,20 @@ def test_checkpoint_round_trip(make_model, tokenizer, tmp_path):
 
     # the discriminator and RTD head are training-only: the checkpoint holds one encoder, not two
     assert set(load_file(str(folder / WEIGHTS_FILE))) == set(inference)
+
+
+def test_discriminator_learning_rate_puts_the_rtd_side_in_a_group_of_its_own(tiny_bert_dir):
+    """The evidence benchmark's proxy knob: D and the RTD head at their own rate; None (the default) keeps the paper's
+    single group."""
+    torch.manual_seed(0)
+    plain = DiffCSE(DiffCSEConfig(backbone=str(tiny_bert_dir)))
+    [group] = plain.parameter_groups("main")
+    assert len(group["params"]) == sum(p.requires_grad for p in plain.parameters()) and "lr" not in group
+    model = DiffCSE(DiffCSEConfig(backbone=str(tiny_bert_dir), discriminator_learning_rate=1e-4))
+    shared, own = model.parameter_groups("main")
+    rtd_side = {id(p) for p in (*model.discriminator.parameters(), *model.rtd_head.parameters())}
+    assert own["lr"] == 1e-4 and own["name"] == "discriminator" and {id(p) for p in own["params"]} == rtd_side
+    assert not rtd_side & {id(p) for p in shared["params"]} and "lr" not in shared
+    assert {id(p) for p in model.encoder.parameters()} <= {id(p) for p in shared["params"]}
+    with pytest.raises(ValueError, match="discriminator_learning_rate must be positive"):
+        DiffCSEConfig(backbone=str(tiny_bert_dir), discriminator_learning_rate=0.0)

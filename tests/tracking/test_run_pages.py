@@ -151,3 +151,20 @@ def test_experiments_open_in_the_model_training_view_with_the_scores_view():
     assert (
         run_url("http://h:5000", "3", "abc") == "http://h:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
     )
+
+
+def test_the_rtd_probe_section_tabulates_each_evaluation_and_reads_the_last_gap():
+    from cse.tracking.run_pages import RTD_GAP_READ, rtd_probe_section
+
+    assert rtd_probe_section([]) == ""
+    history = [
+        (4, {"true_h": 0.5, "rolled_h": 0.5, "no_h": 0.6, "gap": 0.0}),
+        (8, {"true_h": 0.40, "rolled_h": 0.52, "no_h": 0.6, "gap": 0.12}),
+    ]
+    text = rtd_probe_section(history)
+    assert "| 4 | 0.5000 | 0.5000 | 0.6000 | +0.0000 |" in text and "| 8 | 0.4000 | 0.5200 | 0.6000 | +0.1200 |" in text
+    assert "At step 8 the discriminator's loss is 0.1200 lower with its own sentence's h" in text
+    flat = rtd_probe_section([(8, {"true_h": 0.40, "rolled_h": 0.4002, "no_h": 0.38, "gap": 0.0002})])
+    assert f"below {RTD_GAP_READ}: the discriminator does not measurably use which sentence h describes" in flat
+    wrong = rtd_probe_section([(8, {"true_h": 0.5, "rolled_h": 0.4, "no_h": 0.45, "gap": -0.1})])
+    assert "higher with its own sentence's h than with another sentence's" in wrong

@@ -1,0 +1,867 @@
+"""Evidence, protocol 2: can the benchmark see a conditional discriminator's mechanism at all, and what does CRTD do
+with a stronger generator, a power-checked discriminator/head rate and 1,000 steps?
+
+    python -m benchmarks.evidence_v2 --part NAME [--methods M1,M2] [--stages power,sts] [--seeds 0,1,2] [--threads 1]
+    python -m benchmarks.evidence_v2 --merge [--readme README.md] [--docs docs/evidence.md]
+
+Protocol 1 (benchmarks/evidence.py, hash 0713ae7325e122a8) found that neither D2CSE's CRTD nor DiffCSE's RTD term
+beats lambda = 0 on the MiniLM proxy and that their trained discriminators' held-out RTD loss is the same with the true
+and a shuffled h. It could not say whether that is the methods or the benchmark: nothing in it showed that its arms
+can learn to read h at all. Protocol 1's results stay as they were, under their hash. Protocol 2 (PROTOCOL_V2 and
+the model classes' `evidence_v2_arms` / `evidence_power_knob` below; their hash is stored with every record) was fixed
+and committed before any of its runs and is not tuned afterwards:
+
+- encoder, data, precision: protocol 1's (the packaged MiniLM, CPU, fp32, max length 32, batch 32); the last 1,024
+  sentences of the Wiki1M sample are held out, the 10,889 before them train;
+- power check, before any STS comparison (seed 0, `power.steps` steps): the "swap" task, in which each sentence's
+  corruption is, with probability 0.5, another training sentence of the same token length (else the sentence
+  itself), so only h can tell which tokens differ. The arm trains on it with its exact settings (method, lambda,
+  learning rates) and the held-out sentences' swap corruption is probed (`ConditionalRTDModel.rtd_h_probe`: RTD
+  loss with the true h, with h rolled by one row, with no h). The arm has the power to show the mechanism when
+  rolled - true >= `power.min_gap`; only then is its mechanism row read. The method's proxy knob
+  (`evidence_power_knob`: DiffCSE's discriminator + RTD-head rate, D2CSE's BN-MLP + RTD-head rate) is tried in its
+  listed order, the job's own rate first, and the first rate that passes is the one the STS runs use; when none
+  passes, the last is used and the arm's rows say it has no power. The knob is chosen on the swap task only, never on
+  STS; it is a proxy setting of this benchmark, not a change of any preset;
+- generator: MiniLM fine-tuned as a masked LM, the backbone unfrozen (`GENERATOR`: the fit-generator stage with
+  `backbone_lr`), on the Wiki1M sample minus the stage's own 1,000 held-out sentences; its held-out top-1 is reported
+  beside protocol 1's head-only generator (0.1389); masking 0.3, argmax, generator dropout on, 2 variants (each view
+  its own, cycled over the epochs), the corruption following the job seed as in protocol 1;
+- STS runs: the method and lambda = 0, seeds 0, 1, 2, 1,000 optimiser steps (3 epochs' schedule over the 10,889
+  training sentences, linear decay to step 1,000), each method's `smoke` learning rate for everything but the knob;
+  STS-B dev at step 0 and every 250 steps; outcome Delta = dev at step 1,000 minus step 0, method - control paired
+  by seed;
+- mechanism on the real corruption (every arm with a trained RTD head): the held-out sentences' RTD loss with the true,
+  rolled and no h, beside the constant guess's loss (the binary entropy of the held-out replaced share): how much
+  the corrupted sentence alone already tells.
+
+Records are written to `<home>/parts/<part>.json` as soon as each ends; records already in any part under this
+protocol's hash are skipped, so several processes (disjoint --methods) run side by side and a rerun resumes; an STS
+run killed midway resumes at its last evaluation (its loop state and curve so far are kept in `<home>/state`).
+`--merge` joins the parts into benchmarks/results/evidence.json under `protocol_v2` (protocol 1's report there is
+left as it is), writes benchmarks/results/evidence_v2.md and renders the README's and docs/evidence.md's blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.evidence import Arm, Bench, mean_std, stsb_dev
+from benchmarks.machine import cpu_environment, set_offline_environment
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+RESULTS = REPO_ROOT / "benchmarks" / "results" / "evidence.json"
+
+set_offline_environment()
+
+# ---------------------------------------------------------------------------------------------- the protocol
+GENERATOR: dict[str, Any] = {  # cse.config.stages.GeneratorConfig fields: full MLM fine-tuning of the MiniLM
+    "backbone": "packaged:minilm",
+    "backbone_lr": 1e-4,
+    "lr": 2e-3,
+    "epochs": 2,
+    "reuse": 1,
+    "batch_size": 64,
+    "eval_every": 50,
+}
+PROTOCOL_V2: dict[str, Any] = {
+    "version": 2,
+    "backbone": "packaged:minilm",
+    "max_length": 32,
+    "batch_size": 32,
+    "precision": "fp32",
+    "train_sentences": 10889,
+    "heldout_sentences": 1024,
+    "steps": 1000,
+    "epochs": 3,
+    "eval_every": 250,
+    "seeds": [0, 1, 2],
+    "mask_ratio": 0.3,
+    "corruption_variants": 2,
+    "generator": GENERATOR,
+    "power": {"seed": 0, "steps": 200, "swap_probability": 0.5, "min_gap": 0.05, "variants": 2},
+    "outcome": "STS-B dev at step 1000 minus at step 0",
+}
+METHOD = "method"
+
+
+def _methods() -> list:
+    """The registry's methods with protocol-2 arms (`evidence_v2_arms`), in `evidence_position` order."""
+    from cse.config.methods import REGISTRY
+
+    specs = [s for s in REGISTRY.values() if getattr(s.model_class, "evidence_v2_arms", None)]
+    return sorted(specs, key=lambda s: s.model_class.evidence_position)
+
+
+ARMS: dict[str, tuple[Arm, ...]] = {s.name: tuple(Arm(*a) for a in s.model_class.evidence_v2_arms) for s in _methods()}
+KNOBS: dict[str, tuple[str, tuple[float | None, ...]]] = {s.name: s.model_class.evidence_power_knob for s in _methods()}
+
+
+def protocol_hash() -> str:
+    from cse.storage.hashing import stable_hash
+
+    arms = {m: [dataclasses.asdict(a) for a in arms] for m, arms in ARMS.items()}
+    knobs = {m: [k[0], list(k[1])] for m, k in KNOBS.items()}
+    return stable_hash({"protocol": PROTOCOL_V2, "arms": arms, "knobs": knobs})[:16]
+
+
+def _log(msg: str) -> None:
+    print(f"[evidence-v2 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def binary_entropy(p: float) -> float:
+    """H(p) in nats: the loss of the best constant guess of a label that is 1 with probability p."""
+    return 0.0 if p <= 0.0 or p >= 1.0 else -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+def trains_rtd(arm: Arm) -> bool:
+    """The arm's RTD side learns (lambda > 0): only such an arm has a mechanism to check."""
+    return (arm.overrides.get("model") or {}).get("rtd_weight", 1.0) != 0.0
+
+
+# ---------------------------------------------------------------------------------------------- data
+def generator_record(key: str, config: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    """What the report keeps of the protocol's fitted generator (its manifest's stats)."""
+    return {
+        "key": key,
+        "config": config,
+        "heldout_top1": stats.get("heldout_top1"),
+        "heldout_positions": stats.get("heldout_positions"),
+        "heldout_sentences": stats.get("heldout_sentences"),
+        "steps": stats.get("steps"),
+        "seconds": stats.get("seconds"),
+        "history": stats.get("history"),
+    }
+
+
+def generator_in_home(home: Path) -> dict[str, Any] | None:
+    """The protocol's generator as fitted in `home`'s data root (the fit-generator stage's manifest whose config is
+    `GENERATOR`), or None when it is not fitted there: a merge reports it even before any STS run read it."""
+    for manifest in sorted((home / "data" / "datasets" / "generator").glob("*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        config = m.get("params", {}).get("config", {})
+        if all(config.get(k) == v for k, v in GENERATOR.items()):
+            return generator_record(m["key"], {k: v for k, v in config.items() if k != "device"}, m.get("stats", {}))
+    return None
+
+
+def fit_v2_generator(bench: Bench) -> dict[str, Any]:
+    """The protocol's generator (the fit-generator stage, cached in the data root) and its held-out accuracies."""
+    from cse.config.stages import GeneratorConfig, TokenizeConfig
+    from cse.tasks.fit_generator import fit_generator
+    from cse.tasks.ingest import ingest_dataset
+    from cse.tasks.tokenize import tokenize_dataset
+
+    config = GeneratorConfig(**GENERATOR)
+    tokens = tokenize_dataset.fn(
+        ingest_dataset.fn("wiki1m", bench.ingest),
+        TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL_V2["max_length"]),
+    )
+    _log("fitting (or reusing) the protocol's generator: MiniLM fine-tuned as a masked LM")
+    ref = fit_generator.fn(tokens.key, config)
+    return generator_record(
+        ref.key, config.model_dump(exclude={"device"}), bench.root.require("generator", ref.key).stats
+    )
+
+
+def swap_corruption(token_rows, n_train: int, probability: float, variants: int, seed: int):
+    """In-memory `CorruptionRows` of the swap task: each row's corruption is, with `probability`, another row of the
+    same split (the first `n_train` rows, or the rest) and the same token length, else the row itself; labels are
+    `corrupted != original`. A row with no same-length partner in its split keeps itself."""
+    import numpy as np
+
+    from cse.storage.training_data import CorruptionRows, take_rows
+
+    (column,) = token_rows.columns
+    seqs = take_rows(token_rows.seqs[column], np.arange(len(token_rows)))
+    lengths = np.array([len(s) for s in seqs])
+    split = np.arange(len(seqs)) >= n_train
+    rng = np.random.default_rng(seed)
+    corrupted, labels = {}, {}
+    groups = {}
+    for i, key in enumerate(zip(split.tolist(), lengths.tolist())):
+        groups.setdefault(key, []).append(i)
+    for v in range(variants):
+        cor, lab = [], []
+        for i, s in enumerate(seqs):
+            partners = groups[(bool(split[i]), int(lengths[i]))]
+            j = i
+            if len(partners) > 1 and rng.random() < probability:
+                j = partners[int(rng.integers(len(partners) - 1))]
+                j = j if j != i else partners[-1]
+            c = np.asarray(seqs[j], dtype=np.int64)
+            cor.append(c)
+            lab.append((c != np.asarray(s)).astype(np.int64))
+        corrupted[(column, v)], labels[(column, v)] = cor, lab
+    return CorruptionRows(variants=variants, corrupted=corrupted, labels=labels)
+
+
+def train_config(bench: Bench, method: str, arm: Arm, seed: int, knob: float | None, steps: int, generator: str | None):
+    """The run's TrainConfig: the method's smoke preset, protocol 2's settings, the arm's overrides, the knob's rate."""
+    from cse.config.presets import deep_merge
+    from cse.config.training import resolve_train_config
+
+    base = {
+        "backbone": PROTOCOL_V2["backbone"],
+        "max_length": PROTOCOL_V2["max_length"],
+        "batch_size": PROTOCOL_V2["batch_size"],
+        "max_steps": steps,
+        "epochs": PROTOCOL_V2["epochs"],
+        "max_train_sentences": PROTOCOL_V2["train_sentences"],
+        "eval_steps": PROTOCOL_V2["eval_every"],
+        "log_steps": 1,
+        "system_metrics": False,
+        "device": "cpu",
+        "precision": "fp32",
+        "seed": seed,
+        "test_evaluation": False,
+        "ingest": bench.ingest.model_dump(mode="json"),
+    }
+    if generator is not None:
+        base["corrupt"] = {
+            "generator": generator,
+            "mask_ratio": PROTOCOL_V2["mask_ratio"],
+            "mode": "argmax",
+            "generator_dropout": True,
+            "variants": PROTOCOL_V2["corruption_variants"],
+        }
+    overrides = deep_merge(base, arm.overrides)
+    if knob is not None:
+        overrides = deep_merge(overrides, {"model": {KNOBS[method][0]: knob}})
+    return resolve_train_config("smoke", overrides, method=method)
+
+
+def probe_rows(model, rows, indices, batch: int = 64) -> dict[str, float]:
+    """`rtd_h_probe` over `indices` of `rows` (view 0, variant 0), averaged over real tokens, with the replaced share
+    and the constant guess's loss."""
+    import numpy as np
+
+    sums = {"true_h": 0.0, "rolled_h": 0.0, "no_h": 0.0}
+    tokens = replaced = 0.0
+    for start in range(0, len(indices), batch):
+        b = rows.batch(np.asarray(indices[start : start + batch]), 0)
+        ids, mask, cor, lab = b.input_ids[:, 0], b.attention_mask[:, 0], b.corrupted_ids[:, 0], b.rtd_labels[:, 0]
+        out = model.rtd_h_probe(ids, mask, cor, lab)
+        real = float(mask.sum())
+        for k in sums:
+            sums[k] += out[k] * real
+        tokens += real
+        replaced += float((lab.bool() & mask.bool()).sum())
+    res = {k: round(v / tokens, 5) for k, v in sums.items()}
+    res["gap"] = round(res["rolled_h"] - res["true_h"], 5)
+    res["replaced_share"] = round(replaced / tokens, 5)
+    res["constant_guess"] = round(binary_entropy(replaced / tokens), 5)
+    return res
+
+
+def _trainer(model, cfg, rows, evaluate, log_metrics, state: Path):
+    from cse.training.job import loop_config, training_phases
+    from cse.training.loop import Trainer
+
+    loop = dataclasses.replace(loop_config(cfg, "fp32"), fused_adamw=False)  # as protocol 1
+    return Trainer(model, training_phases(cfg, rows, None), loop, _cpu(), state, lambda *a: None, evaluate, log_metrics)
+
+
+def _cpu():
+    import torch
+
+    return torch.device("cpu")
+
+
+def _losses(store: list):
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        keep = {k: round(float(v), 5) for k, v in metrics.items() if k.startswith("loss") or k == "rtd_accuracy"}
+        if keep and (step % 10 == 0 or step <= 10):
+            store.append({"step": step, **keep})
+
+    return log_metrics
+
+
+# ---------------------------------------------------------------------------------------------- records
+def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dict[str, Any]:
+    """Train the arm on the swap task for `power.steps` steps (seed 0) and probe the held-out sentences."""
+    import numpy as np
+
+    from cse.models.loading import load_tokenizer
+    from cse.storage.training_data import load_token_rows
+    from cse.training.job import build_model
+    from cse.training.loop import set_seed
+    from cse.training.rows import TrainingRows
+
+    power = PROTOCOL_V2["power"]
+    cfg = train_config(bench, method, arm, power["seed"], knob, power["steps"], generator=None)
+    tokens = bench.tokens(cfg.dataset, cfg)
+    pad = load_tokenizer(cfg.backbone).pad_token_id
+    everything = load_token_rows(bench.root, tokens.key, ("text",))
+    n, n_train = len(everything), PROTOCOL_V2["train_sentences"]
+    if n - PROTOCOL_V2["heldout_sentences"] != n_train:
+        raise RuntimeError(f"the sample has {n} sentences, not {n_train} + {PROTOCOL_V2['heldout_sentences']}")
+    swap = swap_corruption(everything, n_train, power["swap_probability"], power["variants"], power["seed"])
+    train_rows = TrainingRows(
+        load_token_rows(bench.root, tokens.key, ("text",), limit=n_train),
+        type(swap)(
+            swap.variants,
+            {k: v[:n_train] for k, v in swap.corrupted.items()},
+            {k: v[:n_train] for k, v in swap.labels.items()},
+        ),
+        False,
+        pad,
+    )
+    all_rows = TrainingRows(everything, swap, False, pad)
+    heldout = np.arange(n_train, n)
+    set_seed(cfg.seed)
+    model = build_model(cfg, _cpu())
+    knob_name = KNOBS[method][0]
+    _log(
+        f"power {method}/{arm.name}: {knob_name} = {knob if knob is not None else 'the job rate'}, {power['steps']} steps"
+    )
+    losses: list = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="evidence-v2-state-") as state:
+        # no STS evaluation in a power run: the loop's one end-of-run selection call gets a constant
+        trainer = _trainer(model, cfg, train_rows, lambda m: 0.0, _losses(losses), Path(state))
+        result = trainer.run()
+    train_s = time.perf_counter() - t0
+    probe = probe_rows(model, all_rows, heldout)
+    rec = {
+        "kind": "power",
+        "method": method,
+        "arm": arm.name,
+        "label": arm.label,
+        "knob": knob_name,
+        "knob_value": knob,
+        "learning_rate": cfg.learning_rate,
+        "steps": result.steps,
+        "protocol": protocol_hash(),
+        "probe": probe,
+        "passes": probe["gap"] >= power["min_gap"],
+        "losses": losses,
+        "seconds": round(train_s, 1),
+    }
+    _log(f"power {method}/{arm.name} {knob_name}={knob}: {probe} -> {'passes' if rec['passes'] else 'no power'}")
+    return rec
+
+
+def sts_record(
+    bench: Bench, method: str, arm: Arm, seed: int, knob: float | None, power_passed: bool | None, state_dir: Path
+) -> dict[str, Any]:
+    """Train one (method, arm, seed) for the protocol's steps on the real corruption, recording the dev curve and, for
+    an arm whose RTD side learns, the held-out mechanism figures."""
+    import numpy as np
+
+    from cse.models.loading import load_tokenizer
+    from cse.storage.runs import ResumeState
+    from cse.storage.training_data import load_corruption_rows, load_token_rows
+    from cse.training.job import build_model, load_training_rows
+    from cse.training.loop import set_seed
+    from cse.training.rows import TrainingRows
+
+    cfg = train_config(bench, method, arm, seed, knob, PROTOCOL_V2["steps"], generator=bench.generator())
+    t_data = time.perf_counter()
+    tokens = bench.tokens(cfg.dataset, cfg)
+    corruption = bench.corruption(tokens, cfg)
+    pad = load_tokenizer(cfg.backbone).pad_token_id
+    rows, _ = load_training_rows(cfg, bench.root, tokens, corruption, None, pad)
+    data_s = time.perf_counter() - t_data
+    set_seed(cfg.seed)
+    model = build_model(cfg, _cpu())
+    _log(f"sts {method}/{arm.name}/seed {seed}: {cfg.max_steps} steps, lr {cfg.learning_rate:g}, knob {knob}")
+    # A killed run resumes at its last evaluation: the loop's resume state (saved every eval_every steps) and the
+    # dev curve and losses so far live under <home>/state until the record is written.
+    state = state_dir / f"{method}-{arm.name}-{seed}-{protocol_hash()}"
+    progress = state.with_suffix(".json")
+    saved = json.loads(progress.read_text()) if progress.is_file() and ResumeState(state).exists() else {}
+    curve = [tuple(p) for p in saved.get("curve", [])] or [(0, stsb_dev(bench, model))]
+    losses: list = saved.get("losses", [])
+    spent = saved.get("seconds", 0.0)
+    trainer = None
+    t0 = time.perf_counter()
+
+    def evaluate(m) -> float:
+        score = stsb_dev(bench, m)
+        curve.append((trainer.step, score))
+        return score
+
+    def checkpoint(metrics: dict[str, float], step: int) -> None:
+        _losses(losses)(metrics, step)
+        if "stsb_dev" in metrics:  # after each evaluation (the loop saves its state right after)
+            seconds = spent + time.perf_counter() - t0
+            progress.write_text(json.dumps({"curve": curve, "losses": losses, "seconds": seconds}))
+
+    state.parent.mkdir(parents=True, exist_ok=True)
+    trainer = _trainer(model, cfg, rows, evaluate, checkpoint, state)
+    result = trainer.run()
+    seconds = spent + time.perf_counter() - t0
+    rec: dict[str, Any] = {
+        "kind": "sts",
+        "method": method,
+        "arm": arm.name,
+        "label": arm.label,
+        "seed": seed,
+        "protocol": protocol_hash(),
+        "knob": KNOBS[method][0],
+        "knob_value": knob,
+        "power_passed": power_passed,
+        "steps": result.steps,
+        "learning_rate": cfg.learning_rate,
+        "dev_curve": curve,
+        "start": curve[0][1],
+        "final": curve[-1][1],
+        "delta": round(curve[-1][1] - curve[0][1], 2),
+        "best": max(s for _, s in curve),
+        "losses": losses,
+        "corruption_key": corruption.key,
+        "resumed_from": result.resumed_from,
+        "seconds": {"data": round(data_s, 1), "train_and_eval": round(seconds, 1)},
+    }
+    if trains_rtd(arm):
+        everything = load_token_rows(bench.root, tokens.key, ("text",))
+        all_rows = TrainingRows(everything, load_corruption_rows(bench.root, corruption.key, everything), False, pad)
+        n = len(everything)
+        rec["mechanism"] = probe_rows(model, all_rows, np.arange(n - PROTOCOL_V2["heldout_sentences"], n))
+    _log(f"sts {method}/{arm.name}/seed {seed}: {rec['start']:.2f} -> {rec['final']:.2f} ({rec['delta']:+.2f})")
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------- parts and plan
+def part_dir(home: Path) -> Path:
+    return home / "parts"
+
+
+def read_parts(home: Path) -> list[dict[str, Any]]:
+    """Every record of every part under this protocol's hash (a part of another protocol is refused)."""
+    records = []
+    for p in sorted(part_dir(home).glob("*.json")):
+        part = json.loads(p.read_text())
+        if part.get("protocol") != protocol_hash():
+            raise SystemExit(f"{p} is of protocol {part.get('protocol')}, not {protocol_hash()}: use another --home")
+        records += part.get("records", [])
+    return records
+
+
+def part_commands(home: Path) -> list[str]:
+    """The commands that wrote the parts, in part order."""
+    return [c for p in sorted(part_dir(home).glob("*.json")) for c in json.loads(p.read_text()).get("commands", [])]
+
+
+def record_id(r: dict[str, Any]) -> tuple:
+    return (r["kind"], r["method"], r["arm"], r.get("seed"), r.get("knob_value"))
+
+
+def write_part(home: Path, name: str, part: dict[str, Any]) -> None:
+    path = part_dir(home) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(part, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def chosen_knob(records: list[dict[str, Any]], method: str) -> tuple[float | None, bool] | None:
+    """The knob's rate the STS runs use: the first listed rate whose power check passes (passed: True), or the last
+    when every listed rate was checked and none passes (False); None while a check is still to run."""
+    _, candidates = KNOBS[method]
+    arm = ARMS[method][0].name
+    by_value = {
+        r["knob_value"]: r for r in records if r["kind"] == "power" and r["method"] == method and r["arm"] == arm
+    }
+    for value in candidates:
+        if value not in by_value:
+            return None
+        if by_value[value]["passes"]:
+            return value, True
+    return candidates[-1], False
+
+
+def expected_sts(methods=None, seeds=None) -> list[tuple[str, str, int]]:
+    return [
+        (m, a.name, s)
+        for m, arms in ARMS.items()
+        if not methods or m in methods
+        for s in seeds or PROTOCOL_V2["seeds"]
+        for a in arms
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- report
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Per method: the power checks, the knob chosen, each arm's Delta / final (mean +- std over seeds), method -
+    control paired by seed, and the mechanism figures on the real corruption."""
+    records = report.get("records", [])
+    out: dict[str, Any] = {}
+    for method, arms in ARMS.items():
+        power = [r for r in records if r["kind"] == "power" and r["method"] == method]
+        choice = chosen_knob(records, method)
+        sts = [r for r in records if r["kind"] == "sts" and r["method"] == method]
+        per_arm = {}
+        for arm in arms:
+            ac = sorted((r for r in sts if r["arm"] == arm.name), key=lambda r: r["seed"])
+            if not ac:
+                continue
+            entry = {
+                "label": arm.label,
+                "seeds": [r["seed"] for r in ac],
+                "delta": mean_std([r["delta"] for r in ac]),
+                "start": mean_std([r["start"] for r in ac]),
+                "final": mean_std([r["final"] for r in ac]),
+                "seconds": mean_std([r["seconds"]["train_and_eval"] for r in ac]),
+            }
+            mech = [r["mechanism"] for r in ac if "mechanism" in r]
+            if mech:
+                entry["mechanism"] = {
+                    k: mean_std([m[k] for m in mech]) for k in ("true_h", "rolled_h", "no_h", "gap", "constant_guess")
+                }
+            per_arm[arm.name] = entry
+        paired = {}
+        by_seed = {r["seed"]: r for r in sts if r["arm"] == METHOD}
+        for arm in arms[1:]:
+            diffs = [
+                by_seed[r["seed"]]["final"] - r["final"] for r in sts if r["arm"] == arm.name and r["seed"] in by_seed
+            ]
+            if diffs:
+                paired[arm.name] = {**mean_std(diffs), "method_better_in": sum(d > 0 for d in diffs)}
+        out[method] = {
+            "power": sorted(power, key=lambda r: KNOBS[method][1].index(r["knob_value"])),
+            "knob": None if choice is None else {"name": KNOBS[method][0], "value": choice[0], "passed": choice[1]},
+            "arms": per_arm,
+            "method_minus_control": paired,
+        }
+    return out
+
+
+def _pm(ms: dict[str, Any] | None, digits: int = 2, signed: bool = False) -> str:
+    if not ms or ms.get("mean") is None:
+        return "–"
+    fmt = f"{{:{'+' if signed else ''}.{digits}f}}"
+    return fmt.format(ms["mean"]) + (f" ± {ms['std']:.{digits}f}" if ms["n"] > 1 else "")
+
+
+def _rate(value: float | None, job_rate: float | None = None) -> str:
+    if value is not None:
+        return f"{value:g}"
+    return "the job's" if job_rate is None else f"the job's ({job_rate:g})"
+
+
+def power_table(report: dict[str, Any]) -> list[str]:
+    s = report["summary"]
+    lines = [
+        "| method | arm | knob | rate | loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess "
+        "| power (≥ " + f"{PROTOCOL_V2['power']['min_gap']}) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, m in s.items():
+        for r in m["power"]:
+            p = r["probe"]
+            lines.append(
+                f"| {method} | {r['label']} | `{r['knob']}` | {_rate(r['knob_value'], r.get('learning_rate'))} | "
+                f"{p['true_h']:.4f} | "
+                f"{p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | {p['constant_guess']:.4f} | "
+                f"{'yes' if r['passes'] else 'no'} |"
+            )
+    return lines
+
+
+def sts_table(report: dict[str, Any]) -> list[str]:
+    s = report["summary"]
+    if not any(m["arms"] for m in s.values()):
+        return ["(none measured yet)"]
+    lines = [
+        "| method | arm | knob used | seeds | start | final | Δ | method − this control (paired) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for method, m in s.items():
+        knob = m["knob"]
+        for name, a in m["arms"].items():
+            pair = m["method_minus_control"].get(name)
+            ptxt = (
+                "–"
+                if pair is None
+                else f"{_pm(pair, signed=True)} (method better in {pair['method_better_in']}/{pair['n']})"
+            )
+            ktxt = (
+                "–"
+                if knob is None
+                else f"`{knob['name']}` {_rate(knob['value'])}" + ("" if knob["passed"] else " (no power)")
+            )
+            lines.append(
+                f"| {method} | {a['label']} | {ktxt} | {len(a['seeds'])} | {_pm(a['start'])} | {_pm(a['final'])} | "
+                f"{_pm(a['delta'], signed=True)} | {ptxt} |"
+            )
+    return lines
+
+
+def mechanism_table(report: dict[str, Any]) -> list[str]:
+    if not any("mechanism" in a for m in report["summary"].values() for a in m["arms"].values()):
+        return ["(none measured yet: it is measured at the end of each STS run whose RTD side learns)"]
+    lines = [
+        "| method | arm | seeds | loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for method, m in report["summary"].items():
+        for a in m["arms"].values():
+            if "mechanism" in a:
+                me = a["mechanism"]
+                lines.append(
+                    f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(me['true_h'], 4)} | {_pm(me['rolled_h'], 4)} | "
+                    f"{_pm(me['no_h'], 4)} | {_pm(me['gap'], 4, signed=True)} | {_pm(me['constant_guess'], 4)} |"
+                )
+    return lines
+
+
+def status_line(report: dict[str, Any]) -> str:
+    done = {(r["method"], r["arm"], r["seed"]) for r in report.get("records", []) if r["kind"] == "sts"}
+    planned = expected_sts()
+    power = [r for r in report.get("records", []) if r["kind"] == "power"]
+    missing = [c for c in planned if c not in done]
+    return (
+        f"Protocol 2 ({PROTOCOL_V2['steps']:,} steps): {len(power)} power checks; "
+        f"{len(planned) - len(missing)} of its {len(planned)} STS runs measured"
+        + ("." if not missing else f" (partial: {len(missing)} still to run, so no STS row of it is a verdict).")
+    )
+
+
+def generator_line(report: dict[str, Any]) -> str:
+    g = report.get("generator")
+    if not g or not g.get("heldout_top1"):
+        return "Generator: not fitted yet."
+    acc = g["heldout_top1"]
+    return (
+        f"Generator: MiniLM fine-tuned as a masked LM (backbone at {g['config']['backbone_lr']:g}, head at "
+        f"{g['config']['lr']:g}, {g['steps']} steps, {g['seconds'] / 60:.0f} min): held-out masked-token top-1 "
+        f"**{acc['fitted']:.4f}** on {g['heldout_positions']:,} positions of {g['heldout_sentences']:,} held-out "
+        f"sentences (protocol 1's head on the frozen MiniLM: 0.1389; always the most frequent token "
+        f"{acc.get('unigram_argmax', float('nan')):.4f})."
+    )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Evidence benchmark, protocol 2 ({report['protocol']}; CPU, MiniLM)",
+        "",
+        status_line(report),
+        "",
+        generator_line(report),
+        "",
+        "## Power check: the swap task at the arm's exact settings (seed 0, held-out 1,024 sentences)",
+        "",
+        *power_table(report),
+        "",
+        f"## STS-B dev, step 0 → step {PROTOCOL_V2['steps']} (Spearman × 100; mean ± std over seeds)",
+        "",
+        *sts_table(report),
+        "",
+        "## Mechanism on the real corruption (held-out 1,024 sentences, variant 0)",
+        "",
+        *mechanism_table(report),
+        "",
+        "Commands:",
+        "",
+        *[f"- `{c}`" for c in report.get("commands", [])],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+DOCS_BEGIN = "<!-- evidence-v2: `python -m benchmarks.evidence_v2 --merge --docs docs/evidence.md` renders it -->"
+DOCS_END = "<!-- end evidence-v2 -->"
+
+
+def docs_block(report: dict[str, Any]) -> str:
+    """docs/evidence.md's protocol-2 block: status, generator, power checks, STS runs and mechanism rows."""
+    return "\n".join(
+        [
+            status_line(report),
+            "",
+            generator_line(report),
+            "",
+            "Power checks (swap task, seed 0, the arm's exact settings; held-out RTD loss):",
+            "",
+            *power_table(report),
+            "",
+            f"STS-B dev, step 0 → {PROTOCOL_V2['steps']}, with the generator above and the knob the power check chose:",
+            "",
+            *sts_table(report),
+            "",
+            "Mechanism on the real corruption (held-out sentences):",
+            "",
+            *mechanism_table(report),
+        ]
+    )
+
+
+def readme_rows(report: dict[str, Any]) -> list[str]:
+    """The README table's protocol-2 rows (same columns as protocol 1's rows, labelled by protocol)."""
+    s = report["summary"]
+    rows = []
+    for method, arms in ARMS.items():
+        m = s.get(method, {"arms": {}, "method_minus_control": {}, "knob": None})
+        own = m["arms"].get(METHOD)
+        n_own = len(own["seeds"]) if own else 0
+        knob = m.get("knob")
+        ktxt = (
+            ""
+            if knob is None
+            else f", {knob['name'].replace('_', ' ')} {_rate(knob['value'])}"
+            + ("" if knob["passed"] else " (no power)")
+        )
+        for arm in arms[1:]:
+            ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
+            n_ctl = len(ctl["seeds"]) if ctl else 0
+            ptxt = (
+                "–" if pair is None else f"{_pm(pair, signed=True)} (better in {pair['method_better_in']}/{pair['n']})"
+            )
+            rows.append(
+                f"| 2 | {arms[0].label}{ktxt} | {arm.label.removeprefix('control: ')} | {n_own} / {n_ctl} | "
+                f"{_pm(own and own['delta'], signed=True)} | {_pm(ctl and ctl['delta'], signed=True)} | {ptxt} |"
+            )
+    return rows
+
+
+def write_block(path: Path, begin: str, end: str, body: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: no block between {begin!r} and {end!r} to render into")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}", encoding="utf-8")
+
+
+def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path | None) -> int:
+    """Join the parts into `out`'s `protocol_v2` (protocol 1's report there untouched) and render."""
+    from benchmarks import evidence as ev
+
+    full = json.loads(out.read_text()) if out.is_file() else {}
+    if full.get("protocol") not in (None, ev.protocol_hash()):
+        raise SystemExit(f"{out}: protocol 1 report of hash {full.get('protocol')}, not {ev.protocol_hash()}")
+    previous = full.get("protocol_v2") or {}
+    if previous and previous.get("protocol") != protocol_hash():
+        raise SystemExit(f"{out}: its protocol_v2 is of hash {previous.get('protocol')}, not {protocol_hash()}")
+    records = {record_id(r): r for r in previous.get("records", [])}
+    records.update({record_id(r): r for r in read_parts(home)})
+    generator = previous.get("generator") or generator_in_home(home)
+    for p in sorted(part_dir(home).glob("*.json")):
+        generator = json.loads(p.read_text()).get("generator") or generator
+    report = {
+        "benchmark": "evidence",
+        "protocol": protocol_hash(),
+        "protocol_text": PROTOCOL_V2,
+        "arms": {m: [dataclasses.asdict(a) for a in arms] for m, arms in ARMS.items()},
+        "knobs": {m: [k[0], list(k[1])] for m, k in KNOBS.items()},
+        "generator": generator,
+        "records": sorted(
+            records.values(), key=lambda r: (r["kind"] != "power", r["method"], r["arm"], r.get("seed") or 0)
+        ),
+        "environment": previous.get("environment") or cpu_environment(),
+        "commands": list(dict.fromkeys([*previous.get("commands", []), *part_commands(home), command])),
+    }
+    report["summary"] = summary(report)
+    report["complete"] = all(
+        c in {(r["method"], r["arm"], r.get("seed")) for r in report["records"]} for c in expected_sts()
+    )
+    full["protocol_v2"] = report
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(full, indent=1) + "\n")
+    tmp.replace(out)
+    out.with_name("evidence_v2.md").write_text(markdown(report))
+    if readme is not None:
+        ev.write_readme(full, readme)
+    if docs is not None:
+        write_block(docs, DOCS_BEGIN, DOCS_END, docs_block(report))
+    print(markdown(report))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+def run_power(bench: Bench, methods: list[str], home: Path, save) -> None:
+    """Each method's power checks in its knob's order, up to the first that passes (records already in a part are
+    reused)."""
+    for method in methods:
+        arm = ARMS[method][0]
+        for value in KNOBS[method][1]:
+            done = {record_id(r): r for r in read_parts(home)}
+            rid = ("power", method, arm.name, None, value)
+            rec = done.get(rid) or power_record(bench, method, arm, value)
+            if rid not in done:
+                save(rec)
+            if rec["passes"]:
+                break
+
+
+def run_sts(bench: Bench, methods: list[str], seeds: list[int] | None, home: Path, save) -> None:
+    """The STS runs not yet in a part, method and control of one seed after the other, at the chosen knob."""
+    for method, arm_name, seed in expected_sts(methods, seeds):
+        records = read_parts(home)
+        if ("sts", method, arm_name, seed) in {(r["kind"], r["method"], r["arm"], r.get("seed")) for r in records}:
+            continue
+        choice = chosen_knob(records, method)
+        if choice is None:
+            _log(f"{method}: its power checks are not all done; run --stages power first")
+            return
+        arm = next(a for a in ARMS[method] if a.name == arm_name)
+        # every arm of the method at the chosen rate: the control differs from the method in lambda only
+        save(sts_record(bench, method, arm, seed, choice[0], choice[1], home / "state"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--stages", default="power,sts", help="power, sts or both (in that order)")
+    p.add_argument("--seeds", default=None, help="comma-separated subset of the protocol's seeds")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--part", default="main", help="this process's part file, <home>/parts/<part>.json")
+    p.add_argument("--home", type=Path, default=REPO_ROOT / ".cse" / "evidence-v2", help="CSE_HOME: data, parts")
+    p.add_argument("--merge", action="store_true", help="join the parts into --out and render, then exit")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--readme", type=Path, default=None, help="with --merge: render the README's evidence block")
+    p.add_argument("--docs", type=Path, default=None, help="with --merge: render docs/evidence.md's protocol-2 block")
+    args = p.parse_args(argv)
+    command = "python -m benchmarks.evidence_v2 " + " ".join(argv if argv is not None else sys.argv[1:])
+    home = args.home.resolve()
+    if args.merge:
+        return merge(home, args.out, command.strip(), args.readme, args.docs)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := sorted(set(methods) - set(ARMS)):
+        p.error(f"unknown --methods {unknown}; known: {list(ARMS)}")
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    stages = [s.strip() for s in args.stages.split(",")]
+    os.environ["CSE_HOME"] = str(home)  # before cse.config.settings is read
+    for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
+        os.environ.pop(k, None)
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    path = part_dir(home) / f"{args.part}.json"
+    part = json.loads(path.read_text()) if path.is_file() else {"protocol": protocol_hash(), "records": []}
+    if part.get("protocol") != protocol_hash():
+        raise SystemExit(f"{path} is of protocol {part.get('protocol')}, not {protocol_hash()}")
+    part["commands"] = list(dict.fromkeys([*part.get("commands", []), command.strip()]))
+    part["environment"] = cpu_environment()
+    _log(f"protocol {protocol_hash()}; part {path}; methods {methods}; stages {stages}")
+
+    def save(record: dict[str, Any] | None = None) -> None:
+        if record is not None:
+            part["records"] = [r for r in part["records"] if record_id(r) != record_id(record)] + [record]
+        write_part(home, args.part, part)
+
+    bench = Bench(None)
+    if "power" in stages:
+        run_power(bench, methods, home, save)
+    if "sts" in stages:
+        part["generator"] = fit_v2_generator(bench)
+        save()
+        run_sts(Bench(f"generator:{part['generator']['key']}"), methods, seeds, home, save)
+    _log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
