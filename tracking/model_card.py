@@ -764,7 +764,8 @@ def _tracking_uri_text(uri: str | None) -> str:
     """The tracking URI as the card's MLflow snippet names it: a server's URL (credentials masked); the checkout's
     SQLite store relative to the checkout (`sqlite:///.cse/mlflow.db`, run from the checkout's folder); any other
     SQLite store under `<CSE_HOME>` or by its file name as a placeholder (a card names no absolute local path)."""
-    from cse.config.settings import REPO_ROOT, get_settings, redact
+    from cse.config.secrets import redact
+    from cse.config.settings import REPO_ROOT, get_settings
 
     if not uri:
         return "<the MLflow tracking URI>"
