@@ -135,34 +135,34 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-import contextlib  # noqa: E402
-import ctypes  # noqa: E402
-import dataclasses  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-import zlib  # noqa: E402
+import contextlib
+import ctypes
+import dataclasses
+import gc
+import json
+import math
+import platform
+import re
+import statistics
+import tempfile
+import threading
+import time
+import traceback
+import zlib
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import numpy as np
+import psutil
+import torch
+from torch import nn
 
-from cse.config.methods import REGISTRY, model_class  # noqa: E402
-from cse.config.training import resolve_train_config  # noqa: E402
-from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences  # noqa: E402
-from cse.models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer  # noqa: E402
-from cse.storage.training_data import CorruptionRows, TokenRows  # noqa: E402
-from cse.training.job import loop_config, training_phases  # noqa: E402
-from cse.training.loop import LoopConfig, Trainer, TrainerHooks  # noqa: E402
-from cse.training.rows import TrainingRows  # noqa: E402
+from cse.config.methods import REGISTRY, model_class
+from cse.config.training import resolve_train_config
+from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences
+from cse.models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer
+from cse.storage.training_data import CorruptionRows, TokenRows
+from cse.training.job import loop_config, training_phases
+from cse.training.loop import LoopConfig, Trainer, TrainerHooks
+from cse.training.rows import TrainingRows
 
 MB = 2**20
 GB = 2**30
@@ -888,7 +888,7 @@ def meta_run(model, cfg, rows, nli_rows) -> str:
         real = real.model_copy(update={"prefix_phase": cfg.prefix_phase.model_copy(update={"steps": n})})
     try:
         trainer, _ = run_trainer(model, real, rows, nli_rows, meta)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the failure is recorded with its frames in the project's code
         frames = traceback.extract_tb(e.__traceback__)
         own = [
             f

@@ -636,7 +636,7 @@ def markdown(report: dict[str, Any]) -> str:
             "|---|---|---|---|",
         ]
         for r in s["head_lr_sensitivity"]:
-            f = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
+            f = lambda v: "–" if v is None else f"{v:.3f}"
             lines.append(
                 f"| {r['head_lr']} | {f(r['loss_step1'])} | {f(r['max_loss_1_10'])} | "
                 f"{'–' if r['dev_at_50'] is None else format(r['dev_at_50'], '.2f')} |"

@@ -538,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec = training_throughput(
                     method, device, size, precision, steps, warmup, tokenizer, batch, length, peak, switches
                 )
-            except Exception as e:  # one method's failure is reported; the others still run
+            except Exception as e:  # noqa: BLE001 - one method's failure is reported; the others still run
                 traceback.print_exc()
                 rec, failed = {"method": method, "error": f"{type(e).__name__}: {e}"[:300]}, True
             print(json.dumps(rec), flush=True)
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             try:
                 result[key] = fn()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - one measurement's failure is reported; the others still run
                 traceback.print_exc()
                 result[key], failed = {"error": f"{type(e).__name__}: {e}"[:300]}, True
             print(json.dumps({key: result[key]}), flush=True)

@@ -363,7 +363,7 @@ def markdown(result: dict) -> str:
         "peak GiB | warm-up s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    fmt = lambda v, f="{}": "–" if v is None else f.format(v)  # noqa: E731
+    fmt = lambda v, f="{}": "–" if v is None else f.format(v)
     for r in result["rows"]:
         if "error" in r or "skipped" in r:
             lines.append(
@@ -461,7 +461,7 @@ class SpeedRun:
         """Run one measurement and save it; its failure is reported and the others still run."""
         try:
             value = fn()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - one measurement's failure is reported; the others still run
             traceback.print_exc()
             value, self.failed = {"error": f"{type(e).__name__}: {e}"[:300]}, True
         if key == "rows":
@@ -487,7 +487,7 @@ class SpeedRun:
                     method, mode, self.device, self.size, self.precision, self.steps, self.warmup,
                     self.profile_steps, self.tokenizer, self.peak, self.backend, measured["flops"],
                 )  # fmt: skip
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - one mode's failure is reported; the other modes still run
                 traceback.print_exc()
                 self.failed = True
                 return {"method": method, "mode": mode, "error": f"{type(e).__name__}: {e}"[:300]}

@@ -447,7 +447,7 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
         deterministic=False,
     )
     state = Path(tempfile.mkdtemp(prefix="peerlike-state-"))
-    noop = lambda *a: None  # noqa: E731
+    noop = lambda *a: None
     trainer = Trainer(model, training_phases(cfg, rows, None), loop, bench.device, state, noop, lambda m: 0.0, noop)
     batches = [trainer.batch_at(s)[0] for s in range(trainer.total_steps)]
     order_hash = hashlib.sha256(b"".join(b.input_ids.numpy().tobytes() for b in batches)).hexdigest()[:16]

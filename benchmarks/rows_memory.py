@@ -205,7 +205,7 @@ def measure(tree: str, data_root: str, tokens_key: str, corruption_key: str, bat
     import importlib
 
     import numpy as np  # noqa: F401 - imported before the baseline, as every path needs it
-    import torch  # noqa: F401
+    import torch  # noqa: F401 - imported before the baseline too
 
     prefix = package_prefix(tree)
     DataRoot = importlib.import_module(f"{prefix}storage.layout").DataRoot
@@ -233,7 +233,7 @@ def measure(tree: str, data_root: str, tokens_key: str, corruption_key: str, bat
     sampler.stop.set()
     sampler.join()
     end = _status()
-    mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
+    mib = lambda kib: round(kib / 1024, 1)
     return {
         "rows": len(rows),
         "variants": rows.corruption.variants,

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         precision=precision,
         deterministic=False,
     )
-    noop = lambda *a: None  # noqa: E731
+    noop = lambda *a: None
     trainer = Trainer(
         model, rows, cfg, device, Path(tempfile.gettempdir()) / "unused-benchmark-state", noop, noop, noop
     )

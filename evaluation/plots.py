@@ -10,8 +10,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 # (alignment, uniformity) reported on STS-B test; DiffCSE Table 11 and D2CSE's table.
 PAPER_ALIGN_UNIFORM: dict[str, tuple[float, float]] = {

@@ -36,7 +36,7 @@ class TrainBatch:
     aux: TrainBatch | None = None
 
     def to(self, device: torch.device) -> TrainBatch:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)
         return TrainBatch(
             move(self.input_ids),
             move(self.attention_mask),
@@ -47,7 +47,7 @@ class TrainBatch:
 
     def pin_memory(self) -> TrainBatch:
         """The same batch in page-locked host memory (a later `.to(cuda)` copies asynchronously)."""
-        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        pin = lambda t: None if t is None else t.pin_memory()
         return TrainBatch(
             pin(self.input_ids),
             pin(self.attention_mask),

@@ -242,7 +242,7 @@ class ConditionalRTDModel(CSEModel):
         corrupted_ids, rtd_labels = align_corruption(input_ids, attention_mask, corrupted_ids, rtd_labels)
         batch, n, length = input_ids.shape
         rows = batch * n
-        flat = lambda t: None if t is None else t.reshape(rows, length)  # noqa: E731
+        flat = lambda t: None if t is None else t.reshape(rows, length)
         ids, mask, types = flat(input_ids), flat(attention_mask), flat(token_type_ids)
 
         chunks = self.row_chunks  # whole, or cached chunks of rows under grad_cache (models/grad_cache.py)

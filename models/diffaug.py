@@ -444,7 +444,7 @@ class DiffAug(PromptedModel, CSEModel):
         return run
 
     def phase_parameters(self, phase: str) -> list[nn.Parameter]:
-        """ "prefix": the prefix encoder and the NLI classifier; "joint": every parameter (DiffAug)."""
+        """Phase "prefix": the prefix encoder and the NLI classifier; phase "joint": every parameter (DiffAug)."""
         params = super().phase_parameters(phase)
         if phase == "prefix":
             return [*self.prompts.parameters(), *self.classifier.parameters()]

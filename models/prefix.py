@@ -585,7 +585,7 @@ class PromptedBackbone(nn.Module):
 
     @property
     def position_kind(self) -> str:
-        """ "absolute", "padding", "rotary", or "none" (no position the prefix shift could move; see the module docstring)."""
+        """One of "absolute", "padding", "rotary", "none" (no position the prefix shift could move; see the module docstring)."""
         return self.family.position_kind(self.config)
 
     def attention_modules(self) -> list[nn.Module]:

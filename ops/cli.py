@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         return _main([a for a in argv if a != "--debug"])
-    except Exception as e:  # noqa: BLE001 - one clear line instead of a traceback (--debug shows it)
+    except Exception as e:  # one clear line instead of a traceback (--debug shows it)
         if debug:
             raise
         if isinstance(e, UsageError):

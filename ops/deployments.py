@@ -38,7 +38,7 @@ LATE_HINT_AFTER_S = 60.0
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """`key=value` strings → parameters; a value that parses as JSON is JSON, any other a string, except a value that
+    r"""`key=value` strings → parameters; a value that parses as JSON is JSON, any other a string, except a value that
     opens a JSON object or list (`{`, `[`) and does not parse: that is refused, naming the column.
 
     Args:
@@ -308,7 +308,7 @@ async def list_deployments() -> list[tuple[str, str]]:
         async with get_client() as client:
             flows = {f.id: f.name for f in await client.read_flows()}
             found = await client.read_deployments()
-    except Exception as e:  # noqa: BLE001 - an unreachable server is said with its URL and the fix
+    except Exception as e:  # an unreachable server is said with its URL and the fix
         if _unreachable(e):
             raise services_down(e) from None
         raise
@@ -404,7 +404,7 @@ async def start(deployment: str, parameters: dict[str, Any]):
         if e.response.status_code != 409:
             raise
         raise ValueError(await refused_parameters(deployment, e.response.json().get("detail", str(e)))) from None
-    except Exception as e:
+    except Exception as e:  # whatever the client raises: an unreachable server is said with its URL, the rest re-raised
         if _unreachable(e):
             raise services_down(e) from None
         raise

@@ -38,12 +38,12 @@ try:
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
     from packaging.utils import canonicalize_name, parse_wheel_filename
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 except ImportError:  # a bare interpreter: pip's vendored copy
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename  # type: ignore[no-redef]
-    from pip._vendor.packaging.version import Version  # type: ignore[no-redef]
+    from pip._vendor.packaging.version import InvalidVersion, Version  # type: ignore[no-redef]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NEVER = {"torch"}
@@ -200,7 +200,7 @@ def installed_here() -> dict[str, Version]:
         if name and canonicalize_name(name) not in out:
             try:
                 out[canonicalize_name(name)] = Version(d.version)
-            except Exception:  # an unparsable legacy version: treat as absent
+            except InvalidVersion:  # an unparsable legacy version: treat as absent
                 continue
     return out
 

@@ -95,7 +95,7 @@ def _write_copy(folder: Path, parts: list[str], dest: Path, *, kind: str, key: s
     )
     files = [f"{ARROW_DIR}/{n}" for n in names]
     meta = [f"{ARROW_DIR}/{STATE_FILE}", f"{ARROW_DIR}/{INFO_FILE}"]
-    local = lambda f: dest / Path(f).name  # noqa: E731 - `dest` is `folder/hf` or its temporary twin
+    local = lambda f: dest / Path(f).name  # `dest` is `folder/hf` or its temporary twin
     return ArrowCopy(
         folder=ARROW_DIR,
         files=files,

@@ -36,7 +36,7 @@ def atomic_file(final: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException:  # an interrupt too: the temporary file is removed, then it propagates
         tmp.unlink(missing_ok=True)
         raise
 
@@ -112,7 +112,7 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
         fsync_dir(final.parent)
         if previous.exists():
             shutil.rmtree(previous)
-    except BaseException:
+    except BaseException:  # an interrupt too: the temporary folder goes, the old one is restored, then it propagates
         shutil.rmtree(tmp, ignore_errors=True)
         recover_dir(final)
         raise

@@ -185,7 +185,7 @@ def load_hf(spec: HFSource, cache_dir: Path):
                 cache_dir=str(cache_dir),
                 **spec.options,
             )
-    except Exception as e:  # noqa: BLE001 - datasets raises many kinds (offline, not found, bad split): name the source
+    except Exception as e:  # datasets raises many kinds (offline, not found, bad split): name the source
         raise HFSourceError(
             f"{where}: datasets.{how} failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
         ) from e

@@ -117,7 +117,7 @@ def _decode(path: Path, encoding: str) -> str:
 
 
 def _lines_by_iteration(text: str) -> list[str]:
-    """Lines as `for line in open(...)` yields them (split on \\n only; the last line may lack it)."""
+    r"""Lines as `for line in open(...)` yields them (split on \n only; the last line may lack it)."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -169,9 +169,9 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
     targets = torch.cat([b.targets for b in held_batches])
     if isinstance(fitter, HeadFitter):
         held_features = torch.cat([fitter.features(b) for b in held_batches])
-        predict = lambda: fitter.predict(held_features)  # noqa: E731
+        predict = lambda: fitter.predict(held_features)
     else:
-        predict = lambda: fitter.predict(held_batches)  # noqa: E731
+        predict = lambda: fitter.predict(held_batches)
     accuracy: dict[str, float] = unigram_accuracies(counts, targets.numpy())
     if config.baseline_generator:
         check_same_vocabulary(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
 
@@ -18,5 +19,5 @@ def stage_logger(name: str = "cse") -> logging.Logger | logging.LoggerAdapter:
     """
     try:
         return get_run_logger()
-    except Exception:  # called outside a Prefect run (tests, scripts, the torchrun worker)
+    except MissingContextError:  # called outside a Prefect run (tests, scripts, the torchrun worker)
         return logging.getLogger(name)

@@ -37,11 +37,11 @@ def job_stage(run_id: str, stage: str) -> Iterator[str]:
         with mlflow.start_run(run_id=run_id):
             try:
                 yield run_id
-            except BaseException as e:
+            except BaseException as e:  # an interrupt ends the run KILLED; everything propagates
                 if not isinstance(e, Exception):  # an interrupt or a termination signal (Prefect's SIGTERM)
                     mlflow.end_run(status="KILLED")
                 raise
-    except BaseException:
+    except BaseException:  # any exit by exception marks the failed stage, then propagates
         client.set_tag(run_id, FAILED_STAGE_TAG, stage)
         raise
     if client.get_run(run_id).data.tags.get(FAILED_STAGE_TAG) == stage:  # an earlier attempt of this stage failed

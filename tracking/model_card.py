@@ -966,7 +966,7 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
     try:
         run = client.get_run(run_id)
         config = json.loads(mlflow.artifacts.load_text(f"{run.info.artifact_uri.rstrip('/')}/config.json"))
-    except Exception as e:  # MlflowException, or an OSError from the artifact store
+    except Exception as e:  # noqa: BLE001 - MlflowException, or an OSError from the artifact store: said with the run
         raise FileNotFoundError(
             f"cannot read MLflow run {run_id} of {run_dir.path} (its config.json) from {uri}: "
             f"{' '.join(str(e).split())[:300]}"

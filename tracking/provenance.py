@@ -27,9 +27,6 @@ def prefect_flow_run_id() -> str | None:
     Returns:
         The flow run id.
     """
-    try:
-        from prefect.runtime import flow_run
+    from prefect.runtime import flow_run
 
-        return flow_run.get_id()
-    except Exception:  # outside a flow run
-        return None
+    return flow_run.get_id()  # None outside a flow run (its context, or PREFECT__FLOW_RUN_ID, is absent)

@@ -61,10 +61,10 @@ def markdown_table(
     header: bool = True,
     cell: Formatter = plain,
 ) -> str:
-    """A markdown table ending with a newline; a missing cell counts as None.
+    r"""A markdown table ending with a newline; a missing cell counts as None.
 
     `title` puts `### <title>` and a blank line above the table; without rows the result is then
-    `### <title>\\n\\n(no rows)\\n`, else the empty string. `header=False` leaves out the header and rule lines
+    `### <title>\n\n(no rows)\n`, else the empty string. `header=False` leaves out the header and rule lines
     (one more row for a table printed before)."""
     if not rows:
         return f"### {title}\n\n(no rows)\n" if title is not None else ""
@@ -77,9 +77,9 @@ def markdown_table(
 
 
 def csv_table(rows: Sequence[Row], columns: Sequence[str] | None = None, *, line_end: str = "\n") -> str:
-    """CSV with a header line; a missing or None cell is empty, keys outside `columns` are left out.
+    r"""CSV with a header line; a missing or None cell is empty, keys outside `columns` are left out.
     Without rows: the header line alone, or the empty string when no `columns` name it.
-    `line_end="\\r\\n"` gives RFC 4180 line ends."""
+    `line_end="\r\n"` gives RFC 4180 line ends."""
     if not rows and columns is None:
         return ""
     buf = io.StringIO()

@@ -213,7 +213,7 @@ class ResilientMetricLogger:
                 for key in self.client.get_run(self.run_id).data.metrics:
                     history = self.client.get_metric_history(self.run_id, key)
                     steps[key] = max([steps.get(key, -1), *(m.step for m in history)])
-        except Exception as e:
+        except Exception as e:  # client errors share no class: an unreachable store is handled, the rest re-raised
             if not is_unreachable(e):
                 raise
         return steps
@@ -233,7 +233,7 @@ class ResilientMetricLogger:
         try:
             with fail_fast_http():
                 self._send([record], tags=[])
-        except Exception as e:
+        except Exception as e:  # client errors share no class: an unreachable store is handled, the rest re-raised
             if not is_unreachable(e):
                 raise
             append_record(self.spool, record)
@@ -272,7 +272,7 @@ class ResilientMetricLogger:
                     self._send(records[:n], tags=[RunTag(DELAYED_TAG, str(delayed))])
                     records = records[n:]
                     replace_records(self.spool, records)
-        except Exception as e:
+        except Exception as e:  # client errors share no class: an unreachable store is handled, the rest re-raised
             if not is_unreachable(e):
                 raise
             self._failed_at = time.monotonic()

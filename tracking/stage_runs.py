@@ -45,7 +45,7 @@ def stage_run(
         if params:
             mlflow.log_params(flatten(params))
         yield run
-    except BaseException as e:
+    except BaseException as e:  # any exit by exception closes the run FAILED, then propagates
         mlflow.end_run(status="FAILED")
         if isinstance(e, Exception):
             reraise(e)

@@ -142,7 +142,7 @@ def download_checkpoint(uri: str, dst: Path) -> Path:
     configure_mlflow()
     try:
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
-    except Exception as e:  # MlflowException or an OSError from the artifact store
+    except Exception as e:  # noqa: BLE001 - MlflowException or an OSError from the artifact store: named, masked
         raise FileNotFoundError(
             redact(f"cannot download checkpoint {uri} from MLflow ({mlflow.get_tracking_uri()}): {e}")
         ) from None

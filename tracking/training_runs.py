@@ -71,7 +71,7 @@ def training_run(
     with active as run:
         try:
             yield run
-        except BaseException as e:
+        except BaseException as e:  # any exit by exception ends the run (KILLED or FAILED), then propagates
             if isinstance(e, killed) or not isinstance(e, Exception):  # stopped from outside, not failed
                 mlflow.end_run(status="KILLED")
                 raise

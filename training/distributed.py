@@ -1,4 +1,4 @@
-"""A training job on several processes: what the `train` task launches when `nproc_per_node × nnodes` > 1, and
+r"""A training job on several processes: what the `train` task launches when `nproc_per_node × nnodes` > 1, and
 what each rank that torchrun starts does.
 
 `launch` writes the job's `RunDir.distributed_job` (`<run dir>/distributed/job.json`: the resolved TrainConfig, the
@@ -10,7 +10,7 @@ dataset refs, the MLflow run id, the resolved precision and `stop_after`) and ru
 is the caller's torchrun entry point, tasks/distributed_train.py). A multi-node job (`nnodes` > 1) uses a c10d
 rendezvous at `$CSE_RDZV_ENDPOINT` (host:port, reachable from every node) instead of `--standalone`:
 
-    torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id <run key> \\
+    torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id <run key> \
         -m <worker module> <run dir>/distributed/job.json
 
 The task starts it on its node and logs the command; the other nodes must run the same command (the data root
@@ -140,7 +140,7 @@ def _run(cmd: list[str]) -> int:
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
     try:
         return proc.wait()
-    except BaseException:
+    except BaseException:  # an interrupt too: the torchrun child is stopped, then it propagates
         proc.terminate()
         try:
             proc.wait(timeout=60)

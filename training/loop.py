@@ -660,7 +660,7 @@ class Trainer:
             raise ResumeStateDamaged(self.state.trainable, f"unreadable ({type(e).__name__}: {e})") from None
         try:
             st = torch.load(self.state.optimizer, weights_only=False, map_location="cpu" if self.world > 1 else None)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - torch.load's errors name no file either
             raise ResumeStateDamaged(self.state.optimizer, f"unreadable ({type(e).__name__}: {e})") from None
         return {**meta, "step": step}, tensors, st
 

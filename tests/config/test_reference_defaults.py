@@ -43,7 +43,7 @@ def test_single_corruption_is_an_explicit_cheaper_preset(method):
     default = resolve_train_config("default", method=method)
     assert (cfg.corrupt.variants, cfg.corrupt.generator_dropout) == (1, False)
     # everything else is the default preset's
-    strip = lambda c: c.model_dump(exclude={"corrupt", "preset"})  # noqa: E731
+    strip = lambda c: c.model_dump(exclude={"corrupt", "preset"})
     assert strip(cfg) == strip(default)
 
 

@@ -346,7 +346,7 @@ def test_bert_base_parameter_arithmetic(tokenizer):
     backbone = BertModel(BertConfig())  # 12 layers, 768, vocab 30522; random weights
     lm_without_pooler = sum(p.numel() for n, p in backbone.named_parameters() if not n.startswith("pooler."))
     model = DiffAug(DiffAugConfig(backbone="bert-base-uncased"), backbone=backbone, tokenizer=tokenizer)
-    count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
+    count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)
     pe = model.prompts
     assert (pe.embedding.weight.numel(), count(pe.transform[0]), count(pe.transform[2])) == (
         12_288,

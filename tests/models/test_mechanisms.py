@@ -73,7 +73,7 @@ def _nonzero(g: torch.Tensor | None) -> bool:
 # ------------------------------------------------------------------------------------------------ gradient through h
 def test_d2cse_crtd_loss_reaches_the_prompts_through_h(tiny_bert_dir, tokenizer):
     ids, mask, cor, lab = corrupted_views(tokenizer, length=T)
-    prompts = lambda m: dict(m.prompts.named_parameters())  # noqa: E731
+    prompts = lambda m: dict(m.prompts.named_parameters())
 
     # D2CSE: the CRTD term alone, followed back through h into the encoder pass's prompts
     model = _d2cse(tiny_bert_dir).train()

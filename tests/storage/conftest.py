@@ -32,7 +32,7 @@ class FileServer:
 
 def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
+        def do_GET(self):  # http.server's name
             server.hits[self.path] += 1
             route = server.routes.get(self.path)
             if route is None:

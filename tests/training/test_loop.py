@@ -190,7 +190,7 @@ def test_hooks_see_every_phase_step_forward_and_update_in_order_and_save_state_o
     seen = Seen()
     trainer = weighted_trainer(tmp_path / "state", hooks=[seen], save_state=False)
     trainer.run()
-    per_step = lambda s: [("step", s), "forward", "/forward", "update", "/update"]  # noqa: E731
+    per_step = lambda s: [("step", s), "forward", "/forward", "update", "/update"]
     assert seen.events[:7] == [("phase", "main")] + per_step(0) + [("end", 1, ["epoch", "grad_norm"])]
     assert [e for e in seen.events if e[0] == "end"] == [("end", s, ["epoch", "grad_norm"]) for s in (1, 2, 3, 4)]
     assert not trainer.state.exists() and not (tmp_path / "state").exists()

@@ -22,9 +22,11 @@ TOKENS = DatasetRef(kind="tokens", key="t", content_hash="c" * 64, rows=1, path=
 
 
 def _later_fields(config_class) -> set[str]:
-    """The listed fields `config_class` gained later: those whose default is the listed one. (A class that had a field
-    of that name all along, D2CSE's `discriminator_learning_rate` at 7e-6, never holds the listed default, DiffCSE's
-    None, so its keys keep the field.)"""
+    """The listed fields `config_class` gained later: those whose default is the listed one.
+
+    A class that had a field of that name all along (D2CSE's `discriminator_learning_rate` at 7e-6) never holds the
+    listed default (DiffCSE's None), so its keys keep the field.
+    """
     return {
         f.name
         for f in dataclasses.fields(config_class)

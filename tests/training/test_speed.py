@@ -1,4 +1,6 @@
-"""The speed switches change nothing but speed (docs/gpu.md), proven on CPU on tiny models:
+"""The speed switches change nothing but speed (docs/gpu.md), proven on CPU on tiny models.
+
+The checks:
 
 - every method's whole training step (and each D2CSE ablation, DCPCSE with MLM, both DiffAug phases) compiles as one
   graph with `fullgraph=True`, and the compiled step's loss and gradients equal the eager step's (dropout 0);
