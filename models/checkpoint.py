@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch import nn
 from cse.models.embedder import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, CheckpointMismatchError, SentenceEmbedder
 from cse.models.loading import resolve_model_path
 from cse.models.method import SHAPE_KEYS, CSEModel, backbone_fingerprint, backbone_shape
+from cse.storage.atomic import atomic_file
 
 META_FILE = "cse_model.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -137,12 +137,6 @@ def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in frozen}
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(model: CSEModel, folder: str | Path, extra_meta: dict[str, Any] | None = None) -> Path:
     """Write `cse_model.json` + `weights.safetensors` into `folder` (created; existing files replaced)."""
     folder = Path(folder)
@@ -167,8 +161,10 @@ def save_checkpoint(model: CSEModel, folder: str | Path, extra_meta: dict[str, A
         "not_for_inference": list(skip),
         "meta": dict(extra_meta or {}),
     }
-    _atomic_write(folder / WEIGHTS_FILE, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
-    _atomic_write(folder / META_FILE, lambda p: p.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str)))
+    with atomic_file(folder / WEIGHTS_FILE) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    with atomic_file(folder / META_FILE) as tmp:
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
     return folder
 
 

@@ -41,6 +41,7 @@ from torch import nn
 
 from cse.models import peft_loader
 from cse.models.batching import pad_sequences
+from cse.storage.atomic import atomic_dir
 
 TOLERANCE = 1e-5
 LOADER_FILE = "peft_embed.py"
@@ -273,11 +274,7 @@ def export_peft_adapter(
     prompts = model.prompts
     backbone_id = resolve_model_path(model.config.backbone)
     base = load_encoder(backbone_id).eval()
-    tmp = out.parent / f".tmp-peft-{out.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out) as tmp:  # the old adapter is replaced only once the new one is complete and verified
         base_ref = backbone_id
         notes = list(plan.notes)
         if backbone_changed(model.backbone, base):
@@ -364,12 +361,6 @@ def export_peft_adapter(
         )
         (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
         (tmp / README_FILE).write_text(adapter_readme(spec))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     adapter_bytes = sum((out / name).stat().st_size for name in ("adapter_config.json", "adapter_model.safetensors"))
     return PeftExport(
         folder=out,

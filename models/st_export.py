@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from sentence_transformers.base.modules import InputModule
 
+from cse.storage.atomic import atomic_dir, remove_path
+
 CHECKPOINT_SUBDIR = "checkpoint"
 EXPORT_KINDS = ("standard", "bundled-code", "project")
 TOLERANCE = 1e-5  # a portable folder must reproduce the training code's embeddings this closely
@@ -91,17 +93,25 @@ class PromptedEncoderModule(InputModule):
 def export_sentence_transformer(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     """Write a folder that `SentenceTransformer(out_dir, trust_remote_code=True)` loads.
 
-    An earlier `out_dir` is replaced, but only once the checkpoint has loaded; an `out_dir` that is, holds or lies
-    inside the checkpoint folder is refused."""
-    from sentence_transformers import SentenceTransformer
-
+    An earlier `out_dir` is replaced as a whole once the new folder is complete (`cse.storage.atomic.atomic_dir`);
+    an `out_dir` that is, holds or lies inside the checkpoint folder is refused."""
     out = Path(out_dir)
     _refuse_overlap(checkpoint_dir, out)
-    module = PromptedEncoderModule(checkpoint_dir)  # a missing or damaged checkpoint fails before anything is removed
-    if out.exists():
-        shutil.rmtree(out)
-    SentenceTransformer(modules=[module]).save(str(out))
+    module = PromptedEncoderModule(checkpoint_dir)  # a missing or damaged checkpoint fails before anything is written
+    with atomic_dir(out) as tmp:
+        _save_project_module(module, tmp)
     return out
+
+
+def _empty(folder: Path) -> None:
+    for p in folder.iterdir():
+        remove_path(p)
+
+
+def _save_project_module(module: PromptedEncoderModule, folder: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    SentenceTransformer(modules=[module]).save(str(folder))
 
 
 def _refuse_overlap(checkpoint_dir: str | Path, out: Path) -> None:
@@ -171,11 +181,7 @@ def export_portable_sentence_transformer(
     out = Path(out_dir)
     _refuse_overlap(checkpoint_dir, out)
     meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint fails before anything is removed
-    tmp = out.parent / f".tmp-st-{out.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with atomic_dir(out) as tmp:  # the old export is replaced only once the new one is complete
         result, why = None, ""
         if model_class_of(meta["method"]).exports_peft_adapter:  # prompts: the stock model with a prefix cache
             model = load_checkpoint(checkpoint_dir, device="cpu")
@@ -190,15 +196,9 @@ def export_portable_sentence_transformer(
                     result = STExport(out, "standard", why_not)
                 why = f"{why}; {why_not}" if why else why_not
         if result is None:
-            shutil.rmtree(tmp, ignore_errors=True)
-            export_sentence_transformer(checkpoint_dir, tmp)
+            _empty(tmp)  # what a form that did not pass left
+            _save_project_module(PromptedEncoderModule(checkpoint_dir), tmp)
             result = STExport(out, "project", why)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return result
 
 
@@ -207,7 +207,7 @@ def _write_prompted(
 ) -> tuple[float | None, str]:
     """Write a prompt method's model as the `bundled-code` form into `folder` and check it against `model.embed`.
 
-    Returns `(largest difference, reason)`; `(None, why)` with `folder` removed when the form cannot hold the model
+    Returns `(largest difference, reason)`; `(None, why)` with `folder` emptied when the form cannot hold the model
     exactly (what PEFT's prefix layout cannot express, or a check above `TOLERANCE`)."""
     from sentence_transformers import SentenceTransformer
 
@@ -264,7 +264,7 @@ def _write_prompted(
     got = loaded.encode(sentences, convert_to_tensor=True, batch_size=64).float().cpu()
     diff = float((got - reference_embeddings(model, sentences)).abs().max()) if sentences else 0.0
     if diff > TOLERANCE:
-        shutil.rmtree(folder, ignore_errors=True)
+        _empty(folder)
         return None, f"the bundled module differs from the training code's embeddings by {diff:.3g} (> {TOLERANCE})"
     where = "the bundled encoder" if bundled else f"the hub encoder {backbone_id}"
     return diff, f"{model.method}: prefixes on {where}, checked within {TOLERANCE} (largest difference {diff:.2g})"

@@ -1,8 +1,13 @@
-"""Atomic writes: build under a temporary name in the same folder, then rename.
+"""Atomic writes: build under a temporary name in the same folder, fsync, then rename.
 
 A killed stage therefore never leaves a file or folder that looks complete; leftovers carry a
 `.tmp-<name>-<pid>-<hex>` name. The next run of the stage removes those of dead writers under the dataset's build
 lock (`DataRoot.clean_stale`); `clean_temporaries` removes every leftover below a folder.
+
+The one helper of the project for a file or folder replaced as a whole: datasets, checkpoints
+(`cse.models.checkpoint`) and the exports (`cse.models.st_export`, `cse.models.peft_export`) all write through
+`atomic_file` and `atomic_dir`. It imports nothing from the project and pyarrow only in `write_parquet`, so every
+layer, `models/` included, may use it (the layer `atomic` of docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 TMP_PREFIX = ".tmp-"
 PARQUET_COMPRESSION = "zstd"
@@ -27,15 +32,24 @@ def _tmp_sibling(final: Path) -> Path:
     return final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def fsync_file(path: str | Path) -> None:
+    """Flush a file's content to disk."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 @contextmanager
 def atomic_file(final: str | Path) -> Iterator[Path]:
-    """Yield a temporary path; on success it is renamed to `final`, on error removed."""
+    """Yield a temporary path; on success it is fsynced and renamed to `final` (the rename fsynced too), on error
+    removed. A kill at any point leaves `final` as it was, old or new, never a half-written file."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_sibling(final)
     try:
         yield tmp
+        fsync_file(tmp)
         os.replace(tmp, final)
+        fsync_dir(final.parent)
     except BaseException:  # an interrupt too: the temporary file is removed, then it propagates
         tmp.unlink(missing_ok=True)
         raise
@@ -61,8 +75,7 @@ def fsync_dir(folder: str | Path) -> None:
 def _fsync_tree(folder: Path) -> None:
     for p in sorted(folder.rglob("*"), key=lambda q: len(q.parts), reverse=True):
         if p.is_file() and not p.is_symlink():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+            fsync_file(p)
         elif p.is_dir():
             fsync_dir(p)
     fsync_dir(folder)
@@ -120,6 +133,8 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
 
 def write_parquet(table: pa.Table, path: str | Path, schema: pa.Schema | None = None) -> Path:
     """Write one Parquet file atomically (zstd). The table is cast to `schema` when given."""
+    import pyarrow.parquet as pq
+
     if schema is not None:
         table = table.select(schema.names).cast(schema)
     with atomic_file(path) as tmp:

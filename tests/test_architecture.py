@@ -11,29 +11,49 @@ from cse.config.settings import REPO_ROOT
 PACKAGES = ("config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows", "ops")
 # What each layer may import from the project (docs/architecture.md); a layer always imports itself.
 # `cse.config.settings` (paths and services from the environment) and `cse.config.secrets` (the masking rule for
-# credentials, applied at every exit, storage's included) are the bottom layer `settings`.
+# credentials, applied at every exit, storage's included) are the bottom layer `settings`. `cse.storage.atomic` (the
+# one atomic write of a file or folder: fsync, rename, the old folder kept until the new one is in place) is the
+# bottom layer `atomic`: it imports nothing from the project, and every layer, models/ included, writes through it.
 ALLOWED = {
+    "atomic": set(),
     "settings": set(),
-    "storage": {"settings"},
-    "models": set(),
-    "evaluation": {"settings", "storage", "models"},
-    "config": {"settings", "storage", "models"},
-    "training": {"settings", "config", "storage", "models", "evaluation"},
-    "tracking": {"settings", "config", "storage", "models"},
-    "tasks": {"settings", "config", "storage", "models", "training", "evaluation", "tracking"},
-    "flows": {"settings", "config", "storage", "models", "evaluation", "tracking", "tasks"},
-    "ops": {"settings", "config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows"},
+    "storage": {"atomic", "settings"},
+    "models": {"atomic"},
+    "evaluation": {"atomic", "settings", "storage", "models"},
+    "config": {"atomic", "settings", "storage", "models"},
+    "training": {"atomic", "settings", "config", "storage", "models", "evaluation"},
+    "tracking": {"atomic", "settings", "config", "storage", "models"},
+    "tasks": {"atomic", "settings", "config", "storage", "models", "training", "evaluation", "tracking"},
+    "flows": {"atomic", "settings", "config", "storage", "models", "evaluation", "tracking", "tasks"},
+    "ops": {
+        "atomic",
+        "settings",
+        "config",
+        "storage",
+        "models",
+        "training",
+        "evaluation",
+        "tracking",
+        "tasks",
+        "flows",
+    },
 }
 MLFLOW_SEAM = "tracking"  # the package: store, stage/training/group runs, lineage, the outage spool, model export
-NO_ORCHESTRATION = ("models", "training", "evaluation", "storage")  # pure: no prefect, no mlflow
+NO_ORCHESTRATION = ("atomic", "models", "training", "evaluation", "storage")  # pure: no prefect, no mlflow
 
 
 SETTINGS_LAYER = ("cse.config.settings", "cse.config.secrets")
+ATOMIC_LAYER = ("cse.storage.atomic",)
 
 
 def layer(module: str) -> str:
-    """The layer of a project module (`cse.<package>...`; `SETTINGS_LAYER` is the layer `settings`)."""
-    return "settings" if module in SETTINGS_LAYER else module.removeprefix("cse.").split(".")[0]
+    """The layer of a project module (`cse.<package>...`; `SETTINGS_LAYER` is the layer `settings`, `ATOMIC_LAYER`
+    the layer `atomic`)."""
+    if module in SETTINGS_LAYER:
+        return "settings"
+    if module in ATOMIC_LAYER:
+        return "atomic"
+    return module.removeprefix("cse.").split(".")[0]
 
 
 def module_name(path: Path) -> str:

@@ -164,7 +164,28 @@ def test_a_failed_check_falls_back_to_the_project_module(checkpoints, tmp_path, 
     assert result.kind == "project" and "differs from the training code's embeddings" in result.reason
     modules = json.loads((tmp_path / "export" / "modules.json").read_text())
     assert modules[0]["type"] == "cse.models.st_export.PromptedEncoderModule" and result.trust_remote_code
-    assert not (tmp_path / ".tmp-st-export").exists()
+    assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob("*.previous"))
+
+
+def test_an_export_stopped_midway_leaves_the_earlier_export_whole(checkpoints, tmp_path, monkeypatch):
+    """The export is written through `atomic_dir`: stopped while its last form is written (an interrupt in the
+    project form's save), the earlier export is still there, file for file, and no temporary folder is left."""
+    import cse.models.st_export as st_export
+
+    out = tmp_path / "export"
+    monkeypatch.setattr(st_export, "TOLERANCE", -1.0)  # straight to the project form, the cheapest
+    export_portable_sentence_transformer(checkpoints["d2cse"], out, probe_sentences=("a b",))
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    def interrupted(module, folder: Path) -> None:
+        (folder / "modules.json").write_text("[]")  # half a folder
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(st_export, "_save_project_module", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_portable_sentence_transformer(checkpoints["d2cse"], out, probe_sentences=("a b",))
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
 def test_exporting_onto_the_checkpoint_is_refused(checkpoints):
