@@ -14,6 +14,9 @@
 | `CSE_DASK_THREADS_PER_WORKER` | `1` | threads per worker of the `dask-local` cluster |
 
 Nothing here holds credentials: a team deployment sets the variables (or Prefect blocks) instead.
+
+The variables are read by pydantic-settings (`EnvSettings`, afresh at every `get_settings()`): an empty value counts
+as unset; a wrong one fails with a `ValueError` that names the variable and says what it must be.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from pydantic import ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,9 +58,10 @@ class Settings:
     mlflow_ui_url: str = "http://127.0.0.1:5000"
 
 
-def env_int(name: str, minimum: int = 1) -> int | None:
-    """The integer in environment variable `name` (None when unset or empty); below `minimum` is an error."""
-    raw = os.environ.get(name, "").strip()
+def parse_int(name: str, raw: str | None, minimum: int = 1) -> int | None:
+    """The integer `raw` read from environment variable `name` (None when unset or blank); below `minimum` is an
+    error that names the variable."""
+    raw = (raw or "").strip()
     if not raw:
         return None
     try:
@@ -66,21 +73,75 @@ def env_int(name: str, minimum: int = 1) -> int | None:
     return value
 
 
-def shard_runner_settings() -> ShardRunnerSettings:
+def env_int(name: str, minimum: int = 1) -> int | None:
+    """The integer in environment variable `name` (None when unset or empty); below `minimum` is an error."""
+    return parse_int(name, os.environ.get(name), minimum)
+
+
+class EnvSettings(BaseSettings):
+    """The environment variables of the table above, as set: each field reads the variable of its name in upper case
+    (`cse_home` is `CSE_HOME`); None where it is unset or empty. `get_settings` fills in the defaults, which depend on
+    one another (`CSE_DATA_ROOT` defaults to a folder of `CSE_HOME`)."""
+
+    model_config = SettingsConfigDict(env_ignore_empty=True, extra="ignore", frozen=True)
+
+    cse_home: str | None = None
+    cse_data_root: str | None = None
+    cse_shared_data: str | None = None
+    mlflow_tracking_uri: str | None = None
+    cse_mlflow_artifacts: str | None = None
+    cse_mlflow_ui_url: str | None = None
+    cse_task_runner: str | None = None
+    cse_dask_address: str | None = None
+    cse_dask_workers: int | None = None
+    cse_dask_threads_per_worker: int | None = None
+
+    @field_validator("cse_task_runner", "cse_dask_address", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, raw: str | None) -> str | None:
+        return (raw or "").strip() or None
+
+    @field_validator("cse_task_runner")
+    @classmethod
+    def _one_of_the_runners(cls, raw: str | None) -> str | None:
+        if raw is not None and raw.lower() not in TASK_RUNNERS:
+            raise ValueError(f"CSE_TASK_RUNNER must be one of {list(TASK_RUNNERS)}, got {raw.lower()!r}")
+        return None if raw is None else raw.lower()
+
+    @field_validator("cse_dask_workers", "cse_dask_threads_per_worker", mode="before")
+    @classmethod
+    def _positive_int(cls, raw: object, info) -> int | None:
+        return parse_int(info.field_name.upper(), None if raw is None else str(raw))
+
+    @model_validator(mode="after")
+    def _runner_and_address_agree(self) -> EnvSettings:
+        kind, address = self.cse_task_runner, self.cse_dask_address
+        if kind == "dask" and not address:
+            raise ValueError("CSE_TASK_RUNNER=dask needs CSE_DASK_ADDRESS (the scheduler, e.g. tcp://host:8786)")
+        if kind is not None and kind != "dask" and address:
+            raise ValueError(f"CSE_DASK_ADDRESS is set but CSE_TASK_RUNNER={kind!r}: unset one of them")
+        return self
+
+
+def read_env() -> EnvSettings:
+    """The environment variables read now; a wrong value raises a `ValueError` with the variable's own message (not
+    pydantic's report around it)."""
+    try:
+        return EnvSettings()
+    except ValidationError as e:
+        error = e.errors()[0]
+        raise ValueError(str(error.get("ctx", {}).get("error") or error["msg"])) from None
+
+
+def shard_runner_settings(env: EnvSettings | None = None) -> ShardRunnerSettings:
     """`CSE_TASK_RUNNER` / `CSE_DASK_*` read and checked; unset → the local behaviour."""
-    address = os.environ.get("CSE_DASK_ADDRESS", "").strip() or None
-    kind = os.environ.get("CSE_TASK_RUNNER", "").strip().lower() or ("dask" if address else "local")
-    if kind not in TASK_RUNNERS:
-        raise ValueError(f"CSE_TASK_RUNNER must be one of {list(TASK_RUNNERS)}, got {kind!r}")
-    if kind == "dask" and not address:
-        raise ValueError("CSE_TASK_RUNNER=dask needs CSE_DASK_ADDRESS (the scheduler, e.g. tcp://host:8786)")
-    if kind != "dask" and address:
-        raise ValueError(f"CSE_DASK_ADDRESS is set but CSE_TASK_RUNNER={kind!r}: unset one of them")
+    env = env or read_env()
+    address = env.cse_dask_address
     return ShardRunnerSettings(
-        kind=kind,  # type: ignore[arg-type]
+        kind=env.cse_task_runner or ("dask" if address else "local"),  # type: ignore[arg-type]
         dask_address=address,
-        dask_workers=env_int("CSE_DASK_WORKERS"),
-        dask_threads_per_worker=env_int("CSE_DASK_THREADS_PER_WORKER") or 1,
+        dask_workers=env.cse_dask_workers,
+        dask_threads_per_worker=env.cse_dask_threads_per_worker or 1,
     )
 
 
@@ -94,19 +155,20 @@ def default_home() -> Path:
 
 def get_settings() -> Settings:
     """Read the settings afresh (tests change the environment between cases)."""
-    home = Path(os.environ.get("CSE_HOME") or default_home()).expanduser().resolve()
-    data_root = Path(os.environ.get("CSE_DATA_ROOT", home / "data")).expanduser().resolve()
-    shared = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).expanduser()
-    tracking = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"
-    artifacts = Path(os.environ.get("CSE_MLFLOW_ARTIFACTS", home / "mlartifacts")).expanduser().resolve()
+    env = read_env()
+    home = Path(env.cse_home or default_home()).expanduser().resolve()
+    data_root = Path(env.cse_data_root or home / "data").expanduser().resolve()
+    shared = Path(env.cse_shared_data or REPO_ROOT.parent / "shared" / "data").expanduser()
+    tracking = env.mlflow_tracking_uri or f"sqlite:///{home / 'mlflow.db'}"
+    artifacts = Path(env.cse_mlflow_artifacts or home / "mlartifacts").expanduser().resolve()
     return Settings(
         home=home,
         data_root=data_root,
         shared_data=shared.resolve(),
         mlflow_tracking_uri=tracking,
         mlflow_artifact_root=artifacts,
-        shard_runner=shard_runner_settings(),
-        mlflow_ui_url=os.environ.get("CSE_MLFLOW_UI_URL")
+        shard_runner=shard_runner_settings(env),
+        mlflow_ui_url=env.cse_mlflow_ui_url
         or (tracking if tracking.startswith(("http://", "https://")) else "http://127.0.0.1:5000"),
     )
 
