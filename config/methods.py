@@ -20,7 +20,8 @@ Adding a method (docs/architecture.md has the recipe; tests/config/test_toy_meth
    `config_class`, `paper`, `bibtex` (and `builds_on`, `peft_plan`, `ablations` where they apply);
 2. its presets in config/presets.py (at least `default`);
 3. one `MethodSpec` below;
-4. the prefect.yaml entries the deployment test prints (`missing_deployments(spec, deployments)`).
+4. its flow's line in flows/train.py (`train_<name> = train_flow(REGISTRY["<name>"])`, and its `TRAIN_FLOWS` entry);
+5. the prefect.yaml entries the deployment test prints (`missing_deployments(spec, deployments)`).
 """
 
 from __future__ import annotations

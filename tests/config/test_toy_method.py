@@ -113,10 +113,8 @@ def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
     """The flow comes from the registry entry; the deployment check prints the prefect.yaml lines to add."""
     from cse.flows import train
 
-    namespace: dict = {}
-    flows = train.define_train_flows(namespace)  # what flows/train.py does with its globals() at import
-    flow = namespace[toy.flow_function]
-    assert flows[toy.name] is flow
+    flow = train.train_flow(toy)  # what flows/train.py's `train_toy = train_flow(REGISTRY["toy"])` line would build
+    assert flow.fn.__name__ == toy.flow_function
     assert flow.name == toy.flow_name == "train-toy" and toy.flow_function == "train_toy"
     assert toy.entrypoint == "cse.flows.train:train_toy" and toy.deployment("smoke") == "train-toy/smoke"
     assert "deep prompts on a frozen encoder" in flow.description
