@@ -122,7 +122,7 @@ def test_the_flows_of_flows_train_are_the_registrys():
     for name, spec in REGISTRY.items():
         flow = getattr(train, spec.flow_function)
         assert flow is train.TRAIN_FLOWS[name] and flow.name == spec.flow_name
-        assert flow.fn.__name__ == spec.flow_function
+        assert flow.__name__ == spec.flow_function
 
 
 def test_an_unknown_preset_or_method_is_refused_with_the_known_ones():

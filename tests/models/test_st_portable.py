@@ -1,6 +1,6 @@
-"""The portable sentence-transformers export (models/st_export.py `export_portable_sentence_transformer`): a plain
+"""The portable sentence-transformers export (models/export/st_export.py `export_portable_sentence_transformer`): a plain
 trained encoder becomes stock Transformer + Pooling modules, a prompt method (D2CSE) ships its module's code
-(models/st_prompted.py) in the folder; both load in a subprocess where this project is not importable and embed as the
+(models/export/st_prompted.py) in the folder; both load in a subprocess where this project is not importable and embed as the
 training code does."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from cse.config.methods import build_model
-from cse.models import st_prompted
 from cse.models.checkpoint import load_checkpoint, save_checkpoint
-from cse.models.st_export import (
+from cse.models.export import st_prompted
+from cse.models.export.st_export import (
     CHECKPOINT_SUBDIR,
     STExport,
     export_kind,
@@ -157,13 +157,13 @@ def test_the_bundled_module_imports_nothing_from_the_project():
 
 def test_a_failed_check_falls_back_to_the_project_module(checkpoints, tmp_path, monkeypatch):
     """A check that fails (here: an impossible tolerance) leaves the in-project form, with the reason."""
-    import cse.models.st_export as st_export
+    import cse.models.export.st_export as st_export
 
     monkeypatch.setattr(st_export, "TOLERANCE", -1.0)
     result = export_portable_sentence_transformer(checkpoints["d2cse"], tmp_path / "export", probe_sentences=("a b",))
     assert result.kind == "project" and "differs from the training code's embeddings" in result.reason
     modules = json.loads((tmp_path / "export" / "modules.json").read_text())
-    assert modules[0]["type"] == "cse.models.st_export.PromptedEncoderModule" and result.trust_remote_code
+    assert modules[0]["type"] == "cse.models.export.st_export.PromptedEncoderModule" and result.trust_remote_code
     assert not (tmp_path / ".tmp-st-export").exists()
 
 
