@@ -36,17 +36,24 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import pkgutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
 LEGACY_PACKAGES = ("config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows", "ops")
-# models/ by role (issue 36): module → the subpackage of cse.models it moved into.
-_MODELS_MOVED = {
-    **dict.fromkeys(("simcse", "dcpcse", "diffcse", "diffaug", "d2cse", "crtd"), "methods"),
-    **dict.fromkeys(("st_export", "st_prompted", "st_standard", "peft_export", "peft_loader"), "export"),
-}
+
+
+# models/ by role (issue 36): every module of cse.models.methods and cse.models.export was cse.models.<module> before
+# (read from the subpackages' folders: the modules, not the method names, which only the registry lists).
+def _submodules(package: str) -> list[str]:
+    spec = importlib.util.find_spec(package)
+    return [m.name for m in pkgutil.iter_modules(spec.submodule_search_locations) if not m.name.startswith("_")]
+
+
+_MODELS_MOVED = {name: sub for sub in ("methods", "export") for name in _submodules(f"cse.models.{sub}")}
 # models/prefix.py, split by mechanism: the old module is served as one module holding these modules' public names.
 PREFIX_PARTS = tuple(
     f"cse.models.prompts.{part}"

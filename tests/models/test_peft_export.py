@@ -192,7 +192,7 @@ def test_the_folder_is_a_plain_peft_prefix_adapter(exported):
 def test_the_loader_uses_only_transformers_and_peft(exported):
     _, _, export = exported
     source = (export.folder / LOADER_FILE).read_text()
-    assert source == (Path(__file__).parents[2] / "models" / "peft_loader.py").read_text()
+    assert source == (Path(__file__).parents[2] / "models" / "export" / "peft_loader.py").read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
