@@ -8,7 +8,7 @@ Protocol 1 (benchmarks/evidence.py, hash 0713ae7325e122a8) found that neither D2
 beats lambda = 0 on the MiniLM proxy and that their trained discriminators' held-out RTD loss is the same with the true
 and a shuffled h. It could not say whether that is the methods or the benchmark: nothing in it showed that its arms
 can learn to read h at all. Protocol 1's results stay as they were, under their hash. Protocol 2 (PROTOCOL_V2 and
-the model classes' `evidence_v2_arms` / `evidence_power_knob` below; their hash is stored with every record) was fixed
+each method's `evidence_v2_arms` / `evidence_power_knob` in benchmarks/facts.py; their hash is stored with every record) was fixed
 and committed before any of its runs and is not tuned afterwards:
 
 - encoder, data, precision: protocol 1's (the packaged MiniLM, CPU, fp32, max length 32, batch 32); the last 1,024
