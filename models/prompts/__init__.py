@@ -40,4 +40,10 @@ absolute positions `P …`, DeBERTa-v3 (no absolute positions) nothing — no sh
 ModernBERT rotary positions `P … P+T-1` (as an HF decoder continuing a P-long cache; equivalent to rotating every
 prefix key by −P). Without a prefix the wrapped model is exactly the plain model (mask creation is registered for
 the new implementation names as well).
+
+One module per mechanism: `families.py` (the encoder-family table, `encoder_family`, `encoder_layers`),
+`prefixes.py` (`PrefixEncoder`, `PrefixKeyValues`, the prefix's mask columns), `interface.py` (the interface route),
+`module_route.py` (the module route), `position0.py` (the position-0 input of DiffCSE/D2CSE's conditioning and the
+[CLS] prompt), `backbone.py` (`PromptedBackbone`, `prompted_backbone`, the `PromptedModel` mixin). This package
+module itself imports none of them.
 """
