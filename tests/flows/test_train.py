@@ -60,9 +60,11 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     assert run.data.tags["1 STS12"] == f"{run.data.metrics['sts12']:.2f}" and "8 Avg." in run.data.tags
     assert run.data.params["overrides"].startswith(f"backbone={tiny_bert_dir.name} eval_steps=4 ")
     m = run.data.metrics
-    # the loop's curves in their sections (dev, loss, ...); the test scores unprefixed: no per-subset score, no
-    # Pearson or timing single value; every metric a line (its latest step >= 1), none a one-bar chart
-    assert {k.split("/")[0] for k in m if "/" in k} == {"dev", "loss", "optimizer", "progress", "throughput"}
+    # the loop's curves in their sections (dev, loss, ..., and D2CSE's RTD mechanism probe, rtd_probe/); the test
+    # scores unprefixed: no per-subset score, no Pearson or timing single value; every metric a line (its latest step
+    # >= 1), none a one-bar chart
+    sections = {"dev", "loss", "optimizer", "progress", "throughput", "rtd_probe"}
+    assert {k.split("/")[0] for k in m if "/" in k} == sections
     assert "progress/phase" not in m and not [k for k in m if k.startswith(("sts12/", "sts14/"))]
     assert "sts_avg_pearson" not in m and "eval_seconds" not in m and "sts12_wmean" not in m
     for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):
