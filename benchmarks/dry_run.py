@@ -155,6 +155,7 @@ import psutil
 import torch
 from torch import nn
 
+from benchmarks.facts import facts
 from cse.config.methods import REGISTRY, model_class
 from cse.config.training import resolve_train_config
 from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences
@@ -588,18 +589,16 @@ def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
 
 
 def expected_trainable(method: str, cfg) -> tuple[int | None, int | None]:
-    """(trainable, prefix-phase trainable) parameters the reference gives for this configuration (the model class's
-    `dry_run_trainable`; None where it gives no figure)."""
-    cls = model_class(method)
-    if not hasattr(cls, "dry_run_trainable"):
-        return None, None
-    return cls.dry_run_trainable(cfg.backbone, cfg.model)
+    """(trainable, prefix-phase trainable) parameters the reference gives for this configuration (the method's
+    `dry_run_trainable`, benchmarks/facts.py; None where it gives no figure)."""
+    figures = facts(method).dry_run_trainable
+    return figures(cfg.backbone, cfg.model) if figures else (None, None)
 
 
-def encoder_passes(cls, model_config) -> int:
-    """Encoder passes per view of a training step (the class's `dry_run_encoder_passes`: an int or a classmethod of
-    the model config; 1 when it states none)."""
-    passes = getattr(cls, "dry_run_encoder_passes", 1)
+def encoder_passes(method: str, model_config) -> int:
+    """Encoder passes per view of a training step (the method's `dry_run_encoder_passes`, benchmarks/facts.py: an int
+    or a function of the model config; 1 when it states none)."""
+    passes = facts(method).dry_run_encoder_passes
     return passes(model_config) if callable(passes) else passes
 
 
@@ -628,7 +627,7 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     """What the cost model and the report need to know about the built model."""
     phases = model_class(method).phases
     layer_params = sum(p.numel() for p in backbone.encoder.parameters())
-    passes = encoder_passes(model_class(method), cfg.model)
+    passes = encoder_passes(method, cfg.model)
     views_main = 3 if cfg.supervised else 2
     info = {
         "layers": backbone.config.num_hidden_layers,
@@ -641,7 +640,7 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
         "backbone_trainable_by_phase": {},
         "real_rows_by_phase": {},
     }
-    template = getattr(model_class(method), "dry_run_template_ids", 0)  # ids a prompt template wraps a sentence in
+    template = facts(method).dry_run_template_ids  # ids a prompt template wraps a sentence in
     for ph in phases:
         trainable_ids = {id(p) for p in model.phase_parameters(ph)}
         backbone_trainable = any(id(p) in trainable_ids for p in backbone.parameters())

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.facts import MethodFacts, registry_facts
 from benchmarks.machine import cpu_environment, set_offline_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -101,30 +102,22 @@ class Arm:
 METHOD = "method"
 
 
-def _evidence_methods() -> list:
-    """The registry's methods that state evidence arms (`evidence_arms` of the model class), in `evidence_position`
-    order."""
-    from cse.config.methods import REGISTRY
-
-    specs = [s for s in REGISTRY.values() if getattr(s.model_class, "evidence_arms", None)]
-    return sorted(specs, key=lambda s: s.model_class.evidence_position)
+def _evidence_methods() -> dict[str, MethodFacts]:
+    """The registry's methods with evidence arms (benchmarks/facts.py), in `evidence_position` order."""
+    found = {name: f for name, f in registry_facts().items() if f.evidence_arms}
+    return dict(sorted(found.items(), key=lambda item: item[1].evidence_position))
 
 
 # Each method's arms, what the protocol sets over its preset, the arms with the held-out RTD mechanism check, and the
-# method of the head-LR sensitivity rows: facts of the model classes (their "benchmark facts" block).
+# method of the head-LR sensitivity rows: the benchmarks' facts of each method (benchmarks/facts.py).
 ARMS: dict[str, tuple[Arm, ...]] = {
-    s.name: tuple(Arm(*a) for a in s.model_class.evidence_arms) for s in _evidence_methods()
+    name: tuple(Arm(*a) for a in f.evidence_arms) for name, f in _evidence_methods().items()
 }
 PROTOCOL_OVERRIDES: dict[str, dict[str, Any]] = {
-    s.name: s.model_class.evidence_overrides(PROTOCOL) if hasattr(s.model_class, "evidence_overrides") else {}
-    for s in _evidence_methods()
+    name: f.evidence_overrides(PROTOCOL) if f.evidence_overrides else {} for name, f in _evidence_methods().items()
 }
-MECHANISM_ARMS = {
-    (s.name, arm) for s in _evidence_methods() for arm in getattr(s.model_class, "evidence_mechanism_arms", ())
-}
-HEAD_LR_METHOD = next(
-    s.name for s in _evidence_methods() if getattr(s.model_class, "evidence_head_lr_sensitivity", False)
-)
+MECHANISM_ARMS = {(name, arm) for name, f in _evidence_methods().items() for arm in f.evidence_mechanism_arms}
+HEAD_LR_METHOD = next(name for name, f in _evidence_methods().items() if f.evidence_head_lr_sensitivity)
 
 
 def protocol_hash() -> str:

@@ -8,7 +8,7 @@ Protocol 1 (benchmarks/evidence.py, hash 0713ae7325e122a8) found that neither D2
 beats lambda = 0 on the MiniLM proxy and that their trained discriminators' held-out RTD loss is the same with the true
 and a shuffled h. It could not say whether that is the methods or the benchmark: nothing in it showed that its arms
 can learn to read h at all. Protocol 1's results stay as they were, under their hash. Protocol 2 (PROTOCOL_V2 and
-the model classes' `evidence_v2_arms` / `evidence_power_knob` below; their hash is stored with every record) was fixed
+each method's `evidence_v2_arms` / `evidence_power_knob` in benchmarks/facts.py; their hash is stored with every record) was fixed
 and committed before any of its runs and is not tuned afterwards:
 
 - encoder, data, precision: protocol 1's (the packaged MiniLM, CPU, fp32, max length 32, batch 32); the last 1,024
@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.evidence import Arm, Bench, mean_std, stsb_dev
+from benchmarks.facts import MethodFacts, registry_facts
 from benchmarks.machine import cpu_environment, set_offline_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -95,16 +96,15 @@ PROTOCOL_V2: dict[str, Any] = {
 METHOD = "method"
 
 
-def _methods() -> list:
-    """The registry's methods with protocol-2 arms (`evidence_v2_arms`), in `evidence_position` order."""
-    from cse.config.methods import REGISTRY
+def _methods() -> dict[str, MethodFacts]:
+    """The registry's methods with protocol-2 arms (`evidence_v2_arms`, benchmarks/facts.py), in `evidence_position`
+    order."""
+    found = {name: f for name, f in registry_facts().items() if f.evidence_v2_arms}
+    return dict(sorted(found.items(), key=lambda item: item[1].evidence_position))
 
-    specs = [s for s in REGISTRY.values() if getattr(s.model_class, "evidence_v2_arms", None)]
-    return sorted(specs, key=lambda s: s.model_class.evidence_position)
 
-
-ARMS: dict[str, tuple[Arm, ...]] = {s.name: tuple(Arm(*a) for a in s.model_class.evidence_v2_arms) for s in _methods()}
-KNOBS: dict[str, tuple[str, tuple[float | None, ...]]] = {s.name: s.model_class.evidence_power_knob for s in _methods()}
+ARMS: dict[str, tuple[Arm, ...]] = {name: tuple(Arm(*a) for a in f.evidence_v2_arms) for name, f in _methods().items()}
+KNOBS: dict[str, tuple[str, tuple[float | None, ...]]] = {name: f.evidence_power_knob for name, f in _methods().items()}
 
 
 def protocol_hash() -> str:

@@ -89,6 +89,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.facts import registry_facts
 from benchmarks.machine import cpu_environment, set_offline_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -100,20 +101,18 @@ PEER_DIFF_LIMIT = 1.0
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
 # run name → method, preset, per-run overrides, default steps, eval_steps and a note on the learning rate: the
-# `learning_runs` of every registered model class (their benchmark facts); the peer check ("peer") reproduces the
-# class's `learning_peer_run`. The JSON's peer keys (`simcse_peerlike`, `simcse_default`) are the report format.
+# `learning_runs` of every registry method (benchmarks/facts.py); the peer check ("peer") reproduces the
+# `learning_peer_run`. The JSON's peer keys (`simcse_peerlike`, `simcse_default`) are the report format.
 RUNS: dict[str, dict[str, Any]] = {}
 PEER_RUN = ""
 
 
 def _runs() -> tuple[dict[str, dict[str, Any]], str]:
-    from cse.config.methods import REGISTRY
-
     runs, peer = {}, ""
-    for name, spec in REGISTRY.items():
-        for run, settings in getattr(spec.model_class, "learning_runs", {}).items():
+    for name, method_facts in registry_facts().items():
+        for run, settings in method_facts.learning_runs.items():
             runs[run] = dict(method=name, **settings)
-        peer = getattr(spec.model_class, "learning_peer_run", None) or peer
+        peer = method_facts.learning_peer_run or peer
     return runs, peer
 
 

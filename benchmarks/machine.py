@@ -54,15 +54,16 @@ def cpu_environment(**extra: Any) -> dict[str, Any]:
 
 
 def subject_method(benchmark: str):
-    """The registered method a single-method benchmark measures: the one whose model class lists `benchmark` in its
-    `benchmark_subject_of` (the class's benchmark facts).
+    """The registered method a single-method benchmark measures: the one whose `benchmark_subject_of`
+    (benchmarks/facts.py) lists `benchmark`.
 
     Args:
         benchmark: the benchmark's module name, e.g. "training_throughput".
     """
+    from benchmarks.facts import facts
     from cse.config.methods import REGISTRY
 
-    found = [s for s in REGISTRY.values() if benchmark in getattr(s.model_class, "benchmark_subject_of", ())]
+    found = [s for s in REGISTRY.values() if benchmark in facts(s.name).benchmark_subject_of]
     if len(found) != 1:
         raise RuntimeError(f"{len(found)} registered methods name {benchmark!r} in benchmark_subject_of; expected one")
     return found[0]

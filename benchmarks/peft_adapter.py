@@ -4,8 +4,8 @@
                                       [--checkpoint DIR] [--out results.json]
 
 A D2CSE checkpoint (fresh prompts unless `--checkpoint` names a trained one; sizes and load times do not depend on
-training) is exported both ways: `cse.models.st_export.export_sentence_transformer` (our module inside a
-sentence-transformers folder; loading needs this package) and `cse.models.peft_export.export_peft_adapter` (standard PEFT
+training) is exported both ways: `cse.models.export.st_export.export_sentence_transformer` (our module inside a
+sentence-transformers folder; loading needs this package) and `cse.models.export.peft_export.export_peft_adapter` (standard PEFT
 files; loading needs transformers + peft only). Both reference the backbone by name, so the bytes of the backbone's
 own weights are printed beside them for scale.
 
@@ -39,11 +39,11 @@ import torch
 
 from benchmarks.machine import subject_method
 from cse.config.settings import get_settings
-from cse.models import peft_loader
 from cse.models.checkpoint import save_checkpoint
+from cse.models.export import peft_loader
+from cse.models.export.peft_export import export_peft_adapter
+from cse.models.export.st_export import CHECKPOINT_SUBDIR, export_sentence_transformer
 from cse.models.loading import resolve_model_path
-from cse.models.peft_export import export_peft_adapter
-from cse.models.st_export import CHECKPOINT_SUBDIR, export_sentence_transformer
 from cse.storage.readers import read_senteval
 
 
@@ -65,7 +65,7 @@ _ST_LOAD = """
 import json, sys, time
 t = time.perf_counter()
 from sentence_transformers import SentenceTransformer
-import cse.models.st_export
+import cse.models.export.st_export
 i = time.perf_counter() - t
 t = time.perf_counter()
 SentenceTransformer(sys.argv[1], trust_remote_code=True, device="cpu")

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from cse.config.settings import get_settings
     from cse.config.stages import local_mirror_ingest
     from cse.evaluation.evaluator import Evaluator
-    from cse.models.crtd import ConditionalRTDModel
+    from cse.models.methods.crtd import ConditionalRTDModel
     from cse.storage.evaluations import load_sts_input
     from cse.storage.layout import DataRoot
     from cse.tasks.ingest import ingest_dataset

@@ -1,6 +1,6 @@
 """The method registry: one declarative entry per training method, the only list of methods in the project.
 
-A method is one unit: a model module `models/<name>.py`, one `MethodSpec` entry below and its presets in
+A method is one unit: a model module `models/methods/<name>.py`, one `MethodSpec` entry below and its presets in
 config/presets.py (plus, for a published method, its rows in config/published.py). Everything per method is a field
 of the entry or an attribute/method of the model class, read through the entry:
 
@@ -16,11 +16,12 @@ of the entry or an attribute/method of the model class, read through the entry:
   it and this registry disagree, printing the entries to add (`missing_deployments`).
 
 Adding a method (docs/architecture.md has the recipe; tests/config/test_toy_method.py adds a toy one):
-1. `models/<name>.py`: a `MethodConfig` dataclass and a `CSEModel` subclass with `method = "<name>"`, its
+1. `models/methods/<name>.py`: a `MethodConfig` dataclass and a `CSEModel` subclass with `method = "<name>"`, its
    `config_class`, `paper`, `bibtex` (and `builds_on`, `peft_plan`, `ablations` where they apply);
 2. its presets in config/presets.py (at least `default`);
 3. one `MethodSpec` below;
-4. the prefect.yaml entries the deployment test prints (`missing_deployments(spec, deployments)`).
+4. its flow's line in flows/train.py (`train_<name> = train_flow(REGISTRY["<name>"])`, and its `TRAIN_FLOWS` entry);
+5. the prefect.yaml entries the deployment test prints (`missing_deployments(spec, deployments)`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class MethodSpec:
         name: the registry name (lowercase): `TrainConfig.method`, the `train-<name>` flow, MLflow experiment and
             registered-model names, the checkpoint's `method`.
         title: the name as the paper writes it (model cards, tables).
-        model: the model class as `"module:Class"` (`cse.models.<name>:<Class>`), imported when a property needs it.
+        model: the model class as `"module:Class"` (`cse.models.methods.<name>:<Class>`), imported when a property needs it.
         summary: one line on what trains and how; the flow's description and the model card's first sentence.
 
     Examples:
@@ -233,23 +234,28 @@ REGISTRY: dict[str, MethodSpec] = {
         MethodSpec(
             "d2cse",
             "D2CSE",
-            "cse.models.d2cse:D2CSE",
+            "cse.models.methods.d2cse:D2CSE",
             "deep prompts on a frozen PLM that is also the CRTD discriminator (optional [CLS] prompt)",
         ),
-        MethodSpec("simcse", "SimCSE", "cse.models.simcse:SimCSE", "dropout views, full fine-tuning (unsup and sup)"),
         MethodSpec(
-            "dcpcse", "DCPCSE", "cse.models.dcpcse:DCPCSE", "deep prompts on a frozen PLM (optional MLM auxiliary loss)"
+            "simcse", "SimCSE", "cse.models.methods.simcse:SimCSE", "dropout views, full fine-tuning (unsup and sup)"
+        ),
+        MethodSpec(
+            "dcpcse",
+            "DCPCSE",
+            "cse.models.methods.dcpcse:DCPCSE",
+            "deep prompts on a frozen PLM (optional MLM auxiliary loss)",
         ),
         MethodSpec(
             "diffcse",
             "DiffCSE",
-            "cse.models.diffcse:DiffCSE",
+            "cse.models.methods.diffcse:DiffCSE",
             "trainable encoder + trainable discriminator, fixed DistilBERT generator",
         ),
         MethodSpec(
             "diffaug",
             "DiffAug",
-            "cse.models.diffaug:DiffAug",
+            "cse.models.methods.diffaug:DiffAug",
             "two prefix modules: NLI prefix tuning, then joint contrastive tuning",
         ),
     )

@@ -6,7 +6,7 @@
 (d) shared prompts + conditional input (= D2CSE).
 Every cell is a child run of one MLflow parent (flows/children.py); the result is the matrix of STS averages
 beside the published Table 6 (Lee, 2023), logged to the parent and as Prefect artifacts. The variants are the
-model class's `ablations` (models/d2cse.py), the published cells `MethodSpec.published.ablation`.
+model class's `ablations` (models/methods/d2cse.py), the published cells `MethodSpec.published.ablation`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cse.flows.children import Child, ChildResult, Dispatch, Group, publish_tabl
 from cse.flows.deployment_params import deployment_merged
 
 # The method whose paper's ablation table this flow runs: the registry's one entry with ablation variants (its model
-# class's `ablations`, models/d2cse.py) and the paper's numbers for them (`published.ablation`, config/published.py).
+# class's `ablations`, models/methods/d2cse.py) and the paper's numbers for them (`published.ablation`, config/published.py).
 ABLATED = next(spec for spec in REGISTRY.values() if spec.ablations)
 VARIANTS: dict[str, dict[str, bool]] = dict(ABLATED.ablations)
 

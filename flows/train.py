@@ -1,7 +1,7 @@
 """Training flows, one per method of the registry (config/methods.py): ingest → tokenise → (corrupt) → train → evaluate, each stage cached by its inputs.
 
-`train-<method>` flows (one per registry entry; the Python objects are `train_<method>`, defined by
-`define_train_flows` below) take a preset of config/presets.py and `overrides` (a nested dict merged into it), so any
+`train-<method>` flows (one per registry entry; the Python objects are `train_<method>`, one line each at the end of
+this module, built by `train_flow`) take a preset of config/presets.py and `overrides` (a nested dict merged into it), so any
 field changes per deployment or run:
     prefect deployment run train-<method>/default -p 'overrides={"learning_rate": 0.03, "model": {"prefix_len": 12}}'
 Only the stages a method needs run: the corruption stage for the methods that read corrupted sentences, NLI tokens
@@ -161,18 +161,20 @@ def train_flow(spec: MethodSpec) -> Flow:
     return train
 
 
-def define_train_flows(namespace: dict[str, Any]) -> dict[str, Flow]:
-    """Define the flow `train_<method>` (`MethodSpec.flow_function`) of every registry method as a name of
-    `namespace`; returns method name → flow.
+# cse.flows.train:train_<method>: the objects prefect.yaml's entrypoints (`MethodSpec.entrypoint`) name, one per
+# registry method, each written out here so grep finds its definition. A method added to config/methods.py adds its
+# line here and in TRAIN_FLOWS (tests/flows/test_deployments.py fails until it does).
+train_d2cse = train_flow(REGISTRY["d2cse"])
+train_simcse = train_flow(REGISTRY["simcse"])
+train_dcpcse = train_flow(REGISTRY["dcpcse"])
+train_diffcse = train_flow(REGISTRY["diffcse"])
+train_diffaug = train_flow(REGISTRY["diffaug"])
 
-    These are the objects prefect.yaml's entrypoints `cse.flows.train:train_<method>` (`MethodSpec.entrypoint`) name:
-    Prefect imports this module and reads the attribute. A method added to config/methods.py gets its flow here
-    with no edit of this file (tests/flows/test_deployments.py checks prefect.yaml against the registry)."""
-    flows = {name: train_flow(spec) for name, spec in REGISTRY.items()}
-    for name, spec in REGISTRY.items():
-        namespace[spec.flow_function] = flows[name]
-    return flows
-
-
-# cse.flows.train:train_<method>, one per registry entry (define_train_flows)
-TRAIN_FLOWS = define_train_flows(globals())
+# method name → its training flow (experiment children, tests)
+TRAIN_FLOWS: dict[str, Flow] = {
+    "d2cse": train_d2cse,
+    "simcse": train_simcse,
+    "dcpcse": train_dcpcse,
+    "diffcse": train_diffcse,
+    "diffaug": train_diffaug,
+}

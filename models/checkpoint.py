@@ -195,18 +195,18 @@ def read_checkpoint_meta(folder: str | Path) -> dict[str, Any]:
 
 
 def model_class_of(method: str) -> type[CSEModel]:
-    """The model class of a checkpoint's method: the `CSEModel` subclass named for it in `models/<method>.py`
+    """The model class of a checkpoint's method: the `CSEModel` subclass named for it in `models/methods/<method>.py`
     (the layout config/methods.py's registry entries follow; a test checks every entry does)."""
     if not method.isidentifier():
         raise CheckpointError(f"checkpoint names method {method!r}, not a method name")
     try:
-        module = importlib.import_module(f"cse.models.{method}")
+        module = importlib.import_module(f"cse.models.methods.{method}")
     except ModuleNotFoundError:
-        raise CheckpointError(f"checkpoint names method {method!r}: no module models/{method}.py") from None
+        raise CheckpointError(f"checkpoint names method {method!r}: no module models/methods/{method}.py") from None
     for value in vars(module).values():
         if isinstance(value, type) and issubclass(value, CSEModel) and getattr(value, "method", None) == method:
             return value
-    raise CheckpointError(f"models/{method}.py has no CSEModel subclass with method = {method!r}")
+    raise CheckpointError(f"models/methods/{method}.py has no CSEModel subclass with method = {method!r}")
 
 
 def load_checkpoint(

@@ -179,7 +179,7 @@ def pick_device(device: str = "auto") -> torch.device:
 
 def attention_implementation(model: torch.nn.Module) -> str:
     """The attention implementation an HF model runs (`"sdpa"`, `"eager"`, a name registered through transformers'
-    `AttentionInterface`, e.g. the prompted ones of models/prefix.py); set it with `model.set_attn_implementation`.
+    `AttentionInterface`, e.g. the prompted ones of models/prompts/); set it with `model.set_attn_implementation`.
 
     Args:
         model: a transformers `PreTrainedModel`.

@@ -28,7 +28,7 @@ from cse.models.embedder import SentenceEmbedder
 from cse.models.grad_cache import NO_CHUNKS, RowChunks
 
 if TYPE_CHECKING:
-    from cse.models.peft_export import PeftPlan
+    from cse.models.export.peft_plan import PeftPlan
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -103,7 +103,7 @@ def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
 
 def backbone_fingerprint(backbone: nn.Module) -> str:
     """A hash of a few pretrained tensors (first word-embedding rows, last layer's parameters)."""
-    from cse.models.prefix import encoder_layers  # the layer list of every supported encoder family
+    from cse.models.prompts.families import encoder_layers  # the layer list of every supported encoder family
 
     h = hashlib.sha256()
     tensors = [backbone.get_input_embeddings().weight[:64]]
@@ -166,7 +166,7 @@ class CSEModel(SentenceEmbedder):
     - `paper` (one line: authors, year, title, venue), `bibtex` (its BibTeX entry) and `builds_on` (the registry names
       of the methods whose papers its model card cites too, in order);
     - `ablations`: named model-config variants of the paper's ablation table (flows/ablate.py runs them), if any;
-    - `peft_plan(plan)`: how a checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py); the
+    - `peft_plan(plan)`: how a checkpoint maps onto a PEFT prefix-tuning adapter (models/export/peft_export.py); the
       default, None, means the method exports no adapter. `exports_peft_adapter` is set on every subclass: whether
       it defines its own `peft_plan`;
     - `row_chunks`: how `training_step` runs its per-row passes (models/grad_cache.py: whole, or in cached chunks
@@ -322,7 +322,7 @@ class CSEModel(SentenceEmbedder):
         self.row_chunks = chunks
 
     def peft_plan(self, plan: PeftPlan) -> PeftPlan | None:
-        """How this model's checkpoint maps onto a PEFT prefix-tuning adapter (models/peft_export.py).
+        """How this model's checkpoint maps onto a PEFT prefix-tuning adapter (models/export/peft_export.py).
 
         `plan` holds what every prompted model shares (CLS pooling, the notes on prefix dropout and position shift);
         a method that exports an adapter adds its own pooling, carried modules and notes and returns it. The default

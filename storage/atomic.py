@@ -5,8 +5,8 @@ A killed stage therefore never leaves a file or folder that looks complete; left
 lock (`DataRoot.clean_stale`); `clean_temporaries` removes every leftover below a folder.
 
 The one helper of the project for a file or folder replaced as a whole: datasets, checkpoints
-(`cse.models.checkpoint`) and the exports (`cse.models.st_export`, `cse.models.peft_export`) all write through
-`atomic_file` and `atomic_dir`. It imports nothing from the project and pyarrow only in `write_parquet`, so every
+(`cse.models.checkpoint`) and the exports (`cse.models.export.st_export`, `cse.models.export.peft_export`) all write
+through `atomic_file` and `atomic_dir`. It imports nothing from the project and pyarrow only in `write_parquet`, so every
 layer, `models/` included, may use it (the layer `atomic` of docs/architecture.md).
 """
 

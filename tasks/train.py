@@ -82,7 +82,7 @@ from cse.training.loop import TrainingInterrupted
 log = logging.getLogger(__name__)
 
 # LAZY: the stages import their heavy libraries when they run, not when flows/train.py is imported (deployments,
-# the CLI, experiment parents): sentence-transformers (cse.models.st_export, ~5 s), peft (cse.models.peft_export, ~3 s),
+# the CLI, experiment parents): sentence-transformers (cse.models.export.st_export, ~5 s), peft (cse.models.export.peft_export, ~3 s),
 # scipy.stats, matplotlib and scikit-learn (cse.evaluation.evaluator, cse.tasks.evaluate, cse.tasks.evaluate_transfer, ~1.5 s).
 RETRIES = 2  # evaluate-test, evaluate-transfer, export: retried on a tracking outage only (`retry_on_outage`)
 RETRY_DELAYS = [30, 120]  # seconds before the first and the second retry
@@ -479,7 +479,7 @@ def export_model(
         nli_tokens: the NLI tokens the job read, else None.
         backbone: the backbone's score before training (for the model cards), None when not evaluated.
     """
-    from cse.models.st_export import export_portable_sentence_transformer  # lazy: see LAZY
+    from cse.models.export.st_export import export_portable_sentence_transformer  # lazy: see LAZY
 
     plog = stage_logger()
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
@@ -530,12 +530,12 @@ def export_model(
 
 
 def export_adapter(method: str, run_dir: RunDir, logger):
-    """The best checkpoint as a PEFT prefix-tuning adapter (`cse.models.peft_export`), or None.
+    """The best checkpoint as a PEFT prefix-tuning adapter (`cse.models.export.peft_export`), or None.
 
     Only methods whose model exports one have one (`MethodSpec.exports_peft_adapter`). A backbone PEFT cannot prefix
     (e.g. DistilBERT: no past key/values) or a feature it cannot hold exactly is refused by the export with its
     reason, which is logged: the sentence-transformers export and the MLflow model stand either way."""
-    from cse.models.peft_export import PeftExportError, export_peft_adapter  # lazy: see LAZY
+    from cse.models.export.peft_export import PeftExportError, export_peft_adapter  # lazy: see LAZY
 
     if not get_method(method).exports_peft_adapter:
         return None

@@ -116,7 +116,7 @@ DOCTEST_MODULES = (
     "cse.models.losses",
     "cse.models.pooling",
     "cse.models.heads",
-    "cse.models.crtd",
+    "cse.models.methods.crtd",
     "cse.evaluation.alignment",
     "cse.evaluation.sts",
     "cse.evaluation.retrieval",

@@ -5,6 +5,7 @@ name a class by its old module path)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 from cse.models.checkpoint import META_FILE, load_checkpoint
-from cse.models.st_export import export_sentence_transformer
-from cse.ops.legacy import LEGACY_PACKAGES
+from cse.models.export.st_export import export_sentence_transformer
+from cse.ops.legacy import LEGACY_PACKAGES, legacy_module_names
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pre_rename"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
@@ -44,7 +45,7 @@ def test_a_checkpoint_written_before_the_rename_loads_and_embeds_as_it_did(tiny_
     meta = json.loads((FIXTURE / "d2cse" / META_FILE).read_text())
     assert meta["method"] == "d2cse"
     model = load_checkpoint(FIXTURE / "d2cse", backbone_override=str(tiny_bert_dir))
-    assert type(model).__module__ == "cse.models.d2cse"
+    assert type(model).__module__ == "cse.models.methods.d2cse"
     torch.testing.assert_close(
         _embed(model, EXPECTED["sentences"]), torch.tensor(EXPECTED["embeddings"]), rtol=1e-5, atol=1e-6
     )
@@ -80,6 +81,15 @@ _CHILD = textwrap.dedent(
         out["export_without"] = str(e)
     with legacy_module_names():
         out["export_class"] = import_module_class(ref, export, trust_remote_code=True).__module__
+    # the path an export written after the rename but before models/ was sorted by role names (issue 36)
+    moved = "cse.models.st_export.PromptedEncoderModule"
+    try:
+        import_module_class(moved, export, trust_remote_code=True)
+    except ImportError as e:
+        out["moved_without"] = str(e)
+    with legacy_module_names():
+        out["moved_class"] = import_module_class(moved, export, trust_remote_code=True).__module__
+    out["moved_leaked"] = sorted(m for m in sys.modules if m == "cse.models.st_export")
     out["leaked"] = sorted(m for m in sys.modules if m.split(".")[0] in LEGACY_PACKAGES)
     print(json.dumps(out))
     """
@@ -96,7 +106,7 @@ def loaded_outside_the_checkout(tiny_bert_dir, tmp_path_factory) -> dict:
     checkpoint = _relocated_checkpoint(pyfunc / "artifacts" / "d2cse", tiny_bert_dir)
     export = export_sentence_transformer(checkpoint, root / "export")
     modules = json.loads((export / "modules.json").read_text())
-    assert modules[0]["type"] == "cse.models.st_export.PromptedEncoderModule"
+    assert modules[0]["type"] == "cse.models.export.st_export.PromptedEncoderModule"
     modules[0]["type"] = "models.st_export.PromptedEncoderModule"
     (export / "modules.json").write_text(json.dumps(modules, indent=2))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -130,8 +140,36 @@ def test_a_pyfunc_model_logged_before_the_rename_loads_with_the_legacy_names(loa
 def test_a_project_export_written_before_the_rename_loads_with_the_legacy_names(loaded_outside_the_checkout):
     found = loaded_outside_the_checkout
     assert "models" in found["export_without"]
-    assert found["export_class"] == "cse.models.st_export"
+    assert found["export_class"] == "cse.models.export.st_export"
     assert found["leaked"] == []
+
+
+def test_a_project_export_written_before_models_was_sorted_by_role_loads_with_the_legacy_names(
+    loaded_outside_the_checkout,
+):
+    """Issue 36 moved cse.models.st_export to cse.models.export.st_export: an export naming the former loads."""
+    found = loaded_outside_the_checkout
+    assert "cse.models.st_export" in found["moved_without"]
+    assert found["moved_class"] == "cse.models.export.st_export"
+    assert found["moved_leaked"] == []
+
+
+def test_every_module_moved_by_issue_36_resolves_under_its_old_names():
+    """The methods, the exports and the split prefix module, by their `models.<name>` and `cse.models.<name>` paths,
+    within `legacy_module_names` (a pickle or an export naming one of their classes finds it), and not after it."""
+    from cse.models.export.st_export import PromptedEncoderModule
+    from cse.models.methods.d2cse import D2CSE
+    from cse.models.prompts.backbone import PromptedBackbone
+    from cse.models.prompts.prefixes import PrefixEncoder
+
+    with legacy_module_names():
+        for root in ("models", "cse.models"):
+            assert importlib.import_module(f"{root}.d2cse").D2CSE is D2CSE
+            assert importlib.import_module(f"{root}.st_export").PromptedEncoderModule is PromptedEncoderModule
+            prefix = importlib.import_module(f"{root}.prefix")
+            assert prefix.PrefixEncoder is PrefixEncoder and prefix.PromptedBackbone is PromptedBackbone
+    assert not {"models.d2cse", "cse.models.d2cse", "cse.models.prefix"} & set(sys.modules)
+    assert not hasattr(sys.modules["cse.models"], "d2cse")
 
 
 def test_the_legacy_names_are_the_old_top_level_packages():

@@ -56,7 +56,7 @@ Library = Literal["sentence-transformers", "peft"]
 
 
 class AdapterInfo(BaseModel):
-    """The PEFT adapter exported beside the model (models/peft_export.py's `PeftExport`, a dict of its fields, or the
+    """The PEFT adapter exported beside the model (models/export/peft_export.py's `PeftExport`, a dict of its fields, or the
     adapter folder's `cse_peft.json`). `exact`: whether `PeftModel` + the pooling reproduce our embeddings (None: not
     recorded); `base_model`: the adapter's base (an HF id, or the fine-tuned encoder bundled in the folder);
     `pooling`: how the embedding is read from the encoder's output."""
@@ -98,8 +98,8 @@ class AdapterInfo(BaseModel):
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> AdapterInfo:
-        """The adapter an export wrote into `folder`, from its `cse_peft.json` (models/peft_loader.py)."""
-        from cse.models.peft_loader import read_spec
+        """The adapter an export wrote into `folder`, from its `cse_peft.json` (models/export/peft_loader.py)."""
+        from cse.models.export.peft_loader import read_spec
 
         return cls.of({**read_spec(folder), "folder": str(folder)})
 
@@ -163,7 +163,7 @@ class DataOrigin(BaseModel):
 
 
 class STExportInfo(BaseModel):
-    """How the sentence-transformers folder loads (models/st_export.py's `STExport`): `kind` is `standard` (stock
+    """How the sentence-transformers folder loads (models/export/st_export.py's `STExport`): `kind` is `standard` (stock
     modules), `bundled-code` (the module's code ships in the folder: `trust_remote_code=True`) or `project` (this
     project's package must be importable); `reason`: why that kind."""
 
@@ -261,7 +261,7 @@ class CardFacts(BaseModel):
         best checkpoint folder, read for the trainable parameter count and the evaluation pooler when
         `trainable_parameters` is not given. `adapter`: a `PeftExport` (or a dict of its fields) or None.
         `registered_name`/`version`/`logged_model_uri`: cse.tracking.model_export's `LoggedEncoder` fields.
-        `st_export`: models/st_export.py's `STExport` (or a dict of `kind`, `reason`), None when not known.
+        `st_export`: models/export/st_export.py's `STExport` (or a dict of `kind`, `reason`), None when not known.
         `backbone`: the backbone's evaluation before training (`BackboneScore.before()`), None when not evaluated.
         `tracking_uri`: the MLflow store the run is in (default: the configured one).
         The data origin is read from the ingested datasets the tokens came from (under the configured data root);
@@ -637,7 +637,7 @@ def _loading(facts: CardFacts, library: Library) -> str:
         )
     else:
         how = (
-            "its `modules.json` names `cse.models.st_export.PromptedEncoderModule`, so it needs this project's package "
+            "its `modules.json` names `cse.models.export.st_export.PromptedEncoderModule`, so it needs this project's package "
             f"importable ({st.reason})"
         )
     lines = [
@@ -978,7 +978,7 @@ def card_facts_of_job(run_dir: RunDir, adapter: Any = None) -> CardFacts:
         versions = sorted(client.search_model_versions(f"run_id = '{run_id}'"), key=lambda v: int(v.version))
         name, version = (versions[-1].name, versions[-1].version) if versions else (None, None)
     best = Path(record.get("best_checkpoint") or run_dir.best)
-    from cse.models.st_export import export_kind  # lazy: sentence-transformers is imported by that module
+    from cse.models.export.st_export import export_kind  # lazy: sentence-transformers is imported by that module
 
     return CardFacts.from_training(
         cfg,

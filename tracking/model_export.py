@@ -35,7 +35,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, DataType, ParamSchema, ParamSpec, Schema, TensorSpec
 
-from cse.models.st_standard import INPUT_EXAMPLE, standard_sentence_transformer  # the standard pipeline: see there
+from cse.models.export.st_standard import (  # the standard pipeline: see there
+    INPUT_EXAMPLE,
+    standard_sentence_transformer,
+)
 
 log = logging.getLogger(__name__)
 

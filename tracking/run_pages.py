@@ -48,7 +48,7 @@ from urllib.parse import quote
 import mlflow
 
 from cse.config import published
-from cse.models.crtd import PROBE_METRICS
+from cse.models.methods.crtd import PROBE_METRICS
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 from cse.tracking.reporting import markdown_table
 
@@ -446,7 +446,7 @@ def set_description(run_id: str, markdown: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ the RTD probe
 def rtd_probe_history(run_id: str) -> list[tuple[int, dict[str, float]]]:
-    """The RTD mechanism probe's figures of run `run_id` at each evaluation step (`cse.models.crtd.PROBE_METRICS`,
+    """The RTD mechanism probe's figures of run `run_id` at each evaluation step (`cse.models.methods.crtd.PROBE_METRICS`,
     read back from the run's metric history), in step order; empty when the run logged none."""
     client = mlflow.MlflowClient()
     by_step: dict[int, dict[str, float]] = {}

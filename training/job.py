@@ -25,7 +25,7 @@ import torch
 
 from cse.config.settings import get_settings
 from cse.config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
-from cse.models.crtd import PROBE_METRICS, ConditionalRTDModel
+from cse.models.methods.crtd import PROBE_METRICS, ConditionalRTDModel
 from cse.storage import keys
 from cse.storage.datasets import DatasetRef
 from cse.storage.layout import DataRoot
@@ -203,7 +203,7 @@ class RTDProbe:
     rows: str
 
     def run(self, model, device: torch.device) -> dict[str, float]:
-        """The probe's metrics (`cse.models.crtd.PROBE_METRICS` and `rtd_probe_seconds`) for `model` as it is now."""
+        """The probe's metrics (`cse.models.methods.crtd.PROBE_METRICS` and `rtd_probe_seconds`) for `model` as it is now."""
         t0 = time.perf_counter()
         out = model.rtd_h_probe(
             self.input_ids.to(device),

@@ -457,7 +457,7 @@ class Trainer:
         compiles its backward too. Mode "reduce-overhead" (the CUDA default) replays both as CUDA graphs: one launch
         for hundreds of kernels. The step number reaches the step as a device tensor (`_step_tensor`), so one graph
         serves every step. The room left for recompilations covers an encoder's layers for the case a graph per
-        layer is made (the prompted attention is specialised on its layer's index, `cse.models.prefix`)."""
+        layer is made (the prompted attention is specialised on its layer's index, `cse.models.prompts`)."""
         config = torch._dynamo.config
         depth = [getattr(m.config, "num_hidden_layers", 0) for m in self.model.modules() if hasattr(m, "config")]
         room = 4 * max(depth, default=12) + 8  # (a layer's variants: views, discriminator input, prefix modules)

@@ -89,7 +89,7 @@ def test_every_cell_of_the_protocol_is_planned():
 
 
 def test_the_protocol_hash_is_the_one_the_recorded_cells_were_run_under():
-    """The arms, overrides and order now come from the model classes' benchmark facts: they must still hash to the
+    """The arms, overrides and order now come from benchmarks/facts.py (keyed by method): they must still hash to the
     protocol every cell of benchmarks/results/evidence.json was run under."""
     assert ev.protocol_hash() == "0713ae7325e122a8"
     assert list(ev.ARMS) == ["simcse", "dcpcse", "d2cse", "diffcse", "diffaug"]

@@ -22,15 +22,15 @@ def test_the_registry_is_the_presets_methods():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_each_entry_lives_where_checkpoints_find_it(method):
-    """A checkpoint names its method only; its class is found in models/<method>.py (model_class_of)."""
+    """A checkpoint names its method only; its class is found in models/methods/<method>.py (model_class_of)."""
     spec = get_method(method)
-    assert spec.model.split(":")[0] == f"cse.models.{method}"
+    assert spec.model.split(":")[0] == f"cse.models.methods.{method}"
     assert spec.model_class.method == method
     assert model_class_of(method) is spec.model_class
 
 
 def test_model_class_of_refuses_what_is_no_method():
-    with pytest.raises(CheckpointError, match="no module models/bert.py"):
+    with pytest.raises(CheckpointError, match="no module models/methods/bert.py"):
         model_class_of("bert")
     with pytest.raises(CheckpointError, match="not a method name"):
         model_class_of("../x")

@@ -18,7 +18,7 @@ from cse.config.published import published_keys
 from cse.config.settings import REPO_ROOT
 from cse.config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, CorruptConfig
 from cse.config.training import presets_for, required_variants, resolve_train_config
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.loop import LoopConfig, Trainer
 from cse.training.rows import TrainingRows

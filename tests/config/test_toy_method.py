@@ -23,10 +23,10 @@ from cse.config.presets import PRESETS
 from cse.config.settings import REPO_ROOT
 from cse.config.training import preset_row, resolve_train_config
 from cse.models.batching import TrainBatch, pad_sequences
+from cse.models.export.peft_export import PeftExportError, adapter_plan
 from cse.models.losses import contrastive_loss
 from cse.models.method import CSEModel, PromptConfig, StepOutput
-from cse.models.peft_export import PeftExportError, adapter_plan
-from cse.models.prefix import PromptedModel
+from cse.models.prompts.backbone import PromptedModel
 from cse.tracking.model_card import CardFacts, model_card
 
 TOY_BIBTEX = """@misc{toy2026,
@@ -113,10 +113,8 @@ def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
     """The flow comes from the registry entry; the deployment check prints the prefect.yaml lines to add."""
     from cse.flows import train
 
-    namespace: dict = {}
-    flows = train.define_train_flows(namespace)  # what flows/train.py does with its globals() at import
-    flow = namespace[toy.flow_function]
-    assert flows[toy.name] is flow
+    flow = train.train_flow(toy)  # what flows/train.py's `train_toy = train_flow(REGISTRY["toy"])` line would build
+    assert flow.__name__ == toy.flow_function
     assert flow.name == toy.flow_name == "train-toy" and toy.flow_function == "train_toy"
     assert toy.entrypoint == "cse.flows.train:train_toy" and toy.deployment("smoke") == "train-toy/smoke"
     assert "deep prompts on a frozen encoder" in flow.description

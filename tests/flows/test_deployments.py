@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -106,12 +107,22 @@ def test_every_dispatch_target_exists():
 
 
 def test_the_flows_of_flows_train_are_the_registrys():
+    """Every registry method's flow is written out in flows/train.py (`train_<method> = train_flow(REGISTRY[...])`,
+    so grep finds its definition), named as prefect.yaml's entrypoint reads it, and listed in TRAIN_FLOWS."""
     from cse.flows import train
 
+    source = Path(train.__file__).read_text()
+    missing = [
+        name
+        for name, spec in REGISTRY.items()
+        if not re.search(rf'^{spec.flow_function} = train_flow\(REGISTRY\["{name}"\]\)$', source, re.MULTILINE)
+    ]
+    assert not missing, f"flows/train.py defines no flow for {missing}: add `train_<method> = train_flow(...)` lines"
     assert set(train.TRAIN_FLOWS) == set(METHODS)
     for name, spec in REGISTRY.items():
         flow = getattr(train, spec.flow_function)
         assert flow is train.TRAIN_FLOWS[name] and flow.name == spec.flow_name
+        assert flow.__name__ == spec.flow_function
 
 
 def test_an_unknown_preset_or_method_is_refused_with_the_known_ones():

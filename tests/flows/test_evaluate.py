@@ -122,7 +122,7 @@ def test_dev_mode_from_an_ingested_dataset(prefect_harness, shared_data, tiny_be
 
 def _d2cse_checkpoint(tiny_bert_dir, folder):
     from cse.models.checkpoint import save_checkpoint
-    from cse.models.d2cse import D2CSE, D2CSEModelConfig
+    from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 
     torch.manual_seed(0)
     model = D2CSE(D2CSEModelConfig(backbone=str(tiny_bert_dir), prefix_len=3)).eval()

@@ -145,14 +145,13 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(result.run_dir) + "/export", trust_remote_code=True, device="cpu")
-    assert (
-        type(st[0]).__name__ == "PromptedEncoder"
-    )  # the portable module shipped in the folder (models/st_prompted.py)
+    # the portable module shipped in the folder (models/export/st_prompted.py)
+    assert type(st[0]).__name__ == "PromptedEncoder"
     np.testing.assert_allclose(st.encode(sentences), expected, atol=1e-5)
 
     # the PEFT adapter, loaded with transformers + peft only (its own peft_embed.py), gives the same embeddings
     adapter = Path(result.run_dir) / "peft-adapter"
-    from cse.models.peft_loader import embed_sentences, load_prefix_encoder
+    from cse.models.export.peft_loader import embed_sentences, load_prefix_encoder
 
     peft_model, peft_tokenizer, spec = load_prefix_encoder(adapter)
     np.testing.assert_allclose(

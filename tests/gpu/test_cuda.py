@@ -173,7 +173,8 @@ def test_grad_cache_under_autocast_and_the_grad_scaler_equals_the_chunks_with_th
 
 @pytest.mark.parametrize("size", SIZES)
 def test_prefix_attention_sdpa_equals_eager(size):
-    from cse.models.prefix import PrefixEncoder, PromptedBackbone
+    from cse.models.prompts.backbone import PromptedBackbone
+    from cse.models.prompts.prefixes import PrefixEncoder
 
     sdpa = backbone(size, seed=3, attn="sdpa")
     eager = backbone(size, seed=3, attn="eager")

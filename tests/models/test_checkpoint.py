@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
 from cse.models.checkpoint import META_FILE, WEIGHTS_FILE, BackboneMismatchError, load_checkpoint, save_checkpoint
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 
 
 def _trained(tiny_bert_dir, tokenizer, **overrides) -> D2CSE:

@@ -1,4 +1,4 @@
-"""The objective D2CSE and DiffCSE share (models/crtd.py): `check_objective`, `align_corruption` (shapes, the
+"""The objective D2CSE and DiffCSE share (models/methods/crtd.py): `check_objective`, `align_corruption` (shapes, the
 `(B, 1, T)` broadcast, default RTD labels, errors) and `ConditionalRTDModel`'s forward / `training_step` through both
 concrete subclasses on the tiny BERT (SimCSE loss, DiffCSE's RTD)."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cse.models.crtd as crtd
+import cse.models.methods.crtd as crtd
 from cse.models.batching import TrainBatch
-from cse.models.crtd import ConditionalRTDModel, align_corruption, check_objective
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
-from cse.models.diffcse import DiffCSE, DiffCSEConfig
 from cse.models.losses import contrastive_loss, rtd_accuracy
+from cse.models.methods.crtd import ConditionalRTDModel, align_corruption, check_objective
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
 from tests.batches import corrupted_views
 
 B, T, D = 4, 9, 32

@@ -1,4 +1,4 @@
-"""The D2CSE model (models/d2cse.py): trainable set, frozen backbone, conditioning, ablation wiring (Lee, 2023)."""
+"""The D2CSE model (models/methods/d2cse.py): trainable set, frozen backbone, conditioning, ablation wiring (Lee, 2023)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 from tests.batches import corrupted_views
 from tests.tolerance import assert_close_scaled
 

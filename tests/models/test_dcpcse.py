@@ -1,4 +1,4 @@
-"""The DCPCSE model (models/dcpcse.py): frozen PLM + prefixes + `cls` MLP, the MLM auxiliary (Jiang & Wang, 2022)."""
+"""The DCPCSE model (models/methods/dcpcse.py): frozen PLM + prefixes + `cls` MLP, the MLM auxiliary (Jiang & Wang, 2022)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,15 @@ from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForM
 from cse.config.methods import model_class
 from cse.models.batching import TrainBatch
 from cse.models.checkpoint import load_checkpoint, save_checkpoint
-from cse.models.dcpcse import DCPCSE, DCPCSEConfig, MaskedLMHead, mask_tokens, mlm_head_from_masked_lm, mlm_weight_at
 from cse.models.losses import contrastive_loss
+from cse.models.methods.dcpcse import (
+    DCPCSE,
+    DCPCSEConfig,
+    MaskedLMHead,
+    mask_tokens,
+    mlm_head_from_masked_lm,
+    mlm_weight_at,
+)
 
 B, T, D, LAYERS, P = 4, 9, 32, 2, 3
 SENTENCES = ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"]

@@ -1,4 +1,4 @@
-"""The DiffAug model (models/diffaug.py): template, prefix halves, both stages, denoising, counts (Wang & Lu, 2022)."""
+"""The DiffAug model (models/methods/diffaug.py): template, prefix halves, both stages, denoising, counts (Wang & Lu, 2022)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from transformers import BertConfig, BertModel
 from cse.config.methods import build_model
 from cse.models.batching import TrainBatch
 from cse.models.checkpoint import load_checkpoint, save_checkpoint
-from cse.models.diffaug import DiffAug, DiffAugConfig
 from cse.models.losses import contrastive_loss
-from cse.models.prefix import PrefixKeyValues
+from cse.models.methods.diffaug import DiffAug, DiffAugConfig
+from cse.models.prompts.prefixes import PrefixKeyValues
 
 MAX_TOKENS = 8
 COPIES = MAX_TOKENS + 8 + 4  # > the quirk index max_sentence_tokens + prefix_len/2

@@ -1,4 +1,4 @@
-"""The DiffCSE model (models/diffcse.py): trainable set, separate discriminator copy, conditioning through h,
+"""The DiffCSE model (models/methods/diffcse.py): trainable set, separate discriminator copy, conditioning through h,
 supervised rows, parameter count and checkpoint round trip (Chuang et al., 2022)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from transformers import BertConfig, BertModel
 
 from cse.models.batching import TrainBatch
 from cse.models.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
-from cse.models.diffcse import DiffCSE, DiffCSEConfig
 from cse.models.losses import contrastive_loss, rtd_loss
 from cse.models.method import backbone_fingerprint
+from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
 from tests.batches import corrupted_views
 
 B, T, D = 4, 9, 32

@@ -1,4 +1,4 @@
-"""Deep prompts (models/prefix.py) and the four methods on every supported encoder family, tiny random configs.
+"""Deep prompts (models/prompts/) and the four methods on every supported encoder family, tiny random configs.
 
 Each family gets: the plain pass equals the plain HF model; a prefix whose mask hides every slot gives the plain
 model's outputs and gradients exactly (prefix gradients exactly zero); one layer's output and its prefix gradients
@@ -38,11 +38,13 @@ from transformers import (
 )
 
 from cse.models.batching import TrainBatch
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
-from cse.models.dcpcse import DCPCSE, DCPCSEConfig
-from cse.models.diffcse import DiffCSE, DiffCSEConfig
-from cse.models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone, encoder_family
-from cse.models.simcse import SimCSE, SimCSEConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.dcpcse import DCPCSE, DCPCSEConfig
+from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.methods.simcse import SimCSE, SimCSEConfig
+from cse.models.prompts.backbone import PromptedBackbone
+from cse.models.prompts.families import encoder_family
+from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues
 from tests.tolerance import assert_close_scaled
 
 P, D, H, V, T = 3, 32, 4, 100, 8
@@ -202,7 +204,7 @@ def wrap(model, shift: bool = False) -> tuple[torch.nn.Module, PromptedBackbone]
 
 
 def expected_positions(family: str, ids: torch.Tensor, offset: int) -> torch.Tensor:
-    """The family's position numbering after `offset` prefix slots, written out independently of cse.models.prefix."""
+    """The family's position numbering after `offset` prefix slots, written out independently of cse.models.prompts."""
     if family in PAD:  # padding-aware: pads keep padding_idx, real tokens count on from padding_idx + 1 + offset
         pad = PAD[family]
         real = ids.ne(pad).long()

@@ -76,16 +76,16 @@ def _build(kind: str, path: str, tokenizer, dropout: float):
     set_backbone_dropout(backbone, dropout)
     prompt = dict(prefix_len=4, prefix_dropout=dropout)
     if kind.startswith("simcse"):
-        from cse.models.simcse import SimCSE, SimCSEConfig
+        from cse.models.methods.simcse import SimCSE, SimCSEConfig
 
         return SimCSE(SimCSEConfig(backbone=path, hard_negative_weight=0.7), backbone, tokenizer)
     if kind.startswith("dcpcse"):
-        from cse.models.dcpcse import DCPCSE, DCPCSEConfig
+        from cse.models.methods.dcpcse import DCPCSE, DCPCSEConfig
 
         mlm = dict(mlm=True, mlm_head_random_init=True, mlm_probability=0.3) if kind == "dcpcse_mlm" else {}
         return DCPCSE(DCPCSEConfig(backbone=path, **prompt, **mlm), backbone, tokenizer)
     if kind.startswith("d2cse"):
-        from cse.models.d2cse import D2CSE, D2CSEModelConfig
+        from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 
         extra = {
             "d2cse": dict(cls_prompt=True),
@@ -94,7 +94,7 @@ def _build(kind: str, path: str, tokenizer, dropout: float):
         }[kind]
         return D2CSE(D2CSEModelConfig(backbone=path, rtd_weight=0.5, **prompt, **extra), backbone, tokenizer)
     if kind.startswith("diffcse"):
-        from cse.models.diffcse import DiffCSE, DiffCSEConfig
+        from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
 
         return DiffCSE(
             DiffCSEConfig(backbone=path, rtd_weight=0.5, hard_negative_weight=0.3, rtd_mean_over_padding=False),
@@ -102,7 +102,7 @@ def _build(kind: str, path: str, tokenizer, dropout: float):
             tokenizer,
         )
     if kind.startswith("diffaug"):
-        from cse.models.diffaug import DiffAug, DiffAugConfig
+        from cse.models.methods.diffaug import DiffAug, DiffAugConfig
 
         cfg = DiffAugConfig(
             backbone=path, prefix_dropout=dropout, max_sentence_tokens=14, denoise_copies=24, aux_weight=0.5
@@ -238,7 +238,7 @@ def test_configurations_that_cannot_be_cached_are_refused_with_the_reason(tiny_b
     from cse.config.training import TrainConfig
 
     model = _build("d2cse", str(tiny_bert_dir), tokenizer, 0.1)
-    from cse.models.d2cse import D2CSE, D2CSEModelConfig
+    from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 
     reuse = D2CSEModelConfig(backbone="x", discriminator_reuses_prefix_sample=True)
     assert "prefix sample" in D2CSE.grad_cache_refusal(reuse)

@@ -20,13 +20,13 @@ from transformers import BertConfig, BertModel
 
 from cse.models.batching import TrainBatch
 from cse.models.checkpoint import load_checkpoint, save_checkpoint
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
-from cse.models.dcpcse import DCPCSE, DCPCSEConfig
-from cse.models.diffaug import DiffAug, DiffAugConfig
-from cse.models.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.export.peft_export import export_peft_adapter
 from cse.models.losses import contrastive_loss
-from cse.models.peft_export import export_peft_adapter
-from cse.models.simcse import SimCSE, SimCSEConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.dcpcse import DCPCSE, DCPCSEConfig
+from cse.models.methods.diffaug import DiffAug, DiffAugConfig
+from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.methods.simcse import SimCSE, SimCSEConfig
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.loop import LoopConfig, Phase, Trainer
 from cse.training.rows import TrainingRows

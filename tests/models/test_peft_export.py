@@ -1,4 +1,4 @@
-"""PEFT prefix-tuning export (models/peft_export.py) and its stock-library loader (models/peft_loader.py).
+"""PEFT prefix-tuning export (models/export/peft_export.py) and its stock-library loader (models/export/peft_loader.py).
 
 Every prompt method's checkpoint (D2CSE with the [CLS] prompt on BERT and on RoBERTa with a reparametrised prefix,
 supervised DCPCSE with its MLP, DiffAug with its fine-tuned encoder and template) is exported; the adapter folder's own
@@ -19,11 +19,17 @@ import torch
 from safetensors.torch import load_file
 
 from cse.models.checkpoint import load_checkpoint, save_checkpoint
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
-from cse.models.dcpcse import DCPCSE, DCPCSEConfig
-from cse.models.diffaug import DiffAug, DiffAugConfig
-from cse.models.peft_export import LOADER_FILE, TOLERANCE, PeftExportError, export_peft_adapter, reference_embeddings
-from cse.models.simcse import SimCSE, SimCSEConfig
+from cse.models.export.peft_export import (
+    LOADER_FILE,
+    TOLERANCE,
+    PeftExportError,
+    export_peft_adapter,
+    reference_embeddings,
+)
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.dcpcse import DCPCSE, DCPCSEConfig
+from cse.models.methods.diffaug import DiffAug, DiffAugConfig
+from cse.models.methods.simcse import SimCSE, SimCSEConfig
 from cse.storage.readers import read_senteval
 
 D = 32
@@ -186,7 +192,7 @@ def test_the_folder_is_a_plain_peft_prefix_adapter(exported):
 def test_the_loader_uses_only_transformers_and_peft(exported):
     _, _, export = exported
     source = (export.folder / LOADER_FILE).read_text()
-    assert source == (Path(__file__).parents[2] / "models" / "peft_loader.py").read_text()
+    assert source == (Path(__file__).parents[2] / "models" / "export" / "peft_loader.py").read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):

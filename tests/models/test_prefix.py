@@ -1,4 +1,4 @@
-"""Prefix K/V injection (models/prefix.py) against the plain HF encoder and two independent references."""
+"""Prefix K/V injection (models/prompts/) against the plain HF encoder and two independent references."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, DynamicCache, RobertaConfig, RobertaModel
 
-from cse.models.prefix import PrefixEncoder, PrefixKeyValues, PromptedBackbone
+from cse.models.prompts.backbone import PromptedBackbone
+from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues
 from tests.tolerance import assert_close_scaled
 
 P, L, D, H = 4, 2, 32, 4

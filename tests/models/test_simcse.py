@@ -1,4 +1,4 @@
-"""The SimCSE model (models/simcse.py): full fine-tuning, `cls` MLP, poolers, checkpoints (Gao et al., 2021)."""
+"""The SimCSE model (models/methods/simcse.py): full fine-tuning, `cls` MLP, poolers, checkpoints (Gao et al., 2021)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from cse.config.methods import build_model, model_class
 from cse.models.batching import TrainBatch
 from cse.models.checkpoint import load_checkpoint, save_checkpoint
 from cse.models.losses import contrastive_loss
-from cse.models.simcse import SimCSE, SimCSEConfig
+from cse.models.methods.simcse import SimCSE, SimCSEConfig
 
 B, T, D, LAYERS = 4, 9, 32, 2
 SENTENCES = ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"]

@@ -1,4 +1,4 @@
-"""Export of a checkpoint as a sentence-transformers folder (models/st_export.py): the folder's layout, embeddings
+"""Export of a checkpoint as a sentence-transformers folder (models/export/st_export.py): the folder's layout, embeddings
 identical to the checkpoint model's `embed`, prompts and truncation, re-export, and bad folders."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from cse.models.checkpoint import META_FILE, WEIGHTS_FILE, CheckpointError, load_checkpoint, save_checkpoint
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
-from cse.models.diffcse import DiffCSE, DiffCSEConfig
-from cse.models.st_export import CHECKPOINT_SUBDIR, PromptedEncoderModule, export_sentence_transformer
+from cse.models.export.st_export import CHECKPOINT_SUBDIR, PromptedEncoderModule, export_sentence_transformer
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
 from tests.batches import corrupted_views
 
 SENTENCES = ["a woman is slicing an onion .", "nobody is here", "two dogs run on the beach today", "it rains"]
@@ -50,7 +50,7 @@ def test_exported_folder_layout(checkpoint, tmp_path):
     out = export_sentence_transformer(checkpoint, tmp_path / "st")
     assert out == tmp_path / "st"
     modules = json.loads((out / "modules.json").read_text())
-    assert modules == [{"idx": 0, "name": "0", "path": "", "type": "cse.models.st_export.PromptedEncoderModule"}]
+    assert modules == [{"idx": 0, "name": "0", "path": "", "type": "cse.models.export.st_export.PromptedEncoderModule"}]
     for name in (META_FILE, WEIGHTS_FILE):  # the checkpoint travels byte for byte
         assert (out / CHECKPOINT_SUBDIR / name).read_bytes() == (checkpoint / name).read_bytes()
     assert json.loads((out / "config.json").read_text()) == {"max_seq_length": None}

@@ -1,6 +1,6 @@
-"""The portable sentence-transformers export (models/st_export.py `export_portable_sentence_transformer`): a plain
+"""The portable sentence-transformers export (models/export/st_export.py `export_portable_sentence_transformer`): a plain
 trained encoder becomes stock Transformer + Pooling modules, a prompt method (D2CSE) ships its module's code
-(models/st_prompted.py) in the folder; both load in a subprocess where this project is not importable and embed as the
+(models/export/st_prompted.py) in the folder; both load in a subprocess where this project is not importable and embed as the
 training code does."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from cse.config.methods import build_model
-from cse.models import st_prompted
 from cse.models.checkpoint import load_checkpoint, save_checkpoint
-from cse.models.st_export import (
+from cse.models.export import st_prompted
+from cse.models.export.st_export import (
     CHECKPOINT_SUBDIR,
     STExport,
     export_kind,
@@ -157,20 +157,20 @@ def test_the_bundled_module_imports_nothing_from_the_project():
 
 def test_a_failed_check_falls_back_to_the_project_module(checkpoints, tmp_path, monkeypatch):
     """A check that fails (here: an impossible tolerance) leaves the in-project form, with the reason."""
-    import cse.models.st_export as st_export
+    import cse.models.export.st_export as st_export
 
     monkeypatch.setattr(st_export, "TOLERANCE", -1.0)
     result = export_portable_sentence_transformer(checkpoints["d2cse"], tmp_path / "export", probe_sentences=("a b",))
     assert result.kind == "project" and "differs from the training code's embeddings" in result.reason
     modules = json.loads((tmp_path / "export" / "modules.json").read_text())
-    assert modules[0]["type"] == "cse.models.st_export.PromptedEncoderModule" and result.trust_remote_code
+    assert modules[0]["type"] == "cse.models.export.st_export.PromptedEncoderModule" and result.trust_remote_code
     assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob("*.previous"))
 
 
 def test_an_export_stopped_midway_leaves_the_earlier_export_whole(checkpoints, tmp_path, monkeypatch):
     """The export is written through `atomic_dir`: stopped while its last form is written (an interrupt in the
     project form's save), the earlier export is still there, file for file, and no temporary folder is left."""
-    import cse.models.st_export as st_export
+    import cse.models.export.st_export as st_export
 
     out = tmp_path / "export"
     monkeypatch.setattr(st_export, "TOLERANCE", -1.0)  # straight to the project form, the cheapest

@@ -9,7 +9,7 @@ the encoder computes from the original sentence, can say which tokens were repla
 
 Each model is the project's own class on a random-initialised 2-layer BERT (hidden 64), trained through its own
 `training_step` (λ = 0.005 as in the papers) with AdamW on fresh random sentences every step, two dropout views per
-sentence, each view with its own corruption. `ConditionalRTDModel.rtd_h_probe` (models/crtd.py, the probe every
+sentence, each view with its own corruption. `ConditionalRTDModel.rtd_h_probe` (models/methods/crtd.py, the probe every
 training run logs) then measures the RTD loss on 256 fresh held-out sentences with the true h, with h rolled by one row
 (another sentence's) and with no h:
 
@@ -38,8 +38,8 @@ import torch
 from transformers import BertConfig, BertModel
 
 from cse.models.batching import TrainBatch
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
-from cse.models.diffcse import DiffCSE, DiffCSEConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
 
 PAD, CLS, SEP, FIRST = 0, 1, 2, 3
 ALPHABET, LENGTH, REPLACE = 16, 8, 0.3

@@ -76,7 +76,7 @@ def _build(kind: str):
     """The model of a test case, initialised from seed 0 (the same in every process)."""
     torch.manual_seed(0)
     if kind == "diffaug":
-        from cse.models.diffaug import DiffAug, DiffAugConfig
+        from cse.models.methods.diffaug import DiffAug, DiffAugConfig
 
         tok = _tokenizer()
         return DiffAug(
@@ -92,21 +92,21 @@ def _build(kind: str):
         )
     backbone = _backbone(SMALL_VOCAB)
     if kind == "simcse":
-        from cse.models.simcse import SimCSE, SimCSEConfig
+        from cse.models.methods.simcse import SimCSE, SimCSEConfig
 
         return SimCSE(SimCSEConfig(backbone="tiny", hard_negative_weight=0.7), backbone=backbone)
     if kind == "dcpcse":
-        from cse.models.dcpcse import DCPCSE, DCPCSEConfig
+        from cse.models.methods.dcpcse import DCPCSE, DCPCSEConfig
 
         return DCPCSE(DCPCSEConfig(backbone="tiny", prefix_len=4, prefix_dropout=0.0), backbone=backbone)
     if kind == "d2cse":
-        from cse.models.d2cse import D2CSE, D2CSEModelConfig
+        from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 
         return D2CSE(
             D2CSEModelConfig(backbone="tiny", prefix_len=4, prefix_dropout=0.0, rtd_weight=0.5), backbone=backbone
         )
     if kind == "diffcse":
-        from cse.models.diffcse import DiffCSE, DiffCSEConfig
+        from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
 
         return DiffCSE(
             DiffCSEConfig(backbone="tiny", rtd_weight=0.5, rtd_mean_over_padding=False, hard_negative_weight=0.3),

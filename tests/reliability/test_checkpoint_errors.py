@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cse.models.checkpoint import META_FILE, WEIGHTS_FILE, CheckpointError, load_checkpoint, save_checkpoint
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 
 
 @pytest.fixture(scope="module")

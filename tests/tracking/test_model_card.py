@@ -60,7 +60,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @dataclass
-class FakePeftExport:  # the shape of models/peft_export.py's PeftExport
+class FakePeftExport:  # the shape of models/export/peft_export.py's PeftExport
     folder: str
     exact: bool
     limitations: list[str] = field(default_factory=list)
@@ -263,7 +263,7 @@ def test_adapter_info_accepts_a_peft_export_a_dict_or_none():
 
 
 def test_adapter_from_an_export_folder_renders_its_base_pooling_and_notes(tmp_path, d2cse_cfg):
-    """`cse_peft.json` (models/peft_export.py) → exactness, the bundled base, the pooling and `peft_embed.py`."""
+    """`cse_peft.json` (models/export/peft_export.py) → exactness, the bundled base, the pooling and `peft_embed.py`."""
     folder = tmp_path / "peft"
     folder.mkdir()
     (folder / "cse_peft.json").write_text(

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cse.models.checkpoint import trainable_state_dict
-from cse.models.d2cse import D2CSE, D2CSEModelConfig
+from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 from cse.training.rows import TrainingRows, epoch_order

@@ -164,33 +164,3 @@ class SimCSE(CSEModel):
             "dropout": self.config.dropout,
             "trainable_parameters": self.trainable_parameter_count(),
         }
-
-    # --- benchmark facts (benchmarks/...) ---
-    # benchmarks/gpu_speed.py: the method measured beside sentence-transformers' trainer (the same objective).
-    benchmark_subject_of = ("gpu_speed_peer",)
-    # benchmarks/evidence.py (fixed protocol: its hash covers these): the position of this method's cells and its arms
-    # (name, label, overrides over the protocol); the control removes the defining mechanism, dropout noise (the SimCSE
-    # paper's "no dropout" row).
-    evidence_position = 0
-    evidence_arms = (
-        ("method", "SimCSE unsup (dropout 0.1)", {}),
-        ("no-dropout", "control: dropout 0", {"model": {"dropout": 0.0}}),
-    )
-    # benchmarks/learning.py: run name -> preset, default steps, eval_steps, overrides and a note on the learning rate;
-    # `learning_peer_run` is the run the sentence-transformers peer cross-check reproduces.
-    learning_runs = {
-        "simcse": dict(
-            preset="smoke", steps=80, eval_steps=40, overrides={}, lr_note="preset 3e-5 (SimCSE BERT-base unsup)"
-        ),
-        "simcse-sup": dict(
-            preset="sup",
-            steps=30,
-            eval_steps=15,
-            overrides={"backbone": "packaged:minilm", "system_metrics": False},
-            lr_note="preset 5e-5 (SimCSE sup)",
-        ),
-    }
-    learning_peer_run = "simcse"
-    # benchmarks/dry_run.py: encoder passes per view of a training step (its cost model; an int, or a classmethod of
-    # the model config where it depends on it).
-    dry_run_encoder_passes = 1

@@ -1,6 +1,6 @@
 """DiffCSE: SimCSE + conditional replaced-token detection with a trainable encoder and discriminator (DiffCSE paper).
 
-Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `cse.models.crtd.ConditionalRTDModel`):
+Per step on `(B, n, T)` rows flattened to `(B·n, T)` (the shared skeleton is `cse.models.methods.crtd.ConditionalRTDModel`):
 1. the trainable encoder f (the full backbone, no prompts, pretrained pooler removed) encodes the rows;
    CLS → BN-MLP → `h`, the contrastive vector and, not detached, the conditioning vector (`before_mlp` = false);
 2. contrastive loss on `h` (SimCSE; with the contradiction column as hard negatives when n = 3);
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cse.models.crtd import ConditionalRTDModel, check_objective
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.method import MethodConfig
-from cse.models.prefix import PromptedBackbone
+from cse.models.methods.crtd import ConditionalRTDModel, check_objective
+from cse.models.prompts.backbone import PromptedBackbone
 
 
 @dataclass(frozen=True)
@@ -176,29 +176,3 @@ class DiffCSE(ConditionalRTDModel):
 
     def describe(self) -> dict:
         return {**super().describe(), "rtd_weight": self.config.rtd_weight, "temperature": self.config.temperature}
-
-    # --- benchmark facts (benchmarks/...) ---
-    # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the control removes the
-    # RTD loss (lambda = 0: SimCSE with DiffCSE's BN-MLP head); the mechanism check runs on the method arm.
-    evidence_position = 3
-    evidence_arms = (
-        ("method", "DiffCSE (lambda 0.005)", {}),
-        ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
-    )
-    evidence_mechanism_arms = ("method",)
-    # benchmarks/evidence_v2.py (protocol 2; its hash covers these): the arms (the method and lambda = 0) and the proxy
-    # knob its power check chooses, in order, the first rate at which the RTD side learns to read h (None: the job's).
-    evidence_v2_arms = evidence_arms
-    evidence_power_knob = ("discriminator_learning_rate", (None, 1e-4, 1e-3))
-    # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {
-        "diffcse": dict(
-            preset="smoke",
-            steps=30,
-            eval_steps=15,
-            overrides={},
-            lr_note="smoke preset 2e-5 (paper 7e-6 at batch 64, 2 epochs of 1M)",
-        )
-    }
-    # benchmarks/dry_run.py: encoder passes per view (the discriminator reads the corrupted sentence).
-    dry_run_encoder_passes = 2

@@ -3,9 +3,9 @@
 `export_portable_sentence_transformer` (what a training job's export stage writes) makes a folder that loads with
 sentence-transformers, torch and transformers alone, without this project:
 - `standard`: a fully trained encoder read by a standard pooler (SimCSE, DiffCSE): stock Transformer + Pooling
-  (+ Dense) modules (models/st_standard.py), loaded without `trust_remote_code`;
+  (+ Dense) modules (models/export/st_standard.py), loaded without `trust_remote_code`;
 - `bundled-code`: a prompt method (D2CSE, DCPCSE, DiffAug) whose prompts PEFT's prefix layout holds exactly
-  (models/peft_export.py's `adapter_plan`): `cse_prompted_encoder.py` (a copy of models/st_prompted.py, importing
+  (models/export/peft_export.py's `adapter_plan`): `cse_prompted_encoder.py` (a copy of models/export/st_prompted.py, importing
   nothing from this project) + the prefix rows + the base encoder (bundled, or its hub id), loaded with
   `trust_remote_code=True`;
 - `project`: anything else (a prefix layout the stock model cannot take, a pooler with no standard equivalent):
@@ -142,7 +142,7 @@ def export_kind(folder: str | Path) -> STExport | None:
     path = Path(folder) / "modules.json"
     if not path.is_file():
         return None
-    from cse.models import st_prompted
+    from cse.models.export import st_prompted
 
     types = [m.get("type", "") for m in json.loads(path.read_text(encoding="utf-8"))]
     if not types:
@@ -176,7 +176,7 @@ def export_portable_sentence_transformer(
         The `STExport` written.
     """
     from cse.models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
-    from cse.models.st_standard import standard_sentence_transformer
+    from cse.models.export.st_standard import standard_sentence_transformer
 
     out = Path(out_dir)
     _refuse_overlap(checkpoint_dir, out)
@@ -211,9 +211,8 @@ def _write_prompted(
     exactly (what PEFT's prefix layout cannot express, or a check above `TOLERANCE`)."""
     from sentence_transformers import SentenceTransformer
 
-    from cse.models import st_prompted
-    from cse.models.loading import load_encoder, resolve_model_path
-    from cse.models.peft_export import (
+    from cse.models.export import st_prompted
+    from cse.models.export.peft_export import (
         PROBE_SENTENCES,
         PeftExportError,
         adapter_plan,
@@ -221,6 +220,7 @@ def _write_prompted(
         carry_plan,
         reference_embeddings,
     )
+    from cse.models.loading import load_encoder, resolve_model_path
 
     try:
         plan = adapter_plan(model)

@@ -1,6 +1,6 @@
 """The loader side of a PEFT prefix-tuning export: sentence embeddings with transformers + peft only.
 
-`cse.models.peft_export.export_peft_adapter` writes an adapter folder (`adapter_config.json` +
+`cse.models.export.peft_export.export_peft_adapter` writes an adapter folder (`adapter_config.json` +
 `adapter_model.safetensors`, standard PEFT files, plus the tokenizer and `cse_peft.json`, the pooling this file applies)
 and copies this file into it as `peft_embed.py`. This module therefore imports nothing from this project (a test checks
 its imports): a user with transformers and peft installed embeds sentences with

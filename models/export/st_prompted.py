@@ -1,6 +1,6 @@
 """A sentence-transformers module for deep-prompt encoders that loads without this project.
 
-`cse.models.st_export.export_sentence_transformer` copies this file into the export folder of a prompt method (D2CSE,
+`cse.models.export.st_export.export_sentence_transformer` copies this file into the export folder of a prompt method (D2CSE,
 DCPCSE, DiffAug) as `cse_prompted_encoder.py` and names `cse_prompted_encoder.PromptedEncoder` in `modules.json`;
 sentence-transformers (6.x) imports it from the folder when the folder is loaded with `trust_remote_code=True`:
 
@@ -22,7 +22,7 @@ never this project. The folder holds, beside this file:
 The forward is the stock model with the prefix as its key/value cache, as PEFT prefix tuning runs it
 (transformers 5.x): every self-attention layer prepends the layer's P prefix keys/values, the attention mask gets P
 leading ones, and the token positions are numbered after the P cached slots (the HF 4.x shift the prompts were
-trained with). `cse.models.st_export` checks this module against the training code's embeddings at export time.
+trained with). `cse.models.export.st_export` checks this module against the training code's embeddings at export time.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 The adapter folder holds PEFT's own files (`adapter_config.json`: `PREFIX_TUNING`, `FEATURE_EXTRACTION`,
 `prefix_projection=False`; `adapter_model.safetensors`: `prompt_embeddings`, the `P × 2·L·d` key/value rows in the
-P-tuning v2 layout that `cse.models.prefix.PrefixEncoder` and PEFT share), the tokenizer, `cse_peft.json` (the pooling
-and the notes below, machine-readable), `peft_embed.py` (a copy of `models/peft_loader.py`, which embeds sentences
+P-tuning v2 layout that `cse.models.prompts.prefixes.PrefixEncoder` and PEFT share), the tokenizer, `cse_peft.json` (the pooling
+and the notes below, machine-readable), `peft_embed.py` (a copy of `models/export/peft_loader.py`, which embeds sentences
 with transformers + peft only) and a README. `PeftModel.from_pretrained(AutoModel.from_pretrained(base), folder)`
 followed by the recorded pooling gives our `embed` (checked at export time on probe sentences, and by the tests on
 the STS-B test sentences, within 1e-5).
 
-Why it is exact (transformers 5.23 + peft 0.21.2, see `models/peft_loader.py`): PEFT hands the prefix to the stock
+Why it is exact (transformers 5.23 + peft 0.21.2, see `models/export/peft_loader.py`): PEFT hands the prefix to the stock
 BERT/RoBERTa model as a `DynamicCache`; its self-attention prepends the cached keys/values, the position numbering
 starts after the P cached slots (the HF 4.x shift our prompts were trained with, `shift_positions=True`), the mask
 builder takes the key length from PEFT's prefix-extended 2-D mask (transformers special-cases prefix tuning there).
@@ -39,8 +39,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from cse.models import peft_loader
 from cse.models.batching import pad_sequences
+from cse.models.export import peft_loader
+from cse.models.export.peft_plan import PeftPlan
 from cse.storage.atomic import atomic_dir
 
 TOLERANCE = 1e-5
@@ -93,28 +94,6 @@ class PeftExport:
         return d
 
 
-@dataclass
-class PeftPlan:
-    """How one checkpoint maps onto PEFT, built by `adapter_plan` and the model class's `peft_plan`.
-
-    Args:
-        pooling: how `peft_embed.py` reads the embedding: `{"kind": "cls"}`, `{"kind": "pooler_output"}` or
-            `{"kind": "mask", "template": ..., "mask_token_id": ...}`.
-        modules_to_save: base-model modules PEFT carries in the adapter (`modules_to_save`).
-        notes: `"<code>: <sentence>"` lines for the adapter's README and the model card.
-        inexact: notes on what the adapter cannot reproduce (the export refuses unless `allow_inexact=True`).
-        cls_fold: `(position row, [CLS] id)`: a [CLS] prompt folded into that position-embedding row.
-        pooler_mlp: a module with a `dense` Linear carried as the base model's pooler.
-    """
-
-    pooling: dict[str, Any]
-    modules_to_save: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    inexact: list[str] = field(default_factory=list)
-    cls_fold: tuple[int, int] | None = None  # (position row, [CLS] id)
-    pooler_mlp: nn.Module | None = None
-
-
 # ------------------------------------------------------------------------------------------------ our side
 @torch.inference_mode()
 def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor:
@@ -134,14 +113,14 @@ def adapter_plan(model) -> PeftPlan:
     (models/<method>.py). Raises `PeftExportError` for a method with no adapter and for what no adapter can carry."""
     if not type(model).exports_peft_adapter:
         raise PeftExportError(
-            f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; use cse.models.st_export"
+            f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; use cse.models.export.st_export"
         )
     enc, backbone = model.encoder, model.backbone
     arch = type(backbone).__name__
     if "past_key_values" not in inspect.signature(type(backbone).forward).parameters:
         raise PeftExportError(
             f"{arch}: its forward takes no past_key_values, so PEFT prefix tuning cannot inject "
-            "prefixes into it; keep cse.models.st_export for this backbone"
+            "prefixes into it; keep cse.models.export.st_export for this backbone"
         )
     if getattr(backbone.config, "is_encoder_decoder", False):
         raise PeftExportError(f"{arch} is an encoder-decoder; only encoder-only backbones are exported")
@@ -240,7 +219,7 @@ def export_peft_adapter(
     """Write `checkpoint_dir` (a checkpoint of a method whose model class defines `peft_plan`: D2CSE, DCPCSE, DiffAug)
     as a PEFT prefix-tuning adapter in `out_dir`.
 
-    The adapter is loaded back with stock transformers + peft (`cse.models.peft_loader`) and compared with our `embed`
+    The adapter is loaded back with stock transformers + peft (`cse.models.export.peft_loader`) and compared with our `embed`
     on `probe_sentences`; a difference above `TOLERANCE`, or a feature PEFT cannot express, raises `PeftExportError`
     unless `allow_inexact=True` (then the folder is written with `exact=False` and the reason in `limitations`). An
     earlier `out_dir` is replaced only once the new export has passed; an `out_dir` that is, holds or lies inside the
@@ -259,7 +238,7 @@ def export_peft_adapter(
     if not model_class_of(meta["method"]).exports_peft_adapter:
         raise PeftExportError(
             f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
-            "adapter (its model class defines no peft_plan); use cse.models.st_export"
+            "adapter (its model class defines no peft_plan); use cse.models.export.st_export"
         )
     model = load_checkpoint(checkpoint_dir)
     plan = adapter_plan(model)
@@ -268,7 +247,7 @@ def export_peft_adapter(
             f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
             + " | ".join(plan.inexact)
             + " (allow_inexact=True writes it marked inexact; "
-            "cse.models.st_export keeps the exact model)"
+            "cse.models.export.st_export keeps the exact model)"
         )
 
     prompts = model.prompts

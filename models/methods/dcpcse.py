@@ -45,10 +45,11 @@ from cse.models.distributed import global_mean
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
 from cse.models.method import CSEModel, PromptConfig, StepOutput
-from cse.models.prefix import PrefixKeyValues, PromptedModel
+from cse.models.prompts.backbone import PromptedModel
+from cse.models.prompts.prefixes import PrefixKeyValues
 
 if TYPE_CHECKING:
-    from cse.models.peft_export import PeftPlan
+    from cse.models.export.peft_plan import PeftPlan
 
 IGNORE_INDEX = -100
 
@@ -502,40 +503,7 @@ class DCPCSE(PromptedModel, CSEModel):
             "trainable_parameters": self.trainable_parameter_count(),
         }
 
-    # --- benchmark facts (benchmarks/...) ---
-    # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the control freezes the
-    # prompts, the method's only trained part besides the training-time MLP.
-    evidence_position = 1
-    evidence_arms = (
-        ("method", "DCPCSE (prompts learn)", {}),
-        ("frozen-prompts", "control: prompts frozen", {"model": {"train_prompts": False}}),
-    )
-    # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {
-        "dcpcse": dict(
-            preset="smoke", steps=40, eval_steps=20, overrides={}, lr_note="smoke preset 2e-2 (paper 3e-2 at batch 256)"
-        )
-    }
-    # benchmarks/dry_run.py: trainable parameters by (backbone, prefix_len, mlm) where the reference gives the figure:
-    # prefix P·2·L·d + the cls MLP (+ with mlm the LM head: dense, LayerNorm, decoder and bias).
-    dry_run_trainable_figures = {
-        ("bert-base-uncased", 16, False): 294_912 + 590_592,
-        ("bert-large-uncased", 10, False): 491_520 + 1_049_600,
-        ("roberta-base", 14, True): 258_048 + 590_592 + 590_592 + 1_536 + 768 * 50_265 + 50_265,
-    }
-
-    @classmethod
-    def dry_run_trainable(cls, backbone: str, config: DCPCSEConfig) -> tuple[int | None, int | None]:
-        """(trainable, prefix-phase trainable) parameters benchmarks/dry_run.py checks a build against (None: no figure)."""
-        if config.prefix_projection:
-            return None, None
-        return cls.dry_run_trainable_figures.get((backbone, config.prefix_len, bool(config.mlm))), None
-
-    @classmethod
-    def dry_run_encoder_passes(cls, config: DCPCSEConfig) -> int:
-        """Encoder passes per view of a training step (benchmarks' cost model): the MLM loss adds a masked pass."""
-        return 2 if config.mlm else 1
-
+    # --- for the benchmarks (benchmarks/dry_run.py, gpu_check.py) ---
     @classmethod
     def random_backbone_kwargs(cls, config: DCPCSEConfig, backbone: nn.Module) -> dict:
         """Constructor arguments for a random-initialised backbone (benchmarks/dry_run.py, gpu_check.py): with `mlm`,

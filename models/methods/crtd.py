@@ -48,7 +48,7 @@ def check_objective(temperature: float, rtd_weight: float) -> None:
         ValueError: a value out of range, naming it.
 
     Examples:
-        >>> from cse.models.crtd import check_objective
+        >>> from cse.models.methods.crtd import check_objective
         >>> check_objective(temperature=0.05, rtd_weight=0.005)  # the D2CSE paper's values
     """
     if temperature <= 0:
@@ -78,7 +78,7 @@ def align_corruption(
 
     Examples:
         >>> import torch
-        >>> from cse.models.crtd import align_corruption
+        >>> from cse.models.methods.crtd import align_corruption
         >>> ids = torch.tensor([[[101, 7, 8, 102], [101, 7, 8, 102]]])
         >>> mask = torch.ones_like(ids)
         >>> corrupted, labels = align_corruption(ids, mask, torch.tensor([[[101, 9, 8, 102]]]), None)
@@ -141,7 +141,7 @@ class ConditionalRTDModel(CSEModel):
     References: Chuang et al. (2022), *DiffCSE*, equation 4 (`L = L_contrast + λ·L_RTD`); Lee (2023), *D2CSE*.
 
     Examples:
-        A method that shares the objective implements three hooks (`cse.models.diffcse.DiffCSE` in full):
+        A method that shares the objective implements three hooks (`cse.models.methods.diffcse.DiffCSE` in full):
 
         ```python
         class MyCRTD(ConditionalRTDModel):

@@ -13,7 +13,7 @@ Ablations of the D2CSE paper (Fig. 3 / Table 6) are configuration switches:
 (c) `condition_discriminator=False` — shared prompts, the discriminator sees its ordinary [CLS] input;
 (d) defaults — shared prompts + conditioning = D2CSE.
 
-The objective shared with DiffCSE is `cse.models.crtd.ConditionalRTDModel`; this module says how D2CSE encodes the
+The objective shared with DiffCSE is `cse.models.methods.crtd.ConditionalRTDModel`; this module says how D2CSE encodes the
 rows (frozen PLM + prompts) and how its discriminator (the same PLM, by default with the same prompts) reads them.
 """
 
@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from cse.models.crtd import ConditionalRTDModel, CRTDOutput, check_objective
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.method import PromptConfig
-from cse.models.prefix import PrefixKeyValues, PromptedBackbone, PromptedModel
+from cse.models.methods.crtd import ConditionalRTDModel, CRTDOutput, check_objective
+from cse.models.prompts.backbone import PromptedBackbone, PromptedModel
+from cse.models.prompts.prefixes import PrefixKeyValues
 
 if TYPE_CHECKING:
-    from cse.models.peft_export import PeftPlan
+    from cse.models.export.peft_plan import PeftPlan
 
 D2CSEOutput = CRTDOutput  # the name D2CSE's callers know
 
@@ -264,7 +265,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
 
     def _fold_cls_prompt(self, plan: PeftPlan) -> None:
         """Fold the [CLS] prompt into the position-embedding row that only position 0 reads under PEFT's prefix shift
-        (models/peft_export.py's module docstring)."""
+        (models/export/peft_export.py's module docstring)."""
         enc, backbone = self.encoder, self.backbone
         embeddings = backbone.embeddings
         cls_id = getattr(self.tokenizer, "cls_token_id", None)
@@ -302,44 +303,3 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             "rtd_weight": self.config.rtd_weight,
             "train_prompts": self.config.train_prompts,
         }
-
-    # --- benchmark facts (benchmarks/...) ---
-    # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the controls remove the
-    # CRTD loss (lambda = 0) and the conditioning of the discriminator on h (the D2CSE paper's ablation (c)). The
-    # mechanism check (held-out RTD with true / shuffled / no h) runs on the arms whose RTD head trains, and the
-    # head-learning-rate sensitivity rows are this method's.
-    evidence_position = 2
-    evidence_arms = (
-        ("method", "D2CSE (lambda 0.005, conditioned)", {}),
-        ("lambda0", "control: lambda = 0", {"model": {"rtd_weight": 0.0}}),
-        (
-            "ablation-c",
-            "control: ablation (c), unconditioned discriminator",
-            {"model": {"condition_discriminator": False}},
-        ),
-    )
-    evidence_mechanism_arms = ("method", "ablation-c")
-    # benchmarks/evidence_v2.py (protocol 2; its hash covers these): the method and lambda = 0, and the proxy knob its
-    # power check chooses, in order: the first BN-MLP + RTD head rate at which the RTD head learns to read h (None: the
-    # job's single rate).
-    evidence_v2_arms = evidence_arms[:2]
-    evidence_power_knob = ("head_learning_rate", (None, 2e-3, 2e-4))
-    evidence_head_lr_sensitivity = True
-    # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {
-        "d2cse": dict(preset="smoke", steps=30, eval_steps=15, overrides={}, lr_note="smoke preset 2e-2 (paper 2.1e-2)")
-    }
-    # The single-method benchmarks that measure this method (training_throughput: its step vs a bare encoder step;
-    # peft_adapter: its PEFT export; prompt_start: position shifting of its prompts).
-    benchmark_subject_of = ("training_throughput", "peft_adapter", "prompt_start")
-    # benchmarks/dry_run.py: encoder passes per view (the discriminator reads the corrupted sentence).
-    dry_run_encoder_passes = 2
-
-    @classmethod
-    def dry_run_trainable(cls, backbone: str, config: D2CSEModelConfig) -> tuple[int | None, int | None]:
-        """(trainable, prefix-phase trainable) parameters benchmarks/dry_run.py checks a build against (None: no
-        figure): on bert-base-uncased, prefix P·2·L·d (L 12, d 768) + BN-MLP 2,362,368 + RTD head 1,538 (+ [CLS]
-        prompt 768)."""
-        if config.train_discriminator or config.prefix_projection or backbone != "bert-base-uncased":
-            return None, None
-        return config.prefix_len * 2 * 12 * 768 + 2_362_368 + 1_538 + (768 if config.cls_prompt else 0), None

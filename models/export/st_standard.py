@@ -1,7 +1,7 @@
 """A checkpoint as a sentence-transformers pipeline of standard modules (Transformer, Pooling, Dense), where one
 computes the checkpoint's embedding exactly: a fully trained encoder (every backbone tensor in the checkpoint: SimCSE,
 DiffCSE) read by a standard pooler. Used by the MLflow model (tracking/model_export.py) and the portable
-sentence-transformers export (models/st_export.py). sentence-transformers is imported only when a pipeline is built.
+sentence-transformers export (models/export/st_export.py). sentence-transformers is imported only when a pipeline is built.
 """
 
 from __future__ import annotations

@@ -79,10 +79,11 @@ from cse.models.batching import TrainBatch
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
 from cse.models.method import CSEModel, MethodConfig, StepOutput
-from cse.models.prefix import PrefixKeyValues, PromptedModel, prompted_backbone
+from cse.models.prompts.backbone import PromptedModel, prompted_backbone
+from cse.models.prompts.prefixes import PrefixKeyValues
 
 if TYPE_CHECKING:
-    from cse.models.peft_export import PeftPlan
+    from cse.models.export.peft_plan import PeftPlan
 
 SENTENCE_PLACEHOLDER = "{sentence}"
 MASK_PLACEHOLDER = "[MASK]"
@@ -546,7 +547,7 @@ class DiffAug(PromptedModel, CSEModel):
 
     def peft_plan(self, plan: PeftPlan) -> PeftPlan:
         """The PEFT adapter: [MASK] pooling of the evaluation template, all 16 slots visible (the inference form)."""
-        from cse.models import peft_loader
+        from cse.models.export import peft_loader
 
         template = self.eval_head + peft_loader.SENTENCE_PLACEHOLDER + self.eval_tail
         plan.pooling = {"kind": "mask", "template": template, "mask_token_id": int(self.mask_token_id)}
@@ -576,48 +577,7 @@ class DiffAug(PromptedModel, CSEModel):
             "shared_prefix": self.config.shared_prefix,
         }
 
-    # --- benchmark facts (benchmarks/...) ---
-    # benchmarks/evidence.py (fixed protocol: its hash covers these): cell position and arms; the control is the
-    # DiffAug paper's "same prefix for both views" ablation in stage 2.
-    evidence_position = 4
-    evidence_arms = (
-        ("method", "DiffAug (two prefix modules)", {}),
-        ("shared-prefix", "control: same prefix for both views", {"model": {"shared_prefix": True}}),
-    )
-
-    @classmethod
-    def evidence_overrides(cls, protocol: dict) -> dict:
-        """What the evidence protocol sets over the smoke preset: the main semi-supervised setting (no auxiliary NLI
-        loss) and the smoke preset's rates, stage 1 for the protocol's `prefix_steps`."""
-        return {
-            "aux_nli_batch_size": 0,
-            "model": {"aux_weight": 0.0},
-            "prefix_phase": {"steps": protocol["prefix_steps"], "learning_rate": 1e-3, "batch_size": 32},
-        }
-
-    # benchmarks/learning.py: run name -> settings (see models/simcse.py).
-    learning_runs = {
-        "diffaug": dict(
-            preset="smoke",
-            steps=24,
-            eval_steps=18,
-            overrides={"prefix_phase": {"steps": 12}},
-            lr_note="smoke preset: stage 1 1e-3 (paper), stage 2 2e-5 (paper 1e-5 at batch 256)",
-        )
-    }
-    # benchmarks/dry_run.py: encoder passes per view, the ids the template adds to a sentence (~10), and the
-    # prefix-phase trainable parameters on bert-base-uncased with P 16 (reparametrised prefix 14,777,088 + NLI
-    # classifier 4,610).
-    dry_run_encoder_passes = 1
-    dry_run_template_ids = 10
-
-    @classmethod
-    def dry_run_trainable(cls, backbone: str, config: DiffAugConfig) -> tuple[int | None, int | None]:
-        """(trainable, prefix-phase trainable) parameters benchmarks/dry_run.py checks a build against (None: no figure)."""
-        if backbone == "bert-base-uncased" and config.prefix_len == 16:
-            return None, 14_777_088 + 4_610
-        return None, None
-
+    # --- for the benchmarks (benchmarks/dry_run.py) ---
     def dry_run_batch_independent_forward(self):
         """The batch-independent part of a joint step that benchmarks/dry_run.py times on its own: a function
         returning a scalar of the template denoising to backpropagate (None without denoising)."""

@@ -1,0 +1,320 @@
+"""`PromptedBackbone`: a Hugging Face encoder of a supported family whose self-attention layers attend to the prefix
+K/V of a `PrefixEncoder` (through the family's route: `cse.models.prompts.interface` or
+`cse.models.prompts.module_route`), with the position shift and the position-0 input; `PromptedModel`, the mixin of
+the methods built on one."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from cse.models.prompts.families import attention_of, encoder_family, submodule
+from cse.models.prompts.interface import PREFIX_IMPLEMENTATIONS, PREFIX_KWARG
+from cse.models.prompts.module_route import MODULE_ROUTE, prefix_scope
+from cse.models.prompts.position0 import POSITION0_KWARG, position0_class, replace_position0_output
+from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues
+
+
+def _checkpointing(backbone: nn.Module) -> bool:
+    """Whether the HF model re-runs layers during backward (activation/gradient checkpointing)."""
+    if getattr(type(backbone), "is_activation_checkpointing", None) is not None:  # transformers >= 5.x name
+        return bool(backbone.is_activation_checkpointing)
+    return bool(getattr(backbone, "is_gradient_checkpointing", False))
+
+
+class PromptedBackbone(nn.Module):
+    """An HF encoder of a supported family whose self-attention layers attend to prefix K/V (DCPCSE reference prefixes steps 4–6).
+
+    `forward(prefix=True)` draws a prefix sample from the owned `PrefixEncoder`, `prefix=False` runs the plain
+    model, a `PrefixKeyValues` uses that sample. With a prefix, token positions are shifted by P as HF 4.x
+    did (DCPCSE reference prefixes: BERT `P … P+T-1`, RoBERTa from `padding_idx + 1 + P`; the other families in the module
+    docstring) unless `shift_positions=False`. The family comes from `encoder_family(backbone)`; an architecture
+    prompts cannot reach raises `TypeError` naming it.
+    """
+
+    def __init__(self, backbone: nn.Module, prefix_encoder: PrefixEncoder | None = None, shift_positions: bool = True):
+        super().__init__()
+        family = encoder_family(backbone)
+        config = backbone.config
+        impl = config._attn_implementation
+        if family.injection == "interface":
+            inner = next((k for k, v in PREFIX_IMPLEMENTATIONS.items() if v == impl), impl)
+            if inner not in PREFIX_IMPLEMENTATIONS:
+                raise ValueError(
+                    f"{family.name}: prefix injection supports the 'sdpa' and 'eager' attention "
+                    f"implementations, not {impl!r}"
+                )
+            if impl != PREFIX_IMPLEMENTATIONS[inner]:
+                backbone.set_attn_implementation(PREFIX_IMPLEMENTATIONS[inner])
+        else:
+            inner = "eager"  # the family's own attention code, additive masks
+        self.family = family
+        self.inner = inner
+        self.backbone = backbone
+        self.prefix_encoder = prefix_encoder
+        self.shift_positions = shift_positions
+        self._prepare_attention_modules()
+        if prefix_encoder is not None:
+            self.check_prefix_shape(prefix_encoder.num_layers, prefix_encoder.num_heads, prefix_encoder.head_dim)
+
+    # ----------------------------------------------------------------------------------------- shapes
+    @property
+    def config(self):
+        return self.backbone.config
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return submodule(self.backbone, self.family.layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
+    def position_kind(self) -> str:
+        """One of "absolute", "padding", "rotary", "none" (no position the prefix shift could move; see the module docstring)."""
+        return self.family.position_kind(self.config)
+
+    def attention_modules(self) -> list[nn.Module]:
+        """The self-attention module of every layer, in order (where layer i's prefix K/V go)."""
+        return [attention_of(self.family, layer) for layer in self.layers]
+
+    def check_prefix_shape(self, num_layers: int, num_heads: int, head_dim: int) -> None:
+        want = (self.num_layers, self.num_heads, self.hidden_size // self.num_heads)
+        if (num_layers, num_heads, head_dim) != want:
+            raise ValueError(
+                f"prefix shape (layers, heads, head_dim) = {(num_layers, num_heads, head_dim)} does not fit the backbone's {want}"
+            )
+
+    def _prepare_attention_modules(self) -> None:
+        """Every self-attention module must know its layer index (the prefix lookup key); the "module" route also
+        swaps each module's class for its prefix-aware subclass (same parameters, same state-dict names)."""
+        for i, attn in enumerate(self.attention_modules()):
+            if getattr(attn, "layer_idx", None) is None:
+                attn.layer_idx = i  # DistilBERT, MPNet and DeBERTa attention modules carry no index of their own
+            elif attn.layer_idx != i:
+                raise ValueError(f"attention module of layer {i} reports layer_idx={attn.layer_idx}")
+            head_dim = getattr(attn, "attention_head_size", None) or getattr(attn, "head_dim", None)
+            if head_dim is not None and head_dim != self.hidden_size // self.num_heads:
+                raise TypeError(
+                    f"{self.family.name}: attention head size {head_dim} != hidden_size / heads = "
+                    f"{self.hidden_size // self.num_heads}; the prefix layout (H × d/H per layer) cannot fit it"
+                )
+            if self.family.layer_kwargs:
+                layer = self.layers[i]
+                layer.__class__ = position0_class(type(layer))
+                layer._cse_first = i == 0
+            if self.family.injection == "module":
+                swapped = MODULE_ROUTE.get(type(attn))
+                if swapped is not None:
+                    attn.__class__ = swapped
+                elif type(attn) not in MODULE_ROUTE.values():
+                    raise TypeError(
+                        f"{self.family.name}: unexpected self-attention class {type(attn).__name__}; "
+                        f"prefix injection knows {[c.__name__ for c in MODULE_ROUTE]}"
+                    )
+
+    # ----------------------------------------------------------------------------------------- inputs
+    def position_ids(self, input_ids: torch.Tensor, offset: int) -> torch.Tensor:
+        """Positions with the prefix shift `offset` (RoBERTa, XLM-RoBERTa, MPNet: HF's padding-aware numbering;
+        ModernBERT: rotary positions). A family without positions ("none") gets `offset …` too, which it ignores."""
+        emb = self.backbone.embeddings
+        batch, length = input_ids.shape
+        kind = self.position_kind
+        if kind == "padding" and hasattr(emb, "create_position_ids_from_input_ids"):  # RoBERTa family
+            pos = emb.create_position_ids_from_input_ids(input_ids, emb.padding_idx, offset)
+            highest = emb.padding_idx + offset + length
+        elif kind == "padding":  # MPNet: the same numbering, computed here (its helper takes no offset)
+            real = input_ids.ne(emb.padding_idx).int()
+            pos = ((torch.cumsum(real, dim=1).type_as(real) + offset) * real).long() + emb.padding_idx
+            highest = emb.padding_idx + offset + length
+        else:
+            pos = torch.arange(offset, offset + length, device=input_ids.device).unsqueeze(0).expand(batch, -1)
+            highest = offset + length - 1
+        limit = self.config.max_position_embeddings
+        if kind != "none" and highest >= limit:
+            raise ValueError(
+                f"position {highest} exceeds max_position_embeddings={limit} (length {length} + prefix shift {offset})"
+            )
+        return pos
+
+    def check_position_ids(self, position_ids: torch.Tensor, input_ids: torch.Tensor) -> None:
+        """Explicit positions must have the ids' shape and stay inside the position table. The range is read on the
+        CPU only: on an accelerator reading it would stall every step, so a caller there checks its positions once
+        (DiffAug checks its template positions when it is built)."""
+        if position_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"position_ids {tuple(position_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+            )
+        if position_ids.numel() and position_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            low, high = int(position_ids.min()), int(position_ids.max())
+            limit = self.config.max_position_embeddings
+            if low < 0 or high >= limit:
+                raise ValueError(f"position_ids span [{low}, {high}], outside [0, max_position_embeddings={limit})")
+
+    def attention_mask(self, token_mask: torch.Tensor, prefix: PrefixKeyValues, dtype: torch.dtype) -> torch.Tensor:
+        """The 4-D `(B', 1, T, P+T)` mask: prefix slots visible unless `prefix.mask` says otherwise (DCPCSE reference prefixes step 5)."""
+        batch, length = token_mask.shape
+        if prefix.mask is None:
+            prefix_visible = torch.ones(batch, prefix.length, dtype=torch.bool, device=token_mask.device)
+        else:
+            prefix_visible = prefix.mask.to(device=token_mask.device, dtype=torch.bool).expand(batch, prefix.length)
+        visible = torch.cat([prefix_visible, token_mask.bool()], dim=1)[:, None, None, :]
+        if self.inner == "sdpa":
+            mask = visible
+        else:
+            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+                ~visible, torch.finfo(dtype).min
+            )
+        return mask.expand(batch, 1, length, prefix.length + length)
+
+    def _position0_module(self) -> nn.Module:
+        """The module whose output is the first layer's input (ELECTRA with embedding_size ≠ hidden_size: the projection)."""
+        projection = getattr(self.backbone, "embeddings_project", None)
+        return projection if projection is not None else self.backbone.embeddings
+
+    # ----------------------------------------------------------------------------------------- forward
+    def forward(  # noqa: C901 (one pass with optional inputs per encoder family; split, the hot path would copy tensors)
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        prefix: bool | PrefixKeyValues = True,
+        cls_embedding: torch.Tensor | None = None,
+        position0_output: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        position_ids: torch.Tensor | None = None,
+    ):
+        """Run the encoder on `(B', T)` ids; returns the HF output (`last_hidden_state`, `hidden_states`).
+
+        `cls_embedding` (`(d_e,)` or `(B', d_e)`, d_e the word-embedding width) replaces the word embedding at
+        position 0 ([CLS] prompt, D2CSE paper); `position0_output` (`(B', d)`) replaces the input of the first layer at
+        position 0 — the embedding-layer output after LayerNorm and dropout (ELECTRA: after its projection)
+        (conditioning, DiffCSE step 5). `position_ids` (`(B', T)`, optional): explicit positions used as given instead
+        of the default (shifted) numbering — DiffAug's template denoising places the template tokens at chosen
+        positions (DiffAug); None keeps the default behaviour. `token_type_ids` on a family without token types
+        (DistilBERT, MPNet, ModernBERT) must be None or all zero.
+        """
+        batch, length = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if prefix is True:
+            if self.prefix_encoder is None:
+                raise ValueError("prefix=True needs a PromptedBackbone built with a prefix_encoder")
+            prefix = self.prefix_encoder(batch)
+        elif prefix is False:
+            prefix = None
+        if prefix is not None and prefix.batch_size != batch:
+            raise ValueError(f"prefix sample has {prefix.batch_size} rows, the input {batch}")
+        if prefix is not None and len(prefix.layers) != self.num_layers:
+            raise ValueError(
+                f"prefix sample has {len(prefix.layers)} layers, the {self.family.name} backbone {self.num_layers}"
+            )
+
+        if position_ids is None:
+            shift = prefix is not None and self.shift_positions and self.position_kind != "none"
+            position_ids = self.position_ids(input_ids, prefix.length if shift else 0)
+        else:
+            self.check_position_ids(position_ids, input_ids)
+        kwargs = dict(output_hidden_states=output_hidden_states)
+        if self.position_kind != "none":
+            kwargs["position_ids"] = position_ids
+        if self.family.token_types:
+            kwargs["token_type_ids"] = token_type_ids
+        elif token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError(f"{self.family.name} has no token types; got non-zero token_type_ids")
+        if prefix is not None and self.family.prebuilt_mask:
+            kwargs["attention_mask"] = self.attention_mask(attention_mask, prefix, self.backbone.dtype)
+        else:
+            kwargs["attention_mask"] = attention_mask
+        if prefix is not None and self.family.injection == "interface":
+            kwargs[PREFIX_KWARG] = prefix
+        if prefix is not None and self.family.injection == "module" and self.training and _checkpointing(self.backbone):
+            raise ValueError(
+                f"{self.family.name}: prefixes reach its attention only inside this forward call, so "
+                "gradient checkpointing (which re-runs layers during backward) cannot be used with them"
+            )
+        if cls_embedding is not None:
+            embeds = self.backbone.get_input_embeddings()(input_ids)
+            first = cls_embedding.to(embeds.dtype).expand(batch, embeds.shape[-1]).unsqueeze(1)
+            kwargs["inputs_embeds"] = torch.cat([first, embeds[:, 1:]], dim=1)
+        else:
+            kwargs["input_ids"] = input_ids
+
+        if position0_output is not None and position0_output.shape != (batch, self.hidden_size):
+            raise ValueError(
+                f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}"
+            )
+        if self.family.layer_kwargs:
+            if position0_output is not None:
+                kwargs[POSITION0_KWARG] = position0_output
+            if self.family.injection == "interface":  # no context to enter: nothing per call but the kwargs
+                return self.backbone(**kwargs)
+        with contextlib.ExitStack() as scope:
+            if self.family.injection == "module" and prefix is not None:
+                scope.enter_context(prefix_scope(self.attention_modules(), prefix))
+            if position0_output is not None and not self.family.layer_kwargs:
+                scope.enter_context(replace_position0_output(self._position0_module(), position0_output))
+            return self.backbone(**kwargs)
+
+
+def prompted_backbone(
+    backbone: nn.Module,
+    prefix_len: int,
+    dropout: float = 0.1,
+    projection: bool = False,
+    projection_hidden: int | None = None,
+    shift_positions: bool = True,
+) -> PromptedBackbone:
+    """`backbone` with a fresh `PrefixEncoder` sized for it (N(0, initializer_range) init, DCPCSE reference prefixes)."""
+    cfg = backbone.config
+    prompts = PrefixEncoder(
+        prefix_len,
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        dropout=dropout,
+        projection=projection,
+        projection_hidden=projection_hidden or cfg.hidden_size,
+        init_std=getattr(cfg, "initializer_range", 0.02),
+    )
+    return PromptedBackbone(backbone, prompts, shift_positions=shift_positions)
+
+
+class PromptedModel:
+    """Mixin for methods whose `self.encoder` is a `PromptedBackbone`: the `prompts` and `backbone` accessors."""
+
+    encoder: PromptedBackbone
+
+    def attach_prompted_backbone(self, config, backbone: nn.Module | None, tokenizer):
+        """Attach the frozen backbone (`CSEModel.attach_backbone`) and wrap it with the deep prompts of a
+        `PromptConfig` as `self.encoder`; returns the backbone's config."""
+        backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
+        self.encoder = prompted_backbone(
+            backbone,
+            config.prefix_len,
+            config.prefix_dropout,
+            config.prefix_projection,
+            config.prefix_hidden,
+            config.shift_positions,
+        )
+        self.encoder.prefix_encoder.requires_grad_(config.train_prompts)  # False: the prompts-frozen control
+        return backbone.config
+
+    @property
+    def prompts(self) -> PrefixEncoder:
+        return self.encoder.prefix_encoder
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder.backbone

@@ -1,0 +1,50 @@
+"""The "interface" route (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ModernBERT): attention functions
+registered in transformers' `AttentionInterface` as `cse_prefix_sdpa` / `cse_prefix_eager` (at import) that prepend
+the layer's prefix K/V, handed to them as the `cse_prefix` keyword argument of one forward call."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.bert.modeling_bert import eager_attention_forward as _bert_eager_attention
+
+from cse.models.prompts.prefixes import PrefixKeyValues, extend_mask
+
+PREFIX_KWARG = "cse_prefix"
+PREFIX_IMPLEMENTATIONS = {"sdpa": "cse_prefix_sdpa", "eager": "cse_prefix_eager"}
+
+
+def _eager_attention(module: nn.Module):
+    """The eager attention function of the module's own family (BERT's for the BERT-style families)."""
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", _bert_eager_attention)
+
+
+def _prefix_attention(inner: str):
+    """An attention function that prepends this layer's prefix K/V (DCPCSE reference prefixes step 4), then runs `inner`.
+
+    A mask that covers only the token keys (ModernBERT's own global / sliding-window masks, or none) gets the
+    prefix columns in front; the BERT-style families receive the `(B', 1, T, P+T)` mask `PromptedBackbone` built.
+    """
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        prefix: PrefixKeyValues | None = kwargs.pop(PREFIX_KWARG, None)
+        if prefix is not None:
+            k_p, v_p = prefix.layers[module.layer_idx]
+            if attention_mask is None or attention_mask.shape[-1] == key.shape[2]:
+                attention_mask = extend_mask(attention_mask, prefix, query, boolean=inner == "sdpa")
+            key = torch.cat([k_p.to(key.dtype), key], dim=2)
+            value = torch.cat([v_p.to(value.dtype), value], dim=2)
+        fn = ALL_ATTENTION_FUNCTIONS["sdpa"] if inner == "sdpa" else _eager_attention(module)
+        return fn(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
+
+
+for _inner, _name in PREFIX_IMPLEMENTATIONS.items():
+    AttentionInterface.register(_name, _prefix_attention(_inner))
+    AttentionMaskInterface.register(_name, sdpa_mask if _inner == "sdpa" else eager_mask)
