@@ -62,7 +62,14 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     m = run.data.metrics
     # the loop's curves in their sections (dev, loss, ...); the test scores unprefixed: no per-subset score, no
     # Pearson or timing single value; every metric a line (its latest step >= 1), none a one-bar chart
-    assert {k.split("/")[0] for k in m if "/" in k} == {"dev", "loss", "optimizer", "progress", "throughput"}
+    assert {k.split("/")[0] for k in m if "/" in k} == {
+        "dev",
+        "loss",
+        "optimizer",
+        "progress",
+        "rtd_probe",
+        "throughput",
+    }
     assert "progress/phase" not in m and not [k for k in m if k.startswith(("sts12/", "sts14/"))]
     assert "sts_avg_pearson" not in m and "eval_seconds" not in m and "sts12_wmean" not in m
     for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):

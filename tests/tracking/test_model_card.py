@@ -531,7 +531,10 @@ def test_the_card_states_the_ingested_sample_and_names_no_local_path(isolated_ho
         "| wiki1m | `wiki1m_head.txt` | local file | 11,913 | **a sample**: 11,913 of the full 1,000,000 rows |" in card
     )
     cap, batch = cfg.max_train_sentences, cfg.batch_size
-    assert f"The job trained on the first {cap:,} rows (`max_train_sentences: {cap:,}`) of wiki1m: 40 optimiser steps"
+    assert (
+        f"The job trained on the first {cap:,} rows (`max_train_sentences: {cap:,}`) of wiki1m: 40 optimiser steps"
+        in card
+    )
     assert f"of batch {batch} ({40 * batch:,} sentences drawn)." in card and "**The training data is a sample" in card
     body = card.split("## Configuration", 1)[0]  # (the full config names the ingest defaults it did not use)
     assert "princeton-nlp" not in body and "wiki1m_for_simcse" not in body and "datasets" not in _front_matter(card)
