@@ -173,10 +173,9 @@ def interactive_mlflow():
 
 def card(run_dir: str, adapter: str | None = None) -> int:
     """Write the model card of a finished job's export and of its PEFT adapter folder (`adapter`, default the job's own
-    `peft-adapter/` when it has one: the card, with the adapter's loading, replaces the adapter's own README so that
-    `cse push` takes the folder)."""
+    `peft-adapter/` when it has one): one card, rendered once, written into both so that `cse push` takes either."""
     from cse.storage.runs import RunDir
-    from cse.tracking.model_card import AdapterInfo, card_facts_of_job, write_model_card
+    from cse.tracking.model_card import AdapterInfo, card_facts_of_job, write_model_cards
 
     job = RunDir.at(run_dir, home=get_settings().home)  # never a folder outside $CSE_HOME: the card is written there
     if not (job.export / "modules.json").is_file():
@@ -187,8 +186,8 @@ def card(run_dir: str, adapter: str | None = None) -> int:
         adapter = str(job.peft_adapter)
     with interactive_mlflow():
         facts = card_facts_of_job(job, adapter=AdapterInfo.from_folder(adapter) if adapter else None)
-    for folder in (job.export, *([adapter] if adapter else [])):
-        print(f"wrote {write_model_card(folder, facts)}")
+    for path in write_model_cards(facts, job.export, *([adapter] if adapter else [])):
+        print(f"wrote {path}")
     return 0
 
 

@@ -51,7 +51,7 @@ from cse.tasks.distributed_train import WORKER_MODULE
 from cse.tasks.log import stage_logger
 from cse.tracking.job_stages import job_stage
 from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs
-from cse.tracking.model_card import CardFacts, write_model_card
+from cse.tracking.model_card import CardFacts, write_model_cards
 from cse.tracking.model_export import log_encoder_model, registered_model_name
 from cse.tracking.provenance import git_commit, prefect_flow_run_id
 from cse.tracking.run_pages import (
@@ -523,10 +523,10 @@ def export_model(
             st_export=st_export,
             backbone=backbone,
         )
-        folders = {"sentence-transformers": write_model_card(run_dir.export, facts).parent}
-        if adapter is not None:
-            folders["peft-adapter"] = write_model_card(adapter.folder, facts).parent
-        log_run_results(fitted.run_id, folders=folders)
+        cards = write_model_cards(facts, run_dir.export, *([adapter.folder] if adapter is not None else []))
+        log_run_results(
+            fitted.run_id, folders=dict(zip(("sentence-transformers", "peft-adapter"), [c.parent for c in cards]))
+        )
 
 
 def export_adapter(method: str, run_dir: RunDir, logger):

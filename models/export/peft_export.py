@@ -2,9 +2,10 @@
 
 The adapter folder holds PEFT's own files (`adapter_config.json`: `PREFIX_TUNING`, `FEATURE_EXTRACTION`,
 `prefix_projection=False`; `adapter_model.safetensors`: `prompt_embeddings`, the `P × 2·L·d` key/value rows in the
-P-tuning v2 layout that `cse.models.prompts.prefixes.PrefixEncoder` and PEFT share), the tokenizer, `cse_peft.json` (the pooling
-and the notes below, machine-readable), `peft_embed.py` (a copy of `models/export/peft_loader.py`, which embeds sentences
-with transformers + peft only) and a README. `PeftModel.from_pretrained(AutoModel.from_pretrained(base), folder)`
+P-tuning v2 layout that `cse.models.prompts.prefixes.PrefixEncoder` and PEFT share), the tokenizer, `cse_peft.json`
+(the pooling and the notes below, machine-readable), `peft_embed.py` (a copy of `models/export/peft_loader.py`, which
+embeds sentences with transformers + peft only); its README is the job's model card (`cse.tracking.model_card`).
+`PeftModel.from_pretrained(AutoModel.from_pretrained(base), folder)`
 followed by the recorded pooling gives our `embed` (checked at export time on probe sentences, and by the tests on
 the STS-B test sentences, within 1e-5).
 
@@ -46,7 +47,6 @@ from cse.storage.atomic import atomic_dir
 
 TOLERANCE = 1e-5
 LOADER_FILE = "peft_embed.py"
-README_FILE = "README.md"
 FORMAT_VERSION = 1
 PROBE_SENTENCES = (
     "A man is playing a guitar.",
@@ -69,7 +69,7 @@ class PeftExport:
     `exact`: the adapter + `pooling` reproduce our `embed` (verified on probe sentences within `TOLERANCE`; no feature
     left out). `limitations`: `"<code>: <sentence>"` lines for the model card. `base_model`: `base_model_name_or_path`
     of the adapter (an HF id, a local folder, or the bundled `base_model/`). `adapter_bytes`: PEFT's two files;
-    `folder_bytes`: the whole folder (tokenizer, README, a bundled base). `max_abs_diff`: the verification's largest
+    `folder_bytes`: the whole folder (tokenizer, a bundled base). `max_abs_diff`: the verification's largest
     absolute difference to our embeddings.
     """
 
@@ -291,6 +291,7 @@ def export_peft_adapter(
         with torch.no_grad():
             peft_model.prompt_encoder["default"].embedding.weight.copy_(prompts.rows().detach())
         peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
+        (tmp / "README.md").unlink(missing_ok=True)  # PEFT's own card: the job's model card is written instead
         model.tokenizer.save_pretrained(tmp)
         shutil.copyfile(Path(peft_loader.__file__), tmp / LOADER_FILE)
         notes.append(_sentence_transformers_note(plan.pooling))
@@ -339,7 +340,6 @@ def export_peft_adapter(
             trained_shift_positions=bool(model.encoder.shift_positions),
         )
         (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
-        (tmp / README_FILE).write_text(adapter_readme(spec))
     adapter_bytes = sum((out / name).stat().st_size for name in ("adapter_config.json", "adapter_model.safetensors"))
     return PeftExport(
         folder=out,
@@ -353,71 +353,3 @@ def export_peft_adapter(
         max_abs_diff=diff,
         modules_to_save=list(plan.modules_to_save),
     )
-
-
-def adapter_readme(spec: dict[str, Any]) -> str:
-    """The adapter folder's README: what it is, how to load it with stock libraries, exactness and limitations."""
-    pooling = spec["pooling"]
-    kind = pooling["kind"]
-    read = {
-        "cls": "out.last_hidden_state[:, 0]",
-        "pooler_output": "out.pooler_output",
-        "mask": "out.last_hidden_state at the last mask token of each templated row",
-    }[kind]
-    lines = [
-        f"# {spec['method']} prompts as a PEFT prefix-tuning adapter",
-        "",
-        f"Prefix-tuning adapter (peft `PREFIX_TUNING`, `FEATURE_EXTRACTION`, {spec['prefix_len']} virtual tokens) "
-        f"exported from a `{spec['method']}` checkpoint trained on `{spec['backbone']}`. Base model: "
-        f"`{spec['base_model']}`.",
-        "",
-        "## Load with transformers + peft",
-        "",
-        "```python",
-        "from peft import PeftModel",
-        "from transformers import AutoModel, AutoTokenizer",
-        "",
-        (
-            f"base = AutoModel.from_pretrained(f'{{ADAPTER_DIR}}/{peft_loader.BUNDLED_BASE}')  # the bundled fine-tuned encoder"
-            if spec["bundled_base"]
-            else f"base = AutoModel.from_pretrained({spec['base_model']!r})"
-        ),
-        "model = PeftModel.from_pretrained(base, ADAPTER_DIR).eval()",
-        "tokenizer = AutoTokenizer.from_pretrained(ADAPTER_DIR)  # right padding, special tokens on",
-    ]
-    if kind == "mask":
-        lines.append(f"texts = [{pooling['template']!r}.replace('{{sentence}}', s).strip() for s in sentences]")
-    else:
-        lines.append("texts = sentences")
-    lines += [
-        "enc = tokenizer(texts, padding=True, return_tensors='pt')",
-        "out = model(input_ids=enc['input_ids'], attention_mask=enc['attention_mask'])",
-        f"embeddings = ...  # {read}",
-        "```",
-        "",
-        f"`{LOADER_FILE}` (in this folder, transformers + peft only) does all of this: "
-        "`load_prefix_encoder(ADAPTER_DIR)` then `embed_sentences(model, tokenizer, spec, sentences)`. "
-        f"`{peft_loader.SPEC_FILE}` holds the pooling and these notes in machine-readable form.",
-        "",
-        "## Exactness",
-        "",
-        f"PEFT passes the {spec['prefix_len']} prefix slots to the stock model as a key/value cache; the model then "
-        "numbers the token positions after them (BERT from P, RoBERTa from padding_idx + 1 + P), which is how the "
-        "prompts were trained"
-        + ("" if spec["trained_shift_positions"] else " only if trained with the shift; this checkpoint was not")
-        + ".",
-        "",
-        (
-            f"Exact: equal to the training code's embeddings within {spec['tolerance']} (largest difference "
-            f"{spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences at export)."
-            if spec["exact"]
-            else f"NOT exact (largest difference {spec['max_abs_diff']:.2g} on {spec['probe_sentences']} probe sentences); "
-            "use the project's own export (sentence-transformers folder) for the trained model's embeddings."
-        ),
-        "",
-        "## Limitations",
-        "",
-        *[f"- {line}" for line in spec["limitations"]],
-        "",
-    ]
-    return "\n".join(lines)

@@ -111,7 +111,7 @@ def _empty(folder: Path) -> None:
 def _save_project_module(module: PromptedEncoderModule, folder: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
-    SentenceTransformer(modules=[module]).save(str(folder))
+    SentenceTransformer(modules=[module]).save(str(folder), create_model_card=False)  # the card: cse.tracking
 
 
 def _refuse_overlap(checkpoint_dir: str | Path, out: Path) -> None:
@@ -192,7 +192,7 @@ def export_portable_sentence_transformer(
             with tempfile.TemporaryDirectory(prefix="cse-st-") as workdir:
                 st, why_not = standard_sentence_transformer(checkpoint_dir, workdir)
                 if st is not None:
-                    st.save(str(tmp))
+                    st.save(str(tmp), create_model_card=False)
                     result = STExport(out, "standard", why_not)
                 why = f"{why}; {why_not}" if why else why_not
         if result is None:
@@ -254,7 +254,7 @@ def _write_prompted(
     }
     module = st_prompted.PromptedEncoder(base, copy.deepcopy(model.tokenizer), prompts.rows().detach(), spec)
     st = SentenceTransformer(modules=[module], device="cpu")
-    st.save(str(folder))
+    st.save(str(folder), create_model_card=False)
     (folder / "modules.json").write_text(
         json.dumps([{"idx": 0, "name": "0", "path": "", "type": st_prompted.CLASS_REF}], indent=2), encoding="utf-8"
     )

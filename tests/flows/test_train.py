@@ -169,6 +169,9 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
         assert str(tiny_bert_dir.parent) not in card and "/tmp/" not in card
         assert "trust_remote_code=True" in card and "cse_prompted_encoder.py" in card  # the bundled module
         assert "| backbone before training (`" in card and "| gain over the backbone |" in card
+    # one card, rendered once: both folders hold the same text (their front matter names their library)
+    bodies = {(f / "README.md").read_text().split("\n---\n", 1)[1] for f in (Path(result.run_dir) / "export", adapter)}
+    assert len(bodies) == 1
 
 
 def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):

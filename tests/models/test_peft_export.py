@@ -181,11 +181,12 @@ def test_the_folder_is_a_plain_peft_prefix_adapter(exported):
     # the stock call of the brief, without our loader
     base = AutoModel.from_pretrained(str(bundled) if bundled.is_dir() else export.base_model)
     assert isinstance(PeftModel.from_pretrained(base, str(export.folder)), PeftModelForFeatureExtraction)
-    # notes: machine-readable in cse_peft.json and listed in the README
+    # notes: machine-readable in cse_peft.json and listed in the job's model card (the export writes no README)
     spec = json.loads((export.folder / "cse_peft.json").read_text())
     assert (spec["exact"], spec["limitations"], spec["pooling"]) == (True, export.limitations, export.pooling)
-    readme = (export.folder / "README.md").read_text()
-    assert "Exact: equal" in readme and all(f"- {line}" in readme for line in export.limitations)
+    card = _card(export.folder)
+    assert "It reproduces this model's embeddings within 1e-5" in card and not (export.folder / "README.md").exists()
+    assert all(f"- {code}: " in card for code in export.limitation_codes)  # (a card names no absolute path)
     assert {"inference-only", "token-type-ids", "sentence-transformers"} <= set(export.limitation_codes)
 
 
@@ -233,7 +234,7 @@ def test_unshifted_positions_are_refused_or_marked_inexact(tiny_bert_dir, tmp_pa
     assert not export.exact and export.max_abs_diff > TOLERANCE
     assert export.limitation_codes[:2] == ["position-shift", "verification"]
     assert json.loads((out / "cse_peft.json").read_text())["exact"] is False
-    assert "NOT exact" in (out / "README.md").read_text()
+    assert "does **not** reproduce this model's embeddings exactly" in _card(out)
 
 
 def test_bad_sources_and_targets_are_refused(tiny_bert_dir, tmp_path):
@@ -274,3 +275,13 @@ def test_a_backbone_without_a_cache_path_is_refused(tokenizer, tmp_path):
     with pytest.raises(PeftExportError, match="DistilBertModel: its forward takes no past_key_values"):
         export_peft_adapter(checkpoint, tmp_path / "adapter")
     assert not (tmp_path / "adapter").exists()
+
+
+def _card(folder: Path) -> str:
+    """The model card's text for an adapter folder alone (cse.tracking.model_card reads its `cse_peft.json`)."""
+    from cse.tracking.model_card import AdapterInfo, CardFacts, model_card
+
+    adapter = AdapterInfo.from_folder(folder)
+    return model_card(
+        CardFacts(method="d2cse", method_title="D2CSE", preset="t", backbone="tiny", setting="unsup", adapter=adapter)
+    )

@@ -1,7 +1,7 @@
-"""The model card of an export (tracking/model_card.py): front matter, the STS / retrieval / alignment tables beside
-the published row and their differences, missing facts as "—", hashes, commit, config, loading, citations, the atomic
-write into an export folder, and `cse card RUN_DIR` regenerating a finished job's card from its run folder and
-MLflow run."""
+"""The model card of an export (tracking/model_card.py): front matter (huggingface_hub's ModelCardData, the
+model-index of the STS results), the STS / retrieval / alignment tables beside the published row and their
+differences, missing facts as "—", hashes, commit, config, loading, citations, one card written atomically into both
+export folders, and `cse card RUN_DIR` regenerating a finished job's card from its run folder and MLflow run."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from cse.tracking.model_card import (
     model_card,
     published_differences,
     write_model_card,
+    write_model_cards,
 )
 from cse.tracking.store import configure_mlflow, ensure_experiment
 
@@ -158,7 +159,7 @@ def test_full_card_names_commit_hashes_config_loading_and_papers(full_facts, d2c
     assert 'AutoModel.from_pretrained("bert-base-uncased")' in card and "peft_embed" not in card  # no recorded pooling
     assert "does **not** reproduce" in card
     assert 'SentenceTransformer("<the export folder or its hub repo id>", trust_remote_code=True)' in card
-    assert "The sentence-transformers export is this folder" in card
+    assert "The sentence-transformers export is the job's `export/` folder" in card
     bib = card.split("```bibtex\n", 1)[1]
     assert [k for k in BIBTEX if BIBTEX[k] in bib] == ["d2cse", "dcpcse", "diffcse", "simcse"]  # not DiffAug
     assert "arXiv:2304.08991" in bib and "Lee, Hyunjae" in bib
@@ -199,8 +200,8 @@ def test_bare_facts_render_without_metrics_config_or_model_index():
     card = model_card(facts)
     meta = _front_matter(card)
     assert (
-        "model-index" not in meta and "base_model" not in meta and "datasets" not in meta
-    )  # a local folder: no hub id
+        "model-index" not in meta and "model_name" not in meta and "base_model" not in meta and "datasets" not in meta
+    )  # no scores: no model-index; a local folder: no hub id
     assert "## Configuration\n\n— (not recorded)" in card
     assert "there is no published row to compare with" in card  # facts without a reference
     assert [k for k in BIBTEX if BIBTEX[k] in card] == ["simcse"]
@@ -318,22 +319,96 @@ def test_from_training_reads_the_checkpoint_and_dataset_refs(tmp_path, d2cse_cfg
     assert CardFacts.from_training(d2cse_cfg, OURS, checkpoint=ckpt, trainable_parameters=7).trainable_parameters == 7
 
 
-def test_write_model_card_replaces_the_readme_atomically(tmp_path, full_facts):
+def test_one_card_is_written_into_both_export_folders_atomically(tmp_path, full_facts):
     export = tmp_path / "export"
     export.mkdir()
     (export / "modules.json").write_text("[]")
     (export / "README.md").write_text("sentence-transformers' own card")
-    path = write_model_card(export, full_facts)
-    assert path == export / "README.md" and path.read_text() == model_card(full_facts)
-    assert sorted(p.name for p in export.iterdir()) == ["README.md", "modules.json"]  # no temporary left behind
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
-    card = write_model_card(adapter, full_facts).read_text()
-    assert _front_matter(card)["library_name"] == "peft" and 'PeftModel.from_pretrained(base, "<this folder>")' in card
-    assert "The sentence-transformers export is the job's `export/` folder (not this one)" in card
+    paths = write_model_cards(full_facts, export, adapter)
+    assert paths == [export / "README.md", adapter / "README.md"]
+    card, adapter_card = (p.read_text() for p in paths)
+    assert card == model_card(full_facts) and adapter_card == model_card(full_facts, "peft")
+    assert sorted(p.name for p in export.iterdir()) == ["README.md", "modules.json"]  # no temporary left behind
+    # the same card: the same text after the front matter, whose library tells the hub how to load the folder
+    assert card.split("\n---\n", 1)[1] == adapter_card.split("\n---\n", 1)[1]
+    meta, adapter_meta = _front_matter(card), _front_matter(adapter_card)
+    assert (meta.pop("library_name"), adapter_meta.pop("library_name")) == ("sentence-transformers", "peft")
+    assert meta == adapter_meta
+    assert 'PeftModel.from_pretrained(base, "<the job folder>/peft").eval()' in adapter_card
+    assert (
+        write_model_card(export, full_facts) == export / "README.md"
+        and export.joinpath("README.md").read_text() == card
+    )
     with pytest.raises(FileNotFoundError, match="export the model before"):
-        write_model_card(tmp_path / "absent", full_facts)
+        write_model_cards(full_facts, export, tmp_path / "absent")
+    assert (adapter / "README.md").read_text() == adapter_card  # nothing written when a folder is missing
+
+
+def test_the_model_index_holds_the_runs_sts_scores(full_facts):
+    """The front matter's model-index, read back as the hub reads it (huggingface_hub's ModelCard) and as YAML: one
+    sentence-similarity result per STS task, its SentEval test set, Spearman x100 equal to the run's test scores."""
+    from huggingface_hub import ModelCard
+
+    from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
+
+    text = model_card(full_facts)
+    (entry,) = _front_matter(text)["model-index"]
+    assert entry["name"] == full_facts.registered_name
+    assert [r["dataset"] for r in entry["results"]] == [
+        {"name": f"{TASK_TITLES[t]} (SentEval, test)", "type": f"senteval-{t}", "split": "test"} for t in SEVEN_TASKS
+    ]
+    for t, result in zip(SEVEN_TASKS, entry["results"]):
+        assert result["task"] == {"type": "sentence-similarity", "name": "Semantic Textual Similarity"}
+        assert result["metrics"] == [{"type": "spearman", "value": OURS[t], "name": "Spearman x100"}]
+    card = ModelCard(text)
+    assert card.data.model_name == "cse-d2cse-bert-base-unsup" and card.data.library_name == "sentence-transformers"
+    scores = {r.dataset_type: (r.task_type, r.metric_type, r.metric_value) for r in card.data.eval_results}
+    assert scores == {f"senteval-{t}": ("sentence-similarity", "spearman", OURS[t]) for t in SEVEN_TASKS}
+    assert all(round(OURS[t], 2) == full_facts.metrics[t] for t in SEVEN_TASKS)  # the scores the run recorded
+
+
+def test_the_adapter_section_states_the_exports_verification(tmp_path, d2cse_cfg):
+    """What the adapter folder's own README used to say, from its `cse_peft.json`: the prefix slots, how PEFT numbers
+    the positions after them, the probe sentences and, for an inexact export, how far off it is."""
+    folder = tmp_path / "peft-adapter"
+    folder.mkdir()
+    spec = {
+        "method": "dcpcse",
+        "pooling": {"kind": "cls"},
+        "exact": False,
+        "max_abs_diff": 0.031,
+        "probe_sentences": 8,
+        "prefix_len": 4,
+        "trained_shift_positions": False,
+        "base_model": "bert-base-uncased",
+        "limitations": ["position-shift: trained without the position shift"],
+    }
+    (folder / "cse_peft.json").write_text(json.dumps(spec))
+    card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=AdapterInfo.from_folder(folder)))
+    assert "(peft `PREFIX_TUNING`, `FEATURE_EXTRACTION`, 4 virtual tokens)" in card
+    assert (
+        "PEFT passes the 4 prefix slots" in card and "only if trained with the shift; this checkpoint was not" in card
+    )
+    assert (
+        "does **not** reproduce this model's embeddings exactly (largest difference 0.031 on 8 probe sentences)" in card
+    )
+    assert "- position-shift: trained without the position shift" in card
+
+    @dataclass
+    class Export:  # a PeftExport holds no prefix_len: the folder's cse_peft.json gives it
+        folder: str
+        exact: bool
+
+    spec.update(exact=True, max_abs_diff=2e-7, trained_shift_positions=True)
+    (folder / "cse_peft.json").write_text(json.dumps(spec))
+    adapter = AdapterInfo.of(Export(folder=str(folder), exact=True))
+    assert (adapter.prefix_len, adapter.probe_sentences, adapter.exact) == (4, 8, True)
+    card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=adapter))
+    assert "within 1e-5 (verified at export; largest difference 2e-07). Verified on 8 probe sentences." in card
+    assert "which is how the prompts were trained." in card
 
 
 def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
@@ -405,7 +480,10 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
         str(job.peft_adapter / "README.md"),
     ]
     adapter_card = (job.peft_adapter / "README.md").read_text()
-    assert "library_name: peft" in adapter_card and 'load_prefix_encoder("<this folder>")' in adapter_card
+    assert (
+        "library_name: peft" in adapter_card and 'load_prefix_encoder("<the job folder>/peft-adapter")' in adapter_card
+    )
+    assert adapter_card.split("\n---\n", 1)[1] == (job.export / "README.md").read_text().split("\n---\n", 1)[1]
 
 
 def _ingested(root, source: dict, rows: int, key: str = "wiki-key", tokens_key: str = "tok-key") -> DatasetRef:
@@ -453,7 +531,10 @@ def test_the_card_states_the_ingested_sample_and_names_no_local_path(isolated_ho
         "| wiki1m | `wiki1m_head.txt` | local file | 11,913 | **a sample**: 11,913 of the full 1,000,000 rows |" in card
     )
     cap, batch = cfg.max_train_sentences, cfg.batch_size
-    assert f"The job trained on the first {cap:,} rows (`max_train_sentences: {cap:,}`) of wiki1m: 40 optimiser steps"
+    assert (
+        f"The job trained on the first {cap:,} rows (`max_train_sentences: {cap:,}`) of wiki1m: 40 optimiser steps"
+        in card
+    )
     assert f"of batch {batch} ({40 * batch:,} sentences drawn)." in card and "**The training data is a sample" in card
     body = card.split("## Configuration", 1)[0]  # (the full config names the ingest defaults it did not use)
     assert "princeton-nlp" not in body and "wiki1m_for_simcse" not in body and "datasets" not in _front_matter(card)
