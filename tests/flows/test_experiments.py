@@ -149,7 +149,9 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
         root,
         "select row_kind, count(*) as n from comparisons where \"table\" = 'sts' group by row_kind order by row_kind",
     )
-    assert dict(zip(table["row_kind"], table["n"])) == {"difference": 32, "published": 32, "run": 32}
+    # 4 runs × 8 columns: each run's scores, the published row and the difference beside it, and the backbone's score
+    # before training (issue 34)
+    assert dict(zip(table["row_kind"], table["n"])) == {"backbone": 32, "difference": 32, "published": 32, "run": 32}
     diff = query(root, "select value from comparisons where row_kind = 'difference' and metric = 'sts_avg' limit 1")[
         "value"
     ][0]

@@ -85,12 +85,12 @@ def test_a_sigtermd_run_ends_killed_and_its_resume_logs_every_step_once(
     assert resent == [signal.SIGTERM]
     [run] = mlflow.search_runs(experiment_names=["simcse"], output_format="list", max_results=1)
     assert run.info.status == "KILLED"
-    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss/loss")
     assert sorted(m.step for m in history) == [1, 2, 3]
 
     result = train()
     assert result.run_id == run.info.run_id and result.resumed_from == 2 and result.steps == 4
-    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss/loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4]  # step 3 ran twice, is logged once
     assert mlflow.get_run(run.info.run_id).info.status == "FINISHED"
 

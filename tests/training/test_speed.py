@@ -263,6 +263,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import os, signal
     import torch
+    torch.set_num_threads({threads})  # the parent's: float sums in the same order, so "exact" can be bit-exact
     from tests.training import test_speed as t
     import cse.training.state_writer as sw
 
@@ -292,7 +293,7 @@ def test_a_kill_during_a_background_state_write_leaves_the_previous_state_and_re
     uninterrupted.run()
 
     state = tmp_path / "b"
-    script = KILL_SCRIPT.format(state=str(state))
+    script = KILL_SCRIPT.format(state=str(state), threads=torch.get_num_threads())
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, env=os.environ)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert not state.exists() and (tmp_path / "b.previous").is_dir()  # killed between the renames
