@@ -157,3 +157,30 @@ def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
         return train_job(cfg, refs["tokens"], None, refs["sts"])
 
     return run
+
+
+def eight_rows_and_loop(lr: float, precision: str = "fp32", checkpoint_steps: int = 100):
+    """Eight 3-token rows (`[1, i + 3, 2]`) and a 2-epoch loop of batch 4 over them, logging every step: the tiny
+    training of the non-finite and precision cases (returns `(rows, loop)`)."""
+    import numpy as np
+
+    from cse.storage.training_data import TokenRows
+    from cse.training.loop import LoopConfig
+    from cse.training.rows import TrainingRows
+
+    seqs = [np.array([1, i + 3, 2]) for i in range(8)]
+    rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
+    loop = LoopConfig(
+        batch_size=4,
+        learning_rate=lr,
+        epochs=2,
+        max_steps=None,
+        grad_clip=1.0,
+        seed=0,
+        eval_steps=100,
+        checkpoint_steps=checkpoint_steps,
+        log_steps=1,
+        precision=precision,
+        deterministic=True,
+    )
+    return rows, loop

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
@@ -15,9 +14,8 @@ from cse.config.evaluation import EvalConfig
 from cse.config.stages import CorruptConfig
 from cse.config.training import PrefixPhaseConfig, TrainConfig, resolve_train_config
 from cse.models.method import StepOutput
-from cse.storage.training_data import TokenRows
-from cse.training.loop import LoopConfig, NonFiniteLoss, Trainer
-from cse.training.rows import TrainingRows
+from cse.training.loop import NonFiniteLoss, Trainer
+from tests.reliability.conftest import eight_rows_and_loop
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, "inf", "NaN"])
@@ -74,21 +72,7 @@ class _Weighted(torch.nn.Module):
 
 
 def _run(kind: str, lr: float, tmp_path):
-    seqs = [np.array([1, i + 3, 2]) for i in range(8)]
-    rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(
-        batch_size=4,
-        learning_rate=lr,
-        epochs=2,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=0,
-        eval_steps=100,
-        checkpoint_steps=100,
-        log_steps=1,
-        precision="fp32",
-        deterministic=True,
-    )
+    rows, loop = eight_rows_and_loop(lr)
     model = _Weighted(kind)
     saved = []
     trainer = Trainer(

@@ -13,15 +13,13 @@ import os
 import signal
 
 import mlflow
-import numpy as np
 import pytest
 import torch
 
 from cse.config.training import resolve_train_config
 from cse.models.method import StepOutput
-from cse.storage.training_data import TokenRows
-from cse.training.loop import LoopConfig, NonFiniteLoss, Trainer, TrainerHooks
-from cse.training.rows import TrainingRows
+from cse.training.loop import NonFiniteLoss, Trainer, TrainerHooks
+from tests.reliability.conftest import eight_rows_and_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:Logger 'prefect.task_runs' attempted to send logs:UserWarning")
 
@@ -108,21 +106,7 @@ class _Square(torch.nn.Module):
 
 
 def _trainer(state_folder, lr: float, precision: str = "fp32", checkpoint_steps: int = 100, hooks=()) -> Trainer:
-    seqs = [np.array([1, i + 3, 2]) for i in range(8)]
-    rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(
-        batch_size=4,
-        learning_rate=lr,
-        epochs=2,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=0,
-        eval_steps=100,
-        checkpoint_steps=checkpoint_steps,
-        log_steps=1,
-        precision=precision,
-        deterministic=True,
-    )
+    rows, loop = eight_rows_and_loop(lr, precision, checkpoint_steps)
     return Trainer(
         _Square(),
         rows,
