@@ -33,7 +33,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from urllib.parse import quote, unquote
 
 MASK = "***"
@@ -197,11 +197,6 @@ def redact_value(value):
     return value
 
 
-def holds_secret(text: object) -> bool:
-    """Whether `redact` would change `text`."""
-    return redact(text) != str(text)
-
-
 def redacted_exception(exc: BaseException) -> BaseException:
     """`exc` itself when its message holds no credential; otherwise an exception of the same type (RuntimeError when
     the type cannot be rebuilt from a message) whose message is `redact`ed. Raise it `from None` so that the original
@@ -270,8 +265,3 @@ def install_log_redaction() -> None:
         for target in (logger, *logger.handlers):
             if not any(isinstance(f, RedactingFilter) for f in target.filters):
                 target.addFilter(RedactingFilter())
-
-
-def known_secrets() -> Iterable[str]:
-    """The secrets remembered so far (for tests and diagnostics; never print them)."""
-    return frozenset(_known)

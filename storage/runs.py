@@ -249,10 +249,6 @@ class ResultCheck:
     result_problems: list[str] = field(default_factory=list)
     checkpoint_problems: list[str] = field(default_factory=list)
 
-    @property
-    def intact(self) -> bool:
-        return not self.result_problems and not self.checkpoint_problems
-
 
 def checkpoint_job_run_id(folder: str | Path) -> str | None:
     """The MLflow run of the training job whose `best/` checkpoint `folder` is (`<home>/runs/<method>/<key>/best`,
