@@ -1,38 +1,48 @@
-"""Offline wheelhouse helper: the requirement list, the torch stand-in for resolving, and the install plan.
+"""Offline wheelhouse helper: the venv over a node's Python, the wheelhouse download and the install plan, all
+resolved by pip (`pip install --dry-run --report`, with backtracking) against what the node has installed.
 
 Standard library plus `packaging` (pip's vendored copy where `packaging` itself is not installed), so it runs on
 the machine that builds the wheelhouse and on an air-gapped GPU node alike. `scripts/wheelhouse.sh` and
 `make install-offline` call it; `tests/ops/test_offline_install.py` tests it.
 
-    python scripts/offline_install.py requirements [--subset full|train]
-    python scripts/offline_install.py stub-torch DIR
+    python scripts/offline_install.py venv DIR
+    python scripts/offline_install.py download DIR [--subset full|train] [--python-version 3.12] [--platform TAG]...
     python scripts/offline_install.py plan WHEELHOUSE [--subset full|train] [--installed auto|none|FILE]
-        [--python-version 3.12] [--platform-machine x86_64] [--prune] [--json PATH] [--wheels]
+        [--python-version 3.12] [--platform TAG]... [--prune] [--json PATH] [--wheels]
+
+How pip is shown the node (`resolve`): `--installed auto` (the node itself, `make install-offline`): pip runs in this
+interpreter and sees its packages, the node's among them. `none` or a file of pins (a node described, or the bare
+node a download resolves for): pip runs isolated from this interpreter's packages (`python -S`, PYTHONPATH = pip
+alone and a folder of metadata-only `*.dist-info` records), so exactly the described packages count as installed.
+pip keeps an installed package that meets every requirement on it (no --upgrade) and backtracks over the rest.
+Resolving for another Python or platform (`--python-version`, `--platform`) needs pip >= 23.3; environment markers
+are evaluated by pip for the interpreter that runs it.
 
 Policy (the README section "Air-gapped GPU nodes"):
-- torch is never in a plan: the node's own (CUDA) torch stays, whatever version the project pins. Its dependencies
-  enter only where another package requires them and the node lacks them.
+- torch is never downloaded, planned or installed: it is never a root, it counts as installed at the node's version
+  (a described node without a torch version: the project's pin) and is constrained to that version, so a
+  requirement the node's torch misses is a resolution error, never a torch wheel; a plan naming torch is refused.
 - `train` leaves out the orchestration and tracking-server group (`LEFT_OUT`: Prefect and its Dask runner, FastAPI,
   MLflow, the PostgreSQL driver) and whatever only they need; `full` is every dependency.
-- A package the node already has is kept (not installed, not replaced) when its version satisfies every
-  requirement of the plan on it, where the project's own `==` pins are read as "same release series" (same major;
-  same minor for 0.x) except for `STRICT` packages (the modelling stack whose version decides numbers or APIs:
-  those are installed at the pinned version unless the node has exactly that version). Everything else comes from
-  the wheelhouse, into a venv made with --system-site-packages, so nothing of the node's environment is replaced.
+- A package the node already has is kept (not installed, not replaced) when it satisfies every requirement on it,
+  where the project's own `==` pins are read as "same release series" (same major; same minor for 0.x) except for
+  `STRICT` packages (the modelling stack whose version decides numbers or APIs: installed at the pinned version
+  unless the node has exactly it). A described package without a version counts as the wheelhouse's version (not
+  for STRICT ones). Everything else comes from the wheelhouse, into a venv made with --system-site-packages, so
+  nothing of the node's environment is replaced.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
-import zipfile
-from dataclasses import dataclass, field
+import tempfile
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 try:
     from packaging.requirements import Requirement
@@ -66,6 +76,10 @@ BUILD = ["setuptools>=68", "wheel"]
 # The extras a training node gets. The packaged MiniLM (`packaged:minilm`, the smoke presets, the test suite) is left
 # out: a training node trains real backbones from its own model folder or cache.
 TRAIN_EXTRAS: tuple[str, ...] = ()  # not "minilm": the packaged MiniLM wheel alone is 80 MiB
+
+
+class ResolutionError(RuntimeError):
+    """pip found no plan; the message carries pip's reasons (each requirement with who needs it)."""
 
 
 def _toml(path: Path) -> dict:
@@ -113,82 +127,6 @@ def torch_pin(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
     raise ValueError(f"{pyproject}: no torch==X pin in [project].dependencies")
 
 
-def write_stub_torch(folder: Path, version: str) -> Path:
-    """A metadata-only wheel `torch-<version>+wheelhouse.stub` with no dependencies: given to pip as --find-links while
-    resolving, it satisfies every torch requirement (a local version matches `==<version>`, and sorts above the
-    index's build of the same version), so the resolver never downloads torch or its CUDA libraries. The stub is
-    deleted from the wheelhouse afterwards; it is never installed."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ver = f"{version}+wheelhouse.stub"
-    dist = f"torch-{ver}.dist-info"
-    files = {
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {ver}\nSummary: resolver stand-in\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: offline_install\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(text.encode())}")
-    files[f"{dist}/RECORD"] = "\n".join(record + [f"{dist}/RECORD,,"]) + "\n"
-    path = folder / f"torch-{ver}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-    return path
-
-
-@dataclass
-class Wheel:
-    path: Path
-    name: str  # canonical
-    version: Version
-    requires: list[Requirement] = field(default_factory=list)
-
-
-def read_wheelhouse(folder: Path) -> dict[str, Wheel]:
-    """One `Wheel` per canonical name in `folder` (a wheelhouse holds one version of each; two are refused)."""
-    if not folder.is_dir():
-        raise FileNotFoundError(f"wheelhouse {folder} is not a folder")
-    out: dict[str, Wheel] = {}
-    for path in sorted(folder.glob("*.whl")):
-        name, version, _, _ = parse_wheel_filename(path.name)
-        name = canonicalize_name(name)
-        if name in out:
-            raise ValueError(f"wheelhouse {folder} holds two versions of {name}: {out[name].path.name} and {path.name}")
-        with zipfile.ZipFile(path) as z:
-            meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
-            if meta is None:
-                raise ValueError(f"{path}: no .dist-info/METADATA")
-            text = z.read(meta).decode("utf-8", "replace")
-        requires = [
-            Requirement(line.split(":", 1)[1].strip())
-            for line in text.split("\n\n", 1)[0].splitlines()
-            if line.startswith("Requires-Dist:")
-        ]
-        out[name] = Wheel(path, name, version, requires)
-    return out
-
-
-def target_environment(python_version: str, machine: str = "x86_64") -> dict[str, str]:
-    """PEP 508 marker variables of a CPython `python_version` on Linux `machine`."""
-    if not re.fullmatch(r"3\.\d+", python_version):
-        raise ValueError(f"python version must look like 3.12, got {python_version!r}")
-    return {
-        "python_version": python_version,
-        "python_full_version": f"{python_version}.0",
-        "os_name": "posix",
-        "sys_platform": "linux",
-        "platform_system": "Linux",
-        "platform_machine": machine,
-        "platform_python_implementation": "CPython",
-        "implementation_name": "cpython",
-        "implementation_version": f"{python_version}.0",
-        "platform_release": "",
-        "platform_version": "",
-        "extra": "",
-    }
-
-
 def installed_here() -> dict[str, Version]:
     """Canonical name → version of every distribution this interpreter sees (a --system-site-packages venv: the
     node's packages and the venv's)."""
@@ -206,8 +144,9 @@ def installed_here() -> dict[str, Version]:
 
 
 def read_installed(path: Path) -> dict[str, Version | None]:
-    """`pip freeze`-style lines (`name==version`), or bare names (present, version unknown: assumed compatible for
-    non-strict packages when selecting a wheelhouse subset; the install on the node checks the real versions)."""
+    """`pip freeze`-style lines (`name==version`), or bare names (present, version unknown: counted as the
+    wheelhouse's version for non-strict packages when selecting a wheelhouse subset; the install on the node checks
+    the real versions)."""
     out: dict[str, Version | None] = {}
     for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -237,90 +176,110 @@ def series(spec: SpecifierSet, name: str) -> SpecifierSet:
     return SpecifierSet(",".join(out))
 
 
-@dataclass
-class Plan:
-    install: list[Wheel]  # from the wheelhouse, in name order
-    kept: dict[str, str]  # name -> the installed version kept, with the requirement it satisfies
-    never: list[str]  # names required but never installed (torch)
-    missing: list[str]  # required, not kept, not in the wheelhouse: the install cannot proceed
+def resolve(
+    roots: list[Requirement],
+    wheelhouse: Path | None,
+    installed: dict[str, Version | None] | None,
+    python_version: str | None = None,
+    platforms: tuple[str, ...] = (),
+) -> tuple[dict, dict[str, Version]]:
+    """pip's resolution of `roots` (torch dropped from them): its `--dry-run --report` and the installed versions it
+    resolved against.
 
-    def as_dict(self) -> dict:
-        return {
-            "install": [w.path.name for w in self.install],
-            "kept": self.kept,
-            "never": self.never,
-            "missing": self.missing,
-            "install_mib": round(sum(w.path.stat().st_size for w in self.install) / 2**20, 1),
-        }
+    Args:
+        roots: the requirements to satisfy.
+        wheelhouse: the only place to take wheels from (--no-index, pip's configuration ignored); None: pip's
+            configured index.
+        installed: None: this interpreter's packages; otherwise the described node (name → version; None: present,
+            version unknown), shown to an isolated pip as metadata records (see the module docstring).
+        python_version: the target CPython ("3.12"); None: this interpreter's.
+        platforms: the target's wheel platform tags; none: this interpreter's.
+    """
+    if python_version or platforms:
+        import pip
+
+        if tuple(int(x) for x in pip.__version__.split(".")[:2]) < (23, 3):
+            raise ResolutionError(f"resolving for another target needs pip >= 23.3, this is {pip.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp, env = Path(tmp), {**os.environ}
+        if installed is None:
+            seen, cmd = installed_here(), [sys.executable]
+        else:
+            have = {}
+            for w in wheelhouse.glob("*.whl") if wheelhouse else ():
+                name, version, _, _ = parse_wheel_filename(w.name)
+                have[name] = max(version, have.get(name, version))
+            seen = {"torch": installed.get("torch") or Version(torch_pin())}
+            seen |= {
+                n: v or have[n] for n, v in installed.items() if n not in NEVER and (v or n in have.keys() - STRICT)
+            }
+            for name, version in seen.items():
+                record = tmp / "node" / f"{name.replace('-', '_')}-{version}.dist-info"
+                record.mkdir(parents=True)
+                (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            (tmp / "pip").mkdir()
+            (tmp / "pip" / "pip").symlink_to(Path(__import__("pip").__file__).parent)
+            env["PYTHONPATH"] = os.pathsep.join([str(tmp / "pip"), str(tmp / "node")])
+            cmd = [sys.executable, "-S"]
+        (tmp / "node.txt").write_text("".join(f"{n}=={v}\n" for n, v in seen.items() if n in NEVER))
+        cmd += ["-m", "pip", "install", "--dry-run", "--report", str(tmp / "report.json"), "--only-binary=:all:"]
+        cmd += ["-c", str(tmp / "node.txt"), *(str(r) for r in roots if canonicalize_name(r.name) not in NEVER)]
+        if wheelhouse is not None:
+            cmd += ["--isolated", "--no-index", "--find-links", str(wheelhouse)]
+            env["PIP_CONFIG_FILE"] = os.devnull
+        if python_version:
+            cmd += ["--python-version", python_version, "--implementation", "cp"]
+        cmd += [f"--platform={p}" for p in platforms]
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if out.returncode:
+            lines = out.stdout.splitlines()
+            start = next((i for i, line in enumerate(lines) if line.startswith("ERROR")), 0)
+            raise ResolutionError("\n".join(lines[start:]).strip())
+        report = json.loads((tmp / "report.json").read_text())
+    named = [i["metadata"]["name"] for i in report["install"] if canonicalize_name(i["metadata"]["name"]) in NEVER]
+    if named:  # the constraint above makes this unreachable; the guarantee does not rest on it
+        raise ResolutionError(f"pip's plan names {', '.join(named)}, which is never installed")
+    return report, seen
 
 
 def plan(
-    wheels: dict[str, Wheel], roots: list[Requirement], installed: dict[str, Version | None], env: dict[str, str]
-) -> Plan:
-    """What to install from `wheels` so that `roots` and everything they require hold, keeping what `installed`
-    already satisfies and never installing torch.
+    wheelhouse: Path,
+    roots: list[Requirement],
+    installed: dict[str, Version | None] | None,
+    python_version: str | None = None,
+    platforms: tuple[str, ...] = (),
+) -> dict:
+    """What to install from `wheelhouse` so that `roots` and everything they require hold, keeping what the node
+    already satisfies and never installing torch: {"install": wheel file names, "kept": name → the node's version that
+    a requirement of the plan uses, "never", "install_mib"}. Raises ResolutionError with pip's reasons.
 
     Args:
-        wheels: the wheelhouse (`read_wheelhouse`).
-        roots: the project's requirements (`project_requirements`); their `==` pins count as release series for
-            already-installed non-STRICT packages (`series`).
-        installed: name → version on the target (None: present, version unknown, accepted unless STRICT).
-        env: marker variables of the target (`target_environment`).
+        wheelhouse: the folder of wheels.
+        roots: the project's requirements (`project_requirements`); their `==` pins count as release series
+            (`series`).
+        installed: see `resolve`.
+        python_version: see `resolve`.
+        platforms: see `resolve`.
     """
-    specs: dict[str, SpecifierSet] = {}
-    extras: dict[str, set[str]] = {}
-    by: dict[str, list[str]] = {}
-    queue: list[tuple[Requirement, str | None]] = [(r, None) for r in roots]
-    install: dict[str, Wheel] = {}
-    kept: dict[str, str] = {}
-    never: set[str] = set()
-    decided: set[str] = set()
-    while queue:
-        req, parent = queue.pop(0)
-        name = canonicalize_name(req.name)
-        spec = series(req.specifier, name) if parent is None else req.specifier
-        if name in NEVER:
-            never.add(name)
-            continue
-        new_extras = set(req.extras) - extras.get(name, set())
-        new_spec = specs.get(name, SpecifierSet()) & spec
-        changed = name not in decided or new_extras or str(new_spec) != str(specs.get(name, SpecifierSet()))
-        specs[name], extras[name] = new_spec, extras.get(name, set()) | set(req.extras)
-        by.setdefault(name, []).append(parent or "<project>")
-        if not changed:
-            continue
-        decided.add(name)
-        have = installed.get(name, False)
-        have_ok = name in installed and (
-            (have is None and name not in STRICT) or (have is not None and new_spec.contains(have, prereleases=True))
-        )
-        if have_ok and name not in install:
-            kept[name] = f"{have or 'present'} (needs {new_spec or 'any'})"
-            continue
-        kept.pop(name, None)
-        wheel = wheels.get(name)
-        if wheel is None:
-            install.pop(name, None)
-            continue
-        install[name] = wheel
-        for dep in wheel.requires:
-            active = [
-                e for e in ({""} | extras[name]) if dep.marker is None or dep.marker.evaluate({**env, "extra": e})
-            ]
-            if active:
-                queue.append((dep, name))
-    missing = []
-    for name, spec in sorted(specs.items()):
-        if name in kept or name in never:
-            continue
-        wheel = install.get(name)
-        if wheel is None:
-            missing.append(f"{name} {spec or ''} (required by {', '.join(sorted(set(by[name])))})".replace("  ", " "))
-        elif not spec.contains(wheel.version, prereleases=True):
-            missing.append(
-                f"{name} {spec}: the wheelhouse has {wheel.version} (required by {', '.join(sorted(set(by[name])))})"
-            )
-    return Plan(sorted(install.values(), key=lambda w: w.name), dict(sorted(kept.items())), sorted(never), missing)
+    relaxed = []
+    for r in roots:
+        r = Requirement(str(r))
+        r.specifier = series(r.specifier, canonicalize_name(r.name))
+        relaxed.append(r)
+    report, seen = resolve(relaxed, wheelhouse, installed, python_version, platforms)
+    names = {canonicalize_name(i["metadata"]["name"]) for i in report["install"]}
+    files = sorted(Path(unquote(urlparse(i["download_info"]["url"]).path)) for i in report["install"])
+    required = {canonicalize_name(r.name) for r in roots}
+    for item in report["install"]:
+        for dep in map(Requirement, item["metadata"].get("requires_dist", [])):
+            if dep.marker is None or dep.marker.evaluate({**report["environment"], "extra": ""}):
+                required.add(canonicalize_name(dep.name))
+    return {
+        "install": [f.name for f in files],
+        "kept": {n: str(seen[n]) for n in sorted(required - names - NEVER) if n in seen},
+        "never": sorted(NEVER),
+        "install_mib": round(sum(f.stat().st_size for f in files) / 2**20, 1),
+    }
 
 
 def make_venv(folder: Path) -> None:
@@ -354,69 +313,61 @@ def make_venv(folder: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("requirements", help="print the project's requirements for a subset (torch excluded)")
-    r.add_argument("--subset", default="full", choices=["full", "train"])
     v = sub.add_parser("venv", help="make a venv over this interpreter's packages (see make_venv)")
     v.add_argument("dir", type=Path)
-    s = sub.add_parser("stub-torch", help="write the resolver's torch stand-in wheel into DIR")
-    s.add_argument("dir", type=Path)
+    d = sub.add_parser("download", help="download the subset's wheels, torch excepted, from pip's index into DIR")
+    d.add_argument("dir", type=Path)
     q = sub.add_parser("plan", help="the install plan of a wheelhouse for this interpreter or a described node")
     q.add_argument("wheelhouse", type=Path)
-    q.add_argument("--subset", default="train", choices=["full", "train"])
     q.add_argument(
         "--installed",
         default="auto",
         help="auto: what this interpreter has; none: a bare node; or a file of 'name==version' lines",
     )
-    q.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}")
-    q.add_argument("--platform-machine", default="x86_64")
     q.add_argument("--prune", action="store_true", help="delete the wheelhouse's wheels that are not in the plan")
     q.add_argument("--json", type=Path, help="write the plan as JSON here")
     q.add_argument("--wheels", action="store_true", help="print only the paths of the wheels to install")
+    for s in (d, q):
+        s.add_argument("--subset", default="train" if s is q else "full", choices=["full", "train"])
+        s.add_argument("--python-version", help="the target CPython, e.g. 3.12 (default: this interpreter)")
+        s.add_argument("--platform", action="append", default=[], help="a target wheel platform tag (repeatable)")
     args = p.parse_args(argv)
 
-    if args.cmd == "requirements":
-        print("\n".join(str(r) for r in project_requirements(args.subset)))
-        return 0
     if args.cmd == "venv":
         make_venv(args.dir)
         return 0
-    if args.cmd == "stub-torch":
-        print(write_stub_torch(args.dir, torch_pin()))
-        return 0
-    wheels = read_wheelhouse(args.wheelhouse)
-    installed = (
-        installed_here()
-        if args.installed == "auto"
-        else {}
-        if args.installed == "none"
-        else read_installed(Path(args.installed))
-    )
-    result = plan(
-        wheels,
-        project_requirements(args.subset),
-        installed,
-        target_environment(args.python_version, args.platform_machine),
-    )
-    if result.missing:
-        print(f"wheelhouse {args.wheelhouse} cannot satisfy:\n  " + "\n  ".join(result.missing), file=sys.stderr)
+    target = (args.python_version, tuple(args.platform))
+    try:
+        if args.cmd == "download":
+            report, _ = resolve(project_requirements(args.subset), None, {}, *target)
+            pins = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in report["install"]]
+            opts = ["--python-version", target[0], "--implementation", "cp"] if target[0] else []
+            opts += [f"--platform={x}" for x in target[1]]
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *opts]
+            subprocess.run([*cmd, "-d", str(args.dir), *pins], check=True)
+            return 0
+        installed = {"auto": None, "none": {}}.get(args.installed, {})
+        if args.installed not in ("auto", "none"):
+            installed = read_installed(Path(args.installed))
+        result = plan(args.wheelhouse, project_requirements(args.subset), installed, *target)
+    except ResolutionError as e:
+        where = f"wheelhouse {args.wheelhouse}" if args.cmd == "plan" else "the index"
+        print(
+            f"{where} cannot satisfy the {args.subset} subset ('from X': X needs it; else the project):",
+            file=sys.stderr,
+        )
+        print(e, file=sys.stderr)
         return 2
-    if any(w.name in NEVER for w in result.install):  # the invariant the tests check
-        raise AssertionError("torch in an install plan")
     if args.prune:
-        keep = {w.path.name for w in result.install}
         for path in args.wheelhouse.glob("*.whl"):
-            if path.name not in keep:
+            if path.name not in result["install"]:
                 path.unlink()
     if args.json:
-        args.json.write_text(
-            json.dumps({"subset": args.subset, "python_version": args.python_version, **result.as_dict()}, indent=2)
-            + "\n"
-        )
-    if args.wheels:
-        print("\n".join(str(w.path) for w in result.install))
-    else:
-        print(json.dumps(result.as_dict(), indent=2))
+        python = args.python_version or f"{sys.version_info[0]}.{sys.version_info[1]}"
+        args.json.write_text(json.dumps({"subset": args.subset, "python_version": python, **result}, indent=2) + "\n")
+    print(
+        "\n".join(str(args.wheelhouse / n) for n in result["install"]) if args.wheels else json.dumps(result, indent=2)
+    )
     return 0
 
 

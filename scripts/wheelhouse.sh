@@ -31,23 +31,20 @@ if [ ${#platforms[@]} -eq 0 ]; then
   platforms=(manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
   for n in 24 27 28 31 34 35 39; do platforms+=("manylinux_2_${n}_x86_64"); done
 fi
-machine=x86_64
-case "${platforms[0]}" in *aarch64*) machine=aarch64 ;; esac
 PY="${PYTHON:-python3}"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
-"$PY" "$here/offline_install.py" requirements --subset "$subset" > "$tmp/requirements.txt"
-stub="$("$PY" "$here/offline_install.py" stub-torch "$tmp/stub")"
-plat_args=(); for p in "${platforms[@]}"; do plat_args+=(--platform "$p"); done
-echo "wheelhouse: resolving $(wc -l < "$tmp/requirements.txt") requirements for CPython $python_version ${platforms[0]} …" >&2
-# The torch stand-in (a metadata-only wheel) satisfies every torch requirement, so neither torch nor its CUDA
-# libraries are downloaded; it is removed afterwards.
-"$PY" -m pip download -q --only-binary=:all: --implementation cp --python-version "$python_version" \
-  "${plat_args[@]}" --find-links "$tmp/stub" -d "$out" -r "$tmp/requirements.txt"
-rm -f "$out/$(basename "$stub")"
+# pip resolves for the target (scripts/offline_install.py: torch counts as installed, so neither it nor its CUDA
+# libraries are downloaded); resolving for another Python or platform needs pip >= 23.3: a throwaway venv gets one.
+if ! "$PY" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (23, 3))'; then
+  "$PY" -m venv "$tmp/venv" && "$tmp/venv/bin/python" -m pip install -q -U 'pip>=23.3' && PY="$tmp/venv/bin/python"
+fi
+target=(--subset "$subset" --python-version "$python_version"); for p in "${platforms[@]}"; do target+=(--platform "$p"); done
+echo "wheelhouse: resolving the $subset subset for CPython $python_version ${platforms[0]} …" >&2
+"$PY" "$here/offline_install.py" download "$out" "${target[@]}"
 installed=none; [ -z "$node_packages" ] || installed="$node_packages"
-"$PY" "$here/offline_install.py" plan "$out" --subset "$subset" --installed "$installed" \
-  --python-version "$python_version" --platform-machine "$machine" --prune --json "$tmp/plan.json" --wheels >/dev/null
+"$PY" "$here/offline_install.py" plan "$out" "${target[@]}" --installed "$installed" --prune --json "$tmp/plan.json" \
+  --wheels >/dev/null
 "$PY" - "$out" "$tmp/plan.json" "$python_version" "${platforms[0]}" <<'PYEOF'
 import json, sys
 from pathlib import Path
