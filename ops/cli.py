@@ -1,39 +1,19 @@
-"""`cse` command line: look at what the pipeline produced.
+"""`cse` command line: look at what the pipeline produced, run its deployments, publish its models.
 
-    cse report            datasets (and evaluations, when any) in the data root
-    cse sql "SELECT ..."  any SQL over the DuckDB catalog
-    cse verify            check every dataset of the data root (sizes, row counts, content hashes); exit 1 on damage
-                          and mark the damaged ones, so the next stage run quarantines and rebuilds them
-    cse deliver-metrics DIR ...  send the metrics a training job spooled while MLflow was unreachable
-                          (DIR = its job folder, $CSE_HOME/runs/<method>/<key>) to its MLflow run
-    cse card RUN_DIR      (re)write the model card (README.md) of a finished job's export from its recorded result,
-                          its MLflow run (config, hashes, commit, registered version) and its checkpoint
-    cse push EXPORT_DIR REPO_ID [--private] [--revision R] [--token-env VAR]
-                          upload an export folder with its model card to the Hugging Face hub; prints the URL
-
-    cse run DEPLOYMENT [-p key=value ...] [--timeout S] [--quiet]
-                          run a deployment through the worker and follow it (`-p 'config={"mask_ratio": 0.15}'`: JSON
-                          values): a line per stage, each stage's cache hit or write, the training steps' progress bar
-                          (loss, last dev score, ETA), then the STS table beside the backbone before training and the
-                          paper's row, the MLflow run id and the Prefect and MLflow pages; on failure the failing task's
-                          reason, exit 1. --quiet: the changes of state and, at the end, the stage lines only
-    cse deployments       the deployments on the Prefect server (FLOW/DEPLOYMENT and what each does)
-
-    cse dataset KIND [KEY] [--hf]  where a dataset is and what it holds (KEY: the newest of KIND when left out);
-                          --hf prints one line of Python that opens it as a Hugging Face `Dataset`, memory-mapped
-
-Errors print one line (`cse: error: ...`) and exit with status 2; `cse --debug ...` shows the traceback.
+`cse COMMAND -h` says what a command does. Errors print one line (`cse: error: ...`) and exit with status 2;
+`cse --debug ...` shows the traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from contextlib import contextmanager
+from typing import Annotated, Literal
 
 import duckdb
 import pandas as pd
+import typer
 
 from cse.config.methods import DEFAULT_METHOD
 from cse.config.secrets import install_log_redaction, redact
@@ -54,6 +34,48 @@ PRODUCED_BY = {
     "generator": ("fit-generator/default", ""),
 }
 
+# The commands: each `@app.command()` below, its docstring its help; `main` runs them (errors as one line)
+app = typer.Typer(
+    add_completion=False, help=__doc__, rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]}
+)
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False) -> None:
+    """`--debug`, declared for the help: `main` takes it out of the command line wherever it is."""
+
+
+def _nonblank(_ctx, param, text: str) -> str:
+    """The value of `param` when it holds more than whitespace (`""` is not "the current folder")."""
+    if not text.strip():
+        raise typer.BadParameter(f"the {param.metavar} is empty")
+    return text
+
+
+def _arg(metavar: str, help: str | None = None, nonblank: bool = True):
+    """A positional argument, refused when empty (`nonblank`)."""
+    return typer.Argument(metavar=metavar, callback=_nonblank if nonblank else None, help=help)
+
+
+def _flag(name: str, help: str):
+    """An option without a value (`--quiet`, never `--no-quiet`)."""
+    return typer.Option(name, help=help)
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds > 0 (`cse run --timeout`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise typer.BadParameter(f"{text!r}: the timeout must be a finite number of seconds > 0")
+    return value
+
+
+def _data_root() -> DataRoot:
+    return DataRoot(get_settings().data_root)
+
 
 def _print(df: pd.DataFrame, decimals: dict[str, int] | None = None) -> None:
     """Print `df` without its index; the float columns of `decimals` with that many decimals; a missing value is `-`
@@ -72,13 +94,10 @@ def _views(root: DataRoot) -> list[str]:
     return query(root, "SELECT table_name FROM information_schema.tables ORDER BY 1").table_name.tolist()
 
 
-def report(root: DataRoot) -> None:
-    """Print a report of the data root: datasets, damaged datasets, corruption statistics and evaluations.
-
-    Args:
-        root: the data root.
-    """
-    refresh_catalog(root)
+@app.command()
+def report() -> int:
+    """Datasets and evaluations in the data root. With the damaged datasets and the corruption statistics."""
+    refresh_catalog(root := _data_root())
     print(f"Data root: {root.root}\n\nDatasets:")
     _print(
         query(
@@ -119,10 +138,12 @@ def report(root: DataRoot) -> None:
             ),
             {**dict.fromkeys(scores, 2), "align": 4, "uniform": 4},
         )
+    return 0
 
 
+@app.command()
 def deployments() -> int:
-    """Print every deployment on the Prefect server (`cse run` takes these names) with what it does."""
+    """The deployments on the Prefect server. Each as FLOW/DEPLOYMENT (what `cse run` takes), with what it does."""
     import asyncio
 
     from cse.ops.deployments import list_deployments
@@ -136,8 +157,14 @@ def deployments() -> int:
     return 0
 
 
-def deliver_metrics(run_dirs: list[str]) -> int:
-    """Deliver the spool of every job folder; exit status 1 when one could not be delivered."""
+@app.command("deliver-metrics")
+def deliver_metrics(
+    run_dirs: Annotated[list[str], _arg("RUN_DIR", "job folder ($CSE_HOME/runs/<method>/<key>)", nonblank=False)],
+) -> int:
+    """Deliver metrics spooled while MLflow was unreachable.
+
+    What each job spooled goes to its MLflow run; exit status 1 when a job's metrics could not be delivered.
+    """
     from cse.storage.runs import RunDir
     from cse.tracking.spool import SpoolNotDelivered, deliver_spool
 
@@ -171,9 +198,20 @@ def interactive_mlflow():
             os.environ.pop(k, None)
 
 
-def card(run_dir: str, adapter: str | None = None) -> int:
-    """Write the model card of a finished job's export and of its PEFT adapter folder (`adapter`, default the job's own
-    `peft-adapter/` when it has one): one card, rendered once, written into both so that `cse push` takes either."""
+@app.command()
+def card(
+    run_dir: Annotated[str, _arg("RUN_DIR", "job folder ($CSE_HOME/runs/<method>/<key>)")],
+    adapter: Annotated[
+        str | None,
+        typer.Option(metavar="DIR", help="the job's PEFT adapter folder: listed in the card, and given the card too"),
+    ] = None,
+) -> int:
+    """(Re)write the model card of a finished job's export.
+
+    The card (README.md) comes from the job's recorded result, its MLflow run (config, hashes, commit, registered
+    version) and its checkpoint. One card, rendered once, is written into the export and into the PEFT adapter folder
+    (--adapter, default the job's own `peft-adapter/` when it has one), so that `cse push` takes either.
+    """
     from cse.storage.runs import RunDir
     from cse.tracking.model_card import AdapterInfo, card_facts_of_job, write_model_cards
 
@@ -191,8 +229,23 @@ def card(run_dir: str, adapter: str | None = None) -> int:
     return 0
 
 
-def push(export_dir: str, repo_id: str, private: bool, revision: str | None, token_env: str | None) -> int:
-    """Upload an export folder to the hub (ops/publish.py) and print where it went."""
+@app.command()
+def push(
+    export_dir: Annotated[str, _arg("EXPORT_DIR", "a sentence-transformers export or a PEFT adapter folder")],
+    repo_id: Annotated[str, _arg("REPO_ID", "hub model repository (owner/name), created when missing")],
+    private: Annotated[bool, _flag("--private", "create the repository private")] = False,
+    revision: Annotated[
+        str | None, typer.Option(metavar="BRANCH", help="branch to commit to (created when missing; default: main)")
+    ] = None,
+    token_env: Annotated[
+        str | None,
+        typer.Option(
+            metavar="VAR",
+            help="environment variable holding the hub token (default: HF_TOKEN when set, else the hub's stored login)",
+        ),
+    ] = None,
+) -> int:
+    """Upload an export folder to the Hugging Face hub. With its model card; prints the URL."""
     from cse.ops.publish import push_export
 
     result = push_export(export_dir, repo_id, private=private, revision=revision, token_env=token_env)
@@ -200,11 +253,20 @@ def push(export_dir: str, repo_id: str, private: bool, revision: str | None, tok
     return 0
 
 
-def dataset(root: DataRoot, kind: str, key: str | None, hf: bool) -> int:
-    """Print where dataset `kind/key` (default: the newest of `kind`) is and what it holds, or with `hf` the Python
-    line that opens it as an HF `Dataset` (its Arrow copy is built first when the dataset predates it)."""
+@app.command()
+def dataset(
+    kind: Annotated[Literal[KINDS], _arg("KIND", nonblank=False)],
+    key: Annotated[str | None, _arg("KEY", "dataset key (default: the newest dataset of KIND)", nonblank=False)] = None,
+    hf: Annotated[bool, _flag("--hf", "print a Python line opening it as a memory-mapped HF Dataset")] = False,
+) -> int:
+    """Where a dataset is and what it holds.
+
+    KEY: the newest of KIND when left out. --hf prints one line of Python that opens it as a Hugging Face `Dataset`,
+    memory-mapped (its Arrow copy is built first when the dataset predates it).
+    """
     from cse.storage.hf import ensure_arrow_copy, find_dataset
 
+    root = _data_root()
     if key is None and not root.list(kind) and not root.dataset_dirs(kind):
         deployment, note = PRODUCED_BY[kind]
         raise FileNotFoundError(
@@ -224,15 +286,24 @@ def dataset(root: DataRoot, kind: str, key: str | None, hf: bool) -> int:
     return 0
 
 
-def verify(root: DataRoot, full: bool = True, move: bool = False) -> int:
-    """Check every dataset of the data root; print what is damaged (kind, key, file, what). Damaged datasets are
-    marked (`damaged.json`: the next stage run that needs one quarantines and rebuilds it) or, with `move`, moved
-    to the quarantine now. Returns 1 when something is damaged, else 0.
+@app.command()
+def verify(
+    quick: Annotated[bool, _flag("--quick", "sizes and row counts only (no content hashes)")] = False,
+    move: Annotated[bool, _flag("--quarantine", "move damaged datasets to the quarantine now")] = False,
+) -> int:
+    """Check every dataset of the data root; exit 1 on damage.
+
+    Sizes, row counts and content hashes (--quick: no hashes). Prints what is damaged (kind, key, file, what).
+    Damaged datasets are marked (`damaged.json`: the next stage run that needs one quarantines and rebuilds it) or,
+    with --quarantine, moved to the quarantine now.
 
     Only the repairs write, and each says so: marking, moving, clearing the mark of a dataset a full check finds intact
     again. Nothing else is written, so a read-only data root is checked all the same (a repair it cannot make is said,
-    not an error)."""
+    not an error).
+    """
     from cse.storage.integrity import DAMAGED_MARKER, check_dataset, mark_damaged, quarantine
+
+    root, full = _data_root(), not quick
 
     checked, bad, not_written = 0, 0, []
     for kind in KINDS:
@@ -301,6 +372,61 @@ def _one_line(e: BaseException) -> str:
     return redact(f"{type(e).__name__}: {text}")
 
 
+@app.command(context_settings={"ignore_unknown_options": True})  # (SQL may begin with a `--` comment)
+def sql(sql: Annotated[str, _arg("SQL")]) -> int:
+    """Any SQL over the DuckDB catalog (`cse sql "SELECT ..."`)."""
+    refresh_catalog(root := _data_root())
+    try:
+        df = query(root, sql)
+    except duckdb.CatalogException as e:  # a view missing because its datasets are damaged: say which
+        if bad := damaged(root):
+            raise RuntimeError(
+                f"{' '.join(str(e).split())}; damaged datasets left out of the catalog: " + "; ".join(map(str, bad))
+            ) from e
+        first = str(e).split("\nLINE ")[0]
+        raise SqlError(f"{first} (views: {', '.join(_views(root)) or 'none yet: run a stage first'})") from e
+    except duckdb.Error as e:
+        if _read_failure(e):
+            raise
+        raise SqlError(str(e)) from e
+    _print(df)
+    return 0
+
+
+@app.command()
+def run(
+    deployment: Annotated[
+        str, _arg("DEPLOYMENT", f"FLOW/DEPLOYMENT, e.g. train-{DEFAULT_METHOD}/smoke", nonblank=False)
+    ],
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-p",
+            "--param",
+            metavar="KEY=VALUE",
+            help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(metavar="S", parser=_seconds, help="stop waiting after S (> 0) seconds (the run goes on)"),
+    ] = None,
+    quiet: Annotated[
+        bool, _flag("--quiet", "no progress or summary: the changes of state, then the stage lines")
+    ] = False,
+) -> int:
+    """Run a deployment, follow it, say why it failed.
+
+    Through the worker; `-p 'config={"mask_ratio": 0.15}'`: JSON values. Prints a line per stage, each stage's cache
+    hit or write, the training steps' progress bar (loss, last dev score, ETA), then the STS table beside the backbone
+    before training and the paper's row, the MLflow run id and the Prefect and MLflow pages; on failure the failing
+    task's reason, exit 1. --quiet: the changes of state and, at the end, the stage lines only.
+    """
+    from cse.ops.deployments import run_deployment_cli
+
+    return run_deployment_cli(deployment, param or [], timeout_s=timeout, quiet=quiet)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `cse` command line: run a command, printing an error as one line (`--debug` shows the traceback).
 
@@ -314,12 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     install_log_redaction()  # no credential in clear in any warning a command logs
     debug = "--debug" in argv
     try:
-        return _main([a for a in argv if a != "--debug"])
+        command = typer.main.get_command(app)
+        return command.main([a for a in argv if a != "--debug"], prog_name="cse", standalone_mode=False) or 0
     except Exception as e:  # one clear line instead of a traceback (--debug shows it)
         if debug:
             raise
-        if isinstance(e, UsageError):
-            print(f"cse: error: {redact(e)}", file=sys.stderr)
+        if isinstance(e, typer.TyperException):  # a usage error: it names the option or argument, then the usage
+            usage = f" ({' '.join(e.ctx.get_usage().split())})" if getattr(e, "ctx", None) else ""
+            message = e.format_message().replace("Value error, ", "")  # (how typer's pydantic words a ValueError)
+            print(f"cse: error: {redact(message)}{usage}", file=sys.stderr)
             return 2
         if isinstance(e, SqlError):
             text = str(e).split("\nLINE ")[0]  # (DuckDB's caret drawing does not survive one line)
@@ -334,140 +463,6 @@ def main(argv: list[str] | None = None) -> int:
             hint = " (a damaged dataset file? `cse verify` checks the data root)"
         print(f"cse: error: {_one_line(e)}{hint}", file=sys.stderr)
         return 2
-
-
-def _nonblank(what: str):
-    """An argparse type: the text when it holds more than whitespace (`""` is not "the current folder")."""
-
-    def check(text: str) -> str:
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f"{what} is empty")
-        return text
-
-    check.__name__ = what  # argparse names the type in its message
-    return check
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: the timeout must be a finite number of seconds > 0")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one `cse: error:` line (exit 2) like every other error, not a usage dump."""
-
-    def error(self, message: str):
-        raise UsageError(f"{message} ({' '.join(self.format_usage().split())})")
-
-
-class UsageError(ValueError):
-    """A command line argparse refuses (an empty SQL text, a negative timeout, a missing argument)."""
-
-
-def _main(argv: list[str]) -> int:
-    p = _Parser(prog="cse", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("report", help="datasets and evaluations in the data root")
-    q = sub.add_parser("sql", help="run SQL over the DuckDB catalog")
-    q.add_argument("sql", type=_nonblank("the SQL"))
-    d = sub.add_parser("deliver-metrics", help="deliver metrics spooled while the MLflow server was unreachable")
-    d.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)")
-    v = sub.add_parser("verify", help="check every dataset of the data root; exit 1 on damage")
-    v.add_argument("--quick", action="store_true", help="sizes and row counts only (no content hashes)")
-    v.add_argument("--quarantine", action="store_true", help="move damaged datasets to the quarantine now")
-    c = sub.add_parser("card", help="(re)write the model card of a finished training job's export")
-    c.add_argument(
-        "run_dir", type=_nonblank("RUN_DIR"), metavar="RUN_DIR", help="job folder ($CSE_HOME/runs/<method>/<key>)"
-    )
-    c.add_argument(
-        "--adapter", metavar="DIR", help="the job's PEFT adapter folder: listed in the card, and given the card too"
-    )
-    u = sub.add_parser("push", help="upload an export folder (with its model card) to the Hugging Face hub")
-    u.add_argument(
-        "export_dir",
-        type=_nonblank("EXPORT_DIR"),
-        metavar="EXPORT_DIR",
-        help="a sentence-transformers export or a PEFT adapter folder",
-    )
-    u.add_argument(
-        "repo_id",
-        type=_nonblank("REPO_ID"),
-        metavar="REPO_ID",
-        help="hub model repository (owner/name), created when missing",
-    )
-    u.add_argument("--private", action="store_true", help="create the repository private")
-    u.add_argument("--revision", help="branch to commit to (created when missing; default: main)")
-    u.add_argument(
-        "--token-env",
-        metavar="VAR",
-        help="environment variable holding the hub token (default: HF_TOKEN when set, else the hub's stored login)",
-    )
-    dp = sub.add_parser(
-        "dataset", help="where a dataset is and what it holds; --hf: the line that opens it in HF datasets"
-    )
-    dp.add_argument("kind", choices=KINDS)
-    dp.add_argument("key", nargs="?", help="dataset key (default: the newest dataset of KIND)")
-    dp.add_argument("--hf", action="store_true", help="print a Python line opening it as a memory-mapped HF Dataset")
-    r = sub.add_parser("run", help="run a deployment, wait, and print why it failed when it did")
-    r.add_argument("deployment", metavar="DEPLOYMENT", help=f"FLOW/DEPLOYMENT, e.g. train-{DEFAULT_METHOD}/smoke")
-    r.add_argument(
-        "-p",
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a flow parameter (VALUE is JSON when it parses as JSON, else a string); repeatable",
-    )
-    r.add_argument("--timeout", type=_seconds, metavar="S", help="stop waiting after S (> 0) seconds (the run goes on)")
-    r.add_argument(
-        "--quiet", action="store_true", help="no progress or summary: the changes of state, then the stage lines"
-    )
-    sub.add_parser("deployments", help="the deployments on the Prefect server")
-    args = p.parse_args(argv)
-    if args.cmd == "run":
-        from cse.ops.deployments import run_deployment_cli
-
-        return run_deployment_cli(args.deployment, args.param, timeout_s=args.timeout, quiet=args.quiet)
-    if args.cmd == "deployments":
-        return deployments()
-    if args.cmd == "deliver-metrics":
-        return deliver_metrics(args.run_dirs)
-    if args.cmd == "card":
-        return card(args.run_dir, args.adapter)
-    if args.cmd == "push":
-        return push(args.export_dir, args.repo_id, args.private, args.revision, args.token_env)
-    root = DataRoot(get_settings().data_root)
-    if args.cmd == "verify":
-        return verify(root, full=not args.quick, move=args.quarantine)
-    if args.cmd == "dataset":
-        return dataset(root, args.kind, args.key, args.hf)
-    if args.cmd == "report":
-        report(root)
-    else:
-        refresh_catalog(root)
-        try:
-            df = query(root, args.sql)
-        except duckdb.CatalogException as e:  # a view missing because its datasets are damaged: say which
-            if bad := damaged(root):
-                raise RuntimeError(
-                    f"{' '.join(str(e).split())}; damaged datasets left out of the catalog: "
-                    + "; ".join(str(p) for p in bad)
-                ) from e
-            first = str(e).split("\nLINE ")[0]
-            raise SqlError(f"{first} (views: {', '.join(_views(root)) or 'none yet: run a stage first'})") from e
-        except duckdb.Error as e:
-            if _read_failure(e):
-                raise
-            raise SqlError(str(e)) from e
-        _print(df)
-    return 0
 
 
 if __name__ == "__main__":
