@@ -20,8 +20,8 @@ from cse.config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, Corrupt
 from cse.config.training import presets_for, required_variants, resolve_train_config
 from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 from cse.storage.training_data import CorruptionRows, TokenRows
-from cse.training.loop import LoopConfig, Trainer
 from cse.training.rows import TrainingRows
+from tests.loops import cpu_trainer, loop_config
 
 CORRUPTING = [(m, p) for m in PRESETS for p in PRESETS[m] if model_class(m).uses_corruption]
 
@@ -233,30 +233,9 @@ def test_ablation_b_discriminator_has_its_own_group_and_learning_rate(tiny_bert_
     assert not any(id(p) in disc for p in groups[0]["params"])
     assert sum(len(g["params"]) for g in groups) == len([p for p in model.parameters() if p.requires_grad])
 
-    loop = LoopConfig(
-        batch_size=4,
-        learning_rate=0.02,
-        epochs=1,
-        max_steps=1,
-        grad_clip=1.0,
-        seed=0,
-        eval_steps=100,
-        checkpoint_steps=100,
-        log_steps=1,
-        precision="fp32",
-        deterministic=True,
-    )
     logged = []
-    trainer = Trainer(
-        model,
-        _rows(1, 2),
-        loop,
-        torch.device("cpu"),
-        tmp_path / "state",
-        lambda *a: None,
-        lambda m: 0.0,
-        lambda m, s: logged.append(m),
-    )
+    loop = loop_config(learning_rate=0.02, max_steps=1)
+    trainer = cpu_trainer(model, _rows(1, 2), loop, tmp_path / "state", log_metrics=lambda m, s: logged.append(m))
     assert [g["lr"] for g in trainer.optimizer.param_groups] == [0.02, 7e-6]
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     trainer.run()

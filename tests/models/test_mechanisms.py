@@ -28,9 +28,10 @@ from cse.models.methods.diffaug import DiffAug, DiffAugConfig
 from cse.models.methods.diffcse import DiffCSE, DiffCSEConfig
 from cse.models.methods.simcse import SimCSE, SimCSEConfig
 from cse.storage.training_data import CorruptionRows, TokenRows
-from cse.training.loop import LoopConfig, Phase, Trainer
+from cse.training.loop import Phase, Trainer
 from cse.training.rows import TrainingRows
 from tests.batches import SENTENCES, corrupted_views
+from tests.loops import cpu_trainer, loop_config
 
 B, T, D = 4, 9, 32
 SEED = 1234
@@ -220,22 +221,8 @@ def rows_of(tokenizer):
 
 
 def _train(model, phases: list[Phase], tmp_path, lr: float = 1e-2) -> Trainer:
-    cfg = LoopConfig(
-        batch_size=4,
-        learning_rate=lr,
-        epochs=1,
-        max_steps=2,
-        grad_clip=1.0,
-        seed=7,
-        eval_steps=100,
-        checkpoint_steps=100,
-        log_steps=100,
-        precision="fp32",
-        deterministic=True,
-    )
-    trainer = Trainer(
-        model, phases, cfg, torch.device("cpu"), tmp_path / "state", lambda *a: None, lambda m: 0.0, lambda *a: None
-    )
+    cfg = loop_config(learning_rate=lr, max_steps=2, seed=7, log_steps=100)
+    trainer = cpu_trainer(model, phases, cfg, tmp_path / "state")
     trainer.run()
     return trainer
 

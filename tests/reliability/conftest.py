@@ -15,6 +15,7 @@ from cse.config.stages import IngestConfig, NliSource, SentEvalSource, TokenizeC
 from cse.config.training import resolve_train_config
 from cse.storage.layout import DataRoot
 from cse.tracking.store import configure_mlflow
+from tests.loops import loop_config
 
 WIKI_LINES = 300
 NLI_ROWS = 200
@@ -165,22 +166,9 @@ def eight_rows_and_loop(lr: float, precision: str = "fp32", checkpoint_steps: in
     import numpy as np
 
     from cse.storage.training_data import TokenRows
-    from cse.training.loop import LoopConfig
     from cse.training.rows import TrainingRows
 
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(
-        batch_size=4,
-        learning_rate=lr,
-        epochs=2,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=0,
-        eval_steps=100,
-        checkpoint_steps=checkpoint_steps,
-        log_steps=1,
-        precision=precision,
-        deterministic=True,
-    )
+    loop = loop_config(learning_rate=lr, epochs=2, checkpoint_steps=checkpoint_steps, precision=precision)
     return rows, loop

@@ -11,6 +11,7 @@ from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
 from cse.training.rows import TrainingRows, epoch_order
+from tests.loops import loop_config
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +45,8 @@ def _model(tiny_bert_dir) -> D2CSE:
 
 
 def _loop(**kw) -> LoopConfig:
-    base = dict(
-        batch_size=16,
-        learning_rate=0.02,
-        epochs=2,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=7,
-        eval_steps=4,
-        checkpoint_steps=4,
-        log_steps=2,
-        precision="fp32",
-        deterministic=True,
-    )
-    return LoopConfig(**{**base, **kw})
+    base = {"batch_size": 16, "learning_rate": 0.02, "epochs": 2, "seed": 7, "eval_steps": 4, "checkpoint_steps": 4}
+    return loop_config(**{**base, "log_steps": 2, **kw})
 
 
 class Recorder:

@@ -11,8 +11,9 @@ import torch
 from cse.models.method import StepOutput
 from cse.storage.runs import ResumeState, RunDir
 from cse.storage.training_data import TokenRows
-from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
+from cse.training.loop import StopAfter, Trainer, TrainingInterrupted
 from cse.training.rows import TrainingRows
+from tests.loops import cpu_trainer, loop_config
 
 
 class Weighted(torch.nn.Module):
@@ -31,31 +32,10 @@ class Weighted(torch.nn.Module):
 def _trainer(state, stop_after=None, hooks=(), **loop_kw) -> Trainer:
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(
-        batch_size=4,
-        learning_rate=0.01,
-        epochs=2,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=0,
-        eval_steps=2,
-        checkpoint_steps=2,
-        log_steps=1,
-        precision="fp32",
-        deterministic=True,
-        **loop_kw,
-    )
+    loop = loop_config(epochs=2, eval_steps=2, checkpoint_steps=2, **loop_kw)
     torch.manual_seed(0)
-    return Trainer(
-        Weighted(),
-        rows,
-        loop,
-        torch.device("cpu"),
-        state,
-        lambda *a: None,
-        lambda m: 0.0,
-        lambda *a: None,
-        hooks=[*hooks, *([StopAfter(stop_after)] if stop_after is not None else [])],
+    return cpu_trainer(
+        Weighted(), rows, loop, state, hooks=[*hooks, *([StopAfter(stop_after)] if stop_after is not None else [])]
     )
 
 

@@ -37,6 +37,7 @@ from cse.models.method import set_backbone_dropout
 from cse.training.loop import LoopConfig, NonFiniteLoss, Trainer, TrainerHooks
 from cse.training.precision import FrozenLinearCast
 from cse.training.rows import TrainingRows
+from tests.loops import loop_config
 from tests.tolerance import assert_close_scaled
 
 BATCH, LENGTH = 4, 12
@@ -200,20 +201,8 @@ def _rows(tok) -> TrainingRows:
 
 
 def _loop(**kw) -> LoopConfig:
-    base = dict(
-        batch_size=BATCH,
-        learning_rate=1e-3,
-        epochs=1,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=3,
-        eval_steps=10**6,
-        checkpoint_steps=2,
-        log_steps=4,
-        precision="fp32",
-        deterministic=True,
-    )
-    return LoopConfig(**{**base, **kw})
+    base = {"batch_size": BATCH, "learning_rate": 1e-3, "seed": 3, "eval_steps": 10**6, "checkpoint_steps": 2}
+    return loop_config(**{**base, "log_steps": 4, **kw})
 
 
 def _simcse(tok):
