@@ -301,9 +301,12 @@ def test_transfer_config_presets_and_comparison():
 
 
 @pytest.mark.slow  # a training flow under the Prefect harness
-def test_training_selects_on_the_transfer_dev_average(prefect_harness, tiny_bert_dir, shared_data, monkeypatch):
+def test_training_selects_on_the_transfer_dev_average(
+    prefect_harness, tiny_bert_dir, shared_data, wiki_head, senteval_head, monkeypatch
+):
     """selection: transfer logs transfer_dev_avg every eval step, keeps the best one and test-evaluates on the transfer
-    tasks too (a subset of the data through `cse.training.job.transfer_evaluator`, to stay cheap)."""
+    tasks too (a subset of the data through `cse.training.job.transfer_evaluator`, to stay cheap; the Wiki1M and STS
+    inputs are the heads of the shared files, `wiki_head` and `senteval_head`, for the same reason)."""
     import cse.training.job as train_task
     from cse.flows.train import TRAIN_FLOWS
     from cse.storage.transfer import load_transfer_input
@@ -323,8 +326,8 @@ def test_training_selects_on_the_transfer_dev_average(prefect_harness, tiny_bert
         "selection": "transfer",
         "ingest": {
             "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
-            "senteval": {"path": str(shared_data / "senteval")},
+            "wiki": {"path": str(wiki_head)},
+            "senteval": {"path": str(senteval_head), "expected_rows": None},
         },
     }
     result = TRAIN_FLOWS["simcse"]("smoke", overrides)

@@ -18,8 +18,21 @@ from cse.training.loop import TrainingInterrupted
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
 
+WIKI_ROWS = 1_000  # the Wiki1M sample the smoke flow reads: the first 1,000 lines of the shared wiki1m_head.txt
+
+
+@pytest.fixture(scope="module")
+def wiki_sample(shared_data, tmp_path_factory) -> Path:
+    """The head of the shared Wiki1M sample under the sample's own file name (the card names the file): the
+    corruption stage corrupts every row of it, so fewer rows make the flow faster; the job trains on 256 of them."""
+    path = tmp_path_factory.mktemp("wiki_sample") / "wiki1m_head.txt"
+    with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
+        path.write_text("".join(line for _, line in zip(range(WIKI_ROWS), f)), encoding="utf-8")
+    return path
+
+
 @pytest.fixture
-def overrides(tiny_bert_dir, shared_data):
+def overrides(tiny_bert_dir, shared_data, wiki_sample):
     return {
         "backbone": str(tiny_bert_dir),
         "max_steps": 8,
@@ -27,7 +40,7 @@ def overrides(tiny_bert_dir, shared_data):
         "max_train_sentences": 256,
         "ingest": {
             "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(shared_data / "wiki1m_head.txt")},
+            "wiki": {"path": str(wiki_sample)},
             "senteval": {"path": str(shared_data / "senteval")},
         },
     }
@@ -86,7 +99,7 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     for true, rolled, gap in zip(probe["rtd_loss_true_h"], probe["rtd_loss_rolled_h"], probe["rtd_h_gap"]):
         assert gap.value == pytest.approx(rolled.value - true.value, abs=1e-6)
     assert run.data.params["rtd_probe_rows"] == (
-        "the last 64 of 11,913 sentences (text), never trained on (the job trains on the first 256); "
+        f"the last 64 of {WIKI_ROWS:,} sentences (text), never trained on (the job trains on the first 256); "
         "corruption variant 0"
     )
     assert "**RTD mechanism probe**" in note and "| rtd_h_gap (rolled − true) |" in note
@@ -164,7 +177,10 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
         assert run.data.tags["git_commit"] in card and run.data.tags["corruption_hash"] in card
         assert f"models:/{version.name}/{version.version}" in card
         # the data it really trained on (the local sample, its rows, what the job used) and no temporary folder
-        assert "| wiki1m | `wiki1m_head.txt` | local file | 11,913 | **a sample**: 11,913 of the full 1,000,000" in card
+        assert (
+            f"| wiki1m | `wiki1m_head.txt` | local file | {WIKI_ROWS:,} | **a sample**: {WIKI_ROWS:,} of the full "
+            "1,000,000"
+        ) in card
         assert "The job trained on the first 256 rows (`max_train_sentences: 256`) of wiki1m: 8 optimiser steps" in card
         assert str(tiny_bert_dir.parent) not in card and "/tmp/" not in card
         assert "trust_remote_code=True" in card and "cse_prompted_encoder.py" in card  # the bundled module
@@ -174,13 +190,25 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     assert len(bodies) == 1
 
 
-def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides):
+def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides, wiki_head, senteval_head):
+    """Killed after step 6, rerun: it resumes from the step-4 checkpoint in the same MLflow run. On the heads of the
+    shared files (512 Wiki1M lines, 24 lines of every SentEval file): the corruption stage corrupts all of the corpus,
+    and the dev evaluations only need a score."""
+    small = {
+        **overrides,
+        "test_evaluation": False,
+        "ingest": {
+            "datasets": ["wiki1m", "sts"],
+            "wiki": {"path": str(wiki_head)},
+            "senteval": {"path": str(senteval_head), "expected_rows": None},
+        },
+    }
     with pytest.raises(TrainingInterrupted):
-        train_d2cse("smoke", {**overrides, "test_evaluation": False}, stop_after=6)
+        train_d2cse("smoke", small, stop_after=6)
     configure_mlflow()
     runs = mlflow.search_runs(experiment_names=["d2cse"], output_format="list")
     assert [r.info.status for r in runs] == ["KILLED"]
-    result = train_d2cse("smoke", {**overrides, "test_evaluation": False})
+    result = train_d2cse("smoke", small)
     assert result.resumed_from == 4 and result.steps == 8
     assert result.run_id == runs[0].info.run_id
     assert mlflow.get_run(result.run_id).info.status == "FINISHED"

@@ -58,6 +58,8 @@ def followed(prefect_harness, tmp_path_factory, shared_data, senteval_head):
         PREFECT_API_URL=PREFECT_API_URL.value(),
         PREFECT_HOME=str(top / "prefect"),
         PREFECT_WORKER_QUERY_SECONDS="1",
+        # log batches every 0.5 s (default 2 s): `cse run` reads the last lines after one short quiet interval
+        PREFECT_LOGGING_TO_API_BATCH_INTERVAL="0.5",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         CSE_HOME=str(home),
         CSE_SOURCE_MIRROR="",

@@ -120,14 +120,21 @@ def server_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("mlflow_server")  # one store for the module: only the first start migrates it
 
 
-@pytest.fixture
-def server(server_root, monkeypatch):
+@pytest.fixture(scope="module")
+def module_server(server_root):
+    """One server for the module: a test that finds it running (the previous test restarted it) uses it as it is
+    (each start costs seconds), one that finds it stopped starts it; it is killed after the last test."""
     srv = MlflowServer(server_root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", srv.uri)
     try:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture
+def server(module_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", module_server.uri)
+    return module_server
 
 
 class Outage:
@@ -189,7 +196,8 @@ def _tracking_warnings(caplog) -> list[str]:
 
 
 def test_server_killed_and_restarted_during_training(server, train, tmp_path, caplog):
-    server.start()
+    if not server.running:
+        server.start()
     run_id = _new_run("outage")
     run_dir = RunDir("d2cse", "outage", home=tmp_path)
     run_dir.set_mlflow_run_id(run_id)
@@ -227,7 +235,8 @@ def test_server_killed_and_restarted_during_training(server, train, tmp_path, ca
 
 
 def test_server_down_until_the_end_then_delivered(server, train, caplog, capsys):
-    server.start()
+    if not server.running:  # (running: the previous test restarted it)
+        server.start()
     run_id = _new_run("late")
     run_dir = RunDir("d2cse", "late")  # under $CSE_HOME: `cse deliver-metrics` refuses a folder outside it
     run_dir.set_mlflow_run_id(run_id)
