@@ -33,6 +33,7 @@ from cse.models.distributed import (
     shard_bounds,
 )
 from tests.batches import default_dtype
+from tests.loops import cpu_trainer, loop_config
 
 WORLD = 2
 SMALL_VOCAB = 120
@@ -233,22 +234,10 @@ def _train_indefault_dtype(state_dir: Path, stop_after: int | None = None, chunk
     """D2CSE (BN-MLP + RTD) through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4 rows);
     `chunk`: grad_cache's chunk size."""
     from cse.models.checkpoint import trainable_state_dict
-    from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
+    from cse.training.loop import StopAfter, Trainer, TrainingInterrupted
 
-    loop = LoopConfig(
-        batch_size=6,
-        learning_rate=0.01,
-        epochs=2,
-        max_steps=None,
-        grad_clip=0.5,
-        seed=5,
-        eval_steps=3,
-        checkpoint_steps=3,
-        log_steps=2,
-        precision="fp32",
-        deterministic=True,
-        grad_cache_chunk_size=chunk,
-    )
+    shape = {"batch_size": 6, "epochs": 2, "grad_clip": 0.5, "seed": 5, "eval_steps": 3, "checkpoint_steps": 3}
+    loop = loop_config(**shape, log_steps=2, grad_cache_chunk_size=chunk)
     model, rec = _build("d2cse"), Recorder()
     trainer = Trainer(
         model,
@@ -296,34 +285,11 @@ class LocalMean(torch.nn.Module):
 
 def _local_mean_is_refused(tmp: Path) -> str:
     from cse.storage.training_data import TokenRows
-    from cse.training.loop import LoopConfig, Trainer
     from cse.training.rows import TrainingRows
 
     seqs = [np.array([1, i + 3, 2]) for i in range(8)]
     rows = TrainingRows(TokenRows(ids=np.arange(8), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(
-        batch_size=4,
-        learning_rate=0.1,
-        epochs=1,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=0,
-        eval_steps=100,
-        checkpoint_steps=100,
-        log_steps=1,
-        precision="fp32",
-        deterministic=False,
-    )
-    trainer = Trainer(
-        LocalMean(),
-        rows,
-        loop,
-        torch.device("cpu"),
-        tmp / "local_mean",
-        lambda *a: None,
-        lambda m: 0.0,
-        lambda *a: None,
-    )
+    trainer = cpu_trainer(LocalMean(), rows, loop_config(learning_rate=0.1, deterministic=False), tmp / "local_mean")
     try:
         trainer.run()
     except RuntimeError as e:
@@ -503,25 +469,13 @@ def test_shard_batch_slices_every_field_and_the_aux_batch():
 def test_trainer_refuses_a_batch_smaller_than_the_world(monkeypatch):
     from cse.models import distributed
     from cse.storage.training_data import TokenRows
-    from cse.training.loop import LoopConfig, Trainer
+    from cse.training.loop import Trainer
     from cse.training.rows import TrainingRows
 
     monkeypatch.setattr(distributed, "world", lambda: 4)
     seqs = [np.array([1, 5, 2])] * 9
     rows = TrainingRows(TokenRows(ids=np.arange(9), seqs={"text": seqs}), None, supervised=False, pad_id=0)
-    loop = LoopConfig(
-        batch_size=8,
-        learning_rate=0.1,
-        epochs=1,
-        max_steps=None,
-        grad_clip=1.0,
-        seed=0,
-        eval_steps=10,
-        checkpoint_steps=10,
-        log_steps=1,
-        precision="fp32",
-        deterministic=False,
-    )
+    loop = loop_config(batch_size=8, learning_rate=0.1, eval_steps=10, checkpoint_steps=10, deterministic=False)
     with pytest.raises(ValueError, match="cannot be split over 4 ranks"):  # 9 rows: the second batch holds 1 row
         Trainer(LocalMean(), rows, loop, torch.device("cpu"), Path("unused"), None, None, None)
 
