@@ -11,15 +11,24 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from cse.storage.readers import TASK_TITLES  # the one definition of the task titles
+
+
+class _Result(BaseModel):
+    """A result model: an undefined score stays NaN, in JSON too (`NaN`). SentEval reports NaN for a subset whose
+    predicted or gold similarities are all equal (no ranking to correlate); the task's "all" score, over the subsets
+    concatenated, is still defined. Pydantic would otherwise write NaN as `null`, which no float field reads back."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
 
 TEST_TASKS: tuple[str, ...] = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 DEV_TASKS: tuple[str, ...] = ("stsb", "sickr")
 
 
-class Correlation(BaseModel):
+class Correlation(_Result):
     """Spearman and Pearson correlation of predicted and gold similarities over `n` pairs."""
 
     spearman: float
@@ -27,7 +36,7 @@ class Correlation(BaseModel):
     n: int
 
 
-class TaskScore(BaseModel):
+class TaskScore(_Result):
     """One task's score. `spearman`/`pearson` = the headline ("all" for STS12–16)."""
 
     task: str
@@ -42,7 +51,7 @@ class TaskScore(BaseModel):
     pearson_wmean: float | None = None
 
 
-class RetrievalScore(BaseModel):
+class RetrievalScore(_Result):
     """Recall@k ×100 per duplicate rule (`index`, `string`); `match` is the rule reported as headline."""
 
     match: Literal["index", "string"]
@@ -56,7 +65,7 @@ class RetrievalScore(BaseModel):
         return self.recall[self.match]
 
 
-class AlignUniform(BaseModel):
+class AlignUniform(_Result):
     """Alignment and uniformity of the embeddings (Wang & Isola, 2020) with the settings they were computed with."""
 
     alignment: float
@@ -70,7 +79,7 @@ class AlignUniform(BaseModel):
     dedup_sentences: bool = False
 
 
-class Neighbour(BaseModel):
+class Neighbour(_Result):
     """A retrieved neighbour sentence, its cosine similarity to the query, and whether it is an expected answer."""
 
     sentence: str
@@ -78,7 +87,7 @@ class Neighbour(BaseModel):
     is_answer: bool = False
 
 
-class QueryNeighbours(BaseModel):
+class QueryNeighbours(_Result):
     """A qualitative retrieval example: a query, its expected answers and its nearest neighbours."""
 
     query: str
@@ -86,7 +95,7 @@ class QueryNeighbours(BaseModel):
     neighbours: list[Neighbour]
 
 
-class Timing(BaseModel):
+class Timing(_Result):
     """Evaluation wall time, embedding time, sentences and tokens embedded, and throughput."""
 
     seconds: float
@@ -96,7 +105,7 @@ class Timing(BaseModel):
     sentences_per_s: float
 
 
-class EvalResult(BaseModel):
+class EvalResult(_Result):
     """The result of an STS evaluation: per-task scores, averages, optional retrieval, alignment and timing."""
 
     mode: Literal["test", "dev"]

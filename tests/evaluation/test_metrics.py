@@ -240,3 +240,24 @@ def test_identical_sentences_have_cosine_exactly_one():
     assert c[0] == 1.0 and c[1] == 1.0 and c[2] < 1.0
     z = np.zeros((1, 4))
     assert cosine_pairs(z, z, identical=np.array([True]))[0] == 0.0  # a zero vector stays 0 (SentEval's guard)
+
+
+def test_a_subset_with_tied_predictions_scores_nan_and_the_result_survives_json():
+    """SentEval's reading: a subset whose predicted similarities are all equal has no ranking to correlate (NaN);
+    the task's headline over the subsets concatenated is still defined. The NaN is written to JSON as `NaN` and read
+    back (pydantic's default `null` made the stored result unreadable)."""
+    import json
+
+    from cse.evaluation.results import EvalResult, Timing
+
+    tied = (np.array([0.5, 0.5]), np.array([1.0, 2.0]))  # 2 pairs, the same cosine
+    other = (np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 3.0]))
+    score = score_task("sts16", "test", {"answer-answer": tied, "headlines": other})
+    assert np.isnan(score.subsets["answer-answer"].spearman) and np.isnan(score.spearman_mean)
+    assert np.isfinite(score.spearman) and score.n == 5
+    timing = Timing(seconds=1.0, embed_seconds=1.0, sentences=10, tokens=50, sentences_per_s=10.0)
+    result = EvalResult(mode="test", tasks={"sts16": score}, timing=timing)
+    back = EvalResult.model_validate(json.loads(result.model_dump_json()))
+    assert np.isnan(back.tasks["sts16"].subsets["answer-answer"].spearman)
+    assert back.tasks["sts16"].spearman == score.spearman
+    assert np.isnan(back.metrics()["sts16/answer-answer"])
