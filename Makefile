@@ -19,17 +19,11 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # The docs site first (mkdocs build --strict: a broken link or a docstring that disagrees with its signature fails it),
-# into a temporary folder, then the suite. The tests marked `beside` (the team stack: mostly waiting on servers and
-# missed heartbeats, while the rest of the suite keeps one of two cores busy) run in a second pytest process at the
-# same time; their output follows the suite's, and either failing fails `make test`.
+# into a temporary folder, then the suite.
 PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 test: setup lint
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
-	@log=$$(mktemp) && trap 'kill $$beside 2>/dev/null; rm -f "$$log"' EXIT INT TERM; \
-	$(PYTEST) -q -p no:cacheprovider -m beside >"$$log" 2>&1 & beside=$$!; \
-	$(PYTEST) -q -m "not beside"; suite=$$?; \
-	wait $$beside; rc=$$?; echo "--- the tests marked beside (run at the same time):"; cat "$$log"; \
-	exit $$(( suite != 0 ? suite : rc ))
+	$(PYTEST) -q
 
 # Ruff: lint (rules and their reasons in pyproject.toml) and formatting, on the whole tree.
 lint: setup

@@ -48,7 +48,7 @@ import pytest
 
 from cse.config.settings import REPO_ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.beside]
+pytestmark = pytest.mark.slow
 
 TEAM_SH = REPO_ROOT / "scripts" / "team.sh"
 WORKERS = ("cse-team-w1", "cse-team-w2")
