@@ -5,14 +5,12 @@
 #
 # `up` is idempotent (what runs already is kept) and starts, in order, the services named in
 # $CSE_TEAM_SERVICES (default: all of them; a GPU host that only adds workers to a stack running
-# elsewhere sets CSE_TEAM_SERVICES=workers and points PREFECT_API_URL / MLFLOW_TRACKING_URI at it);
-# the Prefect and MLflow server processes are launched together, then set up and waited for in that order:
+# elsewhere sets CSE_TEAM_SERVICES=workers and points PREFECT_API_URL / MLFLOW_TRACKING_URI at it):
 #   postgres  initdb into $CSE_PG_DATA (first time), postgres on $CSE_PG_LISTEN:$CSE_PG_PORT with a generated
 #             password kept in $CSE_PG_PASSWORD_FILE (0600), databases $CSE_PG_PREFECT_DB and $CSE_PG_MLFLOW_DB
 #             (CSE_PG_MANAGED=0: use an existing server at $CSE_PG_HOST:$CSE_PG_PORT, only create the databases)
 #   prefect   `prefect server start` on PostgreSQL (asyncpg), work pools `local` and `gpu`, the global
-#             concurrency limit `gpu`, `prefect deploy --all` (in the background while the other services
-#             start; `up` waits for it before it returns)
+#             concurrency limit `gpu`, `prefect deploy --all`
 #   mlflow    `mlflow server` on PostgreSQL with the artifact store $CSE_MLFLOW_ARTIFACTS_DESTINATION
 #             (a folder, or s3://… / any store MLflow's artifact repositories read, credentials from the
 #             usual AWS_* / MLFLOW_S3_ENDPOINT_URL variables)
@@ -90,12 +88,7 @@ source scripts/env.sh
 RUN="$CSE_TEAM_HOME/run"
 mkdir -p "$RUN"
 
-DEPLOY_PID=""  # `prefect deploy --all` runs in the background while MLflow and the workers start (deploy_wait)
-die() {
-  echo "team.sh: $*" >&2
-  if [ -n "$DEPLOY_PID" ]; then kill "$DEPLOY_PID" 2>/dev/null || true; fi
-  exit 1
-}
+die() { echo "team.sh: $*" >&2; exit 1; }
 # mask URI user-info as cse.config.secrets.redact does: the password (to the last @ before the host) or a token
 redact() { printf '%s' "$1" | sed -E -e 's|(://[^/?#:[:space:]]*):[^/?#[:space:]]*@|\1:***@|g' -e 's|://[^/?#:[:space:]]+@|://***@|g'; }
 has() { case " $CSE_TEAM_SERVICES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -241,7 +234,7 @@ pg_down() {
 }
 
 # --- Prefect server -----------------------------------------------------------------------------------------
-prefect_start() {  # the server process, unless it runs already (prefect_up waits for it)
+prefect_up() {
   if ! running prefect; then
     load_password
     local url="postgresql+asyncpg://$CSE_PG_USER:\${PREFECT_API_DATABASE_PASSWORD}@$CSE_PG_HOST:$CSE_PG_PORT/$CSE_PG_PREFECT_DB"
@@ -251,33 +244,18 @@ prefect_start() {  # the server process, unless it runs already (prefect_up wait
       >"$RUN/prefect.log" 2>&1 </dev/null &
     record prefect $!
   fi
-}
-
-prefect_up() {
-  prefect_start
   wait_http "$PREFECT_API_URL/health" prefect "$RUN/prefect.log"
-  local pool
-  # shellcheck disable=SC2046
-  for pool in $(printf '%s\n' local gpu "$CSE_WORKER_POOL" | awk '!seen[$0]++'); do  # each pool once
+  for pool in local gpu "$CSE_WORKER_POOL"; do
     retry "work pool $pool" sh -c "prefect work-pool inspect '$pool' >/dev/null 2>&1 || prefect work-pool create '$pool' --type process"
   done
-  # the deployments need their work pools only: registered in the background from here on (deploy_wait)
-  prefect --no-prompt deploy --all >"$RUN/deploy.log" 2>&1 </dev/null &
-  DEPLOY_PID=$!
   retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
   retry "crashed-run automation" python -m cse.ops.automations
+  prefect --no-prompt deploy --all >"$RUN/deploy.log" 2>&1 || { cat "$RUN/deploy.log" >&2; die "prefect deploy failed"; }
   echo "Prefect: $(redact "$PREFECT_API_URL") on PostgreSQL database $CSE_PG_PREFECT_DB (log: $RUN/prefect.log)"
 }
 
-deploy_wait() {  # `up` returns once the deployments are registered
-  [ -n "$DEPLOY_PID" ] || return 0
-  local pid="$DEPLOY_PID"; DEPLOY_PID=""
-  wait "$pid" || { cat "$RUN/deploy.log" >&2; die "prefect deploy failed (log: $RUN/deploy.log)"; }
-  echo "deployments: prefect deploy --all (log: $RUN/deploy.log)"
-}
-
 # --- MLflow tracking server ---------------------------------------------------------------------------------
-mlflow_start() {  # the server process, unless it runs already (mlflow_up waits for it)
+mlflow_up() {
   if ! running mlflow; then
     load_password
     # the backend URI holds the password: passed in the environment (mlflow's --backend-store-uri reads
@@ -287,10 +265,6 @@ mlflow_start() {  # the server process, unless it runs already (mlflow_up waits 
       --artifacts-destination "$CSE_MLFLOW_ARTIFACTS_DESTINATION" >"$RUN/mlflow.log" 2>&1 </dev/null &
     record mlflow $!
   fi
-}
-
-mlflow_up() {
-  mlflow_start
   wait_http "http://$CSE_MLFLOW_HOST:$CSE_MLFLOW_PORT/health" mlflow "$RUN/mlflow.log"
   case "$MLFLOW_TRACKING_URI" in
     http://*|https://*) ;;
@@ -347,14 +321,9 @@ workers_up() {
 
 up() {
   if has postgres; then pg_up; fi
-  # both servers start at once: MLflow's start (its schema migrations on a new database) overlaps Prefect's
-  # start and setup; MLflow is then waited for after Prefect, as before
-  if has prefect; then prefect_start; fi
-  if has mlflow; then mlflow_start; fi
   if has prefect; then prefect_up; fi
   if has mlflow; then mlflow_up; fi
   if has workers; then workers_up; fi
-  deploy_wait
 }
 
 down() {
