@@ -49,18 +49,27 @@ def wiki_head(shared_data, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def senteval_head(shared_data, tmp_path_factory) -> Path:
+def senteval_cut(shared_data, tmp_path_factory):
+    """`senteval_cut(lines)`: a folder holding every SentEval STS and SICK file cut to its first `lines` lines."""
+
+    def cut(lines: int) -> Path:
+        out, src = tmp_path_factory.mktemp(f"senteval_head_{lines}"), shared_data / "senteval"
+        for f in [*src.glob("STS/*/*"), *src.glob("SICK/*")]:
+            target = out / f.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(f, "rb") as fh:
+                target.write_bytes(b"".join(line for _, line in zip(range(lines), fh)))
+        return out
+
+    return cut
+
+
+@pytest.fixture(scope="session")
+def senteval_head(senteval_cut) -> Path:
     """The real SentEval STS and SICK files cut to their first 24 lines (about 550 scored pairs): a test evaluation
     in seconds. Ingest it with `senteval: {"path": ..., "expected_rows": null}` (the counts of the full files do not
     hold)."""
-    out = tmp_path_factory.mktemp("senteval_head")
-    src = shared_data / "senteval"
-    for f in [*src.glob("STS/*/*"), *src.glob("SICK/*")]:
-        target = out / f.relative_to(src)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(f, "rb") as fh:
-            target.write_bytes(b"".join(line for _, line in zip(range(24), fh)))
-    return out
+    return senteval_cut(24)
 
 
 @pytest.fixture(scope="session")

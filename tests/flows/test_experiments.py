@@ -24,21 +24,14 @@ from cse.tracking.store import configure_mlflow
 
 
 @pytest.fixture(scope="module")
-def senteval_head_100(shared_data, tmp_path_factory):
+def senteval_head_100(senteval_cut):
     """The SentEval STS and SICK files cut to their first 100 lines (a fraction of the pairs): every child's test
     evaluation scores them.
 
     `senteval_head`'s 24 lines are too few here: STS16 answer-answer then has two scored pairs, whose cosines under
     variant (d)'s prompted random backbone tie, and their correlation is undefined.
     """
-    out = tmp_path_factory.mktemp("senteval_head_100")
-    src = shared_data / "senteval"
-    for f in [*src.glob("STS/*/*"), *src.glob("SICK/*")]:
-        target = out / f.relative_to(src)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(f, "rb") as fh:
-            target.write_bytes(b"".join(line for _, line in zip(range(100), fh)))
-    return out
+    return senteval_cut(100)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from cse.config.settings import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
-STEPS = 6
+STEPS = 12  # batch 4 of 64 sentences: the bar must be seen mid-training, so training spans several polls
 PROGRESS = re.compile(r"train:\s+\d+%\|[#\d ]*\| (\d+)/(\d+) \[[^\]]*loss=\d+\.\d{4}, dev=(?:\d+\.\d{2}|–)\]")
 
 
@@ -91,7 +91,7 @@ def followed(prefect_harness, tmp_path_factory, shared_data, senteval_head):
         )
     overrides = {
         "max_steps": STEPS,
-        "batch_size": 8,
+        "batch_size": 4,
         "eval_steps": 3,
         "log_steps": 1,
         "max_train_sentences": 64,
