@@ -74,11 +74,11 @@ RERUNS: dict[tuple[str, str, str], dict[str, float | str]] = {
 }
 
 
-# retrieval on STS-B test (D2CSE paper: R@1/3/5; DiffCSE paper: R@1/5/10).
 def _recall(source: str, ks: tuple[int, int, int], *scores: float) -> dict[str, float | str]:
     return _row(tuple(f"retrieval_r{k}" for k in ks), source, scores)
 
 
+# retrieval on STS-B test (D2CSE paper: R@1/3/5; DiffCSE paper: R@1/5/10).
 D2CSE_KS, DIFFCSE_KS = (1, 3, 5), (1, 5, 10)
 RETRIEVAL: dict[tuple[str, str, str], dict[str, float | str]] = {
     ("dcpcse", "bert-base", "unsup"): _recall("D2CSE paper (re-trained)", D2CSE_KS, 90.21, 96.91, 98.97),
