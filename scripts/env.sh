@@ -16,6 +16,9 @@ export TOKENIZERS_PARALLELISM=false
 # Flow runs send a heartbeat every 30 s; the automation of ops/automations.py marks a run CRASHED after three
 # missed ones (a killed worker), so rerunning its deployment resumes it.
 export PREFECT_FLOWS_HEARTBEAT_FREQUENCY="${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}"
+# A server whose database restarts (a PostgreSQL maintenance restart) answers 500 for a moment: Prefect's clients
+# (flow runs, workers) retry it as they retry 502/503, with back-off, instead of failing the flow run.
+export PREFECT_CLIENT_RETRY_EXTRA_CODES="${PREFECT_CLIENT_RETRY_EXTRA_CODES:-500}"
 # Offline machines read sources from the local mirror beside the checkout when it exists.
 # Set CSE_SOURCE_MIRROR= (empty) to download the canonical files instead.
 if [ -z "${CSE_SOURCE_MIRROR+x}" ] && [ -d "$PWD/../shared/data" ]; then

@@ -118,12 +118,10 @@ up() {
     echo $! >"$(pidfile server)"
   fi
   wait_for_api
-  for pool in local gpu; do
-    retry "work pool $pool" sh -c "prefect work-pool inspect $pool >/dev/null 2>&1 || prefect work-pool create $pool --type process"
-  done
-  # one training job per GPU slot at a time (tasks/train.py occupies it while training on CUDA)
-  retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
-  retry "crashed-run automation" python -m cse.ops.automations
+  # the work pools, the `gpu` limit (one training job per GPU slot at a time: tasks/train.py occupies it while
+  # training on CUDA) and the crashed-run automation, in one process (ops/prefect_setup.py)
+  retry "work pools, concurrency limit gpu, crashed-run automation" python -m cse.ops.prefect_setup \
+    --pool local --pool gpu --limit "gpu=${CSE_GPU_SLOTS:-1}" --automation
   prefect --no-prompt deploy --all >"$CSE_HOME/run/deploy.log" 2>&1 || { cat "$CSE_HOME/run/deploy.log" >&2; exit 1; }
   start_worker
   # plain shells (only the venv activated) reach this server through the Prefect profile `cse` (ops/prefect_profile.py)

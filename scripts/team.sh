@@ -5,12 +5,15 @@
 #
 # `up` is idempotent (what runs already is kept) and starts, in order, the services named in
 # $CSE_TEAM_SERVICES (default: all of them; a GPU host that only adds workers to a stack running
-# elsewhere sets CSE_TEAM_SERVICES=workers and points PREFECT_API_URL / MLFLOW_TRACKING_URI at it):
+# elsewhere sets CSE_TEAM_SERVICES=workers and points PREFECT_API_URL / MLFLOW_TRACKING_URI at it);
+# the Prefect and MLflow server processes are launched together, then set up and waited for in that order:
 #   postgres  initdb into $CSE_PG_DATA (first time), postgres on $CSE_PG_LISTEN:$CSE_PG_PORT with a generated
 #             password kept in $CSE_PG_PASSWORD_FILE (0600), databases $CSE_PG_PREFECT_DB and $CSE_PG_MLFLOW_DB
 #             (CSE_PG_MANAGED=0: use an existing server at $CSE_PG_HOST:$CSE_PG_PORT, only create the databases)
 #   prefect   `prefect server start` on PostgreSQL (asyncpg), work pools `local` and `gpu`, the global
-#             concurrency limit `gpu`, `prefect deploy --all`
+#             concurrency limit `gpu`, `prefect deploy --all` or the deployments named in $CSE_DEPLOYMENTS
+#             (in the background while the other services
+#             start; `up` waits for it before it returns)
 #   mlflow    `mlflow server` on PostgreSQL with the artifact store $CSE_MLFLOW_ARTIFACTS_DESTINATION
 #             (a folder, or s3://… / any store MLflow's artifact repositories read, credentials from the
 #             usual AWS_* / MLFLOW_S3_ENDPOINT_URL variables)
@@ -47,6 +50,7 @@
 # | CSE_WORKERS | number of words in CSE_WORKER_GPUS, else 2 |
 # | CSE_WORKER_NAMES | "$CSE_WORKER_PREFIX-1 … -N" |
 # | CSE_WORKER_PREFIX | `hostname -s` |
+# | CSE_DEPLOYMENTS | (none: every deployment of prefect.yaml) the ones to register, e.g. "train-d2cse/default sweep/default" |
 # | CSE_WORKER_POOL / CSE_WORKER_LIMIT | local / 2 (an experiment parent holds one slot while its children run) |
 # | CSE_WORKER_GPUS | (none) one GPU set per worker, e.g. "0 1 2 3" (a GPU each) or "0,1 2,3" (two each): the worker's CUDA_VISIBLE_DEVICES, and its own concurrency limit gpu-<name> with a slot per GPU (CSE_GPU_SLOT) |
 # | CSE_START_TIMEOUT | 180 seconds per service |
@@ -88,7 +92,12 @@ source scripts/env.sh
 RUN="$CSE_TEAM_HOME/run"
 mkdir -p "$RUN"
 
-die() { echo "team.sh: $*" >&2; exit 1; }
+DEPLOY_PID=""  # `prefect deploy --all` runs in the background while MLflow and the workers start (deploy_wait)
+die() {
+  echo "team.sh: $*" >&2
+  if [ -n "$DEPLOY_PID" ]; then kill "$DEPLOY_PID" 2>/dev/null || true; fi
+  exit 1
+}
 # mask URI user-info as cse.config.secrets.redact does: the password (to the last @ before the host) or a token
 redact() { printf '%s' "$1" | sed -E -e 's|(://[^/?#:[:space:]]*):[^/?#[:space:]]*@|\1:***@|g' -e 's|://[^/?#:[:space:]]+@|://***@|g'; }
 has() { case " $CSE_TEAM_SERVICES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -234,7 +243,7 @@ pg_down() {
 }
 
 # --- Prefect server -----------------------------------------------------------------------------------------
-prefect_up() {
+prefect_start() {  # the server process, unless it runs already (prefect_up waits for it)
   if ! running prefect; then
     load_password
     local url="postgresql+asyncpg://$CSE_PG_USER:\${PREFECT_API_DATABASE_PASSWORD}@$CSE_PG_HOST:$CSE_PG_PORT/$CSE_PG_PREFECT_DB"
@@ -244,27 +253,50 @@ prefect_up() {
       >"$RUN/prefect.log" 2>&1 </dev/null &
     record prefect $!
   fi
+}
+
+prefect_up() {
+  prefect_start
   wait_http "$PREFECT_API_URL/health" prefect "$RUN/prefect.log"
-  for pool in local gpu "$CSE_WORKER_POOL"; do
-    retry "work pool $pool" sh -c "prefect work-pool inspect '$pool' >/dev/null 2>&1 || prefect work-pool create '$pool' --type process"
-  done
-  retry "concurrency limit gpu" sh -c "prefect global-concurrency-limit inspect gpu >/dev/null 2>&1 || prefect global-concurrency-limit create gpu --limit ${CSE_GPU_SLOTS:-1}"
-  retry "crashed-run automation" python -m cse.ops.automations
-  prefect --no-prompt deploy --all >"$RUN/deploy.log" 2>&1 || { cat "$RUN/deploy.log" >&2; die "prefect deploy failed"; }
+  # the work pools, the `gpu` limit and the crashed-run automation, in one process (ops/prefect_setup.py)
+  retry "work pools, concurrency limit gpu, crashed-run automation" python -m cse.ops.prefect_setup \
+    --pool local --pool gpu --pool "$CSE_WORKER_POOL" --limit "gpu=${CSE_GPU_SLOTS:-1}" --automation
+  # the deployments need their work pools only: registered in the background from here on (deploy_wait)
+  local which=(--all) name
+  if [ -n "${CSE_DEPLOYMENTS:-}" ]; then
+    which=()
+    for name in $CSE_DEPLOYMENTS; do which+=(--name "$name"); done
+  fi
+  prefect --no-prompt deploy "${which[@]}" >"$RUN/deploy.log" 2>&1 </dev/null &
+  DEPLOY_PID=$!
   echo "Prefect: $(redact "$PREFECT_API_URL") on PostgreSQL database $CSE_PG_PREFECT_DB (log: $RUN/prefect.log)"
 }
 
+deploy_wait() {  # `up` returns once the deployments are registered
+  [ -n "$DEPLOY_PID" ] || return 0
+  local pid="$DEPLOY_PID"; DEPLOY_PID=""
+  wait "$pid" || { cat "$RUN/deploy.log" >&2; die "prefect deploy failed (log: $RUN/deploy.log)"; }
+  echo "deployments: ${CSE_DEPLOYMENTS:-all of prefect.yaml} (log: $RUN/deploy.log)"
+}
+
 # --- MLflow tracking server ---------------------------------------------------------------------------------
-mlflow_up() {
+mlflow_start() {  # the server process, unless it runs already (mlflow_up waits for it)
   if ! running mlflow; then
     load_password
     # the backend URI holds the password: passed in the environment (mlflow's --backend-store-uri reads
     # MLFLOW_BACKEND_STORE_URI), never on the command line
+    # MLflow's server-side jobs (GenAI evaluation, trace roll-ups: seven huey consumer processes, each importing
+    # MLflow) are not used by the pipeline: off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION says otherwise
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}" \
     MLFLOW_BACKEND_STORE_URI="${MLFLOW_BACKEND_STORE_URI:-postgresql+psycopg://$CSE_PG_USER:$PG_PASSWORD@$CSE_PG_HOST:$CSE_PG_PORT/$CSE_PG_MLFLOW_DB}" \
       setsid mlflow server --host "$CSE_MLFLOW_LISTEN" --port "$CSE_MLFLOW_PORT" --workers "$CSE_MLFLOW_WORKERS" \
       --artifacts-destination "$CSE_MLFLOW_ARTIFACTS_DESTINATION" >"$RUN/mlflow.log" 2>&1 </dev/null &
     record mlflow $!
   fi
+}
+
+mlflow_up() {
+  mlflow_start
   wait_http "http://$CSE_MLFLOW_HOST:$CSE_MLFLOW_PORT/health" mlflow "$RUN/mlflow.log"
   case "$MLFLOW_TRACKING_URI" in
     http://*|https://*) ;;
@@ -283,30 +315,34 @@ worker_names() {
 }
 
 workers_up() {
-  local names gpus i=0 name
+  local names gpus i name limits=() sets=() slots=()
   read -r -a names <<<"$(worker_names)"
   read -r -a gpus <<<"$CSE_WORKER_GPUS"
-  for name in "${names[@]}"; do
+  for i in "${!names[@]}"; do  # each worker's GPU set and GPU slot
+    name="${names[$i]}"
     [[ "$name" =~ ^[A-Za-z0-9_.-]+$ ]] || die "bad worker name: $name"
-    if ! running "worker-$name"; then
-      local set="" slot="${CSE_GPU_SLOT:-gpu}"
-      if [ "${#gpus[@]}" -gt 0 ]; then
-        # this worker's GPU set and its own concurrency limit (one slot per GPU): its training jobs queue
-        # on it, so two jobs never share one of its GPUs, whatever the worker's flow-run limit
-        set="${gpus[$((i % ${#gpus[@]}))]}"
-        [[ "$set" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "bad GPU set in CSE_WORKER_GPUS: $set"
-        slot="gpu-$name"
-        local n_gpus; n_gpus="$(tr ',' '\n' <<<"$set" | wc -l)"
-        retry "concurrency limit $slot" sh -c "prefect global-concurrency-limit inspect '$slot' >/dev/null 2>&1 || prefect global-concurrency-limit create '$slot' --limit $n_gpus"
-      fi
-      (
-        export CSE_WORKER_NAME="$name" CSE_GPU_SLOT="$slot"
-        if [ -n "$set" ]; then export CUDA_VISIBLE_DEVICES="$set"; fi
-        exec setsid prefect worker start --pool "$CSE_WORKER_POOL" --name "$name" --limit "$CSE_WORKER_LIMIT" --type process
-      ) >"$RUN/worker-$name.log" 2>&1 </dev/null &
-      record "worker-$name" $!
+    sets[i]="" slots[i]="${CSE_GPU_SLOT:-gpu}"
+    if [ "${#gpus[@]}" -gt 0 ]; then
+      # this worker's GPU set and its own concurrency limit (one slot per GPU): its training jobs queue
+      # on it, so two jobs never share one of its GPUs, whatever the worker's flow-run limit
+      sets[i]="${gpus[$((i % ${#gpus[@]}))]}"
+      [[ "${sets[i]}" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "bad GPU set in CSE_WORKER_GPUS: ${sets[i]}"
+      slots[i]="gpu-$name"
+      running "worker-$name" || limits+=(--limit "${slots[i]}=$(tr ',' '\n' <<<"${sets[i]}" | wc -l)")
     fi
-    i=$((i + 1))
+  done
+  if [ "${#limits[@]}" -gt 0 ]; then  # the new workers' limits, in one process (ops/prefect_setup.py)
+    retry "concurrency limits of the GPU workers" python -m cse.ops.prefect_setup "${limits[@]}"
+  fi
+  for i in "${!names[@]}"; do
+    name="${names[$i]}"
+    running "worker-$name" && continue
+    (
+      export CSE_WORKER_NAME="$name" CSE_GPU_SLOT="${slots[i]}"
+      if [ -n "${sets[i]}" ]; then export CUDA_VISIBLE_DEVICES="${sets[i]}"; fi
+      exec setsid prefect worker start --pool "$CSE_WORKER_POOL" --name "$name" --limit "$CSE_WORKER_LIMIT" --type process
+    ) >"$RUN/worker-$name.log" 2>&1 </dev/null &
+    record "worker-$name" $!
   done
   for name in "${names[@]}"; do  # a worker is up once it has announced itself
     for _ in $(seq 1 "$CSE_START_TIMEOUT"); do
@@ -321,9 +357,14 @@ workers_up() {
 
 up() {
   if has postgres; then pg_up; fi
+  # both servers start at once: MLflow's start (its schema migrations on a new database) overlaps Prefect's
+  # start and setup; MLflow is then waited for after Prefect, as before
+  if has prefect; then prefect_start; fi
+  if has mlflow; then mlflow_start; fi
   if has prefect; then prefect_up; fi
   if has mlflow; then mlflow_up; fi
   if has workers; then workers_up; fi
+  deploy_wait
 }
 
 down() {
