@@ -25,11 +25,17 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # The docs site first (mkdocs build --strict: a broken link or a docstring that disagrees with its signature fails it),
-# into a temporary folder, then the suite.
+# into a temporary folder, then the suite in two pytest processes at once: the tests marked `beside` (BESIDE_FILES in
+# tests/conftest.py: they drive servers, workers and ranks and mostly wait on them) and the rest, which alone keeps
+# about one of two cores busy. The `beside` output follows the suite's; either one failing fails `make test`.
 PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 test: setup lint
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
-	$(PYTEST) -q
+	@log=$$(mktemp) && trap 'kill $$beside 2>/dev/null; rm -f "$$log"' EXIT INT TERM; \
+	$(PYTEST) -q -p no:cacheprovider -m beside >"$$log" 2>&1 & beside=$$!; \
+	$(PYTEST) -q -m "not beside"; suite=$$?; \
+	wait $$beside; rc=$$?; echo "--- the tests marked beside (run at the same time):"; cat "$$log"; \
+	exit $$(( suite != 0 ? suite : rc ))
 
 # Ruff: lint (rules and their reasons in pyproject.toml) and formatting, on the whole tree.
 lint: setup

@@ -174,6 +174,15 @@ def local_ingest_config(shared_data):
 SLOW_FOLDERS = ("flows", "ops", "reliability")
 # Unit tests that live beside their package's slow tests but start nothing (no server, stack or subprocess).
 FAST_FILES = ("ops/test_cli_push.py", "ops/test_cli_fixes.py")
+# The tests `make test` runs in a second pytest process beside the rest (marked `beside`): each mostly drives other
+# processes (servers, workers, torchrun ranks, Dask workers) and waits on them, while the suite alone keeps about one
+# of the two cores busy. Whole files, so that no two tests of a file (ports, workers) ever run at the same time.
+BESIDE_FILES = (
+    "ops/test_team_stack.py",
+    "ops/test_cse_run_follow.py",
+    "ops/test_distributed.py",
+    "ops/test_dask_shards.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -182,3 +191,5 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(item.fspath).relative_to(tests_root).parts
         if parts[0] in SLOW_FOLDERS and "/".join(parts) not in FAST_FILES:
             item.add_marker(pytest.mark.slow)
+        if "/".join(parts) in BESIDE_FILES:
+            item.add_marker(pytest.mark.beside)
