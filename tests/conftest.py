@@ -175,13 +175,16 @@ SLOW_FOLDERS = ("flows", "ops", "reliability")
 # Unit tests that live beside their package's slow tests but start nothing (no server, stack or subprocess).
 FAST_FILES = ("ops/test_cli_push.py", "ops/test_cli_fixes.py")
 # The tests `make test` runs in a second pytest process beside the rest (marked `beside`): each mostly drives other
-# processes (servers, workers, torchrun ranks, Dask workers) and waits on them, while the suite alone keeps about one
-# of the two cores busy. Whole files, so that no two tests of a file (ports, workers) ever run at the same time.
+# processes (servers, workers, torchrun ranks, Dask workers, the gpu-check rehearsal) and waits on them, while the
+# suite alone keeps about one of the two cores busy. Whole files, so that no two tests of a file (ports, workers) ever
+# run at the same time; about a third of the suite's time, so that both processes end together.
 BESIDE_FILES = (
     "ops/test_team_stack.py",
     "ops/test_cse_run_follow.py",
     "ops/test_distributed.py",
     "ops/test_dask_shards.py",
+    "gpu/test_gpu_check_rehearsal.py",
+    "tracking/test_mlflow_outage.py",
 )
 
 
