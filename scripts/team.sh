@@ -11,9 +11,8 @@
 #             password kept in $CSE_PG_PASSWORD_FILE (0600), databases $CSE_PG_PREFECT_DB and $CSE_PG_MLFLOW_DB
 #             (CSE_PG_MANAGED=0: use an existing server at $CSE_PG_HOST:$CSE_PG_PORT, only create the databases)
 #   prefect   `prefect server start` on PostgreSQL (asyncpg), work pools `local` and `gpu`, the global
-#             concurrency limit `gpu`, `prefect deploy --all` or the deployments named in $CSE_DEPLOYMENTS
-#             (in the background while the other services
-#             start; `up` waits for it before it returns)
+#             concurrency limit `gpu`, the crashed-run automation, `prefect deploy --all` or the deployments
+#             named in $CSE_DEPLOYMENTS (in the background while the other services start; `up` waits for it)
 #   mlflow    `mlflow server` on PostgreSQL with the artifact store $CSE_MLFLOW_ARTIFACTS_DESTINATION
 #             (a folder, or s3://… / any store MLflow's artifact repositories read, credentials from the
 #             usual AWS_* / MLFLOW_S3_ENDPOINT_URL variables)
@@ -92,7 +91,7 @@ source scripts/env.sh
 RUN="$CSE_TEAM_HOME/run"
 mkdir -p "$RUN"
 
-DEPLOY_PID=""  # `prefect deploy --all` runs in the background while MLflow and the workers start (deploy_wait)
+DEPLOY_PID=""  # `prefect deploy` runs in the background while MLflow and the workers start (deploy_wait)
 die() {
   echo "team.sh: $*" >&2
   if [ -n "$DEPLOY_PID" ]; then kill "$DEPLOY_PID" 2>/dev/null || true; fi
