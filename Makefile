@@ -27,17 +27,18 @@ setup: $(VENV)/.installed
 # The docs site first (mkdocs build --strict: a broken link or a docstring that disagrees with its signature fails it),
 # into a temporary folder, then the suite in two pytest processes at once: the tests marked `beside` (BESIDE_FILES in
 # tests/conftest.py: they drive servers, workers and ranks and mostly wait on them) and the rest, which alone keeps
-# about one of two cores busy. The `beside` output follows the suite's; either one failing fails `make test`. Both with
+# about one of two cores busy. The `beside` output follows the suite's; either one failing fails `make test`; an
+# interrupted `make test` interrupts it with SIGINT (its tests' teardowns stop the servers they started). Both with
 # one intra-op thread (and the processes they start): two processes of two OpenMP threads each spin against each other
 # on 2 cores (measured: the MiniLM parity pass took 212 s beside `cse run`'s test instead of 61 s alone).
 PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 LANE := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: setup lint
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
-	@log=$$(mktemp) && trap 'kill $$beside 2>/dev/null; rm -f "$$log"' EXIT INT TERM; \
+	@log=$$(mktemp) && trap 'kill -INT $$beside 2>/dev/null; rm -f "$$log"' EXIT INT TERM; \
 	$(LANE) $(PYTEST) -q -p no:cacheprovider -m beside >"$$log" 2>&1 & beside=$$!; \
 	$(LANE) $(PYTEST) -q -m "not beside"; suite=$$?; \
-	wait $$beside; rc=$$?; echo "--- the tests marked beside (run at the same time):"; cat "$$log"; \
+	wait $$beside; rc=$$?; beside=; echo "--- the tests marked beside (run at the same time):"; cat "$$log"; \
 	exit $$(( suite != 0 ? suite : rc ))
 
 # Ruff: lint (rules and their reasons in pyproject.toml) and formatting, on the whole tree.
