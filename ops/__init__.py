@@ -1,1 +1,1 @@
-"""Operating the pipeline: the `cse` command line (`cse.ops.cli`) and the Prefect server's automations (`cse.ops.automations`)."""
+"""Operating the pipeline: the `cse` command line (`cse.ops.cli`) the Prefect server's automations (`cse.ops.automations`) and its setup (`cse.ops.prefect_setup`)."""

@@ -7,7 +7,8 @@ after a heartbeat, neither another heartbeat nor a final state arrives within `m
 (`CSE_MISSED_HEARTBEATS`, default 3, at least 2; Prefect's documented recipe for self-hosted servers). Running the deployment again then resumes the job from its
 last checkpoint (tasks/train.py).
 
-    python -m cse.ops.automations [--heartbeat-seconds 30]    # idempotent; scripts/services.sh and team.sh run it
+    python -m cse.ops.automations [--heartbeat-seconds 30]    # idempotent; the services' scripts create it through
+                                                              # python -m cse.ops.prefect_setup --automation
 """
 
 from __future__ import annotations

@@ -27,6 +27,24 @@ def _limit(text: str) -> tuple[str, int]:
     return name, int(slots)
 
 
+def _ensure(names, read, create) -> list[str]:
+    """Call `create(name)` for each name `read(name)` does not find (Prefect's ObjectNotFound); returns the names
+    created. One created meanwhile by another process (ObjectAlreadyExists) is kept as it is."""
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    created = []
+    for name in names:
+        try:
+            read(name)
+        except ObjectNotFound:
+            try:
+                create(name)
+                created.append(name)
+            except ObjectAlreadyExists:  # a worker created it meanwhile
+                pass
+    return created
+
+
 def ensure_pools(client, names: list[str]) -> list[str]:
     """Create each process work pool of `names` that does not exist; returns the ones created.
 
@@ -35,19 +53,12 @@ def ensure_pools(client, names: list[str]) -> list[str]:
         names: the pools' names (repeats are set up once).
     """
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    created = []
-    for name in dict.fromkeys(names):
-        try:
-            client.read_work_pool(name)
-        except ObjectNotFound:
-            try:
-                client.create_work_pool(WorkPoolCreate(name=name, type="process"))
-                created.append(name)
-            except ObjectAlreadyExists:  # a worker created it meanwhile
-                pass
-    return created
+    return _ensure(
+        dict.fromkeys(names),
+        client.read_work_pool,
+        lambda name: client.create_work_pool(WorkPoolCreate(name=name, type="process")),
+    )
 
 
 def ensure_limits(client, limits: dict[str, int]) -> list[str]:
@@ -58,19 +69,14 @@ def ensure_limits(client, limits: dict[str, int]) -> list[str]:
         limits: name → number of slots; an existing limit keeps its own size.
     """
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    created = []
-    for name, slots in limits.items():
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            try:
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
-                created.append(name)
-            except ObjectAlreadyExists:
-                pass
-    return created
+    return _ensure(
+        limits,
+        client.read_global_concurrency_limit_by_name,
+        lambda name: client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=name, limit=limits[name])
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
