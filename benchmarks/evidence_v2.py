@@ -248,10 +248,11 @@ def probe_rows(model, rows, indices, batch: int = 64) -> dict[str, float]:
 
     sums = {"true_h": 0.0, "rolled_h": 0.0, "no_h": 0.0}
     tokens = replaced = 0.0
+    device = next(model.parameters()).device
     for start in range(0, len(indices), batch):
         b = rows.batch(np.asarray(indices[start : start + batch]), 0)
         ids, mask, cor, lab = b.input_ids[:, 0], b.attention_mask[:, 0], b.corrupted_ids[:, 0], b.rtd_labels[:, 0]
-        out = model.rtd_h_probe(ids, mask, cor, lab)
+        out = model.rtd_h_probe(ids.to(device), mask.to(device), cor.to(device), lab.to(device))
         real = float(mask.sum())
         for k in sums:
             sums[k] += out[k] * real
@@ -264,12 +265,13 @@ def probe_rows(model, rows, indices, batch: int = 64) -> dict[str, float]:
     return res
 
 
-def _trainer(model, cfg, rows, evaluate, log_metrics, state: Path):
+def _trainer(model, cfg, rows, evaluate, log_metrics, state: Path, device=None):
     from cse.training.job import loop_config, training_phases
     from cse.training.loop import Trainer
 
     loop = dataclasses.replace(loop_config(cfg, "fp32"), fused_adamw=False)  # as protocol 1
-    return Trainer(model, training_phases(cfg, rows, None), loop, _cpu(), state, lambda *a: None, evaluate, log_metrics)
+    phases = training_phases(cfg, rows, None)
+    return Trainer(model, phases, loop, device or _cpu(), state, lambda *a: None, evaluate, log_metrics)
 
 
 def _cpu():
@@ -360,10 +362,8 @@ def sts_record(
     import numpy as np
 
     from cse.models.loading import load_tokenizer
-    from cse.storage.runs import ResumeState
     from cse.storage.training_data import load_corruption_rows, load_token_rows
-    from cse.training.job import build_model, load_training_rows
-    from cse.training.loop import set_seed
+    from cse.training.job import load_training_rows
     from cse.training.rows import TrainingRows
 
     cfg = train_config(bench, method, arm, seed, knob, PROTOCOL_V2["steps"], generator=bench.generator())
@@ -372,23 +372,68 @@ def sts_record(
     corruption = bench.corruption(tokens, cfg)
     pad = load_tokenizer(cfg.backbone).pad_token_id
     rows, _ = load_training_rows(cfg, bench.root, tokens, corruption, None, pad)
+    heldout = None
+    if trains_rtd(arm):
+        everything = load_token_rows(bench.root, tokens.key, ("text",))
+        all_rows = TrainingRows(everything, load_corruption_rows(bench.root, corruption.key, everything), False, pad)
+        heldout = (all_rows, np.arange(len(everything) - PROTOCOL_V2["heldout_sentences"], len(everything)))
     data_s = time.perf_counter() - t_data
+    rec = sts_fields(method, arm, seed, knob, power_passed, corruption.key)
+    rec.update(train_sts(cfg, rows, heldout, lambda m: stsb_dev(bench, m), state_dir / run_name(rec), _cpu()))
+    rec["seconds"]["data"] = round(data_s, 1)
+    return rec
+
+
+def run_name(rec: dict[str, Any]) -> str:
+    """The run's folder under `<home>/state`: method, arm, seed and the protocol's hash."""
+    return f"{rec['method']}-{rec['arm']}-{rec['seed']}-{protocol_hash()}"
+
+
+def sts_fields(
+    method: str, arm: Arm, seed: int, knob: float | None, power_passed: bool | None, corruption_key: str
+) -> dict[str, Any]:
+    """What an STS record says of its run before training: which arm, seed and knob, under which protocol."""
+    return {
+        "kind": "sts",
+        "method": method,
+        "arm": arm.name,
+        "label": arm.label,
+        "seed": seed,
+        "protocol": protocol_hash(),
+        "knob": KNOBS[method][0],
+        "knob_value": knob,
+        "power_passed": power_passed,
+        "corruption_key": corruption_key,
+    }
+
+
+def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
+    """Train `cfg`'s model on `rows` on `device`, evaluating `dev(model)` (STS-B dev) at step 0 and at every
+    evaluation, and, with `heldout = (rows, indices)`, probe the trained discriminator there. A killed run resumes at
+    its last evaluation: the loop's resume state (saved every eval_every steps) and the dev curve and losses so far
+    live in `state` and beside it until the record is written.
+
+    Returns:
+        The record's training fields: steps, learning rate, dev curve, start / final / delta / best, losses,
+        resumed_from, seconds and, with `heldout`, `mechanism`.
+    """
+    from cse.storage.runs import ResumeState
+    from cse.training.job import build_model
+    from cse.training.loop import set_seed
+
     set_seed(cfg.seed)
-    model = build_model(cfg, _cpu())
-    _log(f"sts {method}/{arm.name}/seed {seed}: {cfg.max_steps} steps, lr {cfg.learning_rate:g}, knob {knob}")
-    # A killed run resumes at its last evaluation: the loop's resume state (saved every eval_every steps) and the
-    # dev curve and losses so far live under <home>/state until the record is written.
-    state = state_dir / f"{method}-{arm.name}-{seed}-{protocol_hash()}"
+    model = build_model(cfg, device)
+    _log(f"sts {state.name}: {cfg.max_steps} steps, lr {cfg.learning_rate:g}, on {device}")
     progress = state.with_suffix(".json")
     saved = json.loads(progress.read_text()) if progress.is_file() and ResumeState(state).exists() else {}
-    curve = [tuple(p) for p in saved.get("curve", [])] or [(0, stsb_dev(bench, model))]
+    curve = [tuple(p) for p in saved.get("curve", [])] or [(0, dev(model))]
     losses: list = saved.get("losses", [])
     spent = saved.get("seconds", 0.0)
     trainer = None
     t0 = time.perf_counter()
 
     def evaluate(m) -> float:
-        score = stsb_dev(bench, m)
+        score = dev(m)
         curve.append((trainer.step, score))
         return score
 
@@ -399,19 +444,9 @@ def sts_record(
             progress.write_text(json.dumps({"curve": curve, "losses": losses, "seconds": seconds}))
 
     state.parent.mkdir(parents=True, exist_ok=True)
-    trainer = _trainer(model, cfg, rows, evaluate, checkpoint, state)
+    trainer = _trainer(model, cfg, rows, evaluate, checkpoint, state, device)
     result = trainer.run()
-    seconds = spent + time.perf_counter() - t0
     rec: dict[str, Any] = {
-        "kind": "sts",
-        "method": method,
-        "arm": arm.name,
-        "label": arm.label,
-        "seed": seed,
-        "protocol": protocol_hash(),
-        "knob": KNOBS[method][0],
-        "knob_value": knob,
-        "power_passed": power_passed,
         "steps": result.steps,
         "learning_rate": cfg.learning_rate,
         "dev_curve": curve,
@@ -420,16 +455,12 @@ def sts_record(
         "delta": round(curve[-1][1] - curve[0][1], 2),
         "best": max(s for _, s in curve),
         "losses": losses,
-        "corruption_key": corruption.key,
         "resumed_from": result.resumed_from,
-        "seconds": {"data": round(data_s, 1), "train_and_eval": round(seconds, 1)},
+        "seconds": {"train_and_eval": round(spent + time.perf_counter() - t0, 1)},
     }
-    if trains_rtd(arm):
-        everything = load_token_rows(bench.root, tokens.key, ("text",))
-        all_rows = TrainingRows(everything, load_corruption_rows(bench.root, corruption.key, everything), False, pad)
-        n = len(everything)
-        rec["mechanism"] = probe_rows(model, all_rows, np.arange(n - PROTOCOL_V2["heldout_sentences"], n))
-    _log(f"sts {method}/{arm.name}/seed {seed}: {rec['start']:.2f} -> {rec['final']:.2f} ({rec['delta']:+.2f})")
+    if heldout is not None:
+        rec["mechanism"] = probe_rows(model, *heldout)
+    _log(f"sts {state.name}: {rec['start']:.2f} -> {rec['final']:.2f} ({rec['delta']:+.2f})")
     return rec
 
 
@@ -454,8 +485,14 @@ def part_commands(home: Path) -> list[str]:
     return [c for p in sorted(part_dir(home).glob("*.json")) for c in json.loads(p.read_text()).get("commands", [])]
 
 
+def device_set(r: dict[str, Any]) -> str:
+    """`cpu` for a record of the protocol's own device (records without `device`), `gpu` for one run on a GPU
+    (benchmarks/evidence_device.py): the two sets are summarised apart, never paired across."""
+    return "gpu" if str(r.get("device", "cpu")).startswith("cuda") else "cpu"
+
+
 def record_id(r: dict[str, Any]) -> tuple:
-    return (r["kind"], r["method"], r["arm"], r.get("seed"), r.get("knob_value"))
+    return (r["kind"], r["method"], r["arm"], r.get("seed"), r.get("knob_value"), device_set(r))
 
 
 def write_part(home: Path, name: str, part: dict[str, Any]) -> None:
@@ -482,6 +519,11 @@ def chosen_knob(records: list[dict[str, Any]], method: str) -> tuple[float | Non
     return candidates[-1], False
 
 
+def done_sts(records: list[dict[str, Any]], devices: str) -> set[tuple[str, str, int]]:
+    """(method, arm, seed) of the STS records of one device set."""
+    return {(r["method"], r["arm"], r["seed"]) for r in records if r["kind"] == "sts" and device_set(r) == devices}
+
+
 def expected_sts(methods=None, seeds=None) -> list[tuple[str, str, int]]:
     return [
         (m, a.name, s)
@@ -493,15 +535,16 @@ def expected_sts(methods=None, seeds=None) -> list[tuple[str, str, int]]:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def summary(report: dict[str, Any]) -> dict[str, Any]:
+def summary(report: dict[str, Any], devices: str = "cpu") -> dict[str, Any]:
     """Per method: the power checks, the knob chosen, each arm's Delta / final (mean +- std over seeds), method -
-    control paired by seed, and the mechanism figures on the real corruption."""
+    control paired by seed, and the mechanism figures on the real corruption, over the STS records of one device set
+    (`device_set`; the power checks, run on the CPU, choose the knob of both)."""
     records = report.get("records", [])
     out: dict[str, Any] = {}
     for method, arms in ARMS.items():
         power = [r for r in records if r["kind"] == "power" and r["method"] == method]
         choice = chosen_knob(records, method)
-        sts = [r for r in records if r["kind"] == "sts" and r["method"] == method]
+        sts = [r for r in records if r["kind"] == "sts" and r["method"] == method and device_set(r) == devices]
         per_arm = {}
         for arm in arms:
             ac = sorted((r for r in sts if r["arm"] == arm.name), key=lambda r: r["seed"])
@@ -570,8 +613,7 @@ def power_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def sts_table(report: dict[str, Any]) -> list[str]:
-    s = report["summary"]
+def sts_table(s: dict[str, Any]) -> list[str]:
     if not any(m["arms"] for m in s.values()):
         return ["(none measured yet)"]
     lines = [
@@ -599,14 +641,14 @@ def sts_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def mechanism_table(report: dict[str, Any]) -> list[str]:
-    if not any("mechanism" in a for m in report["summary"].values() for a in m["arms"].values()):
+def mechanism_table(s: dict[str, Any]) -> list[str]:
+    if not any("mechanism" in a for m in s.values() for a in m["arms"].values()):
         return ["(none measured yet: it is measured at the end of each STS run whose RTD side learns)"]
     lines = [
         "| method | arm | seeds | loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for method, m in report["summary"].items():
+    for method, m in s.items():
         for a in m["arms"].values():
             if "mechanism" in a:
                 me = a["mechanism"]
@@ -617,16 +659,42 @@ def mechanism_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def status_line(report: dict[str, Any]) -> str:
-    done = {(r["method"], r["arm"], r["seed"]) for r in report.get("records", []) if r["kind"] == "sts"}
-    planned = expected_sts()
-    power = [r for r in report.get("records", []) if r["kind"] == "power"]
-    missing = [c for c in planned if c not in done]
-    return (
-        f"Protocol 2 ({PROTOCOL_V2['steps']:,} steps): {len(power)} power checks; "
-        f"{len(planned) - len(missing)} of its {len(planned)} STS runs measured"
-        + ("." if not missing else f" (partial: {len(missing)} still to run, so no STS row of it is a verdict).")
+DEVICE_SETS = {"cpu": "on the CPU", "gpu": "on one GPU"}
+
+
+def gpu_name(report: dict[str, Any]) -> str:
+    """The GPU of the report's GPU records (`device` is `cuda: <name>`), or `a GPU` when it has none."""
+    names = sorted(
+        {str(r["device"]).removeprefix("cuda:").strip() for r in report.get("records", []) if device_set(r) == "gpu"}
     )
+    return ", ".join(names) or "a GPU"
+
+
+def status_line(report: dict[str, Any]) -> str:
+    records = report.get("records", [])
+    planned = expected_sts()
+    power = [r for r in records if r["kind"] == "power"]
+    sets = []
+    for devices, where in DEVICE_SETS.items():
+        done = done_sts(records, devices)
+        if devices == "gpu" and not done:
+            continue
+        missing = [c for c in planned if c not in done]
+        sets.append(
+            f"{len(planned) - len(missing)} of its {len(planned)} STS runs measured {where}"
+            + (
+                ""
+                if not missing
+                else f" (partial: {len(missing)} still to run, so no STS row of that set is a verdict)"
+            )
+        )
+    return f"Protocol 2 ({PROTOCOL_V2['steps']:,} steps): {len(power)} power checks; " + "; ".join(sets) + "."
+
+
+GPU_SETTINGS = (
+    "the same protocol, seeds and knobs (the CPU's power checks chose them), fp32, the packaged MiniLM's weights "
+    "rounded to fp16 to travel (benchmarks/evidence_device.py)"
+)
 
 
 def generator_line(report: dict[str, Any]) -> str:
@@ -657,12 +725,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"## STS-B dev, step 0 → step {PROTOCOL_V2['steps']} (Spearman × 100; mean ± std over seeds)",
         "",
-        *sts_table(report),
+        *sts_table(report["summary"]),
         "",
         "## Mechanism on the real corruption (held-out 1,024 sentences, variant 0)",
         "",
-        *mechanism_table(report),
+        *mechanism_table(report["summary"]),
         "",
+        *gpu_section(report, "## "),
         "Commands:",
         "",
         *[f"- `{c}`" for c in report.get("commands", [])],
@@ -688,40 +757,66 @@ def docs_block(report: dict[str, Any]) -> str:
             "",
             f"STS-B dev, step 0 → {PROTOCOL_V2['steps']}, with the generator above and the knob the power check chose:",
             "",
-            *sts_table(report),
+            *sts_table(report["summary"]),
             "",
             "Mechanism on the real corruption (held-out sentences):",
             "",
-            *mechanism_table(report),
+            *mechanism_table(report["summary"]),
+            *([""] if report.get("summary_gpu") else []),
+            *gpu_section(report, ""),
         ]
-    )
+    ).rstrip("\n")
+
+
+def gpu_section(report: dict[str, Any], heading: str) -> list[str]:
+    """The STS runs of the GPU set, when there are any: its STS and mechanism tables under `heading` lines."""
+    s = report.get("summary_gpu")
+    if not s or not any(m["arms"] for m in s.values()):
+        return []
+    return [
+        f"{heading}The same STS runs on one GPU ({gpu_name(report)}): {GPU_SETTINGS}",
+        "",
+        *sts_table(s),
+        "",
+        f"{heading}Mechanism, GPU runs" if heading else "Mechanism, GPU runs:",
+        "",
+        *mechanism_table(s),
+        "",
+    ]
 
 
 def readme_rows(report: dict[str, Any]) -> list[str]:
-    """The README table's protocol-2 rows (same columns as protocol 1's rows, labelled by protocol)."""
-    s = report["summary"]
+    """The README table's protocol-2 rows (same columns as protocol 1's rows, labelled by protocol, and by device for
+    the GPU set)."""
     rows = []
-    for method, arms in ARMS.items():
-        m = s.get(method, {"arms": {}, "method_minus_control": {}, "knob": None})
-        own = m["arms"].get(METHOD)
-        n_own = len(own["seeds"]) if own else 0
-        knob = m.get("knob")
-        ktxt = (
-            ""
-            if knob is None
-            else f", {knob['name'].replace('_', ' ')} {_rate(knob['value'])}"
-            + ("" if knob["passed"] else " (no power)")
-        )
-        for arm in arms[1:]:
-            ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
-            n_ctl = len(ctl["seeds"]) if ctl else 0
-            ptxt = (
-                "–" if pair is None else f"{_pm(pair, signed=True)} (better in {pair['method_better_in']}/{pair['n']})"
+    for devices, key in (("cpu", "summary"), ("gpu", "summary_gpu")):
+        s = report.get(key)
+        if s is None or (devices == "gpu" and not any(m["arms"] for m in s.values())):
+            continue
+        label = "2" if devices == "cpu" else "2, GPU"
+        for method, arms in ARMS.items():
+            m = s.get(method, {"arms": {}, "method_minus_control": {}, "knob": None})
+            own = m["arms"].get(METHOD)
+            n_own = len(own["seeds"]) if own else 0
+            knob = m.get("knob")
+            ktxt = (
+                ""
+                if knob is None
+                else f", {knob['name'].replace('_', ' ')} {_rate(knob['value'])}"
+                + ("" if knob["passed"] else " (no power)")
             )
-            rows.append(
-                f"| 2 | {arms[0].label}{ktxt} | {arm.label.removeprefix('control: ')} | {n_own} / {n_ctl} | "
-                f"{_pm(own and own['delta'], signed=True)} | {_pm(ctl and ctl['delta'], signed=True)} | {ptxt} |"
-            )
+            for arm in arms[1:]:
+                ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
+                n_ctl = len(ctl["seeds"]) if ctl else 0
+                ptxt = (
+                    "–"
+                    if pair is None
+                    else f"{_pm(pair, signed=True)} (better in {pair['method_better_in']}/{pair['n']})"
+                )
+                rows.append(
+                    f"| {label} | {arms[0].label}{ktxt} | {arm.label.removeprefix('control: ')} | {n_own} / {n_ctl} | "
+                    f"{_pm(own and own['delta'], signed=True)} | {_pm(ctl and ctl['delta'], signed=True)} | {ptxt} |"
+                )
     return rows
 
 
@@ -762,10 +857,16 @@ def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path |
         "environment": previous.get("environment") or cpu_environment(),
         "commands": list(dict.fromkeys([*previous.get("commands", []), *part_commands(home), command])),
     }
-    report["summary"] = summary(report)
-    report["complete"] = all(
-        c in {(r["method"], r["arm"], r.get("seed")) for r in report["records"]} for c in expected_sts()
-    )
+    short = [r for r in report["records"] if r["kind"] == "sts" and r["steps"] != PROTOCOL_V2["steps"]]
+    if short:
+        raise SystemExit(
+            "records of runs shorter than the protocol's steps (a rehearsal's?): "
+            + ", ".join(f"{r['method']}/{r['arm']}/seed {r['seed']} ({r['steps']} steps)" for r in short)
+        )
+    report["summary"] = summary(report, "cpu")
+    if any(device_set(r) == "gpu" for r in report["records"]):
+        report["summary_gpu"] = summary(report, "gpu")
+    report["complete"] = {d: set(expected_sts()) <= done_sts(report["records"], d) for d in DEVICE_SETS}
     full["protocol_v2"] = report
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(full, indent=1) + "\n")
@@ -787,7 +888,7 @@ def run_power(bench: Bench, methods: list[str], home: Path, save) -> None:
         arm = ARMS[method][0]
         for value in KNOBS[method][1]:
             done = {record_id(r): r for r in read_parts(home)}
-            rid = ("power", method, arm.name, None, value)
+            rid = ("power", method, arm.name, None, value, "cpu")
             rec = done.get(rid) or power_record(bench, method, arm, value)
             if rid not in done:
                 save(rec)
@@ -799,7 +900,7 @@ def run_sts(bench: Bench, methods: list[str], seeds: list[int] | None, home: Pat
     """The STS runs not yet in a part, method and control of one seed after the other, at the chosen knob."""
     for method, arm_name, seed in expected_sts(methods, seeds):
         records = read_parts(home)
-        if ("sts", method, arm_name, seed) in {(r["kind"], r["method"], r["arm"], r.get("seed")) for r in records}:
+        if (method, arm_name, seed) in done_sts(records, "cpu"):
             continue
         choice = chosen_knob(records, method)
         if choice is None:

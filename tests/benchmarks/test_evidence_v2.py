@@ -49,12 +49,13 @@ def test_the_knob_is_the_first_listed_rate_that_passes_else_the_last_without_pow
     assert v2.chosen_knob([_power(FIRST, rates[0], 0.3)], FIRST) == (rates[0], True)
 
 
-def _sts(method, arm, seed, final, mechanism=None):
+def _sts(method, arm, seed, final, mechanism=None, device=None, steps=1000):
     rec = {
         "kind": "sts",
         "method": method,
         "arm": arm,
         "seed": seed,
+        "steps": steps,
         "start": 80.0,
         "final": final,
         "delta": round(final - 80.0, 2),
@@ -62,6 +63,8 @@ def _sts(method, arm, seed, final, mechanism=None):
     }
     if mechanism is not None:
         rec["mechanism"] = dict(zip(("true_h", "rolled_h", "no_h", "gap", "constant_guess"), mechanism))
+    if device is not None:
+        rec["device"] = device
     return rec
 
 
@@ -107,6 +110,40 @@ def test_merge_keeps_protocol_1_and_refuses_parts_of_another_protocol(tmp_path):
     v2.write_part(home, "b", {"protocol": "0" * 16, "records": []})
     with pytest.raises(SystemExit, match="protocol"):
         v2.merge(home, out, "merge", None, None)
+
+
+def test_gpu_runs_are_a_set_of_their_own_never_paired_with_cpu_runs(tmp_path):
+    gpu = "cuda: NVIDIA H100 80GB HBM3"
+    records = [
+        _sts(FIRST, "method", 0, 82.0),  # CPU: method only
+        _sts(FIRST, "method", 0, 84.0, device=gpu),
+        _sts(FIRST, "lambda0", 0, 83.0, device=gpu),
+    ]
+    assert len({v2.record_id(r) for r in records}) == 3  # the same run on two devices: two records
+    home = tmp_path / "home"
+    v2.write_part(home, "cpu", {"protocol": v2.protocol_hash(), "records": records[:1]})
+    v2.write_part(home, "gpu", {"protocol": v2.protocol_hash(), "records": records[1:]})
+    out = tmp_path / "evidence.json"
+    v2.merge(home, out, "merge", None, None)
+    report = json.loads(out.read_text())["protocol_v2"]
+    assert report["summary"][FIRST]["method_minus_control"] == {}  # no CPU control: nothing paired across devices
+    assert report["summary_gpu"][FIRST]["method_minus_control"]["lambda0"]["mean"] == pytest.approx(1.0)
+    assert report["complete"] == {"cpu": False, "gpu": False}
+    status = v2.status_line(report)
+    assert "1 of its 12 STS runs measured on the CPU" in status and "2 of its 12 STS runs measured on one GPU" in status
+    md = (tmp_path / "evidence_v2.md").read_text()
+    assert "The same STS runs on one GPU (NVIDIA H100 80GB HBM3)" in md
+    rows = v2.readme_rows(report)
+    assert [r.split(" | ")[0] for r in rows] == ["| 2"] * 2 + ["| 2, GPU"] * 2
+    assert rows[2].endswith("| 1 / 1 | +4.00 | +3.00 | +1.00 (better in 1/1) |")
+
+
+def test_merge_refuses_a_run_shorter_than_the_protocol(tmp_path):
+    """A rehearsal (benchmarks/evidence_device.py --steps) never reaches the report."""
+    home = tmp_path / "home"
+    v2.write_part(home, "r", {"protocol": v2.protocol_hash(), "records": [_sts(FIRST, "method", 0, 81.0, steps=4)]})
+    with pytest.raises(SystemExit, match="shorter than the protocol"):
+        v2.merge(home, tmp_path / "evidence.json", "merge", None, None)
 
 
 def test_protocol_2_is_the_one_its_records_were_run_under():

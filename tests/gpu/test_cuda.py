@@ -79,6 +79,9 @@ def _trainer(
     log: list[tuple[int, dict]] = []
     lc = loop_config(cfg, precision, steps)
     lc.checkpoint_steps, lc.deterministic, lc.grad_cache_chunk_size, lc.compile = 1, True, chunk, compile
+    # a resume state at every step, on any device: the CUDA default keeps states 50 x their cost apart, so a run
+    # stopped at step 2 could resume from step 1 (LoopConfig.state_interval_s)
+    lc.state_interval_s = 0.0
     # (the CPU rehearsal traces with dynamo's eager backend: inductor's CPU build alone takes minutes)
     lc.compile_backend = "inductor" if DEVICE.type == "cuda" else "eager"
     trainer = Trainer(
