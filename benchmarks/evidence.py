@@ -142,6 +142,17 @@ def environment() -> dict[str, Any]:
     return cpu_environment()
 
 
+def curve_fields(curve: list[tuple[int, float]]) -> dict[str, Any]:
+    """A record's STS-B dev fields from its `(step, score)` curve: the curve, its start, final, delta and best."""
+    return {
+        "dev_curve": curve,
+        "start": curve[0][1],
+        "final": curve[-1][1],
+        "delta": round(curve[-1][1] - curve[0][1], 2),
+        "best": max(s for _, s in curve),
+    }
+
+
 def mean_std(values: list[float]) -> dict[str, Any]:
     """Mean and sample standard deviation (0 for one value) of a list, with n."""
     if not values:
@@ -405,11 +416,7 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
         "learning_rate": cfg.learning_rate,
         "batch_size": cfg.batch_size,
         "overrides": arm.overrides,
-        "dev_curve": curve,
-        "start": curve[0][1],
-        "final": curve[-1][1],
-        "delta": round(curve[-1][1] - curve[0][1], 2),
-        "best": max(s for _, s in curve),
+        **curve_fields(curve),
         "best_step": max(curve, key=lambda p: p[1])[0],
         "losses": losses,
         "corruption": cfg.corrupt.model_dump() if cfg.uses_corruption else None,
@@ -542,11 +549,12 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _pm(ms: dict[str, Any], digits: int = 2, signed: bool = False) -> str:
-    if ms is None or ms.get("mean") is None:
+def _pm(ms: dict[str, Any] | None, digits: int = 2, signed: bool = False) -> str:
+    """`mean ± std` of a `mean_std` dict (the spread left out for one value; `–` for none)."""
+    if not ms or ms.get("mean") is None:
         return "–"
     fmt = f"{{:{'+' if signed else ''}.{digits}f}}"
-    return f"{fmt.format(ms['mean'])} ± {ms['std']:.{digits}f}"
+    return fmt.format(ms["mean"]) + (f" ± {ms['std']:.{digits}f}" if ms["n"] > 1 else "")
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -691,12 +699,17 @@ def readme_table(report: dict[str, Any]) -> str:
 
 def write_readme(report: dict[str, Any], readme: Path) -> None:
     """Replace the block between README_BEGIN and README_END of `readme` with `readme_table(report)`."""
-    text = readme.read_text(encoding="utf-8")
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"{readme}: no block between {README_BEGIN!r} and {README_END!r} to render the table into")
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    readme.write_text(f"{head}{README_BEGIN}\n{readme_table(report)}\n{README_END}{tail}", encoding="utf-8")
+    write_block(readme, README_BEGIN, README_END, readme_table(report))
+
+
+def write_block(path: Path, begin: str, end: str, body: str) -> None:
+    """Replace what stands between the lines `begin` and `end` of `path` with `body`."""
+    text = path.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: no block between {begin!r} and {end!r} to render into")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
 def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.evidence import Arm, Bench, mean_std, stsb_dev
+from benchmarks.evidence import Arm, Bench, _pm, curve_fields, mean_std, stsb_dev, write_block
 from benchmarks.facts import MethodFacts, registry_facts
 from benchmarks.machine import cpu_environment, set_offline_environment
 
@@ -449,11 +449,7 @@ def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "steps": result.steps,
         "learning_rate": cfg.learning_rate,
-        "dev_curve": curve,
-        "start": curve[0][1],
-        "final": curve[-1][1],
-        "delta": round(curve[-1][1] - curve[0][1], 2),
-        "best": max(s for _, s in curve),
+        **curve_fields(curve),
         "losses": losses,
         "resumed_from": result.resumed_from,
         "seconds": {"train_and_eval": round(spent + time.perf_counter() - t0, 1)},
@@ -579,13 +575,6 @@ def summary(report: dict[str, Any], devices: str = "cpu") -> dict[str, Any]:
             "method_minus_control": paired,
         }
     return out
-
-
-def _pm(ms: dict[str, Any] | None, digits: int = 2, signed: bool = False) -> str:
-    if not ms or ms.get("mean") is None:
-        return "–"
-    fmt = f"{{:{'+' if signed else ''}.{digits}f}}"
-    return fmt.format(ms["mean"]) + (f" ± {ms['std']:.{digits}f}" if ms["n"] > 1 else "")
 
 
 def _rate(value: float | None, job_rate: float | None = None) -> str:
@@ -818,15 +807,6 @@ def readme_rows(report: dict[str, Any]) -> list[str]:
                     f"{_pm(own and own['delta'], signed=True)} | {_pm(ctl and ctl['delta'], signed=True)} | {ptxt} |"
                 )
     return rows
-
-
-def write_block(path: Path, begin: str, end: str, body: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    if begin not in text or end not in text:
-        raise SystemExit(f"{path}: no block between {begin!r} and {end!r} to render into")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
 def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path | None) -> int:
