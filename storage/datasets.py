@@ -58,20 +58,7 @@ def write_dataset(
         if not files:  # an empty dataset still has one (empty) part with the schema
             write_parquet(schema.empty_table(), tmp / part_name(0), schema)
             files.append(part_name(0))
-        facts = file_facts(tmp, files)
-        m = Manifest(
-            kind=kind,
-            key=key,
-            rows=rows,
-            files=files,
-            **facts,
-            arrow=write_arrow_copy(tmp, files, kind=kind, key=key, content_hash=facts["content_hash"]),
-            params=dict(params or {}),
-            source=dict(source or {}),
-            inputs=dict(inputs or {}),
-            stats=dict(stats or {}),
-        )
-        m.write(tmp)
+        m = _write_manifest(tmp, kind, key, files, rows, params, source, inputs, stats)
     return m
 
 
@@ -104,20 +91,28 @@ def publish_files(
                 shutil.copyfile(f, target)
             names.append(target.name)
             rows += pq.ParquetFile(target).metadata.num_rows
-        facts = file_facts(tmp, names)
-        m = Manifest(
-            kind=kind,
-            key=key,
-            rows=rows,
-            files=names,
-            **facts,
-            arrow=write_arrow_copy(tmp, names, kind=kind, key=key, content_hash=facts["content_hash"]),
-            params=dict(params or {}),
-            source=dict(source or {}),
-            inputs=dict(inputs or {}),
-            stats=dict(stats or {}),
-        )
-        m.write(tmp)
+        m = _write_manifest(tmp, kind, key, names, rows, params, source, inputs, stats)
+    return m
+
+
+def _write_manifest(
+    tmp: Path, kind: str, key: str, files: list[str], rows: int, params, source, inputs, stats
+) -> Manifest:
+    """The manifest of the parts `files` in the unpublished folder `tmp` (their facts and Arrow copy), written there."""
+    facts = file_facts(tmp, files)
+    m = Manifest(
+        kind=kind,
+        key=key,
+        rows=rows,
+        files=files,
+        **facts,
+        arrow=write_arrow_copy(tmp, files, kind=kind, key=key, content_hash=facts["content_hash"]),
+        params=dict(params or {}),
+        source=dict(source or {}),
+        inputs=dict(inputs or {}),
+        stats=dict(stats or {}),
+    )
+    m.write(tmp)
     return m
 
 
