@@ -122,7 +122,7 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
                 "rows": rows_file.name,
             }
         )
-        v2._log(f"exported {method}/{arm_name}/seed {seed} (corruption {corruption.key})")
+        v2.log(f"exported {method}/{arm_name}/seed {seed} (corruption {corruption.key})")
     _write(dest / "sts.pkl.xz", load_sts_input(bench.sts.key, bench.root).table)
     export_backbone(Path(resolve_model_path(v2.PROTOCOL_V2["backbone"])), dest / "backbone")
     index = {"protocol": v2.protocol_hash(), "generator": generator, "runs": runs, "command": command}
@@ -197,7 +197,7 @@ def run(
         rec["seconds"]["total"] = round(time.perf_counter() - t0, 1)
         saved["records"] = [r for r in saved["records"] if v2.record_id(r) != v2.record_id(rec)] + [rec]
         v2.write_part(home, part, saved)
-    v2._log("done")
+    v2.log("done")
     return 0
 
 

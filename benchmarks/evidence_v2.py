@@ -115,7 +115,7 @@ def protocol_hash() -> str:
     return stable_hash({"protocol": PROTOCOL_V2, "arms": arms, "knobs": knobs})[:16]
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(f"[evidence-v2 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
@@ -167,7 +167,7 @@ def fit_v2_generator(bench: Bench) -> dict[str, Any]:
         ingest_dataset.fn("wiki1m", bench.ingest),
         TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL_V2["max_length"]),
     )
-    _log("fitting (or reusing) the protocol's generator: MiniLM fine-tuned as a masked LM")
+    log("fitting (or reusing) the protocol's generator: MiniLM fine-tuned as a masked LM")
     ref = fit_generator.fn(tokens.key, config)
     return generator_record(
         ref.key, config.model_dump(exclude={"device"}), bench.root.require("generator", ref.key).stats
@@ -324,7 +324,7 @@ def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dic
     set_seed(cfg.seed)
     model = build_model(cfg, _cpu())
     knob_name = KNOBS[method][0]
-    _log(
+    log(
         f"power {method}/{arm.name}: {knob_name} = {knob if knob is not None else 'the job rate'}, {power['steps']} steps"
     )
     losses: list = []
@@ -350,7 +350,7 @@ def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dic
         "losses": losses,
         "seconds": round(train_s, 1),
     }
-    _log(f"power {method}/{arm.name} {knob_name}={knob}: {probe} -> {'passes' if rec['passes'] else 'no power'}")
+    log(f"power {method}/{arm.name} {knob_name}={knob}: {probe} -> {'passes' if rec['passes'] else 'no power'}")
     return rec
 
 
@@ -423,7 +423,7 @@ def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
 
     set_seed(cfg.seed)
     model = build_model(cfg, device)
-    _log(f"sts {state.name}: {cfg.max_steps} steps, lr {cfg.learning_rate:g}, on {device}")
+    log(f"sts {state.name}: {cfg.max_steps} steps, lr {cfg.learning_rate:g}, on {device}")
     progress = state.with_suffix(".json")
     saved = json.loads(progress.read_text()) if progress.is_file() and ResumeState(state).exists() else {}
     curve = [tuple(p) for p in saved.get("curve", [])] or [(0, dev(model))]
@@ -456,7 +456,7 @@ def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
     }
     if heldout is not None:
         rec["mechanism"] = probe_rows(model, *heldout)
-    _log(f"sts {state.name}: {rec['start']:.2f} -> {rec['final']:.2f} ({rec['delta']:+.2f})")
+    log(f"sts {state.name}: {rec['start']:.2f} -> {rec['final']:.2f} ({rec['delta']:+.2f})")
     return rec
 
 
@@ -884,7 +884,7 @@ def run_sts(bench: Bench, methods: list[str], seeds: list[int] | None, home: Pat
             continue
         choice = chosen_knob(records, method)
         if choice is None:
-            _log(f"{method}: its power checks are not all done; run --stages power first")
+            log(f"{method}: its power checks are not all done; run --stages power first")
             return
         arm = next(a for a in ARMS[method] if a.name == arm_name)
         # every arm of the method at the chosen rate: the control differs from the method in lambda only
@@ -926,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{path} is of protocol {part.get('protocol')}, not {protocol_hash()}")
     part["commands"] = list(dict.fromkeys([*part.get("commands", []), command.strip()]))
     part["environment"] = cpu_environment()
-    _log(f"protocol {protocol_hash()}; part {path}; methods {methods}; stages {stages}")
+    log(f"protocol {protocol_hash()}; part {path}; methods {methods}; stages {stages}")
 
     def save(record: dict[str, Any] | None = None) -> None:
         if record is not None:
@@ -940,7 +940,7 @@ def main(argv: list[str] | None = None) -> int:
         part["generator"] = fit_v2_generator(bench)
         save()
         run_sts(Bench(f"generator:{part['generator']['key']}"), methods, seeds, home, save)
-    _log("done")
+    log("done")
     return 0
 
 
