@@ -333,3 +333,23 @@ class CSEModel(SentenceEmbedder):
             plan: the shared part of the plan, to complete.
         """
         return None
+
+
+class FineTunedModel:
+    """Mixin for methods whose `self.encoder` is the whole pretrained encoder, fine-tuned (SimCSE, DiffCSE): the
+    `backbone` accessor and the CLS pass."""
+
+    encoder: nn.Module
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder
+
+    def encode_cls(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Last-layer state at position 0 of the encoder on `(B', T)` rows: `(B', d)` (before any MLP)."""
+        out = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        )
+        return out.last_hidden_state[:, 0]

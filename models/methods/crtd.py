@@ -1,9 +1,9 @@
 """The objective D2CSE and DiffCSE share: contrastive loss on `h` + λ · conditional replaced-token detection.
 
 `ConditionalRTDModel` does the shape checks, RTD label defaulting (`corrupted != original` on real tokens), the
-contrastive loss, the RTD loss and `training_step`; a subclass says how the training rows are encoded
-(`encode_rows`) and how its discriminator reads the corrupted rows conditioned on `h` (`discriminate`, and
-`discriminate_rows` in the training pass). `rtd_h_probe` measures whether the discriminator uses which sentence `h`
+contrastive loss, the RTD loss and `training_step`; a subclass says how the rows are encoded (`encode_cls`, and
+`encode_rows` in the training pass) and how its discriminator reads the corrupted rows conditioned on `h`
+(`discriminate`, and `discriminate_rows` in the training pass). `rtd_h_probe` measures whether the discriminator uses which sentence `h`
 describes: its loss with the true `h`, with another row's and with none (the training job logs it at every
 evaluation, training/job.py).
 
@@ -141,19 +141,18 @@ class ConditionalRTDModel(CSEModel):
     References: Chuang et al. (2022), *DiffCSE*, equation 4 (`L = L_contrast + λ·L_RTD`); Lee (2023), *D2CSE*.
 
     Examples:
-        A method that shares the objective implements three hooks (`cse.models.methods.diffcse.DiffCSE` in full):
+        A method that shares the objective implements `encode_cls` and `discriminate`; `encode_rows` and
+        `discriminate_rows` default to those two with no context (`cse.models.methods.diffcse.DiffCSE` in full;
+        `cse.models.methods.d2cse.D2CSE` overrides them to hand a prefix sample on):
 
         ```python
         class MyCRTD(ConditionalRTDModel):
-            def encode_rows(self, input_ids, attention_mask, token_type_ids):
-                return self.encode_cls(input_ids, attention_mask, token_type_ids), None
+            def encode_cls(self, input_ids, attention_mask, token_type_ids=None):
+                return self.encoder(input_ids, attention_mask, token_type_ids).last_hidden_state[:, 0]
 
             def discriminate(self, corrupted_ids, attention_mask, h, token_type_ids=None):
                 out = self.discriminator(corrupted_ids, attention_mask, token_type_ids, position0_output=h)
                 return self.rtd_head(out.last_hidden_state)
-
-            def discriminate_rows(self, corrupted_ids, attention_mask, h, token_type_ids, context):
-                return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
         ```
     """
 
@@ -163,19 +162,19 @@ class ConditionalRTDModel(CSEModel):
     projection: ProjectionMLP
     rtd_head: RTDHead
 
-    @abstractmethod
     def encode_rows(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, Any]:
-        """Last-layer CLS states `(B', d)` of the training pass, and a context handed to `discriminate_rows`.
+        """Last-layer CLS states `(B', d)` of the training pass, and a context handed to `discriminate_rows`
+        (default: the subclass's `encode_cls`, no context).
 
         Args:
             input_ids: `(B', T)` token ids, the views flattened.
             attention_mask: `(B', T)` token mask.
             token_type_ids: `(B', T)` segment ids, or None.
         """
+        return self.encode_cls(input_ids, attention_mask, token_type_ids), None
 
-    @abstractmethod
     def discriminate_rows(
         self,
         corrupted_ids: torch.Tensor,
@@ -184,7 +183,8 @@ class ConditionalRTDModel(CSEModel):
         token_type_ids: torch.Tensor | None,
         context: Any,
     ) -> torch.Tensor:
-        """RTD logits `(B', T, 2)` of the training pass's discriminator on `(B', T)` corrupted rows given `h`.
+        """RTD logits `(B', T, 2)` of the training pass's discriminator on `(B', T)` corrupted rows given `h`
+        (default: `discriminate` conditioned on `h`, the context unused).
 
         Args:
             corrupted_ids: `(B', T)` corrupted token ids.
@@ -193,6 +193,7 @@ class ConditionalRTDModel(CSEModel):
             token_type_ids: `(B', T)` segment ids, or None.
             context: what `encode_rows` returned beside the CLS states.
         """
+        return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
 
     @abstractmethod
     def discriminate(

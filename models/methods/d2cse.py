@@ -108,7 +108,6 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         d = bcfg.hidden_size
         init_std = getattr(bcfg, "initializer_range", 0.02)
 
-        self.cls_prompt: nn.Parameter | None = None
         if config.cls_prompt:
             if cls_token_id is None:
                 cls_token_id = getattr(self.tokenizer, "cls_token_id", None)
@@ -148,22 +147,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         "d": {"discriminator_prompts": True, "condition_discriminator": True, "train_discriminator": False},
     }
 
-    # --------------------------------------------------------------------------------- properties
-
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        prefix: PrefixKeyValues | None = None,
-    ) -> torch.Tensor:
-        """Last-layer CLS state of `(B', T)` rows with prompts (and the [CLS] prompt if on): `(B', d)`."""
-        if prefix is None:
-            prefix = self.prompts(input_ids.shape[0])
-        out = self.encoder(input_ids, attention_mask, token_type_ids, prefix=prefix, cls_embedding=self.cls_prompt)
-        return out.last_hidden_state[:, 0]
-
     def discriminate(
         self,
         corrupted_ids: torch.Tensor,

@@ -337,18 +337,6 @@ class DCPCSE(PromptedModel, CSEModel):
         return "cls_before_pooler" if self.config.mlp_only_train else "cls"
 
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        prefix: PrefixKeyValues | None = None,
-    ) -> torch.Tensor:
-        """Last-layer CLS state of `(B', T)` rows with prompts (a fresh prefix sample unless given): `(B', d)`."""
-        if prefix is None:
-            prefix = self.prompts(input_ids.shape[0])
-        return self.encoder(input_ids, attention_mask, token_type_ids, prefix=prefix).last_hidden_state[:, 0]
-
     def mask_for_mlm(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from cse.models.heads import ProjectionMLP, RTDHead
-from cse.models.method import MethodConfig
+from cse.models.method import FineTunedModel, MethodConfig
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone
 
@@ -59,7 +59,7 @@ class DiffCSEConfig(MethodConfig):
             )
 
 
-class DiffCSE(ConditionalRTDModel):
+class DiffCSE(FineTunedModel, ConditionalRTDModel):
     """DiffCSE: a fully fine-tuned encoder with a BN-MLP, trained with SimCSE's contrastive loss plus conditional
     replaced-token detection: a trainable discriminator (a copy of the pretrained backbone) with an RTD head finds
     the tokens a fixed masked-LM generator replaced (the corruption stage), conditioned on the sentence vector.
@@ -114,21 +114,7 @@ class DiffCSE(ConditionalRTDModel):
         self.discriminator = PromptedBackbone(copy.deepcopy(backbone), None, shift_positions=False)
         self.rtd_head = RTDHead(d)
 
-    # --------------------------------------------------------------------------------- properties
-    @property
-    def backbone(self) -> nn.Module:
-        return self.encoder
-
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Last-layer CLS state of the encoder on `(B', T)` rows: `(B', d)`."""
-        out = self.encoder(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
-        )
-        return out.last_hidden_state[:, 0]
-
     def discriminate(
         self,
         corrupted_ids: torch.Tensor,
@@ -139,21 +125,6 @@ class DiffCSE(ConditionalRTDModel):
         """RTD logits `(B', T, 2)` of D on corrupted ids; D's embedding output at position 0 is `h` if given."""
         out = self.discriminator(corrupted_ids, attention_mask, token_type_ids, prefix=False, position0_output=h)
         return self.rtd_head(out.last_hidden_state)
-
-    def encode_rows(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
-    ) -> tuple[torch.Tensor, None]:
-        return self.encode_cls(input_ids, attention_mask, token_type_ids), None
-
-    def discriminate_rows(
-        self,
-        corrupted_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        h: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        context: None,
-    ) -> torch.Tensor:
-        return self.discriminate(corrupted_ids, attention_mask, h, token_type_ids)
 
     def parameter_groups(self, phase: str) -> list[dict]:
         """Every trainable tensor at the job's rate; with `discriminator_learning_rate` set, D and the RTD head in a

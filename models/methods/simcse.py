@@ -29,7 +29,7 @@ from torch import nn
 from cse.models.batching import TrainBatch
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
-from cse.models.method import CSEModel, MethodConfig, StepOutput, set_backbone_dropout
+from cse.models.method import CSEModel, FineTunedModel, MethodConfig, StepOutput, set_backbone_dropout
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class SimCSEConfig(MethodConfig):
             raise ValueError("train_mlp=False needs mlp_only_train=True (the evaluation would read an untrained MLP)")
 
 
-class SimCSE(CSEModel):
+class SimCSE(FineTunedModel, CSEModel):
     """SimCSE: a fully fine-tuned PLM with a `cls` MLP, trained with the in-batch contrastive loss; unsupervised, the
     two views of a sentence differ only by dropout; supervised, NLI entailments are the positives and
     contradictions the hard negatives.
@@ -108,23 +108,10 @@ class SimCSE(CSEModel):
 
     # --------------------------------------------------------------------------------- properties
     @property
-    def backbone(self) -> nn.Module:
-        return self.encoder
-
-    @property
     def evaluation_pooler(self) -> str:
         return "cls_before_pooler" if self.config.mlp_only_train else "cls"
 
     # --------------------------------------------------------------------------------- passes
-    def encode_cls(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Last-layer state at position 0 of `(B', T)` rows: `(B', d)` (before the MLP)."""
-        out = self.encoder(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
-        )
-        return out.last_hidden_state[:, 0]
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Contrastive loss of `(B, n, T)` rows (n = 2 unsup, 3 sup) and the `(B, n, d)` MLP outputs (SimCSE)."""
         if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):

@@ -292,13 +292,15 @@ def prompted_backbone(
 
 
 class PromptedModel:
-    """Mixin for methods whose `self.encoder` is a `PromptedBackbone`: the `prompts` and `backbone` accessors."""
+    """Mixin for methods whose `self.encoder` is a `PromptedBackbone`: the `prompts` and `backbone` accessors, and for
+    those attached by `attach_prompted_backbone` the CLS pass with prompts (`encode_cls`)."""
 
     encoder: PromptedBackbone
 
     def attach_prompted_backbone(self, config, backbone: nn.Module | None, tokenizer):
         """Attach the frozen backbone (`CSEModel.attach_backbone`) and wrap it with the deep prompts of a
-        `PromptConfig` as `self.encoder`; returns the backbone's config."""
+        `PromptConfig` as `self.encoder`; returns the backbone's config. `self.cls_prompt`, the word embedding that
+        replaces [CLS] in `encode_cls` (the [CLS] prompt, D2CSE paper), starts as None: a method sets its own."""
         backbone = self.attach_backbone(config, backbone, tokenizer, trainable=False)
         self.encoder = prompted_backbone(
             backbone,
@@ -309,6 +311,7 @@ class PromptedModel:
             config.shift_positions,
         )
         self.encoder.prefix_encoder.requires_grad_(config.train_prompts)  # False: the prompts-frozen control
+        self.cls_prompt: nn.Parameter | None = None
         return backbone.config
 
     @property
@@ -318,3 +321,17 @@ class PromptedModel:
     @property
     def backbone(self) -> nn.Module:
         return self.encoder.backbone
+
+    def encode_cls(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        prefix: PrefixKeyValues | None = None,
+    ) -> torch.Tensor:
+        """Last-layer CLS state of `(B', T)` rows with prompts (a fresh prefix sample unless given) and the [CLS]
+        prompt if the method has one: `(B', d)`."""
+        if prefix is None:
+            prefix = self.prompts(input_ids.shape[0])
+        out = self.encoder(input_ids, attention_mask, token_type_ids, prefix=prefix, cls_embedding=self.cls_prompt)
+        return out.last_hidden_state[:, 0]
