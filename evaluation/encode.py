@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -154,6 +155,17 @@ class DeviceBatches:
             built.append((idx, ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)))
         self._entries[key] = (token_ids, built)
         return built
+
+
+def cached_token_ids(
+    cache: weakref.WeakKeyDictionary, embedder: SentenceEmbedder, key: tuple, sentences: list[str]
+) -> list[list[int]]:
+    """`embedder.token_ids(sentences)`, kept in `cache` (embedder → {key: ids}) under the key of the evaluator's plan:
+    an evaluator run again on the same model (a dev set every few hundred training steps) tokenises nothing."""
+    per = cache.setdefault(embedder, {})
+    if key not in per:
+        per[key] = embedder.token_ids(sentences)
+    return per[key]
 
 
 def embed_token_ids(

@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 
 from cse.evaluation.alignment import alignment, uniformity
-from cse.evaluation.encode import PRECISIONS, DeviceBatches, embed_token_ids
+from cse.evaluation.encode import PRECISIONS, DeviceBatches, cached_token_ids, embed_token_ids
 from cse.evaluation.qualitative import PAPER_QUERIES, answers_of, nearest_neighbours
 from cse.evaluation.results import DEV_TASKS, TEST_TASKS, AlignUniform, EvalResult, Timing
 from cse.evaluation.retrieval import RULES, retrieval_scores
@@ -206,12 +206,6 @@ class Evaluator:
             raise UnknownTaskError("tasks is empty: name at least one task or pass None for all")
         return tuple(t for t in allowed if t in tasks)
 
-    def _token_ids(self, embedder: SentenceEmbedder, key: tuple, sentences: list[str]) -> list[list[int]]:
-        per = self._token_cache.setdefault(embedder, {})
-        if key not in per:
-            per[key] = embedder.token_ids(sentences)
-        return per[key]
-
     # ------------------------------------------------------------------ run
 
     def run(
@@ -253,7 +247,7 @@ class Evaluator:
         task_names = self._tasks(mode, tasks)
         key = (mode, task_names, extras)
         plan = self._plan(*key)
-        ids = self._token_ids(embedder, key, plan.sentences)
+        ids = cached_token_ids(self._token_cache, embedder, key, plan.sentences)
         emb_t, st = embed_token_ids(
             embedder,
             ids,

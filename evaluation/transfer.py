@@ -46,7 +46,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from cse.evaluation.classifier import SETTINGS, ClassifierSettings, Fitted, fit_groups, group
-from cse.evaluation.encode import PRECISIONS, embed_token_ids
+from cse.evaluation.encode import PRECISIONS, cached_token_ids, embed_token_ids
 from cse.evaluation.sts import rounded_average
 from cse.models.embedder import SentenceEmbedder
 
@@ -277,12 +277,6 @@ class TransferEvaluator:
     def sentences(self, tasks: Sequence[str] | None = None) -> list[str]:
         return list(self._plan(self._tasks(tasks))[0])
 
-    def _token_ids(self, embedder: SentenceEmbedder, key: tuple, sentences: list[str]) -> list[list[int]]:
-        per = self._token_cache.setdefault(embedder, {})
-        if key not in per:
-            per[key] = embedder.token_ids(sentences)
-        return per[key]
-
     # ------------------------------------------------------------------ run
 
     def run(
@@ -326,7 +320,7 @@ class TransferEvaluator:
         t0 = time.perf_counter()
         names = self._tasks(tasks)
         sentences, plan = self._plan(names)
-        ids = self._token_ids(embedder, names, sentences)
+        ids = cached_token_ids(self._token_cache, embedder, names, sentences)
         emb, st = embed_token_ids(
             embedder,
             ids,
@@ -498,19 +492,7 @@ def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, nsent, f
     best = int(np.argmax(per_reg))
     final = fit_groups(x, y, ncls, [group(train, [s.regs[best]], s.seed, validation_split=s.validation_split)], s)[0][0]
     acc, pred = _acc(final, x, y, test)
-    all_fits = [f for fs in fits for f in fs] + [final]
-    score = TransferTaskScore(
-        task=name,
-        acc=_r2(100 * acc),
-        devacc=max(per_reg),
-        n_train=len(train),
-        n_test=len(test),
-        regs=[s.regs[best]],
-        fits=len(all_fits),
-        epochs=_mean_epochs(all_fits),
-        seconds=0.0,
-        sentences=nsent,
-    )
+    score = _chosen_score(name, acc, per_reg, train, test, s, [f for fs in fits for f in fs] + [final], nsent)
     if f1:
         gold = y[torch.from_numpy(test).to(y.device)].cpu().numpy()
         tp = int(((pred == 1) & (gold == 1)).sum())
@@ -524,13 +506,22 @@ def _split(name, x, y, train, dev, test, ncls, s: ClassifierSettings, chunk, nse
     per_reg = [_r2(100 * ft.valid_accuracy) for ft in fits]
     best = int(np.argmax(per_reg))
     acc, _ = _acc(fits[best], x, y, test)
+    return _chosen_score(name, acc, per_reg, train, test, s, fits, nsent)
+
+
+def _chosen_score(
+    name, acc, per_reg, train, test, s: ClassifierSettings, fits: list[Fitted], nsent
+) -> TransferTaskScore:
+    """The score of a task whose one L2 penalty was chosen on the validation accuracies `per_reg` (×100, one per
+    penalty; SentEval's devacc is the best of them): `acc` is its test accuracy (a fraction), `fits` every fit it
+    trained, `train` and `test` its rows."""
     return TransferTaskScore(
         task=name,
         acc=_r2(100 * acc),
         devacc=max(per_reg),
         n_train=len(train),
         n_test=len(test),
-        regs=[s.regs[best]],
+        regs=[s.regs[int(np.argmax(per_reg))]],
         fits=len(fits),
         epochs=_mean_epochs(fits),
         seconds=0.0,

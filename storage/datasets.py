@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,17 @@ class DatasetRef(BaseModel):
             content_hash=m.content_hash,
             cache_hit=cache_hit,
         )
+
+
+@dataclass(frozen=True)
+class EvaluationInput:
+    """An evaluation input (`resolve_input`): its table, with where it came from (a dataset or a folder) and its
+    content hash."""
+
+    table: pa.Table
+    origin: str  # "dataset" | "folder"
+    location: str  # dataset key or folder path
+    content_hash: str
 
 
 def resolve_input(root, kind: str, spec: str | None, *, from_folder, from_dataset, default=None, no_default, not_found):

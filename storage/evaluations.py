@@ -8,7 +8,6 @@ so the DuckDB views `evaluations` / `evaluations_all` compare any set of runs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,21 +16,15 @@ import pyarrow as pa
 
 from cse.storage import schemas
 from cse.storage.catalog import refresh_catalog
-from cse.storage.datasets import read_dataset, resolve_input, write_dataset
+from cse.storage.datasets import EvaluationInput, read_dataset, resolve_input, write_dataset
 from cse.storage.hashing import sha256_files
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
 from cse.storage.readers import read_senteval, senteval_root, senteval_source_files
 
 
-@dataclass(frozen=True)
-class StsInput:
-    """STS evaluation data, with where it came from (a dataset or a folder) and its content hash."""
-
-    table: pa.Table
-    origin: str  # "dataset" | "folder"
-    location: str  # dataset key or folder path
-    content_hash: str
+class StsInput(EvaluationInput):
+    """STS evaluation data (`load_sts_input`)."""
 
 
 def load_sts_input(spec: str | None, root: DataRoot, shared_data: Path | None = None) -> StsInput:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from cse.storage.datasets import EvaluationInput, read_dataset, resolve_input
+from cse.storage.hashing import sha256_files
 from cse.storage.readers import DataFormatError, ReadStats, require_file
 
 TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
@@ -268,14 +270,8 @@ def transfer_source_files(path: str | Path, tasks: tuple[str, ...] = TRANSFER_TA
 # ---------------------------------------------------------------- the evaluation stage's input
 
 
-@dataclass(frozen=True)
-class TransferInput:
-    """Transfer-task data, with where it came from (a dataset or a folder) and its content hash."""
-
-    table: pa.Table
-    origin: str  # "dataset" | "folder"
-    location: str  # dataset key or folder path
-    content_hash: str
+class TransferInput(EvaluationInput):
+    """Transfer-task data (`load_transfer_input`)."""
 
 
 def load_transfer_input(spec: str | None, root, shared_data: Path | None = None) -> TransferInput:
@@ -284,8 +280,6 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
     `spec=None`: `<shared_data>/senteval` when it holds the transfer tasks, else the newest ingested `transfer`
     dataset, else a FileNotFoundError saying to run the `ingest` flow with dataset `transfer`.
     """
-    from cse.storage.datasets import read_dataset, resolve_input
-    from cse.storage.hashing import sha256_files
 
     def from_folder(folder: Path) -> TransferInput:
         table, _ = read_transfer(folder)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,15 +20,14 @@ from cse.config.settings import get_settings
 from cse.evaluation import Evaluator
 from cse.evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
 from cse.evaluation.results import EvalResult
-from cse.models.loading import pick_device
 from cse.storage.evaluations import StsInput, load_sts_input, row_identity, write_evaluation_row
 from cse.storage.layout import DataRoot
-from cse.tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, check_training_sts, placement
+from cse.tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, check_training_sts, evaluation_run
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from cse.tracking.reporting import csv_table, markdown_table, publish_artifacts
 from cse.tracking.run_pages import page_metrics, score_tags
-from cse.tracking.stage_runs import active_run_id, log_run_results, stage_run
+from cse.tracking.stage_runs import active_run_id, log_run_results
 
 # ---------------------------------------------------------------- recording
 
@@ -246,26 +244,14 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
         return run_transfer_evaluation(config)
     log = stage_logger()
     label = config.display_label()
-    where = placement(config)
-    with (
-        stage_run(
-            where.experiment,
-            where.run_name,
-            params=config.model_dump(),
-            tags={"stage": "evaluate", "mode": config.mode, **where.tags},
-        ) as run,
-        tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir,
-    ):
-        t0 = time.perf_counter()
+    with evaluation_run(config, config.mode) as (run_id, where, workdir):
         root = DataRoot(get_settings().data_root)
         check_training_sts(where, config, root)
         sts = load_sts_input(where.sts, root, get_settings().shared_data)
         check_same_sts(where, sts)
-        log_dataset_inputs(run.info.run_id, [(sts, CONTEXT_EVAL)])
+        log_dataset_inputs(run_id, [(sts, CONTEXT_EVAL)])
         evaluator = Evaluator(sts.table, **config.evaluator_kwargs())
-        device = pick_device(config.device)
-        embedder, what = build_embedder(config, device, Path(workdir))
-        log_run_results(run.info.run_id, tags={k: v for k, v in what.items() if v is not None})
+        embedder, what = build_embedder(config, run_id, workdir)
         result = evaluator.run(
             embedder,
             mode=config.mode,
@@ -277,7 +263,6 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
         )
         # nested under a training run: its headline scores only (the subsets would fill the experiment's charts)
         evaluation_id = record_evaluation(result, label=label, what=what, sts=sts, subset_metrics=where.parent is None)
-        log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
         log.info(
             "evaluation %s (%s): %s",
             evaluation_id,
@@ -286,7 +271,7 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
         )
         return EvalSummary(
             evaluation_id=evaluation_id,
-            mlflow_run_id=run.info.run_id,
+            mlflow_run_id=run_id,
             mode=config.mode,
             label=label,
             metrics=result.metrics(),

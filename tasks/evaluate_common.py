@@ -8,6 +8,10 @@ dataset the job was evaluated on, whose content hash must be the run's `sts_hash
 from __future__ import annotations
 
 import re
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +20,11 @@ from pydantic import BaseModel
 from cse.config.evaluation import DEFAULT_EXPERIMENT, EvalConfig
 from cse.models.checkpoint import load_checkpoint_folder, read_checkpoint_config
 from cse.models.embedder import PooledEncoder, SentenceEmbedder
+from cse.models.loading import pick_device
 from cse.storage.evaluations import StsInput
 from cse.storage.layout import DataRoot
 from cse.storage.runs import checkpoint_job_run_id
+from cse.tracking.stage_runs import log_run_results, stage_run
 from cse.tracking.store import download_checkpoint
 from cse.tracking.training_runs import TrainingRunRef, training_run_ref
 
@@ -122,19 +128,34 @@ def resolve_checkpoint(spec: str, download_to: Path) -> Path:
     return download_checkpoint(uri, download_to)
 
 
-def build_embedder(config: EvalConfig, device, workdir: Path) -> tuple[SentenceEmbedder, dict[str, Any]]:
-    """The embedder a config names, and what it is (model, pooler, checkpoint, method)."""
+@contextmanager
+def evaluation_run(config: EvalConfig, mode: str) -> Iterator[tuple[str, EvalPlacement, Path]]:
+    """Yields the id of the stage's MLflow run (params `config`, tag `mode`; FAILED on any error), its `placement` and
+    a scratch folder for a downloaded checkpoint; logs the run's `stage_seconds` when the stage's body ends."""
+    where = placement(config)
+    tags = {"stage": "evaluate", "mode": mode, **where.tags}
+    with (
+        stage_run(where.experiment, where.run_name, params=config.model_dump(), tags=tags) as run,
+        tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir,
+    ):
+        t0 = time.perf_counter()
+        yield run.info.run_id, where, Path(workdir)
+        log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
+
+
+def build_embedder(config: EvalConfig, run_id: str, workdir: Path) -> tuple[SentenceEmbedder, dict[str, Any]]:
+    """The embedder a config names, on `config.device`, and what it is (model, pooler, checkpoint, method), whose
+    known values are also tagged on the stage's run `run_id`."""
+    device = pick_device(config.device)
     if config.checkpoint is not None:
         folder = resolve_checkpoint(config.checkpoint, workdir)
         ck = read_checkpoint_config(folder)
         emb = load_checkpoint_folder(folder, device, expect_backbone=config.model, expect_pooler=config.pooler)
-        return emb, {
-            "model": ck["backbone"],
-            "pooler": ck["pooler"],
-            "checkpoint": config.checkpoint,
-            "method": ck["method"],
-        }
-    emb = PooledEncoder.from_pretrained(
-        config.model, config.pooler, first_layer=config.first_layer, template=config.template, device=device
-    )
-    return emb, {"model": config.model, "pooler": config.pooler, "checkpoint": None, "method": None}
+        what = dict(model=ck["backbone"], pooler=ck["pooler"], checkpoint=config.checkpoint, method=ck["method"])
+    else:
+        emb = PooledEncoder.from_pretrained(
+            config.model, config.pooler, first_layer=config.first_layer, template=config.template, device=device
+        )
+        what = {"model": config.model, "pooler": config.pooler, "checkpoint": None, "method": None}
+    log_run_results(run_id, tags={k: v for k, v in what.items() if v is not None})
+    return emb, what

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,15 +18,14 @@ from typing import Any
 from cse.config.evaluation import EvalConfig
 from cse.config.settings import get_settings
 from cse.evaluation.transfer import TransferEvaluator, TransferResult
-from cse.models.loading import pick_device
 from cse.storage.evaluations import row_identity, write_evaluation_row
 from cse.storage.layout import DataRoot
 from cse.storage.transfer import TransferInput, load_transfer_input
-from cse.tasks.evaluate_common import EvalSummary, build_embedder, placement
+from cse.tasks.evaluate_common import EvalSummary, build_embedder, evaluation_run
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from cse.tracking.reporting import csv_table, markdown_table, publish_artifacts
-from cse.tracking.stage_runs import active_run_id, log_run_results, stage_run
+from cse.tracking.stage_runs import active_run_id, log_run_results
 
 TRANSFER_COLUMNS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 
@@ -166,23 +164,11 @@ def run_transfer_evaluation(config: EvalConfig):
     job's checkpoint nested under the job's run (tasks/evaluate_common.py)."""
     log = stage_logger()
     label = config.display_label()
-    where = placement(config)
-    with (
-        stage_run(
-            where.experiment,
-            where.run_name,
-            params=config.model_dump(),
-            tags={"stage": "evaluate", "mode": "transfer", **where.tags},
-        ) as run,
-        tempfile.TemporaryDirectory(prefix="cse-ckpt-") as workdir,
-    ):
-        t0 = time.perf_counter()
+    with evaluation_run(config, "transfer") as (run_id, _, workdir):
         source = load_transfer_input(config.transfer, DataRoot(get_settings().data_root), get_settings().shared_data)
-        log_dataset_inputs(run.info.run_id, [(source, CONTEXT_EVAL)])
+        log_dataset_inputs(run_id, [(source, CONTEXT_EVAL)])
         evaluator = TransferEvaluator(source.table, limit=config.transfer_limit)
-        device = pick_device(config.device)
-        embedder, what = build_embedder(config, device, Path(workdir))
-        log_run_results(run.info.run_id, tags={k: v for k, v in what.items() if v is not None})
+        embedder, what = build_embedder(config, run_id, workdir)
         result = evaluator.run(
             embedder,
             tasks=config.transfer_tasks,
@@ -193,7 +179,6 @@ def run_transfer_evaluation(config: EvalConfig):
             log=log.info,
         )
         evaluation_id = record_transfer_evaluation(result, label=label, what=what, source=source)
-        log_run_results(run.info.run_id, metrics={"stage_seconds": time.perf_counter() - t0})
         log.info(
             "transfer evaluation %s: %s",
             evaluation_id,
@@ -201,7 +186,7 @@ def run_transfer_evaluation(config: EvalConfig):
         )
         return EvalSummary(
             evaluation_id=evaluation_id,
-            mlflow_run_id=run.info.run_id,
+            mlflow_run_id=run_id,
             mode="transfer",
             label=label,
             metrics=result.metrics(),
