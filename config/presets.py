@@ -288,7 +288,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
 }
-D2CSE_PRESETS = PRESETS["d2cse"]
 
 
 def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -51,11 +51,6 @@ TREC_FILES = {"train": "train_5500.label", "test": "TREC_10.label"}
 MRPC_FILES = {"train": "msr_paraphrase_train.txt", "test": "msr_paraphrase_test.txt"}
 TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 NCLASSES = {"mr": 2, "cr": 2, "subj": 2, "mpqa": 2, "sst2": 2, "trec": 6, "mrpc": 2}
-SPLITS = {t: ("all",) for t in BINARY_FILES} | {
-    "sst2": tuple(SST_FILES),
-    "trec": tuple(TREC_FILES),
-    "mrpc": tuple(MRPC_FILES),
-}
 
 # SentEval's task sizes (../shared/data/README.md): (task, split) → examples.
 EXPECTED_COUNTS: dict[tuple[str, str], int] = {

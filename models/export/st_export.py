@@ -33,7 +33,6 @@ from sentence_transformers.base.modules import InputModule
 from cse.storage.atomic import atomic_dir, remove_path
 
 CHECKPOINT_SUBDIR = "checkpoint"
-EXPORT_KINDS = ("standard", "bundled-code", "project")
 TOLERANCE = 1e-5  # a portable folder must reproduce the training code's embeddings this closely
 
 
@@ -123,8 +122,9 @@ def _refuse_overlap(checkpoint_dir: str | Path, out: Path) -> None:
 # ------------------------------------------------------------------------------------------------ portable export
 @dataclass(frozen=True)
 class STExport:
-    """What `export_portable_sentence_transformer` wrote: the folder, its kind (`EXPORT_KINDS`), why that kind, and
-    the largest difference to the training code's embeddings on the probe sentences (None: not measured, `project`)."""
+    """What `export_portable_sentence_transformer` wrote: the folder, its kind (`standard`, `bundled-code` or
+    `project`), why that kind, and the largest difference to the training code's embeddings on the probe sentences
+    (None: not measured, `project`)."""
 
     folder: Path
     kind: str

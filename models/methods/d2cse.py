@@ -28,14 +28,12 @@ from torch import nn
 
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.method import PromptConfig
-from cse.models.methods.crtd import ConditionalRTDModel, CRTDOutput, check_objective
+from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone, PromptedModel
 from cse.models.prompts.prefixes import PrefixKeyValues
 
 if TYPE_CHECKING:
     from cse.models.export.peft_plan import PeftPlan
-
-D2CSEOutput = CRTDOutput  # the name D2CSE's callers know
 
 
 @dataclass(frozen=True)
