@@ -174,11 +174,12 @@ def rtd_accuracy(logits: torch.Tensor, labels: torch.Tensor, attention_mask: tor
 def cross_entropy_mean(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """`F.cross_entropy(logits.float(), labels)`, the mean over the labelled rows; no rows give a zero loss on the graph.
 
-    Used for the auxiliary classification and MLM terms: DiffAug's NLI cross-entropy (Wang and Lu, 2022,
-    *Differentiable Data Augmentation for Contrastive Sentence Representation Learning*) and DCPCSE's MLM loss
-    (Jiang and Wang, 2022, *Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings*). Distributed
-    training: the mean over the labelled rows of the global batch (`cse.models.distributed.global_mean`), so the term
-    equals the single-process one. Every rank must call it, also one without labelled rows.
+    For an auxiliary classification term of a new method, of the kind of DiffAug's NLI cross-entropy (Wang and Lu,
+    2022, *Differentiable Data Augmentation for Contrastive Sentence Representation Learning*) and DCPCSE's MLM loss
+    (Jiang and Wang, 2022, *Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings*), which those two
+    methods compute in place (DCPCSE as a sum over its masked positions through `global_mean`). Distributed training:
+    the mean over the labelled rows of the global batch (`cse.models.distributed.global_mean`), so the term equals the
+    single-process one. Every rank must call it, also one without labelled rows.
 
     Args:
         logits: `(N, C)` class logits.
