@@ -39,45 +39,39 @@ HALF = "model.fp16.safetensors"
 def export_backbone(source: Path, dest: Path) -> None:
     """`source`'s config and tokenizer files and its weights rounded to fp16 (floating tensors; others as they are)."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in BACKBONE_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, dest / name)
-    weights = load_file(str(source / "model.safetensors"))
-    save_file({k: v.half() if v.is_floating_point() else v for k, v in weights.items()}, str(dest / HALF))
-    if not torch.equal(
-        load_file(str(dest / HALF))[next(iter(weights))].float(), next(iter(weights.values())).half().float()
-    ):
-        raise RuntimeError(f"{dest / HALF} does not read back as written")
+    _copy_model(source, "model.safetensors", dest, HALF, torch.float16)
 
 
 def restore_backbone(half: Path) -> Path:
     """The fp32 model folder of an exported backbone (`<half>-fp32`, made once: a process that finds it complete
-    reuses it; several processes may race to make it, each into its own folder swapped into place)."""
+    reuses it; several processes may race to make it, each into its own folder, the first rename wins)."""
     import torch
-    from safetensors.torch import load_file, save_file
 
     full = half.with_name(half.name + "-fp32")
     if (full / "model.safetensors").is_file():
         return full
     tmp = half.with_name(f"{half.name}-fp32.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name in BACKBONE_FILES:
-        if (half / name).is_file():
-            shutil.copy2(half / name, tmp / name)
-    weights = load_file(str(half / HALF))
-    save_file(
-        {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in weights.items()},
-        str(tmp / "model.safetensors"),
-    )
+    _copy_model(half, HALF, tmp, "model.safetensors", torch.float32)
     try:
         tmp.rename(full)
     except OSError:  # another process made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return full
+
+
+def _copy_model(source: Path, weights: str, dest: Path, dest_weights: str, dtype) -> None:
+    """Copy a model folder's config and tokenizer files, and its `weights` file as `dest_weights` with every floating
+    tensor cast to `dtype`."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in BACKBONE_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, dest / name)
+    tensors = load_file(str(source / weights))
+    save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}, str(dest / dest_weights))
 
 
 def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, command: str = "") -> dict[str, Any]:
@@ -131,10 +125,10 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
 
 
 def _write(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with lzma.open(tmp, "wb", preset=6) as f:
+    from cse.storage.atomic import atomic_file
+
+    with atomic_file(path) as tmp, lzma.open(tmp, "wb", preset=6) as f:
         pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-    tmp.replace(path)
 
 
 def _read(path: Path) -> Any:

@@ -492,11 +492,10 @@ def record_id(r: dict[str, Any]) -> tuple:
 
 
 def write_part(home: Path, name: str, part: dict[str, Any]) -> None:
-    path = part_dir(home) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(part, indent=1) + "\n")
-    tmp.replace(path)
+    from cse.storage.atomic import atomic_file
+
+    with atomic_file(part_dir(home) / f"{name}.json") as tmp:
+        tmp.write_text(json.dumps(part, indent=1) + "\n")
 
 
 def chosen_knob(records: list[dict[str, Any]], method: str) -> tuple[float | None, bool] | None:
