@@ -17,15 +17,41 @@ _SMOKE_CORRUPT = {"generator": "random-init:distilbert-tiny", "shard_size": 4096
 # The cheaper, non-reference corruption: one variant per sentence shared by every view and epoch, generator dropout
 # off (the stage then costs 1/(epochs x views) of the reference's). Logged as the run parameter `corruption_reuse`.
 SINGLE_CORRUPTION = {"variants": 1, "generator_dropout": False}
+# The RoBERTa runs' corruption generator (the D2CSE and DiffCSE papers).
+_ROBERTA_GENERATOR = {"generator": "distilroberta-base"}
+
+
+def _preset(
+    batch_size: int,
+    learning_rate: float,
+    epochs: int,
+    model: dict[str, Any],
+    backbone: str | None = None,
+    supervised: bool = False,
+    **more: Any,
+) -> dict[str, Any]:
+    """A preset's optimisation and model fields (and `more`); `backbone` and `supervised` only where not the default."""
+    fields = {"batch_size": batch_size, "learning_rate": learning_rate, "epochs": epochs, "model": model, **more}
+    return ({"backbone": backbone} if backbone else {}) | ({"supervised": True} if supervised else {}) | fields
+
+
+def _simcse(
+    batch_size: int, learning_rate: float, backbone: str | None = None, supervised: bool = False
+) -> dict[str, Any]:
+    """A SimCSE preset: 1 epoch with the MLP at training only, or supervised 3 epochs with the MLP kept."""
+    model = {"mlp_only_train": not supervised}
+    return _preset(batch_size, learning_rate, 3 if supervised else 1, model, backbone, supervised)
+
+
+def _dcpcse_sup(learning_rate: float, prefix_len: int, backbone: str | None = None) -> dict[str, Any]:
+    """A supervised DCPCSE preset: batch 256, 10 epochs, the MLP kept."""
+    model = {"prefix_len": prefix_len, "mlp_only_train": False}
+    return _preset(256, learning_rate, 10, model, backbone, supervised=True)
+
+
 # SimCSE's supervised optimisation (Gao et al., 2021) used by the D2CSE paper's self-built supervised DiffCSE (its
 # Table 8 gives no hyperparameters; [inferred]): batch 512, 3 epochs on NLI, LR 5e-5 (base) / 1e-5 (large).
-_DIFFCSE_SUP = {
-    "supervised": True,
-    "batch_size": 512,
-    "learning_rate": 5e-5,
-    "epochs": 3,
-    "model": {"rtd_weight": 0.005},
-}
+_DIFFCSE_SUP = _preset(512, 5e-5, 3, {"rtd_weight": 0.005}, supervised=True)
 # The packaged MiniLM, the local Wiki1M sample: minutes on 2 CPU cores (STS-B dev every 20 steps).
 _SMOKE = {
     "backbone": "packaged:minilm",
@@ -62,193 +88,69 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "batch_size": 128,
             "learning_rate": 0.044,
             "model": {"cls_prompt": True},
-            "corrupt": {"generator": "distilroberta-base"},
+            "corrupt": _ROBERTA_GENERATOR,
         },
-        "sup": {
-            "supervised": True,
-            "batch_size": 256,
-            "learning_rate": 0.055,
-            "epochs": 10,
-            "model": {"prefix_len": 12, "cls_prompt": True},
-        },
-        "sup-roberta-base": {
-            "supervised": True,
-            "backbone": "roberta-base",
-            "batch_size": 256,
-            "learning_rate": 0.024,
-            "epochs": 10,
-            "model": {"prefix_len": 12, "cls_prompt": True},
-            "corrupt": {"generator": "distilroberta-base"},
-        },
+        "sup": _preset(256, 0.055, 10, {"prefix_len": 12, "cls_prompt": True}, supervised=True),
+        "sup-roberta-base": _preset(
+            256, 0.024, 10, {"prefix_len": 12, "cls_prompt": True}, "roberta-base", True, corrupt=_ROBERTA_GENERATOR
+        ),
         "smoke": {**_SMOKE, "learning_rate": 0.02, "model": {"prefix_len": 8}, "corrupt": _SMOKE_CORRUPT},
     },
     # SimCSE README / paper appendix (princeton-nlp/SimCSE): τ 0.05, max length 32, full fine-tuning.
     "simcse": {
-        "default": {"batch_size": 64, "learning_rate": 3e-5, "epochs": 1, "model": {"mlp_only_train": True}},
-        "bert-large": {
-            "backbone": "bert-large-uncased",
-            "batch_size": 64,
-            "learning_rate": 1e-5,
-            "epochs": 1,
-            "model": {"mlp_only_train": True},
-        },
-        "roberta-base": {
-            "backbone": "roberta-base",
-            "batch_size": 512,
-            "learning_rate": 1e-5,
-            "epochs": 1,
-            "model": {"mlp_only_train": True},
-        },
-        "sup": {
-            "supervised": True,
-            "batch_size": 512,
-            "learning_rate": 5e-5,
-            "epochs": 3,
-            "model": {"mlp_only_train": False},
-        },
-        "sup-bert-large": {
-            "supervised": True,
-            "backbone": "bert-large-uncased",
-            "batch_size": 512,
-            "learning_rate": 1e-5,
-            "epochs": 3,
-            "model": {"mlp_only_train": False},
-        },
-        "sup-roberta-base": {
-            "supervised": True,
-            "backbone": "roberta-base",
-            "batch_size": 512,
-            "learning_rate": 5e-5,
-            "epochs": 3,
-            "model": {"mlp_only_train": False},
-        },
-        "roberta-large": {
-            "backbone": "roberta-large",
-            "batch_size": 512,
-            "learning_rate": 3e-5,
-            "epochs": 1,
-            "model": {"mlp_only_train": True},
-        },
-        "sup-roberta-large": {
-            "supervised": True,
-            "backbone": "roberta-large",
-            "batch_size": 512,
-            "learning_rate": 1e-5,
-            "epochs": 3,
-            "model": {"mlp_only_train": False},
-        },
+        "default": _simcse(64, 3e-5),
+        "bert-large": _simcse(64, 1e-5, "bert-large-uncased"),
+        "roberta-base": _simcse(512, 1e-5, "roberta-base"),
+        "sup": _simcse(512, 5e-5, supervised=True),
+        "sup-bert-large": _simcse(512, 1e-5, "bert-large-uncased", supervised=True),
+        "sup-roberta-base": _simcse(512, 5e-5, "roberta-base", supervised=True),
+        "roberta-large": _simcse(512, 3e-5, "roberta-large"),
+        "sup-roberta-large": _simcse(512, 1e-5, "roberta-large", supervised=True),
         "smoke": {**_SMOKE, "learning_rate": 3e-5, "model": {"mlp_only_train": True}},
     },
     # DCPCSE paper appendix Tables 3/4 (Jiang & Wang, 2022); MLM auxiliary only for RoBERTa unsupervised.
     "dcpcse": {
-        "default": {"batch_size": 256, "learning_rate": 3e-2, "epochs": 1, "model": {"prefix_len": 16}},
-        "bert-large": {
-            "backbone": "bert-large-uncased",
-            "batch_size": 256,
-            "learning_rate": 3e-2,
-            "epochs": 1,
-            "model": {"prefix_len": 10},
-        },
-        "roberta-base": {
-            "backbone": "roberta-base",
-            "batch_size": 64,
-            "learning_rate": 3e-2,
-            "epochs": 1,
-            "model": {"prefix_len": 14, "mlm": True},
-        },
-        "roberta-large": {
-            "backbone": "roberta-large",
-            "batch_size": 64,
-            "learning_rate": 1e-2,
-            "epochs": 1,
-            "model": {"prefix_len": 10, "mlm": True},
-        },
-        "sup": {
-            "supervised": True,
-            "batch_size": 256,
-            "learning_rate": 5e-3,
-            "epochs": 10,
-            "model": {"prefix_len": 12, "mlp_only_train": False},
-        },
-        "sup-bert-large": {
-            "supervised": True,
-            "backbone": "bert-large-uncased",
-            "batch_size": 256,
-            "learning_rate": 5e-3,
-            "epochs": 10,
-            "model": {"prefix_len": 12, "mlp_only_train": False},
-        },
-        "sup-roberta-base": {
-            "supervised": True,
-            "backbone": "roberta-base",
-            "batch_size": 256,
-            "learning_rate": 1e-2,
-            "epochs": 10,
-            "model": {"prefix_len": 10, "mlp_only_train": False},
-        },
-        "sup-roberta-large": {
-            "supervised": True,
-            "backbone": "roberta-large",
-            "batch_size": 256,
-            "learning_rate": 5e-3,
-            "epochs": 10,
-            "model": {"prefix_len": 10, "mlp_only_train": False},
-        },
+        "default": _preset(256, 3e-2, 1, {"prefix_len": 16}),
+        "bert-large": _preset(256, 3e-2, 1, {"prefix_len": 10}, "bert-large-uncased"),
+        "roberta-base": _preset(64, 3e-2, 1, {"prefix_len": 14, "mlm": True}, "roberta-base"),
+        "roberta-large": _preset(64, 1e-2, 1, {"prefix_len": 10, "mlm": True}, "roberta-large"),
+        "sup": _dcpcse_sup(5e-3, 12),
+        "sup-bert-large": _dcpcse_sup(5e-3, 12, "bert-large-uncased"),
+        "sup-roberta-base": _dcpcse_sup(1e-2, 10, "roberta-base"),
+        "sup-roberta-large": _dcpcse_sup(5e-3, 10, "roberta-large"),
         "smoke": {**_SMOKE, "learning_rate": 0.02, "model": {"prefix_len": 8}},
     },
     # DiffCSE (Chuang et al., 2022) Tables 12/13: STS settings; no BERT-large configuration exists. Each view of each
     # epoch reads its own corruption (the CorruptConfig/TrainConfig default), generator dropout on.
     "diffcse": {
-        "default": {
-            "batch_size": 64,
-            "learning_rate": 7e-6,
-            "epochs": 2,
-            "model": {"rtd_weight": 0.005},
-            "corrupt": {"mask_ratio": 0.3},
-        },
-        "roberta-base": {
-            "backbone": "roberta-base",
-            "batch_size": 64,
-            "learning_rate": 1e-5,
-            "epochs": 2,
-            "model": {"rtd_weight": 0.005},
-            "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"},
-        },
-        "single-corruption": {
-            "batch_size": 64,
-            "learning_rate": 7e-6,
-            "epochs": 2,
-            "model": {"rtd_weight": 0.005},
-            "corrupt": {"mask_ratio": 0.3, **SINGLE_CORRUPTION},
-        },
+        "default": _preset(64, 7e-6, 2, {"rtd_weight": 0.005}, corrupt={"mask_ratio": 0.3}),
+        "roberta-base": _preset(
+            64, 1e-5, 2, {"rtd_weight": 0.005}, "roberta-base", corrupt={"mask_ratio": 0.2, **_ROBERTA_GENERATOR}
+        ),
+        "single-corruption": _preset(
+            64, 7e-6, 2, {"rtd_weight": 0.005}, corrupt={"mask_ratio": 0.3, **SINGLE_CORRUPTION}
+        ),
         # DiffCSE's transfer models (DiffCSE paper Table 13, "transfer" columns), test-evaluated on the 7 SentEval
         # transfer tasks as well. Checkpoints are selected on STS-B dev as the paper's appendix A says for every run
         # (Table 13's hyperparameters were chosen on the transfer dev average); `overrides={"selection": "transfer"}`
         # selects on the transfer dev average instead (SimCSE's trainer `eval_transfer`).
-        "transfer": {
-            "batch_size": 64,
-            "learning_rate": 2e-6,
-            "epochs": 2,
-            "model": {"rtd_weight": 0.05},
-            "corrupt": {"mask_ratio": 0.15},
-            "transfer_evaluation": True,
-        },
-        "transfer-roberta-base": {
-            "backbone": "roberta-base",
-            "batch_size": 128,
-            "learning_rate": 3e-6,
-            "epochs": 2,
-            "model": {"rtd_weight": 0.05},
-            "corrupt": {"mask_ratio": 0.15, "generator": "distilroberta-base"},
-            "transfer_evaluation": True,
-        },
+        "transfer": _preset(64, 2e-6, 2, {"rtd_weight": 0.05}, corrupt={"mask_ratio": 0.15}, transfer_evaluation=True),
+        "transfer-roberta-base": _preset(
+            128,
+            3e-6,
+            2,
+            {"rtd_weight": 0.05},
+            "roberta-base",
+            corrupt={"mask_ratio": 0.15, **_ROBERTA_GENERATOR},
+            transfer_evaluation=True,
+        ),
         # Supervised DiffCSE as the D2CSE paper built it (Table 8; contrastive with hard negatives + CRTD on all three
         # sentences): DiffCSE's CRTD settings per backbone with SimCSE's supervised optimisation ([inferred]).
         "sup": {**_DIFFCSE_SUP, "corrupt": {"mask_ratio": 0.3}},
         "sup-roberta-base": {
             **_DIFFCSE_SUP,
             "backbone": "roberta-base",
-            "corrupt": {"mask_ratio": 0.2, "generator": "distilroberta-base"},
+            "corrupt": {"mask_ratio": 0.2, **_ROBERTA_GENERATOR},
         },
         "smoke": {**_SMOKE, "learning_rate": 2e-5, "model": {"rtd_weight": 0.005}, "corrupt": _SMOKE_CORRUPT},
     },
@@ -260,10 +162,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "default": _DIFFAUG_SEMI,
         "semi": _DIFFAUG_SEMI,
         "semi-aux": {
-            **_DIFFAUG,
-            "batch_size": 256,
-            "learning_rate": 1e-5,
-            "epochs": 1,
+            **_DIFFAUG_SEMI,
             "aux_nli_batch_size": 128,
             "model": {"aux_weight": 1e-3},
             "prefix_phase": {"steps": 1500, "learning_rate": 1e-3, "batch_size": 128},

@@ -25,6 +25,7 @@ def _sts(source: str, *scores: float) -> dict[str, float | str]:
     return _row((*SEVEN_TASKS, "sts_avg"), source, scores)
 
 
+_BUILT, _DIFFAUG_3_RUNS = "D2CSE paper (built)", "DiffAug paper (3 runs)"
 STS: dict[tuple[str, str, str], dict[str, float | str]] = {
     # unsupervised (Wiki1M)
     ("simcse", "bert-base", "unsup"): _sts("SimCSE paper", 68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25),
@@ -41,29 +42,19 @@ STS: dict[tuple[str, str, str], dict[str, float | str]] = {
     # supervised (NLI) and semi-supervised
     ("simcse", "bert-base", "sup"): _sts("SimCSE paper", 75.30, 84.67, 80.19, 85.40, 80.82, 84.25, 80.39, 81.57),
     ("dcpcse", "bert-base", "sup"): _sts("DCPCSE paper", 75.58, 84.33, 79.67, 85.79, 81.24, 84.25, 80.79, 81.65),
-    ("diffcse", "bert-base", "sup"): _sts(
-        "D2CSE paper (built)", 76.79, 82.41, 79.18, 85.77, 82.09, 83.91, 79.74, 81.41
-    ),
+    ("diffcse", "bert-base", "sup"): _sts(_BUILT, 76.79, 82.41, 79.18, 85.77, 82.09, 83.91, 79.74, 81.41),
     ("d2cse", "bert-base", "sup"): _sts("D2CSE paper", 75.08, 84.34, 79.80, 86.35, 81.75, 83.93, 79.38, 81.52),
-    ("diffaug", "bert-base", "sup"): _sts(
-        "DiffAug paper (3 runs)", 76.92, 85.17, 80.81, 86.91, 82.52, 84.32, 80.27, 82.42
-    ),
+    ("diffaug", "bert-base", "sup"): _sts(_DIFFAUG_3_RUNS, 76.92, 85.17, 80.81, 86.91, 82.52, 84.32, 80.27, 82.42),
     ("simcse", "bert-large", "sup"): _sts("SimCSE paper", 75.78, 86.33, 80.44, 86.06, 80.86, 84.87, 81.14, 82.21),
     ("dcpcse", "bert-large", "sup"): _sts("DCPCSE paper", 77.97, 86.54, 81.04, 86.33, 81.81, 85.24, 81.31, 82.89),
     ("simcse", "roberta-base", "sup"): _sts("SimCSE paper", 76.53, 85.21, 80.95, 86.03, 82.57, 85.83, 80.50, 82.52),
     ("dcpcse", "roberta-base", "sup"): _sts("DCPCSE paper", 76.75, 85.86, 80.98, 86.51, 83.51, 86.58, 80.41, 82.94),
-    ("diffcse", "roberta-base", "sup"): _sts(
-        "D2CSE paper (built)", 76.37, 85.59, 80.65, 85.34, 83.44, 85.79, 77.99, 82.17
-    ),
+    ("diffcse", "roberta-base", "sup"): _sts(_BUILT, 76.37, 85.59, 80.65, 85.34, 83.44, 85.79, 77.99, 82.17),
     ("d2cse", "roberta-base", "sup"): _sts("D2CSE paper", 75.65, 87.26, 81.39, 86.31, 84.46, 86.17, 78.68, 82.85),
     ("simcse", "roberta-large", "sup"): _sts("SimCSE paper", 77.46, 87.27, 82.36, 86.66, 83.93, 86.70, 81.95, 83.76),
     ("dcpcse", "roberta-large", "sup"): _sts("DCPCSE paper", 79.14, 88.64, 83.73, 87.33, 84.57, 87.84, 82.07, 84.76),
-    ("diffaug", "bert-base", "semi"): _sts(
-        "DiffAug paper (3 runs)", 75.28, 85.20, 78.57, 85.20, 81.01, 82.42, 73.24, 80.13
-    ),
-    ("diffaug", "bert-base", "semi-aux"): _sts(
-        "DiffAug paper (3 runs)", 73.46, 85.61, 78.93, 85.82, 80.74, 82.70, 77.00, 80.61
-    ),
+    ("diffaug", "bert-base", "semi"): _sts(_DIFFAUG_3_RUNS, 75.28, 85.20, 78.57, 85.20, 81.01, 82.42, 73.24, 80.13),
+    ("diffaug", "bert-base", "semi-aux"): _sts(_DIFFAUG_3_RUNS, 73.46, 85.61, 78.93, 85.82, 80.74, 82.70, 77.00, 80.61),
 }
 
 RERUNS: dict[tuple[str, str, str], dict[str, float | str]] = {
@@ -127,24 +118,18 @@ def _transfer(source: str, *scores: float) -> dict[str, float | str]:
     return _row((*TRANSFER_TASKS, "transfer_avg"), source, scores)
 
 
+_SIMCSE_T2, _MLM = "SimCSE paper (DiffCSE Table 2)", "SimCSE paper, w/ MLM (DiffCSE Table 2)"
+_DIFFCSE_TRANSFER = "DiffCSE paper (transfer model)"
 TRANSFER: dict[tuple[str, str, str], dict[str, float | str]] = {
-    ("simcse", "bert-base", "unsup"): _transfer(
-        "SimCSE paper (DiffCSE Table 2)", 81.18, 86.46, 94.45, 88.88, 85.50, 89.80, 74.43, 85.81
-    ),
-    ("simcse-mlm", "bert-base", "unsup"): _transfer(
-        "SimCSE paper, w/ MLM (DiffCSE Table 2)", 82.92, 87.23, 95.71, 88.73, 86.81, 87.01, 78.07, 86.64
-    ),
+    ("simcse", "bert-base", "unsup"): _transfer(_SIMCSE_T2, 81.18, 86.46, 94.45, 88.88, 85.50, 89.80, 74.43, 85.81),
+    ("simcse-mlm", "bert-base", "unsup"): _transfer(_MLM, 82.92, 87.23, 95.71, 88.73, 86.81, 87.01, 78.07, 86.64),
     ("diffcse", "bert-base", "unsup"): _transfer(
-        "DiffCSE paper (transfer model)", 82.69, 87.23, 95.23, 89.28, 86.60, 90.40, 76.58, 86.86
+        _DIFFCSE_TRANSFER, 82.69, 87.23, 95.23, 89.28, 86.60, 90.40, 76.58, 86.86
     ),
-    ("simcse", "roberta-base", "unsup"): _transfer(
-        "SimCSE paper (DiffCSE Table 2)", 81.04, 87.74, 93.28, 86.94, 86.60, 84.60, 73.68, 84.84
-    ),
-    ("simcse-mlm", "roberta-base", "unsup"): _transfer(
-        "SimCSE paper, w/ MLM (DiffCSE Table 2)", 83.37, 87.76, 95.05, 87.16, 89.02, 90.80, 75.13, 86.90
-    ),
+    ("simcse", "roberta-base", "unsup"): _transfer(_SIMCSE_T2, 81.04, 87.74, 93.28, 86.94, 86.60, 84.60, 73.68, 84.84),
+    ("simcse-mlm", "roberta-base", "unsup"): _transfer(_MLM, 83.37, 87.76, 95.05, 87.16, 89.02, 90.80, 75.13, 86.90),
     ("diffcse", "roberta-base", "unsup"): _transfer(
-        "DiffCSE paper (transfer model)", 82.82, 88.61, 94.32, 87.71, 88.63, 90.40, 76.81, 87.04
+        _DIFFCSE_TRANSFER, 82.82, 88.61, 94.32, 87.71, 88.63, 90.40, 76.81, 87.04
     ),
 }
 
