@@ -20,14 +20,10 @@ from uuid import UUID
 from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
 from cse.config.methods import DEFAULT_METHOD
 from cse.config.secrets import redact
-from cse.ops.follow import STAGE_LINE, Follower, Printer, summary
+from cse.ops.follow import STAGE_LINE, Follower, Printer, flow_run_tree, summary
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
-_PREFIXES = (
-    "Task run encountered an exception",
-    "Flow run encountered an exception",
-    "Flow run encountered an exception:",
-)
+_PREFIXES = ("Task run encountered an exception", "Flow run encountered an exception")
 REASON_CHARS = 400
 # A preflight failure (tasks/preflight.py) lists every missing thing with its fix: printed whole, never cut
 UNCUT_REASONS = ("PreflightError: ",)
@@ -79,7 +75,7 @@ def one_line_reason(message: str | None) -> str:
     """A failed state's message as one line: Prefect's prefix dropped, whitespace collapsed, credentials masked,
     cut at `REASON_CHARS` (a preflight failure, `UNCUT_REASONS`, is never cut)."""
     text = " ".join((message or "").split())
-    for prefix in sorted(_PREFIXES, key=len, reverse=True):
+    for prefix in _PREFIXES:
         if text.startswith(prefix):
             text = text[len(prefix) :].lstrip(" .:")
             break
@@ -156,21 +152,10 @@ async def failures_of(client, flow_run_id: UUID, _path: list[str] | None = None)
 async def stage_lines(client, flow_run_id: UUID) -> list[str]:
     """The log lines of the flow run and its child flow runs that say whether a stage reused its result (cache hit,
     an already finished job) or wrote it, oldest first: those the stage tasks log, else those the flows print."""
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterParentFlowRunId,
-        LogFilter,
-        LogFilterFlowRunId,
-    )
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
-    ids, frontier = [flow_run_id], [flow_run_id]
-    while frontier:
-        children = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier))
-        )
-        frontier = [c.id for c in children if c.id not in ids]
-        ids += frontier
+    ids, _ = await flow_run_tree(client, flow_run_id)
     # a run's processes send their logs in batches (every PREFECT_LOGGING_TO_API_BATCH_INTERVAL seconds): its last
     # lines may reach the server after its final state; read until nothing new came for one interval (+0.5 s)
     from prefect.settings import PREFECT_LOGGING_TO_API_BATCH_INTERVAL

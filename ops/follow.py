@@ -44,6 +44,22 @@ def task_name(run_name: str) -> str:
     return _SUFFIX.sub("", run_name)
 
 
+async def flow_run_tree(client, flow_run_id: UUID) -> tuple[list[UUID], set[UUID]]:
+    """The flow run and its child flow runs at every depth (the flow run first), and the task runs that stand for the
+    children in their parents."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    ids, frontier, stand_ins = [flow_run_id], [flow_run_id], set()
+    while frontier:
+        children = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier))
+        )
+        stand_ins |= {c.parent_task_run_id for c in children}
+        frontier = [c.id for c in children if c.id not in ids]
+        ids += frontier
+    return ids, stand_ins
+
+
 class Printer:
     """Where `cse run` writes: whole lines, and one bar line that a terminal redraws in place (`tty`) and a pipe
     gets as a new line whenever its `key` (the step) changes."""
@@ -54,10 +70,7 @@ class Printer:
         self._bar_key: object = None
 
     def line(self, text: str) -> None:
-        if self._bar_open:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._bar_open = False
+        self.close()
         self.out(text)
 
     def bar(self, text: str, key: object) -> None:
@@ -81,13 +94,8 @@ def progress_bar(p, tty: bool) -> str:
     `format_meter`; the rate and ETA from the pace between logged steps)."""
     from tqdm import tqdm
 
-    postfix = ", ".join(
-        part
-        for part in (
-            f"loss={p.loss:.4f}" if p.loss is not None else "",
-            f"dev={p.dev:.2f}" if p.dev is not None else "dev=–",
-        )
-        if part
+    postfix = (f"loss={p.loss:.4f}, " if p.loss is not None else "") + (
+        f"dev={p.dev:.2f}" if p.dev is not None else "dev=–"
     )
     rate = 1.0 / p.seconds_per_step if p.seconds_per_step else None
     text = tqdm.format_meter(
@@ -135,17 +143,8 @@ class Follower:
         self._progress(final)
 
     async def _tree(self, client) -> None:
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
-        ids, frontier, stand_ins = [self.flow_run_id], [self.flow_run_id], set()
-        while frontier:
-            children = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier))
-            )
-            stand_ins |= {c.parent_task_run_id for c in children}
-            frontier = [c.id for c in children if c.id not in ids]
-            ids += frontier
-        self.flow_runs, self._subflow_tasks = ids, stand_ins  # (a subflow's own tasks say what it does)
+        # (a subflow's own tasks say what it does: the task runs standing for them are left out)
+        self.flow_runs, self._subflow_tasks = await flow_run_tree(client, self.flow_run_id)
 
     async def _task_lines(self, client, final: bool) -> None:
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
