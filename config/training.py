@@ -116,7 +116,7 @@ class SpeedConfig(_Config):
 class TrainConfig(_Config):
     """The full configuration of a training job: method, preset, backbone, data, corruption and model settings."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True)  # (extra="forbid", frozen and finite numbers: _Config's)
 
     method: str = Field(
         default=DEFAULT_METHOD,
@@ -224,8 +224,6 @@ class TrainConfig(_Config):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.max_length < 4:
-            raise ValueError("max_length must be at least 4")
         spec = get_method(self.method)
         if not isinstance(self.model, spec.config_class):
             raise ValueError(f"model of method {self.method} must be a {spec.config_class.__name__}")

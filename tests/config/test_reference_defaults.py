@@ -5,6 +5,7 @@ a `default` per method."""
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -160,25 +161,40 @@ def test_evaluation_is_fp32_unless_asked():
         autocast_context(torch.device("cpu"), "fp16")
 
 
-def test_training_selects_and_tests_in_the_configured_eval_precision(tiny_bert_dir, tokenizer, tmp_path):
-    """`fit` hands `eval_precision` to every dev evaluation (fp32 by default, even when training runs in bf16)."""
+class _DevEvaluator:
+    """An evaluator whose dev runs all score `score`; records the (mode, precision) of each."""
+
+    def __init__(self, score: float) -> None:
+        self.score, self.calls = score, []
+
+    def run(self, model, mode, batch_size, precision):
+        self.calls.append((mode, precision))
+        return SimpleNamespace(metrics=lambda: {"stsb_dev": self.score})
+
+
+def _fit(cfg, run_key: str, evaluator: _DevEvaluator) -> None:
+    """`cse.training.job.fit` of `cfg` on `_rows(1, 2)` on the CPU in fp32, nothing logged."""
     from cse.storage.runs import RunDir
     from cse.training.job import fit
 
-    calls = []
+    cpu = torch.device("cpu")
+    fit(
+        cfg,
+        _rows(1, 2),
+        None,
+        RunDir("d2cse", run_key),
+        "run",
+        cpu,
+        "fp32",
+        evaluator,
+        lambda p: None,
+        lambda m, s: None,
+    )
 
-    class SpyEvaluator:
-        def run(self, model, mode, batch_size, precision):
-            calls.append((mode, precision))
 
-            class R:
-                def metrics(self):
-                    return {"stsb_dev": 50.0}
-
-            return R()
-
+def test_training_selects_and_tests_in_the_configured_eval_precision(tiny_bert_dir, tokenizer, tmp_path):
+    """`fit` hands `eval_precision` to every dev evaluation (fp32 by default, even when training runs in bf16)."""
     for asked, expected in ((None, "fp32"), ("bf16", "bf16")):
-        calls.clear()
         over = {
             "backbone": str(tiny_bert_dir),
             "max_steps": 2,
@@ -189,22 +205,9 @@ def test_training_selects_and_tests_in_the_configured_eval_precision(tiny_bert_d
         }
         if asked:
             over["eval_precision"] = asked
-        cfg = resolve_train_config("smoke", over, method="d2cse")
-        rows = _rows(1, 2)
-        run_dir = RunDir("d2cse", f"spy-{expected}")
-        fit(
-            cfg,
-            rows,
-            None,
-            run_dir,
-            "run",
-            torch.device("cpu"),
-            "fp32",
-            SpyEvaluator(),
-            lambda p: None,
-            lambda m, s: None,
-        )
-        assert calls == [("dev", expected), ("dev", expected)]
+        spy = _DevEvaluator(50.0)
+        _fit(resolve_train_config("smoke", over, method="d2cse"), f"spy-{expected}", spy)
+        assert spy.calls == [("dev", expected), ("dev", expected)]
 
 
 # ---------------------------------------------------------------- DiffAug cadence and seed
@@ -281,15 +284,6 @@ def test_every_method_has_a_default_preset_and_deployment_for_experiment_childre
 def test_the_job_seed_fixes_the_initial_weights(tiny_bert_dir, monkeypatch):
     """`fit` seeds before building the model: the initial prompts and heads follow `seed`, not earlier RNG use."""
     import cse.training.job as train_task
-    from cse.storage.runs import RunDir
-
-    class Dev:
-        def run(self, model, mode, batch_size, precision):
-            class R:
-                def metrics(self):
-                    return {"stsb_dev": 1.0}
-
-            return R()
 
     built = []
     build = train_task.build_model
@@ -311,19 +305,7 @@ def test_the_job_seed_fixes_the_initial_weights(tiny_bert_dir, monkeypatch):
             "seed": seed,
             "model": {"prefix_len": 2},
         }
-        cfg = resolve_train_config("smoke", over, method="d2cse")
-        train_task.fit(
-            cfg,
-            _rows(1, 2),
-            None,
-            RunDir("d2cse", f"seed-{seed}-{noise}"),
-            "run",
-            torch.device("cpu"),
-            "fp32",
-            Dev(),
-            lambda p: None,
-            lambda m, s: None,
-        )
+        _fit(resolve_train_config("smoke", over, method="d2cse"), f"seed-{seed}-{noise}", _DevEvaluator(1.0))
         return built[-1]
 
     a, b, c = initial(1, 0), initial(1, 5), initial(2, 0)
