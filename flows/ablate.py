@@ -124,7 +124,6 @@ def ablate_d2cse(
     results = run_children(group, children, dispatch=dispatch, deployment=deployment)
     setting = "sup" if cfg.supervised else "unsup"
     rows = ablation_table(results, setting)
-    md = publish_table(group, rows, f"D2CSE ablation ({setting}, preset {preset}) vs paper Table 6", "ablation")
-    print(md)
+    publish_table(group, rows, f"D2CSE ablation ({setting}, preset {preset}) vs paper Table 6", "ablation")
     raise_for_failures(results, "ablation cells")
     return rows

@@ -191,10 +191,11 @@ def _wait(read, runs, poll_seconds: float) -> dict:
 
 
 def publish_table(group: Group, rows: list[dict[str, Any]], title: str, key: str) -> str:
-    """The table as markdown on the MLflow parent and as Prefect table + markdown artifacts."""
+    """The table as markdown on the MLflow parent and as Prefect table + markdown artifacts, printed."""
     md = markdown_table(rows, title=title, cell=two_decimals)
     group.log(artifacts={f"{key}.md": md, f"{key}.json": json.dumps(rows, indent=2, default=str)})
     publish_artifacts(tables={key: (rows, title)}, markdown={f"{key}-md": (md, title)})
+    print(md)
     return md
 
 

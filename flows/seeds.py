@@ -36,19 +36,17 @@ def seed_summary(results: list[ChildResult], metrics: tuple[str, ...] = SUMMARY_
     done = [r for r in results if r.state == "COMPLETED"]
     rows = []
     for m in metrics:
-        values = [r.metrics[m] for r in done if m in r.metrics]
-        if not values:
-            continue
-        rows.append(
-            {
-                "metric": m,
-                "mean": statistics.fmean(values),
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                "n": len(values),
-                "min": min(values),
-                "max": max(values),
-            }
-        )
+        if values := [r.metrics[m] for r in done if m in r.metrics]:
+            rows.append(
+                {
+                    "metric": m,
+                    "mean": statistics.fmean(values),
+                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                    "n": len(values),
+                    "min": min(values),
+                    "max": max(values),
+                }
+            )
     return rows
 
 
@@ -87,8 +85,7 @@ def seeds(
     results = run_children(group, children, dispatch=dispatch, deployment=deployment)
     rows = seed_summary(results)
     group.log(metrics={f"{r['metric']}_mean": r["mean"] for r in rows} | {f"{r['metric']}_std": r["std"] for r in rows})
-    md = publish_table(group, rows, f"{method}/{preset}: mean ± std over seeds {seed_list}", "seeds")
-    print(md)
+    publish_table(group, rows, f"{method}/{preset}: mean ± std over seeds {seed_list}", "seeds")
     alias_best(group, results)
     raise_for_failures(results, "seeds")
     return rows

@@ -12,6 +12,7 @@ runs so they spread over the work pool; GPU jobs queue on the `gpu` concurrency 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Literal
 
@@ -37,10 +38,7 @@ COARSE_LR = [round(0.01 * i, 3) for i in range(1, 10)]
 
 def nested(path: str, value: Any) -> dict[str, Any]:
     """`"model.prefix_len", 12` → `{"model": {"prefix_len": 12}}`."""
-    out: Any = value
-    for part in reversed(path.split(".")):
-        out = {part: out}
-    return out
+    return functools.reduce(lambda inner, key: {key: inner}, reversed(path.split(".")), value)
 
 
 def grid_children(
@@ -140,24 +138,23 @@ def sweep(
         "overrides": overrides or {},
     }
     group = Group("sweep", method, params)
+    results: list[ChildResult] = []
+    rows: list[dict[str, Any]] = []
+
+    def run_stage(values: dict[str, list[Any]], stage: str, prefix: str = "") -> list[tuple[Any, float | None]]:
+        """Run one grid as children; their results and table rows are added; returns (learning rate, dev score)s."""
+        children = grid_children(method, preset, overrides, values, prefix=prefix)
+        found = run_children(group, children, dispatch=dispatch, deployment=deployment)
+        results.extend(found)
+        rows.extend(selection_rows(children, found, stage))
+        return [(c.overrides.get("learning_rate"), r.best_stsb_dev) for c, r in zip(children, found)]
+
     if strategy == "grid":
-        children = grid_children(method, preset, overrides, grid or {})
-        results = run_children(group, children, dispatch=dispatch, deployment=deployment)
-        rows = selection_rows(children, results, "grid")
+        run_stage(grid or {}, "grid")
     elif strategy == "lr-two-step":
-        coarse_children = grid_children(
-            method, preset, overrides, {"learning_rate": coarse or COARSE_LR}, prefix="coarse:"
-        )
-        coarse_results = run_children(group, coarse_children, dispatch=dispatch, deployment=deployment)
-        results = list(coarse_results)
-        lrs = [(c.overrides["learning_rate"], r.best_stsb_dev) for c, r in zip(coarse_children, coarse_results)]
-        fine = fine_grid(lrs, fine_step)
-        rows = selection_rows(coarse_children, coarse_results, "coarse")
-        if fine:
-            fine_children = grid_children(method, preset, overrides, {"learning_rate": fine}, prefix="fine:")
-            fine_results = run_children(group, fine_children, dispatch=dispatch, deployment=deployment)
-            results += fine_results
-            rows += selection_rows(fine_children, fine_results, "fine")
+        coarse_lrs = run_stage({"learning_rate": coarse or COARSE_LR}, "coarse", prefix="coarse:")
+        if fine := fine_grid(coarse_lrs, fine_step):
+            run_stage({"learning_rate": fine}, "fine", prefix="fine:")
     else:
         raise ValueError(f"strategy must be 'grid' or 'lr-two-step', not {strategy!r}")
     scored = [r for r in rows if r["best_stsb_dev"] is not None]
@@ -168,10 +165,7 @@ def sweep(
         metrics={"best_stsb_dev": best["best_stsb_dev"]},
         tags={"best_child": best["child"], "best_run_id": str(best["run_id"])},
     )
-    md = publish_table(
-        group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep"
-    )
-    print(md)
+    publish_table(group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep")
     best_versions = alias_best(group, results)
     raise_for_failures(results, "sweep children")
     return {"best": best, "children": rows, "group": group.id, "best_versions": best_versions}

@@ -172,9 +172,5 @@ train_diffaug = train_flow(REGISTRY["diffaug"])
 
 # method name → its training flow (experiment children, tests)
 TRAIN_FLOWS: dict[str, Flow] = {
-    "d2cse": train_d2cse,
-    "simcse": train_simcse,
-    "dcpcse": train_dcpcse,
-    "diffcse": train_diffcse,
-    "diffaug": train_diffaug,
+    f.name.removeprefix("train-"): f for f in (train_d2cse, train_simcse, train_dcpcse, train_diffcse, train_diffaug)
 }

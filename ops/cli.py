@@ -332,14 +332,10 @@ def verify(
                 not_written.append(f"{kind}/{folder.name} not {'moved' if move else 'marked'} ({e.strerror or e})")
     stale = [p for kind in KINDS if root.kind_dir(kind).is_dir() for p in root.kind_dir(kind).rglob(".tmp-*")]
     what = "sizes, row counts and content hashes" if full else "sizes and row counts"
-    summary = "all intact"
-    if bad:
-        summary = f"{bad} damaged" + (
-            ""
-            if move
-            else "; marked: the next stage run that needs one quarantines and "
-            "rebuilds it (or run `cse verify --quarantine`)"
-        )
+    marked = (
+        "; marked: the next stage run that needs one quarantines and rebuilds it (or run `cse verify --quarantine`)"
+    )
+    summary = f"{bad} damaged{'' if move else marked}" if bad else "all intact"
     print(f"{checked} datasets checked ({what}) under {root.root}: {summary}")
     if not_written:
         print(f"repairs not written (is the data root read-only?): {'; '.join(not_written)}")
@@ -454,13 +450,11 @@ def main(argv: list[str] | None = None) -> int:
             text = str(e).split("\nLINE ")[0]  # (DuckDB's caret drawing does not survive one line)
             print(f"cse: error: SQL error: {redact(' '.join(text.split()))}", file=sys.stderr)
             return 2
-        hint = ""
         if isinstance(e, duckdb.Error):
             read_failure = _read_failure(e)
         else:
             read_failure = type(e).__module__.startswith("pyarrow") or "parquet" in str(e).lower()
-        if read_failure:
-            hint = " (a damaged dataset file? `cse verify` checks the data root)"
+        hint = " (a damaged dataset file? `cse verify` checks the data root)" if read_failure else ""
         print(f"cse: error: {_one_line(e)}{hint}", file=sys.stderr)
         return 2
 
