@@ -420,12 +420,7 @@ class DiffAug(PromptedModel, CSEModel):
             [torch.cat([u, pos, (u - pos).abs()], dim=1), torch.cat([u, neg, (u - neg).abs()], dim=1)], dim=0
         )
         batch = z.shape[0]
-        labels = torch.cat(
-            [
-                torch.ones(batch, dtype=torch.long, device=z.device),
-                torch.zeros(batch, dtype=torch.long, device=z.device),
-            ]
-        )
+        labels = torch.cat([z.new_ones(batch, dtype=torch.long), z.new_zeros(batch, dtype=torch.long)])
         logits = self.classifier(feats)
         loss = F.cross_entropy(logits.float(), labels)
         with torch.no_grad():
