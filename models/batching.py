@@ -23,6 +23,17 @@ def pad_sequences(
     return ids, mask
 
 
+def check_views(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, views: tuple[int, ...] = (2, 3), what: str = "input_ids"
+) -> None:
+    """Refuse rows that are not `(B, n, T)` with n in `views`, or a mask of another shape (`what` names the rows)."""
+    if input_ids.dim() != 3 or input_ids.shape[1] not in views:
+        raise ValueError(f"{what} must be (B, {'|'.join(map(str, views))}, T), got {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        lead = "" if what == "input_ids" else f"{what}: "
+        raise ValueError(f"{lead}attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+
+
 @dataclass
 class TrainBatch:
     """One training batch of `(B, n, T)` rows: n = 2 (one sentence, two dropout views) or 3 (NLI anchor,

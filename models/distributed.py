@@ -229,8 +229,8 @@ def global_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Te
 
 
 # ------------------------------------------------------------------------------------------------ BatchNorm
-class _GlobalBatchNorm:
-    """Mixin of `GlobalBatchNorm{1,2,3}d`: batch statistics over the global batch in distributed training."""
+class GlobalBatchNorm1d(nn.BatchNorm1d):
+    """`BatchNorm1d` whose training statistics are computed over the global batch of all ranks."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (self.training and is_distributed()):
@@ -259,36 +259,14 @@ class _GlobalBatchNorm:
         return y.to(input.dtype)
 
 
-class GlobalBatchNorm1d(_GlobalBatchNorm, nn.BatchNorm1d):
-    """`BatchNorm1d` whose training statistics are computed over the global batch of all ranks."""
-
-    pass
-
-
-class GlobalBatchNorm2d(_GlobalBatchNorm, nn.BatchNorm2d):
-    """`BatchNorm2d` whose training statistics are computed over the global batch of all ranks."""
-
-    pass
-
-
-class GlobalBatchNorm3d(_GlobalBatchNorm, nn.BatchNorm3d):
-    """`BatchNorm3d` whose training statistics are computed over the global batch of all ranks."""
-
-    pass
-
-
-_GLOBAL_BN = {nn.BatchNorm1d: GlobalBatchNorm1d, nn.BatchNorm2d: GlobalBatchNorm2d, nn.BatchNorm3d: GlobalBatchNorm3d}
-
-
 def convert_batchnorm(module: nn.Module) -> int:
-    """Make every plain `BatchNorm{1,2,3}d` of `module` a `GlobalBatchNorm*` in place (same parameters, buffers
-    and state-dict keys; the class changes). Outside distributed training the converted module computes
-    exactly what it did. Returns the number converted."""
+    """Make every plain `BatchNorm1d` of `module` (the BN-MLP of DiffCSE and D2CSE) a `GlobalBatchNorm1d` in place
+    (same parameters, buffers and state-dict keys; the class changes). Outside distributed training the converted
+    module computes exactly what it did. Returns the number converted."""
     converted = 0
     for m in module.modules():
-        target = _GLOBAL_BN.get(type(m))
-        if target is not None:
-            m.__class__ = target
+        if type(m) is nn.BatchNorm1d:
+            m.__class__ = GlobalBatchNorm1d
             converted += 1
     return converted
 

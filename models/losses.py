@@ -141,9 +141,7 @@ def rtd_loss(
         total = (per_token.view(rows, length) * window).sum()
         return distributed.global_mean(total, rows * longest)
     keep = attention_mask.reshape(-1).to(per_token.dtype)
-    if distributed.is_distributed():
-        return distributed.global_mean((per_token * keep).sum(), keep.sum())
-    return (per_token * keep).sum() / keep.sum().clamp_min(1.0)
+    return distributed.global_mean((per_token * keep).sum(), keep.sum())
 
 
 def rtd_accuracy(logits: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -166,9 +164,7 @@ def rtd_accuracy(logits: torch.Tensor, labels: torch.Tensor, attention_mask: tor
     """
     keep = attention_mask.bool()
     correct = (logits.argmax(-1) == labels.long()) & keep
-    if distributed.is_distributed():
-        return distributed.global_ratio(correct.sum(), keep.sum())
-    return correct.sum().float() / keep.sum().clamp_min(1).float()
+    return distributed.global_ratio(correct.sum(), keep.sum())
 
 
 def cross_entropy_mean(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

@@ -203,15 +203,11 @@ class CSEModel(SentenceEmbedder):
         backbone, tokenizer = load_backbone(config, backbone, tokenizer)
         self.config = config
         self.tokenizer = tokenizer
-        self.remember_backbone(backbone)
+        self.pretrained_shape = backbone_shape(backbone)  # taken before anything can update the backbone
+        self.pretrained_fingerprint = backbone_fingerprint(backbone)
         drop_pooler(backbone)
         backbone.requires_grad_(trainable)
         return backbone
-
-    def remember_backbone(self, backbone: nn.Module) -> None:
-        """Call in `__init__` with the freshly loaded backbone, before anything can update it."""
-        self.pretrained_shape = backbone_shape(backbone)
-        self.pretrained_fingerprint = backbone_fingerprint(backbone)
 
     @property
     @abstractmethod
@@ -248,23 +244,32 @@ class CSEModel(SentenceEmbedder):
         if phase not in self.phases:
             raise ValueError(f"{self.method} has phases {self.phases}, not {phase!r}")
         params = [p for p in self.parameters() if p.requires_grad]
-        if not params:
-            self.refuse_nothing_to_train(phase)
+        if not params:  # the error names the config field that froze the prompts
+            hint = (
+                " (model.train_prompts=False froze the prompts and nothing else is trainable)"
+                if getattr(self.config, "train_prompts", True) is False
+                else ""
+            )
+            raise ValueError(f"{self.method}: nothing to train in phase {phase!r}{hint}")
         return params
-
-    def refuse_nothing_to_train(self, phase: str) -> None:
-        """Raise the error of a phase with no trainable tensor, naming the config field that froze the prompts."""
-        hint = (
-            " (model.train_prompts=False froze the prompts and nothing else is trainable)"
-            if getattr(self.config, "train_prompts", True) is False
-            else ""
-        )
-        raise ValueError(f"{self.method}: nothing to train in phase {phase!r}{hint}")
 
     def parameter_groups(self, phase: str) -> list[dict[str, Any]]:
         """AdamW parameter groups of `phase`: one group at the phase's learning rate by default. A group with its own
         `"lr"` keeps it (D2CSE ablation (b): the trainable discriminator); the linear decay scales every group."""
         return [{"params": self.phase_parameters(phase)}]
+
+    def rate_groups(self, phase: str, own: list[tuple[str, list[nn.Module], float]]) -> list[dict[str, Any]]:
+        """`parameter_groups` of a method with parts at a learning rate of their own: the phase's tensors of each
+        `(name, modules, lr)` in a named group at `lr`, in order, after one group of the rest at the phase's rate."""
+        params = self.phase_parameters(phase)
+        if not own:
+            return [{"params": params}]
+        owned = [(name, {id(p) for m in modules for p in m.parameters()}, lr) for name, modules, lr in own]
+        taken = set().union(*(ids for _, ids, _ in owned))
+        groups = [{"params": [p for p in params if id(p) not in taken]}]
+        return groups + [
+            {"params": [p for p in params if id(p) in ids], "lr": lr, "name": name} for name, ids, lr in owned
+        ]
 
     def trainable_parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

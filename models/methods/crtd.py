@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cse.models.batching import TrainBatch
+from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.losses import contrastive_loss, rtd_accuracy, rtd_loss
 from cse.models.method import CSEModel, StepOutput
@@ -85,11 +85,8 @@ def align_corruption(
         >>> labels.long().tolist()
         [[[0, 1, 0, 0], [0, 1, 0, 0]]]
     """
-    if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
-        raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
+    check_views(input_ids, attention_mask)
     batch, n, length = input_ids.shape
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
     if corrupted_ids is None:
         raise ValueError("corrupted_ids are required (the corruption stage's output)")
     if (
@@ -255,11 +252,7 @@ class ConditionalRTDModel(CSEModel):
         z = h.view(batch, n, -1)
         cfg = self.config
         l_cl = contrastive_loss(
-            z[:, 0],
-            z[:, 1],
-            z[:, 2] if n == 3 else None,
-            temperature=cfg.temperature,
-            hard_negative_weight=cfg.hard_negative_weight,
+            *z.unbind(1), temperature=cfg.temperature, hard_negative_weight=cfg.hard_negative_weight
         )
 
         # per row: chunk i of the discriminator pass reads chunk i of h, whose gradient flows back to the BN-MLP

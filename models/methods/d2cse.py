@@ -208,26 +208,12 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
     def parameter_groups(self, phase: str) -> list[dict]:
         """Prompts, [CLS] prompt, BN-MLP and RTD head at the job's LR; ablation (b)'s trainable discriminator in a group of
         its own at `discriminator_learning_rate`; the BN-MLP and RTD head in one at `head_learning_rate` when set."""
-        params = self.phase_parameters(phase)
-        own = []  # (name, parameter ids, learning rate) of the groups with a rate of their own
-        if self.config.head_learning_rate is not None:
-            head = [*self.projection.parameters(), *self.rtd_head.parameters()]
-            own.append(("head", {id(p) for p in head}, self.config.head_learning_rate))
+        cfg, own = self.config, []
+        if cfg.head_learning_rate is not None:
+            own.append(("head", [self.projection, self.rtd_head], cfg.head_learning_rate))
         if self.discriminator is not None:
-            own.append(
-                (
-                    "discriminator",
-                    {id(p) for p in self.discriminator.parameters()},
-                    self.config.discriminator_learning_rate,
-                )
-            )
-        if not own:
-            return [{"params": params}]
-        taken = set().union(*(ids for _, ids, _ in own))
-        groups = [{"params": [p for p in params if id(p) not in taken]}]
-        return groups + [
-            {"params": [p for p in params if id(p) in ids], "lr": lr, "name": name} for name, ids, lr in own
-        ]
+            own.append(("discriminator", [self.discriminator], cfg.discriminator_learning_rate))
+        return self.rate_groups(phase, own)
 
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from cse.models.batching import TrainBatch
+from cse.models.batching import TrainBatch, check_views
 from cse.models.distributed import global_mean
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
@@ -417,10 +417,7 @@ class DCPCSE(PromptedModel, CSEModel):
         token_type_ids: torch.Tensor | None = None,
     ) -> DCPCSEOutput:
         """One training forward on `(B, n, T)` rows, n = 2 (unsup, two dropout views) or 3 (sup, hard negative)."""
-        if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
-            raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+        check_views(input_ids, attention_mask)
         batch, n, length = input_ids.shape
         rows = batch * n
         ids, mask = input_ids.reshape(rows, length), attention_mask.reshape(rows, length)
@@ -430,11 +427,7 @@ class DCPCSE(PromptedModel, CSEModel):
         cls, mlm_total, mlm_count = self.row_chunks.map(self.encode_rows, ids, mask, types)
         z = self.mlp(cls).view(batch, n, -1)
         l_cl = contrastive_loss(
-            z[:, 0],
-            z[:, 1],
-            z[:, 2] if n == 3 else None,
-            temperature=self.config.temperature,
-            hard_negative_weight=self.config.hard_negative_weight,
+            *z.unbind(1), temperature=self.config.temperature, hard_negative_weight=self.config.hard_negative_weight
         )
         if not self.config.mlm:
             return DCPCSEOutput(loss=l_cl, contrastive_loss=l_cl, mlm_loss=None, mlm_weight=0.0, z=z)

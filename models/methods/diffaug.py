@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from cse.models.batching import TrainBatch
+from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
 from cse.models.method import CSEModel, MethodConfig, StepOutput
@@ -420,12 +420,7 @@ class DiffAug(PromptedModel, CSEModel):
             [torch.cat([u, pos, (u - pos).abs()], dim=1), torch.cat([u, neg, (u - neg).abs()], dim=1)], dim=0
         )
         batch = z.shape[0]
-        labels = torch.cat(
-            [
-                torch.ones(batch, dtype=torch.long, device=z.device),
-                torch.zeros(batch, dtype=torch.long, device=z.device),
-            ]
-        )
+        labels = torch.cat([z.new_ones(batch, dtype=torch.long), z.new_zeros(batch, dtype=torch.long)])
         logits = self.classifier(feats)
         loss = F.cross_entropy(logits.float(), labels)
         with torch.no_grad():
@@ -451,13 +446,6 @@ class DiffAug(PromptedModel, CSEModel):
             return [*self.prompts.parameters(), *self.classifier.parameters()]
         return params
 
-    @staticmethod
-    def _check_views(ids: torch.Tensor, mask: torch.Tensor, allowed: tuple[int, ...], what: str) -> None:
-        if ids.dim() != 3 or ids.shape[1] not in allowed:
-            raise ValueError(f"{what} must be (B, {'|'.join(map(str, allowed))}, T), got {tuple(ids.shape)}")
-        if mask.shape != ids.shape:
-            raise ValueError(f"{what}: attention_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
-
     def prefix_stage_states(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -468,7 +456,7 @@ class DiffAug(PromptedModel, CSEModel):
 
     def prefix_stage_step(self, batch: TrainBatch) -> StepOutput:
         """Stage 1: NLI cross-entropy with the MLP, no denoising; gradients only for prefix encoder + classifier."""
-        self._check_views(batch.input_ids, batch.attention_mask, (3,), "stage-1 (prefix) input_ids")
+        check_views(batch.input_ids, batch.attention_mask, (3,), "stage-1 (prefix) input_ids")
         if batch.aux is not None:
             raise ValueError("the prefix stage takes NLI triplets as its main batch, not an aux batch")
         b, n, _ = batch.input_ids.shape
@@ -481,7 +469,7 @@ class DiffAug(PromptedModel, CSEModel):
 
     def joint_stage_step(self, batch: TrainBatch) -> StepOutput:
         """Stage 2: contrastive loss (+ α·NLI CE on `batch.aux` when α > 0), template denoising on the main rows."""
-        self._check_views(batch.input_ids, batch.attention_mask, (2, 3), "joint-stage input_ids")
+        check_views(batch.input_ids, batch.attention_mask, (2, 3), "joint-stage input_ids")
         b, n, t = batch.input_ids.shape
         device = batch.input_ids.device
         ids, mask = batch.flat(batch.input_ids), batch.flat(batch.attention_mask)
@@ -491,7 +479,7 @@ class DiffAug(PromptedModel, CSEModel):
             raise ValueError(f"aux_weight={self.config.aux_weight} needs an NLI batch in `batch.aux`")
         if aux is not None:
             # one forward for main and auxiliary rows, as the reference (rows are right-padded to one length)
-            self._check_views(aux.input_ids, aux.attention_mask, (3,), "aux input_ids")
+            check_views(aux.input_ids, aux.attention_mask, (3,), "aux input_ids")
             ab, an, at = aux.input_ids.shape
             width = max(t, at)
             pad = self.template_pad_id
@@ -508,7 +496,7 @@ class DiffAug(PromptedModel, CSEModel):
         if self.config.denoise:
             main = self.denoise(main, lengths[:rows], modules[:rows])
         z = self.mlp(main).view(b, n, -1)
-        l_cl = contrastive_loss(z[:, 0], z[:, 1], z[:, 2] if n == 3 else None, temperature=self.config.temperature)
+        l_cl = contrastive_loss(*z.unbind(1), temperature=self.config.temperature)
         metrics = {"loss_contrastive": l_cl.detach()}
         loss = l_cl
         if aux is not None:

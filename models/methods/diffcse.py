@@ -129,15 +129,10 @@ class DiffCSE(FineTunedModel, ConditionalRTDModel):
     def parameter_groups(self, phase: str) -> list[dict]:
         """Every trainable tensor at the job's rate; with `discriminator_learning_rate` set, D and the RTD head in a
         group of their own at that rate."""
-        params = self.phase_parameters(phase)
         rate = self.config.discriminator_learning_rate
-        if rate is None:
-            return [{"params": params}]
-        own = {id(p) for p in (*self.discriminator.parameters(), *self.rtd_head.parameters())}
-        return [
-            {"params": [p for p in params if id(p) not in own]},
-            {"params": [p for p in params if id(p) in own], "lr": rate, "name": "discriminator"},
-        ]
+        return self.rate_groups(
+            phase, [] if rate is None else [("discriminator", [self.discriminator, self.rtd_head], rate)]
+        )
 
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None

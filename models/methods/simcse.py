@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cse.models.batching import TrainBatch
+from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
 from cse.models.method import CSEModel, FineTunedModel, MethodConfig, StepOutput, set_backbone_dropout
@@ -114,21 +114,14 @@ class SimCSE(FineTunedModel, CSEModel):
     # --------------------------------------------------------------------------------- passes
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Contrastive loss of `(B, n, T)` rows (n = 2 unsup, 3 sup) and the `(B, n, d)` MLP outputs (SimCSE)."""
-        if input_ids.dim() != 3 or input_ids.shape[1] not in (2, 3):
-            raise ValueError(f"input_ids must be (B, 2|3, T), got {tuple(input_ids.shape)}")
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+        check_views(input_ids, attention_mask)
         batch, n, length = input_ids.shape
         # the encoder pass is per row: in cached chunks under grad_cache (models/grad_cache.py); the MLP and the loss
         # run on all B·n vectors
         cls = self.row_chunks.map(self.encode_cls, input_ids.reshape(-1, length), attention_mask.reshape(-1, length))
         z = (self.mlp(cls) if self.config.train_mlp else cls).view(batch, n, -1)
         loss = contrastive_loss(
-            z[:, 0],
-            z[:, 1],
-            z[:, 2] if n == 3 else None,
-            temperature=self.config.temperature,
-            hard_negative_weight=self.config.hard_negative_weight,
+            *z.unbind(1), temperature=self.config.temperature, hard_negative_weight=self.config.hard_negative_weight
         )
         return loss, z
 

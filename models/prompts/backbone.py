@@ -10,11 +10,11 @@ import contextlib
 import torch
 from torch import nn
 
-from cse.models.prompts.families import attention_of, encoder_family, submodule
+from cse.models.prompts.families import attention_of, encoder_family
 from cse.models.prompts.interface import PREFIX_IMPLEMENTATIONS, PREFIX_KWARG
 from cse.models.prompts.module_route import MODULE_ROUTE, prefix_scope
 from cse.models.prompts.position0 import POSITION0_KWARG, position0_class, replace_position0_output
-from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues
+from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues, prefix_visibility
 
 
 def _checkpointing(backbone: nn.Module) -> bool:
@@ -57,7 +57,10 @@ class PromptedBackbone(nn.Module):
         self.shift_positions = shift_positions
         self._prepare_attention_modules()
         if prefix_encoder is not None:
-            self.check_prefix_shape(prefix_encoder.num_layers, prefix_encoder.num_heads, prefix_encoder.head_dim)
+            got = (prefix_encoder.num_layers, prefix_encoder.num_heads, prefix_encoder.head_dim)
+            want = (self.num_layers, self.num_heads, self.hidden_size // self.num_heads)
+            if got != want:
+                raise ValueError(f"prefix shape (layers, heads, head_dim) = {got} does not fit the backbone's {want}")
 
     # ----------------------------------------------------------------------------------------- shapes
     @property
@@ -66,7 +69,7 @@ class PromptedBackbone(nn.Module):
 
     @property
     def layers(self) -> nn.ModuleList:
-        return submodule(self.backbone, self.family.layers)
+        return self.backbone.get_submodule(self.family.layers)
 
     @property
     def num_layers(self) -> int:
@@ -88,13 +91,6 @@ class PromptedBackbone(nn.Module):
     def attention_modules(self) -> list[nn.Module]:
         """The self-attention module of every layer, in order (where layer i's prefix K/V go)."""
         return [attention_of(self.family, layer) for layer in self.layers]
-
-    def check_prefix_shape(self, num_layers: int, num_heads: int, head_dim: int) -> None:
-        want = (self.num_layers, self.num_heads, self.hidden_size // self.num_heads)
-        if (num_layers, num_heads, head_dim) != want:
-            raise ValueError(
-                f"prefix shape (layers, heads, head_dim) = {(num_layers, num_heads, head_dim)} does not fit the backbone's {want}"
-            )
 
     def _prepare_attention_modules(self) -> None:
         """Every self-attention module must know its layer index (the prefix lookup key); the "module" route also
@@ -165,11 +161,8 @@ class PromptedBackbone(nn.Module):
     def attention_mask(self, token_mask: torch.Tensor, prefix: PrefixKeyValues, dtype: torch.dtype) -> torch.Tensor:
         """The 4-D `(B', 1, T, P+T)` mask: prefix slots visible unless `prefix.mask` says otherwise (DCPCSE reference prefixes step 5)."""
         batch, length = token_mask.shape
-        if prefix.mask is None:
-            prefix_visible = torch.ones(batch, prefix.length, dtype=torch.bool, device=token_mask.device)
-        else:
-            prefix_visible = prefix.mask.to(device=token_mask.device, dtype=torch.bool).expand(batch, prefix.length)
-        visible = torch.cat([prefix_visible, token_mask.bool()], dim=1)[:, None, None, :]
+        visible = torch.cat([prefix_visibility(prefix, batch, token_mask.device), token_mask.bool()], dim=1)
+        visible = visible[:, None, None, :]
         if self.inner == "sdpa":
             mask = visible
         else:

@@ -91,13 +91,6 @@ ENCODER_FAMILIES: dict[str, EncoderFamily] = {
 modules with `layer_idx` and `query` that call the `AttentionInterface`, e.g. CamemBERT) runs as "BERT-like"."""
 
 
-def submodule(module: nn.Module, dotted: str):
-    """The submodule of `module` at a dotted path (`encoder.layer`)."""
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
-
-
 def _bert_layout_attention(layer: nn.Module) -> nn.Module | None:
     return next((m for m in layer.modules() if hasattr(m, "layer_idx") and hasattr(m, "query")), None)
 
@@ -132,11 +125,11 @@ def encoder_family(backbone: nn.Module) -> EncoderFamily:
 def encoder_layers(backbone: nn.Module) -> nn.ModuleList:
     """The transformer layers of a supported bare encoder (`encoder.layer`, DistilBERT's `transformer.layer`,
     ModernBERT's `layers`)."""
-    return submodule(backbone, encoder_family(backbone).layers)
+    return backbone.get_submodule(encoder_family(backbone).layers)
 
 
 def attention_of(family: EncoderFamily, layer: nn.Module) -> nn.Module:
-    found = _bert_layout_attention(layer) if family.attention == "" else submodule(layer, family.attention)
+    found = _bert_layout_attention(layer) if family.attention == "" else layer.get_submodule(family.attention)
     if found is None:
         raise TypeError(f"{family.name}: no self-attention module with `layer_idx` found in layer {layer!r}")
     return found

@@ -46,6 +46,8 @@ def test_registry_and_config():
         SimCSEConfig(backbone="x", temperature=0.0)
     with pytest.raises(ValueError, match="unknown"):
         SimCSEConfig.from_dict({"backbone": "x", "mlm": True})
+    with pytest.raises(ValueError, match="train_mlp"):
+        SimCSEConfig(backbone="x", train_mlp=False, mlp_only_train=False)
 
 
 def test_everything_trainable_pooler_dropped_and_tiny_count(make_model):
@@ -109,33 +111,21 @@ def test_gradients_reach_every_tensor(make_model, tokenizer):
         assert p.grad is not None and p.grad.abs().sum() > 0, n
 
 
-def test_training_loss_is_contrastive_on_mlp_of_cls(make_model, tokenizer):
-    model = make_model().train()
+@pytest.mark.parametrize("train_mlp", [True, False])
+def test_training_loss_is_contrastive_on_mlp_of_cls(make_model, tokenizer, train_mlp):
+    """`train_mlp=False` (the sentence-transformers peer setting): CLS pooling + the contrastive loss, MLP unused."""
+    model = make_model(train_mlp=train_mlp).train()
     ids, mask = _views(tokenizer)
     torch.manual_seed(7)
     loss, z = model(ids, mask)
     torch.manual_seed(7)  # same dropout sample: the rows are encoded in the same single pass
     cls = model.backbone(input_ids=ids.reshape(-1, T), attention_mask=mask.reshape(-1, T)).last_hidden_state[:, 0]
-    want_z = torch.tanh(model.mlp.dense(cls)).view(B, 2, D)
+    want_z = (torch.tanh(model.mlp.dense(cls)) if train_mlp else cls).view(B, 2, D)
     torch.testing.assert_close(z, want_z, rtol=0, atol=0)
     torch.testing.assert_close(loss, contrastive_loss(want_z[:, 0], want_z[:, 1], temperature=0.05), rtol=0, atol=0)
     assert (z[:, 0] - z[:, 1]).abs().max() > 1e-4  # dropout makes the two views differ
-
-
-def test_without_training_mlp_the_loss_reads_the_raw_cls_state(make_model, tokenizer):
-    """`train_mlp=False` (the sentence-transformers peer setting): CLS pooling + the contrastive loss, MLP unused."""
-    model = make_model(train_mlp=False).train()
-    ids, mask = _views(tokenizer)
-    torch.manual_seed(7)
-    loss, z = model(ids, mask)
-    torch.manual_seed(7)
-    cls = model.backbone(input_ids=ids.reshape(-1, T), attention_mask=mask.reshape(-1, T)).last_hidden_state[:, 0]
-    torch.testing.assert_close(z, cls.view(B, 2, D), rtol=0, atol=0)
-    torch.testing.assert_close(loss, contrastive_loss(z[:, 0], z[:, 1], temperature=0.05), rtol=0, atol=0)
     loss.backward()
-    assert all(p.grad is None for p in model.mlp.parameters())
-    with pytest.raises(ValueError, match="train_mlp"):
-        make_model(train_mlp=False, mlp_only_train=False)
+    assert all((p.grad is not None) == train_mlp for p in model.mlp.parameters())
 
 
 def test_supervised_three_views(make_model, tokenizer):
