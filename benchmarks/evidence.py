@@ -101,24 +101,24 @@ class Arm:
 
 
 METHOD = "method"
+CONDITIONS = ("true_h", "shuffled_h", "no_h")  # protocol 1's mechanism check: the discriminator's h
 
 
-def _evidence_methods() -> dict[str, MethodFacts]:
-    """The registry's methods with evidence arms (benchmarks/facts.py), in `evidence_position` order."""
-    found = {name: f for name, f in registry_facts().items() if f.evidence_arms}
+def evidence_methods(arms_field: str) -> dict[str, MethodFacts]:
+    """The registry's methods with arms in `arms_field` (benchmarks/facts.py), in `evidence_position` order."""
+    found = {name: f for name, f in registry_facts().items() if getattr(f, arms_field)}
     return dict(sorted(found.items(), key=lambda item: item[1].evidence_position))
 
 
 # Each method's arms, what the protocol sets over its preset, the arms with the held-out RTD mechanism check, and the
 # method of the head-LR sensitivity rows: the benchmarks' facts of each method (benchmarks/facts.py).
-ARMS: dict[str, tuple[Arm, ...]] = {
-    name: tuple(Arm(*a) for a in f.evidence_arms) for name, f in _evidence_methods().items()
-}
+_FACTS = evidence_methods("evidence_arms")
+ARMS: dict[str, tuple[Arm, ...]] = {name: tuple(Arm(*a) for a in f.evidence_arms) for name, f in _FACTS.items()}
 PROTOCOL_OVERRIDES: dict[str, dict[str, Any]] = {
-    name: f.evidence_overrides(PROTOCOL) if f.evidence_overrides else {} for name, f in _evidence_methods().items()
+    name: f.evidence_overrides(PROTOCOL) if f.evidence_overrides else {} for name, f in _FACTS.items()
 }
-MECHANISM_ARMS = {(name, arm) for name, f in _evidence_methods().items() for arm in f.evidence_mechanism_arms}
-HEAD_LR_METHOD = next(name for name, f in _evidence_methods().items() if f.evidence_head_lr_sensitivity)
+MECHANISM_ARMS = {(name, arm) for name, f in _FACTS.items() for arm in f.evidence_mechanism_arms}
+HEAD_LR_METHOD = next(name for name, f in _FACTS.items() if f.evidence_head_lr_sensitivity)
 
 
 def protocol_hash() -> str:
@@ -348,10 +348,7 @@ def heldout_rtd(bench: Bench, model, tokens, corruption, pad_id: int) -> dict[st
     rows, heldout = bench.heldout(tokens, corruption, pad_id, PROTOCOL["heldout_sentences"])
     if heldout[0] < PROTOCOL["train_sentences"]:
         raise RuntimeError("held-out sentences overlap the training sentences")
-    sums = {
-        k: {"loss": 0.0, "correct": 0.0, "tokens": 0.0, "replaced_correct": 0.0, "replaced": 0.0}
-        for k in ("true_h", "shuffled_h", "no_h")
-    }
+    sums = {k: dict.fromkeys(("loss", "correct", "tokens", "replaced_correct", "replaced"), 0.0) for k in CONDITIONS}
     model.eval()
     with torch.no_grad():
         for start in range(0, len(heldout), 64):
@@ -507,9 +504,6 @@ def head_lr_cell(bench: Bench, head_lr: float) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- report
-CONDITIONS = ("true_h", "shuffled_h", "no_h")
-
-
 def _cells(report: dict[str, Any]) -> list[dict[str, Any]]:
     return report.get("cells", [])
 
@@ -792,20 +786,13 @@ def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def expected_cells(methods=None, seeds=None, arms=None) -> list[tuple]:
-    out = []
+    sens, out = PROTOCOL["head_lr_sensitivity"], []
     for method, marms in ARMS.items():
         if methods and method not in methods:
             continue
-        for arm in marms:
-            if arms and arm.name not in arms:
-                continue
-            for seed in seeds or PROTOCOL["seeds"]:
-                out.append((method, arm.name, seed))
+        out += [(method, a.name, s) for a in marms if not arms or a.name in arms for s in seeds or PROTOCOL["seeds"]]
         if method == HEAD_LR_METHOD and (not arms or "head-lr" in arms):
-            out += [
-                (HEAD_LR_METHOD, f"head-lr-{lr:g}", PROTOCOL["head_lr_sensitivity"]["seed"])
-                for lr in PROTOCOL["head_lr_sensitivity"]["head_lrs"]
-            ]
+            out += [(method, f"head-lr-{lr:g}", sens["seed"]) for lr in sens["head_lrs"]]
     return out
 
 

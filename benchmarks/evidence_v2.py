@@ -64,6 +64,7 @@ from benchmarks.evidence import (
     by_arm,
     control_rows,
     curve_fields,
+    evidence_methods,
     job_settings,
     loss_logger,
     mean_std,
@@ -75,7 +76,6 @@ from benchmarks.evidence import (
     write_block,
     write_json,
 )
-from benchmarks.facts import MethodFacts, registry_facts
 from benchmarks.machine import cpu_environment, set_offline_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -113,15 +113,12 @@ PROTOCOL_V2: dict[str, Any] = {
 }
 
 
-def _methods() -> dict[str, MethodFacts]:
-    """The registry's methods with protocol-2 arms (`evidence_v2_arms`, benchmarks/facts.py), in `evidence_position`
-    order."""
-    found = {name: f for name, f in registry_facts().items() if f.evidence_v2_arms}
-    return dict(sorted(found.items(), key=lambda item: item[1].evidence_position))
-
-
-ARMS: dict[str, tuple[Arm, ...]] = {name: tuple(Arm(*a) for a in f.evidence_v2_arms) for name, f in _methods().items()}
-KNOBS: dict[str, tuple[str, tuple[float | None, ...]]] = {name: f.evidence_power_knob for name, f in _methods().items()}
+ARMS: dict[str, tuple[Arm, ...]] = {
+    name: tuple(Arm(*a) for a in f.evidence_v2_arms) for name, f in evidence_methods("evidence_v2_arms").items()
+}
+KNOBS: dict[str, tuple[str, tuple[float | None, ...]]] = {
+    name: f.evidence_power_knob for name, f in evidence_methods("evidence_v2_arms").items()
+}
 
 
 def arms_and_knobs() -> dict[str, Any]:
@@ -155,16 +152,8 @@ def trains_rtd(arm: Arm) -> bool:
 # ---------------------------------------------------------------------------------------------- data
 def generator_record(key: str, config: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     """What the report keeps of the protocol's fitted generator (its manifest's stats)."""
-    return {
-        "key": key,
-        "config": config,
-        "heldout_top1": stats.get("heldout_top1"),
-        "heldout_positions": stats.get("heldout_positions"),
-        "heldout_sentences": stats.get("heldout_sentences"),
-        "steps": stats.get("steps"),
-        "seconds": stats.get("seconds"),
-        "history": stats.get("history"),
-    }
+    kept = ("heldout_top1", "heldout_positions", "heldout_sentences", "steps", "seconds", "history")
+    return {"key": key, "config": config, **{k: stats.get(k) for k in kept}}
 
 
 def generator_in_home(home: Path) -> dict[str, Any] | None:
@@ -580,14 +569,12 @@ def mechanism_table(s: dict[str, Any]) -> list[str]:
         "| method | arm | seeds | loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for method, m in s.items():
-        for a in m["arms"].values():
-            if "mechanism" in a:
-                me = a["mechanism"]
-                lines.append(
-                    f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(me['true_h'], 4)} | {_pm(me['rolled_h'], 4)} | "
-                    f"{_pm(me['no_h'], 4)} | {_pm(me['gap'], 4, signed=True)} | {_pm(me['constant_guess'], 4)} |"
-                )
+    for method, a in [(method, a) for method, m in s.items() for a in m["arms"].values() if "mechanism" in a]:
+        me = a["mechanism"]
+        lines.append(
+            f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(me['true_h'], 4)} | {_pm(me['rolled_h'], 4)} | "
+            f"{_pm(me['no_h'], 4)} | {_pm(me['gap'], 4, signed=True)} | {_pm(me['constant_guess'], 4)} |"
+        )
     return lines
 
 
@@ -643,25 +630,25 @@ def generator_line(report: dict[str, Any]) -> str:
     )
 
 
+def sections(report: dict[str, Any], captions: tuple[str, str, str]) -> list[str]:
+    """The status and generator lines, then the power checks', STS runs' and mechanism's tables under `captions`."""
+    tables = (power_table(report), sts_table(report["summary"]), mechanism_table(report["summary"]))
+    lines = [status_line(report), "", generator_line(report)]
+    for caption, table in zip(captions, tables):
+        lines += ["", caption, "", *table]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
+    captions = (
+        "## Power check: the swap task at the arm's exact settings (seed 0, held-out 1,024 sentences)",
+        f"## STS-B dev, step 0 → step {PROTOCOL_V2['steps']} (Spearman × 100; mean ± std over seeds)",
+        "## Mechanism on the real corruption (held-out 1,024 sentences, variant 0)",
+    )
     lines = [
         f"# Evidence benchmark, protocol 2 ({report['protocol']}; CPU, MiniLM)",
         "",
-        status_line(report),
-        "",
-        generator_line(report),
-        "",
-        "## Power check: the swap task at the arm's exact settings (seed 0, held-out 1,024 sentences)",
-        "",
-        *power_table(report),
-        "",
-        f"## STS-B dev, step 0 → step {PROTOCOL_V2['steps']} (Spearman × 100; mean ± std over seeds)",
-        "",
-        *sts_table(report["summary"]),
-        "",
-        "## Mechanism on the real corruption (held-out 1,024 sentences, variant 0)",
-        "",
-        *mechanism_table(report["summary"]),
+        *sections(report, captions),
         "",
         *gpu_section(report, "## "),
         "Commands:",
@@ -677,27 +664,13 @@ DOCS_END = "<!-- end evidence-v2 -->"
 
 def docs_block(report: dict[str, Any]) -> str:
     """docs/evidence.md's protocol-2 block: status, generator, power checks, STS runs and mechanism rows."""
-    return "\n".join(
-        [
-            status_line(report),
-            "",
-            generator_line(report),
-            "",
-            "Power checks (swap task, seed 0, the arm's exact settings; held-out RTD loss):",
-            "",
-            *power_table(report),
-            "",
-            f"STS-B dev, step 0 → {PROTOCOL_V2['steps']}, with the generator above and the knob the power check chose:",
-            "",
-            *sts_table(report["summary"]),
-            "",
-            "Mechanism on the real corruption (held-out sentences):",
-            "",
-            *mechanism_table(report["summary"]),
-            *([""] if report.get("summary_gpu") else []),
-            *gpu_section(report, ""),
-        ]
-    ).rstrip("\n")
+    captions = (
+        "Power checks (swap task, seed 0, the arm's exact settings; held-out RTD loss):",
+        f"STS-B dev, step 0 → {PROTOCOL_V2['steps']}, with the generator above and the knob the power check chose:",
+        "Mechanism on the real corruption (held-out sentences):",
+    )
+    gpu = [""] if report.get("summary_gpu") else []
+    return "\n".join([*sections(report, captions), *gpu, *gpu_section(report, "")]).rstrip("\n")
 
 
 def gpu_section(report: dict[str, Any], heading: str) -> list[str]:
