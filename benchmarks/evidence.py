@@ -743,24 +743,20 @@ def write_block(path: Path, begin: str, end: str, body: str) -> None:
     path.write_text(f"{head}{begin}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
-def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:
+def plot_curves(report: dict[str, Any], out_dir: Path) -> None:
     """One PNG per method: STS-B dev vs step, mean line and min-max band over the seeds, method vs controls."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     cells = [c for c in _cells(report) if not c["arm"].startswith("head-lr-")]
     for method, arms in ARMS.items():
         mcells = [c for c in cells if c["method"] == method]
         if not mcells:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        for arm in arms:
-            ac = [c for c in mcells if c["arm"] == arm.name]
-            if not ac:
-                continue
+        for arm, ac in by_arm(mcells, arms):
             steps = sorted({s for c in ac for s, _ in c["dev_curve"]})
             per_step = {s: [v for c in ac for st, v in c["dev_curve"] if st == s] for s in steps}
             mean = [statistics.fmean(per_step[s]) for s in steps]
@@ -777,12 +773,9 @@ def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_title(f"{method}: method vs control (MiniLM, batch {PROTOCOL['batch_size']})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        path = out_dir / f"evidence_{method}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        fig.savefig(out_dir / f"evidence_{method}.png", dpi=110)
         plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 def expected_cells(methods=None, seeds=None, arms=None) -> list[tuple]:
