@@ -332,10 +332,8 @@ def loss_logger(store: list, keys: tuple[str, ...], every: int = 1):
     return log_metrics
 
 
-def stsb_dev(bench: Bench, model) -> float:
-    return round(
-        float(bench.evaluator.run(model, mode="dev", batch_size=128, precision="fp32").metrics()["stsb_dev"]), 2
-    )
+def stsb_dev(evaluator, model) -> float:
+    return round(float(evaluator.run(model, mode="dev", batch_size=128, precision="fp32").metrics()["stsb_dev"]), 2)
 
 
 def heldout_rtd(bench: Bench, model, tokens, corruption, pad_id: int) -> dict[str, dict[str, float]]:
@@ -435,7 +433,7 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
     )
 
     t_eval = time.perf_counter()
-    curve = [(0, stsb_dev(bench, model))]
+    curve = [(0, stsb_dev(bench.evaluator, model))]
     nli_acc: dict[str, float] = {}
     if nli_heldout_rows is not None:
         nli_acc["start"] = heldout_nli(model, nli_heldout_rows)
@@ -446,7 +444,7 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
     def evaluate_dev(m) -> float:
         nonlocal eval_s
         t0 = time.perf_counter()
-        score = stsb_dev(bench, m)
+        score = stsb_dev(bench.evaluator, m)
         curve.append((trainer.step, score))
         if nli_heldout_rows is not None and cfg.prefix_phase is not None and trainer.step == cfg.prefix_phase.steps:
             nli_acc["after_stage1"] = heldout_nli(m, nli_heldout_rows)

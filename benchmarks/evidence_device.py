@@ -20,6 +20,7 @@ into H's parts): the GPU records are a set of their own, summarised and rendered
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import lzma
 import os
@@ -28,11 +29,10 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from benchmarks import evidence_v2 as v2
-from benchmarks.evidence import command_line, parse_methods, parse_seeds, use_home
+from benchmarks.evidence import command_line, parse_methods, parse_seeds, stsb_dev, use_home
 
 BACKBONE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 HALF = "model.fp16.safetensors"
@@ -151,7 +151,7 @@ def run(
     device = torch.device(device_name)
     label = device_label(device)
     backbone = restore_backbone(src / "backbone")
-    dev = SimpleNamespace(evaluator=Evaluator(_read(src / "sts.pkl.xz")))  # what `stsb_dev` reads of a Bench
+    dev = functools.partial(stsb_dev, Evaluator(_read(src / "sts.pkl.xz")))
     saved = v2.load_part(home, part)
     saved["generator"] = index["generator"]
     made_by = [index["command"]] if index.get("command") else []
@@ -176,11 +176,7 @@ def run(
         heldout = (data["heldout_rows"], data["heldout"]) if entry["trains_rtd"] else None
         rec = {**f, "device": label, "backbone_weights": "the packaged MiniLM's, rounded to fp16 to travel"}
         t0 = time.perf_counter()
-        rec.update(
-            v2.train_sts(
-                cfg, data["rows"], heldout, lambda m: v2.stsb_dev(dev, m), home / "state" / v2.run_name(f), device
-            )
-        )
+        rec.update(v2.train_sts(cfg, data["rows"], heldout, dev, home / "state" / v2.run_name(f), device))
         rec["seconds"]["total"] = round(time.perf_counter() - t0, 1)
         v2.write_part(home, part, saved, rec)
     v2.log("done")

@@ -328,7 +328,7 @@ def sts_record(
     heldout = bench.heldout(tokens, corruption, pad, PROTOCOL_V2["heldout_sentences"]) if trains_rtd(arm) else None
     data_s = time.perf_counter() - t_data
     rec = sts_fields(method, arm, seed, knob, power_passed, corruption.key)
-    dev = functools.partial(stsb_dev, bench)
+    dev = functools.partial(stsb_dev, bench.evaluator)
     rec.update(train_sts(cfg, rows, heldout, dev, state_dir / run_name(rec), torch.device("cpu")))
     rec["seconds"]["data"] = round(data_s, 1)
     return rec
