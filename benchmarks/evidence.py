@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -100,46 +101,72 @@ class Arm:
 
 
 METHOD = "method"
+CONDITIONS = ("true_h", "shuffled_h", "no_h")  # protocol 1's mechanism check: the discriminator's h
 
 
-def _evidence_methods() -> dict[str, MethodFacts]:
-    """The registry's methods with evidence arms (benchmarks/facts.py), in `evidence_position` order."""
-    found = {name: f for name, f in registry_facts().items() if f.evidence_arms}
+def evidence_methods(arms_field: str) -> dict[str, MethodFacts]:
+    """The registry's methods with arms in `arms_field` (benchmarks/facts.py), in `evidence_position` order."""
+    found = {name: f for name, f in registry_facts().items() if getattr(f, arms_field)}
     return dict(sorted(found.items(), key=lambda item: item[1].evidence_position))
 
 
 # Each method's arms, what the protocol sets over its preset, the arms with the held-out RTD mechanism check, and the
 # method of the head-LR sensitivity rows: the benchmarks' facts of each method (benchmarks/facts.py).
-ARMS: dict[str, tuple[Arm, ...]] = {
-    name: tuple(Arm(*a) for a in f.evidence_arms) for name, f in _evidence_methods().items()
-}
+_FACTS = evidence_methods("evidence_arms")
+ARMS: dict[str, tuple[Arm, ...]] = {name: tuple(Arm(*a) for a in f.evidence_arms) for name, f in _FACTS.items()}
 PROTOCOL_OVERRIDES: dict[str, dict[str, Any]] = {
-    name: f.evidence_overrides(PROTOCOL) if f.evidence_overrides else {} for name, f in _evidence_methods().items()
+    name: f.evidence_overrides(PROTOCOL) if f.evidence_overrides else {} for name, f in _FACTS.items()
 }
-MECHANISM_ARMS = {(name, arm) for name, f in _evidence_methods().items() for arm in f.evidence_mechanism_arms}
-HEAD_LR_METHOD = next(name for name, f in _evidence_methods().items() if f.evidence_head_lr_sensitivity)
+MECHANISM_ARMS = {(name, arm) for name, f in _FACTS.items() for arm in f.evidence_mechanism_arms}
+HEAD_LR_METHOD = next(name for name, f in _FACTS.items() if f.evidence_head_lr_sensitivity)
 
 
 def protocol_hash() -> str:
     from cse.storage.hashing import stable_hash
 
-    arms = {m: [{"name": a.name, "label": a.label, "overrides": a.overrides} for a in arms] for m, arms in ARMS.items()}
+    arms = {m: [dataclasses.asdict(a) for a in arms] for m, arms in ARMS.items()}
     return stable_hash({"protocol": PROTOCOL, "arms": arms, "overrides": PROTOCOL_OVERRIDES})[:16]
-
-
-def cfg_uses_corruption(method: str) -> bool:
-    """The method reads the corruption stage's replaced tokens (its cells share the protocol's generator)."""
-    from cse.config.methods import get_method
-
-    return get_method(method).uses_corruption
 
 
 def _log(msg: str) -> None:
     print(f"[evidence {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def environment() -> dict[str, Any]:
-    return cpu_environment()
+# ---------------------------------------------------------------------------------------------- shared by the protocols
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command a run records: `python -m <module>` and its arguments."""
+    return f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
+
+
+def parse_methods(parser: argparse.ArgumentParser, value: str, known) -> list[str]:
+    """--methods as a list, every name one of `known` (else the parser's error)."""
+    methods = [m.strip() for m in value.split(",") if m.strip()]
+    if unknown := sorted(set(methods) - set(known)):
+        parser.error(f"unknown --methods {unknown}; known: {list(known)}")
+    return methods
+
+
+def parse_seeds(value: str | None) -> list[int] | None:
+    return [int(s) for s in value.split(",")] if value else None
+
+
+def use_home(home: Path, threads: int | None = None) -> None:
+    """Make `home` the CSE_HOME of the data stages (before cse.config.settings is read) and set torch's threads."""
+    os.environ["CSE_HOME"] = str(home.resolve())
+    for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
+        os.environ.pop(k, None)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def write_json(obj: dict[str, Any], path: Path) -> None:
+    """`obj` as indented JSON at `path`, replaced as a whole."""
+    from cse.storage.atomic import atomic_file
+
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=1) + "\n")
 
 
 def curve_fields(curve: list[tuple[int, float]]) -> dict[str, Any]:
@@ -198,21 +225,23 @@ class Bench:
         """The generator every corrupting cell uses: --generator, else the fit-generator stage on the Wiki1M sample
         (cached in the data root after its first fit)."""
         if self._generator is None:
-            from cse.config.stages import GeneratorConfig, TokenizeConfig
-            from cse.tasks.fit_generator import fit_generator
-            from cse.tasks.ingest import ingest_dataset
-            from cse.tasks.tokenize import tokenize_dataset
+            from cse.config.stages import GeneratorConfig
 
-            config = GeneratorConfig()
-            tokens = tokenize_dataset.fn(
-                ingest_dataset.fn("wiki1m", self.ingest),
-                TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL["max_length"]),
-            )
             _log("fitting (or reusing) the generator: fit-generator default on the Wiki1M sample")
-            ref = fit_generator.fn(tokens.key, config)
+            ref = self.fit_generator(GeneratorConfig())
             self._generator = f"generator:{ref.key}"  # by key: corruption keys do not depend on where --home is
             _log(f"generator {ref.key} at {ref.path}")
         return self._generator
+
+    def fit_generator(self, config):
+        """The fit-generator stage of `config` on the Wiki1M sample (cached in the data root)."""
+        from cse.config.stages import TokenizeConfig
+        from cse.tasks.fit_generator import fit_generator
+        from cse.tasks.ingest import ingest_dataset
+        from cse.tasks.tokenize import tokenize_dataset
+
+        tokenize = TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL["max_length"])
+        return fit_generator.fn(tokenize_dataset.fn(ingest_dataset.fn("wiki1m", self.ingest), tokenize).key, config)
 
     def corruption(self, tokens, cfg):
         from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
@@ -224,66 +253,100 @@ class Bench:
             self._corruption[key] = publish_corruption.fn(plan, shards)
         return self._corruption[key]
 
+    def heldout(self, tokens, corruption, pad_id: int, n_heldout: int):
+        """Every sentence's rows with their corruption, and the indices of the last `n_heldout` sentences."""
+        import numpy as np
+
+        from cse.storage.training_data import load_corruption_rows, load_token_rows
+        from cse.training.rows import TrainingRows
+
+        token_rows = load_token_rows(self.root, tokens.key, ("text",))
+        rows = TrainingRows(token_rows, load_corruption_rows(self.root, corruption.key, token_rows), False, pad_id)
+        return rows, np.arange(len(rows) - n_heldout, len(rows))
+
     def config(self, method: str, arm: Arm, seed: int, steps: int | None = None):
         """The cell's TrainConfig: the method's smoke preset, the protocol's settings, the arm's overrides, the seed."""
-        from cse.config.presets import deep_merge
-        from cse.config.training import resolve_train_config
+        from cse.config.methods import get_method
 
-        base = {
-            "backbone": PROTOCOL["backbone"],
-            "max_length": PROTOCOL["max_length"],
-            "batch_size": PROTOCOL["batch_size"],
-            "max_steps": steps or PROTOCOL["steps"],
-            "epochs": 1,
-            "max_train_sentences": PROTOCOL["train_sentences"],
-            "eval_steps": PROTOCOL["eval_every"],
-            "log_steps": 1,
-            "system_metrics": False,
-            "device": "cpu",
-            "precision": "fp32",
-            "seed": seed,
-            "test_evaluation": False,
-            "ingest": self.ingest.model_dump(mode="json"),
+        generator = self.generator() if get_method(method).uses_corruption else None
+        base = job_settings(PROTOCOL, self.ingest, seed, steps or PROTOCOL["steps"], generator)
+        return smoke_config(method, base, PROTOCOL_OVERRIDES[method], arm.overrides)
+
+
+def job_settings(protocol: dict[str, Any], ingest, seed: int, steps: int, generator: str | None) -> dict[str, Any]:
+    """What a protocol sets over a method's smoke preset: its data, schedule, CPU and fp32, and, with `generator`,
+    its corruption."""
+    base = {
+        "backbone": protocol["backbone"],
+        "max_length": protocol["max_length"],
+        "batch_size": protocol["batch_size"],
+        "max_steps": steps,
+        "epochs": protocol.get("epochs", 1),
+        "max_train_sentences": protocol["train_sentences"],
+        "eval_steps": protocol["eval_every"],
+        "log_steps": 1,
+        "system_metrics": False,
+        "device": "cpu",
+        "precision": "fp32",
+        "seed": seed,
+        "test_evaluation": False,
+        "ingest": ingest.model_dump(mode="json"),
+    }
+    if generator is not None:
+        base["corrupt"] = {
+            "generator": generator,
+            "mask_ratio": protocol["mask_ratio"],
+            "mode": "argmax",
+            "generator_dropout": True,
+            "variants": protocol["corruption_variants"],
         }
-        if cfg_uses_corruption(method):
-            base["corrupt"] = {
-                "generator": self.generator(),
-                "mask_ratio": PROTOCOL["mask_ratio"],
-                "mode": "argmax",
-                "generator_dropout": True,
-                "variants": PROTOCOL["corruption_variants"],
-            }
-        overrides = deep_merge(deep_merge(base, PROTOCOL_OVERRIDES[method]), arm.overrides)
-        return resolve_train_config("smoke", overrides, method=method)
+    return base
+
+
+def smoke_config(method: str, *overrides: dict[str, Any]):
+    """The method's smoke preset with `overrides` merged over it, one after the other."""
+    from cse.config.presets import deep_merge
+    from cse.config.training import resolve_train_config
+
+    return resolve_train_config("smoke", functools.reduce(deep_merge, overrides, {}), method=method)
 
 
 # ---------------------------------------------------------------------------------------------- one cell
-def stsb_dev(bench: Bench, model) -> float:
-    return round(
-        float(bench.evaluator.run(model, mode="dev", batch_size=128, precision="fp32").metrics()["stsb_dev"]), 2
-    )
+def protocol_trainer(model, cfg, phases, device, state: Path, evaluate, log_metrics):
+    """The protocols' Trainer: the job's loop at fp32, AdamW without fused kernels (as protocol 1 was measured)."""
+    from cse.training.job import loop_config
+    from cse.training.loop import Trainer
+
+    loop = dataclasses.replace(loop_config(cfg, "fp32"), fused_adamw=False)
+    return Trainer(model, phases, loop, device, state, lambda *a: None, evaluate, log_metrics)
+
+
+def loss_logger(store: list, keys: tuple[str, ...], every: int = 1):
+    """A Trainer metrics hook appending the losses and `keys` (rounded) of steps 1-10 and every `every`-th step."""
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        keep = {k: round(float(v), 5) for k, v in metrics.items() if k.startswith("loss") or k in keys}
+        if keep and (step % every == 0 or step <= 10):
+            store.append({"step": step, **keep})
+
+    return log_metrics
+
+
+def stsb_dev(evaluator, model) -> float:
+    return round(float(evaluator.run(model, mode="dev", batch_size=128, precision="fp32").metrics()["stsb_dev"]), 2)
 
 
 def heldout_rtd(bench: Bench, model, tokens, corruption, pad_id: int) -> dict[str, dict[str, float]]:
     """RTD loss / accuracy of the trained discriminator on the held-out sentences' corruption (variant 0), conditioned
     on the true h, on h rolled by one across each batch, and on no h."""
-    import numpy as np
     import torch
 
     from cse.models.losses import rtd_accuracy, rtd_loss
-    from cse.storage.training_data import load_corruption_rows, load_token_rows
-    from cse.training.rows import TrainingRows
 
-    token_rows = load_token_rows(bench.root, tokens.key, ("text",))
-    rows = TrainingRows(token_rows, load_corruption_rows(bench.root, corruption.key, token_rows), False, pad_id)
-    n = len(rows)
-    heldout = np.arange(n - PROTOCOL["heldout_sentences"], n)
+    rows, heldout = bench.heldout(tokens, corruption, pad_id, PROTOCOL["heldout_sentences"])
     if heldout[0] < PROTOCOL["train_sentences"]:
         raise RuntimeError("held-out sentences overlap the training sentences")
-    sums = {
-        k: {"loss": 0.0, "correct": 0.0, "tokens": 0.0, "replaced_correct": 0.0, "replaced": 0.0}
-        for k in ("true_h", "shuffled_h", "no_h")
-    }
+    sums = {k: dict.fromkeys(("loss", "correct", "tokens", "replaced_correct", "replaced"), 0.0) for k in CONDITIONS}
     model.eval()
     with torch.no_grad():
         for start in range(0, len(heldout), 64):
@@ -338,8 +401,8 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
 
     from cse.models.loading import load_tokenizer
     from cse.storage.training_data import load_token_rows
-    from cse.training.job import build_model, load_training_rows, loop_config, training_phases
-    from cse.training.loop import Trainer, set_seed
+    from cse.training.job import build_model, load_training_rows, training_phases
+    from cse.training.loop import set_seed
     from cse.training.rows import TrainingRows
 
     cfg = bench.config(method, arm, seed, steps)
@@ -370,38 +433,28 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
     )
 
     t_eval = time.perf_counter()
-    curve = [(0, stsb_dev(bench, model))]
+    curve = [(0, stsb_dev(bench.evaluator, model))]
     nli_acc: dict[str, float] = {}
     if nli_heldout_rows is not None:
         nli_acc["start"] = heldout_nli(model, nli_heldout_rows)
     eval_s = time.perf_counter() - t_eval
     losses: list[dict[str, float]] = []
-    trainer: Trainer | None = None
+    trainer = None
 
     def evaluate_dev(m) -> float:
         nonlocal eval_s
         t0 = time.perf_counter()
-        score = stsb_dev(bench, m)
+        score = stsb_dev(bench.evaluator, m)
         curve.append((trainer.step, score))
         if nli_heldout_rows is not None and cfg.prefix_phase is not None and trainer.step == cfg.prefix_phase.steps:
             nli_acc["after_stage1"] = heldout_nli(m, nli_heldout_rows)
         eval_s += time.perf_counter() - t0
         return score
 
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        keep = {
-            k: round(float(v), 5)
-            for k, v in metrics.items()
-            if k.startswith("loss") or k in ("rtd_accuracy", "nli_accuracy", "grad_norm")
-        }
-        if keep:
-            losses.append({"step": step, **keep})
-
     start_eval_s = eval_s
+    log_metrics = loss_logger(losses, ("rtd_accuracy", "nli_accuracy", "grad_norm"))
     with tempfile.TemporaryDirectory(prefix="evidence-state-") as state:
-        # (the protocol's optimizer: AdamW without fused kernels, as it was measured)
-        loop = dataclasses.replace(loop_config(cfg, "fp32"), fused_adamw=False)
-        trainer = Trainer(model, phases, loop, device, Path(state), lambda *a: None, evaluate_dev, log_metrics)
+        trainer = protocol_trainer(model, cfg, phases, device, Path(state), evaluate_dev, log_metrics)
         result = trainer.run()
     train_s = result.seconds - (eval_s - start_eval_s)  # the loop's seconds without its dev evaluations
     if curve[-1][0] != result.steps:
@@ -462,6 +515,37 @@ def first_losses(cell: dict[str, Any], upto: int = 10) -> list[float]:
     return [r[key] for r in cell["losses"] if key in r and 1 <= r["step"] <= upto]
 
 
+def by_arm(records: list[dict[str, Any]], arms: tuple[Arm, ...]):
+    """Each arm of `arms` that has records, with its records sorted by seed."""
+    for arm in arms:
+        if ac := sorted((r for r in records if r["arm"] == arm.name), key=lambda r: r["seed"]):
+            yield arm, ac
+
+
+def arm_summary(arm: Arm, records: list[dict[str, Any]], fields: tuple[str, ...], seconds: str) -> dict[str, Any]:
+    """An arm's label, seeds, the mean +- std of each of `fields` over its records and of their seconds (`seconds`)."""
+    return {
+        "label": arm.label,
+        "seeds": [r["seed"] for r in records],
+        **{k: mean_std([r[k] for r in records]) for k in fields},
+        seconds: mean_std([r["seconds"]["train_and_eval"] for r in records]),
+    }
+
+
+def method_minus_control(records: list[dict[str, Any]], arms: tuple[Arm, ...]) -> dict[str, Any]:
+    """Per control: the method's final STS-B dev minus the control's, paired by seed (mean +- std, and the number of
+    seeds in which the method is better)."""
+    by_seed = {r["seed"]: r for r in records if r["arm"] == METHOD}
+    paired = {}
+    for arm in arms[1:]:
+        diffs = [
+            by_seed[r["seed"]]["final"] - r["final"] for r in records if r["arm"] == arm.name and r["seed"] in by_seed
+        ]
+        if diffs:
+            paired[arm.name] = {**mean_std(diffs), "method_better_in": sum(d > 0 for d in diffs)}
+    return paired
+
+
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """Per method: each arm's Delta and final dev (mean +- std over seeds), method - control paired by seed, mechanism
     figures, the head-LR sensitivity and DiffAug's NLI accuracies."""
@@ -472,78 +556,42 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         if not mcells:
             continue
         per_arm = {}
-        for arm in arms:
-            ac = sorted((c for c in mcells if c["arm"] == arm.name), key=lambda c: c["seed"])
-            if not ac:
-                continue
-            per_arm[arm.name] = {
-                "label": arm.label,
-                "seeds": [c["seed"] for c in ac],
-                "delta": mean_std([c["delta"] for c in ac]),
-                "start": mean_std([c["start"] for c in ac]),
-                "final": mean_std([c["final"] for c in ac]),
-                "best": mean_std([c["best"] for c in ac]),
-                "train_seconds": mean_std([c["seconds"]["train_and_eval"] for c in ac]),
-            }
-            if any("mechanism" in c for c in ac):
-                mech = {}
-                for cond in ("true_h", "shuffled_h", "no_h"):
-                    mech[cond] = {
-                        m: mean_std([c["mechanism"][cond][m] for c in ac if "mechanism" in c])
-                        for m in ("loss", "accuracy", "replaced_recall")
-                    }
-                per_arm[arm.name]["mechanism"] = mech
+        for arm, ac in by_arm(mcells, arms):
+            entry = per_arm[arm.name] = arm_summary(arm, ac, ("delta", "start", "final", "best"), "train_seconds")
+            if mech := [c["mechanism"] for c in ac if "mechanism" in c]:
+                entry["mechanism"] = {
+                    cond: {k: mean_std([m[cond][k] for m in mech]) for k in ("loss", "accuracy", "replaced_recall")}
+                    for cond in CONDITIONS
+                }
             if any("nli_heldout_accuracy" in c for c in ac):
-                per_arm[arm.name]["nli_heldout_accuracy"] = {
+                entry["nli_heldout_accuracy"] = {
                     k: mean_std([c["nli_heldout_accuracy"][k] for c in ac if k in c.get("nli_heldout_accuracy", {})])
                     for k in ("start", "after_stage1")
                 }
-        paired = {}
-        for arm in arms[1:]:
-            by_seed = {c["seed"]: c for c in mcells if c["arm"] == METHOD}
-            diffs = [
-                (by_seed[c["seed"]]["final"] - c["final"])
-                for c in mcells
-                if c["arm"] == arm.name and c["seed"] in by_seed
-            ]
-            if diffs:
-                paired[arm.name] = {**mean_std(diffs), "method_better_in": sum(d > 0 for d in diffs)}
-        out[method] = {"arms": per_arm, "method_minus_control": paired}
-    sens = sorted(
+        out[method] = {"arms": per_arm, "method_minus_control": method_minus_control(mcells, arms)}
+    sens = PROTOCOL["head_lr_sensitivity"]
+    cells_lr = sorted(
         (c for c in _cells(report) if c["arm"].startswith("head-lr-")), key=lambda c: -c["head_learning_rate"]
     )
     base = next(
-        (
-            c
-            for c in cells
-            if c["method"] == HEAD_LR_METHOD
-            and c["arm"] == METHOD
-            and c["seed"] == PROTOCOL["head_lr_sensitivity"]["seed"]
-        ),
-        None,
+        (c for c in cells if c["method"] == HEAD_LR_METHOD and c["arm"] == METHOD and c["seed"] == sens["seed"]), None
     )
+
+    def row(head_lr: str, cell: dict[str, Any], dev_at_50: float | None) -> dict[str, Any]:
+        fl = first_losses(cell)
+        return {
+            "head_lr": head_lr,
+            "loss_step1": fl[0] if fl else None,
+            "max_loss_1_10": max(fl) if fl else None,
+            "dev_at_50": dev_at_50,
+        }
+
     rows = []
-    if sens and base is not None:
-        dev50 = dict(map(tuple, base["dev_curve"])).get(PROTOCOL["head_lr_sensitivity"]["steps"])
-        fl = first_losses(base)
+    if cells_lr and base is not None:
         rows.append(
-            {
-                "head_lr": f"job's ({base['learning_rate']:g})",
-                "loss_step1": fl[0] if fl else None,
-                "max_loss_1_10": max(fl) if fl else None,
-                "dev_at_50": dev50,
-            }
+            row(f"job's ({base['learning_rate']:g})", base, dict(map(tuple, base["dev_curve"])).get(sens["steps"]))
         )
-    for c in sens:
-        fl = first_losses(c)
-        rows.append(
-            {
-                "head_lr": f"{c['head_learning_rate']:g}",
-                "loss_step1": fl[0] if fl else None,
-                "max_loss_1_10": max(fl) if fl else None,
-                "dev_at_50": c["final"],
-            }
-        )
+    rows += [row(f"{c['head_learning_rate']:g}", c, c["final"]) for c in cells_lr]
     if rows:
         out["head_lr_sensitivity"] = rows
     return out
@@ -557,8 +605,28 @@ def _pm(ms: dict[str, Any] | None, digits: int = 2, signed: bool = False) -> str
     return fmt.format(ms["mean"]) + (f" ± {ms['std']:.{digits}f}" if ms["n"] > 1 else "")
 
 
+def paired_text(pair: dict[str, Any] | None, better: str = "method better in") -> str:
+    """A method - control pair as `mean ± std (<better> k/n)`, `–` for none."""
+    return "–" if pair is None else f"{_pm(pair, signed=True)} ({better} {pair['method_better_in']}/{pair['n']})"
+
+
+def control_rows(protocol: str, method_label: str, arms: tuple[Arm, ...], m: dict[str, Any]) -> list[str]:
+    """The README table's rows of one method's controls: seeds, Delta of method and control, the pair by seed."""
+    own = m["arms"].get(METHOD)
+    rows = []
+    for arm in arms[1:]:
+        ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
+        rows.append(
+            f"| {protocol} | {method_label} | {arm.label.removeprefix('control: ')} | "
+            f"{len(own['seeds']) if own else 0} / {len(ctl['seeds']) if ctl else 0} | "
+            f"{_pm(own and own['delta'], signed=True)} | {_pm(ctl and ctl['delta'], signed=True)} | "
+            f"{paired_text(pair, 'better in')} |"
+        )
+    return rows
+
+
 def markdown(report: dict[str, Any]) -> str:
-    s = report["summary"]
+    s = {method: m for method, m in report["summary"].items() if method != "head_lr_sensitivity"}
     env = report.get("environment", {})
     lines = [
         f"# Evidence benchmark (CPU, MiniLM; protocol {report['protocol']})",
@@ -572,27 +640,13 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, m in s.items():
-        if method == "head_lr_sensitivity":
-            continue
         for name, a in m["arms"].items():
-            pair = m["method_minus_control"].get(name)
-            ptxt = (
-                "–"
-                if pair is None
-                else f"{_pm(pair, signed=True)} (method better in {pair['method_better_in']}/{pair['n']})"
-            )
             lines.append(
                 f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(a['start'])} | {_pm(a['final'])} | "
-                f"{_pm(a['delta'], signed=True)} | {_pm(a['best'])} | {ptxt} | {a['train_seconds']['mean']:.0f} |"
+                f"{_pm(a['delta'], signed=True)} | {_pm(a['best'])} | "
+                f"{paired_text(m['method_minus_control'].get(name))} | {a['train_seconds']['mean']:.0f} |"
             )
-    mech_rows = [
-        (method, a)
-        for method, m in s.items()
-        if method != "head_lr_sensitivity"
-        for a in m["arms"].values()
-        if "mechanism" in a
-    ]
-    if mech_rows:
+    if mech_rows := [(method, a) for method, m in s.items() for a in m["arms"].values() if "mechanism" in a]:
         lines += [
             "",
             "## Mechanism: held-out RTD of the trained discriminator (1,024 unseen sentences, variant 0)",
@@ -603,21 +657,10 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for method, a in mech_rows:
             me = a["mechanism"]
-            lines.append(
-                f"| {method} | {a['label']} | {_pm(me['true_h']['loss'], 4)} | {_pm(me['shuffled_h']['loss'], 4)} | "
-                f"{_pm(me['no_h']['loss'], 4)} | {_pm(me['true_h']['accuracy'], 4)} | "
-                f"{_pm(me['shuffled_h']['accuracy'], 4)} | {_pm(me['no_h']['accuracy'], 4)} | "
-                f"{me['true_h']['replaced_recall']['mean']:.3f} / {me['shuffled_h']['replaced_recall']['mean']:.3f} / "
-                f"{me['no_h']['replaced_recall']['mean']:.3f} |"
-            )
-    nli_rows = [
-        (method, a)
-        for method, m in s.items()
-        if method != "head_lr_sensitivity"
-        for a in m["arms"].values()
-        if "nli_heldout_accuracy" in a
-    ]
-    if nli_rows:
+            figures = [_pm(me[cond][k], 4) for k in ("loss", "accuracy") for cond in CONDITIONS]
+            recall = " / ".join(f"{me[cond]['replaced_recall']['mean']:.3f}" for cond in CONDITIONS)
+            lines.append(f"| {method} | {a['label']} | {' | '.join(figures)} | {recall} |")
+    if nli_rows := [a for m in s.values() for a in m["arms"].values() if "nli_heldout_accuracy" in a]:
         lines += [
             "",
             "## DiffAug stage 1: held-out NLI accuracy (512 unseen triplets, 1,024 pairs; %)",
@@ -625,10 +668,10 @@ def markdown(report: dict[str, Any]) -> str:
             "| arm | before stage 1 | after stage 1 (prefix + classifier only) |",
             "|---|---|---|",
         ]
-        for _, a in nli_rows:
+        for a in nli_rows:
             acc = a["nli_heldout_accuracy"]
             lines.append(f"| {a['label']} | {_pm(acc['start'])} | {_pm(acc['after_stage1'])} |")
-    if "head_lr_sensitivity" in s:
+    if "head_lr_sensitivity" in report["summary"]:
         lines += [
             "",
             "## D2CSE head learning rate (seed 0, 50 steps; the default is the job's single rate)",
@@ -636,7 +679,7 @@ def markdown(report: dict[str, Any]) -> str:
             "| BN-MLP + RTD head LR | contrastive loss at step 1 | max over steps 1–10 | STS-B dev at step 50 |",
             "|---|---|---|---|",
         ]
-        for r in s["head_lr_sensitivity"]:
+        for r in report["summary"]["head_lr_sensitivity"]:
             f = lambda v: "–" if v is None else f"{v:.3f}"
             lines.append(
                 f"| {r['head_lr']} | {f(r['loss_step1'])} | {f(r['max_loss_1_10'])} | "
@@ -676,22 +719,8 @@ def readme_table(report: dict[str, Any]) -> str:
         "| method − control, paired by seed |",
         "|---|---|---|---|---|---|---|",
     ]
-
-    def pm(ms: dict[str, Any] | None, n: int) -> str:  # one seed has no spread to state
-        return "–" if ms is None else (_pm(ms, signed=True) if n > 1 else f"{ms['mean']:+.2f}")
-
-    for method, marms in ARMS.items():  # every method of the protocol, measured or not
-        m = s.get(method, {"arms": {}, "method_minus_control": {}})
-        own = m["arms"].get(METHOD)
-        n_own = len(own["seeds"]) if own else 0
-        for arm in marms[1:]:
-            ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
-            n_ctl = len(ctl["seeds"]) if ctl else 0
-            ptxt = "–" if pair is None else f"{pm(pair, pair['n'])} (better in {pair['method_better_in']}/{pair['n']})"
-            lines.append(
-                f"| 1 | {own['label'] if own else marms[0].label} | {arm.label.removeprefix('control: ')} | "
-                f"{n_own} / {n_ctl} | {pm(own and own['delta'], n_own)} | {pm(ctl and ctl['delta'], n_ctl)} | {ptxt} |"
-            )
+    for method, arms in ARMS.items():  # every method of the protocol, measured or not
+        lines += control_rows("1", arms[0].label, arms, s.get(method, {"arms": {}, "method_minus_control": {}}))
     if v2:
         lines += evidence_v2.readme_rows(v2)
     return "\n".join(lines)
@@ -712,24 +741,20 @@ def write_block(path: Path, begin: str, end: str, body: str) -> None:
     path.write_text(f"{head}{begin}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
-def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:
+def plot_curves(report: dict[str, Any], out_dir: Path) -> None:
     """One PNG per method: STS-B dev vs step, mean line and min-max band over the seeds, method vs controls."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     cells = [c for c in _cells(report) if not c["arm"].startswith("head-lr-")]
     for method, arms in ARMS.items():
         mcells = [c for c in cells if c["method"] == method]
         if not mcells:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        for arm in arms:
-            ac = [c for c in mcells if c["arm"] == arm.name]
-            if not ac:
-                continue
+        for arm, ac in by_arm(mcells, arms):
             steps = sorted({s for c in ac for s, _ in c["dev_curve"]})
             per_step = {s: [v for c in ac for st, v in c["dev_curve"] if st == s] for s in steps}
             mean = [statistics.fmean(per_step[s]) for s in steps]
@@ -746,29 +771,19 @@ def plot_curves(report: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_title(f"{method}: method vs control (MiniLM, batch {PROTOCOL['batch_size']})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        path = out_dir / f"evidence_{method}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        fig.savefig(out_dir / f"evidence_{method}.png", dpi=110)
         plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 def expected_cells(methods=None, seeds=None, arms=None) -> list[tuple]:
-    out = []
+    sens, out = PROTOCOL["head_lr_sensitivity"], []
     for method, marms in ARMS.items():
         if methods and method not in methods:
             continue
-        for arm in marms:
-            if arms and arm.name not in arms:
-                continue
-            for seed in seeds or PROTOCOL["seeds"]:
-                out.append((method, arm.name, seed))
+        out += [(method, a.name, s) for a in marms if not arms or a.name in arms for s in seeds or PROTOCOL["seeds"]]
         if method == HEAD_LR_METHOD and (not arms or "head-lr" in arms):
-            out += [
-                (HEAD_LR_METHOD, f"head-lr-{lr:g}", PROTOCOL["head_lr_sensitivity"]["seed"])
-                for lr in PROTOCOL["head_lr_sensitivity"]["head_lrs"]
-            ]
+            out += [(method, f"head-lr-{lr:g}", sens["seed"]) for lr in sens["head_lrs"]]
     return out
 
 
@@ -778,12 +793,17 @@ def write(report: dict[str, Any], out: Path) -> None:
     report["missing"] = [list(c) for c in expected_cells() if c not in {cell_id(x) for x in report["cells"]}]
     report["complete"] = not report["missing"]
     report["summary"] = summary(report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(out)
+    write_json(report, out)
     out.with_suffix(".md").write_text(markdown(report))
     plot_curves(report, out.parent)
+
+
+def render(report: dict[str, Any], out: Path, readme: Path | None) -> None:
+    """Write the report, its markdown and PNGs (and `readme`'s block), and print the markdown."""
+    write(report, out)
+    if readme is not None:
+        write_readme(report, readme)
+    print(out.with_suffix(".md").read_text())
 
 
 def load(out: Path) -> dict[str, Any]:
@@ -804,6 +824,11 @@ def load(out: Path) -> dict[str, Any]:
     }
 
 
+def add_commands(report: dict[str, Any], *commands: str) -> None:
+    """Append `commands` to the report's, each once."""
+    report["commands"] = list(dict.fromkeys([*report.get("commands", []), *commands]))
+
+
 def merge(paths: list[Path], out: Path, command: str, readme: Path | None = None) -> int:
     report = load(out)
     have = {cell_id(c): c for c in _cells(report)}
@@ -816,7 +841,7 @@ def merge(paths: list[Path], out: Path, command: str, readme: Path | None = None
             if cell_id(c) in have and have[cell_id(c)] != c and Path(p).resolve() != out.resolve():
                 raise SystemExit(f"cell {cell_id(c)} differs between {p} and the merged report")
             have[cell_id(c)] = c
-        report["commands"] = list(dict.fromkeys(report.get("commands", []) + part.get("commands", [])))
+        add_commands(report, *part.get("commands", []))
         report.setdefault("environment", part.get("environment"))
         threads.add(str((part.get("environment") or {}).get("torch_threads")))
     if report.get("environment") and len(threads) > 1:
@@ -824,10 +849,7 @@ def merge(paths: list[Path], out: Path, command: str, readme: Path | None = None
         report["environment"] = {**report["environment"], "torch_threads": ", ".join(sorted(threads))}
     report["cells"] = list(have.values())
     report["commands"].append(command)
-    write(report, out)
-    if readme is not None:
-        write_readme(report, readme)
-    print(out.with_suffix(".md").read_text())
+    render(report, out, readme)
     return 0 if report["complete"] else 1
 
 
@@ -853,37 +875,28 @@ def main(argv: list[str] | None = None) -> int:
         "--readme", type=Path, default=None, help="with --report or --merge: also render the summary into this README"
     )
     args = p.parse_args(argv)
-    command = "python -m benchmarks.evidence " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("benchmarks.evidence", argv).strip()
     if args.merge:
-        return merge(args.merge, args.out, command.strip(), args.readme)
+        return merge(args.merge, args.out, command, args.readme)
     if args.report:
-        report = load(args.out)
-        write(report, args.out)
-        if args.readme:
-            write_readme(report, args.readme)
-        print(args.out.with_suffix(".md").read_text())
+        render(load(args.out), args.out, args.readme)
         return 0
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if unknown := sorted(set(methods) - set(ARMS)):
-        p.error(f"unknown --methods {unknown}; known: {list(ARMS)}")
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    methods = parse_methods(p, args.methods, ARMS)
+    seeds = parse_seeds(args.seeds)
     if seeds and (bad := sorted(set(seeds) - set(PROTOCOL["seeds"]))):
         p.error(f"--seeds {bad} are not the protocol's {PROTOCOL['seeds']}")
     arms = [a.strip() for a in args.arms.split(",")] if args.arms else None
     known_arms = {a.name for v in ARMS.values() for a in v} | {"head-lr"}
     if arms and (bad := sorted(set(arms) - known_arms)):
         p.error(f"unknown --arms {bad}; known: {sorted(known_arms)}")
+    use_home(args.home, args.threads)
 
-    os.environ["CSE_HOME"] = str(args.home.resolve())  # before cse.config.settings is read
-    for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
-        os.environ.pop(k, None)
-    if args.threads is not None:
-        import torch
+    def stamped(report: dict[str, Any]) -> dict[str, Any]:
+        report["environment"] = cpu_environment()
+        add_commands(report, command)
+        return report
 
-        torch.set_num_threads(args.threads)
-    report = load(args.out)
-    report["environment"] = environment()
-    report["commands"] = list(dict.fromkeys(report.get("commands", []) + [command.strip()]))
+    report = stamped(load(args.out))
     done = {cell_id(c) for c in _cells(report)}
     todo = [c for c in expected_cells(methods, seeds, arms) if c not in done]
     _log(
@@ -895,12 +908,9 @@ def main(argv: list[str] | None = None) -> int:
         if arm_name.startswith("head-lr-"):
             cell = head_lr_cell(bench, float(arm_name.removeprefix("head-lr-")))
         else:
-            arm = next(a for a in ARMS[method] if a.name == arm_name)
-            cell = run_cell(bench, method, arm, seed)
-        report = load(args.out) if args.out.is_file() else report  # another process may share nothing, but re-read
+            cell = run_cell(bench, method, next(a for a in ARMS[method] if a.name == arm_name), seed)
+        report = stamped(load(args.out))  # re-read: another process may have written to --out meanwhile
         report["cells"] = [c for c in _cells(report) if cell_id(c) != cell_id(cell)] + [cell]
-        report["environment"] = environment()
-        report["commands"] = list(dict.fromkeys(report.get("commands", []) + [command.strip()]))
         write(report, args.out)
     print(args.out.with_suffix(".md").read_text())
     return 0

@@ -20,6 +20,7 @@ into H's parts): the GPU records are a set of their own, summarised and rendered
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import lzma
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import evidence_v2 as v2
+from benchmarks.evidence import command_line, parse_methods, parse_seeds, stsb_dev, use_home
 
 BACKBONE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 HALF = "model.fp16.safetensors"
@@ -76,14 +78,10 @@ def _copy_model(source: Path, weights: str, dest: Path, dest_weights: str, dtype
 
 def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, command: str = "") -> dict[str, Any]:
     """Write DIR/runs.json, DIR/rows-<corruption key>.pkl.xz, DIR/sts.pkl.xz and DIR/backbone (see the module's text)."""
-    import numpy as np
-
     from benchmarks.evidence import Bench
     from cse.models.loading import load_tokenizer, resolve_model_path
     from cse.storage.evaluations import load_sts_input
-    from cse.storage.training_data import load_corruption_rows, load_token_rows
     from cse.training.job import load_training_rows
-    from cse.training.rows import TrainingRows
 
     records = v2.read_parts(home)
     generator = v2.fit_v2_generator(Bench(None))
@@ -102,11 +100,7 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
         if not rows_file.is_file():
             pad = load_tokenizer(cfg.backbone).pad_token_id
             rows, _ = load_training_rows(cfg, bench.root, tokens, corruption, None, pad)
-            everything = load_token_rows(bench.root, tokens.key, ("text",))
-            all_rows = TrainingRows(
-                everything, load_corruption_rows(bench.root, corruption.key, everything), False, pad
-            )
-            heldout = np.arange(len(everything) - v2.PROTOCOL_V2["heldout_sentences"], len(everything))
+            all_rows, heldout = bench.heldout(tokens, corruption, pad, v2.PROTOCOL_V2["heldout_sentences"])
             _write(rows_file, {"rows": rows, "heldout_rows": all_rows, "heldout": heldout})
         runs.append(
             {
@@ -157,9 +151,8 @@ def run(
     device = torch.device(device_name)
     label = device_label(device)
     backbone = restore_backbone(src / "backbone")
-    dev = _DevSet(Evaluator(_read(src / "sts.pkl.xz")))
-    path = v2.part_dir(home) / f"{part}.json"
-    saved = json.loads(path.read_text()) if path.is_file() else {"protocol": v2.protocol_hash(), "records": []}
+    dev = functools.partial(stsb_dev, Evaluator(_read(src / "sts.pkl.xz")))
+    saved = v2.load_part(home, part)
     saved["generator"] = index["generator"]
     made_by = [index["command"]] if index.get("command") else []
     saved["commands"] = list(dict.fromkeys([*made_by, *saved.get("commands", []), command]))
@@ -183,23 +176,11 @@ def run(
         heldout = (data["heldout_rows"], data["heldout"]) if entry["trains_rtd"] else None
         rec = {**f, "device": label, "backbone_weights": "the packaged MiniLM's, rounded to fp16 to travel"}
         t0 = time.perf_counter()
-        rec.update(
-            v2.train_sts(
-                cfg, data["rows"], heldout, lambda m: v2.stsb_dev(dev, m), home / "state" / v2.run_name(f), device
-            )
-        )
+        rec.update(v2.train_sts(cfg, data["rows"], heldout, dev, home / "state" / v2.run_name(f), device))
         rec["seconds"]["total"] = round(time.perf_counter() - t0, 1)
-        saved["records"] = [r for r in saved["records"] if v2.record_id(r) != v2.record_id(rec)] + [rec]
-        v2.write_part(home, part, saved)
+        v2.write_part(home, part, saved, rec)
     v2.log("done")
     return 0
-
-
-class _DevSet:
-    """What `evidence_v2.stsb_dev` reads of a `Bench`: its evaluator."""
-
-    def __init__(self, evaluator):
-        self.evaluator = evaluator
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,27 +200,20 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--methods", default=",".join(v2.ARMS))
         q.add_argument("--seeds", default=None)
     args = p.parse_args(argv)
-    methods = [m for m in args.methods.split(",") if m]
-    if unknown := sorted(set(methods) - set(v2.ARMS)):
-        p.error(f"unknown --methods {unknown}; known: {list(v2.ARMS)}")
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    methods = parse_methods(p, args.methods, v2.ARMS)
+    seeds = parse_seeds(args.seeds)
     home = args.home.resolve()
+    command = command_line("benchmarks.evidence_device", argv)
     if args.verb == "export":
-        os.environ["CSE_HOME"] = str(home)  # before cse.config.settings is read: evidence_v2's data root
-        for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
-            os.environ.pop(k, None)
-        index = export(home, args.dest.resolve(), methods, seeds, _command(argv))
+        use_home(home)  # evidence_v2's data root
+        index = export(home, args.dest.resolve(), methods, seeds, command)
         print(f"{args.dest}: {len(index['runs'])} runs")
         return 0
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    return run(args.src.resolve(), home, args.part, args.device, methods, seeds, args.steps, _command(argv))
-
-
-def _command(argv: list[str] | None) -> str:
-    return "python -m benchmarks.evidence_device " + " ".join(argv if argv is not None else sys.argv[1:])
+    return run(args.src.resolve(), home, args.part, args.device, methods, seeds, args.steps, command)
 
 
 if __name__ == "__main__":

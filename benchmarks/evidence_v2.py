@@ -46,21 +46,39 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.evidence import Arm, Bench, _pm, curve_fields, mean_std, stsb_dev, write_block
-from benchmarks.facts import MethodFacts, registry_facts
+from benchmarks import evidence as ev
+from benchmarks.evidence import (
+    Arm,
+    Bench,
+    _pm,
+    arm_summary,
+    by_arm,
+    control_rows,
+    curve_fields,
+    evidence_methods,
+    job_settings,
+    loss_logger,
+    mean_std,
+    method_minus_control,
+    paired_text,
+    protocol_trainer,
+    smoke_config,
+    stsb_dev,
+    write_block,
+    write_json,
+)
 from benchmarks.machine import cpu_environment, set_offline_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "evidence.json"
 
 set_offline_environment()
@@ -93,26 +111,28 @@ PROTOCOL_V2: dict[str, Any] = {
     "power": {"seed": 0, "steps": 200, "swap_probability": 0.5, "min_gap": 0.05, "variants": 2},
     "outcome": "STS-B dev at step 1000 minus at step 0",
 }
-METHOD = "method"
 
 
-def _methods() -> dict[str, MethodFacts]:
-    """The registry's methods with protocol-2 arms (`evidence_v2_arms`, benchmarks/facts.py), in `evidence_position`
-    order."""
-    found = {name: f for name, f in registry_facts().items() if f.evidence_v2_arms}
-    return dict(sorted(found.items(), key=lambda item: item[1].evidence_position))
+ARMS: dict[str, tuple[Arm, ...]] = {
+    name: tuple(Arm(*a) for a in f.evidence_v2_arms) for name, f in evidence_methods("evidence_v2_arms").items()
+}
+KNOBS: dict[str, tuple[str, tuple[float | None, ...]]] = {
+    name: f.evidence_power_knob for name, f in evidence_methods("evidence_v2_arms").items()
+}
 
 
-ARMS: dict[str, tuple[Arm, ...]] = {name: tuple(Arm(*a) for a in f.evidence_v2_arms) for name, f in _methods().items()}
-KNOBS: dict[str, tuple[str, tuple[float | None, ...]]] = {name: f.evidence_power_knob for name, f in _methods().items()}
+def arms_and_knobs() -> dict[str, Any]:
+    """The protocol's arms and knobs as its hash covers them (and its report states them)."""
+    return {
+        "arms": {m: [dataclasses.asdict(a) for a in arms] for m, arms in ARMS.items()},
+        "knobs": {m: [k[0], list(k[1])] for m, k in KNOBS.items()},
+    }
 
 
 def protocol_hash() -> str:
     from cse.storage.hashing import stable_hash
 
-    arms = {m: [dataclasses.asdict(a) for a in arms] for m, arms in ARMS.items()}
-    knobs = {m: [k[0], list(k[1])] for m, k in KNOBS.items()}
-    return stable_hash({"protocol": PROTOCOL_V2, "arms": arms, "knobs": knobs})[:16]
+    return stable_hash({"protocol": PROTOCOL_V2, **arms_and_knobs()})[:16]
 
 
 def log(msg: str) -> None:
@@ -132,16 +152,8 @@ def trains_rtd(arm: Arm) -> bool:
 # ---------------------------------------------------------------------------------------------- data
 def generator_record(key: str, config: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     """What the report keeps of the protocol's fitted generator (its manifest's stats)."""
-    return {
-        "key": key,
-        "config": config,
-        "heldout_top1": stats.get("heldout_top1"),
-        "heldout_positions": stats.get("heldout_positions"),
-        "heldout_sentences": stats.get("heldout_sentences"),
-        "steps": stats.get("steps"),
-        "seconds": stats.get("seconds"),
-        "history": stats.get("history"),
-    }
+    kept = ("heldout_top1", "heldout_positions", "heldout_sentences", "steps", "seconds", "history")
+    return {"key": key, "config": config, **{k: stats.get(k) for k in kept}}
 
 
 def generator_in_home(home: Path) -> dict[str, Any] | None:
@@ -157,18 +169,11 @@ def generator_in_home(home: Path) -> dict[str, Any] | None:
 
 def fit_v2_generator(bench: Bench) -> dict[str, Any]:
     """The protocol's generator (the fit-generator stage, cached in the data root) and its held-out accuracies."""
-    from cse.config.stages import GeneratorConfig, TokenizeConfig
-    from cse.tasks.fit_generator import fit_generator
-    from cse.tasks.ingest import ingest_dataset
-    from cse.tasks.tokenize import tokenize_dataset
+    from cse.config.stages import GeneratorConfig
 
     config = GeneratorConfig(**GENERATOR)
-    tokens = tokenize_dataset.fn(
-        ingest_dataset.fn("wiki1m", bench.ingest),
-        TokenizeConfig(tokenizer=config.backbone, max_length=PROTOCOL_V2["max_length"]),
-    )
     log("fitting (or reusing) the protocol's generator: MiniLM fine-tuned as a masked LM")
-    ref = fit_generator.fn(tokens.key, config)
+    ref = bench.fit_generator(config)
     return generator_record(
         ref.key, config.model_dump(exclude={"device"}), bench.root.require("generator", ref.key).stats
     )
@@ -208,37 +213,8 @@ def swap_corruption(token_rows, n_train: int, probability: float, variants: int,
 
 def train_config(bench: Bench, method: str, arm: Arm, seed: int, knob: float | None, steps: int, generator: str | None):
     """The run's TrainConfig: the method's smoke preset, protocol 2's settings, the arm's overrides, the knob's rate."""
-    from cse.config.presets import deep_merge
-    from cse.config.training import resolve_train_config
-
-    base = {
-        "backbone": PROTOCOL_V2["backbone"],
-        "max_length": PROTOCOL_V2["max_length"],
-        "batch_size": PROTOCOL_V2["batch_size"],
-        "max_steps": steps,
-        "epochs": PROTOCOL_V2["epochs"],
-        "max_train_sentences": PROTOCOL_V2["train_sentences"],
-        "eval_steps": PROTOCOL_V2["eval_every"],
-        "log_steps": 1,
-        "system_metrics": False,
-        "device": "cpu",
-        "precision": "fp32",
-        "seed": seed,
-        "test_evaluation": False,
-        "ingest": bench.ingest.model_dump(mode="json"),
-    }
-    if generator is not None:
-        base["corrupt"] = {
-            "generator": generator,
-            "mask_ratio": PROTOCOL_V2["mask_ratio"],
-            "mode": "argmax",
-            "generator_dropout": True,
-            "variants": PROTOCOL_V2["corruption_variants"],
-        }
-    overrides = deep_merge(base, arm.overrides)
-    if knob is not None:
-        overrides = deep_merge(overrides, {"model": {KNOBS[method][0]: knob}})
-    return resolve_train_config("smoke", overrides, method=method)
+    base = job_settings(PROTOCOL_V2, bench.ingest, seed, steps, generator)
+    return smoke_config(method, base, arm.overrides, {} if knob is None else {"model": {KNOBS[method][0]: knob}})
 
 
 def probe_rows(model, rows, indices, batch: int = 64) -> dict[str, float]:
@@ -265,38 +241,15 @@ def probe_rows(model, rows, indices, batch: int = 64) -> dict[str, float]:
     return res
 
 
-def _trainer(model, cfg, rows, evaluate, log_metrics, state: Path, device=None):
-    from cse.training.job import loop_config, training_phases
-    from cse.training.loop import Trainer
-
-    loop = dataclasses.replace(loop_config(cfg, "fp32"), fused_adamw=False)  # as protocol 1
-    phases = training_phases(cfg, rows, None)
-    return Trainer(model, phases, loop, device or _cpu(), state, lambda *a: None, evaluate, log_metrics)
-
-
-def _cpu():
-    import torch
-
-    return torch.device("cpu")
-
-
-def _losses(store: list):
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        keep = {k: round(float(v), 5) for k, v in metrics.items() if k.startswith("loss") or k == "rtd_accuracy"}
-        if keep and (step % 10 == 0 or step <= 10):
-            store.append({"step": step, **keep})
-
-    return log_metrics
-
-
 # ---------------------------------------------------------------------------------------------- records
 def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dict[str, Any]:
     """Train the arm on the swap task for `power.steps` steps (seed 0) and probe the held-out sentences."""
     import numpy as np
+    import torch
 
     from cse.models.loading import load_tokenizer
     from cse.storage.training_data import load_token_rows
-    from cse.training.job import build_model
+    from cse.training.job import build_model, training_phases
     from cse.training.loop import set_seed
     from cse.training.rows import TrainingRows
 
@@ -322,7 +275,7 @@ def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dic
     all_rows = TrainingRows(everything, swap, False, pad)
     heldout = np.arange(n_train, n)
     set_seed(cfg.seed)
-    model = build_model(cfg, _cpu())
+    model = build_model(cfg, torch.device("cpu"))
     knob_name = KNOBS[method][0]
     log(
         f"power {method}/{arm.name}: {knob_name} = {knob if knob is not None else 'the job rate'}, {power['steps']} steps"
@@ -331,7 +284,9 @@ def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dic
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="evidence-v2-state-") as state:
         # no STS evaluation in a power run: the loop's one end-of-run selection call gets a constant
-        trainer = _trainer(model, cfg, train_rows, lambda m: 0.0, _losses(losses), Path(state))
+        phases = training_phases(cfg, train_rows, None)
+        log_losses = loss_logger(losses, ("rtd_accuracy",), every=10)
+        trainer = protocol_trainer(model, cfg, phases, torch.device("cpu"), Path(state), lambda m: 0.0, log_losses)
         result = trainer.run()
     train_s = time.perf_counter() - t0
     probe = probe_rows(model, all_rows, heldout)
@@ -359,12 +314,10 @@ def sts_record(
 ) -> dict[str, Any]:
     """Train one (method, arm, seed) for the protocol's steps on the real corruption, recording the dev curve and, for
     an arm whose RTD side learns, the held-out mechanism figures."""
-    import numpy as np
+    import torch
 
     from cse.models.loading import load_tokenizer
-    from cse.storage.training_data import load_corruption_rows, load_token_rows
     from cse.training.job import load_training_rows
-    from cse.training.rows import TrainingRows
 
     cfg = train_config(bench, method, arm, seed, knob, PROTOCOL_V2["steps"], generator=bench.generator())
     t_data = time.perf_counter()
@@ -372,14 +325,11 @@ def sts_record(
     corruption = bench.corruption(tokens, cfg)
     pad = load_tokenizer(cfg.backbone).pad_token_id
     rows, _ = load_training_rows(cfg, bench.root, tokens, corruption, None, pad)
-    heldout = None
-    if trains_rtd(arm):
-        everything = load_token_rows(bench.root, tokens.key, ("text",))
-        all_rows = TrainingRows(everything, load_corruption_rows(bench.root, corruption.key, everything), False, pad)
-        heldout = (all_rows, np.arange(len(everything) - PROTOCOL_V2["heldout_sentences"], len(everything)))
+    heldout = bench.heldout(tokens, corruption, pad, PROTOCOL_V2["heldout_sentences"]) if trains_rtd(arm) else None
     data_s = time.perf_counter() - t_data
     rec = sts_fields(method, arm, seed, knob, power_passed, corruption.key)
-    rec.update(train_sts(cfg, rows, heldout, lambda m: stsb_dev(bench, m), state_dir / run_name(rec), _cpu()))
+    dev = functools.partial(stsb_dev, bench.evaluator)
+    rec.update(train_sts(cfg, rows, heldout, dev, state_dir / run_name(rec), torch.device("cpu")))
     rec["seconds"]["data"] = round(data_s, 1)
     return rec
 
@@ -418,7 +368,7 @@ def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
         resumed_from, seconds and, with `heldout`, `mechanism`.
     """
     from cse.storage.runs import ResumeState
-    from cse.training.job import build_model
+    from cse.training.job import build_model, training_phases
     from cse.training.loop import set_seed
 
     set_seed(cfg.seed)
@@ -430,6 +380,7 @@ def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
     losses: list = saved.get("losses", [])
     spent = saved.get("seconds", 0.0)
     trainer = None
+    log_losses = loss_logger(losses, ("rtd_accuracy",), every=10)
     t0 = time.perf_counter()
 
     def evaluate(m) -> float:
@@ -438,13 +389,13 @@ def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
         return score
 
     def checkpoint(metrics: dict[str, float], step: int) -> None:
-        _losses(losses)(metrics, step)
+        log_losses(metrics, step)
         if "stsb_dev" in metrics:  # after each evaluation (the loop saves its state right after)
             seconds = spent + time.perf_counter() - t0
             progress.write_text(json.dumps({"curve": curve, "losses": losses, "seconds": seconds}))
 
     state.parent.mkdir(parents=True, exist_ok=True)
-    trainer = _trainer(model, cfg, rows, evaluate, checkpoint, state, device)
+    trainer = protocol_trainer(model, cfg, training_phases(cfg, rows, None), device, state, evaluate, checkpoint)
     result = trainer.run()
     rec: dict[str, Any] = {
         "steps": result.steps,
@@ -465,20 +416,36 @@ def part_dir(home: Path) -> Path:
     return home / "parts"
 
 
-def read_parts(home: Path) -> list[dict[str, Any]]:
-    """Every record of every part under this protocol's hash (a part of another protocol is refused)."""
-    records = []
+def load_parts(home: Path) -> list[dict[str, Any]]:
+    """Every part of `home`, in name order, under this protocol's hash (a part of another protocol is refused)."""
+    parts = []
     for p in sorted(part_dir(home).glob("*.json")):
         part = json.loads(p.read_text())
         if part.get("protocol") != protocol_hash():
             raise SystemExit(f"{p} is of protocol {part.get('protocol')}, not {protocol_hash()}: use another --home")
-        records += part.get("records", [])
-    return records
+        parts.append(part)
+    return parts
 
 
-def part_commands(home: Path) -> list[str]:
-    """The commands that wrote the parts, in part order."""
-    return [c for p in sorted(part_dir(home).glob("*.json")) for c in json.loads(p.read_text()).get("commands", [])]
+def read_parts(home: Path) -> list[dict[str, Any]]:
+    """Every record of every part (`load_parts`)."""
+    return [r for part in load_parts(home) for r in part.get("records", [])]
+
+
+def load_part(home: Path, name: str) -> dict[str, Any]:
+    """The part `<home>/parts/<name>.json` (a new one when there is none; one of another protocol is refused)."""
+    path = part_dir(home) / f"{name}.json"
+    part = json.loads(path.read_text()) if path.is_file() else {"protocol": protocol_hash(), "records": []}
+    if part.get("protocol") != protocol_hash():
+        raise SystemExit(f"{path} is of protocol {part.get('protocol')}, not {protocol_hash()}")
+    return part
+
+
+def write_part(home: Path, name: str, part: dict[str, Any], record: dict[str, Any] | None = None) -> None:
+    """Write the part `name`, with `record` in place of any record of its id."""
+    if record is not None:
+        part["records"] = [r for r in part["records"] if record_id(r) != record_id(record)] + [record]
+    write_json(part, part_dir(home) / f"{name}.json")
 
 
 def device_set(r: dict[str, Any]) -> str:
@@ -489,13 +456,6 @@ def device_set(r: dict[str, Any]) -> str:
 
 def record_id(r: dict[str, Any]) -> tuple:
     return (r["kind"], r["method"], r["arm"], r.get("seed"), r.get("knob_value"), device_set(r))
-
-
-def write_part(home: Path, name: str, part: dict[str, Any]) -> None:
-    from cse.storage.atomic import atomic_file
-
-    with atomic_file(part_dir(home) / f"{name}.json") as tmp:
-        tmp.write_text(json.dumps(part, indent=1) + "\n")
 
 
 def chosen_knob(records: list[dict[str, Any]], method: str) -> tuple[float | None, bool] | None:
@@ -541,37 +501,17 @@ def summary(report: dict[str, Any], devices: str = "cpu") -> dict[str, Any]:
         choice = chosen_knob(records, method)
         sts = [r for r in records if r["kind"] == "sts" and r["method"] == method and device_set(r) == devices]
         per_arm = {}
-        for arm in arms:
-            ac = sorted((r for r in sts if r["arm"] == arm.name), key=lambda r: r["seed"])
-            if not ac:
-                continue
-            entry = {
-                "label": arm.label,
-                "seeds": [r["seed"] for r in ac],
-                "delta": mean_std([r["delta"] for r in ac]),
-                "start": mean_std([r["start"] for r in ac]),
-                "final": mean_std([r["final"] for r in ac]),
-                "seconds": mean_std([r["seconds"]["train_and_eval"] for r in ac]),
-            }
-            mech = [r["mechanism"] for r in ac if "mechanism" in r]
-            if mech:
+        for arm, ac in by_arm(sts, arms):
+            entry = per_arm[arm.name] = arm_summary(arm, ac, ("delta", "start", "final"), "seconds")
+            if mech := [r["mechanism"] for r in ac if "mechanism" in r]:
                 entry["mechanism"] = {
                     k: mean_std([m[k] for m in mech]) for k in ("true_h", "rolled_h", "no_h", "gap", "constant_guess")
                 }
-            per_arm[arm.name] = entry
-        paired = {}
-        by_seed = {r["seed"]: r for r in sts if r["arm"] == METHOD}
-        for arm in arms[1:]:
-            diffs = [
-                by_seed[r["seed"]]["final"] - r["final"] for r in sts if r["arm"] == arm.name and r["seed"] in by_seed
-            ]
-            if diffs:
-                paired[arm.name] = {**mean_std(diffs), "method_better_in": sum(d > 0 for d in diffs)}
         out[method] = {
             "power": sorted(power, key=lambda r: KNOBS[method][1].index(r["knob_value"])),
             "knob": None if choice is None else {"name": KNOBS[method][0], "value": choice[0], "passed": choice[1]},
             "arms": per_arm,
-            "method_minus_control": paired,
+            "method_minus_control": method_minus_control(sts, arms),
         }
     return out
 
@@ -594,9 +534,8 @@ def power_table(report: dict[str, Any]) -> list[str]:
             p = r["probe"]
             lines.append(
                 f"| {method} | {r['label']} | `{r['knob']}` | {_rate(r['knob_value'], r.get('learning_rate'))} | "
-                f"{p['true_h']:.4f} | "
-                f"{p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | {p['constant_guess']:.4f} | "
-                f"{'yes' if r['passes'] else 'no'} |"
+                f"{p['true_h']:.4f} | {p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | "
+                f"{p['constant_guess']:.4f} | {'yes' if r['passes'] else 'no'} |"
             )
     return lines
 
@@ -609,24 +548,18 @@ def sts_table(s: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for method, m in s.items():
-        knob = m["knob"]
+        ktxt = "–" if m["knob"] is None else _knob_text(m["knob"], f"`{m['knob']['name']}`")
         for name, a in m["arms"].items():
-            pair = m["method_minus_control"].get(name)
-            ptxt = (
-                "–"
-                if pair is None
-                else f"{_pm(pair, signed=True)} (method better in {pair['method_better_in']}/{pair['n']})"
-            )
-            ktxt = (
-                "–"
-                if knob is None
-                else f"`{knob['name']}` {_rate(knob['value'])}" + ("" if knob["passed"] else " (no power)")
-            )
             lines.append(
                 f"| {method} | {a['label']} | {ktxt} | {len(a['seeds'])} | {_pm(a['start'])} | {_pm(a['final'])} | "
-                f"{_pm(a['delta'], signed=True)} | {ptxt} |"
+                f"{_pm(a['delta'], signed=True)} | {paired_text(m['method_minus_control'].get(name))} |"
             )
     return lines
+
+
+def _knob_text(knob: dict[str, Any], name: str) -> str:
+    """The knob the STS runs used: `name` and its rate, marked when none of its power checks passed."""
+    return f"{name} {_rate(knob['value'])}" + ("" if knob["passed"] else " (no power)")
 
 
 def mechanism_table(s: dict[str, Any]) -> list[str]:
@@ -636,14 +569,12 @@ def mechanism_table(s: dict[str, Any]) -> list[str]:
         "| method | arm | seeds | loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for method, m in s.items():
-        for a in m["arms"].values():
-            if "mechanism" in a:
-                me = a["mechanism"]
-                lines.append(
-                    f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(me['true_h'], 4)} | {_pm(me['rolled_h'], 4)} | "
-                    f"{_pm(me['no_h'], 4)} | {_pm(me['gap'], 4, signed=True)} | {_pm(me['constant_guess'], 4)} |"
-                )
+    for method, a in [(method, a) for method, m in s.items() for a in m["arms"].values() if "mechanism" in a]:
+        me = a["mechanism"]
+        lines.append(
+            f"| {method} | {a['label']} | {len(a['seeds'])} | {_pm(me['true_h'], 4)} | {_pm(me['rolled_h'], 4)} | "
+            f"{_pm(me['no_h'], 4)} | {_pm(me['gap'], 4, signed=True)} | {_pm(me['constant_guess'], 4)} |"
+        )
     return lines
 
 
@@ -699,25 +630,25 @@ def generator_line(report: dict[str, Any]) -> str:
     )
 
 
+def sections(report: dict[str, Any], captions: tuple[str, str, str]) -> list[str]:
+    """The status and generator lines, then the power checks', STS runs' and mechanism's tables under `captions`."""
+    tables = (power_table(report), sts_table(report["summary"]), mechanism_table(report["summary"]))
+    lines = [status_line(report), "", generator_line(report)]
+    for caption, table in zip(captions, tables):
+        lines += ["", caption, "", *table]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
+    captions = (
+        "## Power check: the swap task at the arm's exact settings (seed 0, held-out 1,024 sentences)",
+        f"## STS-B dev, step 0 → step {PROTOCOL_V2['steps']} (Spearman × 100; mean ± std over seeds)",
+        "## Mechanism on the real corruption (held-out 1,024 sentences, variant 0)",
+    )
     lines = [
         f"# Evidence benchmark, protocol 2 ({report['protocol']}; CPU, MiniLM)",
         "",
-        status_line(report),
-        "",
-        generator_line(report),
-        "",
-        "## Power check: the swap task at the arm's exact settings (seed 0, held-out 1,024 sentences)",
-        "",
-        *power_table(report),
-        "",
-        f"## STS-B dev, step 0 → step {PROTOCOL_V2['steps']} (Spearman × 100; mean ± std over seeds)",
-        "",
-        *sts_table(report["summary"]),
-        "",
-        "## Mechanism on the real corruption (held-out 1,024 sentences, variant 0)",
-        "",
-        *mechanism_table(report["summary"]),
+        *sections(report, captions),
         "",
         *gpu_section(report, "## "),
         "Commands:",
@@ -733,27 +664,13 @@ DOCS_END = "<!-- end evidence-v2 -->"
 
 def docs_block(report: dict[str, Any]) -> str:
     """docs/evidence.md's protocol-2 block: status, generator, power checks, STS runs and mechanism rows."""
-    return "\n".join(
-        [
-            status_line(report),
-            "",
-            generator_line(report),
-            "",
-            "Power checks (swap task, seed 0, the arm's exact settings; held-out RTD loss):",
-            "",
-            *power_table(report),
-            "",
-            f"STS-B dev, step 0 → {PROTOCOL_V2['steps']}, with the generator above and the knob the power check chose:",
-            "",
-            *sts_table(report["summary"]),
-            "",
-            "Mechanism on the real corruption (held-out sentences):",
-            "",
-            *mechanism_table(report["summary"]),
-            *([""] if report.get("summary_gpu") else []),
-            *gpu_section(report, ""),
-        ]
-    ).rstrip("\n")
+    captions = (
+        "Power checks (swap task, seed 0, the arm's exact settings; held-out RTD loss):",
+        f"STS-B dev, step 0 → {PROTOCOL_V2['steps']}, with the generator above and the knob the power check chose:",
+        "Mechanism on the real corruption (held-out sentences):",
+    )
+    gpu = [""] if report.get("summary_gpu") else []
+    return "\n".join([*sections(report, captions), *gpu, *gpu_section(report, "")]).rstrip("\n")
 
 
 def gpu_section(report: dict[str, Any], heading: str) -> list[str]:
@@ -777,65 +694,45 @@ def readme_rows(report: dict[str, Any]) -> list[str]:
     """The README table's protocol-2 rows (same columns as protocol 1's rows, labelled by protocol, and by device for
     the GPU set)."""
     rows = []
-    for devices, key in (("cpu", "summary"), ("gpu", "summary_gpu")):
+    for label, key in (("2", "summary"), ("2, GPU", "summary_gpu")):
         s = report.get(key)
-        if s is None or (devices == "gpu" and not any(m["arms"] for m in s.values())):
+        if s is None or (key == "summary_gpu" and not any(m["arms"] for m in s.values())):
             continue
-        label = "2" if devices == "cpu" else "2, GPU"
         for method, arms in ARMS.items():
             m = s.get(method, {"arms": {}, "method_minus_control": {}, "knob": None})
-            own = m["arms"].get(METHOD)
-            n_own = len(own["seeds"]) if own else 0
             knob = m.get("knob")
-            ktxt = (
-                ""
-                if knob is None
-                else f", {knob['name'].replace('_', ' ')} {_rate(knob['value'])}"
-                + ("" if knob["passed"] else " (no power)")
-            )
-            for arm in arms[1:]:
-                ctl, pair = m["arms"].get(arm.name), m["method_minus_control"].get(arm.name)
-                n_ctl = len(ctl["seeds"]) if ctl else 0
-                ptxt = (
-                    "–"
-                    if pair is None
-                    else f"{_pm(pair, signed=True)} (better in {pair['method_better_in']}/{pair['n']})"
-                )
-                rows.append(
-                    f"| {label} | {arms[0].label}{ktxt} | {arm.label.removeprefix('control: ')} | {n_own} / {n_ctl} | "
-                    f"{_pm(own and own['delta'], signed=True)} | {_pm(ctl and ctl['delta'], signed=True)} | {ptxt} |"
-                )
+            ktxt = "" if knob is None else ", " + _knob_text(knob, knob["name"].replace("_", " "))
+            rows += control_rows(label, f"{arms[0].label}{ktxt}", arms, m)
     return rows
 
 
 def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path | None) -> int:
     """Join the parts into `out`'s `protocol_v2` (protocol 1's report there untouched) and render."""
-    from benchmarks import evidence as ev
-
     full = json.loads(out.read_text()) if out.is_file() else {}
     if full.get("protocol") not in (None, ev.protocol_hash()):
         raise SystemExit(f"{out}: protocol 1 report of hash {full.get('protocol')}, not {ev.protocol_hash()}")
     previous = full.get("protocol_v2") or {}
     if previous and previous.get("protocol") != protocol_hash():
         raise SystemExit(f"{out}: its protocol_v2 is of hash {previous.get('protocol')}, not {protocol_hash()}")
+    parts = load_parts(home)
     records = {record_id(r): r for r in previous.get("records", [])}
-    records.update({record_id(r): r for r in read_parts(home)})
+    records.update({record_id(r): r for part in parts for r in part.get("records", [])})
     generator = previous.get("generator") or generator_in_home(home)
-    for p in sorted(part_dir(home).glob("*.json")):
-        generator = json.loads(p.read_text()).get("generator") or generator
+    for part in parts:
+        generator = part.get("generator") or generator
     report = {
         "benchmark": "evidence",
         "protocol": protocol_hash(),
         "protocol_text": PROTOCOL_V2,
-        "arms": {m: [dataclasses.asdict(a) for a in arms] for m, arms in ARMS.items()},
-        "knobs": {m: [k[0], list(k[1])] for m, k in KNOBS.items()},
+        **arms_and_knobs(),
         "generator": generator,
         "records": sorted(
             records.values(), key=lambda r: (r["kind"] != "power", r["method"], r["arm"], r.get("seed") or 0)
         ),
         "environment": previous.get("environment") or cpu_environment(),
-        "commands": list(dict.fromkeys([*previous.get("commands", []), *part_commands(home), command])),
+        "commands": previous.get("commands", []),
     }
+    ev.add_commands(report, *[c for part in parts for c in part.get("commands", [])], command)
     short = [r for r in report["records"] if r["kind"] == "sts" and r["steps"] != PROTOCOL_V2["steps"]]
     if short:
         raise SystemExit(
@@ -847,9 +744,7 @@ def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path |
         report["summary_gpu"] = summary(report, "gpu")
     report["complete"] = {d: set(expected_sts()) <= done_sts(report["records"], d) for d in DEVICE_SETS}
     full["protocol_v2"] = report
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(full, indent=1) + "\n")
-    tmp.replace(out)
+    write_json(full, out)
     out.with_name("evidence_v2.md").write_text(markdown(report))
     if readme is not None:
         ev.write_readme(full, readme)
@@ -903,35 +798,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, default=None, help="with --merge: render the README's evidence block")
     p.add_argument("--docs", type=Path, default=None, help="with --merge: render docs/evidence.md's protocol-2 block")
     args = p.parse_args(argv)
-    command = "python -m benchmarks.evidence_v2 " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = ev.command_line("benchmarks.evidence_v2", argv).strip()
     home = args.home.resolve()
     if args.merge:
-        return merge(home, args.out, command.strip(), args.readme, args.docs)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if unknown := sorted(set(methods) - set(ARMS)):
-        p.error(f"unknown --methods {unknown}; known: {list(ARMS)}")
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        return merge(home, args.out, command, args.readme, args.docs)
+    methods = ev.parse_methods(p, args.methods, ARMS)
+    seeds = ev.parse_seeds(args.seeds)
     stages = [s.strip() for s in args.stages.split(",")]
-    os.environ["CSE_HOME"] = str(home)  # before cse.config.settings is read
-    for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
-        os.environ.pop(k, None)
-    import torch
-
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    path = part_dir(home) / f"{args.part}.json"
-    part = json.loads(path.read_text()) if path.is_file() else {"protocol": protocol_hash(), "records": []}
-    if part.get("protocol") != protocol_hash():
-        raise SystemExit(f"{path} is of protocol {part.get('protocol')}, not {protocol_hash()}")
-    part["commands"] = list(dict.fromkeys([*part.get("commands", []), command.strip()]))
+    ev.use_home(home, args.threads)
+    part = load_part(home, args.part)
+    ev.add_commands(part, command)
     part["environment"] = cpu_environment()
-    log(f"protocol {protocol_hash()}; part {path}; methods {methods}; stages {stages}")
-
-    def save(record: dict[str, Any] | None = None) -> None:
-        if record is not None:
-            part["records"] = [r for r in part["records"] if record_id(r) != record_id(record)] + [record]
-        write_part(home, args.part, part)
-
+    log(f"protocol {protocol_hash()}; part {part_dir(home) / f'{args.part}.json'}; methods {methods}; stages {stages}")
+    save = functools.partial(write_part, home, args.part, part)
     bench = Bench(None)
     if "power" in stages:
         run_power(bench, methods, home, save)
