@@ -55,30 +55,15 @@ def run_key(
 
 
 def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
-    """The training precision: the configured one, or for `auto` bf16 on a CUDA device that supports it, else fp32.
-
-    Args:
-        cfg: the training configuration.
-        device: the device the job trains on.
-
-    Returns:
-        The precision name.
-    """
+    """The training precision: the configured one, or for `auto` bf16 on a CUDA `device` that supports it, else
+    fp32."""
     if cfg.precision != "auto":
         return cfg.precision
     return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
-    """Build the configured method's model on its backbone and move it to `device`.
-
-    Args:
-        cfg: the training configuration.
-        device: the device to place the model on.
-
-    Returns:
-        The model.
-    """
+    """The configured method's model on its backbone, on `device`."""
     from cse.config.methods import get_method
 
     return get_method(cfg.method).build_model(cfg.model, backbone_name=cfg.backbone).to(device)
