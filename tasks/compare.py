@@ -95,6 +95,9 @@ def select_runs(
             continue
         label = t.get("cse.child") or run.info.run_name or run.info.run_id
         before = read_backbone_tag(t) or {}
+        metrics = dict(m)
+        if "trainable_parameters" in p:
+            metrics["trainable_parameters"] = float(p["trainable_parameters"])
         records.append(
             RunRecord(
                 run_id=run.info.run_id,
@@ -103,23 +106,13 @@ def select_runs(
                 backbone=t.get("backbone", "?"),
                 preset=t.get("preset", "?"),
                 supervised=p.get("supervised", "False") == "True",
-                metrics={
-                    **m,
-                    **(
-                        {"trainable_parameters": float(p["trainable_parameters"])}
-                        if "trainable_parameters" in p
-                        else {}
-                    ),
-                },
+                metrics=metrics,
                 backbone_metrics=before.get("metrics") or {},
                 backbone_pooler=before.get("pooler"),
             )
         )
-    if latest_per_label:
-        newest: dict[str, RunRecord] = {}
-        for r in records:
-            newest[r.label] = r
-        records = list(newest.values())
+    if latest_per_label:  # (oldest first: the last record of a label is its newest)
+        records = list({r.label: r for r in records}.values())
     return records
 
 
@@ -155,42 +148,26 @@ def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
             ours = {k: run.metrics.get(k) for k in metrics}
             if all(v is None for v in ours.values()):
                 continue
-            rows += [
-                {**common, "row_kind": "run", "source": "this project", "metric": k, "value": v}
-                for k, v in ours.items()
-            ]
+            rows += _metric_rows(common, "run", "this project", ours)
             if table == "sts" and run.backbone_metrics:  # the backbone before training, beside the run
                 source = f"{BACKBONE_LABEL} ({run.backbone_pooler})" if run.backbone_pooler else BACKBONE_LABEL
-                rows += [
-                    {
-                        **common,
-                        "row_kind": "backbone",
-                        "source": source,
-                        "metric": k,
-                        "value": run.backbone_metrics.get(k),
-                    }
-                    for k in metrics
-                ]
+                rows += _metric_rows(common, "backbone", source, {k: run.backbone_metrics.get(k) for k in metrics})
             pub, fam = _published_row(table, run)
             if pub is None:
                 continue
-            rows += [
-                {**common, "row_kind": "published", "source": pub["source"], "metric": k, "value": pub.get(k)}
-                for k in metrics
-            ]
+            rows += _metric_rows(common, "published", pub["source"], {k: pub.get(k) for k in metrics})
             if table == "parameters" and published.backbone_family(run.backbone) is None:
                 continue  # a parameter count of another backbone size: shown, but a difference would mean nothing
-            rows += [
-                {
-                    **common,
-                    "row_kind": "difference",
-                    "source": f"run − published ({fam})",
-                    "metric": k,
-                    "value": None if ours[k] is None or pub.get(k) is None else round(ours[k] - float(pub[k]), 4),
-                }
-                for k in metrics
-            ]
+            diff = {
+                k: None if ours[k] is None or pub.get(k) is None else round(ours[k] - float(pub[k]), 4) for k in metrics
+            }
+            rows += _metric_rows(common, "difference", f"run − published ({fam})", diff)
     return rows
+
+
+def _metric_rows(common: dict[str, Any], kind: str, source: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The long-form rows of one row of a table: `common` with the row's kind and source, one per metric → value."""
+    return [{**common, "row_kind": kind, "source": source, "metric": k, "value": v} for k, v in values.items()]
 
 
 def wide_tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -100,20 +100,6 @@ def _root() -> DataRoot:
     return DataRoot(get_settings().data_root)
 
 
-def shard_path(root: DataRoot, key: str, shard: int) -> Path:
-    """The path of shard `shard` of the corruption dataset `key`.
-
-    Args:
-        root: the data root.
-        key: the dataset key.
-        shard: the shard index.
-
-    Returns:
-        The shard file path.
-    """
-    return sharded.shard_path(root, KIND, key, shard)
-
-
 def shard_seed(seed: int, shard: int, variant: int) -> int:
     """The RNG seed of one (shard, variant): independent of how shards are scheduled."""
     return int(stable_hash({"seed": seed, "shard": shard, "variant": variant}), 16) & (2**63 - 1)
@@ -176,13 +162,19 @@ def _tokens_tokenizer(tokens: Manifest) -> str:
     return name
 
 
-def check_generator_vocabulary(tokens: Manifest, generator: str) -> list[int]:
-    """Refuse a generator whose vocabulary differs from the tokens'; returns the special token ids."""
+def load_tokens_tokenizer(tokens: Manifest):
+    """(name, tokenizer) of the tokenizer a tokens dataset was made with, refused when it no longer gives the
+    dataset's recorded vocabulary."""
     name = _tokens_tokenizer(tokens)
     tokenizer = load_tokenizer(name)
-    recorded = tokens.params.get("vocab_fingerprint")
-    if recorded is not None and recorded != vocab_fingerprint(tokenizer):
+    if tokens.params.get("vocab_fingerprint") not in (None, vocab_fingerprint(tokenizer)):
         raise ValueError(f"tokenizer {name!r} no longer matches the vocabulary of tokens dataset {tokens.key}")
+    return name, tokenizer
+
+
+def check_generator_vocabulary(tokens: Manifest, generator: str) -> list[int]:
+    """Refuse a generator whose vocabulary differs from the tokens'; returns the special token ids."""
+    name, tokenizer = load_tokens_tokenizer(tokens)
     try:
         gen_tokenizer = load_tokenizer(generator)
     except (OSError, ValueError) as e:

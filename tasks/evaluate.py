@@ -41,22 +41,12 @@ def qualitative_markdown(result: EvalResult) -> str:
     """Per qualitative query: the query (and its answers), then its nearest neighbours as a markdown table."""
     out = []
     for q in result.qualitative:
-        out.append(f"**Query:** {q.query}" + (f"  (answer: {' | '.join(q.answers)})" if q.answers else ""))
-        out.append("")
-        out.append(
-            markdown_table(
-                [
-                    {
-                        "rank": i + 1,
-                        "sentence": n.sentence,
-                        "cosine": f"{n.cosine:.4f}",
-                        "answer": "✓" if n.is_answer else "",
-                    }
-                    for i, n in enumerate(q.neighbours)
-                ]
-            )
-        )
-        out.append("")
+        answers = f"  (answer: {' | '.join(q.answers)})" if q.answers else ""
+        neighbours = [
+            {"rank": i + 1, "sentence": n.sentence, "cosine": f"{n.cosine:.4f}", "answer": "✓" if n.is_answer else ""}
+            for i, n in enumerate(q.neighbours)
+        ]
+        out += [f"**Query:** {q.query}{answers}", "", markdown_table(neighbours), ""]
     return "\n".join(out)
 
 
@@ -147,9 +137,6 @@ def record_evaluation(
     label: str,
     what: dict[str, Any],
     sts: StsInput,
-    metric_prefix: str = "",
-    artifact_path: str = "evaluation",
-    write_row: bool = True,
     subset_metrics: bool = True,
     step: int = 0,
 ) -> str:
@@ -165,12 +152,12 @@ def record_evaluation(
         metrics = result.metrics() if subset_metrics else page_metrics(result.metrics())
         log_run_results(
             run_id,
-            metrics={f"{metric_prefix}{k}": float(v) for k, v in metrics.items()},
+            metrics={k: float(v) for k, v in metrics.items()},
             tags={
                 "evaluation_id": evaluation_id,
                 "sts_source": f"{sts.origin}:{sts.location}",
                 "sts_hash": sts.content_hash,
-                **(score_tags(result.metrics()) if result.mode == "test" and not metric_prefix else {}),
+                **(score_tags(result.metrics()) if result.mode == "test" else {}),
             },
             step=step,
         )
@@ -181,17 +168,13 @@ def record_evaluation(
             for name, path in files.items():
                 if name.endswith(".png"):
                     path.rename(plots / name)
-            log_run_results(
-                run_id,
-                folders={artifact_path: Path(tmp) / "files", **({"plots": plots} if any(plots.iterdir()) else {})},
-            )
-    if write_row:
-        root = DataRoot(get_settings().data_root)
-        write_evaluation_row(
-            root,
-            evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what, sts=sts, mlflow_run_id=run_id),
-            params={"label": label, **what},
-        )
+            folders = {"evaluation": Path(tmp) / "files", **({"plots": plots} if any(plots.iterdir()) else {})}
+            log_run_results(run_id, folders=folders)
+    write_evaluation_row(
+        DataRoot(get_settings().data_root),
+        evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what, sts=sts, mlflow_run_id=run_id),
+        params={"label": label, **what},
+    )
     publish_artifacts(
         tables={
             f"evaluation-{result.mode}": (

@@ -45,7 +45,7 @@ def transfer_evaluation_row(
     mlflow_run_id: str | None,
 ) -> dict[str, Any]:
     """The Parquet row (schema cse.storage.schemas.EVALUATIONS) of a transfer result; STS columns stay null."""
-    row: dict[str, Any] = {
+    return {
         **row_identity(
             evaluation_id=evaluation_id,
             mode="transfer",
@@ -64,20 +64,11 @@ def transfer_evaluation_row(
         "seconds": result.timing.seconds,
         "details": result.model_dump_json(),
     }
-    return row
 
 
 def write_transfer_files(result: TransferResult, label: str, folder: Path) -> dict[str, Path]:
-    """Write a transfer result as JSON, a Table 2 markdown row and per-task CSV and markdown tables.
-
-    Args:
-        result: the transfer result.
-        label: the row label of the Table 2 rows.
-        folder: the folder to write into (created if missing).
-
-    Returns:
-        File name → path of each file written.
-    """
+    """Write a transfer result into `folder` (created if missing) as JSON, its Table 2 rows labelled `label` and
+    per-task CSV and markdown tables; returns file name → path of each file written."""
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, text in (
@@ -97,9 +88,6 @@ def record_transfer_evaluation(
     label: str,
     what: dict[str, Any],
     source: TransferInput,
-    metric_prefix: str = "",
-    artifact_path: str = "transfer",
-    write_row: bool = True,
     step: int = 0,
 ) -> str:
     """Log `result` to the active MLflow run (if any; at `step`: a training job's last, so that its charts are lines),
@@ -109,7 +97,7 @@ def record_transfer_evaluation(
     if run_id is not None:
         log_run_results(
             run_id,
-            metrics={f"{metric_prefix}{k}": float(v) for k, v in result.metrics().items()},
+            metrics={k: float(v) for k, v in result.metrics().items()},
             tags={
                 "transfer_evaluation_id": evaluation_id,
                 "transfer_source": f"{source.origin}:{source.location}",
@@ -120,16 +108,14 @@ def record_transfer_evaluation(
         )
         with tempfile.TemporaryDirectory(prefix="cse-transfer-") as tmp:
             write_transfer_files(result, label, Path(tmp))
-            log_run_results(run_id, folders={artifact_path: tmp})
-    if write_row:
-        root = DataRoot(get_settings().data_root)
-        write_evaluation_row(
-            root,
-            transfer_evaluation_row(
-                result, evaluation_id=evaluation_id, label=label, what=what, source=source, mlflow_run_id=run_id
-            ),
-            params={"label": label, "mode": "transfer", **{k: v for k, v in what.items() if v is not None}},
-        )
+            log_run_results(run_id, folders={"transfer": tmp})
+    write_evaluation_row(
+        DataRoot(get_settings().data_root),
+        transfer_evaluation_row(
+            result, evaluation_id=evaluation_id, label=label, what=what, source=source, mlflow_run_id=run_id
+        ),
+        params={"label": label, "mode": "transfer", **{k: v for k, v in what.items() if v is not None}},
+    )
     publish_artifacts(
         tables={
             "evaluation-transfer": (

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -48,13 +47,14 @@ from cse.models.generator import (
 )
 from cse.models.loading import check_same_vocabulary, load_masked_lm, load_tokenizer, pick_device, vocab_fingerprint
 from cse.storage.catalog import refresh_catalog
+from cse.storage.corruption import token_lists
 from cse.storage.datasets import DatasetRef, read_dataset
 from cse.storage.generators import GENERATOR_PREFIX, KIND, publish_model_folder
 from cse.storage.hashing import stable_hash
 from cse.storage.keys import SCHEMA_VERSIONS, generator_key
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
-from cse.tasks.corrupt import generator_identity
+from cse.tasks.corrupt import generator_identity, load_tokens_tokenizer
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs
 from cse.tracking.reporting import markdown_table, publish_artifacts
@@ -67,13 +67,6 @@ PREDICTORS = {  # stats key → what the table calls it
     "unigram_sample": "unigram: a token drawn from the training frequencies (expected)",
     "random_init": "random-init generator",
 }
-
-
-def _flat(table) -> tuple[torch.Tensor, np.ndarray]:
-    ids = table.column("input_ids")
-    flat = torch.from_numpy(pc.list_flatten(ids).to_numpy().astype(np.int64))
-    offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(ids).to_numpy())]).astype(np.int64)
-    return flat, offsets
 
 
 def split_rows(ids: np.ndarray, config: GeneratorConfig) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -104,16 +97,8 @@ def _accuracy(predicted: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def accuracy_markdown(accuracy: dict[str, float], positions: int, sentences: int) -> str:
-    """A markdown table of held-out masked-token top-1 accuracy per predictor.
-
-    Args:
-        accuracy: predictor key → accuracy.
-        positions: the number of masked positions evaluated.
-        sentences: the number of held-out sentences.
-
-    Returns:
-        The markdown table.
-    """
+    """A markdown table of held-out masked-token top-1 accuracy per predictor (`accuracy`: `PREDICTORS` key →
+    accuracy) over `positions` masked positions of `sentences` held-out sentences."""
     rows = [{"predictor": PREDICTORS[k], "top-1 accuracy": f"{accuracy[k]:.4f}"} for k in PREDICTORS if k in accuracy]
     return markdown_table(
         rows,
@@ -125,20 +110,14 @@ def accuracy_markdown(accuracy: dict[str, float], positions: int, sentences: int
 def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, run_id: str) -> Manifest:  # noqa: C901 (the stage's steps in order; each check fails with its reason)
     log = stage_logger()
     t_start = time.perf_counter()
-    tokenizer_name = tokens.params.get("tokenizer")
-    if not tokenizer_name:
-        raise ValueError(f"tokens dataset {tokens.key} records no tokenizer in its manifest params")
-    tokenizer = load_tokenizer(tokenizer_name)
-    if tokens.params.get("vocab_fingerprint") not in (None, vocab_fingerprint(tokenizer)):
-        raise ValueError(
-            f"tokenizer {tokenizer_name!r} no longer matches the vocabulary of tokens dataset {tokens.key}"
-        )
+    tokenizer_name, tokenizer = load_tokens_tokenizer(tokens)
     check_same_vocabulary(tokenizer, load_tokenizer(config.backbone), tokenizer_name, config.backbone)
     special = SpecialTokens.from_tokenizer(tokenizer)
     device = pick_device(config.device)
 
     table = read_dataset(root, "tokens", tokens.key, columns=["id", "input_ids"])
-    flat, offsets = _flat(table)
+    flat, offsets = token_lists(table.column("input_ids"))
+    flat = torch.from_numpy(flat.astype(np.int64))
     train_rows, held_rows, held_ids = split_rows(table.column("id").to_numpy(), config)
     train_flat, train_offsets = _subset(flat, offsets, train_rows)
     held_flat, held_offsets = _subset(flat, offsets, held_rows)
@@ -290,15 +269,7 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
 
 
 def stable_seed(seed: int, what: str) -> int:
-    """A deterministic 63-bit seed derived from `seed` and a purpose string.
-
-    Args:
-        seed: the base seed.
-        what: what the seed is for (different purposes get independent seeds).
-
-    Returns:
-        The derived seed.
-    """
+    """A deterministic 63-bit seed derived from `seed` and what it is for (other purposes: independent seeds)."""
     return int(stable_hash({"seed": seed, "what": what}), 16) & (2**63 - 1)
 
 

@@ -27,10 +27,6 @@ class EmptySourceError(ValueError):
     """A source without a single usable row: refused at ingestion, naming the file and the counts."""
 
 
-def _expected(dataset: str, config: IngestConfig) -> int | None:
-    return {"wiki1m": config.wiki.expected_lines, "nli": config.nli.expected_rows}.get(dataset)
-
-
 _FINDINGS = ("bom", "control_lines", "long_lines")
 
 
@@ -63,9 +59,7 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
                 "key": key,
             },
         )
-        log_dataset_inputs(
-            run.info.run_id, [(src, CONTEXT_SOURCE)]
-        )  # the raw source (file, folder, URL, HF datasets) + hash
+        log_dataset_inputs(run.info.run_id, [(src, CONTEXT_SOURCE)])  # the raw source (file, folder, URL, HF) + hash
         with root.building(dataset, key):  # concurrent flows ingest a source once
             manifest, quarantined = root.reuse(dataset, key, full=verify or config.verify)
             if quarantined is not None:
@@ -73,15 +67,15 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
             hit = manifest is not None
             if not hit:
                 table, stats = read_source(src, strict=config.strict, max_line_chars=config.max_line_chars)
-                if (
-                    usable := table.num_rows - stats.empty
-                ) < 1:  # nothing to tokenise or train on: refused here, not later
+                # nothing to tokenise or train on: refused here, not later
+                if (usable := table.num_rows - stats.empty) < 1:
                     raise EmptySourceError(
                         f"{src.where}: {usable} usable rows ({table.num_rows} rows read, {stats.empty} with a blank "
                         f"sentence: empty, or only whitespace and invisible characters; {stats.skipped} skipped): "
                         "nothing to ingest"
                     )
-                if (exp := _expected(dataset, config)) is not None and table.num_rows != exp:
+                exp = {"wiki1m": config.wiki.expected_lines, "nli": config.nli.expected_rows}.get(dataset)
+                if exp is not None and table.num_rows != exp:
                     raise ValueError(f"{src.where}: {table.num_rows} rows, expected {exp}")
                 if dataset == "sts" and config.senteval.expected_rows:
                     check_sts_counts(src, stats, config.senteval.expected_rows)

@@ -9,14 +9,7 @@ from prefect.logging import get_run_logger
 
 
 def stage_logger(name: str = "cse") -> logging.Logger | logging.LoggerAdapter:
-    """The Prefect run logger inside a flow or task run, else the standard logger `name`.
-
-    Args:
-        name: the logger name used outside a Prefect run.
-
-    Returns:
-        The logger.
-    """
+    """The Prefect run logger inside a flow or task run, else the standard logger `name`."""
     try:
         return get_run_logger()
     except MissingContextError:  # called outside a Prefect run (tests, scripts, the torchrun worker)

@@ -161,21 +161,10 @@ def _connection_error(value: Any) -> bool:
     return bool(names & {"ConnectionError", "TransportError", "Timeout", "TimeoutException", "OSError", "TimeoutError"})
 
 
-def _status(value: Any) -> int | None:
-    response = getattr(value, "response", None)
-    return getattr(response, "status_code", None)
-
-
 def _cached(repo_id: str, names: Sequence[str]) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
     return any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in names)
-
-
-def _hub_host() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
 
 
 def hub_model_status(repo_id: str, groups: Sequence[Sequence[str]], probe: HubProbe) -> str | None:
@@ -192,15 +181,15 @@ def hub_model_status(repo_id: str, groups: Sequence[Sequence[str]], probe: HubPr
         return None
     if hub_offline():
         return "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set (no download)"
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
 
-    host = _hub_host()
+    host = constants.ENDPOINT
     budget = max(probe.remaining(), 0.1)
     answered, value = probe.ask(host, lambda: get_hf_file_metadata(hf_hub_url(repo_id, CONFIG_FILE), timeout=budget))
     if not answered:
         return f"not in the local Hugging Face cache, and the hub ({host}) {probe.why_not(host)}"
     if isinstance(value, BaseException):
-        status = _status(value)
+        status = getattr(getattr(value, "response", None), "status_code", None)
         if status in (401, 403):
             return f"the hub ({host}) refused it (HTTP {status}): a gated or private model needs HF_TOKEN"
         if status == 404:
@@ -213,16 +202,21 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or os.sep + os.sep in name
 
 
+def _parts(weights: bool, tokenizer: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """(what it is, the files any one of which makes it present) of every part of a model the job loads."""
+    parts = [("config.json", (CONFIG_FILE,))]
+    if weights:
+        parts.append(("weights (" + ", ".join(WEIGHT_FILES[::2]) + ")", WEIGHT_FILES))
+    if tokenizer:
+        parts.append(("tokenizer files (" + ", ".join(TOKENIZER_FILES[:3]) + ")", TOKENIZER_FILES))
+    return parts
+
+
 def folder_status(folder: Path, weights: bool, tokenizer: bool) -> str | None:
     """None when `folder` holds a loadable model (config.json, and weights / tokenizer files when needed)."""
     if not folder.is_dir():
         return f"{folder} is not a folder"
-    wanted = [("config.json", (CONFIG_FILE,))]
-    if weights:
-        wanted.append(("weights (" + ", ".join(WEIGHT_FILES[::2]) + ")", WEIGHT_FILES))
-    if tokenizer:
-        wanted.append(("tokenizer files (" + ", ".join(TOKENIZER_FILES[:3]) + ")", TOKENIZER_FILES))
-    lacking = [label for label, names in wanted if not any((folder / n).is_file() for n in names)]
+    lacking = [label for label, names in _parts(weights, tokenizer) if not any((folder / n).is_file() for n in names)]
     return f"the folder {folder} has no {' and no '.join(lacking)}" if lacking else None
 
 
@@ -250,12 +244,7 @@ def model_status(name: str, probe: HubProbe, weights: bool = True, tokenizer: bo
         return folder_status(path, weights, tokenizer)
     if _looks_like_path(name):
         return f"no such folder {path}"
-    groups: list[tuple[str, ...]] = [(CONFIG_FILE,)]
-    if weights:
-        groups.append(WEIGHT_FILES)
-    if tokenizer:
-        groups.append(TOKENIZER_FILES)
-    return hub_model_status(name, groups, probe)
+    return hub_model_status(name, [names for _, names in _parts(weights, tokenizer)], probe)
 
 
 def check_model(
@@ -526,9 +515,11 @@ def preflight_training(cfg: TrainConfig) -> list[str]:
     return training_checks(cfg).finish(stage_logger())
 
 
-def _tokens_source(pf: Preflight, dataset: str, ingest: IngestConfig, tokenizer: str) -> None:
-    """A stage that ingests and tokenises first: its tokenizer (`tokenize_config`) and source (`ingest_config`)."""
-    pf.model("tokenizer", tokenizer, ("tokenizer",), param="tokenize_config", weights=False)
+def _tokens_source(
+    pf: Preflight, dataset: str, ingest: IngestConfig, tokenizer: str, param: str = "tokenize_config"
+) -> None:
+    """A stage that ingests and tokenises: its tokenizer (set by `param`) and source (`ingest_config`)."""
+    pf.model("tokenizer", tokenizer, ("tokenizer",), param=param, weights=False)
     pf.sources(ingest, [dataset], (), param="ingest_config")
 
 
@@ -541,8 +532,7 @@ def preflight_tokenize(dataset: str, ingest: IngestConfig, config: TokenizeConfi
         config: the flow's `config`.
     """
     pf = Preflight("tokenize", "config", _root())
-    pf.model("tokenizer", config.tokenizer, ("tokenizer",), weights=False)
-    pf.sources(ingest, [dataset], (), param="ingest_config")
+    _tokens_source(pf, dataset, ingest, config.tokenizer, "config")
     return pf.finish(stage_logger())
 
 

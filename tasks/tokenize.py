@@ -223,6 +223,8 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
                 if runner is None:  # local: every part in this process
                     table = read_dataset(root, source.kind, source.key)
                     parts = list(_token_parts(table, columns, tokenizer, config))
+                    specials = tokenizer.num_special_tokens_to_add()
+                    counts = (_length_counts(p, config.max_length, specials, len(columns)) for p in parts)
                     manifest = write_dataset(
                         root,
                         "tokens",
@@ -232,16 +234,7 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
                         params=tokens_params,
                         source={"kind": source.kind, "key": source.key},
                         inputs={source.kind: source.content_hash},
-                        stats=_usable(
-                            _length_stats(
-                                _length_counts(
-                                    p, config.max_length, tokenizer.num_special_tokens_to_add(), len(columns)
-                                )
-                                for p in parts
-                            ),
-                            source,
-                            config,
-                        ),
+                        stats=_usable(_length_stats(counts), source, config),
                     )
                 else:  # Dask: one tokenize-shard task per part
                     plan = TokenizePlan(

@@ -158,6 +158,17 @@ def job_dir(
     return RunDir(cfg.method, train_job.run_key(cfg, tokens, corruption, nli_tokens))
 
 
+def _model_tags(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None) -> dict[str, str]:
+    """What the job's run and its registered model version are both tagged with: method, backbone, preset, data."""
+    return {
+        "method": cfg.method,
+        "backbone": cfg.backbone,
+        "preset": cfg.preset,
+        "tokens_hash": tokens.content_hash,
+        "corruption_hash": corruption.content_hash if corruption else "none",
+    }
+
+
 def job_tags(
     cfg: TrainConfig,
     tokens: DatasetRef,
@@ -168,12 +179,8 @@ def job_tags(
 ) -> dict[str, str]:
     """The tags of the job's MLflow run (method, backbone, preset, data hashes, commit, folder, worker, flow run)."""
     tags = {
-        "method": cfg.method,
-        "backbone": cfg.backbone,
-        "preset": cfg.preset,
+        **_model_tags(cfg, tokens, corruption),
         "dataset": cfg.dataset,
-        "tokens_hash": tokens.content_hash,
-        "corruption_hash": corruption.content_hash if corruption else "none",
         "git_commit": git_commit(),
         "run_dir": str(run_dir.path),
     }
@@ -239,10 +246,8 @@ def fit_job(
             log_run_results(
                 run.info.run_id, tags={BACKBONE_TAG: backbone_tag(backbone), **score_tags({}, backbone["metrics"])}
             )
-        set_description(
-            run.info.run_id,
-            start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg), before=backbone),
-        )
+        description = start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg), before=backbone)
+        set_description(run.info.run_id, description)
         log_dataset_inputs(
             run.info.run_id,
             [
@@ -293,13 +298,7 @@ def fit_job(
         finally:
             metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
         if cfg.uses_corruption:  # the RTD mechanism probe of every evaluation, in the description while untested
-            set_description(
-                run.info.run_id,
-                with_rtd_probe(
-                    start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg), before=backbone),
-                    run.info.run_id,
-                ),
-            )
+            set_description(run.info.run_id, with_rtd_probe(description, run.info.run_id))
         log_run_results(  # at the last step: a line on the Model metrics tab, not a one-bar chart
             run.info.run_id,
             metrics={"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s},
@@ -371,54 +370,39 @@ def evaluate_test(
         )
         if backbone:
             log_run_results(fitted.run_id, metrics=page_metrics(backbone["metrics"]), step=0)
-        chart = _log_chart(cfg, fitted.run_id, metrics, backbone)
-        set_description(fitted.run_id, with_rtd_probe(_description(cfg, metrics, backbone, chart), fitted.run_id))
+        _describe(cfg, fitted.run_id, metrics, backbone)
     return metrics
 
 
-def _published_sts(cfg: TrainConfig):
-    from cse.config import published
-
-    return published.reference_row(
-        published.STS, cfg.method, cfg.backbone, published.setting_of(cfg.method, cfg.preset, cfg.supervised)
-    )
-
-
-def _log_chart(cfg: TrainConfig, run_id: str, metrics: dict[str, float], backbone: dict[str, Any] | None) -> str | None:
+def _describe(cfg: TrainConfig, run_id: str, metrics: dict[str, float], backbone: dict[str, Any] | None) -> None:
     """The run's STS chart (this run, the backbone before training, the paper's row; `STS_CHART`), logged as an
-    artifact; returns the markdown that shows it in the description."""
+    artifact, and its description after the test evaluation: the STS table beside the backbone before training and
+    the published row, and the chart."""
+    from cse.config import published
     from cse.evaluation.plots import sts_scores_plot  # lazy: see LAZY
 
     rows = {"this run": metrics}
     if backbone:
         rows[backbone_row_label(backbone.get("pooler"))] = backbone["metrics"]
-    if (ref := _published_sts(cfg)) is not None:
+    setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
+    if (ref := published.reference_row(published.STS, cfg.method, cfg.backbone, setting)) is not None:
         rows[ref.label] = ref.row
     with tempfile.TemporaryDirectory(prefix="cse-chart-") as tmp:
         folder, name = Path(tmp) / Path(STS_CHART).parent, Path(STS_CHART).name
         folder.mkdir()
         sts_scores_plot(rows, folder / name, title=f"{run_name(cfg)}: STS test (Spearman ×100)")
         log_run_results(run_id, folders={str(Path(STS_CHART).parent): folder})
-    return artifact_image(run_id, STS_CHART, "STS test: this run, the backbone before training, the paper")
-
-
-def _description(
-    cfg: TrainConfig, metrics: dict[str, float], backbone: dict[str, Any] | None = None, chart: str | None = None
-) -> str:
-    """The job's MLflow run description after its test evaluation: the STS table beside the backbone before training
-    and the published row, and the chart."""
-    from cse.config.published import setting_of
-
-    return sts_description(
+    description = sts_description(
         metrics,
         method=cfg.method,
         preset=cfg.preset,
         backbone=cfg.backbone,
-        setting=setting_of(cfg.method, cfg.preset, cfg.supervised),
+        setting=setting,
         differences=preset_differences(cfg),
         before=backbone,
-        chart=chart,
+        chart=artifact_image(run_id, STS_CHART, "STS test: this run, the backbone before training, the paper"),
     )
+    set_description(run_id, with_rtd_probe(description, run_id))
 
 
 @task(
@@ -490,17 +474,10 @@ def export_model(
             folders={"checkpoint": run_dir.best},
             texts={"config.json": json.dumps(cfg.model_dump(), indent=2)},
         )
-        version_tags = {
-            "method": cfg.method,
-            "backbone": cfg.backbone,
-            "preset": cfg.preset,
-            "tokens_hash": tokens.content_hash,
-            "corruption_hash": corruption.content_hash if corruption else "none",
-        }
         logged = log_encoder_model(
             run_dir.best,
             registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
-            version_tags=version_tags,
+            version_tags=_model_tags(cfg, tokens, corruption),
         )
         st_export = export_portable_sentence_transformer(run_dir.best, run_dir.export)
         plog.info("sentence-transformers export: %s (%s)", st_export.kind, st_export.reason)

@@ -45,9 +45,7 @@ def run_key(
 ) -> str:
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
     config = keys.without_defaults(cfg.model_dump(exclude=set(LAUNCH_FIELDS)), KEY_NEUTRAL_JOB_DEFAULTS)
-    config["model"] = keys.without_defaults(
-        config["model"], KEY_NEUTRAL_MODEL_DEFAULTS
-    )  # (the rule of storage/keys.py)
+    config["model"] = keys.without_defaults(config["model"], KEY_NEUTRAL_MODEL_DEFAULTS)  # (storage/keys.py's rule)
     return keys.run_key(
         config,
         tokens.content_hash,
@@ -57,30 +55,15 @@ def run_key(
 
 
 def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
-    """The training precision: the configured one, or for `auto` bf16 on a CUDA device that supports it, else fp32.
-
-    Args:
-        cfg: the training configuration.
-        device: the device the job trains on.
-
-    Returns:
-        The precision name.
-    """
+    """The training precision: the configured one, or for `auto` bf16 on a CUDA `device` that supports it, else
+    fp32."""
     if cfg.precision != "auto":
         return cfg.precision
     return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
-    """Build the configured method's model on its backbone and move it to `device`.
-
-    Args:
-        cfg: the training configuration.
-        device: the device to place the model on.
-
-    Returns:
-        The model.
-    """
+    """The configured method's model on its backbone, on `device`."""
     from cse.config.methods import get_method
 
     return get_method(cfg.method).build_model(cfg.model, backbone_name=cfg.backbone).to(device)
@@ -235,9 +218,8 @@ def rtd_probe(
     trained = min(cfg.max_train_sentences or n, n)
     held_out = trained <= n - k
     where = (
-        f"the last {k} of {n:,} sentences ({column}), never trained on (the job trains on the first {trained:,})"
-        if held_out
-        else f"the last {k} of {n:,} sentences ({column}), also training rows (the job trains on the first {trained:,})"
+        f"the last {k} of {n:,} sentences ({column}), {'never trained on' if held_out else 'also training rows'} "
+        f"(the job trains on the first {trained:,})"
     )
     return RTDProbe(
         batch.input_ids[:, 0],
@@ -261,17 +243,8 @@ def transfer_evaluator(data_root):
 def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
     """The loop settings of a job."""
     speed = cfg.speed
-    switches = {
-        "cast_frozen_weights": speed.cast_frozen_weights,
-        "async_state": speed.async_state,
-        "state_interval_s": speed.state_interval_s,
-    }
-    if speed.fused_adamw is not None:
-        switches["fused_adamw"] = speed.fused_adamw
-    if speed.compile_mode:
-        switches["compile_mode"] = speed.compile_mode
-    if speed.compile is not None:  # (None: the loop decides, `Trainer.compiles`)
-        switches["compile"] = speed.compile
+    # unset (None, ""): the loop's default, its environment switch (compile: `Trainer.compiles` decides)
+    switches = {"fused_adamw": speed.fused_adamw, "compile_mode": speed.compile_mode or None, "compile": speed.compile}
     return LoopConfig(
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
@@ -285,7 +258,10 @@ def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
         precision=precision,
         deterministic=cfg.deterministic,
         grad_cache_chunk_size=cfg.grad_cache.chunk_size,
-        **switches,
+        cast_frozen_weights=speed.cast_frozen_weights,
+        async_state=speed.async_state,
+        state_interval_s=speed.state_interval_s,
+        **{k: v for k, v in switches.items() if v is not None},
     )
 
 
@@ -311,9 +287,8 @@ def fit(
     and logged at every evaluation when the model has a conditional discriminator."""
     from cse.models.checkpoint import save_checkpoint
 
-    set_seed(
-        cfg.seed
-    )  # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
+    # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
+    set_seed(cfg.seed)
     model = build_model(cfg, device)
     require_finite_weights(model, cfg.backbone)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -333,6 +308,7 @@ def fit(
 
     metric = "transfer_dev_avg" if cfg.selection == "transfer" else "stsb_dev"
     transfer_dev = None
+    settings = {"batch_size": cfg.eval_batch_size, "precision": cfg.eval_precision}
 
     def save_best(m, step, score):
         save_checkpoint(m, run_dir.best, extra_meta={"step": step, metric: score, "run_id": run_id})
@@ -341,15 +317,13 @@ def fit(
         nonlocal transfer_dev
         if probe is not None:  # the RTD mechanism probe, on its fixed batch (fp32, eval mode, no gradient)
             log_metrics(probe.run(m, device), trainer.step)
-        stsb = evaluator.run(m, mode="dev", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision).metrics()[
-            "stsb_dev"
-        ]
+        stsb = evaluator.run(m, mode="dev", **settings).metrics()["stsb_dev"]
         if cfg.selection != "transfer":
             return stsb
         # SimCSE's trainer with eval_transfer: SentEval fasttest settings, the mean devacc of the 7 tasks
         if transfer_dev is None:
             transfer_dev = transfer_evaluator(get_settings().data_root)[0]
-        res = transfer_dev.run(m, classifier="fasttest", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision)
+        res = transfer_dev.run(m, classifier="fasttest", **settings)
         log_metrics({"stsb_dev": stsb, **{f"{t}_dev": s.devacc for t, s in res.tasks.items()}}, trainer.step)
         return res.dev_score
 

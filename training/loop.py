@@ -38,6 +38,7 @@ metrics: meta tensors have no values.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -81,6 +82,11 @@ class NonFiniteLoss(FloatingPointError):
     step, the phase, which value and the step's other loss terms."""
 
 
+def batches_per_epoch(rows: int, batch_size: int) -> int:
+    """Batches of an epoch of `rows` rows (the last one may be short; at least one)."""
+    return max(1, math.ceil(rows / batch_size))
+
+
 @dataclass
 class Phase:
     """One training phase. `cycle`: run exactly `max_steps` steps, cycling the rows (DiffAug stage 1);
@@ -106,7 +112,7 @@ class Phase:
 
     @property
     def steps_per_epoch(self) -> int:
-        return max(1, math.ceil(len(self.rows) / self.batch_size))
+        return batches_per_epoch(len(self.rows), self.batch_size)
 
     @property
     def total_steps(self) -> int:
@@ -194,6 +200,7 @@ class _Window:
     wait: float = 0.0
 
 
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}  # LoopConfig.precision → autocast dtype
 # LoopConfig.sdpa_backend → torch.nn.attention.SDPBackend member.
 SDPA_BACKENDS = {
     "flash": lambda: SDPBackend.FLASH_ATTENTION,
@@ -381,9 +388,7 @@ class Trainer:
         hooks: list[TrainerHooks] | tuple[TrainerHooks, ...] = (),
     ):
         self.model, self.cfg, self.device = model, cfg, device
-        self.state = (
-            state if isinstance(state, ResumeState) else ResumeState(state)
-        )  # a bare folder: the same file names
+        self.state = state if isinstance(state, ResumeState) else ResumeState(state)
         self.save_best, self.evaluate_dev, self.log_metrics = save_best, evaluate_dev, log_metrics
         self.hooks = list(hooks)
         self.warn: Callable[[str], None] = log.warning  # says that a damaged resume state was set aside
@@ -412,10 +417,9 @@ class Trainer:
         # AdamW's fused kernels wherever torch has them; with them (and no fp16 GradScaler, which skips steps itself)
         # the non-finite check stays on the device (`NonFiniteGuard`), else every step reads its loss on the host.
         self.fused_adamw = cfg.fused_adamw if cfg.fused_adamw is not None else device.type in ("cuda", "cpu")
-        self.guard = NonFiniteGuard(device) if self.fused_adamw and not self.scaler.is_enabled() else None
-        if device.type == "meta":
-            self.guard = None
-        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        guarded = self.fused_adamw and not self.scaler.is_enabled() and device.type != "meta"
+        self.guard = NonFiniteGuard(device) if guarded else None
+        low = LOW_PRECISION.get(cfg.precision)
         cast = FrozenLinearCast(model, low) if low is not None and cfg.cast_frozen_weights else None
         self.frozen_cast = cast if cast is not None and len(cast) and device.type != "meta" else None
         self.writer = StateWriter(self.state, background=cfg.async_state)
@@ -496,15 +500,12 @@ class Trainer:
                 [(p.aux_batch_size, len(p.aux_rows))] if p.aux_rows is not None else []
             )
             for bs, n in sizes:
-                last = n - (max(1, math.ceil(n / bs)) - 1) * bs
+                last = n - (batches_per_epoch(n, bs) - 1) * bs
                 if min(bs, last) < self.world:
                     raise ValueError(
                         f"phase {p.name!r}: a batch of {min(bs, last)} rows ({n} rows, batch size {bs}) cannot "
                         f"be split over {self.world} ranks"
                     )
-
-    def _shard(self, batch):
-        return distributed.shard_batch(batch, self.rank, self.world)
 
     def _main_only(self, fn) -> None:
         """Run `fn` on rank 0 only (per-process losses, no collectives); the other ranks wait."""
@@ -532,16 +533,8 @@ class Trainer:
     def phase(self) -> Phase:
         return self.phases[self.phase_index]
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.phases[0].steps_per_epoch
-
     def _phase_of(self, step: int) -> int:
-        return (
-            max(i for i, off in enumerate(self.offsets) if step >= off)
-            if step < self.total_steps
-            else len(self.phases) - 1
-        )
+        return bisect.bisect_right(self.offsets, step) - 1  # (the last phase from its first step on)
 
     def enter_phase(self, index: int) -> None:
         """Enter phase `index` (no-op when it is the current one): fresh AdamW (β 0.9/0.999, ε 1e-8, no weight decay) over the model's parameter groups of phase `index` (a
@@ -688,17 +681,18 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def autocast(self):
         """The autocast context of `LoopConfig.precision` (bf16/fp16; none for fp32)."""
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
-        if dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
+        dtype = LOW_PRECISION.get(self.cfg.precision)
+        return nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
+
+    def sdpa_context(self):
+        """The `LoopConfig.sdpa_backend` kernel for every attention call ("": PyTorch's choice)."""
+        return sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()) if self.cfg.sdpa_backend else nullcontext()
 
     def precision_context(self):
-        """What the forward of a training step runs under: `autocast()` and the `LoopConfig.sdpa_backend` kernel."""
+        """What the forward of a training step runs under: `autocast()` and `sdpa_context()`."""
         stack = contextlib.ExitStack()
         stack.enter_context(self.autocast())
-        if self.cfg.sdpa_backend:
-            stack.enter_context(sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()))
+        stack.enter_context(self.sdpa_context())
         return stack
 
     def train_step(self, batch: TrainBatch) -> StepMetrics:
@@ -735,7 +729,7 @@ class Trainer:
             self._require_finite("loss", out.loss, out.metrics)
         self.optimizer.zero_grad(set_to_none=True)
         # (the SDPA kernel choice also holds in the backward, where grad_cache re-runs its chunks)
-        with sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()) if self.cfg.sdpa_backend else nullcontext():
+        with self.sdpa_context():
             self.scaler.scale(out.loss).backward()
         if self.world > 1:  # Σ over ranks = the gradient of the global batch (models/distributed.py)
             distributed.all_reduce_gradients(self.params)
@@ -751,11 +745,10 @@ class Trainer:
                 for v in (out.loss, *out.metrics.values(), grad_norm)
             ]
         )  # (a new tensor: a CUDA graph's outputs are overwritten by its next replay)
+        # (fp16's scaler skips a step with inf gradients and lowers its scale itself)
         if self.guard is not None:
             self.guard.observe(self.step + 1, names, values)
-        elif (
-            not self.scaler.is_enabled()
-        ):  # (fp16's scaler skips a step with inf gradients and lowers its scale itself)
+        elif not self.scaler.is_enabled():
             self._require_finite("gradient norm", grad_norm, {"loss": out.loss, **out.metrics})
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -813,19 +806,18 @@ class Trainer:
             self._orders[key] = epoch_order(n, seed, epoch)
         return self._orders[key]
 
-    def phase_batch(self, phase: Phase, phase_step: int, phase_index: int | None = None):
+    def _rows_batch(self, rows: TrainingRows, batch_size: int, seed: int, phase_step: int):
+        """(the batch of `rows` at in-phase step `phase_step`, its epoch, its index in the epoch)."""
+        epoch, b = divmod(phase_step, batches_per_epoch(len(rows), batch_size))
+        idx = self._order(len(rows), seed, epoch)[b * batch_size : (b + 1) * batch_size]
+        return rows.batch(idx, epoch), epoch, b
+
+    def phase_batch(self, phase: Phase, phase_step: int, phase_index: int):
         """The batch of in-phase step `phase_step`: a pure function of (seed, phase, step), so resume sees the same."""
-        epoch, b = divmod(phase_step, phase.steps_per_epoch)
-        seed = self.cfg.seed + 7919 * (self.phase_index if phase_index is None else phase_index)
-        idx = self._order(len(phase.rows), seed, epoch)[b * phase.batch_size : (b + 1) * phase.batch_size]
-        batch = phase.rows.batch(idx, epoch)
+        seed = self.cfg.seed + 7919 * phase_index
+        batch, epoch, b = self._rows_batch(phase.rows, phase.batch_size, seed, phase_step)
         if phase.aux_rows is not None:
-            aux_spe = max(1, math.ceil(len(phase.aux_rows) / phase.aux_batch_size))
-            ae, ab = divmod(phase_step, aux_spe)
-            aux_idx = self._order(len(phase.aux_rows), seed + 1, ae)[
-                ab * phase.aux_batch_size : (ab + 1) * phase.aux_batch_size
-            ]
-            batch.aux = phase.aux_rows.batch(aux_idx, ae)
+            batch.aux = self._rows_batch(phase.aux_rows, phase.aux_batch_size, seed + 1, phase_step)[0]
         return batch, epoch, b
 
     def batch_at(self, step: int):
@@ -838,14 +830,13 @@ class Trainer:
         check = getattr(self.model, "check_batch", None)
         if check is not None:  # the values are checked here, on the host, never inside the step
             check(batch)
-        batch = self._shard(batch)
+        batch = distributed.shard_batch(batch, self.rank, self.world)
         if self.prefetch and self.device.type == "cuda":
             batch = batch.pin_memory()
         return batch, epoch, b, n_sentences, n_tokens
 
-    selection_metric = (
-        "stsb_dev"  # what `evaluate_dev` returns (training/job.py: transfer_dev_avg with selection transfer)
-    )
+    # what `evaluate_dev` returns (training/job.py: transfer_dev_avg with selection transfer)
+    selection_metric = "stsb_dev"
 
     def _maybe_evaluate(self) -> None:
         self.check_finite()  # (never evaluate, select or save the weights of a run that already failed)
@@ -963,15 +954,11 @@ class Trainer:
             for h in self.hooks:
                 h.on_step_end(self, batch, metrics)
         bar.close()
-        if (
-            self.best_score is None and self.world == 1
-        ):  # a run shorter than eval_steps still yields a selected checkpoint
-            self._maybe_evaluate()
+        if self.rank == 0 and self.best_score is None:  # a run shorter than eval_steps still selects a checkpoint
+            self._main_only(self._maybe_evaluate)
+        else:
+            distributed.barrier()
         if self.world > 1:
-            if self.rank == 0 and self.best_score is None:
-                self._main_only(self._maybe_evaluate)
-            else:
-                distributed.barrier()
             self.best_score, self.best_step = distributed.broadcast_object((self.best_score, self.best_step))
         seconds = time.perf_counter() - t0
         return LoopResult(self.step, self.best_score, self.best_step, resumed, seconds, sentences / max(seconds, 1e-9))

@@ -27,7 +27,6 @@ import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,19 +74,6 @@ class _HashingFile(io.RawIOBase):
         return self.f.write(view)
 
 
-def _write_bytes(path: Path, data: bytes) -> dict[str, Any]:
-    with open(path, "wb") as f:
-        f.write(data)
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _write_torch(path: Path, obj: Any) -> dict[str, Any]:
-    with open(path, "wb") as f:
-        sink = _HashingFile(f)
-        torch.save(obj, sink)
-    return {"size": sink.size, "sha256": sink.sha.hexdigest()}
-
-
 def write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
     """Write `snapshot` as the resume state `state` (atomically; file sizes and hashes recorded in its progress file).
 
@@ -97,9 +83,14 @@ def write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
     """
     with atomic_dir(state.folder) as tmp:
         files = state.within(tmp)
+        tensors = safetensors_bytes(snapshot.tensors)
+        files.trainable.write_bytes(tensors)
+        with open(files.optimizer, "wb") as f:
+            sink = _HashingFile(f)
+            torch.save(snapshot.payload, sink)
         records = {
-            files.trainable.name: _write_bytes(files.trainable, safetensors_bytes(snapshot.tensors)),
-            files.optimizer.name: _write_torch(files.optimizer, snapshot.payload),
+            files.trainable.name: {"size": len(tensors), "sha256": hashlib.sha256(tensors).hexdigest()},
+            files.optimizer.name: {"size": sink.size, "sha256": sink.sha.hexdigest()},
         }
         files.progress.write_text(json.dumps({"files": records, **snapshot.progress}, indent=2))
 

@@ -19,7 +19,7 @@ from cse.storage import schemas
 from cse.storage.catalog import query
 from cse.storage.datasets import read_dataset, write_dataset
 from cse.storage.layout import DataRoot
-from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption, shard_path
+from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 from cse.tracking.store import configure_mlflow
 
 SENTENCES = 300
@@ -31,15 +31,27 @@ def wiki_ids(tokenizer, shared_data) -> list[list[int]]:
     return tokenizer(lines, truncation=True, max_length=32)["input_ids"]
 
 
-def _tokens_part(ids: list[list[int]], start: int) -> pa.Table:
-    return pa.table(
-        {
+def write_tokens(root: DataRoot, key: str, tokenizer, *parts: list[list[int]]) -> str:
+    """A tokens dataset of the packaged MiniLM as the tokenisation stage writes it: a part of rows per `parts` (their
+    ids), the rows numbered in order. Returns `key`."""
+    tables, start = [], 0
+    for ids in parts:
+        table = {
             "id": np.arange(start, start + len(ids), dtype=np.int64),
             "column": ["text"] * len(ids),
             "input_ids": pa.array(ids, pa.list_(pa.int32())),
             "length": pa.array([len(x) for x in ids], pa.int16()),
         }
-    )
+        tables.append(pa.table(table))
+        start += len(ids)
+    params = {
+        "tokenizer": "packaged:minilm",
+        "max_length": 32,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "vocab_fingerprint": vocab_fingerprint(tokenizer),
+    }
+    write_dataset(root, "tokens", key, tables, schemas.TOKENS, params=params)
+    return key
 
 
 @pytest.fixture
@@ -50,21 +62,7 @@ def root() -> DataRoot:
 @pytest.fixture
 def tokens_key(root, tokenizer, wiki_ids) -> str:
     """A tokens dataset as the tokenisation stage writes it, in two parts of uneven size."""
-    key = "tokens-test"
-    write_dataset(
-        root,
-        "tokens",
-        key,
-        [_tokens_part(wiki_ids[:170], 0), _tokens_part(wiki_ids[170:], 170)],
-        schemas.TOKENS,
-        params={
-            "tokenizer": "packaged:minilm",
-            "max_length": 32,
-            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-            "vocab_fingerprint": vocab_fingerprint(tokenizer),
-        },
-    )
-    return key
+    return write_tokens(root, "tokens-test", tokenizer, wiki_ids[:170], wiki_ids[170:])
 
 
 @pytest.fixture
@@ -86,14 +84,14 @@ def test_shards_are_byte_identical_for_a_seed_whatever_the_schedule(root, tokens
     plan = plan_corruption.fn(tokens_key, config)
     assert plan.n_shards == 5 and not plan.cached
     corrupt_shard.fn(plan, 3)  # alone, first
-    alone = shard_path(root, plan.key, 3).read_bytes()
-    shard_path(root, plan.key, 3).unlink()
+    alone = plan.shard_path(3).read_bytes()
+    plan.shard_path(3).unlink()
     _compute_shards(tokens_key, config, order=[4, 0, 1, 2, 3])
-    assert shard_path(root, plan.key, 3).read_bytes() == alone
+    assert plan.shard_path(3).read_bytes() == alone
 
     other_plan, _ = _compute_shards(tokens_key, config.model_copy(update={"seed": 7}), order=[3])
     assert other_plan.key != plan.key
-    a, b = (pq.read_table(shard_path(root, k, 3)) for k in (plan.key, other_plan.key))
+    a, b = (pq.read_table(p.shard_path(3)) for p in (plan, other_plan))
     assert a.column("input_ids").equals(b.column("input_ids"))
     assert not a.column("corrupted_ids").equals(b.column("corrupted_ids"))
 
@@ -126,8 +124,8 @@ def test_published_rows_follow_the_input_and_labels_mark_replacements(root, toke
 
 def test_only_the_missing_shard_is_recomputed(prefect_harness, root, tokens_key, config):
     plan, _ = _compute_shards(tokens_key, config)  # a run that died before publishing
-    mtimes = {i: shard_path(root, plan.key, i).stat().st_mtime_ns for i in range(plan.n_shards)}
-    shard_path(root, plan.key, 2).unlink()
+    mtimes = {i: plan.shard_path(i).stat().st_mtime_ns for i in range(plan.n_shards)}
+    plan.shard_path(2).unlink()
 
     ref = corrupt(tokens_key, config)
     assert ref.key == plan.key and not ref.cache_hit

@@ -7,7 +7,6 @@ import json
 
 import mlflow
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from transformers import AutoModelForMaskedLM
@@ -16,10 +15,8 @@ import cse.models.generator_cache as generator_cache
 import cse.tasks.fit_generator as fit_tasks
 from cse.config.settings import get_settings
 from cse.config.stages import CorruptConfig, GeneratorConfig
-from cse.models.loading import tokenizer_fingerprint, vocab_fingerprint
-from cse.storage import schemas
 from cse.storage.catalog import query
-from cse.storage.datasets import read_dataset, write_dataset
+from cse.storage.datasets import read_dataset
 from cse.storage.generators import HELDOUT_FILE
 from cse.storage.keys import CORRUPTION_SETTINGS, corruption_key
 from cse.storage.layout import DataRoot
@@ -27,6 +24,7 @@ from cse.storage.manifest import Manifest
 from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 from cse.tasks.fit_generator import fit_generator
 from cse.tracking.store import configure_mlflow
+from tests.tasks.test_corrupt import write_tokens
 
 # Two sentence types of 10 word pieces: type k puts token BASE + 20 k + i at position i. Position and the unmasked
 # neighbours (the type) determine every token; the most frequent token covers 1/20 of them.
@@ -41,28 +39,7 @@ def root() -> DataRoot:
 @pytest.fixture
 def toy_tokens(root, tokenizer) -> str:
     ids = [[101, *(BASE + 20 * (s % 2) + i for i in range(LENGTH)), 102] for s in range(SENTENCES)]
-    part = pa.table(
-        {
-            "id": np.arange(SENTENCES, dtype=np.int64),
-            "column": ["text"] * SENTENCES,
-            "input_ids": pa.array(ids, pa.list_(pa.int32())),
-            "length": pa.array([len(x) for x in ids], pa.int16()),
-        }
-    )
-    write_dataset(
-        root,
-        "tokens",
-        "toy-tokens",
-        [part],
-        schemas.TOKENS,
-        params={
-            "tokenizer": "packaged:minilm",
-            "max_length": 32,
-            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-            "vocab_fingerprint": vocab_fingerprint(tokenizer),
-        },
-    )
-    return "toy-tokens"
+    return write_tokens(root, "toy-tokens", tokenizer, ids)
 
 
 @pytest.fixture

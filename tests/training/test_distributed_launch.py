@@ -20,17 +20,8 @@ REF = DatasetRef(kind="tokens", key="k", path="p", rows=1, content_hash="h")
 
 def test_single_node_command_is_standalone_and_runs_the_worker_module():
     cmd = td.torchrun_command(TrainConfig(nproc_per_node=2), Path("/runs/x/job.json"), "x", worker_module="pkg.worker")
-    assert cmd == [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
-        "-m",
-        "pkg.worker",
-        "/runs/x/job.json",
-    ]
+    args = "-m torch.distributed.run --nproc-per-node 2 --standalone -m pkg.worker /runs/x/job.json"
+    assert cmd == [sys.executable, *args.split()]
 
 
 def test_multi_node_command_uses_the_rendezvous_endpoint(monkeypatch):
@@ -41,21 +32,8 @@ def test_multi_node_command_uses_the_rendezvous_endpoint(monkeypatch):
     monkeypatch.setenv("CSE_RDZV_ENDPOINT", "node0:29400")
     cmd = td.torchrun_command(two, Path("job.json"), "key", worker_module="pkg.worker")
     assert "--standalone" not in cmd
-    assert cmd[3:] == [
-        "--nproc-per-node",
-        "2",
-        "--nnodes",
-        "3",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        "node0:29400",
-        "--rdzv-id",
-        "key",
-        "-m",
-        "pkg.worker",
-        "job.json",
-    ]
+    rendezvous = "--rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id key"
+    assert cmd[3:] == f"--nproc-per-node 2 --nnodes 3 {rendezvous} -m pkg.worker job.json".split()
 
 
 def _job(tmp_path, stop_after=None) -> td.DistributedJob:

@@ -10,7 +10,7 @@ from cse.models.checkpoint import trainable_state_dict
 from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.loop import LoopConfig, StopAfter, Trainer, TrainingInterrupted
-from cse.training.rows import TrainingRows, epoch_order
+from cse.training.rows import TrainingRows
 from tests.loops import loop_config
 
 
@@ -88,12 +88,6 @@ def _trainer(model, rows, tmp_path, rec, stop_after=None, **kw):
         rec.log,
         hooks=[StopAfter(stop_after)] if stop_after is not None else [],
     )
-
-
-def test_epoch_order_is_a_function_of_seed_and_epoch():
-    assert np.array_equal(epoch_order(50, 3, 1), epoch_order(50, 3, 1))
-    assert not np.array_equal(epoch_order(50, 3, 0), epoch_order(50, 3, 1))
-    assert sorted(epoch_order(50, 3, 0)) == list(range(50))
 
 
 def test_views_read_their_own_corruption_variant(rows):

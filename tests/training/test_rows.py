@@ -139,10 +139,8 @@ def _materialised(root, columns, limit=None) -> tuple[TokenRows, CorruptionRows]
     corrupted, labels = {}, {}
     for c in columns:
         for v in range(variants):
-            part = cor.filter(pc.and_(pc.equal(cor.column("column"), c), pc.equal(cor.column("variant"), v))).sort_by(
-                "id"
-            )
-            part = part.slice(0, len(ids))
+            of_cv = pc.and_(pc.equal(cor.column("column"), c), pc.equal(cor.column("variant"), v))
+            part = cor.filter(of_cv).sort_by("id").slice(0, len(ids))
             corrupted[(c, v)], labels[(c, v)] = lists(part.column("corrupted_ids")), lists(part.column("labels"))
     return TokenRows(ids=ids, seqs=seqs), CorruptionRows(variants, corrupted, labels)
 

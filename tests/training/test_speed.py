@@ -110,8 +110,13 @@ def test_the_whole_step_compiles_as_one_graph_equal_to_eager(name, tok):
     compiled = torch.compile(twin.training_step, fullgraph=True, backend=counter)
     got_loss, got_grads = _step(twin, compiled, batch, phase, step=torch.tensor(3))  # (the trainer's step tensor)
     assert counter.frame_count == 1  # one graph, and fullgraph=True made any break an error
-    assert_close_scaled(got_loss, loss, terms=BATCH * LENGTH)
     assert got_grads.keys() == grads.keys() and grads
+    _assert_close(got_loss, got_grads, loss, grads)
+
+
+def _assert_close(got_loss, got_grads, loss, grads) -> None:
+    """The loss, and every gradient on the scale of the largest, equal within float tolerance."""
+    assert_close_scaled(got_loss, loss, terms=BATCH * LENGTH)
     scale = max(float(g.abs().max()) for g in grads.values())
     for n, g in grads.items():
         assert_close_scaled(got_grads[n], g, terms=BATCH * LENGTH, scale=scale, msg=n)
@@ -131,11 +136,7 @@ def test_padding_to_max_length_gives_the_loss_and_gradients_of_padding_to_the_lo
     assert short.input_ids.shape[-1] == 9 and wide.input_ids.shape[-1] == LENGTH
     twin = copy.deepcopy(model)
     loss, grads = _step(model, model.training_step, short, phase)
-    got_loss, got_grads = _step(twin, twin.training_step, wide, phase)
-    assert_close_scaled(got_loss, loss, terms=BATCH * LENGTH)
-    scale = max(float(g.abs().max()) for g in grads.values())
-    for n, g in grads.items():
-        assert_close_scaled(got_grads[n], g, terms=BATCH * LENGTH, scale=scale, msg=n)
+    _assert_close(*_step(twin, twin.training_step, wide, phase), loss, grads)
 
 
 def _shorten(batch):
@@ -323,13 +324,8 @@ def test_the_step_is_compiled_by_default_on_a_gpu_for_runs_long_enough_to_repay_
 
     def decides(device="cuda", steps=COMPILE_MIN_STEPS, world=1, chunk=None, compile=None) -> bool:
         t = object.__new__(Trainer)
-        t.cfg, t.device, t.world, t.total_steps = (
-            _loop(compile=compile, grad_cache_chunk_size=chunk),
-            device,
-            world,
-            steps,
-        )
-        t.device = torch.device(device)
+        t.cfg, t.device = _loop(compile=compile, grad_cache_chunk_size=chunk), torch.device(device)
+        t.world, t.total_steps = world, steps
         return t.compiles()
 
     assert decides()
