@@ -216,9 +216,6 @@ class CardFacts(BaseModel):
     tokens_hash: str | None = None
     corruption_hash: str | None = None
     nli_tokens_hash: str | None = None
-    data_sources: dict[str, str] = Field(
-        default_factory=dict, description="training data: name → file name, HF datasets or URL (no local folders)"
-    )
     data_origin: list[DataOrigin] = Field(
         default_factory=list, description="each training dataset's real origin, rows and whether it is a sample"
     )
@@ -287,7 +284,9 @@ class CardFacts(BaseModel):
             pooler = meta.get("pooler")
             if trainable_parameters is None and isinstance(meta.get("trainable_parameters"), int):
                 trainable_parameters = meta["trainable_parameters"]
-        sources = _training_sources(cfg)
+        sources = {"nli": cfg.ingest.nli} if cfg.supervised else {"wiki1m": cfg.ingest.wiki}
+        if cfg.needs_nli:  # DiffAug's prefix phase or auxiliary batches
+            sources["nli"] = cfg.ingest.nli
         refs: dict[str, Any] = {"nli": nli_tokens}
         refs["nli" if cfg.supervised else "wiki1m"] = tokens  # the training tokens; NLI tokens of a prefix phase else
         origins = _data_origins(sources, refs)
@@ -305,7 +304,6 @@ class CardFacts(BaseModel):
             tokens_hash=_hash(tokens),
             corruption_hash=_hash(corruption),
             nli_tokens_hash=_hash(nli_tokens),
-            data_sources={o.dataset: o.source for o in origins},
             data_origin=origins,
             datasets=_hub_datasets(origins),
             git_commit=git_commit,
@@ -465,7 +463,6 @@ def _context(facts: CardFacts) -> dict[str, Any]:
         "uses_corruption": uses_corruption,
         "corrupt": (config.get("corrupt") or {}) if uses_corruption else {},
         "rows_used": next((o.rows for o in facts.data_origin if o.dataset == facts.dataset), None),
-        "sources": "; ".join(f"{k}: {v}" for k, v in facts.data_sources.items()),
         "adapter": _adapter_context(facts),
         "no_prompts": spec.title if spec is not None and not spec.exports_peft_adapter else None,
         "model_uri": facts.model_uri,
@@ -582,15 +579,6 @@ def _hub_model_id(backbone: str) -> str | None:
     if ":" in backbone or backbone.startswith((".", "/", "~")) or Path(backbone).exists():
         return None
     return backbone if re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", backbone) else None
-
-
-def _training_sources(cfg: TrainConfig) -> dict[str, Any]:
-    """The ingestion source of each training dataset of the job (Wiki1M or NLI, plus NLI for DiffAug's prefix phase
-    or auxiliary batches)."""
-    names = ["nli"] if cfg.supervised else ["wiki1m"]
-    if cfg.needs_nli and "nli" not in names:
-        names.append("nli")
-    return {n: {"wiki1m": cfg.ingest.wiki, "nli": cfg.ingest.nli}[n] for n in names}
 
 
 def _describe_source(src: Any) -> str:

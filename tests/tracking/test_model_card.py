@@ -207,14 +207,13 @@ def test_training_data_sources_and_their_hub_ids(tmp_path):
         "default", method="d2cse", overrides={"ingest": {"wiki": {"hf": "hf:someone/wiki-sentences@train"}}}
     )
     facts = CardFacts.from_training(hf, {})
-    assert facts.datasets == ["someone/wiki-sentences"] and facts.data_sources == {
-        "wiki1m": "hf:someone/wiki-sentences@train"
-    }
+    assert facts.datasets == ["someone/wiki-sentences"]
+    assert [(o.dataset, o.source) for o in facts.data_origin] == [("wiki1m", "hf:someone/wiki-sentences@train")]
     local = resolve_train_config(
         "sup", method="d2cse", overrides={"ingest": {"nli": {"path": str(tmp_path / "nli.csv")}}}
     )
     facts = CardFacts.from_training(local, {})
-    assert facts.datasets == [] and facts.data_sources == {"nli": "nli.csv"}  # a local file by its name only
+    assert facts.datasets == [] and [(o.dataset, o.source) for o in facts.data_origin] == [("nli", "nli.csv")]
     card = model_card(facts)
     assert "datasets" not in _front_matter(card) and "| nli | `nli.csv` | configured;" in card
     assert str(tmp_path) not in card
