@@ -44,11 +44,6 @@ from cse.tracking.store import MAX_PARAM_LEN, configure_mlflow
 log = logging.getLogger(__name__)
 
 DELAYED_TAG = "metrics_delayed"  # on the run: how many metric values reached it late (after an outage)
-_STEP_RETRIES_ENV, _STEP_TIMEOUT_ENV, _RETRY_SECONDS_ENV = (
-    "CSE_MLFLOW_STEP_RETRIES",
-    "CSE_MLFLOW_STEP_TIMEOUT",
-    "CSE_MLFLOW_RETRY_SECONDS",
-)
 _FAIL_FAST_LOCK = threading.Lock()
 
 
@@ -68,10 +63,10 @@ def fail_fast_http() -> Iterator[None]:
     falls inside the block gets the same short settings. (MLflow's defaults, 7 retries with exponential backoff
     and a 120 s timeout, would stall a training step for minutes while the server is down.)"""
     values = {
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(_env_number(_STEP_RETRIES_ENV, 1)),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(_env_number("CSE_MLFLOW_STEP_RETRIES", 1)),
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
         "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_env_number(_STEP_TIMEOUT_ENV, 5)),
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_env_number("CSE_MLFLOW_STEP_TIMEOUT", 5)),
     }
     with _FAIL_FAST_LOCK:
         saved = {name: os.environ.get(name) for name in values}
@@ -174,7 +169,9 @@ class ResilientMetricLogger:
         client: mlflow.MlflowClient | None = None,
     ):
         self.run_id, self.run_dir = run_id, run_dir
-        self.retry_seconds = _env_number(_RETRY_SECONDS_ENV, 30, float) if retry_seconds is None else retry_seconds
+        self.retry_seconds = (
+            _env_number("CSE_MLFLOW_RETRY_SECONDS", 30, float) if retry_seconds is None else retry_seconds
+        )
         self.log = logger or log
         self.client = client or mlflow.MlflowClient()
         self._failed_at: float | None = None  # monotonic time of the last failed attempt of the current outage
