@@ -118,10 +118,6 @@ def is_unreachable(exc: BaseException) -> bool:
     return False
 
 
-def _metric_entry(key: str, value: float, timestamp: int, step: int) -> dict[str, Any]:
-    return {"key": key, "value": float(value), "timestamp": int(timestamp), "step": int(step)}
-
-
 def _record_chunk_length(records: list[SpoolRecord]) -> int:
     """How many leading records fit one log_batch request (MLflow's per-request limits; no param key twice)."""
     n_metrics, keys = 0, set()
@@ -196,7 +192,8 @@ class ResilientMetricLogger:
         fresh = {k: v for k, v in metrics.items() if step > self._logged_through.get(k, -1)}
         if fresh:
             now = int(time.time() * 1000)
-            self._log({"metrics": [_metric_entry(k, v, now, step) for k, v in fresh.items()], "params": {}})
+            entries = [{"key": k, "value": float(v), "timestamp": now, "step": int(step)} for k, v in fresh.items()]
+            self._log({"metrics": entries, "params": {}})
 
     def _steps_logged(self) -> dict[str, int]:
         """The last step of each metric the run holds: in MLflow (its history) and waiting in the spool. A fresh run
@@ -248,10 +245,6 @@ class ResilientMetricLogger:
         params = [Param(k, v) for r in records for k, v in r.get("params", {}).items()]
         self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
 
-    def _delayed_so_far(self) -> int:
-        """The run's `metrics_delayed` tag (0 when absent)."""
-        return int(self.client.get_run(self.run_id).data.tags.get(DELAYED_TAG, "0"))
-
     def deliver_pending(self) -> BaseException | None:
         """Send the spool's batches in order (as few requests as MLflow's limits allow), removing each delivered
         chunk from the file. Returns None when the spool is empty afterwards, else the error that says the server is
@@ -261,8 +254,8 @@ class ResilientMetricLogger:
         delayed = 0
         try:
             with fail_fast_http():
-                if records:
-                    delayed = self._delayed_so_far()
+                if records:  # the run's `metrics_delayed` so far (0 when absent)
+                    delayed = int(self.client.get_run(self.run_id).data.tags.get(DELAYED_TAG, "0"))
                 while records:
                     n = _record_chunk_length(records)
                     delayed += metric_count(records[:n])
