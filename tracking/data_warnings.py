@@ -9,16 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 DATA_WARNING_TAG = "cse.data_warning"
-# MLflow keeps tag values up to 8,000 characters
-_MAX_CHARS = 8000
+_MAX_CHARS = 8000  # MLflow keeps tag values up to 8,000 characters
 
 
 def data_warning_tags(warnings: Sequence[str]) -> dict[str, str]:
-    """The MLflow tags that carry `warnings` (joined by newlines); none when there is no warning.
-
-    Args:
-        warnings: the preflight's warnings, one sentence each.
-    """
+    """The MLflow tags that carry `warnings` (the preflight's, one sentence each, joined by newlines); none when there
+    is no warning."""
     if not warnings:
         return {}
     text = "\n".join(warnings)

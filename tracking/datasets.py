@@ -91,12 +91,26 @@ def mlflow_schema(schema: pa.Schema) -> Schema:
     return Schema([ColSpec(_mlflow_type(f.type, f.name), f.name, required=not f.nullable) for f in schema])
 
 
-def _schema_json(schema: Schema | None) -> str | None:
-    return json.dumps({"mlflow_colspec": schema.to_dict()}) if schema is not None else None
-
-
 # ------------------------------------------------------------------------------------------------ datasets
-class ParquetDataset(Dataset):
+class _ArrowDataset(Dataset):
+    """A dataset whose columns are an Arrow schema (`arrow_schema`, None: unknown) and whose digest is always given."""
+
+    arrow_schema: pa.Schema | None
+
+    @property
+    def schema(self) -> Schema | None:
+        return mlflow_schema(self.arrow_schema) if self.arrow_schema is not None else None
+
+    def to_dict(self) -> dict[str, str]:
+        schema = self.schema
+        return {
+            **super().to_dict(),
+            "schema": json.dumps({"mlflow_colspec": schema.to_dict()}) if schema is not None else None,
+            "profile": json.dumps(self.profile, default=str),
+        }
+
+
+class ParquetDataset(_ArrowDataset):
     """A published dataset of the data root, as MLflow logs it (see the module docstring)."""
 
     def __init__(self, folder: str | Path, manifest: Manifest, schema: pa.Schema | None = None):
@@ -129,13 +143,6 @@ class ParquetDataset(Dataset):
         except (OSError, pa.ArrowException):
             return None
 
-    def _compute_digest(self) -> str:  # (a digest is always given)
-        return digest_of(self.manifest.content_hash)
-
-    @property
-    def schema(self) -> Schema | None:
-        return mlflow_schema(self.arrow_schema) if self.arrow_schema is not None else None
-
     @property
     def profile(self) -> dict[str, Any]:
         m = self.manifest
@@ -149,11 +156,8 @@ class ParquetDataset(Dataset):
             "created": m.created,
         }
 
-    def to_dict(self) -> dict[str, str]:
-        return {**super().to_dict(), "schema": _schema_json(self.schema), "profile": json.dumps(self.profile)}
 
-
-class SourceDataset(Dataset):
+class SourceDataset(_ArrowDataset):
     """A raw input read as it came: a source file or folder (or the URL it was downloaded from) and its sha256."""
 
     def __init__(
@@ -177,23 +181,9 @@ class SourceDataset(Dataset):
             return HTTPDatasetSource(location)
         return LocalArtifactDatasetSource(str(Path(path if path is not None else location).expanduser().resolve()))
 
-    def _compute_digest(self) -> str:  # (a digest is always given)
-        return digest_of(self.sha256)
-
-    @property
-    def schema(self) -> Schema | None:
-        return mlflow_schema(self.arrow_schema) if self.arrow_schema is not None else None
-
     @property
     def profile(self) -> dict[str, Any]:
         return {**({"num_rows": self.rows} if self.rows is not None else {}), "sha256": self.sha256, **self.details}
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            **super().to_dict(),
-            "schema": _schema_json(self.schema),
-            "profile": json.dumps(self.profile, default=str),
-        }
 
 
 def _hf_dataset(kind: str, rows: Any) -> SourceDataset:

@@ -21,15 +21,11 @@ FAILED_STAGE_TAG = "cse.failed_stage"
 
 @contextmanager
 def job_stage(run_id: str, stage: str) -> Iterator[str]:
-    """Run the block with the training job's MLflow run `run_id` active again; yields `run_id`.
-
-    Args:
-        run_id: the job's MLflow run (the fit stage's `run_id`).
-        stage: the stage's name, written to the tag `cse.failed_stage` when the block raises.
+    """Run the block with the training job's MLflow run `run_id` (the fit stage's) active again; yields `run_id`.
 
     The run ends FINISHED after the block, KILLED on an interrupt or a termination signal (any exception that is not an
     `Exception`: `KeyboardInterrupt`, Prefect's `TerminationSignal` for SIGTERM), FAILED on any other exception (which
-    propagates).
+    propagates); `stage` is written to the tag `cse.failed_stage` when the block raises.
     """
     configure_mlflow()
     client = mlflow.MlflowClient()

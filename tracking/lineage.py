@@ -80,18 +80,7 @@ def run_dataset_inputs(run_id: str) -> list[dict[str, Any]]:
     configure_mlflow()
     out = []
     for di in mlflow.get_run(run_id).inputs.dataset_inputs:
-        d = di.dataset
+        fields = {k: getattr(di.dataset, k) for k in ("name", "digest", "source_type", "source", "schema", "profile")}
         tags = {t.key: t.value for t in di.tags}
-        out.append(
-            {
-                "name": d.name,
-                "digest": d.digest,
-                "source_type": d.source_type,
-                "source": d.source,
-                "schema": d.schema,
-                "profile": d.profile,
-                "context": tags.pop(MLFLOW_DATASET_CONTEXT, None),
-                "tags": tags,
-            }
-        )
+        out.append({**fields, "context": tags.pop(MLFLOW_DATASET_CONTEXT, None), "tags": tags})
     return out

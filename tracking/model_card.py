@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cse.config import published
 from cse.config.methods import REGISTRY, MethodSpec
@@ -61,9 +61,6 @@ _RETRIEVAL = re.compile(r"^retrieval_r(\d+)$")
 Library = Literal["sentence-transformers", "peft"]
 
 
-_SPEC_ONLY = ("prefix_len", "probe_sentences", "trained_shift_positions")  # cse_peft.json's, not PeftExport's
-
-
 class AdapterInfo(BaseModel):
     """The PEFT adapter exported beside the model (models/export/peft_export.py's `PeftExport`, a dict of its fields, or the
     adapter folder's `cse_peft.json`). `exact`: whether `PeftModel` + the pooling reproduce our embeddings (None: not
@@ -84,6 +81,21 @@ class AdapterInfo(BaseModel):
     probe_sentences: int | None = None
     trained_shift_positions: bool | None = None
 
+    @field_validator("folder", "base_model", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> str | None:
+        return None if v is None else str(v)
+
+    @field_validator("limitations", mode="before")
+    @classmethod
+    def _lines(cls, v: Any) -> list[str]:
+        return [str(x) for x in v or []]
+
+    @field_validator("max_abs_diff", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return _number(v)
+
     @classmethod
     def of(cls, export: Any) -> AdapterInfo | None:
         """An `AdapterInfo` from a `PeftExport`-like object (attributes `folder`, `exact`, `limitations`, optionally
@@ -91,29 +103,19 @@ class AdapterInfo(BaseModel):
         What the object does not hold is read from the folder's `cse_peft.json` when there is one."""
         if export is None or isinstance(export, AdapterInfo):
             return export
-        names = ("folder", "exact", "limitations", "base_model", "pooling", "max_abs_diff", *_SPEC_ONLY)
         if isinstance(export, Mapping):
-            fields = {k: export[k] for k in names if k in export}
+            fields = dict(export)
         elif hasattr(export, "folder"):
-            fields = {k: getattr(export, k) for k in names if hasattr(export, k)}
+            fields = {k: getattr(export, k) for k in cls.model_fields if hasattr(export, k)}
+            if (spec := Path(str(export.folder)) / "cse_peft.json").is_file():
+                fields = {**json.loads(spec.read_text(encoding="utf-8")), **fields}
         else:
             raise TypeError(
                 f"adapter: expected a PeftExport, a mapping with `folder`, or None; got {type(export).__name__}"
             )
         if "folder" not in fields:
             raise ValueError(f"adapter: the mapping lacks `folder` (got keys {sorted(export)})")
-        spec = Path(str(fields["folder"])) / "cse_peft.json"
-        if spec.is_file() and not isinstance(export, Mapping):
-            fields = {**json.loads(spec.read_text(encoding="utf-8")), **fields}
-        return cls(
-            folder=str(fields["folder"]),
-            exact=fields.get("exact"),
-            limitations=[str(x) for x in (fields.get("limitations") or [])],
-            base_model=None if fields.get("base_model") is None else str(fields["base_model"]),
-            pooling=fields.get("pooling"),
-            max_abs_diff=_number(fields.get("max_abs_diff")),
-            **{k: fields[k] for k in _SPEC_ONLY if fields.get(k) is not None},
-        )
+        return cls(**{k: v for k, v in fields.items() if k in cls.model_fields})
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> AdapterInfo:
@@ -155,15 +157,6 @@ class PublishedReference(BaseModel):
         )
         return ref if (ref.sts or ref.retrieval or ref.align_uniform or ref.parameters) else None
 
-    def values(self) -> dict[str, float]:
-        """Every published number by metric name (`sts12` … `sts_avg`, `retrieval_r1` …, `alignment`, `uniformity`)."""
-        return {
-            k: float(v)
-            for table in (self.sts, self.retrieval, self.align_uniform)
-            for k, v in table.items()
-            if k != "source" and _number(v) is not None
-        }
-
 
 class DataOrigin(BaseModel):
     """Where one training dataset's rows came from, as ingested (`cse.storage.sources.ingested_origin`), or as
@@ -198,10 +191,7 @@ class STExportInfo(BaseModel):
     @classmethod
     def of(cls, export: Any) -> STExportInfo | None:
         """From an `STExport`-like object (attributes `kind`, `reason`), a mapping of them, or None."""
-        if export is None or isinstance(export, STExportInfo):
-            return export
-        fields = export if isinstance(export, Mapping) else {k: getattr(export, k) for k in ("kind", "reason")}
-        return cls(kind=fields["kind"], reason=str(fields.get("reason", "")))
+        return None if export is None else cls.model_validate(export, from_attributes=True)
 
 
 class CardFacts(BaseModel):
@@ -226,9 +216,6 @@ class CardFacts(BaseModel):
     tokens_hash: str | None = None
     corruption_hash: str | None = None
     nli_tokens_hash: str | None = None
-    data_sources: dict[str, str] = Field(
-        default_factory=dict, description="training data: name → file name, HF datasets or URL (no local folders)"
-    )
     data_origin: list[DataOrigin] = Field(
         default_factory=list, description="each training dataset's real origin, rows and whether it is a sample"
     )
@@ -291,11 +278,15 @@ class CardFacts(BaseModel):
         setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
         pooler = None
         if checkpoint is not None:
-            meta = _checkpoint_meta(Path(checkpoint))
+            from cse.models.checkpoint import read_checkpoint_meta
+
+            meta = read_checkpoint_meta(Path(checkpoint))
             pooler = meta.get("pooler")
             if trainable_parameters is None and isinstance(meta.get("trainable_parameters"), int):
                 trainable_parameters = meta["trainable_parameters"]
-        sources = _training_sources(cfg)
+        sources = {"nli": cfg.ingest.nli} if cfg.supervised else {"wiki1m": cfg.ingest.wiki}
+        if cfg.needs_nli:  # DiffAug's prefix phase or auxiliary batches
+            sources["nli"] = cfg.ingest.nli
         refs: dict[str, Any] = {"nli": nli_tokens}
         refs["nli" if cfg.supervised else "wiki1m"] = tokens  # the training tokens; NLI tokens of a prefix phase else
         origins = _data_origins(sources, refs)
@@ -313,7 +304,6 @@ class CardFacts(BaseModel):
             tokens_hash=_hash(tokens),
             corruption_hash=_hash(corruption),
             nli_tokens_hash=_hash(nli_tokens),
-            data_sources={o.dataset: o.source for o in origins},
             data_origin=origins,
             datasets=_hub_datasets(origins),
             git_commit=git_commit,
@@ -350,17 +340,6 @@ def _backbone_scores(backbone: Mapping[str, Any] | None) -> dict[str, Any] | Non
         return None
     metrics = {k: float(v) for k, v in backbone["metrics"].items() if _number(v) is not None}
     return {"pooler": backbone.get("pooler"), "evaluation_id": backbone.get("evaluation_id"), "metrics": metrics}
-
-
-def published_differences(facts: CardFacts) -> dict[str, float]:
-    """ours − published for every metric both the job and its published row have (STS, retrieval, align/uniform)."""
-    if facts.reference is None:
-        return {}
-    return {
-        k: facts.metrics[k] - v
-        for k, v in facts.reference.values().items()
-        if _number(facts.metrics.get(k)) is not None
-    }
 
 
 # ------------------------------------------------------------------------------------------------ rendering
@@ -427,27 +406,20 @@ def _for_library(card: ModelCard, library: Library) -> str:
     return str(copy)
 
 
-def _library_of(folder: Path) -> Library:
-    """A folder holding `adapter_config.json` and no `modules.json` is a PEFT adapter."""
-    adapter = (folder / "adapter_config.json").is_file() and not (folder / "modules.json").is_file()
-    return "peft" if adapter else "sentence-transformers"
-
-
 def write_model_cards(facts: CardFacts, *folders: str | Path) -> list[Path]:
     """Render `facts`' card once and write it as `README.md` into each export folder (atomically; an earlier card is
-    replaced): the sentence-transformers export and the PEFT adapter folder get the same card, the adapter's front
-    matter saying `library_name: peft`."""
+    replaced): the sentence-transformers export and the PEFT adapter folder (`adapter_config.json` and no
+    `modules.json`) get the same card, the adapter's front matter saying `library_name: peft`."""
     paths = [Path(f) for f in folders]
     for folder in paths:
         if not folder.is_dir():
             raise FileNotFoundError(f"no export folder at {folder}: export the model before writing its card")
     card = render_card(facts)
-    out = []
     for folder in paths:
+        adapter = (folder / "adapter_config.json").is_file() and not (folder / "modules.json").is_file()
         with atomic_file(folder / CARD_FILE) as tmp:
-            tmp.write_text(_for_library(card, _library_of(folder)), encoding="utf-8")
-        out.append(folder / CARD_FILE)
-    return out
+            tmp.write_text(_for_library(card, "peft" if adapter else "sentence-transformers"), encoding="utf-8")
+    return [folder / CARD_FILE for folder in paths]
 
 
 def write_model_card(folder: str | Path, facts: CardFacts) -> Path:
@@ -465,55 +437,32 @@ _ORIGINS = {
 
 
 def _context(facts: CardFacts) -> dict[str, Any]:
-    """The template's values, ready to print."""
-    ref = facts.reference
-    config = facts.config
-    uses_corruption = facts.corruption_hash is not None or facts.uses_corruption
-    hashes = [(f"training tokens ({facts.dataset})", facts.tokens_hash or MISSING)]
-    if facts.nli_tokens_hash or config.get("prefix_phase") or config.get("aux_nli_batch_size"):
-        hashes.append(("NLI tokens", facts.nli_tokens_hash or MISSING))
-    if uses_corruption:
-        hashes.append(("replaced-token corruption", facts.corruption_hash or MISSING))
+    """The template's values, ready to print: the facts' fields, and what the card shows of them formatted."""
+    ref, config = facts.reference, facts.config
     ks = sorted(
         {int(m.group(1)) for k in (*facts.metrics, *(ref.retrieval if ref else {})) if (m := _RETRIEVAL.match(k))}
     )
     params = ref.parameters if ref else {}
     spec = REGISTRY.get(facts.method)
+    uses_corruption = facts.corruption_hash is not None or facts.uses_corruption
     return {
-        **facts.model_dump(include={"method", "method_title", "summary", "preset", "backbone", "setting", "dataset"}),
+        **dict(facts),
         "missing": MISSING,
-        "reference": ref,
+        "count": _count,
+        "origin_names": _ORIGINS,
         "reference_key": " / ".join(f"`{k}`" for k in ref.key) if ref else None,
-        "sts": _table(facts, STS_COLUMNS, [TASK_TITLES[c] for c in STS_COLUMNS], ref.sts if ref else {}, 2),
-        "retrieval": _table(
-            facts, tuple(f"retrieval_r{k}" for k in ks), [f"R@{k}" for k in ks], ref.retrieval if ref else {}, 2
-        )
-        if ks
-        else None,
-        "align_uniform": _table(facts, ALIGN_COLUMNS, list(ALIGN_COLUMNS), ref.align_uniform if ref else {}, 4),
+        "sts": _table(facts, "sts", STS_COLUMNS, [TASK_TITLES[c] for c in STS_COLUMNS], 2),
+        "retrieval": ks and _table(facts, "retrieval", [f"retrieval_r{k}" for k in ks], [f"R@{k}" for k in ks], 2),
+        "align_uniform": _table(facts, "align_uniform", ALIGN_COLUMNS, ALIGN_COLUMNS, 4),
         "backbone_pooler": str(facts.backbone_scores.get("pooler")) if facts.backbone_scores else None,
         "best_stsb_dev": _fmt(facts.best_stsb_dev, 2) if facts.best_stsb_dev is not None else None,
-        "steps": facts.steps,
         "trainable_parameters": _count(facts.trainable_parameters),
         "published_parameters": {**params, "count": _count(_number(params.get("trainable_parameters")))}
         if params
         else None,
-        "hashes": hashes,
-        "origins": facts.data_origin,
-        "origin_names": _ORIGINS,
-        "count": _count,
-        "cap": facts.config.get("max_train_sentences"),
-        "rows_used": next((o.rows for o in facts.data_origin if o.dataset == facts.dataset), None),
-        "batch": facts.config.get("batch_size"),
-        "sources": "; ".join(f"{k}: {v}" for k, v in facts.data_sources.items()),
+        "uses_corruption": uses_corruption,
         "corrupt": (config.get("corrupt") or {}) if uses_corruption else {},
-        "git_commit": facts.git_commit or MISSING,
-        "run_id": facts.run_id or MISSING,
-        "registered_name": facts.registered_name,
-        "version": facts.version or MISSING,
-        "st_export": facts.st_export,
-        "trust_remote_code": facts.st_export is None or facts.st_export.trust_remote_code,
-        "pooler": facts.pooler,
+        "rows_used": next((o.rows for o in facts.data_origin if o.dataset == facts.dataset), None),
         "adapter": _adapter_context(facts),
         "no_prompts": spec.title if spec is not None and not spec.exports_peft_adapter else None,
         "model_uri": facts.model_uri,
@@ -523,28 +472,26 @@ def _context(facts: CardFacts) -> dict[str, Any]:
     }
 
 
-def _table(
-    facts: CardFacts, columns: Sequence[str], titles: Sequence[str], row: Mapping[str, float | str], digits: int
-) -> dict[str, Any]:
+def _table(facts: CardFacts, table: str, columns: Sequence[str], titles: Sequence[str], digits: int) -> dict[str, Any]:
     """One results table: this model, the backbone before training (and, for STS, the gain over it), the published
-    row (or the BERT-base reference) and the difference."""
-    rows = [("this model", [_fmt(facts.metrics.get(c), digits) for c in columns])]
+    row of `table` (or the BERT-base reference) and the difference."""
     scores = facts.backbone_scores or {}
-    base = scores.get("metrics") or {}
+    base, row = scores.get("metrics") or {}, getattr(facts.reference, table, {})
+
+    def cells(values: Mapping[str, Any]) -> list[str]:
+        return [_fmt(values.get(c), digits) for c in columns]
+
+    def gain_over(other: Mapping[str, Any]) -> list[str]:
+        return [_diff(facts.metrics.get(c), other.get(c), digits) for c in columns]
+
+    rows = [("this model", cells(facts.metrics))]
     if any(_number(base.get(c)) is not None for c in columns):
-        rows.append(
-            (
-                f"backbone before training (`{facts.backbone}`, {scores.get('pooler')})",
-                [_fmt(base.get(c), digits) for c in columns],
-            )
-        )
-        if columns == STS_COLUMNS:
-            rows.append(("gain over the backbone", [_diff(facts.metrics.get(c), base.get(c), digits) for c in columns]))
+        rows.append((f"backbone before training (`{facts.backbone}`, {scores.get('pooler')})", cells(base)))
+        if table == "sts":
+            rows.append(("gain over the backbone", gain_over(base)))
     if row:
-        stands_in = facts.reference is not None and facts.reference.stands_in_for is not None
-        label = "reference: BERT-base" if stands_in else "published"
-        rows.append((f"{label} ({row.get('source', '?')})", [_fmt(row.get(c), digits) for c in columns]))
-        rows.append(("difference", [_diff(facts.metrics.get(c), row.get(c), digits) for c in columns]))
+        label = "published" if facts.reference.stands_in_for is None else "reference: BERT-base"
+        rows += [(f"{label} ({row.get('source', '?')})", cells(row)), ("difference", gain_over(row))]
     return {"titles": list(titles), "rows": rows}
 
 
@@ -573,7 +520,6 @@ def _tracking_uri_text(uri: str | None) -> str:
     """The tracking URI as the card's MLflow snippet names it: a server's URL (credentials masked); the checkout's
     SQLite store relative to the checkout (`sqlite:///.cse/mlflow.db`, run from the checkout's folder); any other
     SQLite store under `<CSE_HOME>` or by its file name as a placeholder (a card names no absolute local path)."""
-    from cse.config.secrets import redact
     from cse.config.settings import REPO_ROOT, get_settings
 
     if not uri:
@@ -633,15 +579,6 @@ def _hub_model_id(backbone: str) -> str | None:
     if ":" in backbone or backbone.startswith((".", "/", "~")) or Path(backbone).exists():
         return None
     return backbone if re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", backbone) else None
-
-
-def _training_sources(cfg: TrainConfig) -> dict[str, Any]:
-    """The ingestion source of each training dataset of the job (Wiki1M or NLI, plus NLI for DiffAug's prefix phase
-    or auxiliary batches)."""
-    names = ["nli"] if cfg.supervised else ["wiki1m"]
-    if cfg.needs_nli and "nli" not in names:
-        names.append("nli")
-    return {n: {"wiki1m": cfg.ingest.wiki, "nli": cfg.ingest.nli}[n] for n in names}
 
 
 def _describe_source(src: Any) -> str:
@@ -719,12 +656,6 @@ def portable_path(path: str | Path) -> str:
 def _portable(text: str) -> str:
     """`text` with every absolute local path replaced by `portable_path` (URLs and `models:/…` URIs are kept)."""
     return _ABSOLUTE_PATH.sub(lambda m: portable_path(m.group(0)), text)
-
-
-def _checkpoint_meta(folder: Path) -> dict[str, Any]:
-    from cse.models.checkpoint import read_checkpoint_meta
-
-    return read_checkpoint_meta(folder)
 
 
 # ------------------------------------------------------------------------------------------------ `cse card`

@@ -84,14 +84,7 @@ ST_REQUIREMENTS = ("sentence-transformers", "torch", "transformers", "safetensor
 
 
 def pip_requirements(names: tuple[str, ...] = REQUIREMENTS) -> list[str]:
-    """Pinned pip requirements (`name==version`) of installed packages.
-
-    Args:
-        names: the distribution names.
-
-    Returns:
-        One requirement string per name.
-    """
+    """Pinned pip requirements (`name==version`) of the installed distributions `names`, one per name."""
     return [f"{name}=={metadata.version(name)}" for name in names]
 
 

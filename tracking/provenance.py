@@ -8,11 +8,7 @@ from cse.config.settings import REPO_ROOT
 
 
 def git_commit() -> str:
-    """The git commit of the repository checkout, or `unknown` when git cannot tell.
-
-    Returns:
-        The commit hash.
-    """
+    """The git commit of the repository checkout, or `unknown` when git cannot tell."""
     try:
         return subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=10
@@ -22,11 +18,7 @@ def git_commit() -> str:
 
 
 def prefect_flow_run_id() -> str | None:
-    """The id of the current Prefect flow run, or `None` outside a flow run.
-
-    Returns:
-        The flow run id.
-    """
+    """The id of the current Prefect flow run, or `None` outside a flow run."""
     from prefect.runtime import flow_run
 
     return flow_run.get_id()  # None outside a flow run (its context, or PREFECT__FLOW_RUN_ID, is absent)

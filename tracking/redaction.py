@@ -58,14 +58,9 @@ def mask_mlflow_exceptions() -> None:
         MlflowException.__init__ = _masking_init(MlflowException.__init__)
 
 
-def _entities(items, cls, *fields):
-    """Entities (`Param`, `RunTag`) rebuilt with `fields` masked."""
-    out = []
-    for item in items or ():
-        values = {f: getattr(item, f) for f in ("key", "value")}
-        values.update({f: redact(values[f]) for f in fields if values[f] is not None})
-        out.append(cls(**values))
-    return out
+def _entities(items, cls):
+    """Key-value entities (`Param`, `RunTag`, `InputTag`) rebuilt with their value masked."""
+    return [cls(key=i.key, value=None if i.value is None else redact(i.value)) for i in items or ()]
 
 
 def _dataset_inputs(inputs):
@@ -82,15 +77,15 @@ def _dataset_inputs(inputs):
             schema=d.schema,
             profile=d.profile,
         )
-        out.append(DatasetInput(dataset, _entities(di.tags, InputTag, "value")))
+        out.append(DatasetInput(dataset, _entities(di.tags, InputTag)))
     return out
 
 
 def _log_batch_args(args: dict) -> None:
     from mlflow.entities import Param, RunTag
 
-    args["params"] = _entities(args.get("params"), Param, "value")
-    args["tags"] = _entities(args.get("tags"), RunTag, "value")
+    args["params"] = _entities(args.get("params"), Param)
+    args["tags"] = _entities(args.get("tags"), RunTag)
 
 
 # MlflowClient method → how its arguments are masked (names of string or mapping arguments, or a function)

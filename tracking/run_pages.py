@@ -54,16 +54,14 @@ from cse.tracking.reporting import markdown_table
 
 NOTE_TAG = "mlflow.note.content"  # the run description MLflow shows (markdown)
 HEADLINE = (*SEVEN_TASKS, "sts_avg")  # the headline metrics: the runs table's columns, the description's table
-# the test metrics a training run logs (at its last step, the backbone's at step 0); the rest stays in its files
+# the test metrics a training run logs (at its last step, the backbone's at step 0; `*_dev`: a re-evaluation in dev
+# mode); the rest stays in its files
 PAGE_METRICS = (
     *HEADLINE,
-    "retrieval_r1",
-    "retrieval_r3",
-    "retrieval_r5",
-    "retrieval_r10",
+    *(f"retrieval_r{k}" for k in (1, 3, 5, 10)),
     "alignment",
     "uniformity",
-    "stsb_dev",  # (a re-evaluation in dev mode)
+    "stsb_dev",
     "sickr_dev",
 )
 BACKBONE_AVG_TAG = "9 backbone Avg."  # the score tag of the backbone's Avg. before training (`score_tags`)
@@ -71,14 +69,9 @@ OVERRIDES_PARAM = "overrides"  # the training run's param: what differs from the
 BACKBONE_TAG = "cse.backbone"  # a training run's backbone before training, JSON (`backbone_tag`)
 # the training loop's metrics by section of the Model metrics tab (`curve_metrics`); the rest is the method's loss
 CURVE_SECTIONS = {
-    "learning_rate": "optimizer",
-    "grad_norm": "optimizer",
-    "epoch": "progress",
-    "phase": "progress",
-    "sentences_per_s": "throughput",
-    "tokens_per_s": "throughput",
-    "host_wait_share": "throughput",
-    "peak_memory_gb": "throughput",
+    **dict.fromkeys(("learning_rate", "grad_norm"), "optimizer"),
+    **dict.fromkeys(("epoch", "phase"), "progress"),
+    **dict.fromkeys(("sentences_per_s", "tokens_per_s", "host_wait_share", "peak_memory_gb"), "throughput"),
 }
 SCORES_VIEW = "cse-scores"  # the shared runs-table view of every experiment (`scores_view_state`)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3's experiment type
@@ -277,10 +270,6 @@ def _score(value: Any) -> str:
     return "–" if math.isnan(v) else f"{v:.2f}"
 
 
-def _signed(value: float | None) -> str:
-    return "–" if value is None else f"{value:+.2f}"
-
-
 BACKBONE_LABEL = "backbone before training"  # the row of the backbone's own score in every STS table
 
 
@@ -289,38 +278,11 @@ def backbone_row_label(pooler: str | None) -> str:
     return f"{BACKBONE_LABEL} ({pooler})" if pooler else BACKBONE_LABEL
 
 
-def _diff(a: Mapping[str, Any], b: Mapping[str, Any], t: str) -> float | None:
+def _difference(a: Mapping[str, Any], b: Mapping[str, Any], t: str) -> str:
     try:
-        return float(a[t]) - float(b[t])
+        return f"{float(a[t]) - float(b[t]):+.2f}"
     except (KeyError, TypeError, ValueError):
-        return None
-
-
-def sts_rows(
-    metrics: Mapping[str, Any],
-    backbone: Mapping[str, Any] | None = None,
-    reference: published.Reference | None = None,
-) -> list[tuple[str, dict[str, str]]]:
-    """The STS table of one run as (label, cell by task title) rows: this run, the backbone before training
-    (`backbone`: its `metrics` and `pooler`), the paper's row (`reference`), and the differences of the run from the
-    paper and from the backbone; two decimals, `–` where a value is missing."""
-
-    def cells(values: Mapping[str, Any]) -> dict[str, str]:
-        return {TASK_TITLES[t]: _score(values.get(t)) for t in HEADLINE}
-
-    def deltas(other: Mapping[str, Any]) -> dict[str, str]:
-        return {TASK_TITLES[t]: _signed(_diff(metrics, other, t)) for t in HEADLINE}
-
-    rows = [("this run", cells(metrics))]
-    base = (backbone or {}).get("metrics") or {}
-    if base:
-        rows.append((backbone_row_label(backbone.get("pooler")), cells(base)))
-    if reference is not None:
-        rows.append((reference.label, cells(reference.row)))
-        rows.append(("difference (run − published)", deltas(reference.row)))
-    if base:
-        rows.append(("difference (run − backbone)", deltas(base)))
-    return rows
+        return "–"
 
 
 def sts_table(
@@ -328,11 +290,23 @@ def sts_table(
     backbone: Mapping[str, Any] | None = None,
     reference: published.Reference | None = None,
 ) -> str:
-    """`sts_rows` as a markdown table (no final newline)."""
-    columns = ["", *(TASK_TITLES[t] for t in HEADLINE)]
-    return markdown_table(
-        [{"": label, **cells} for label, cells in sts_rows(metrics, backbone, reference)], columns
-    ).rstrip("\n")
+    """The STS table of one run in markdown (no final newline): this run, the backbone before training (`backbone`:
+    its `metrics` and `pooler`), the paper's row (`reference`), and the differences of the run from the paper and from
+    the backbone; two decimals, `–` where a value is missing."""
+
+    def row(label: str, values: Mapping[str, Any], difference: bool = False) -> dict[str, str]:
+        cell = (lambda t: _difference(metrics, values, t)) if difference else (lambda t: _score(values.get(t)))
+        return {"": label, **{TASK_TITLES[t]: cell(t) for t in HEADLINE}}
+
+    rows = [row("this run", metrics)]
+    base = (backbone or {}).get("metrics") or {}
+    if base:
+        rows.append(row(backbone_row_label(backbone.get("pooler")), base))
+    if reference is not None:
+        rows += [row(reference.label, reference.row), row("difference (run − published)", reference.row, True)]
+    if base:
+        rows.append(row("difference (run − backbone)", base, True))
+    return markdown_table(rows, ["", *(TASK_TITLES[t] for t in HEADLINE)]).rstrip("\n")
 
 
 def artifact_image(run_id: str, path: str, alt: str) -> str:
@@ -357,18 +331,10 @@ def sts_description(
 ) -> str:
     """The description of a test-evaluated training run: its STS table (Spearman ×100) beside the backbone before
     training and the published row of its method and setting (the BERT-base row, labelled so, when no paper reports
-    its backbone), the differences, and the chart.
-
-    Args:
-        metrics: the run's test metrics (`sts12` … `sickr`, `sts_avg`).
-        method: the method.
-        preset: the preset.
-        backbone: the backbone.
-        setting: the published setting (`cse.config.published.setting_of`).
-        differences: what differs from the preset (`preset_differences`).
-        before: the backbone's evaluation before training (`metrics`, `pooler`), None when not evaluated.
-        chart: markdown of the run's chart (`artifact_image`), None for none.
-    """
+    its backbone), the differences, and the chart. `setting`: the published setting
+    (`cse.config.published.setting_of`); `differences`: what differs from the preset (`preset_differences`); `before`:
+    the backbone's evaluation before training (`metrics`, `pooler`), None when not evaluated; `chart`: markdown of the
+    run's chart (`artifact_image`), None for none."""
     ref = published.reference_row(published.STS, method, backbone, setting)
     lines = [
         f"**{method} / {preset}** on `{backbone}`" + _differences_text(differences),

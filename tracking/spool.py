@@ -44,11 +44,6 @@ from cse.tracking.store import MAX_PARAM_LEN, configure_mlflow
 log = logging.getLogger(__name__)
 
 DELAYED_TAG = "metrics_delayed"  # on the run: how many metric values reached it late (after an outage)
-_STEP_RETRIES_ENV, _STEP_TIMEOUT_ENV, _RETRY_SECONDS_ENV = (
-    "CSE_MLFLOW_STEP_RETRIES",
-    "CSE_MLFLOW_STEP_TIMEOUT",
-    "CSE_MLFLOW_RETRY_SECONDS",
-)
 _FAIL_FAST_LOCK = threading.Lock()
 
 
@@ -68,10 +63,10 @@ def fail_fast_http() -> Iterator[None]:
     falls inside the block gets the same short settings. (MLflow's defaults, 7 retries with exponential backoff
     and a 120 s timeout, would stall a training step for minutes while the server is down.)"""
     values = {
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(_env_number(_STEP_RETRIES_ENV, 1)),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(_env_number("CSE_MLFLOW_STEP_RETRIES", 1)),
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
         "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_env_number(_STEP_TIMEOUT_ENV, 5)),
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_env_number("CSE_MLFLOW_STEP_TIMEOUT", 5)),
     }
     with _FAIL_FAST_LOCK:
         saved = {name: os.environ.get(name) for name in values}
@@ -123,10 +118,6 @@ def is_unreachable(exc: BaseException) -> bool:
     return False
 
 
-def _metric_entry(key: str, value: float, timestamp: int, step: int) -> dict[str, Any]:
-    return {"key": key, "value": float(value), "timestamp": int(timestamp), "step": int(step)}
-
-
 def _record_chunk_length(records: list[SpoolRecord]) -> int:
     """How many leading records fit one log_batch request (MLflow's per-request limits; no param key twice)."""
     n_metrics, keys = 0, set()
@@ -174,7 +165,9 @@ class ResilientMetricLogger:
         client: mlflow.MlflowClient | None = None,
     ):
         self.run_id, self.run_dir = run_id, run_dir
-        self.retry_seconds = _env_number(_RETRY_SECONDS_ENV, 30, float) if retry_seconds is None else retry_seconds
+        self.retry_seconds = (
+            _env_number("CSE_MLFLOW_RETRY_SECONDS", 30, float) if retry_seconds is None else retry_seconds
+        )
         self.log = logger or log
         self.client = client or mlflow.MlflowClient()
         self._failed_at: float | None = None  # monotonic time of the last failed attempt of the current outage
@@ -199,7 +192,8 @@ class ResilientMetricLogger:
         fresh = {k: v for k, v in metrics.items() if step > self._logged_through.get(k, -1)}
         if fresh:
             now = int(time.time() * 1000)
-            self._log({"metrics": [_metric_entry(k, v, now, step) for k, v in fresh.items()], "params": {}})
+            entries = [{"key": k, "value": float(v), "timestamp": now, "step": int(step)} for k, v in fresh.items()]
+            self._log({"metrics": entries, "params": {}})
 
     def _steps_logged(self) -> dict[str, int]:
         """The last step of each metric the run holds: in MLflow (its history) and waiting in the spool. A fresh run
@@ -251,10 +245,6 @@ class ResilientMetricLogger:
         params = [Param(k, v) for r in records for k, v in r.get("params", {}).items()]
         self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
 
-    def _delayed_so_far(self) -> int:
-        """The run's `metrics_delayed` tag (0 when absent)."""
-        return int(self.client.get_run(self.run_id).data.tags.get(DELAYED_TAG, "0"))
-
     def deliver_pending(self) -> BaseException | None:
         """Send the spool's batches in order (as few requests as MLflow's limits allow), removing each delivered
         chunk from the file. Returns None when the spool is empty afterwards, else the error that says the server is
@@ -264,8 +254,8 @@ class ResilientMetricLogger:
         delayed = 0
         try:
             with fail_fast_http():
-                if records:
-                    delayed = self._delayed_so_far()
+                if records:  # the run's `metrics_delayed` so far (0 when absent)
+                    delayed = int(self.client.get_run(self.run_id).data.tags.get(DELAYED_TAG, "0"))
                 while records:
                     n = _record_chunk_length(records)
                     delayed += metric_count(records[:n])

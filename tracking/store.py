@@ -7,6 +7,7 @@ Every other module of `tracking/` goes through `configure_mlflow` / `ensure_expe
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ class TrackingStoreReadOnly(RuntimeError):
 
 
 _PREPARED_STORES: set[str] = set()  # SQLite stores this process created or found migrated
+_PAGES_SET: set[tuple[str, str]] = set()  # (store, experiment)s whose page tags this process checked
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -96,11 +98,6 @@ def ensure_experiment(name: str) -> str:
         return mlflow.get_experiment_by_name(name).experiment_id
 
 
-_PAGES_SET: set[tuple[str, str]] = (
-    set()
-)  # (store, experiment)s whose page tags this process checked (`ensure_experiment`)
-
-
 def prepare_sqlite_store(path: Path) -> Path:
     """Create an MLflow SQLite store at `path` with its schema migrated (an empty store, the Default experiment), or
     check an existing one. Creation and migration hold `<path>.lock`: two processes that open a fresh store at once
@@ -109,18 +106,13 @@ def prepare_sqlite_store(path: Path) -> Path:
     path = Path(path).expanduser().resolve()
     uri = f"sqlite:///{path}"
     lock = path.with_name(path.name + ".lock")
-    try:
-        held = exclusive(lock, f"MLflow store {path} (creation/migration)")
-        held.__enter__()
-    except OSError:  # a read-only folder: nothing can be created or migrated there; reading needs no lock
-        held = None
-    try:
-        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-    except Exception as e:  # noqa: BLE001 - said clearly (read-only store, masked credentials)
-        reraise(e)
-    finally:
-        if held is not None:
-            held.__exit__(None, None, None)
+    with ExitStack() as held:
+        with suppress(OSError):  # a read-only folder: nothing can be created or migrated there; reading needs no lock
+            held.enter_context(exclusive(lock, f"MLflow store {path} (creation/migration)"))
+        try:
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as e:  # noqa: BLE001 - said clearly (read-only store, masked credentials)
+            reraise(e)
     return path
 
 

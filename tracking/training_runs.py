@@ -26,31 +26,6 @@ from cse.tracking.store import configure_mlflow, ensure_experiment, flatten, rer
 log = logging.getLogger(__name__)
 
 
-def start_or_resume_training_run(
-    experiment: str,
-    run_dir: RunDir,
-    run_name: str,
-    tags: Mapping[str, str],
-    params: Mapping[str, Any],
-    log_system_metrics: bool,
-) -> mlflow.ActiveRun:
-    """The training job's MLflow run: the one `run_dir` records (a resumed job continues it), else a new run in
-    `experiment` with `tags` and the flattened `params`, whose id is recorded in `run_dir`."""
-    exp_id = ensure_experiment(experiment)
-    previous = run_dir.mlflow_run_id()
-    if previous is not None:
-        try:
-            return mlflow.start_run(run_id=previous, log_system_metrics=log_system_metrics)
-        except MlflowException:
-            log.warning("MLflow run %s of %s not found; starting a new run", previous, run_dir.path)
-    run = mlflow.start_run(
-        experiment_id=exp_id, run_name=run_name, tags=dict(tags), log_system_metrics=log_system_metrics
-    )
-    run_dir.set_mlflow_run_id(run.info.run_id)
-    mlflow.log_params(flatten(params))
-    return run
-
-
 @contextmanager
 def training_run(
     experiment: str,
@@ -61,11 +36,24 @@ def training_run(
     log_system_metrics: bool,
     killed: tuple[type[BaseException], ...] = (KeyboardInterrupt,),
 ) -> Iterator[mlflow.ActiveRun]:
-    """`start_or_resume_training_run` as the active run of the block: ended FINISHED after it, KILLED when it raises
-    one of `killed` (the loop's simulated kill) or any exception that is not an `Exception` (an interrupt, Prefect's
-    `TerminationSignal` for SIGTERM, an exit), FAILED on any other exception (which propagates)."""
+    """The training job's MLflow run as the active run of the block: the one `run_dir` records (a resumed job continues
+    it), else a new run in `experiment` with `tags` and the flattened `params`, whose id is recorded in `run_dir`.
+    Ended FINISHED after the block, KILLED when it raises one of `killed` (the loop's simulated kill) or any exception
+    that is not an `Exception` (an interrupt, Prefect's `TerminationSignal` for SIGTERM, an exit), FAILED on any other
+    exception (which propagates)."""
     try:
-        active = start_or_resume_training_run(experiment, run_dir, run_name, tags, params, log_system_metrics)
+        exp_id, active = ensure_experiment(experiment), None
+        if (previous := run_dir.mlflow_run_id()) is not None:
+            try:
+                active = mlflow.start_run(run_id=previous, log_system_metrics=log_system_metrics)
+            except MlflowException:
+                log.warning("MLflow run %s of %s not found; starting a new run", previous, run_dir.path)
+        if active is None:
+            active = mlflow.start_run(
+                experiment_id=exp_id, run_name=run_name, tags=dict(tags), log_system_metrics=log_system_metrics
+            )
+            run_dir.set_mlflow_run_id(active.info.run_id)
+            mlflow.log_params(flatten(params))
     except Exception as e:  # noqa: BLE001 - the store's error, said clearly and without credentials
         reraise(e)
     with active as run:

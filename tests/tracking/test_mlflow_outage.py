@@ -1,20 +1,12 @@
-"""Training survives an unreachable MLflow server: a real `mlflow server` (started, killed and restarted by the test,
-SQLite store) under a tiny Trainer logging through `ResilientMetricLogger`. Nothing is lost or duplicated, the
-outage is warned about once and tagged on the run, and a spool left at the end is delivered by `deliver_spool` /
-`cse deliver-metrics`."""
+"""Training survives an unreachable MLflow server: a real MLflow server (tests/tracking/mlflow_server.py; started,
+killed and restarted by the test, SQLite store) under a tiny Trainer logging through `ResilientMetricLogger`. Nothing
+is lost or duplicated, the outage is warned about once and tagged on the run, and a spool left at the end is delivered
+by `deliver_spool` / `cse deliver-metrics`."""
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import mlflow
 import pytest
@@ -26,105 +18,20 @@ from cse.storage.spool import metric_count, read_records
 from cse.tracking.spool import DELAYED_TAG, ResilientMetricLogger, deliver_spool
 from cse.tracking.store import configure_mlflow
 from cse.training.loop import LoopResult, Trainer
+from tests.tracking.mlflow_server import MlflowServer
 from tests.training.test_loop import Recorder, _loop, _model, probe, rows  # noqa: F401  (the tiny trainer's fixtures)
 
 STEPS = 10  # log every step; dev evaluation at 5 and 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-class MlflowServer:
-    """A real `mlflow server` on one port and one SQLite store, in its own process group, that can be stopped and
-    started again (the job-execution runner is switched off: it only costs start-up time here)."""
-
-    def __init__(self, root: Path):
-        self.root, self.port = root, _free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None
-
-    def start(self, timeout: float = 120) -> None:
-        """Start the server and wait until /health answers."""
-        assert not _port_open(self.port), f"port {self.port} is taken"
-        cmd = [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{self.root / 'mlflow.db'}",
-            "--default-artifact-root",
-            str(self.root / "art"),
-        ]
-        with open(self.root / "server.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.proc = None
-                pytest.fail(f"mlflow server exited: {(self.root / 'server.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        pytest.fail(f"mlflow server not healthy after {timeout}s: {(self.root / 'server.log').read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        """Kill the whole process group (SIGKILL: the server dies as in a crash) and wait until the port is closed."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        self.proc = None
-        deadline = time.monotonic() + 10
-        while _port_open(self.port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _port_open(self.port), "the killed server still answers"
-
-
 pytestmark = pytest.mark.slow  # a real MLflow server killed and restarted during training
 
 
 @pytest.fixture(scope="module")
-def server_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("mlflow_server")  # one store for the module: only the first start migrates it
-
-
-@pytest.fixture(scope="module")
-def module_server(server_root):
-    """One server for the module: a test that finds it running (the previous test restarted it) uses it as it is
-    (each start costs seconds), one that finds it stopped starts it; it is killed after the last test."""
-    srv = MlflowServer(server_root)
+def module_server(tmp_path_factory):
+    """One server and store for the module (only the first start migrates it): a test that finds it running (the
+    previous test restarted it) uses it as it is (each start costs seconds), one that finds it stopped starts it; it is
+    killed after the last test."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    srv = MlflowServer(f"sqlite:///{root / 'mlflow.db'}", root)
     try:
         yield srv
     finally:

@@ -1,6 +1,6 @@
-"""The MLflow pages in a real browser: a real MLflow server (MLflow's own app under uvicorn, as `mlflow server` runs
-it) on this test's SQLite store and a free port, a run recorded through the project's tracking functions, and its
-pages opened in headless Chromium (Debian's `chromium`, driven by Playwright; CI installs it).
+"""The MLflow pages in a real browser: a real MLflow server (tests/tracking/mlflow_server.py) on this test's SQLite
+store, a run recorded through the project's tracking functions, and its pages opened in headless Chromium (Debian's
+`chromium`, driven by Playwright; CI installs it).
 
 The runs' numbers are fabricated inputs of the page (no training runs here), recorded through the same functions the
 training, evaluation and compare stages call: what is checked is what the pages show.
@@ -11,15 +11,7 @@ The test fails (never skips) when Chromium or Playwright is missing. A screensho
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -55,6 +47,7 @@ from cse.tracking.run_pages import (
 )
 from cse.tracking.stage_runs import log_dataset_metrics, log_run_results, stage_run
 from cse.tracking.training_runs import training_run, training_run_ref
+from tests.tracking.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.slow
 
@@ -69,42 +62,6 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 SHOTS = Path(tempfile.gettempdir()) / "cse-mlflow-pages"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(store_uri: str, artifacts: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """MLflow's server app (`mlflow.server.fastapi_app:app`, what `mlflow server` starts) under uvicorn, one
-    process: half the start-up of `mlflow server`, which imports MLflow twice (its CLI, then uvicorn's worker)."""
-    port = _free_port()
-    env = {
-        **os.environ,
-        "_MLFLOW_SERVER_FILE_STORE": store_uri,  # mlflow.server.constants.BACKEND_STORE_URI_ENV_VAR
-        "_MLFLOW_SERVER_ARTIFACT_ROOT": str(artifacts),  # ... ARTIFACT_ROOT_ENV_VAR
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-    }
-    cmd = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "mlflow.server.fastapi_app:app"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _wait_healthy(proc: subprocess.Popen, base: str, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the MLflow server exited: {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    pytest.fail(f"the MLflow server was not healthy after {timeout}s: {log.read_text()[-3000:]}")
 
 
 LOOP_METRICS = (  # what the training loop logs every log_steps (training/loop.py), by its own names
@@ -211,11 +168,12 @@ def test_mlflow_pages_read_at_a_glance(tmp_path):
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: install Debian's `chromium` package"
-    store = get_settings().mlflow_tracking_uri
-    proc, base = _start_server(store, tmp_path / "artifacts", tmp_path / "server.log")
+    server = MlflowServer(get_settings().mlflow_tracking_uri, tmp_path)
+    server.launch()
+    base = server.uri
     try:
         ids, metrics = _record_runs()  # while the server starts
-        _wait_healthy(proc, base, tmp_path / "server.log")
+        server.wait_healthy()
         SHOTS.mkdir(exist_ok=True)
         cfg = resolve_train_config("smoke", method=DEFAULT_METHOD)
         paper = published.STS[(cfg.method, published.REFERENCE_FAMILY, "unsup")]
@@ -299,5 +257,4 @@ def test_mlflow_pages_read_at_a_glance(tmp_path):
             page.screenshot(path=str(SHOTS / "comparison.png"), full_page=True)
             browser.close()
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        server.stop()

@@ -6,9 +6,9 @@ export folders, and `cse card RUN_DIR` regenerating a finished job's card from i
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import mlflow
 import pytest
@@ -27,7 +27,6 @@ from cse.tracking.model_card import (
     AdapterInfo,
     CardFacts,
     model_card,
-    published_differences,
     write_model_card,
     write_model_cards,
 )
@@ -105,7 +104,7 @@ def full_facts(d2cse_cfg):
     )
 
 
-def test_full_card_tables_and_published_differences(full_facts):
+def test_full_card_tables_and_differences_from_the_published_row(full_facts):
     card = model_card(full_facts)
     row = published.STS[("d2cse", "bert-base", "unsup")]
     cols = (*published.SEVEN_TASKS, "sts_avg")
@@ -122,9 +121,6 @@ def test_full_card_tables_and_published_differences(full_facts):
         MISSING,
     ]
     assert _row(card, "Alignment", "difference") == ["+0.0080", "-0.0373"]
-    diffs = published_differences(full_facts)
-    assert set(diffs) == {*cols, "retrieval_r1", "retrieval_r3", "retrieval_r5", "alignment", "uniformity"}
-    assert math.isclose(diffs["sts_avg"], 78.90 - 79.02) and math.isclose(diffs["uniformity"], -1.3 + 1.2627)
     assert "Published: 2,658,818 (source: computed from the prefix layout" in card and "This model: 2,658,818" in card
     assert "Best STS-B dev (checkpoint selection): 83.25; training steps: 13,889." in card
 
@@ -172,7 +168,7 @@ def test_missing_facts_render_as_dashes():
     # the BERT-base row stands in as a reference, labelled as such (cse.config.published.reference_family)
     ref = published.STS[("dcpcse", "bert-base", "unsup")]
     assert facts.reference.key == ("dcpcse", "bert-base", "unsup") and facts.reference.stands_in_for == cfg.backbone
-    assert published_differences(facts) == {"sts12": pytest.approx(60.0 - ref["sts12"])}
+    assert _row(card, "STS", "difference") == [f"{60.0 - ref['sts12']:+.2f}"] + [MISSING] * 7
     assert "(reference: BERT-base; this model is `packaged:minilm`)" in card and "| published" not in card
     assert _row(card, "STS", "reference: BERT-base (DCPCSE paper)") == [
         f"{ref[c]:.2f}" for c in (*published.SEVEN_TASKS, "sts_avg")
@@ -182,10 +178,8 @@ def test_missing_facts_render_as_dashes():
     assert _row(card, "Retrieval", "this model") == [MISSING] * 3  # the reference's R@1/3/5 columns, none of ours
     assert _row(card, "Alignment", "this model") == [MISSING, MISSING]
     assert f"git commit: `{MISSING}`" in card and f"MLflow run: `{MISSING}`" in card
-    assert (
-        f"| training tokens (wiki1m) | `{MISSING}` |" in card
-        and "corruption" not in card.split("## Data", 1)[1].split("##")[0]
-    )
+    assert f"| training tokens (wiki1m) | `{MISSING}` |" in card
+    assert "corruption" not in card.split("## Data", 1)[1].split("##")[0]
     assert f"This model: {MISSING}" in card and "no MLflow run recorded" in card and "None was exported" in card
     meta = _front_matter(card)
     assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
@@ -199,9 +193,8 @@ def test_bare_facts_render_without_metrics_config_or_model_index():
     )
     card = model_card(facts)
     meta = _front_matter(card)
-    assert (
-        "model-index" not in meta and "model_name" not in meta and "base_model" not in meta and "datasets" not in meta
-    )  # no scores: no model-index; a local folder: no hub id
+    # no scores: no model-index; a local folder: no hub id
+    assert not {"model-index", "model_name", "base_model", "datasets"} & set(meta)
     assert "## Configuration\n\n— (not recorded)" in card
     assert "there is no published row to compare with" in card  # facts without a reference
     assert [k for k in BIBTEX if BIBTEX[k] in card] == ["simcse"]
@@ -212,14 +205,13 @@ def test_training_data_sources_and_their_hub_ids(tmp_path):
         "default", method="d2cse", overrides={"ingest": {"wiki": {"hf": "hf:someone/wiki-sentences@train"}}}
     )
     facts = CardFacts.from_training(hf, {})
-    assert facts.datasets == ["someone/wiki-sentences"] and facts.data_sources == {
-        "wiki1m": "hf:someone/wiki-sentences@train"
-    }
+    assert facts.datasets == ["someone/wiki-sentences"]
+    assert [(o.dataset, o.source) for o in facts.data_origin] == [("wiki1m", "hf:someone/wiki-sentences@train")]
     local = resolve_train_config(
         "sup", method="d2cse", overrides={"ingest": {"nli": {"path": str(tmp_path / "nli.csv")}}}
     )
     facts = CardFacts.from_training(local, {})
-    assert facts.datasets == [] and facts.data_sources == {"nli": "nli.csv"}  # a local file by its name only
+    assert facts.datasets == [] and [(o.dataset, o.source) for o in facts.data_origin] == [("nli", "nli.csv")]
     card = model_card(facts)
     assert "datasets" not in _front_matter(card) and "| nli | `nli.csv` | configured;" in card
     assert str(tmp_path) not in card
@@ -286,11 +278,8 @@ def test_adapter_from_an_export_folder_renders_its_base_pooling_and_notes(tmp_pa
     card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=adapter))
     # the folder by its name: a card names no absolute local path
     assert 'AutoModel.from_pretrained("<the job folder>/peft/base_model")  # the fine-tuned encoder, bundled' in card
-    assert (
-        'load_prefix_encoder("<the job folder>/peft")' in card
-        and '`{"kind": "cls"}`' in card
-        and str(tmp_path) not in card
-    )
+    assert 'load_prefix_encoder("<the job folder>/peft")' in card and '`{"kind": "cls"}`' in card
+    assert str(tmp_path) not in card
     assert "within 1e-5 (verified at export; largest difference 3.2e-07)." in card
     assert "- fine-tuned-base: the base is the fine-tuned encoder bundled in base_model/" in card
     with pytest.raises(FileNotFoundError, match="cse_peft.json"):
@@ -308,11 +297,7 @@ def test_from_training_reads_the_checkpoint_and_dataset_refs(tmp_path, d2cse_cfg
         adapter={"folder": "ad", "exact": True},
         nli_tokens=DatasetRef(kind="tokens", key="k", path="/p", rows=1, content_hash="nli-hash"),
     )
-    assert (
-        facts.trainable_parameters == 1234
-        and facts.pooler == "cls_before_pooler"
-        and facts.nli_tokens_hash == "nli-hash"
-    )
+    assert (facts.trainable_parameters, facts.pooler, facts.nli_tokens_hash) == (1234, "cls_before_pooler", "nli-hash")
     card = model_card(facts)
     assert "`cls_before_pooler` pooling" in card and "| NLI tokens | `nli-hash` |" in card
     assert "It reproduces this model's embeddings within 1e-5 (verified at export)." in card
@@ -338,10 +323,8 @@ def test_one_card_is_written_into_both_export_folders_atomically(tmp_path, full_
     assert (meta.pop("library_name"), adapter_meta.pop("library_name")) == ("sentence-transformers", "peft")
     assert meta == adapter_meta
     assert 'PeftModel.from_pretrained(base, "<the job folder>/peft").eval()' in adapter_card
-    assert (
-        write_model_card(export, full_facts) == export / "README.md"
-        and export.joinpath("README.md").read_text() == card
-    )
+    assert write_model_card(export, full_facts) == export / "README.md"
+    assert export.joinpath("README.md").read_text() == card
     with pytest.raises(FileNotFoundError, match="export the model before"):
         write_model_cards(full_facts, export, tmp_path / "absent")
     assert (adapter / "README.md").read_text() == adapter_card  # nothing written when a folder is missing
@@ -389,22 +372,16 @@ def test_the_adapter_section_states_the_exports_verification(tmp_path, d2cse_cfg
     (folder / "cse_peft.json").write_text(json.dumps(spec))
     card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=AdapterInfo.from_folder(folder)))
     assert "(peft `PREFIX_TUNING`, `FEATURE_EXTRACTION`, 4 virtual tokens)" in card
-    assert (
-        "PEFT passes the 4 prefix slots" in card and "only if trained with the shift; this checkpoint was not" in card
-    )
+    assert "PEFT passes the 4 prefix slots" in card
+    assert "only if trained with the shift; this checkpoint was not" in card
     assert (
         "does **not** reproduce this model's embeddings exactly (largest difference 0.031 on 8 probe sentences)" in card
     )
     assert "- position-shift: trained without the position shift" in card
 
-    @dataclass
-    class Export:  # a PeftExport holds no prefix_len: the folder's cse_peft.json gives it
-        folder: str
-        exact: bool
-
     spec.update(exact=True, max_abs_diff=2e-7, trained_shift_positions=True)
     (folder / "cse_peft.json").write_text(json.dumps(spec))
-    adapter = AdapterInfo.of(Export(folder=str(folder), exact=True))
+    adapter = AdapterInfo.of(SimpleNamespace(folder=str(folder), exact=True))  # the rest: from cse_peft.json
     assert (adapter.prefix_len, adapter.probe_sentences, adapter.exact) == (4, 8, True)
     card = model_card(CardFacts.from_training(d2cse_cfg, OURS, adapter=adapter))
     assert "within 1e-5 (verified at export; largest difference 2e-07). Verified on 8 probe sentences." in card
@@ -480,9 +457,8 @@ def test_cse_card_regenerates_a_finished_jobs_card(tmp_path, d2cse_cfg, capsys):
         str(job.peft_adapter / "README.md"),
     ]
     adapter_card = (job.peft_adapter / "README.md").read_text()
-    assert (
-        "library_name: peft" in adapter_card and 'load_prefix_encoder("<the job folder>/peft-adapter")' in adapter_card
-    )
+    assert "library_name: peft" in adapter_card
+    assert 'load_prefix_encoder("<the job folder>/peft-adapter")' in adapter_card
     assert adapter_card.split("\n---\n", 1)[1] == (job.export / "README.md").read_text().split("\n---\n", 1)[1]
 
 
@@ -520,13 +496,8 @@ def test_the_card_states_the_ingested_sample_and_names_no_local_path(isolated_ho
     facts = CardFacts.from_training(cfg, OURS, tokens=tokens, steps=40, adapter=adapter, st_export={"kind": "standard"})
     card = model_card(facts)
     [origin] = facts.data_origin
-    assert (origin.source, origin.origin, origin.rows, origin.sample, origin.dataset_key) == (
-        "wiki1m_head.txt",
-        "path",
-        11_913,
-        True,
-        "wiki-key",
-    )
+    assert (origin.source, origin.origin, origin.dataset_key) == ("wiki1m_head.txt", "path", "wiki-key")
+    assert (origin.rows, origin.sample) == (11_913, True)
     assert (
         "| wiki1m | `wiki1m_head.txt` | local file | 11,913 | **a sample**: 11,913 of the full 1,000,000 rows |" in card
     )

@@ -41,13 +41,10 @@ def test_run_names_carry_what_differs_from_the_preset(monkeypatch):
     many = resolve_train_config(
         "smoke", {"seed": 7, "max_steps": 3, "corrupt": {"mask_ratio": 0.15}}, method=DEFAULT_METHOD
     )
-    assert (
-        run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 corrupt.seed=7 max_steps=3 seed=7"
-    )  # name order; seed sets corrupt.seed
+    # name order; seed sets corrupt.seed
+    assert run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 corrupt.seed=7 max_steps=3 seed=7"
     nulled = resolve_train_config("smoke", {"ingest": {"senteval": {"expected_rows": None}}}, method=DEFAULT_METHOD)
-    assert (
-        run_name(nulled) == f"{DEFAULT_METHOD}-smoke expected_rows=None"
-    )  # a mapping replaced: one name, not each key
+    assert run_name(nulled) == f"{DEFAULT_METHOD}-smoke expected_rows=None"  # a mapping replaced: one name
     monkeypatch.setattr("cse.tracking.run_pages.RUN_NAME_MAX", 20)  # past it, the rest is counted
     assert run_name(many) == f"{DEFAULT_METHOD}-smoke mask_ratio=0.15 +3 more"
 
