@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.machine import SHARED_DATA, timed
 from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences, pad_batch
 from cse.models.loading import is_random_init, load_masked_lm, load_tokenizer, pick_device, resolve_model_path
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 FALLBACK = "random-init:distilbert-base-uncased"
 TARGET = 0.9
@@ -76,24 +74,11 @@ def load_generator(name: str) -> tuple[torch.nn.Module, object, str]:
     return model, AutoTokenizer.from_pretrained(name, local_files_only=True), name
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device: torch.device) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--generator", default="distilbert-base-uncased")
     p.add_argument("--sentences", type=int, default=2048)
-    p.add_argument("--data", default=str(REPO_ROOT.parent / "shared" / "data" / "wiki1m_head.txt"))
+    p.add_argument("--data", default=str(SHARED_DATA / "wiki1m_head.txt"))
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--mask-ratio", type=float, default=0.3)
@@ -142,8 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
     corrupt_sequences(corruptor, flat[warm], offsets[:33] if len(seqs) > 32 else offsets, torch.Generator(), 32)
     bare_times, stage_times = [], []
     for _ in range(args.repeats):
-        bare_times.append(_timed(bare, device))
-        stage_times.append(_timed(stage, device))
+        bare_times.append(timed(bare, device))
+        stage_times.append(timed(stage, device))
     n = len(seqs)
     result = {
         "generator": used,

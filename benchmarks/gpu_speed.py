@@ -58,16 +58,17 @@ import torch
 
 from benchmarks.gpu_check import (
     METHODS,
-    PEAK_TFLOPS,
     benchmark_trainer,
     count_step_flops,
+    device_peak,
     device_slug,
+    last_phase_batch,
     projected_steps,
     report_header,
-    sync,
     synthetic_tokenizer,
 )
-from benchmarks.machine import subject_method
+from benchmarks.machine import subject_method, sync, timed
+from benchmarks.step_profile import device_events
 from cse.config.training import resolve_train_config
 from cse.training.loop import TrainerHooks
 
@@ -121,15 +122,8 @@ class _Windows(TrainerHooks):
 def _profile_summary(win: _Windows, steps: int, cuda: bool) -> dict:
     if win.prof is None:
         return {}
-    events = win.prof.events()
-    device = [
-        e
-        for e in events
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and not getattr(e, "is_user_annotation", False)
-        and not e.name.startswith("ProfilerStep")
-    ]
-    launches = [e for e in events if e.name in LAUNCH_CALLS or e.name.startswith("cudaMemcpy")]
+    device = device_events(win.prof)
+    launches = [e for e in win.prof.events() if e.name in LAUNCH_CALLS or e.name.startswith("cudaMemcpy")]
     busy = sum(e.device_time for e in device) / 1e6  # microseconds → s
     return {
         "profiled_steps": steps,
@@ -163,10 +157,7 @@ def measure_mode(method, mode, device, size, precision, steps, warmup, profile_s
     with state:
         trainer.run()
         step_s = (win.t1 - win.t0) / steps
-        last = trainer.phases[-1]
-        probe = last.rows.batch(np.arange(last.batch_size), 0)
-        if last.aux_rows is not None:
-            probe.aux = last.aux_rows.batch(np.arange(last.aux_batch_size), 0)
+        probe = last_phase_batch(trainer)
         if flops is None and not switches["compile"]:
             flops = count_step_flops(trainer, probe.to(device))
     tokens = probe.tokens
@@ -224,14 +215,9 @@ def eval_overhead(model, tokenizer, device) -> dict:
     words = [f"w{i}" for i in range(1000, 20000)]  # (single tokens of the synthetic vocabulary)
     sentences = [" ".join(rng.choice(words, size=int(rng.integers(6, 39)))) for _ in range(n)]
     ids = model.token_ids(sentences)  # the method's own input (DiffAug: its prompt template)
-    cache = DeviceBatches()
-    times = []
-    for use_cache in (False, False, True, True):  # (the first of each: warm-up / filling the cache)
-        sync(device)
-        t0 = time.perf_counter()
-        embed_token_ids(model, ids, batch_size=128, precision="fp32", device_cache=cache if use_cache else None)
-        sync(device)
-        times.append(time.perf_counter() - t0)
+    embed = lambda cache: embed_token_ids(model, ids, batch_size=128, precision="fp32", device_cache=cache)
+    cache = DeviceBatches()  # (the first run of each: warm-up / filling the cache)
+    times = [timed(lambda c=c: embed(c), device) for c in (None, None, cache, cache)]
     return {"dev_sentences": n, "eval_s": round(times[1], 3), "eval_s_device_batches": round(times[3], 3)}
 
 
@@ -426,8 +412,7 @@ class SpeedRun:
         self.profile_steps = args.profile_steps if args.profile_steps is not None else (3 if cuda else 0)
         self.backend = args.compile_backend or ("inductor" if cuda else "aot_eager")
         self.size, self.precision = ("base", "bf16") if cuda else ("tiny", "fp32")
-        name = torch.cuda.get_device_name(self.device) if cuda else platform.processor() or "cpu"
-        self.peak = args.peak_tflops or (next((v for k, v in PEAK_TFLOPS.items() if k in name), None) if cuda else None)
+        name, self.peak = device_peak(self.device, args.peak_tflops)
         self.result: dict = {
             "benchmark": "gpu_speed",
             "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -28,9 +28,6 @@ Output: `<out>/grad_cache.json` and `<out>/grad_cache.md` (with `--device cuda`:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import platform
@@ -43,6 +40,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_check import build_model, job_phases, loop_config, synthetic_rows, synthetic_tokenizer
+from benchmarks.machine import release_freed_heap, sync
 from cse.config.methods import DEFAULT_METHOD
 from cse.config.training import resolve_train_config
 from cse.training.loop import Trainer, TrainerHooks
@@ -61,13 +59,6 @@ def _in_use_gb(device: torch.device) -> float:
     return float("nan")
 
 
-def release_freed_heap() -> None:
-    """glibc keeps freed memory resident; malloc_trim(0) returns it (no-op where there is no glibc)."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 class StepTimes(TrainerHooks):
     """Wall time, peak memory and the memory in use at the start of each step. Before the step `trim_step` (0-based)
     the heap freed by the steps before is returned to the system, so that step's start is what is live."""
@@ -76,17 +67,15 @@ class StepTimes(TrainerHooks):
         self.device, self.trim_step, self.records = device, trim_step, []
 
     def on_forward_start(self, trainer, batch) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif len(self.records) == self.trim_step:
+        sync(self.device)
+        if self.device.type != "cuda" and len(self.records) == self.trim_step:
             release_freed_heap()
             trainer.memory.reset()
         self.before = _in_use_gb(self.device)
         self.t0 = time.perf_counter()
 
     def on_update_end(self, trainer) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
         self.records.append({"seconds": time.perf_counter() - self.t0, "in_use_before_gb": self.before})
 
     def on_step_end(self, trainer, batch, metrics) -> None:

@@ -90,24 +90,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.facts import registry_facts
-from benchmarks.machine import cpu_environment, set_offline_environment
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+from benchmarks.machine import REPO_ROOT, SHARED_DATA, cpu_environment, set_offline_environment, sts_evaluator
 
 set_offline_environment()
 
 PEER_DIFF_LIMIT = 1.0
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
-# run name → method, preset, per-run overrides, default steps, eval_steps and a note on the learning rate: the
-# `learning_runs` of every registry method (benchmarks/facts.py); the peer check ("peer") reproduces the
-# `learning_peer_run`. The JSON's peer keys (`simcse_peerlike`, `simcse_default`) are the report format.
-RUNS: dict[str, dict[str, Any]] = {}
-PEER_RUN = ""
-
 
 def _runs() -> tuple[dict[str, dict[str, Any]], str]:
+    """(run name → method, preset, per-run overrides, default steps, eval_steps and a note on the learning rate: the
+    `learning_runs` of every registry method (benchmarks/facts.py); the run the peer check ("peer") reproduces: the
+    `learning_peer_run`). The JSON's peer keys (`simcse_peerlike`, `simcse_default`) are the report format."""
     runs, peer = {}, ""
     for name, method_facts in registry_facts().items():
         for run, settings in method_facts.learning_runs.items():
@@ -144,26 +138,18 @@ class Bench:
         from cse.config.stages import local_mirror_ingest
         from cse.storage.layout import DataRoot
 
-        self.torch = torch
         self.device = torch.device("cpu")
         self.batch_size = batch_size
         self.ingest = local_mirror_ingest(SHARED_DATA)
         self.root = DataRoot(get_settings().data_root)
         self._tokens: dict[tuple, Any] = {}
         self._corruption: dict[tuple, Any] = {}
-        self.data_seconds = 0.0
         self._probe: list[str] | None = None
         self._starts: dict[tuple, dict[str, Any]] = {}
         self._start_cache = list(start_cache or ())
-        from cse.evaluation.evaluator import Evaluator
-        from cse.storage.evaluations import load_sts_input
-        from cse.tasks.ingest import ingest_dataset
-
         t0 = time.perf_counter()
-        sts = ingest_dataset.fn("sts", self.ingest)
-        self.sts_input = load_sts_input(sts.key, self.root)
-        self.evaluator = Evaluator(self.sts_input.table)
-        self.data_seconds += time.perf_counter() - t0
+        self.evaluator = sts_evaluator()
+        self.data_seconds = time.perf_counter() - t0
 
     def _read_start_cache(self) -> None:
         """Start evaluations of other processes' reports (read when needed: they may be written meanwhile)."""
@@ -368,15 +354,12 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
         "preset": cfg.preset,
         "dataset": cfg.dataset,
         "overrides": {
-            k: v
-            for k, v in {
-                **spec["overrides"],
-                "batch_size": cfg.batch_size,
-                "max_steps": cfg.max_steps,
-                "epochs": cfg.epochs,
-                "max_train_sentences": None,
-                "eval_steps": cfg.eval_steps,
-            }.items()
+            **spec["overrides"],
+            "batch_size": cfg.batch_size,
+            "max_steps": cfg.max_steps,
+            "epochs": cfg.epochs,
+            "max_train_sentences": None,
+            "eval_steps": cfg.eval_steps,
         },
         "steps": loop.steps,
         "batch_size": cfg.batch_size,
@@ -534,14 +517,13 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
         }
     )
     if default_simcse is not None:
-        out["simcse_default"] = {
-            "trained": default_simcse["trained"],
-            "steps": default_simcse["steps"],
-            "selection": default_simcse["selection"],
-            "best_step": default_simcse["best_step"],
-            "training_mlp": True,
-        }
+        out["simcse_default"] = default_summary(default_simcse)
     return out
+
+
+def default_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The peer table's row of the default SimCSE run (training-time MLP, best dev checkpoint)."""
+    return {k: run[k] for k in ("trained", "steps", "selection", "best_step")} | {"training_mlp": True}
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -684,14 +666,7 @@ def merge(args, argv) -> int:
                 raise SystemExit(f"two files hold the peer check ({path})")
             peer = rep["peer"]
     if peer is not None and "simcse_default" not in peer and PEER_RUN in by_run:
-        d = by_run[PEER_RUN]
-        peer["simcse_default"] = {
-            "trained": d["trained"],
-            "steps": d["steps"],
-            "selection": d["selection"],
-            "best_step": d["best_step"],
-            "training_mlp": True,
-        }
+        peer["simcse_default"] = default_summary(by_run[PEER_RUN])
     results = [by_run[n] for n in ALL if n in by_run]
     ends = [path.stat().st_mtime for path, _ in parts]
     starts = [path.stat().st_mtime - rep["total_seconds"] for path, rep in parts]

@@ -28,10 +28,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from benchmarks.gpu_check import METHODS, benchmark_trainer, synthetic_tokenizer
+from benchmarks.machine import sync
 from cse.training.loop import TrainerHooks
 
 
-def _device_events(prof) -> list:
+def device_events(prof) -> list:
     """The profiler's device-side work (kernels, memcpy, memset): device events, less the step annotations that the
     profiler also draws on the device's timeline (`ProfilerStep#N`, spanning whole steps)."""
     return [
@@ -64,8 +65,7 @@ class _Step(TrainerHooks):
         self.prof, self.skip, self.steps = prof, skip, steps
 
     def on_update_end(self, trainer):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
         self.updates += 1
         if self.updates in (self.skip, self.skip + self.steps):
             self.marks["t0" if self.updates == self.skip else "t1"] = time.perf_counter()
@@ -102,7 +102,7 @@ def profile_steps(method: str, device: torch.device, size: str, steps: int, warm
         trainer.run()
     wall = (marks["t1"] - marks["t0"]) / steps
     averages = prof.key_averages()
-    kernels = _device_events(prof)
+    kernels = device_events(prof)
     busy = sum(e.device_time for e in kernels) / 1e6 / steps if cuda else None  # device_time: microseconds
     by_host = [e for e in averages if not e.key.startswith("ProfilerStep")]
     by_host = sorted(by_host, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
