@@ -426,12 +426,8 @@ def build_full_masks(model: nn.Module) -> None:
     inner = {id(s) for m in outer for s in m.modules() if s is not m}
     for m in outer:
         name = attention_implementation(m)
-        if (
-            id(m) in inner
-            or name.endswith("+full-mask")
-            or name not in ALL_ATTENTION_FUNCTIONS
-            or name not in ALL_MASK_ATTENTION_FUNCTIONS
-        ):
+        registered = name in ALL_ATTENTION_FUNCTIONS and name in ALL_MASK_ATTENTION_FUNCTIONS
+        if id(m) in inner or name.endswith("+full-mask") or not registered:
             continue
         AttentionInterface.register(f"{name}+full-mask", ALL_ATTENTION_FUNCTIONS[name])
         AttentionMaskInterface.register(f"{name}+full-mask", full_mask(ALL_MASK_ATTENTION_FUNCTIONS[name]))
@@ -440,15 +436,8 @@ def build_full_masks(model: nn.Module) -> None:
 
 def dry_run_loop_config(cfg) -> LoopConfig:
     """The job's loop settings (`cse.training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
-    return dataclasses.replace(
-        loop_config(
-            cfg.model_copy(
-                update={"eval_steps": 10**9, "checkpoint_steps": 10**9, "log_steps": 10**9, "deterministic": False}
-            ),
-            "fp32",
-        ),
-        save_state=False,
-    )
+    quiet = {"eval_steps": 10**9, "checkpoint_steps": 10**9, "log_steps": 10**9, "deterministic": False}
+    return dataclasses.replace(loop_config(cfg.model_copy(update=quiet), "fp32"), save_state=False)
 
 
 def steps_per_phase(cfg) -> int:
@@ -533,20 +522,6 @@ def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
         return cls.random_backbone_kwargs(cfg.model, backbone)
 
 
-def expected_trainable(method: str, cfg) -> tuple[int | None, int | None]:
-    """(trainable, prefix-phase trainable) parameters the reference gives for this configuration (the method's
-    `dry_run_trainable`, benchmarks/facts.py; None where it gives no figure)."""
-    figures = facts(method).dry_run_trainable
-    return figures(cfg.backbone, cfg.model) if figures else (None, None)
-
-
-def encoder_passes(method: str, model_config) -> int:
-    """Encoder passes per view of a training step (the method's `dry_run_encoder_passes`, benchmarks/facts.py: an int
-    or a function of the model config; 1 when it states none)."""
-    passes = facts(method).dry_run_encoder_passes
-    return passes(model_config) if callable(passes) else passes
-
-
 def pick_micro(cost: CostModel, info: dict, cfg, args, fixed_bytes: float) -> tuple[int, dict]:
     """The largest candidate batch whose predicted step time and peak memory fit the budgets."""
     real = cfg.batch_size
@@ -572,7 +547,8 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     """What the cost model and the report need to know about the built model."""
     phases = model_class(method).phases
     layer_params = sum(p.numel() for p in backbone.encoder.parameters())
-    passes = encoder_passes(method, cfg.model)
+    passes = facts(method).dry_run_encoder_passes  # per view of a step: an int or a function of the model config
+    passes = passes(cfg.model) if callable(passes) else passes
     views_main = 3 if cfg.supervised else 2
     info = {
         "layers": backbone.config.num_hidden_layers,
@@ -643,20 +619,16 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         },
         tokenizer=getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
     )
-    exp, exp_prefix = expected_trainable(method, cfg)
+    # (trainable, prefix-phase trainable) parameters the reference gives for this configuration (None: no figure)
+    figures = facts(method).dry_run_trainable
+    expected = figures(cfg.backbone, cfg.model) if figures else (None, None)
     checks = []
-    if exp is not None:
-        checks.append(f"trainable {n_train:,} {'==' if exp == n_train else '!='} reference {exp:,}")
-        if exp != n_train:
-            raise AssertionError(f"trainable parameters {n_train:,} differ from reference {exp:,}")
-    if exp_prefix is not None:
-        got = by_phase.get("prefix")
-        checks.append(f"prefix-phase trainable {got:,} {'==' if exp_prefix == got else '!='} reference {exp_prefix:,}")
-        if exp_prefix != got:
-            raise AssertionError(f"prefix-phase trainable parameters {got:,} differ from reference {exp_prefix:,}")
-    rec["parameter_check"] = (
-        "; ".join(checks) if checks else "no DCPCSE reference prefixes figure for this configuration"
-    )
+    for label, exp, got in zip(("trainable", "prefix-phase trainable"), expected, (n_train, by_phase.get("prefix"))):
+        if exp is not None and exp != got:
+            raise AssertionError(f"{label} parameters {got:,} differ from reference {exp:,}")
+        if exp is not None:
+            checks.append(f"{label} {got:,} == reference {exp:,}")
+    rec["parameter_check"] = "; ".join(checks) or "no DCPCSE reference prefixes figure for this configuration"
     info = describe_model(method, cfg, model, backbone)
 
     # ---- data at the real batch (two batches' worth of rows: 2 steps = one epoch)

@@ -256,21 +256,21 @@ def benchmark_trainer(
     precision: str,
     n_steps: int,
     tokenizer,
-    batch: int | None,
-    length: int | None,
     switches: dict,
-    state: Path,
+    folder: str | Path,
     hooks: list,
 ):
-    """The method's default preset (`batch`/`length` overridden when given) on a random BERT of `size`, its synthetic
-    rows and a `Trainer` of `n_steps` steps per phase, no dev evaluation and no resume state written; returns
-    (config, trainer). Shared by the throughput rows and `benchmarks/step_profile.py`."""
-    cfg = preset(method, size, batch, length)
+    """The method's default preset (at its real batch and length on BERT-base size; batch 4 × length 16 on the tiny
+    size of the CPU rehearsals) on a random BERT of `size`, its synthetic rows and a `Trainer` of `n_steps` steps per
+    phase, no dev evaluation and no resume state written (its folder: `folder`/state); returns (config, trainer).
+    Shared by the throughput rows, `benchmarks/step_profile.py` and `benchmarks/gpu_speed.py`."""
+    cfg = preset(method, size) if size == "base" else preset(method, size, batch=4, length=16)
     model = build_model(method, cfg, size, tokenizer, cfg.seed).to(device)
     big = max(cfg.batch_size, cfg.prefix_phase.batch_size if cfg.prefix_phase else 0)
     rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed)
     loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
     phases = job_phases(cfg, rows, nli, n_steps)
+    state = Path(folder) / "state"
     trainer = Trainer(model, phases, loop, device, state, lambda *a: None, lambda m: 0.0, lambda *a: None, hooks=hooks)
     return cfg, trainer
 
@@ -283,8 +283,6 @@ def training_throughput(
     steps: int,
     warmup: int,
     tokenizer,
-    batch: int | None,
-    length: int | None,
     peak_tflops: float | None,
     switches: dict,
 ) -> dict:
@@ -302,20 +300,9 @@ def training_throughput(
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with tempfile.TemporaryDirectory(prefix="gpu-check-state-") as state:
-        cfg, trainer = benchmark_trainer(
-            method,
-            device,
-            size,
-            precision,
-            n_steps,
-            tokenizer,
-            batch,
-            length,
-            switches,
-            Path(state) / "state",
-            [Timed()],
-        )
+    with tempfile.TemporaryDirectory(prefix="gpu-check-state-") as folder:
+        hooks = [Timed()]
+        cfg, trainer = benchmark_trainer(method, device, size, precision, n_steps, tokenizer, switches, folder, hooks)
         trainer.run()
         peak = trainer.peak_memory_gb if device.type == "cuda" else None  # the steps' peak (training/memory.py)
         probe = last_phase_batch(trainer)
@@ -538,14 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         failed |= result["tests"]["returncode"] != 0
     if not args.skip_throughput:
         size, precision = ("base", "bf16") if cuda else ("tiny", "fp32")
-        batch, length = (None, None) if cuda else (4, 16)
         switches = {"fused_adamw": args.fused_adamw, "compile": args.compile, "sdpa_backend": args.sdpa_backend}
         tokenizer = synthetic_tokenizer()
         for method in methods:
             try:
-                rec = training_throughput(
-                    method, device, size, precision, steps, warmup, tokenizer, batch, length, peak, switches
-                )
+                rec = training_throughput(method, device, size, precision, steps, warmup, tokenizer, peak, switches)
             except Exception as e:  # noqa: BLE001 - one method's failure is reported; the others still run
                 traceback.print_exc()
                 rec, failed = {"method": method, "error": f"{type(e).__name__}: {e}"[:300]}, True

@@ -142,12 +142,9 @@ def measure_mode(method, mode, device, size, precision, steps, warmup, profile_s
     switches = dict(MODES[mode])
     if switches["compile"] and "compile_backend" not in switches:
         switches["compile_backend"] = backend
-    batch, length = (None, None) if size == "base" else (4, 16)
     n_steps = warmup + steps + profile_steps
     state = tempfile.TemporaryDirectory(prefix="gpu-speed-")
-    cfg, trainer = benchmark_trainer(
-        method, device, size, precision, n_steps, tokenizer, batch, length, switches, Path(state.name) / "state", []
-    )
+    cfg, trainer = benchmark_trainer(method, device, size, precision, n_steps, tokenizer, switches, state.name, [])
     trainer.cfg = dataclasses.replace(trainer.cfg, log_steps=cfg.log_steps)  # the preset's log cadence
     offset = trainer.offsets[-1]  # time the last phase (DiffAug: joint tuning)
     win = _Windows(device, offset + warmup, offset + warmup + steps, offset + n_steps, profile_steps > 0)

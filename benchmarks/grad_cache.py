@@ -94,19 +94,9 @@ def one_configuration(args: argparse.Namespace, chunk: int | None) -> dict:
     precision = "bf16" if device.type == "cuda" else "fp32"
     loop = loop_config(cfg, precision, args.steps, save_state=False, grad_cache_chunk_size=chunk)
     times = StepTimes(device, trim_step=args.steps - 1)
+    phases, noop = job_phases(cfg, rows, nli, args.steps), lambda *a: None
     with tempfile.TemporaryDirectory(prefix="grad-cache-bench-") as state:
-        trainer = Trainer(
-            model,
-            job_phases(cfg, rows, nli, args.steps),
-            loop,
-            device,
-            Path(state) / "state",
-            lambda *a: None,
-            lambda m: 0.0,
-            lambda *a: None,
-            hooks=[times],
-        )
-        trainer.run()
+        Trainer(model, phases, loop, device, Path(state) / "state", noop, lambda m: 0.0, noop, hooks=[times]).run()
     timed, trimmed = times.records[-2], times.records[-1]
     views = 3 if cfg.supervised else 2
     return {

@@ -29,32 +29,20 @@ builds the identical model (the script checks that two seeded builds have the sa
 records their hash). "trained" = the best STS-B dev checkpoint (`cse.models.checkpoint.load_checkpoint` of the job's
 `best/` folder), our default selection.
 
-Per-method settings (batch 32 everywhere; `--steps` / `--batch-size` override all):
-
-| run | preset | data | steps | lr | eval_steps | notes |
-|---|---|---|---|---|---|---|
-| simcse | simcse/smoke | Wiki1M sample | 80 | 3e-5 (preset) | 40 | MLP in training only, CLS before pooler at eval |
-| simcse-sup | simcse/sup | NLI sample | 30 | 5e-5 (preset) | 15 | MiniLM, batch 32 triplets, CLS + MLP at eval |
-| dcpcse | dcpcse/smoke | Wiki1M sample | 40 | 2e-2 (preset) | 20 | P 8, frozen MiniLM |
-| diffcse | diffcse/smoke | Wiki1M sample | 30 | 2e-5 (preset) | 15 | random-init tiny generator (no pretrained one offline) |
-| d2cse | d2cse/smoke | Wiki1M sample | 30 | 2e-2 (preset) | 15 | P 8, random-init tiny generator |
-| diffaug | diffaug/smoke | NLI (stage 1) + Wiki1M | 12 + 24 | 1e-3 / 2e-5 (preset) | 18 | aux NLI batch 16, α 1e-3 |
-
-Budget. Unloaded, 2 cores: a seven-task evaluation of MiniLM takes ~75 s and a MiniLM D2CSE step at batch 64
-~4.6 s (measured before this script), so it was planned for a few hundred steps per method within 60 min. The step counts above are
-smaller because the machine this was run on was shared with other CPU-heavy jobs (load average 6–8 on 2 cores):
-measured there, a SimCSE step took 3.7 s with 1 torch thread and 10.8–18.6 s with 2 threads (OpenMP threads stall
-when a core is taken away; `OMP_WAIT_POLICY=PASSIVE` gave 4.0 s), and one seven-task evaluation ~260 s. Hence
-`--threads 1` on a shared machine, and the runs split over side-by-side processes (disjoint `--methods`, separate
-`--out`), joined with `--merge a.json b.json ... --out benchmarks/results/learning.json`; the merged report keeps
-every process's command and seconds and the wall time. On an idle machine run it as one process with the default
-threads and raise `--steps` (the per-run defaults are the floor that fitted the shared machine). The committed
-benchmarks/results/learning.json was made that way: one process per run (`--threads 1`), the peer check with
-`--steps 30` (its two trainings and evaluations did not fit 80 steps in the time left; the default SimCSE row
-beside it is the 80-step `simcse` run), start evaluations shared through `--start-cache` where the probe matched.
-
+Per-run settings: the `learning_runs` of each method in benchmarks/facts.py (preset, steps, eval_steps, overrides and
+a note on the learning rate, always the preset's own); batch 32 everywhere; `--steps` / `--batch-size` override all.
 `max_train_sentences` is lifted (the whole sample; `epochs` is raised only where steps x batch exceed the rows).
-Every learning rate is the preset's own; see the JSON's `lr_note` of each run.
+
+Budget. Unloaded, 2 cores: a seven-task evaluation of MiniLM takes ~75 s and a MiniLM D2CSE step at batch 64 ~4.6 s,
+so it was planned for a few hundred steps per method within 60 min; the per-run step counts are smaller because the
+machine it ran on was shared (load average 6–8 on 2 cores: a SimCSE step took 3.7 s with 1 torch thread and 10.8–18.6
+s with 2, OpenMP threads stalling when a core is taken away; a seven-task evaluation ~260 s). Hence `--threads 1` on a
+shared machine, and the runs split over side-by-side processes (disjoint `--methods`, separate `--out`), joined with
+`--merge a.json b.json ... --out benchmarks/results/learning.json` (the merged report keeps every process's command
+and seconds, and the wall time). On an idle machine run it as one process and raise `--steps`. The committed
+benchmarks/results/learning.json was made that way: one process per run (`--threads 1`), the peer check with `--steps
+30` (the default SimCSE row beside it is the 80-step `simcse` run), start evaluations shared through `--start-cache`
+where the probe matched.
 
 Peer cross-check (`peer`): the same job three ways, on the same sentences in the same order (the batches are taken
 from `Trainer.batch_at` of our run: `epoch_order(n, seed + 7919·phase, epoch)`), same batch, steps, learning rate
@@ -588,7 +576,7 @@ def peer_table(p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(args, argv, env, bench, results, peer, total: float, complete: bool) -> tuple[str, list[str]]:
+def write_report(args, argv, env, data_seconds, results, peer, total: float, complete: bool) -> tuple[str, list[str]]:
     """JSON + markdown (written after every run, so an interrupted benchmark leaves its finished runs)."""
     failures = [
         f"{r['run']}: trained {r['trained']['sts_avg']:.2f} <= start {r['start']['sts_avg']:.2f}"
@@ -604,7 +592,7 @@ def write_report(args, argv, env, bench, results, peer, total: float, complete: 
         "complete": complete,
         "environment": env,
         "batch_size": args.batch_size,
-        "data_seconds": round(bench.data_seconds, 1) if bench else None,
+        "data_seconds": round(data_seconds, 1),
         "total_seconds": round(total, 1),
         "runs": results,
         "peer": peer,
@@ -620,7 +608,7 @@ def write_report(args, argv, env, bench, results, peer, total: float, complete: 
         f"# Learning benchmark (CPU, {env['torch_threads']} torch threads, {env['cpu']})",
         "",
         f"`{report['command']}`: total {total / 60:.1f} min"
-        + (f" (data stages {bench.data_seconds:.0f} s)" if bench else "")
+        + f" (data stages {data_seconds:.0f} s)"
         + ("" if complete else " — INCOMPLETE (interrupted or still running)"),
         "",
     ]
@@ -685,10 +673,8 @@ def merge(args, argv) -> int:
     ]
     missing = [n for n in ALL if n not in by_run and not (n == "peer" and peer is not None)]
 
-    class _B:  # the report writer reads only data_seconds
-        data_seconds = sum(p["data_seconds"] or 0.0 for p in processes)
-
-    text, failures = write_report(args, argv, env, _B, results, peer, wall, complete=not missing)
+    data_seconds = sum(p["data_seconds"] or 0.0 for p in processes)
+    text, failures = write_report(args, argv, env, data_seconds, results, peer, wall, complete=not missing)
     report = json.loads(args.out.read_text())
     report.update(
         {
@@ -769,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     env["threads_flag"] = args.threads
     _log(f"CSE_HOME {home}; torch threads {env['torch_threads']}; cpu {env['cpu']}")
-    bench, results, peer = None, [], None
+    results, peer = [], None
     try:
         bench = Bench(args.batch_size, args.start_cache)
         for name in names:  # in the given order (default: SimCSE and its peer check first)
@@ -779,14 +765,14 @@ def main(argv: list[str] | None = None) -> int:
                 peer = run_peer(bench, steps, default)
             else:
                 results.append(run_method(bench, name, args.steps or RUNS[name]["steps"]))
-            write_report(args, argv, env, bench, results, peer, time.perf_counter() - t_all, complete=False)
+            write_report(args, argv, env, bench.data_seconds, results, peer, time.perf_counter() - t_all, False)
     finally:
         if args.keep_home:
             _log(f"kept CSE_HOME {home}")
         else:
             shutil.rmtree(home, ignore_errors=True)
     total = time.perf_counter() - t_all
-    text, failures = write_report(args, argv, env, bench, results, peer, total, complete=True)
+    text, failures = write_report(args, argv, env, bench.data_seconds, results, peer, total, complete=True)
     print("\n" + text)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return 1 if failures else 0

@@ -75,29 +75,17 @@ class _Step(TrainerHooks):
 def profile_steps(method: str, device: torch.device, size: str, steps: int, warmup: int, switches: dict, top: int):
     """Profile `steps` training steps of `method`'s default preset after `warmup` steps; returns the summary."""
     cuda = device.type == "cuda"
-    batch, length = (None, None) if size == "base" else (4, 16)
     n_steps = warmup + steps
     marks: dict[str, float] = {}
     state = tempfile.TemporaryDirectory(prefix="step-profile-")
-    step_hook = _Step(device, marks)
-    cfg, trainer = benchmark_trainer(
-        method,
-        device,
-        size,
-        "bf16" if cuda else "fp32",
-        n_steps,
-        synthetic_tokenizer(),
-        batch,
-        length,
-        switches,
-        Path(state.name) / "state",
-        [step_hook],
-    )
+    hook = _Step(device, marks)
+    precision, tokenizer = "bf16" if cuda else "fp32", synthetic_tokenizer()
+    cfg, trainer = benchmark_trainer(method, device, size, precision, n_steps, tokenizer, switches, state.name, [hook])
     skip = sum(p.max_steps for p in trainer.phases[:-1]) + warmup  # profile the last phase's last `steps` steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # the profiler's own warm-up is the last unprofiled step
     prof = profile(activities=activities, schedule=schedule(wait=skip - 1, warmup=1, active=steps, repeat=1))
-    step_hook.arm(prof, skip, steps)
+    hook.arm(prof, skip, steps)
     with state, prof:
         trainer.run()
     wall = (marks["t1"] - marks["t0"]) / steps
