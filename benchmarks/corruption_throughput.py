@@ -51,13 +51,11 @@ def workloads() -> dict[str, int]:
                 continue
             cfg = resolve_train_config(preset, method=method)
             variants = cfg.corrupt.variants or required_variants(cfg.epochs, cfg.supervised)
-            data, columns = ("NLI", 3) if cfg.supervised else ("Wiki1M", 1)
-            groups.setdefault((data, columns, variants), []).append(f"{method}/{preset}")
+            data, rows, columns = ("NLI", NLI, 3) if cfg.supervised else ("Wiki1M", WIKI1M, 1)
+            groups.setdefault((data, rows, columns, variants), []).append(f"{method}/{preset}")
     return {
-        f"{', '.join(names)} ({data}, {columns} column(s) x {variants} variant(s))": (NLI if data == "NLI" else WIKI1M)
-        * columns
-        * variants
-        for (data, columns, variants), names in groups.items()
+        f"{', '.join(names)} ({data}, {columns} column(s) x {variants} variant(s))": rows * columns * variants
+        for (data, rows, columns, variants), names in groups.items()
     }
 
 
@@ -143,14 +141,13 @@ def main(argv: list[str] | None = None) -> dict:
         "repeats": args.repeats,
         "bare_forward_sentences_per_s": round(n / min(bare_times), 1),
         "corruption_sentences_per_s": round(n / min(stage_times), 1),
+        "generator_dropout": not args.no_generator_dropout,
+        "positions": args.positions,
     }
-    result.update(generator_dropout=not args.no_generator_dropout, positions=args.positions)
-    result["ratio"] = round(result["corruption_sentences_per_s"] / result["bare_forward_sentences_per_s"], 3)
-    result["projected_minutes"] = {
-        name: round(n_sent / result["corruption_sentences_per_s"] / 60, 1) for name, n_sent in workloads().items()
-    }
-    result["target"] = TARGET
-    result["meets_target"] = result["ratio"] >= TARGET
+    rate = result["corruption_sentences_per_s"]
+    result["ratio"] = round(rate / result["bare_forward_sentences_per_s"], 3)
+    result["projected_minutes"] = {name: round(n_sent / rate / 60, 1) for name, n_sent in workloads().items()}
+    result |= {"target": TARGET, "meets_target": result["ratio"] >= TARGET}
     print(json.dumps(result, indent=2))
     return result
 

@@ -32,8 +32,8 @@ or when named in `--presets`):
    deterministic off, `eval_steps`/`checkpoint_steps`/`log_steps` = 10^9, no resume state written) and a
    `StepProbe` on its public hooks runs 2 optimiser steps: 2 of the one phase, or for DiffAug 1 prefix-phase step + 1
    joint step (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so its timings are
-   first-step timings, ~5–20 % above a warm step judging from the other methods). `evaluate_dev` returns 0.0,
-   `save_best` writes nothing, `log_metrics` keeps the metrics in memory.
+   first-step timings, ~5–20 % above a warm step judging from the other methods). `evaluate_dev` returns 0.0;
+   nothing is saved or logged.
    a. CPU run at a micro batch: the largest of {real batch, 64, 32, 16, 8, 4, 2} (below the real batch) whose
       predicted CPU time of the batch-proportional part of a step fits `--step-budget-s` and whose predicted peak
       RSS fits `--max-memory-gb` (a FLOP model calibrated on the presets measured so far). Every batch size of the
@@ -256,14 +256,6 @@ def token_rows(tokenizer, n: int, length: int, columns: tuple[str, ...], seed: i
     return TokenRows(ids=np.arange(n), seqs=seqs)
 
 
-def special_tokens(tokenizer) -> SpecialTokens:
-    if isinstance(tokenizer, RobertaIdsStandIn):
-        return SpecialTokens(
-            pad=1, mask=tokenizer.mask_token_id, special=tuple(tokenizer.all_special_ids), vocab_size=len(tokenizer)
-        )
-    return SpecialTokens.from_tokenizer(tokenizer)
-
-
 def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) -> tuple[CorruptionRows, dict]:
     """Corrupted ids of every row by the preset's random-init generator (a pool of CORRUPT_POOL rows, tiled)."""
     t0 = time.perf_counter()
@@ -272,7 +264,7 @@ def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) 
     variants = n_views if cfg.corrupt.variants is None else min(cfg.corrupt.variants, n_views)
     corruptor = Corruptor(
         gen,
-        special_tokens(tokenizer),
+        SpecialTokens.from_tokenizer(tokenizer),
         cfg.corrupt.mask_ratio,
         cfg.corrupt.mode,
         device="cpu",
@@ -454,25 +446,15 @@ def stepped_config(cfg):
     return cfg.model_copy(update=update)
 
 
-def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[StepProbe, list]:
-    metrics_log: list = []
-    probe = StepProbe()
+def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> StepProbe:
+    """Run the job's phases of `cfg` on `device` through the real Trainer; returns the step probe with its records."""
+    probe, noop = StepProbe(), lambda *a: None
     if device.type == "meta":
         build_full_masks(model)
+    phases, loop = training_phases(cfg, rows, nli_rows), dry_run_loop_config(cfg)
     with tempfile.TemporaryDirectory(prefix="dry-run-state-") as state:
-        trainer = Trainer(
-            model,
-            training_phases(cfg, rows, nli_rows),
-            dry_run_loop_config(cfg),
-            device,
-            Path(state) / "state",
-            save_best=lambda m, step, score: None,
-            evaluate_dev=lambda m: 0.0,
-            log_metrics=lambda values, step: metrics_log.append((step, values)),
-            hooks=[probe],
-        )
-        trainer.run()
-    return probe, metrics_log
+        Trainer(model, phases, loop, device, Path(state) / "state", noop, lambda m: 0.0, noop, hooks=[probe]).run()
+    return probe
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -682,7 +664,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         n_nli_micro = 2 * max(mcfg.prefix_phase.batch_size if mcfg.prefix_phase else 0, mcfg.aux_nli_batch_size)
         micro_nli = sub(nli_rows, n_nli_micro)
     t0 = time.perf_counter()
-    trainer, _ = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
+    trainer = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
     rec["cpu_run_seconds"] = round(time.perf_counter() - t0, 1)
 
     # batch-independent forward of a step (DiffAug: template denoising), timed on its own (warm)
@@ -799,22 +781,15 @@ def meta_run(model, cfg, rows, nli_rows) -> str:
     meta = torch.device("meta")
     model.to(meta)
     try:
-        trainer, _ = run_trainer(model, stepped_config(cfg), rows, nli_rows, meta)
+        trainer = run_trainer(model, stepped_config(cfg), rows, nli_rows, meta)
     except Exception as e:  # noqa: BLE001 - the failure is recorded with its frames in the project's code
-        frames = traceback.extract_tb(e.__traceback__)
-        own = [
-            f
-            for f in frames
-            if str(REPO_ROOT) in f.filename and "/benchmarks/" not in f.filename and "/.venv/" not in f.filename
-        ] or frames
-        lib = frames[-1]
-        where = (
-            f"{Path(own[-1].filename).relative_to(REPO_ROOT) if str(REPO_ROOT) in own[-1].filename else own[-1].filename}"
-            f":{own[-1].lineno}"
-        )
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} at {where}" + (
-            f" (raised in {Path(lib.filename).name}:{lib.lineno})" if lib is not own[-1] else ""
-        )
+        frames, root = traceback.extract_tb(e.__traceback__), str(REPO_ROOT)
+        ours = lambda f: root in f.filename and "/benchmarks/" not in f.filename and "/.venv/" not in f.filename
+        site, lib = ([f for f in frames if ours(f)] or frames)[-1], frames[-1]  # the project's frame, the raising one
+        file = Path(site.filename).relative_to(REPO_ROOT) if root in site.filename else site.filename
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} at {file}:{site.lineno}"
+        if lib is not site:
+            msg += f" (raised in {Path(lib.filename).name}:{lib.lineno})"
         text = f"{type(e).__name__}: {e}"
         if any(s.lower() in text.lower() for s in _META_UNSUPPORTED):
             return f"unsupported on meta ({msg})"
@@ -1014,18 +989,9 @@ def main(args: argparse.Namespace) -> int:
     meta["wall_seconds"] = round(time.perf_counter() - started)
     meta["failed"] = failed
     write_outputs(results, meta, args.out)
-    print(
-        json.dumps(
-            {
-                "wall_seconds": meta["wall_seconds"],
-                "presets": len(results),
-                "failed": failed,
-                "json": str(args.out / "dry_run.json"),
-                "markdown": str(args.out / "dry_run.md"),
-            },
-            indent=2,
-        )
-    )
+    summary = {"wall_seconds": meta["wall_seconds"], "presets": len(results), "failed": failed}
+    summary |= {"json": str(args.out / "dry_run.json"), "markdown": str(args.out / "dry_run.md")}
+    print(json.dumps(summary, indent=2))
     if failed:
         print(f"[dry-run] FAILED presets: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -308,9 +308,7 @@ def training_throughput(
         probe = last_phase_batch(trainer)
         tokens = probe.tokens
         flops = count_step_flops(trainer, probe.to(device))
-    # the joint/main phase: the last `steps` steps of the last phase
-    measured = times[-steps:]
-    step_s = statistics.median(measured)
+    step_s = statistics.median(times[-steps:])  # the joint/main phase: the last `steps` steps of the last phase
     tflops = flops / step_s / 1e12
     rec = {
         "method": method,
@@ -448,18 +446,8 @@ def markdown(result: dict) -> str:
 
 def run_tests(device: torch.device, out: Path) -> dict:
     env = {**os.environ, "CSE_GPU_CHECK_DEVICE": device.type}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-m",
-        "gpu",
-        "-p",
-        "no:cacheprovider",
-        str(REPO_ROOT / "tests" / "gpu"),
-        f"--junitxml={out / 'gpu_tests.xml'}",
-    ]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"]
+    cmd += [str(REPO_ROOT / "tests" / "gpu"), f"--junitxml={out / 'gpu_tests.xml'}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr).strip().splitlines()

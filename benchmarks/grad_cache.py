@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one chunk size, print its JSON
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     if args.steps < 3:
         p.error("--steps must be >= 3: a warm-up step, a timed step, a memory step")
@@ -168,10 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(one_configuration(args, None if args.one == "full" else int(args.one))))
         return 0
     configurations = []
+    passed_on = [a for a in argv if not a.startswith("--one")]
     for chunk in args.chunks.split(","):
-        cmd = [sys.executable, "-m", "benchmarks.grad_cache", "--one", chunk] + [
-            a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--one")
-        ]
+        cmd = [sys.executable, "-m", "benchmarks.grad_cache", "--one", chunk, *passed_on]
         proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
         "torch": torch.__version__,
-        "command": "python -m benchmarks.grad_cache " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.grad_cache " + " ".join(argv),
         "configurations": configurations,
     }
     suffix = "" if args.device == "cpu" else "_cuda"

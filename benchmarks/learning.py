@@ -130,8 +130,7 @@ class Bench:
         self.batch_size = batch_size
         self.ingest = local_mirror_ingest(SHARED_DATA)
         self.root = DataRoot(get_settings().data_root)
-        self._tokens: dict[tuple, Any] = {}
-        self._corruption: dict[tuple, Any] = {}
+        self._stages: dict[tuple, Any] = {}
         self._probe: list[str] | None = None
         self._starts: dict[tuple, dict[str, Any]] = {}
         self._start_cache = list(start_cache or ())
@@ -156,29 +155,31 @@ class Bench:
                     )
 
     # ------------------------------------------------------------------ data stages
+    def _stage(self, key: tuple, run):
+        """The output of a data stage, run (and timed into `data_seconds`) the first time `key` is asked for."""
+        if key not in self._stages:
+            t0 = time.perf_counter()
+            self._stages[key] = run()
+            self.data_seconds += time.perf_counter() - t0
+        return self._stages[key]
+
     def tokens(self, dataset: str, cfg):
         from cse.tasks.ingest import ingest_dataset
         from cse.tasks.tokenize import tokenize_dataset
 
         tc = cfg.tokenize_config()
-        key = (dataset, tc.model_dump_json())
-        if key not in self._tokens:
-            t0 = time.perf_counter()
-            self._tokens[key] = tokenize_dataset.fn(ingest_dataset.fn(dataset, self.ingest), tc)
-            self.data_seconds += time.perf_counter() - t0
-        return self._tokens[key]
+        run = lambda: tokenize_dataset.fn(ingest_dataset.fn(dataset, self.ingest), tc)
+        return self._stage(("tokens", dataset, tc.model_dump_json()), run)
 
     def corruption(self, tokens, cfg):
         from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 
-        key = (tokens.key, cfg.corrupt.model_dump_json())
-        if key not in self._corruption:
-            t0 = time.perf_counter()
+        def run():
             plan = plan_corruption.fn(tokens.key, cfg.corrupt)
             shards = [] if plan.cached else [corrupt_shard.fn(plan, i) for i in range(plan.n_shards)]
-            self._corruption[key] = publish_corruption.fn(plan, shards)
-            self.data_seconds += time.perf_counter() - t0
-        return self._corruption[key]
+            return publish_corruption.fn(plan, shards)
+
+        return self._stage(("corruption", tokens.key, cfg.corrupt.model_dump_json()), run)
 
     def config(self, spec: dict[str, Any], steps: int):
         """The resolved TrainConfig of a run: the preset + CPU-scale overrides (epochs raised to cover the steps)."""
@@ -397,10 +398,8 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
         "scale": 1.0 / cfg.model.temperature,
     }
 
-    # --- ours, like the peer (the start is evaluated at the end, on a fresh seeded build: the same model)
-    cfg = cfg.model_copy(
-        update={"model": dataclasses.replace(cfg.model, train_mlp=False)}
-    )  # no training-time MLP, like the peer
+    # --- ours, like the peer: no training-time MLP (the start is evaluated at the end, on a fresh seeded build)
+    cfg = cfg.model_copy(update={"model": dataclasses.replace(cfg.model, train_mlp=False)})
     model = seeded_build(cfg, bench.device)
     start_hash = state_hash(model)
     loop = LoopConfig(
@@ -685,20 +684,13 @@ def merge(args, argv) -> int:
         }
     )
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    extra = (
-        "\n## Processes (run side by side, 1 torch thread each)\n\n| file | command | runs | seconds |\n|---|---|---|---|\n"
-        + "\n".join(
-            f"| {Path(p['file']).name} | `{p['command']}` | {', '.join(p['runs'])} | {p['total_seconds']:.0f} |"
-            for p in processes
-        )
+    text += "\n## Processes (run side by side, 1 torch thread each)\n\n| file | command | runs | seconds |\n|---|---|---|---|\n"
+    text += "\n".join(
+        f"| {Path(p['file']).name} | `{p['command']}` | {', '.join(p['runs'])} | {p['total_seconds']:.0f} |"
+        for p in processes
     )
-    text = (
-        text
-        + extra
-        + f"\n\nwall time {wall / 60:.1f} min (earliest start to latest end)"
-        + (f"; missing: {missing}" if missing else "")
-        + "\n"
-    )
+    text += f"\n\nwall time {wall / 60:.1f} min (earliest start to latest end)"
+    text += (f"; missing: {missing}" if missing else "") + "\n"
     args.out.with_suffix(".md").write_text(text)
     print("\n" + text)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")

@@ -12,15 +12,14 @@ and a `corruption` dataset of --variants variants per row in the corruption stag
 (synthetic: a real generator would take days on a CPU for 4,000,000 sentences; the rows' shape and sizes are the
 same). Both are written by `cse.storage.datasets.write_dataset`, so they carry their Arrow copies.
 
-Each path runs in a fresh process: `cse.storage.training_data.load_token_rows` + `load_corruption_rows` +
-`cse.training.rows.TrainingRows` (unsupervised, two views), then --batches batches of --batch-size rows in the epoch
-order of epochs 0 and 1 (half each: all four variants are read). The old path runs the same calls on the tree of
---old-ref (`git archive`, read-only on the repository; its top-level packages on the child's PYTHONPATH, as that tree
-predates the package `cse`) against the same data root: they read the Parquet parts into numpy arrays. A thread samples /proc/self/status every 20 ms. Printed per path (MiB): `rss_after_imports`,
-`peak_rss` (VmHWM: everything resident, memory-mapped file pages included), `peak_anon` (private memory: what the
-kernel cannot drop or share), `peak_file` (file pages mapped in: the libraries' code, and for the new path the
-dataset's pages the batches touched: page cache, shared by every process reading the dataset and reclaimable), each
-also right after the imports, and load and batch seconds. The batches' checksum must agree between the paths (the
+Each path runs in a fresh process: `load_token_rows` + `load_corruption_rows` + `TrainingRows` (unsupervised, two
+views), then --batches batches of --batch-size rows in the epoch order of epochs 0 and 1 (half each: all four variants
+are read). The old path runs the same calls from the tree of --old-ref (`git archive`; its top-level packages on the
+child's PYTHONPATH, as that tree predates the package `cse`) on the same data root. A thread samples
+/proc/self/status every 20 ms. Printed per path (MiB), also right after the imports: `peak_rss` (VmHWM: everything
+resident, memory-mapped file pages included), `peak_anon` (private memory: what the kernel cannot drop or share),
+`peak_file` (file pages mapped in: the libraries' code and, on the new path, the dataset pages the batches touched:
+page cache, shared and reclaimable); load and batch seconds. The batches' checksum must agree between the paths (the
 same rows, variants and padding). One JSON object at the end.
 """
 

@@ -154,10 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
         precision=precision,
         deterministic=False,
     )
-    noop = lambda *a: None
-    trainer = Trainer(
-        model, rows, cfg, device, Path(tempfile.gettempdir()) / "unused-benchmark-state", noop, noop, noop
-    )
+    noop, state = lambda *a: None, Path(tempfile.gettempdir()) / "unused-benchmark-state"
+    trainer = Trainer(model, rows, cfg, device, state, noop, noop, noop)
     bare = BareStep(bare_encoder.to(device), trainer.autocast)
 
     t_d2cse, t_bare, mem_d2cse, mem_bare = [], [], [], []
@@ -210,12 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         ),
         "d2cse_step": "cse.training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
     }
-    projection_key = (
-        "projected_wiki1m_2_epochs_minutes"
-        if device.type == "cuda"
-        else "projected_wiki1m_2_epochs_minutes_cpu_info_only"
-    )
-    result[projection_key] = projected
+    result["projected_wiki1m_2_epochs_minutes" + ("" if device.type == "cuda" else "_cpu_info_only")] = projected
     result["projection"] = (
         f"(1e6 / {PAPER_BATCH}) * {EPOCHS} * step_time_at_batch_{PAPER_BATCH} / 60, step time scaled "
         f"linearly from batch {args.batch_size}"
