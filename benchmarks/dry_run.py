@@ -4,89 +4,67 @@
         [--max-memory-gb 8] [--step-budget-s 4] [--include-smoke] [--no-meta] [--out benchmarks/results]
     python -m benchmarks.dry_run --from-json   # rewrite the table from the saved JSON
 
-For every preset `cse.config.presets.PRESETS[method][name]` (resolved at run time with
-`cse.config.training.resolve_train_config(name, method=method)`, so presets added later are picked up; the `smoke*`
-presets are left out unless `--include-smoke` or named in `--presets`: they are MiniLM-sized and run by the tests):
+For every preset of every registered method (resolved at run time by `cse.config.training.resolve_train_config`, so
+presets added later are picked up; the MiniLM-sized `smoke*` presets, run by the tests, only with `--include-smoke`
+or when named in `--presets`):
 
-1. Build. The backbone is RANDOM-INITIALISED at the preset's real shape (no pretrained weights are reachable
-   here), seeded with the preset's seed: `bert-base-uncased` = `BertConfig()`; `bert-large-uncased` = 1024 hidden,
-   24 layers, 16 heads, 4096 intermediate; `roberta-base` = `RobertaConfig(vocab_size=50265,
-   max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)`;
-   `roberta-large` = the same with 1024/24/16/4096; `packaged:minilm` is loaded as is (real weights). The
-   model is `cse.config.methods.get_method(method).model_class(config, backbone=<that model>, tokenizer=...)`.
-   Tokenizers: BERT-uncased shapes use the packaged MiniLM tokenizer (bert-base-uncased vocabulary).
-   RoBERTa shapes use `RobertaIdsStandIn` below: no RoBERTa tokenizer is reachable offline, so a minimal object
-   carries RoBERTa's ids (<s>=0, <pad>=1, </s>=2, <unk>=3, <mask>=50264, 50265 entries) and an `encode` that
-   maps words to deterministic ids (only DiffAug's template needs `encode`; the number of template ids it
-   yields is not RoBERTa BPE's). DCPCSE with `mlm=True` gets a fresh LM head (`MaskedLMHead.fresh`, same shape
-   and parameter count as the pretrained head it would load). Trainable parameters are counted on this model
-   and checked against the count from DCPCSE's prefix layout where there is one.
-   Generators (`cfg.corrupt.generator`, the methods that read corrupted ids): `distilbert-base-uncased` =
-   random DistilBERT MLM 768/6 layers/12 heads/3072, vocab 30522; `distilroberta-base` = random RoBERTa MLM
-   768/6/12/3072, vocab 50265; `random-init:*` = `cse.models.loading.build_random_masked_lm`.
+1. Build. The backbone is RANDOM-INITIALISED at the preset's real shape (no pretrained weights are reachable here),
+   seeded with the preset's seed: `bert-base-uncased` = `BertConfig()`, `bert-large-uncased` = `LARGE`, `roberta-*`
+   = the same with RoBERTa's vocabulary and special ids (`ROBERTA`); `packaged:minilm` is loaded as is. The model is
+   the method's class built on it (with the class's `random_backbone_kwargs`, e.g. DCPCSE's fresh LM head with
+   `mlm=True`, the same shape as the pretrained head). BERT shapes use the packaged MiniLM tokenizer
+   (bert-base-uncased vocabulary); RoBERTa shapes `RobertaIdsStandIn` (RoBERTa's ids; its `encode`, which only
+   DiffAug's template needs, maps words to deterministic ids, so template lengths are not RoBERTa BPE's). Trainable
+   parameters are checked against the reference's count where benchmarks/facts.py gives one. Generators (the methods
+   that read corrupted ids): random DistilBERT / RoBERTa MLMs of `distilbert-base-uncased` / `distilroberta-base`'s
+   shape (768/6/12/3072), `random-init:*` = `cse.models.loading.build_random_masked_lm`.
 
-2. Data. Synthetic token rows, every row exactly `cfg.max_length` ids (the worst case: no padding is saved):
-   `[CLS] w … w [SEP]` (RoBERTa: `<s> … </s>`) with ids drawn from the backbone's ordinary vocabulary;
-   unsupervised = one column (two dropout views), supervised = three columns (anchor, positive, hard negative);
-   DiffAug also gets NLI triplet rows (stage-1 data and the auxiliary batch). The rows are wrapped as the
-   training stage does (`cse.storage.training_data.TokenRows` / `CorruptionRows` → `cse.training.rows.TrainingRows`)
-   and the phases come from `cse.training.job.training_phases(cfg, rows, nli_rows)`.
-   Corruption (DiffCSE, D2CSE): the preset's random-init generator runs through the project's corruption code
-   (`cse.models.corruption.Corruptor` + `corrupt_sequences`) at the preset's mask ratio and mode, one variant per
-   view (what epoch 0 of a job reads with the reference's fresh-corruption default); it corrupts up to 16
-   distinct sentences per (column, variant) and the batches tile those (the generator shape is exercised;
-   corrupting every row of a 512-row batch would cost minutes of CPU for nothing the dry run checks).
+2. Data. Synthetic token rows, every row exactly `cfg.max_length` ids (the worst case: no padding is saved), `[CLS]
+   w … w [SEP]` (RoBERTa: `<s> … </s>`) of the backbone's ordinary vocabulary; one column unsupervised (two dropout
+   views), three supervised; DiffAug also gets NLI triplet rows (stage-1 data and the auxiliary batch). They are
+   wrapped as the training stage does (`TokenRows` / `CorruptionRows` → `TrainingRows`) and the phases come from
+   `cse.training.job.training_phases`. Corruption (DiffCSE, D2CSE): the preset's random-init generator runs through
+   `cse.models.corruption.Corruptor` + `corrupt_sequences` at the preset's mask ratio and mode, one variant per view
+   (epoch 0 of the fresh-corruption default), on up to 16 distinct sentences per (column, variant) that the batches
+   tile (the generator's shape is exercised; corrupting every row of a 512-row batch would cost CPU minutes).
 
-3. Steps. `cse.training.loop.Trainer` itself, with the job's loop settings (`cse.training.job.loop_config`,
-   `save_state=False`) and a `StepProbe` on its public hooks (`cse.training.loop.TrainerHooks`: timing/memory probes
-   around the forward and the parameter update), runs 2
-   optimiser steps: 2 steps of the one phase for every method; for DiffAug 1 prefix-phase step + 1 joint step
-   (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so a second one per phase
-   did not fit the time budget; its timings are therefore first-step timings, ~5–20 % above a warm step
-   judging from the other methods). Harness callbacks: `evaluate_dev` returns the constant 0.0 (the trainer's
-   end-of-run selection then calls `save_best` once), `save_best` writes nothing, `log_metrics` keeps the
-   metrics in memory; `eval_steps`/`checkpoint_steps`/`log_steps` = 10^9; precision fp32; deterministic off;
-   the resume state (`save_state`) is not written (the dry run measures steps, not checkpoint I/O; the temp
-   `state_dir` is passed and stays empty).
+3. Steps. The real `cse.training.loop.Trainer` with the job's loop settings (`cse.training.job.loop_config`, fp32,
+   deterministic off, `eval_steps`/`checkpoint_steps`/`log_steps` = 10^9, no resume state written) and a
+   `StepProbe` on its public hooks runs 2 optimiser steps: 2 of the one phase, or for DiffAug 1 prefix-phase step + 1
+   joint step (its joint step costs ~25 s of batch-independent template denoising on BERT-base, so its timings are
+   first-step timings, ~5–20 % above a warm step judging from the other methods). `evaluate_dev` returns 0.0;
+   nothing is saved or logged.
    a. CPU run at a micro batch: the largest of {real batch, 64, 32, 16, 8, 4, 2} (below the real batch) whose
-      predicted CPU time of the batch-proportional part of a step fits `--step-budget-s` and whose predicted
-      peak RSS fits `--max-memory-gb` (predictions from a FLOP model calibrated on the presets measured so far). Every batch
-      size of the job (main, DiffAug prefix phase, DiffAug aux NLI) is scaled by the same factor (>= 2, aux
-      >= 1). Where the real batch fits, it runs for real (`real_batch_run`: true).
-   b. Meta run at the REAL batch (`--no-meta` skips it): the same model moved to `torch.device("meta")`
-      (shapes only: no compute, no memory), a fresh trainer, the real batch sizes, the same step counts
-      (2; DiffAug 1 prefix + 1 joint). It
-      catches shape/build errors at the real batch (the trainer reports NaN metrics on meta: no values). Model code that branches on tensor
-      VALUES (e.g. DiffAug's row checks, DCPCSE's MLM boolean indexing) cannot run on meta: such a preset is
-      reported `meta: unsupported (<op> at file:line)`, not as a failure (the CPU run covers those paths);
-      any other meta error fails the preset. For the meta run, the HF encoders switch to a copy of their
-      attention registered through transformers' public `AttentionInterface`/`AttentionMaskInterface` that always
-      builds the mask (`build_full_masks`: the default one reads the padding mask's values to skip it).
+      predicted CPU time of the batch-proportional part of a step fits `--step-budget-s` and whose predicted peak
+      RSS fits `--max-memory-gb` (a FLOP model calibrated on the presets measured so far). Every batch size of the
+      job (main, DiffAug prefix phase, aux NLI) is scaled by the same factor (>= 2, aux >= 1); where the real batch
+      fits, it runs for real (`real_batch_run`: true).
+   b. Meta run at the REAL batch (`--no-meta` skips it): the same model on `torch.device("meta")` (shapes only), a
+      fresh trainer, the real batch sizes and the same step counts: it catches shape/build errors at the real batch.
+      Model code that branches on tensor VALUES (DiffAug's row checks, DCPCSE's MLM boolean indexing) cannot run on
+      meta: such a preset is reported `meta: unsupported (<op> at file:line)`, not as a failure (the CPU run covers
+      those paths); any other meta error fails the preset. The HF encoders switch to an attention that always builds
+      the mask (`build_full_masks`: the default one reads the padding mask's values to skip it).
 
 4. Figures (per phase; the table shows the joint/main phase):
-   - s/step measured = the last step of the phase in the CPU run, as wall time and as process CPU time (with
-     one thread the CPU time is the compute, unaffected by other jobs sharing the cores; the wall time is not);
-     `const` = its batch-independent part: the parameter update (gradient clipping + AdamW + LR step, timed
-     between the trainer's `on_update_start`/`on_update_end` hooks) + for DiffAug
-     the template-denoising forward/backward (timed once more on its own after the run).
-   - CPU s/step projected at the real batch (`--threads` threads) = const + (measured CPU s - const) × real
-     rows / measured rows: a LINEAR projection in rows (attention over 32–50 positions is close to linear);
-     the same projection of the wall time is in the JSON.
-   - peak CPU memory: process peak RSS during the steps (VmHWM, reset through /proc/self/clear_refs before every
-     step; psutil RSS sampling where that is not allowed), and `act_mb` = peak RSS during the FORWARD
-     (`model.training_step`, wrapped for the measurement) of the last step − RSS before that step: the saved
-     activations and forward temporaries of that batch (grads and AdamW states of the previous step are already
-     resident; the backward's weight gradients do not grow with the batch). `step_peak_delta_mb` (JSON) is the
-     whole step's peak − RSS before it.
-   - projected GPU memory at the real batch, bf16 autocast (stated formula, CUDA context not included):
+   - s/step measured = the last step of the phase in the CPU run, as wall time and as process CPU time (with one
+     thread the CPU time is the compute, unaffected by other jobs sharing the cores); `const` = its
+     batch-independent part: the parameter update (clipping + AdamW + LR step, between the `on_update_start` /
+     `on_update_end` hooks), + for DiffAug the template-denoising forward/backward (timed on its own after the run).
+   - CPU s/step projected at the real batch (`--threads` threads) = const + (measured CPU s - const) × real rows /
+     measured rows: LINEAR in rows (attention over 32–50 positions is close to linear); the wall time's is in the JSON.
+   - peak CPU memory: peak RSS during the steps (VmHWM reset through /proc/self/clear_refs before every step, else
+     psutil sampling), and `act_mb` = peak RSS during the forward of the last step − RSS before that step: the saved
+     activations and forward temporaries of that batch (the previous step's grads and AdamW states are resident; the
+     weight gradients do not grow with the batch). `step_peak_delta_mb` (JSON): the whole step's peak − RSS before.
+   - projected GPU memory at the real batch, bf16 autocast (CUDA context not included):
        4·N_all (fp32 weights) + 2·N_all (autocast's bf16 weight copies) + 12·N_trainable (fp32 grads + AdamW m, v)
        + 0.5 × act_mb × real rows / measured rows (activations measured in fp32 on CPU, halved for bf16;
-       DiffAug's template-denoising activations are batch-independent and added unscaled).
-   `N_trainable` is the phase's optimiser parameters; the GPU figure is the max over phases.
+       DiffAug's template-denoising activations are batch-independent and added unscaled),
+     `N_trainable` being the phase's optimiser parameters; the GPU figure is the max over phases.
 
-Output: one JSON (`<out>/dry_run.json`, rewritten after every preset) and a markdown table (`<out>/dry_run.md`).
-A preset that fails to build or step prints its traceback; the others still run; the exit status is 1 if any
-failed.
+Output: `<out>/dry_run.json` (rewritten after every preset) and a markdown table (`<out>/dry_run.md`). A preset that
+fails to build or step prints its traceback and the others still run; the exit status is 1 if any failed.
 """
 
 from __future__ import annotations
@@ -95,6 +73,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+from benchmarks.machine import REPO_ROOT, release_freed_heap, set_offline_environment
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -120,7 +100,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="rewrite <out>/dry_run.md from <out>/dry_run.json without running anything (after a change of the table)",
     )
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results", help="output folder")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results", help="output folder")
     return p.parse_args(argv)
 
 
@@ -129,16 +109,11 @@ if __name__ == "__main__":  # thread settings must precede the torch import
     for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[_v] = str(_ARGS.threads)
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+set_offline_environment()
 os.environ.setdefault("TQDM_DISABLE", "1")
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 import contextlib
-import ctypes
 import dataclasses
-import gc
 import json
 import math
 import platform
@@ -156,6 +131,7 @@ import torch
 from torch import nn
 
 from benchmarks.facts import facts
+from benchmarks.gpu_check import scale_batches
 from cse.config.methods import REGISTRY, model_class
 from cse.config.training import resolve_train_config
 from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences
@@ -170,6 +146,17 @@ GB = 2**30
 MICRO_CANDIDATES = (64, 32, 16, 8, 4, 2)
 CORRUPT_POOL = 16  # distinct sentences the generator corrupts per (column, variant)
 SUP_COLUMNS = ("sent0", "sent1", "hard_neg")
+# RoBERTa's vocabulary and special ids, and the large shape (BERT and RoBERTa alike)
+ROBERTA = dict(
+    vocab_size=50265,
+    max_position_embeddings=514,
+    type_vocab_size=1,
+    pad_token_id=1,
+    bos_token_id=0,
+    eos_token_id=2,
+    layer_norm_eps=1e-5,
+)
+LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
 
 
 # ---------------------------------------------------------------------------------------------- shapes
@@ -179,21 +166,11 @@ def backbone_model(name: str, seed: int) -> nn.Module:
 
     if name == PACKAGED_MINILM:
         return load_encoder(name)
-    large = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-    roberta = dict(
-        vocab_size=50265,
-        max_position_embeddings=514,
-        type_vocab_size=1,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        layer_norm_eps=1e-5,
-    )
     shapes = {
         "bert-base-uncased": lambda: BertConfig(),
-        "bert-large-uncased": lambda: BertConfig(**large),
-        "roberta-base": lambda: RobertaConfig(**roberta),
-        "roberta-large": lambda: RobertaConfig(**roberta, **large),
+        "bert-large-uncased": lambda: BertConfig(**LARGE),
+        "roberta-base": lambda: RobertaConfig(**ROBERTA),
+        "roberta-large": lambda: RobertaConfig(**ROBERTA, **LARGE),
     }
     if name not in shapes:
         raise ValueError(f"no random-init shape for backbone {name!r}; known: {sorted(shapes) + [PACKAGED_MINILM]}")
@@ -215,21 +192,8 @@ def generator_model(name: str, seed: int) -> nn.Module:
                 DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, pad_token_id=0)
             )
         if name == "distilroberta-base":
-            return RobertaForMaskedLM(
-                RobertaConfig(
-                    vocab_size=50265,
-                    hidden_size=768,
-                    num_hidden_layers=6,
-                    num_attention_heads=12,
-                    intermediate_size=3072,
-                    max_position_embeddings=514,
-                    type_vocab_size=1,
-                    pad_token_id=1,
-                    bos_token_id=0,
-                    eos_token_id=2,
-                    layer_norm_eps=1e-5,
-                )
-            )
+            shape = dict(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072)
+            return RobertaForMaskedLM(RobertaConfig(**ROBERTA, **shape))
     raise ValueError(
         f"no random-init shape for generator {name!r}; known: distilbert-base-uncased, "
         "distilroberta-base, random-init:*"
@@ -292,14 +256,6 @@ def token_rows(tokenizer, n: int, length: int, columns: tuple[str, ...], seed: i
     return TokenRows(ids=np.arange(n), seqs=seqs)
 
 
-def special_tokens(tokenizer) -> SpecialTokens:
-    if isinstance(tokenizer, RobertaIdsStandIn):
-        return SpecialTokens(
-            pad=1, mask=tokenizer.mask_token_id, special=tuple(tokenizer.all_special_ids), vocab_size=len(tokenizer)
-        )
-    return SpecialTokens.from_tokenizer(tokenizer)
-
-
 def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) -> tuple[CorruptionRows, dict]:
     """Corrupted ids of every row by the preset's random-init generator (a pool of CORRUPT_POOL rows, tiled)."""
     t0 = time.perf_counter()
@@ -308,7 +264,7 @@ def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) 
     variants = n_views if cfg.corrupt.variants is None else min(cfg.corrupt.variants, n_views)
     corruptor = Corruptor(
         gen,
-        special_tokens(tokenizer),
+        SpecialTokens.from_tokenizer(tokenizer),
         cfg.corrupt.mask_ratio,
         cfg.corrupt.mode,
         device="cpu",
@@ -347,15 +303,6 @@ def corruption_rows(cfg, tokens: TokenRows, n_views: int, tokenizer, seed: int) 
 
 
 # ---------------------------------------------------------------------------------------------- memory
-_LIBC = ctypes.CDLL("libc.so.6") if platform.system() == "Linux" else None
-
-
-def release_memory() -> None:
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
 def rss() -> int:
     return psutil.Process().memory_info().rss
 
@@ -410,7 +357,7 @@ class StepProbe(TrainerHooks):
 
     def on_step_start(self, trainer: Trainer, batch) -> None:
         if trainer.device.type != "meta":
-            release_memory()
+            release_freed_heap()
         self.before = rss()
         self.step_peak = PeakRSS().__enter__()
 
@@ -471,12 +418,8 @@ def build_full_masks(model: nn.Module) -> None:
     inner = {id(s) for m in outer for s in m.modules() if s is not m}
     for m in outer:
         name = attention_implementation(m)
-        if (
-            id(m) in inner
-            or name.endswith("+full-mask")
-            or name not in ALL_ATTENTION_FUNCTIONS
-            or name not in ALL_MASK_ATTENTION_FUNCTIONS
-        ):
+        registered = name in ALL_ATTENTION_FUNCTIONS and name in ALL_MASK_ATTENTION_FUNCTIONS
+        if id(m) in inner or name.endswith("+full-mask") or not registered:
             continue
         AttentionInterface.register(f"{name}+full-mask", ALL_ATTENTION_FUNCTIONS[name])
         AttentionMaskInterface.register(f"{name}+full-mask", full_mask(ALL_MASK_ATTENTION_FUNCTIONS[name]))
@@ -485,15 +428,8 @@ def build_full_masks(model: nn.Module) -> None:
 
 def dry_run_loop_config(cfg) -> LoopConfig:
     """The job's loop settings (`cse.training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
-    return dataclasses.replace(
-        loop_config(
-            cfg.model_copy(
-                update={"eval_steps": 10**9, "checkpoint_steps": 10**9, "log_steps": 10**9, "deterministic": False}
-            ),
-            "fp32",
-        ),
-        save_state=False,
-    )
+    quiet = {"eval_steps": 10**9, "checkpoint_steps": 10**9, "log_steps": 10**9, "deterministic": False}
+    return dataclasses.replace(loop_config(cfg.model_copy(update=quiet), "fp32"), save_state=False)
 
 
 def steps_per_phase(cfg) -> int:
@@ -501,44 +437,24 @@ def steps_per_phase(cfg) -> int:
     return 1 if cfg.prefix_phase is not None else 2
 
 
-def scaled_config(cfg, batch: int):
-    """`cfg` with 2 optimiser steps (`steps_per_phase`), every batch size scaled by batch / cfg.batch_size."""
-    scale = batch / cfg.batch_size
+def stepped_config(cfg):
+    """`cfg` with 2 optimiser steps (`steps_per_phase`), fp32, without evaluation."""
     n = steps_per_phase(cfg)
-    update = {
-        "batch_size": batch,
-        "max_steps": n,
-        "eval_steps": 10**9,
-        "precision": "fp32",
-        "device": "cpu",
-        "aux_nli_batch_size": max(1, round(cfg.aux_nli_batch_size * scale)) if cfg.aux_nli_batch_size else 0,
-    }
+    update = {"max_steps": n, "eval_steps": 10**9, "precision": "fp32"}
     if cfg.prefix_phase is not None:
-        update["prefix_phase"] = cfg.prefix_phase.model_copy(
-            update={"steps": n, "batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))}
-        )
+        update["prefix_phase"] = cfg.prefix_phase.model_copy(update={"steps": n})
     return cfg.model_copy(update=update)
 
 
-def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> tuple[StepProbe, list]:
-    metrics_log: list = []
-    probe = StepProbe()
+def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> StepProbe:
+    """Run the job's phases of `cfg` on `device` through the real Trainer; returns the step probe with its records."""
+    probe, noop = StepProbe(), lambda *a: None
     if device.type == "meta":
         build_full_masks(model)
+    phases, loop = training_phases(cfg, rows, nli_rows), dry_run_loop_config(cfg)
     with tempfile.TemporaryDirectory(prefix="dry-run-state-") as state:
-        trainer = Trainer(
-            model,
-            training_phases(cfg, rows, nli_rows),
-            dry_run_loop_config(cfg),
-            device,
-            Path(state) / "state",
-            save_best=lambda m, step, score: None,
-            evaluate_dev=lambda m: 0.0,
-            log_metrics=lambda values, step: metrics_log.append((step, values)),
-            hooks=[probe],
-        )
-        trainer.run()
-    return probe, metrics_log
+        Trainer(model, phases, loop, device, Path(state) / "state", noop, lambda m: 0.0, noop, hooks=[probe]).run()
+    return probe
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -588,20 +504,6 @@ def model_kwargs(cls, cfg, backbone: nn.Module) -> dict:
         return cls.random_backbone_kwargs(cfg.model, backbone)
 
 
-def expected_trainable(method: str, cfg) -> tuple[int | None, int | None]:
-    """(trainable, prefix-phase trainable) parameters the reference gives for this configuration (the method's
-    `dry_run_trainable`, benchmarks/facts.py; None where it gives no figure)."""
-    figures = facts(method).dry_run_trainable
-    return figures(cfg.backbone, cfg.model) if figures else (None, None)
-
-
-def encoder_passes(method: str, model_config) -> int:
-    """Encoder passes per view of a training step (the method's `dry_run_encoder_passes`, benchmarks/facts.py: an int
-    or a function of the model config; 1 when it states none)."""
-    passes = facts(method).dry_run_encoder_passes
-    return passes(model_config) if callable(passes) else passes
-
-
 def pick_micro(cost: CostModel, info: dict, cfg, args, fixed_bytes: float) -> tuple[int, dict]:
     """The largest candidate batch whose predicted step time and peak memory fit the budgets."""
     real = cfg.batch_size
@@ -627,7 +529,8 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     """What the cost model and the report need to know about the built model."""
     phases = model_class(method).phases
     layer_params = sum(p.numel() for p in backbone.encoder.parameters())
-    passes = encoder_passes(method, cfg.model)
+    passes = facts(method).dry_run_encoder_passes  # per view of a step: an int or a function of the model config
+    passes = passes(cfg.model) if callable(passes) else passes
     views_main = 3 if cfg.supervised else 2
     info = {
         "layers": backbone.config.num_hidden_layers,
@@ -659,7 +562,7 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
 def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: C901 (one record, filled step by step: each branch is a reported check)
     rec: dict = {"method": method, "preset": name, "status": "running"}
     t_start = time.perf_counter()
-    release_memory()
+    release_freed_heap()
     cfg = resolve_train_config(name, method=method)
     rec.update(
         backbone=cfg.backbone,
@@ -698,20 +601,16 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         },
         tokenizer=getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
     )
-    exp, exp_prefix = expected_trainable(method, cfg)
+    # (trainable, prefix-phase trainable) parameters the reference gives for this configuration (None: no figure)
+    figures = facts(method).dry_run_trainable
+    expected = figures(cfg.backbone, cfg.model) if figures else (None, None)
     checks = []
-    if exp is not None:
-        checks.append(f"trainable {n_train:,} {'==' if exp == n_train else '!='} reference {exp:,}")
-        if exp != n_train:
-            raise AssertionError(f"trainable parameters {n_train:,} differ from reference {exp:,}")
-    if exp_prefix is not None:
-        got = by_phase.get("prefix")
-        checks.append(f"prefix-phase trainable {got:,} {'==' if exp_prefix == got else '!='} reference {exp_prefix:,}")
-        if exp_prefix != got:
-            raise AssertionError(f"prefix-phase trainable parameters {got:,} differ from reference {exp_prefix:,}")
-    rec["parameter_check"] = (
-        "; ".join(checks) if checks else "no DCPCSE reference prefixes figure for this configuration"
-    )
+    for label, exp, got in zip(("trainable", "prefix-phase trainable"), expected, (n_train, by_phase.get("prefix"))):
+        if exp is not None and exp != got:
+            raise AssertionError(f"{label} parameters {got:,} differ from reference {exp:,}")
+        if exp is not None:
+            checks.append(f"{label} {got:,} == reference {exp:,}")
+    rec["parameter_check"] = "; ".join(checks) or "no DCPCSE reference prefixes figure for this configuration"
     info = describe_model(method, cfg, model, backbone)
 
     # ---- data at the real batch (two batches' worth of rows: 2 steps = one epoch)
@@ -731,7 +630,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         )
 
     # ---- CPU run at the micro batch
-    release_memory()
+    release_freed_heap()
     rss_model = rss()
     fixed = rss_model + 12 * max(by_phase.values())
     micro, prediction = pick_micro(cost, info, cfg, args, fixed)
@@ -742,7 +641,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         model_rss_mb=round((rss_model - rss_start) / MB),
         process_rss_before_steps_mb=round(rss_model / MB),
     )
-    mcfg = scaled_config(cfg, micro)
+    mcfg = scale_batches(stepped_config(cfg), micro, device="cpu")  # every batch size scaled alike
     n_micro = 2 * micro
 
     def sub(tr, n):
@@ -765,7 +664,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         n_nli_micro = 2 * max(mcfg.prefix_phase.batch_size if mcfg.prefix_phase else 0, mcfg.aux_nli_batch_size)
         micro_nli = sub(nli_rows, n_nli_micro)
     t0 = time.perf_counter()
-    trainer, _ = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
+    trainer = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
     rec["cpu_run_seconds"] = round(time.perf_counter() - t0, 1)
 
     # batch-independent forward of a step (DiffAug: template denoising), timed on its own (warm)
@@ -775,7 +674,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
     )
     if constant is not None:
         model.train()
-        release_memory()
+        release_freed_heap()
         before = rss()
         with PeakRSS() as peak:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -848,7 +747,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         projected_gpu_gb=max(p["projected_gpu_gb_real_batch_bf16"] for p in phases_out.values()),
     )
     del trainer
-    release_memory()
+    release_freed_heap()
 
     # ---- meta run at the real batch
     if args.no_meta:
@@ -858,7 +757,7 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         if rec["meta"].startswith("FAILED"):
             raise RuntimeError(f"meta run at the real batch: {rec['meta']}")
     del model, backbone
-    release_memory()
+    release_freed_heap()
     rec["status"] = "ok"
     rec["seconds"] = round(time.perf_counter() - t_start, 1)
     return rec
@@ -881,27 +780,16 @@ def meta_run(model, cfg, rows, nli_rows) -> str:
     """2 steps per phase at the real batch on the meta device: 'ok …', 'unsupported …' or 'FAILED …'."""
     meta = torch.device("meta")
     model.to(meta)
-    n = steps_per_phase(cfg)
-    real = cfg.model_copy(update={"max_steps": n, "eval_steps": 10**9, "precision": "fp32"})
-    if cfg.prefix_phase is not None:
-        real = real.model_copy(update={"prefix_phase": cfg.prefix_phase.model_copy(update={"steps": n})})
     try:
-        trainer, _ = run_trainer(model, real, rows, nli_rows, meta)
+        trainer = run_trainer(model, stepped_config(cfg), rows, nli_rows, meta)
     except Exception as e:  # noqa: BLE001 - the failure is recorded with its frames in the project's code
-        frames = traceback.extract_tb(e.__traceback__)
-        own = [
-            f
-            for f in frames
-            if str(REPO_ROOT) in f.filename and "/benchmarks/" not in f.filename and "/.venv/" not in f.filename
-        ] or frames
-        lib = frames[-1]
-        where = (
-            f"{Path(own[-1].filename).relative_to(REPO_ROOT) if str(REPO_ROOT) in own[-1].filename else own[-1].filename}"
-            f":{own[-1].lineno}"
-        )
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} at {where}" + (
-            f" (raised in {Path(lib.filename).name}:{lib.lineno})" if lib is not own[-1] else ""
-        )
+        frames, root = traceback.extract_tb(e.__traceback__), str(REPO_ROOT)
+        ours = lambda f: root in f.filename and "/benchmarks/" not in f.filename and "/.venv/" not in f.filename
+        site, lib = ([f for f in frames if ours(f)] or frames)[-1], frames[-1]  # the project's frame, the raising one
+        file = Path(site.filename).relative_to(REPO_ROOT) if root in site.filename else site.filename
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} at {file}:{site.lineno}"
+        if lib is not site:
+            msg += f" (raised in {Path(lib.filename).name}:{lib.lineno})"
         text = f"{type(e).__name__}: {e}"
         if any(s.lower() in text.lower() for s in _META_UNSUPPORTED):
             return f"unsupported on meta ({msg})"
@@ -924,16 +812,9 @@ def selected_presets(args) -> list[tuple[str, str]]:
     out = []
     for m in methods:
         for name in REGISTRY[m].presets:
-            if (
-                not args.include_smoke
-                and name.startswith("smoke")
-                and f"{m}/{name}" not in wanted
-                and name not in wanted
-            ):
-                continue
-            if wanted and name not in wanted and f"{m}/{name}" not in wanted:
-                continue
-            out.append((m, name))
+            named = name in wanted or f"{m}/{name}" in wanted
+            if named or (not wanted and (args.include_smoke or not name.startswith("smoke"))):
+                out.append((m, name))
     if not out:
         raise SystemExit("no preset selected")
     return out
@@ -1092,7 +973,7 @@ def main(args: argparse.Namespace) -> int:
                 cfg = resolve_train_config(name, method=method)
                 rec.update(backbone=cfg.backbone, batch_size=cfg.batch_size)
             failed.append(f"{method}/{name}")
-            release_memory()
+            release_freed_heap()
         results.append(rec)
         print(
             f"[dry-run] {method}/{name}: {rec['status']} "
@@ -1108,18 +989,9 @@ def main(args: argparse.Namespace) -> int:
     meta["wall_seconds"] = round(time.perf_counter() - started)
     meta["failed"] = failed
     write_outputs(results, meta, args.out)
-    print(
-        json.dumps(
-            {
-                "wall_seconds": meta["wall_seconds"],
-                "presets": len(results),
-                "failed": failed,
-                "json": str(args.out / "dry_run.json"),
-                "markdown": str(args.out / "dry_run.md"),
-            },
-            indent=2,
-        )
-    )
+    summary = {"wall_seconds": meta["wall_seconds"], "presets": len(results), "failed": failed}
+    summary |= {"json": str(args.out / "dry_run.json"), "markdown": str(args.out / "dry_run.md")}
+    print(json.dumps(summary, indent=2))
     if failed:
         print(f"[dry-run] FAILED presets: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+from benchmarks.machine import timed
 from cse.config.settings import get_settings
 from cse.evaluation import Evaluator
 from cse.evaluation.encode import autocast_context, length_sorted_batches, pad_batch
@@ -36,15 +37,14 @@ def bare_forward_seconds(enc: PooledEncoder, token_ids, batch_size: int, precisi
         for idx in length_sorted_batches([len(x) for x in token_ids], batch_size)
     ]
     batches = [(a.to(device), m.to(device)) for a, m in batches]
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with torch.inference_mode(), autocast_context(device, precision):
-        for ids, mask in batches:
-            enc.backbone(input_ids=ids, attention_mask=mask)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def forward_all() -> None:
+        with autocast_context(device, precision):
+            for ids, mask in batches:
+                enc.backbone(input_ids=ids, attention_mask=mask)
+
+    return timed(forward_all, device)
 
 
 def main(argv=None) -> dict:

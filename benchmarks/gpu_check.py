@@ -59,6 +59,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import numpy as np
 import torch
 
+from benchmarks.machine import REPO_ROOT, sync, timed
 from cse.config.methods import REGISTRY, model_class
 from cse.config.training import resolve_train_config
 from cse.storage.training_data import CorruptionRows, TokenRows
@@ -67,7 +68,6 @@ from cse.training.job import training_phases
 from cse.training.loop import LoopConfig, Trainer, TrainerHooks
 from cse.training.rows import TrainingRows
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 METHODS = tuple(REGISTRY)  # every registered method, in registry order
 VOCAB = 30522  # bert-base-uncased's size and special-id layout
 WIKI1M, NLI = 1_000_000, 275_601
@@ -119,19 +119,23 @@ def backbone(size: str, seed: int = 0, attn: str = "sdpa", layers: int | None = 
 def preset(method: str, size: str, batch: int | None = None, length: int | None = None):
     """The method's default preset; `batch`/`length` override its batch size (every phase scaled alike) and
     maximum length."""
-    cfg = resolve_train_config("default", method=method)
-    update: dict = {"eval_steps": 10**9}
+    cfg = resolve_train_config("default", method=method).model_copy(update={"eval_steps": 10**9})
     if length is not None:
-        update["max_length"] = length
-    if batch is not None:
-        scale = batch / cfg.batch_size
-        update["batch_size"] = batch
-        if cfg.aux_nli_batch_size:
-            update["aux_nli_batch_size"] = max(1, round(cfg.aux_nli_batch_size * scale))
-        if cfg.prefix_phase is not None:
-            update["prefix_phase"] = cfg.prefix_phase.model_copy(
-                update={"batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))}
-            )
+        cfg = cfg.model_copy(update={"max_length": length})
+    return cfg if batch is None else scale_batches(cfg, batch)
+
+
+def scale_batches(cfg, batch: int, **update):
+    """`cfg` (with `update`) at batch size `batch`, every phase's batch scaled alike (the auxiliary NLI batch to at
+    least 1 row, DiffAug's prefix phase to at least 2)."""
+    scale = batch / cfg.batch_size
+    update["batch_size"] = batch
+    if cfg.aux_nli_batch_size:
+        update["aux_nli_batch_size"] = max(1, round(cfg.aux_nli_batch_size * scale))
+    if cfg.prefix_phase is not None:
+        update["prefix_phase"] = cfg.prefix_phase.model_copy(
+            update={"batch_size": max(2, round(cfg.prefix_phase.batch_size * scale))}
+        )
     return cfg.model_copy(update=update)
 
 
@@ -218,9 +222,21 @@ def projected_steps(cfg) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ measurements
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def last_phase_batch(trainer: Trainer):
+    """A full batch of the trainer's last phase (its first rows, with the auxiliary NLI batch where it has one)."""
+    last = trainer.phases[-1]
+    batch = last.rows.batch(np.arange(last.batch_size), 0)
+    if last.aux_rows is not None:
+        batch.aux = last.aux_rows.batch(np.arange(last.aux_batch_size), 0)
+    return batch
+
+
+def device_peak(device: torch.device, peak_tflops: float | None) -> tuple[str, float | None]:
+    """(the device's name, its dense bf16 peak TFLOP/s: `peak_tflops` when given, else `PEAK_TFLOPS` by name on CUDA)."""
+    if device.type != "cuda":
+        return platform.processor() or "cpu", peak_tflops or None
+    name = torch.cuda.get_device_name(device)
+    return name, peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
 def count_step_flops(trainer: Trainer, batch) -> int:
@@ -240,21 +256,21 @@ def benchmark_trainer(
     precision: str,
     n_steps: int,
     tokenizer,
-    batch: int | None,
-    length: int | None,
     switches: dict,
-    state: Path,
+    folder: str | Path,
     hooks: list,
 ):
-    """The method's default preset (`batch`/`length` overridden when given) on a random BERT of `size`, its synthetic
-    rows and a `Trainer` of `n_steps` steps per phase, no dev evaluation and no resume state written; returns
-    (config, trainer). Shared by the throughput rows and `benchmarks/step_profile.py`."""
-    cfg = preset(method, size, batch, length)
+    """The method's default preset (at its real batch and length on BERT-base size; batch 4 × length 16 on the tiny
+    size of the CPU rehearsals) on a random BERT of `size`, its synthetic rows and a `Trainer` of `n_steps` steps per
+    phase, no dev evaluation and no resume state written (its folder: `folder`/state); returns (config, trainer).
+    Shared by the throughput rows, `benchmarks/step_profile.py` and `benchmarks/gpu_speed.py`."""
+    cfg = preset(method, size) if size == "base" else preset(method, size, batch=4, length=16)
     model = build_model(method, cfg, size, tokenizer, cfg.seed).to(device)
     big = max(cfg.batch_size, cfg.prefix_phase.batch_size if cfg.prefix_phase else 0)
     rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed)
     loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
     phases = job_phases(cfg, rows, nli, n_steps)
+    state = Path(folder) / "state"
     trainer = Trainer(model, phases, loop, device, state, lambda *a: None, lambda m: 0.0, lambda *a: None, hooks=hooks)
     return cfg, trainer
 
@@ -267,8 +283,6 @@ def training_throughput(
     steps: int,
     warmup: int,
     tokenizer,
-    batch: int | None,
-    length: int | None,
     peak_tflops: float | None,
     switches: dict,
 ) -> dict:
@@ -286,31 +300,15 @@ def training_throughput(
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with tempfile.TemporaryDirectory(prefix="gpu-check-state-") as state:
-        cfg, trainer = benchmark_trainer(
-            method,
-            device,
-            size,
-            precision,
-            n_steps,
-            tokenizer,
-            batch,
-            length,
-            switches,
-            Path(state) / "state",
-            [Timed()],
-        )
+    with tempfile.TemporaryDirectory(prefix="gpu-check-state-") as folder:
+        hooks = [Timed()]
+        cfg, trainer = benchmark_trainer(method, device, size, precision, n_steps, tokenizer, switches, folder, hooks)
         trainer.run()
         peak = trainer.peak_memory_gb if device.type == "cuda" else None  # the steps' peak (training/memory.py)
-        last = trainer.phases[-1]
-        probe = last.rows.batch(np.arange(last.batch_size), 0)
-        if last.aux_rows is not None:
-            probe.aux = last.aux_rows.batch(np.arange(last.aux_batch_size), 0)
+        probe = last_phase_batch(trainer)
         tokens = probe.tokens
         flops = count_step_flops(trainer, probe.to(device))
-    # the joint/main phase: the last `steps` steps of the last phase
-    measured = times[-steps:]
-    step_s = statistics.median(measured)
+    step_s = statistics.median(times[-steps:])  # the joint/main phase: the last `steps` steps of the last phase
     tflops = flops / step_s / 1e12
     rec = {
         "method": method,
@@ -355,13 +353,13 @@ def corruption_throughput(device: torch.device, size: str, sentences: int, lengt
     ids[:, 0], ids[:, -1] = 101, 102
     mask = torch.ones_like(ids)
     batch = 256 if size == "base" else 8
+
+    def corrupt_all() -> None:
+        for i in range(0, sentences, batch):
+            corruptor(ids[i : i + batch], mask[i : i + batch])
+
     corruptor(ids[:batch], mask[:batch])  # warm-up
-    sync(device)
-    t0 = time.perf_counter()
-    for i in range(0, sentences, batch):
-        corruptor(ids[i : i + batch], mask[i : i + batch])
-    sync(device)
-    rate = sentences / (time.perf_counter() - t0)
+    rate = sentences / timed(corrupt_all, device)
     views = 2 * 2  # d2cse/default: 2 epochs × 2 views, a fresh corruption each
     return {
         "generator": f"random DistilBERT {dims}",
@@ -382,11 +380,7 @@ def evaluation_throughput(device: torch.device, size: str, sentences: int, token
     # STS sentence lengths: 8–40 word pieces
     ids = [[101, *rng.integers(1000, VOCAB, int(rng.integers(6, 39))).tolist(), 102] for _ in range(sentences)]
     embed_token_ids(model, ids[:128])  # warm-up
-    sync(device)
-    t0 = time.perf_counter()
-    embed_token_ids(model, ids)
-    sync(device)
-    rate = sentences / (time.perf_counter() - t0)
+    rate = sentences / timed(lambda: embed_token_ids(model, ids), device)
     total = 2 * sum(STS_PAIRS.values())
     return {
         "encoder": f"random BERT {size}",
@@ -452,18 +446,8 @@ def markdown(result: dict) -> str:
 
 def run_tests(device: torch.device, out: Path) -> dict:
     env = {**os.environ, "CSE_GPU_CHECK_DEVICE": device.type}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-m",
-        "gpu",
-        "-p",
-        "no:cacheprovider",
-        str(REPO_ROOT / "tests" / "gpu"),
-        f"--junitxml={out / 'gpu_tests.xml'}",
-    ]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"]
+    cmd += [str(REPO_ROOT / "tests" / "gpu"), f"--junitxml={out / 'gpu_tests.xml'}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
@@ -502,8 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown methods {unknown}; known: {list(METHODS)}")
     steps, warmup = args.steps or (10 if cuda else 2), args.warmup if args.warmup is not None else (3 if cuda else 1)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
-    peak = args.peak_tflops or (next((v for k, v in PEAK_TFLOPS.items() if k in name), None) if cuda else None)
+    name, peak = device_peak(device, args.peak_tflops)
     result: dict = {
         "benchmark": "gpu_check",
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -530,14 +513,11 @@ def main(argv: list[str] | None = None) -> int:
         failed |= result["tests"]["returncode"] != 0
     if not args.skip_throughput:
         size, precision = ("base", "bf16") if cuda else ("tiny", "fp32")
-        batch, length = (None, None) if cuda else (4, 16)
         switches = {"fused_adamw": args.fused_adamw, "compile": args.compile, "sdpa_backend": args.sdpa_backend}
         tokenizer = synthetic_tokenizer()
         for method in methods:
             try:
-                rec = training_throughput(
-                    method, device, size, precision, steps, warmup, tokenizer, batch, length, peak, switches
-                )
+                rec = training_throughput(method, device, size, precision, steps, warmup, tokenizer, peak, switches)
             except Exception as e:  # noqa: BLE001 - one method's failure is reported; the others still run
                 traceback.print_exc()
                 rec, failed = {"method": method, "error": f"{type(e).__name__}: {e}"[:300]}, True

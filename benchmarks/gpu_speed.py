@@ -58,16 +58,17 @@ import torch
 
 from benchmarks.gpu_check import (
     METHODS,
-    PEAK_TFLOPS,
     benchmark_trainer,
     count_step_flops,
+    device_peak,
     device_slug,
+    last_phase_batch,
     projected_steps,
     report_header,
-    sync,
     synthetic_tokenizer,
 )
-from benchmarks.machine import subject_method
+from benchmarks.machine import subject_method, sync, timed
+from benchmarks.step_profile import device_events
 from cse.config.training import resolve_train_config
 from cse.training.loop import TrainerHooks
 
@@ -121,15 +122,8 @@ class _Windows(TrainerHooks):
 def _profile_summary(win: _Windows, steps: int, cuda: bool) -> dict:
     if win.prof is None:
         return {}
-    events = win.prof.events()
-    device = [
-        e
-        for e in events
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and not getattr(e, "is_user_annotation", False)
-        and not e.name.startswith("ProfilerStep")
-    ]
-    launches = [e for e in events if e.name in LAUNCH_CALLS or e.name.startswith("cudaMemcpy")]
+    device = device_events(win.prof)
+    launches = [e for e in win.prof.events() if e.name in LAUNCH_CALLS or e.name.startswith("cudaMemcpy")]
     busy = sum(e.device_time for e in device) / 1e6  # microseconds → s
     return {
         "profiled_steps": steps,
@@ -140,55 +134,6 @@ def _profile_summary(win: _Windows, steps: int, cuda: bool) -> dict:
         else None,
         "gpu_busy_share": round(busy / win.prof_wall, 3) if cuda else None,
     }
-
-
-def measure_mode(method, mode, device, size, precision, steps, warmup, profile_steps, tokenizer, peak, backend, flops):
-    """One (method, mode) row; returns (row, trainer) (the trainer for the per-method extras)."""
-    cuda = device.type == "cuda"
-    switches = dict(MODES[mode])
-    if switches["compile"] and "compile_backend" not in switches:
-        switches["compile_backend"] = backend
-    batch, length = (None, None) if size == "base" else (4, 16)
-    n_steps = warmup + steps + profile_steps
-    state = tempfile.TemporaryDirectory(prefix="gpu-speed-")
-    cfg, trainer = benchmark_trainer(
-        method, device, size, precision, n_steps, tokenizer, batch, length, switches, Path(state.name) / "state", []
-    )
-    trainer.cfg = dataclasses.replace(trainer.cfg, log_steps=cfg.log_steps)  # the preset's log cadence
-    offset = trainer.offsets[-1]  # time the last phase (DiffAug: joint tuning)
-    win = _Windows(device, offset + warmup, offset + warmup + steps, offset + n_steps, profile_steps > 0)
-    trainer.hooks.append(win)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    with state:
-        trainer.run()
-        step_s = (win.t1 - win.t0) / steps
-        last = trainer.phases[-1]
-        probe = last.rows.batch(np.arange(last.batch_size), 0)
-        if last.aux_rows is not None:
-            probe.aux = last.aux_rows.batch(np.arange(last.aux_batch_size), 0)
-        if flops is None and not switches["compile"]:
-            flops = count_step_flops(trainer, probe.to(device))
-    tokens = probe.tokens
-    tflops = None if flops is None else flops / step_s / 1e12
-    row = {
-        "method": method,
-        "mode": mode,
-        "switches": switches,
-        "batch_size": cfg.batch_size,
-        "max_length": cfg.max_length,
-        "steps": steps,
-        "ms_per_step": round(1e3 * step_s, 2),
-        "tokens_per_s": round(tokens / step_s, 1),
-        "flops_per_step": flops,
-        "achieved_tflops": None if tflops is None else round(tflops, 2),
-        "mfu": None if (tflops is None or not peak) else round(tflops / peak, 4),
-        "peak_memory_gib": round(trainer.peak_memory_gb, 2) if cuda else None,
-        "warmup_s": round(win.t0 - win.t_begin, 1),
-        "host_wait_share": round((win.wait1 - win.wait0) / max(win.t1 - win.t0, 1e-9), 4),
-        **_profile_summary(win, profile_steps, cuda),
-    }
-    return row, trainer, cfg
 
 
 def state_overhead(trainer) -> dict:
@@ -224,14 +169,9 @@ def eval_overhead(model, tokenizer, device) -> dict:
     words = [f"w{i}" for i in range(1000, 20000)]  # (single tokens of the synthetic vocabulary)
     sentences = [" ".join(rng.choice(words, size=int(rng.integers(6, 39)))) for _ in range(n)]
     ids = model.token_ids(sentences)  # the method's own input (DiffAug: its prompt template)
-    cache = DeviceBatches()
-    times = []
-    for use_cache in (False, False, True, True):  # (the first of each: warm-up / filling the cache)
-        sync(device)
-        t0 = time.perf_counter()
-        embed_token_ids(model, ids, batch_size=128, precision="fp32", device_cache=cache if use_cache else None)
-        sync(device)
-        times.append(time.perf_counter() - t0)
+    embed = lambda cache: embed_token_ids(model, ids, batch_size=128, precision="fp32", device_cache=cache)
+    cache = DeviceBatches()  # (the first run of each: warm-up / filling the cache)
+    times = [timed(lambda c=c: embed(c), device) for c in (None, None, cache, cache)]
     return {"dev_sentences": n, "eval_s": round(times[1], 3), "eval_s_device_batches": round(times[3], 3)}
 
 
@@ -426,8 +366,7 @@ class SpeedRun:
         self.profile_steps = args.profile_steps if args.profile_steps is not None else (3 if cuda else 0)
         self.backend = args.compile_backend or ("inductor" if cuda else "aot_eager")
         self.size, self.precision = ("base", "bf16") if cuda else ("tiny", "fp32")
-        name = torch.cuda.get_device_name(self.device) if cuda else platform.processor() or "cpu"
-        self.peak = args.peak_tflops or (next((v for k, v in PEAK_TFLOPS.items() if k in name), None) if cuda else None)
+        name, self.peak = device_peak(self.device, args.peak_tflops)
         self.result: dict = {
             "benchmark": "gpu_speed",
             "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -457,13 +396,13 @@ class SpeedRun:
     def over_budget(self) -> bool:
         return self.args.budget_s is not None and time.monotonic() - self.t_start > self.args.budget_s
 
-    def record(self, key: str, fn) -> None:
-        """Run one measurement and save it; its failure is reported and the others still run."""
+    def record(self, key: str, fn, **labels) -> None:
+        """Run one measurement and save it; its failure is reported (with `labels`) and the others still run."""
         try:
             value = fn()
         except Exception as e:  # noqa: BLE001 - one measurement's failure is reported; the others still run
             traceback.print_exc()
-            value, self.failed = {"error": f"{type(e).__name__}: {e}"[:300]}, True
+            value, self.failed = {**labels, "error": f"{type(e).__name__}: {e}"[:300]}, True
         if key == "rows":
             self.result["rows"].append(value)
         elif key == "peer":
@@ -472,6 +411,50 @@ class SpeedRun:
             self.result["runs"][key] = value
         print(json.dumps({key: value}), flush=True)
         self.save()
+
+    def measure(self, method: str, mode: str, flops: int | None):
+        """One (method, mode) row and its trainer (for the per-method extras)."""
+        device, cuda, steps, warmup, profile_steps = self.device, self.cuda, self.steps, self.warmup, self.profile_steps
+        switches = dict(MODES[mode])
+        if switches["compile"] and "compile_backend" not in switches:
+            switches["compile_backend"] = self.backend
+        n_steps = warmup + steps + profile_steps
+        state = tempfile.TemporaryDirectory(prefix="gpu-speed-")
+        cfg, trainer = benchmark_trainer(
+            method, device, self.size, self.precision, n_steps, self.tokenizer, switches, state.name, []
+        )
+        trainer.cfg = dataclasses.replace(trainer.cfg, log_steps=cfg.log_steps)  # the preset's log cadence
+        offset = trainer.offsets[-1]  # time the last phase (DiffAug: joint tuning)
+        win = _Windows(device, offset + warmup, offset + warmup + steps, offset + n_steps, profile_steps > 0)
+        trainer.hooks.append(win)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        with state:
+            trainer.run()
+            step_s = (win.t1 - win.t0) / steps
+            probe = last_phase_batch(trainer)
+            if flops is None and not switches["compile"]:
+                flops = count_step_flops(trainer, probe.to(device))
+        tokens = probe.tokens
+        tflops = None if flops is None else flops / step_s / 1e12
+        row = {
+            "method": method,
+            "mode": mode,
+            "switches": switches,
+            "batch_size": cfg.batch_size,
+            "max_length": cfg.max_length,
+            "steps": steps,
+            "ms_per_step": round(1e3 * step_s, 2),
+            "tokens_per_s": round(tokens / step_s, 1),
+            "flops_per_step": flops,
+            "achieved_tflops": None if tflops is None else round(tflops, 2),
+            "mfu": None if (tflops is None or not self.peak) else round(tflops / self.peak, 4),
+            "peak_memory_gib": round(trainer.peak_memory_gb, 2) if cuda else None,
+            "warmup_s": round(win.t0 - win.t_begin, 1),
+            "host_wait_share": round((win.wait1 - win.wait0) / max(win.t1 - win.t0, 1e-9), 4),
+            **_profile_summary(win, profile_steps, cuda),
+        }
+        return row, trainer
 
     def method(self, method: str, modes: list[str]) -> None:
         """The rows of `method` in `modes`, then its whole-run figures on the last mode's trainer."""
@@ -482,20 +465,12 @@ class SpeedRun:
                 return {"method": method, "mode": mode, "skipped": "time budget spent"}
             if MODES[mode].get("compile_backend") == "cudagraphs" and not self.cuda:
                 return {"method": method, "mode": mode, "skipped": "CUDA only"}
-            try:
-                row, measured["trainer"], _ = measure_mode(
-                    method, mode, self.device, self.size, self.precision, self.steps, self.warmup,
-                    self.profile_steps, self.tokenizer, self.peak, self.backend, measured["flops"],
-                )  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - one mode's failure is reported; the other modes still run
-                traceback.print_exc()
-                self.failed = True
-                return {"method": method, "mode": mode, "error": f"{type(e).__name__}: {e}"[:300]}
+            row, measured["trainer"] = self.measure(method, mode, measured["flops"])
             measured["flops"] = row["flops_per_step"]
             return row
 
         for mode in modes:
-            self.record("rows", lambda mode=mode: one(mode))
+            self.record("rows", lambda mode=mode: one(mode), method=method, mode=mode)
             if self.cuda:
                 torch.cuda.empty_cache()
         trainer = measured.pop("trainer")

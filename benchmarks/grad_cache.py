@@ -28,9 +28,6 @@ Output: `<out>/grad_cache.json` and `<out>/grad_cache.md` (with `--device cuda`:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import platform
@@ -43,6 +40,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_check import build_model, job_phases, loop_config, synthetic_rows, synthetic_tokenizer
+from benchmarks.machine import release_freed_heap, sync
 from cse.config.methods import DEFAULT_METHOD
 from cse.config.training import resolve_train_config
 from cse.training.loop import Trainer, TrainerHooks
@@ -61,13 +59,6 @@ def _in_use_gb(device: torch.device) -> float:
     return float("nan")
 
 
-def release_freed_heap() -> None:
-    """glibc keeps freed memory resident; malloc_trim(0) returns it (no-op where there is no glibc)."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 class StepTimes(TrainerHooks):
     """Wall time, peak memory and the memory in use at the start of each step. Before the step `trim_step` (0-based)
     the heap freed by the steps before is returned to the system, so that step's start is what is live."""
@@ -76,17 +67,15 @@ class StepTimes(TrainerHooks):
         self.device, self.trim_step, self.records = device, trim_step, []
 
     def on_forward_start(self, trainer, batch) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif len(self.records) == self.trim_step:
+        sync(self.device)
+        if self.device.type != "cuda" and len(self.records) == self.trim_step:
             release_freed_heap()
             trainer.memory.reset()
         self.before = _in_use_gb(self.device)
         self.t0 = time.perf_counter()
 
     def on_update_end(self, trainer) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
         self.records.append({"seconds": time.perf_counter() - self.t0, "in_use_before_gb": self.before})
 
     def on_step_end(self, trainer, batch, metrics) -> None:
@@ -105,19 +94,9 @@ def one_configuration(args: argparse.Namespace, chunk: int | None) -> dict:
     precision = "bf16" if device.type == "cuda" else "fp32"
     loop = loop_config(cfg, precision, args.steps, save_state=False, grad_cache_chunk_size=chunk)
     times = StepTimes(device, trim_step=args.steps - 1)
+    phases, noop = job_phases(cfg, rows, nli, args.steps), lambda *a: None
     with tempfile.TemporaryDirectory(prefix="grad-cache-bench-") as state:
-        trainer = Trainer(
-            model,
-            job_phases(cfg, rows, nli, args.steps),
-            loop,
-            device,
-            Path(state) / "state",
-            lambda *a: None,
-            lambda m: 0.0,
-            lambda *a: None,
-            hooks=[times],
-        )
-        trainer.run()
+        Trainer(model, phases, loop, device, Path(state) / "state", noop, lambda m: 0.0, noop, hooks=[times]).run()
     timed, trimmed = times.records[-2], times.records[-1]
     views = 3 if cfg.supervised else 2
     return {
@@ -182,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one chunk size, print its JSON
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     if args.steps < 3:
         p.error("--steps must be >= 3: a warm-up step, a timed step, a memory step")
@@ -189,10 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(one_configuration(args, None if args.one == "full" else int(args.one))))
         return 0
     configurations = []
+    passed_on = [a for a in argv if not a.startswith("--one")]
     for chunk in args.chunks.split(","):
-        cmd = [sys.executable, "-m", "benchmarks.grad_cache", "--one", chunk] + [
-            a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--one")
-        ]
+        cmd = [sys.executable, "-m", "benchmarks.grad_cache", "--one", chunk, *passed_on]
         proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
@@ -216,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
         "torch": torch.__version__,
-        "command": "python -m benchmarks.grad_cache " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.grad_cache " + " ".join(argv),
         "configurations": configurations,
     }
     suffix = "" if args.device == "cpu" else "_cuda"

@@ -29,32 +29,20 @@ builds the identical model (the script checks that two seeded builds have the sa
 records their hash). "trained" = the best STS-B dev checkpoint (`cse.models.checkpoint.load_checkpoint` of the job's
 `best/` folder), our default selection.
 
-Per-method settings (batch 32 everywhere; `--steps` / `--batch-size` override all):
-
-| run | preset | data | steps | lr | eval_steps | notes |
-|---|---|---|---|---|---|---|
-| simcse | simcse/smoke | Wiki1M sample | 80 | 3e-5 (preset) | 40 | MLP in training only, CLS before pooler at eval |
-| simcse-sup | simcse/sup | NLI sample | 30 | 5e-5 (preset) | 15 | MiniLM, batch 32 triplets, CLS + MLP at eval |
-| dcpcse | dcpcse/smoke | Wiki1M sample | 40 | 2e-2 (preset) | 20 | P 8, frozen MiniLM |
-| diffcse | diffcse/smoke | Wiki1M sample | 30 | 2e-5 (preset) | 15 | random-init tiny generator (no pretrained one offline) |
-| d2cse | d2cse/smoke | Wiki1M sample | 30 | 2e-2 (preset) | 15 | P 8, random-init tiny generator |
-| diffaug | diffaug/smoke | NLI (stage 1) + Wiki1M | 12 + 24 | 1e-3 / 2e-5 (preset) | 18 | aux NLI batch 16, α 1e-3 |
-
-Budget. Unloaded, 2 cores: a seven-task evaluation of MiniLM takes ~75 s and a MiniLM D2CSE step at batch 64
-~4.6 s (measured before this script), so it was planned for a few hundred steps per method within 60 min. The step counts above are
-smaller because the machine this was run on was shared with other CPU-heavy jobs (load average 6–8 on 2 cores):
-measured there, a SimCSE step took 3.7 s with 1 torch thread and 10.8–18.6 s with 2 threads (OpenMP threads stall
-when a core is taken away; `OMP_WAIT_POLICY=PASSIVE` gave 4.0 s), and one seven-task evaluation ~260 s. Hence
-`--threads 1` on a shared machine, and the runs split over side-by-side processes (disjoint `--methods`, separate
-`--out`), joined with `--merge a.json b.json ... --out benchmarks/results/learning.json`; the merged report keeps
-every process's command and seconds and the wall time. On an idle machine run it as one process with the default
-threads and raise `--steps` (the per-run defaults are the floor that fitted the shared machine). The committed
-benchmarks/results/learning.json was made that way: one process per run (`--threads 1`), the peer check with
-`--steps 30` (its two trainings and evaluations did not fit 80 steps in the time left; the default SimCSE row
-beside it is the 80-step `simcse` run), start evaluations shared through `--start-cache` where the probe matched.
-
+Per-run settings: the `learning_runs` of each method in benchmarks/facts.py (preset, steps, eval_steps, overrides and
+a note on the learning rate, always the preset's own); batch 32 everywhere; `--steps` / `--batch-size` override all.
 `max_train_sentences` is lifted (the whole sample; `epochs` is raised only where steps x batch exceed the rows).
-Every learning rate is the preset's own; see the JSON's `lr_note` of each run.
+
+Budget. Unloaded, 2 cores: a seven-task evaluation of MiniLM takes ~75 s and a MiniLM D2CSE step at batch 64 ~4.6 s,
+so it was planned for a few hundred steps per method within 60 min; the per-run step counts are smaller because the
+machine it ran on was shared (load average 6–8 on 2 cores: a SimCSE step took 3.7 s with 1 torch thread and 10.8–18.6
+s with 2, OpenMP threads stalling when a core is taken away; a seven-task evaluation ~260 s). Hence `--threads 1` on a
+shared machine, and the runs split over side-by-side processes (disjoint `--methods`, separate `--out`), joined with
+`--merge a.json b.json ... --out benchmarks/results/learning.json` (the merged report keeps every process's command
+and seconds, and the wall time). On an idle machine run it as one process and raise `--steps`. The committed
+benchmarks/results/learning.json was made that way: one process per run (`--threads 1`), the peer check with `--steps
+30` (the default SimCSE row beside it is the 80-step `simcse` run), start evaluations shared through `--start-cache`
+where the probe matched.
 
 Peer cross-check (`peer`): the same job three ways, on the same sentences in the same order (the batches are taken
 from `Trainer.batch_at` of our run: `epoch_order(n, seed + 7919·phase, epoch)`), same batch, steps, learning rate
@@ -90,24 +78,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.facts import registry_facts
-from benchmarks.machine import cpu_environment, set_offline_environment
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+from benchmarks.machine import REPO_ROOT, SHARED_DATA, cpu_environment, set_offline_environment, sts_evaluator
 
 set_offline_environment()
 
 PEER_DIFF_LIMIT = 1.0
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
-# run name → method, preset, per-run overrides, default steps, eval_steps and a note on the learning rate: the
-# `learning_runs` of every registry method (benchmarks/facts.py); the peer check ("peer") reproduces the
-# `learning_peer_run`. The JSON's peer keys (`simcse_peerlike`, `simcse_default`) are the report format.
-RUNS: dict[str, dict[str, Any]] = {}
-PEER_RUN = ""
-
 
 def _runs() -> tuple[dict[str, dict[str, Any]], str]:
+    """(run name → method, preset, per-run overrides, default steps, eval_steps and a note on the learning rate: the
+    `learning_runs` of every registry method (benchmarks/facts.py); the run the peer check ("peer") reproduces: the
+    `learning_peer_run`). The JSON's peer keys (`simcse_peerlike`, `simcse_default`) are the report format."""
     runs, peer = {}, ""
     for name, method_facts in registry_facts().items():
         for run, settings in method_facts.learning_runs.items():
@@ -144,26 +126,17 @@ class Bench:
         from cse.config.stages import local_mirror_ingest
         from cse.storage.layout import DataRoot
 
-        self.torch = torch
         self.device = torch.device("cpu")
         self.batch_size = batch_size
         self.ingest = local_mirror_ingest(SHARED_DATA)
         self.root = DataRoot(get_settings().data_root)
-        self._tokens: dict[tuple, Any] = {}
-        self._corruption: dict[tuple, Any] = {}
-        self.data_seconds = 0.0
+        self._stages: dict[tuple, Any] = {}
         self._probe: list[str] | None = None
         self._starts: dict[tuple, dict[str, Any]] = {}
         self._start_cache = list(start_cache or ())
-        from cse.evaluation.evaluator import Evaluator
-        from cse.storage.evaluations import load_sts_input
-        from cse.tasks.ingest import ingest_dataset
-
         t0 = time.perf_counter()
-        sts = ingest_dataset.fn("sts", self.ingest)
-        self.sts_input = load_sts_input(sts.key, self.root)
-        self.evaluator = Evaluator(self.sts_input.table)
-        self.data_seconds += time.perf_counter() - t0
+        self.evaluator = sts_evaluator()
+        self.data_seconds = time.perf_counter() - t0
 
     def _read_start_cache(self) -> None:
         """Start evaluations of other processes' reports (read when needed: they may be written meanwhile)."""
@@ -182,29 +155,31 @@ class Bench:
                     )
 
     # ------------------------------------------------------------------ data stages
+    def _stage(self, key: tuple, run):
+        """The output of a data stage, run (and timed into `data_seconds`) the first time `key` is asked for."""
+        if key not in self._stages:
+            t0 = time.perf_counter()
+            self._stages[key] = run()
+            self.data_seconds += time.perf_counter() - t0
+        return self._stages[key]
+
     def tokens(self, dataset: str, cfg):
         from cse.tasks.ingest import ingest_dataset
         from cse.tasks.tokenize import tokenize_dataset
 
         tc = cfg.tokenize_config()
-        key = (dataset, tc.model_dump_json())
-        if key not in self._tokens:
-            t0 = time.perf_counter()
-            self._tokens[key] = tokenize_dataset.fn(ingest_dataset.fn(dataset, self.ingest), tc)
-            self.data_seconds += time.perf_counter() - t0
-        return self._tokens[key]
+        run = lambda: tokenize_dataset.fn(ingest_dataset.fn(dataset, self.ingest), tc)
+        return self._stage(("tokens", dataset, tc.model_dump_json()), run)
 
     def corruption(self, tokens, cfg):
         from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 
-        key = (tokens.key, cfg.corrupt.model_dump_json())
-        if key not in self._corruption:
-            t0 = time.perf_counter()
+        def run():
             plan = plan_corruption.fn(tokens.key, cfg.corrupt)
             shards = [] if plan.cached else [corrupt_shard.fn(plan, i) for i in range(plan.n_shards)]
-            self._corruption[key] = publish_corruption.fn(plan, shards)
-            self.data_seconds += time.perf_counter() - t0
-        return self._corruption[key]
+            return publish_corruption.fn(plan, shards)
+
+        return self._stage(("corruption", tokens.key, cfg.corrupt.model_dump_json()), run)
 
     def config(self, spec: dict[str, Any], steps: int):
         """The resolved TrainConfig of a run: the preset + CPU-scale overrides (epochs raised to cover the steps)."""
@@ -368,15 +343,12 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
         "preset": cfg.preset,
         "dataset": cfg.dataset,
         "overrides": {
-            k: v
-            for k, v in {
-                **spec["overrides"],
-                "batch_size": cfg.batch_size,
-                "max_steps": cfg.max_steps,
-                "epochs": cfg.epochs,
-                "max_train_sentences": None,
-                "eval_steps": cfg.eval_steps,
-            }.items()
+            **spec["overrides"],
+            "batch_size": cfg.batch_size,
+            "max_steps": cfg.max_steps,
+            "epochs": cfg.epochs,
+            "max_train_sentences": None,
+            "eval_steps": cfg.eval_steps,
         },
         "steps": loop.steps,
         "batch_size": cfg.batch_size,
@@ -426,10 +398,8 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
         "scale": 1.0 / cfg.model.temperature,
     }
 
-    # --- ours, like the peer (the start is evaluated at the end, on a fresh seeded build: the same model)
-    cfg = cfg.model_copy(
-        update={"model": dataclasses.replace(cfg.model, train_mlp=False)}
-    )  # no training-time MLP, like the peer
+    # --- ours, like the peer: no training-time MLP (the start is evaluated at the end, on a fresh seeded build)
+    cfg = cfg.model_copy(update={"model": dataclasses.replace(cfg.model, train_mlp=False)})
     model = seeded_build(cfg, bench.device)
     start_hash = state_hash(model)
     loop = LoopConfig(
@@ -534,14 +504,13 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
         }
     )
     if default_simcse is not None:
-        out["simcse_default"] = {
-            "trained": default_simcse["trained"],
-            "steps": default_simcse["steps"],
-            "selection": default_simcse["selection"],
-            "best_step": default_simcse["best_step"],
-            "training_mlp": True,
-        }
+        out["simcse_default"] = default_summary(default_simcse)
     return out
+
+
+def default_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The peer table's row of the default SimCSE run (training-time MLP, best dev checkpoint)."""
+    return {k: run[k] for k in ("trained", "steps", "selection", "best_step")} | {"training_mlp": True}
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -606,7 +575,7 @@ def peer_table(p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(args, argv, env, bench, results, peer, total: float, complete: bool) -> tuple[str, list[str]]:
+def write_report(args, argv, env, data_seconds, results, peer, total: float, complete: bool) -> tuple[str, list[str]]:
     """JSON + markdown (written after every run, so an interrupted benchmark leaves its finished runs)."""
     failures = [
         f"{r['run']}: trained {r['trained']['sts_avg']:.2f} <= start {r['start']['sts_avg']:.2f}"
@@ -622,7 +591,7 @@ def write_report(args, argv, env, bench, results, peer, total: float, complete: 
         "complete": complete,
         "environment": env,
         "batch_size": args.batch_size,
-        "data_seconds": round(bench.data_seconds, 1) if bench else None,
+        "data_seconds": round(data_seconds, 1),
         "total_seconds": round(total, 1),
         "runs": results,
         "peer": peer,
@@ -638,7 +607,7 @@ def write_report(args, argv, env, bench, results, peer, total: float, complete: 
         f"# Learning benchmark (CPU, {env['torch_threads']} torch threads, {env['cpu']})",
         "",
         f"`{report['command']}`: total {total / 60:.1f} min"
-        + (f" (data stages {bench.data_seconds:.0f} s)" if bench else "")
+        + f" (data stages {data_seconds:.0f} s)"
         + ("" if complete else " — INCOMPLETE (interrupted or still running)"),
         "",
     ]
@@ -684,14 +653,7 @@ def merge(args, argv) -> int:
                 raise SystemExit(f"two files hold the peer check ({path})")
             peer = rep["peer"]
     if peer is not None and "simcse_default" not in peer and PEER_RUN in by_run:
-        d = by_run[PEER_RUN]
-        peer["simcse_default"] = {
-            "trained": d["trained"],
-            "steps": d["steps"],
-            "selection": d["selection"],
-            "best_step": d["best_step"],
-            "training_mlp": True,
-        }
+        peer["simcse_default"] = default_summary(by_run[PEER_RUN])
     results = [by_run[n] for n in ALL if n in by_run]
     ends = [path.stat().st_mtime for path, _ in parts]
     starts = [path.stat().st_mtime - rep["total_seconds"] for path, rep in parts]
@@ -710,10 +672,8 @@ def merge(args, argv) -> int:
     ]
     missing = [n for n in ALL if n not in by_run and not (n == "peer" and peer is not None)]
 
-    class _B:  # the report writer reads only data_seconds
-        data_seconds = sum(p["data_seconds"] or 0.0 for p in processes)
-
-    text, failures = write_report(args, argv, env, _B, results, peer, wall, complete=not missing)
+    data_seconds = sum(p["data_seconds"] or 0.0 for p in processes)
+    text, failures = write_report(args, argv, env, data_seconds, results, peer, wall, complete=not missing)
     report = json.loads(args.out.read_text())
     report.update(
         {
@@ -724,20 +684,13 @@ def merge(args, argv) -> int:
         }
     )
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    extra = (
-        "\n## Processes (run side by side, 1 torch thread each)\n\n| file | command | runs | seconds |\n|---|---|---|---|\n"
-        + "\n".join(
-            f"| {Path(p['file']).name} | `{p['command']}` | {', '.join(p['runs'])} | {p['total_seconds']:.0f} |"
-            for p in processes
-        )
+    text += "\n## Processes (run side by side, 1 torch thread each)\n\n| file | command | runs | seconds |\n|---|---|---|---|\n"
+    text += "\n".join(
+        f"| {Path(p['file']).name} | `{p['command']}` | {', '.join(p['runs'])} | {p['total_seconds']:.0f} |"
+        for p in processes
     )
-    text = (
-        text
-        + extra
-        + f"\n\nwall time {wall / 60:.1f} min (earliest start to latest end)"
-        + (f"; missing: {missing}" if missing else "")
-        + "\n"
-    )
+    text += f"\n\nwall time {wall / 60:.1f} min (earliest start to latest end)"
+    text += (f"; missing: {missing}" if missing else "") + "\n"
     args.out.with_suffix(".md").write_text(text)
     print("\n" + text)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
@@ -794,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     env["threads_flag"] = args.threads
     _log(f"CSE_HOME {home}; torch threads {env['torch_threads']}; cpu {env['cpu']}")
-    bench, results, peer = None, [], None
+    results, peer = [], None
     try:
         bench = Bench(args.batch_size, args.start_cache)
         for name in names:  # in the given order (default: SimCSE and its peer check first)
@@ -804,14 +757,14 @@ def main(argv: list[str] | None = None) -> int:
                 peer = run_peer(bench, steps, default)
             else:
                 results.append(run_method(bench, name, args.steps or RUNS[name]["steps"]))
-            write_report(args, argv, env, bench, results, peer, time.perf_counter() - t_all, complete=False)
+            write_report(args, argv, env, bench.data_seconds, results, peer, time.perf_counter() - t_all, False)
     finally:
         if args.keep_home:
             _log(f"kept CSE_HOME {home}")
         else:
             shutil.rmtree(home, ignore_errors=True)
     total = time.perf_counter() - t_all
-    text, failures = write_report(args, argv, env, bench, results, peer, total, complete=True)
+    text, failures = write_report(args, argv, env, bench.data_seconds, results, peer, total, complete=True)
     print("\n" + text)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return 1 if failures else 0

@@ -1,11 +1,20 @@
-"""What the CPU benchmarks record about the machine, and the offline environment they run in (shared by them)."""
+"""What the benchmarks record about the machine, the offline environment they run in, and the small helpers they
+share (timing on a device, returning freed heap, the STS evaluator over the local data mirror)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The local mirror of the canonical sources (as `cse.config.settings` reads it: CSE_SHARED_DATA, else ../shared/data).
+SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
 OFFLINE_ENVIRONMENT = {
     "HF_HUB_OFFLINE": "1",
@@ -21,6 +30,43 @@ def set_offline_environment() -> None:
     """No hub downloads, no analytics, no tokenizer threads, no system metrics (values already set are kept)."""
     for key, value in OFFLINE_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
+
+
+def sync(device) -> None:
+    """Wait for the device's queued work (CUDA; a no-op elsewhere), so that a wall time covers it."""
+    if device is not None and device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device=None) -> float:
+    """Wall seconds of `fn()`, synchronised with `device` before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def release_freed_heap() -> None:
+    """Collect garbage and return the heap glibc keeps resident after frees (`malloc_trim(0)`; no-op without glibc)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def sts_evaluator():
+    """An `Evaluator` over the STS tasks, ingested from the local data mirror into the data root of CSE_HOME."""
+    from cse.config.settings import get_settings
+    from cse.config.stages import local_mirror_ingest
+    from cse.evaluation.evaluator import Evaluator
+    from cse.storage.evaluations import load_sts_input
+    from cse.storage.layout import DataRoot
+    from cse.tasks.ingest import ingest_dataset
+
+    sts = ingest_dataset.fn("sts", local_mirror_ingest(SHARED_DATA))
+    return Evaluator(load_sts_input(sts.key, DataRoot(get_settings().data_root)).table)
 
 
 def cpu_model() -> str:

@@ -37,7 +37,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
-from benchmarks.machine import subject_method
+from benchmarks.machine import REPO_ROOT, subject_method, timed
 from cse.config.settings import get_settings
 from cse.models.checkpoint import save_checkpoint
 from cse.models.export import peft_loader
@@ -53,12 +53,6 @@ def folder_bytes(folder: Path, exclude: str | None = None) -> int:
         for p in folder.rglob("*")
         if p.is_file() and (exclude is None or exclude not in p.relative_to(folder).parts)
     )
-
-
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 _ST_LOAD = """
@@ -136,18 +130,16 @@ def main(argv=None) -> dict:
     base_path = peft_loader.base_model_path(export.folder)
     base_weights = sum(f.stat().st_size for f in Path(resolve_model_path(base_path)).glob("*.safetensors"))
 
-    repo = Path(__file__).resolve().parent.parent
     rounds = {"st_import": [], "st_load": [], "peft_import": [], "peft_load": [], "peft_attach": []}
     for i in range(args.repeat + 1):
-        st_s = fresh_process_load(_ST_LOAD, st_dir, cwd=repo)  # our package must be importable for the ST folder
+        st_s = fresh_process_load(_ST_LOAD, st_dir, cwd=REPO_ROOT)  # our package must be importable for the ST folder
         peft_s = fresh_process_load(_PEFT_LOAD, export.folder, cwd=work)  # outside the repository
         base = AutoModel.from_pretrained(base_path)
         attach_s = timed(lambda base=base: PeftModel.from_pretrained(base, str(export.folder)))
         if i:  # the first round warms the disk cache
-            rounds["st_import"].append(st_s["import"])
-            rounds["st_load"].append(st_s["load"])
-            rounds["peft_import"].append(peft_s["import"])
-            rounds["peft_load"].append(peft_s["load"])
+            for side, seconds in (("st", st_s), ("peft", peft_s)):
+                rounds[f"{side}_import"].append(seconds["import"])
+                rounds[f"{side}_load"].append(seconds["load"])
             rounds["peft_attach"].append(attach_s)
 
     senteval = Path(args.senteval) if args.senteval else get_settings().shared_data / "senteval"
@@ -156,14 +148,8 @@ def main(argv=None) -> dict:
     sentences = list(df[(df.task == "stsb") & (df.split == "test")].sentence1[:32])
     st = SentenceTransformer(str(st_dir), trust_remote_code=True, device="cpu")
     model, tokenizer, spec = peft_loader.load_prefix_encoder(export.folder)
-    diff = float(
-        (
-            st.encode(sentences, convert_to_tensor=True).float()
-            - peft_loader.embed_sentences(model, tokenizer, spec, sentences)
-        )
-        .abs()
-        .max()
-    )
+    peft_embeddings = peft_loader.embed_sentences(model, tokenizer, spec, sentences)
+    diff = float((st.encode(sentences, convert_to_tensor=True).float() - peft_embeddings).abs().max())
 
     result = {
         "backbone": args.backbone,

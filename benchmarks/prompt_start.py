@@ -13,9 +13,8 @@ import argparse
 import os
 import sys
 import tempfile
-from pathlib import Path
 
-from benchmarks.machine import set_offline_environment, subject_method
+from benchmarks.machine import set_offline_environment, sts_evaluator, subject_method
 
 set_offline_environment()
 
@@ -28,25 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CSE_HOME", tempfile.mkdtemp(prefix="cse-prompt-start-"))
     import torch
 
-    from cse.config.settings import get_settings
-    from cse.config.stages import local_mirror_ingest
     from cse.config.training import resolve_train_config
-    from cse.evaluation.evaluator import Evaluator
     from cse.models.embedder import PooledEncoder
     from cse.models.loading import PACKAGED_MINILM, load_tokenizer
-    from cse.storage.evaluations import load_sts_input
-    from cse.storage.layout import DataRoot
-    from cse.tasks.ingest import ingest_dataset
     from cse.training.job import build_model
     from cse.training.loop import set_seed
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    shared = Path(os.environ.get("CSE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    ingest = local_mirror_ingest(shared)
-    evaluator = Evaluator(
-        load_sts_input(ingest_dataset.fn("sts", ingest).key, DataRoot(get_settings().data_root)).table
-    )
+    evaluator = sts_evaluator()
 
     def dev(model) -> float:
         return round(float(evaluator.run(model, mode="dev", batch_size=128).metrics()["stsb_dev"]), 2)

@@ -12,15 +12,14 @@ and a `corruption` dataset of --variants variants per row in the corruption stag
 (synthetic: a real generator would take days on a CPU for 4,000,000 sentences; the rows' shape and sizes are the
 same). Both are written by `cse.storage.datasets.write_dataset`, so they carry their Arrow copies.
 
-Each path runs in a fresh process: `cse.storage.training_data.load_token_rows` + `load_corruption_rows` +
-`cse.training.rows.TrainingRows` (unsupervised, two views), then --batches batches of --batch-size rows in the epoch
-order of epochs 0 and 1 (half each: all four variants are read). The old path runs the same calls on the tree of
---old-ref (`git archive`, read-only on the repository; its top-level packages on the child's PYTHONPATH, as that tree
-predates the package `cse`) against the same data root: they read the Parquet parts into numpy arrays. A thread samples /proc/self/status every 20 ms. Printed per path (MiB): `rss_after_imports`,
-`peak_rss` (VmHWM: everything resident, memory-mapped file pages included), `peak_anon` (private memory: what the
-kernel cannot drop or share), `peak_file` (file pages mapped in: the libraries' code, and for the new path the
-dataset's pages the batches touched: page cache, shared by every process reading the dataset and reclaimable), each
-also right after the imports, and load and batch seconds. The batches' checksum must agree between the paths (the
+Each path runs in a fresh process: `load_token_rows` + `load_corruption_rows` + `TrainingRows` (unsupervised, two
+views), then --batches batches of --batch-size rows in the epoch order of epochs 0 and 1 (half each: all four variants
+are read). The old path runs the same calls from the tree of --old-ref (`git archive`; its top-level packages on the
+child's PYTHONPATH, as that tree predates the package `cse`) on the same data root. A thread samples
+/proc/self/status every 20 ms. Printed per path (MiB), also right after the imports: `peak_rss` (VmHWM: everything
+resident, memory-mapped file pages included), `peak_anon` (private memory: what the kernel cannot drop or share),
+`peak_file` (file pages mapped in: the libraries' code and, on the new path, the dataset pages the batches touched:
+page cache, shared and reclaimable); load and batch seconds. The batches' checksum must agree between the paths (the
 same rows, variants and padding). One JSON object at the end.
 """
 
@@ -132,12 +131,11 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
             n = stop - start
             lengths, flat, spec = sentences(start, stop)
             row_of = np.repeat(np.arange(n), lengths)
-            per_variant = []
+            masks, corrupted, labels = [], [], []
             for _ in range(variants):
-                masked = (rng.random(len(flat)) < 0.3) & ~spec
-                corrupted = np.where(masked, rng.integers(1000, 30000, len(flat)), flat).astype(np.int32)
-                labels = (corrupted != flat).astype(np.int8)
-                per_variant.append((masked, corrupted, labels))
+                masks.append((rng.random(len(flat)) < 0.3) & ~spec)
+                corrupted.append(np.where(masks[-1], rng.integers(1000, 30000, len(flat)), flat).astype(np.int32))
+                labels.append((corrupted[-1] != flat).astype(np.int8))
             # the stage's order: row i's variants 0..V-1 next to each other
             order = np.arange(n * variants).reshape(variants, n).T.ravel()
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -146,27 +144,24 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
             def interleave(arrays, take=take):
                 return np.concatenate(arrays)[take]
 
+            def per_row(arrays, row_of=row_of, order=order, n=n):
+                """Each (row, variant)'s sum of `arrays`' values, in the stage's order."""
+                return pa.array(np.concatenate([np.bincount(row_of, a, n) for a in arrays])[order].astype(np.int16))
+
             all_lengths = np.tile(lengths, variants)[order]
-            table = pa.table(
+            yield pa.table(
                 {
                     "id": pa.array(np.tile(np.arange(start, stop), variants)[order]),
                     "column": pa.array(["text"] * (n * variants)),
                     "variant": pa.array(np.repeat(np.arange(variants), n)[order].astype(np.int16)),
                     "input_ids": lists(all_lengths, interleave([flat] * variants), np.int32),
-                    "corrupted_ids": lists(all_lengths, interleave([c for _, c, _ in per_variant]), np.int32),
-                    "labels": lists(all_lengths, interleave([lab for _, _, lab in per_variant]), np.int8),
-                    "n_masked": pa.array(
-                        np.concatenate([np.bincount(row_of, m, n) for m, _, _ in per_variant])[order].astype(np.int16)
-                    ),
-                    "n_replaced": pa.array(
-                        np.concatenate([np.bincount(row_of, lab, n) for _, _, lab in per_variant])[order].astype(
-                            np.int16
-                        )
-                    ),
+                    "corrupted_ids": lists(all_lengths, interleave(corrupted), np.int32),
+                    "labels": lists(all_lengths, interleave(labels), np.int8),
+                    "n_masked": per_row(masks),
+                    "n_replaced": per_row(labels),
                 },
                 schema=schemas.CORRUPTION,
             )
-            yield table
 
     t0 = time.perf_counter()
     if not root.find("tokens", tokens_key):
@@ -254,22 +249,9 @@ def measure(tree: str, data_root: str, tokens_key: str, corruption_key: str, bat
 
 
 def run_path(name: str, tree: Path, args, keys: tuple[str, str]) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        str(tree),
-        "--data-root",
-        str(args.data_root),
-        "--tokens-key",
-        keys[0],
-        "--corruption-key",
-        keys[1],
-        "--batches",
-        str(args.batches),
-        "--batch-size",
-        str(args.batch_size),
-    ]
+    cmd = [sys.executable, __file__, "--child", str(tree), "--data-root", str(args.data_root)]
+    cmd += ["--tokens-key", keys[0], "--corruption-key", keys[1]]
+    cmd += ["--batches", str(args.batches), "--batch-size", str(args.batch_size)]
     env = {**os.environ, "PYTHONPATH": str(tree)} if not package_prefix(tree) else None  # an old tree's packages
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     if out.returncode != 0:
@@ -299,13 +281,8 @@ def main() -> None:
     p.add_argument("--corruption-key", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(
-            json.dumps(
-                measure(
-                    args.child, str(args.data_root), args.tokens_key, args.corruption_key, args.batches, args.batch_size
-                )
-            )
-        )
+        keys = (args.tokens_key, args.corruption_key)
+        print(json.dumps(measure(args.child, str(args.data_root), *keys, args.batches, args.batch_size)))
         return
     keys = build_data(args.data_root, args.rows, args.variants)
     results = {}

@@ -16,10 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.machine import set_offline_environment
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+from benchmarks.machine import REPO_ROOT, set_offline_environment, sts_evaluator
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,17 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from cse.config.methods import REGISTRY, build_model
-    from cse.config.settings import get_settings
-    from cse.config.stages import local_mirror_ingest
-    from cse.evaluation.evaluator import Evaluator
     from cse.models.methods.crtd import ConditionalRTDModel
-    from cse.storage.evaluations import load_sts_input
-    from cse.storage.layout import DataRoot
-    from cse.tasks.ingest import ingest_dataset
 
     torch.set_num_threads(args.threads)
-    sts = ingest_dataset.fn("sts", local_mirror_ingest(SHARED_DATA))
-    evaluator = Evaluator(load_sts_input(sts.key, DataRoot(get_settings().data_root)).table)
+    evaluator = sts_evaluator()
     for spec in REGISTRY.values():
         if not issubclass(spec.model_class, ConditionalRTDModel):
             continue

@@ -28,10 +28,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from benchmarks.gpu_check import METHODS, benchmark_trainer, synthetic_tokenizer
+from benchmarks.machine import sync
 from cse.training.loop import TrainerHooks
 
 
-def _device_events(prof) -> list:
+def device_events(prof) -> list:
     """The profiler's device-side work (kernels, memcpy, memset): device events, less the step annotations that the
     profiler also draws on the device's timeline (`ProfilerStep#N`, spanning whole steps)."""
     return [
@@ -64,8 +65,7 @@ class _Step(TrainerHooks):
         self.prof, self.skip, self.steps = prof, skip, steps
 
     def on_update_end(self, trainer):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
         self.updates += 1
         if self.updates in (self.skip, self.skip + self.steps):
             self.marks["t0" if self.updates == self.skip else "t1"] = time.perf_counter()
@@ -75,34 +75,22 @@ class _Step(TrainerHooks):
 def profile_steps(method: str, device: torch.device, size: str, steps: int, warmup: int, switches: dict, top: int):
     """Profile `steps` training steps of `method`'s default preset after `warmup` steps; returns the summary."""
     cuda = device.type == "cuda"
-    batch, length = (None, None) if size == "base" else (4, 16)
     n_steps = warmup + steps
     marks: dict[str, float] = {}
     state = tempfile.TemporaryDirectory(prefix="step-profile-")
-    step_hook = _Step(device, marks)
-    cfg, trainer = benchmark_trainer(
-        method,
-        device,
-        size,
-        "bf16" if cuda else "fp32",
-        n_steps,
-        synthetic_tokenizer(),
-        batch,
-        length,
-        switches,
-        Path(state.name) / "state",
-        [step_hook],
-    )
+    hook = _Step(device, marks)
+    precision, tokenizer = "bf16" if cuda else "fp32", synthetic_tokenizer()
+    cfg, trainer = benchmark_trainer(method, device, size, precision, n_steps, tokenizer, switches, state.name, [hook])
     skip = sum(p.max_steps for p in trainer.phases[:-1]) + warmup  # profile the last phase's last `steps` steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # the profiler's own warm-up is the last unprofiled step
     prof = profile(activities=activities, schedule=schedule(wait=skip - 1, warmup=1, active=steps, repeat=1))
-    step_hook.arm(prof, skip, steps)
+    hook.arm(prof, skip, steps)
     with state, prof:
         trainer.run()
     wall = (marks["t1"] - marks["t0"]) / steps
     averages = prof.key_averages()
-    kernels = _device_events(prof)
+    kernels = device_events(prof)
     busy = sum(e.device_time for e in kernels) / 1e6 / steps if cuda else None  # device_time: microseconds
     by_host = [e for e in averages if not e.key.startswith("ProfilerStep")]
     by_host = sorted(by_host, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]

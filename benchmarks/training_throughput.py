@@ -30,7 +30,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,13 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.machine import subject_method
+from benchmarks.machine import SHARED_DATA, subject_method, timed
 from cse.models.loading import PACKAGED_MINILM, load_encoder, load_tokenizer, pick_device
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.loop import LoopConfig, Trainer
 from cse.training.rows import TrainingRows, epoch_order
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.10
 WIKI1M_SENTENCES, PAPER_BATCH, EPOCHS = 1_000_000, 144, 2
 
@@ -104,17 +102,12 @@ class BareStep:
         return float(loss.detach())
 
 
-def timed(fn, device: torch.device) -> tuple[float, float | None]:
+def timed_peak(fn, device: torch.device) -> tuple[float, float | None]:
     """(seconds, peak GPU GiB or None) of one call, synchronised on CUDA."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return time.perf_counter() - t0, torch.cuda.max_memory_allocated(device) / 2**30
-    return time.perf_counter() - t0, None
+    if device.type != "cuda":
+        return timed(fn), None
+    torch.cuda.reset_peak_memory_stats(device)
+    return timed(fn, device), torch.cuda.max_memory_allocated(device) / 2**30
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -128,13 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prefix-len", type=int, default=16)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
-    p.add_argument(
-        "--seq-len-from-wiki",
-        dest="wiki",
-        type=Path,
-        default=REPO_ROOT.parent / "shared" / "data" / "wiki1m_head.txt",
-        help="sentence file",
-    )
+    p.add_argument("--seq-len-from-wiki", dest="wiki", type=Path, default=SHARED_DATA / "wiki1m_head.txt")
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 2:
         p.error("--steps must be >= 1 and --batch-size >= 2")
@@ -146,9 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     bare_encoder.pooler = None  # D2CSE never runs the pooler either
     torch.manual_seed(0)
     spec = subject_method("training_throughput")
-    model = spec.build_model(spec.model_config(args.backbone, {"prefix_len": args.prefix_len}), backbone, tokenizer).to(
-        device
-    )
+    config = spec.model_config(args.backbone, {"prefix_len": args.prefix_len})
+    model = spec.build_model(config, backbone, tokenizer).to(device)
 
     n_steps = args.warmup + args.steps
     rows = training_rows(tokenizer, args.wiki, n_steps * args.batch_size)
@@ -168,18 +154,14 @@ def main(argv: list[str] | None = None) -> dict:
         precision=precision,
         deterministic=False,
     )
-    noop = lambda *a: None
-    trainer = Trainer(
-        model, rows, cfg, device, Path(tempfile.gettempdir()) / "unused-benchmark-state", noop, noop, noop
-    )
+    noop, state = lambda *a: None, Path(tempfile.gettempdir()) / "unused-benchmark-state"
+    trainer = Trainer(model, rows, cfg, device, state, noop, noop, noop)
     bare = BareStep(bare_encoder.to(device), trainer.autocast)
 
     t_d2cse, t_bare, mem_d2cse, mem_bare = [], [], [], []
     for i, batch in enumerate(batches):  # alternate, so drift (thermal, allocator) hits both alike
-        (tb, mb), (td, md) = (
-            timed(lambda b=batch: bare(b), device),
-            timed(lambda b=batch: trainer.train_step(b), device),
-        )
+        tb, mb = timed_peak(lambda b=batch: bare(b), device)
+        td, md = timed_peak(lambda b=batch: trainer.train_step(b), device)
         if i >= args.warmup:
             t_bare.append(tb), t_d2cse.append(td), mem_bare.append(mb), mem_d2cse.append(md)
 
@@ -226,12 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         ),
         "d2cse_step": "cse.training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
     }
-    projection_key = (
-        "projected_wiki1m_2_epochs_minutes"
-        if device.type == "cuda"
-        else "projected_wiki1m_2_epochs_minutes_cpu_info_only"
-    )
-    result[projection_key] = projected
+    result["projected_wiki1m_2_epochs_minutes" + ("" if device.type == "cuda" else "_cpu_info_only")] = projected
     result["projection"] = (
         f"(1e6 / {PAPER_BATCH}) * {EPOCHS} * step_time_at_batch_{PAPER_BATCH} / 60, step time scaled "
         f"linearly from batch {args.batch_size}"
