@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from cse.storage.datasets import EvaluationInput, read_dataset, resolve_input
-from cse.storage.hashing import sha256_files
+from cse.storage.datasets import EvaluationInput, resolve_input
 from cse.storage.readers import Columns, DataFormatError, ReadStats, require_file, root_candidates, senteval_words
 
 TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
@@ -244,21 +243,7 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
     dataset, else a FileNotFoundError saying to run the `ingest` flow with dataset `transfer`.
     """
 
-    def from_folder(folder: Path) -> TransferInput:
-        table, _ = read_transfer(folder)
-        return TransferInput(
-            table=table,
-            origin="folder",
-            location=str(transfer_root(folder)),
-            content_hash=sha256_files(transfer_source_files(folder)),
-        )
-
-    def from_dataset(m) -> TransferInput:
-        return TransferInput(
-            table=read_dataset(root, "transfer", m.key), origin="dataset", location=m.key, content_hash=m.content_hash
-        )
-
-    def default() -> TransferInput | None:
+    def default(from_folder) -> TransferInput | None:
         if shared_data is None:
             return None
         try:
@@ -270,8 +255,8 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
         root,
         "transfer",
         spec,
-        from_folder=from_folder,
-        from_dataset=from_dataset,
+        cls=TransferInput,
+        read_folder=lambda f: (read_transfer(f)[0], transfer_root(f), transfer_source_files(f)),
         default=default,
         no_default=lambda: (
             f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} nor a "
