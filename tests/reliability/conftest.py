@@ -145,9 +145,10 @@ def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
     return run
 
 
-def tiny_job_config(backbone: Path, **overrides):
-    """The tiny SimCSE job's config (`job`): `STEPS` steps of batch 8 on 64 sentences, with `overrides`."""
-    base = {"backbone": str(backbone), "max_steps": STEPS, "eval_steps": STEPS, "batch_size": 8, "max_length": 32}
+def tiny_job_config(tiny_bert: Path, /, **overrides):
+    """The tiny SimCSE job's config (`job`): `STEPS` steps of batch 8 on 64 sentences of the tiny BERT, with
+    `overrides` (a `backbone` among them too)."""
+    base = {"backbone": str(tiny_bert), "max_steps": STEPS, "eval_steps": STEPS, "batch_size": 8, "max_length": 32}
     base |= {"max_train_sentences": 64, "test_evaluation": False, "system_metrics": False}
     return resolve_train_config("smoke", base | overrides, method="simcse")
 
