@@ -47,6 +47,12 @@ class _Subset:
     s2: list[str]
     gold: np.ndarray
 
+    @classmethod
+    def of(cls, items: list[tuple[int, str, str, float]]) -> _Subset:
+        """The subset of (pair index, sentence 1, sentence 2, gold) rows, in pair order."""
+        _, s1, s2, gold = zip(*sorted(items, key=lambda r: r[0]))
+        return cls(list(s1), list(s2), np.array(gold, dtype=np.float64))
+
 
 @dataclass
 class _Plan:
@@ -134,15 +140,7 @@ class Evaluator:
         rows: dict[tuple[str, str], dict[str, list[tuple[int, str, str, float]]]] = {}
         for task, subset, split, pi, s1, s2, g in zip(*(cols[c] for c in REQUIRED_COLUMNS)):
             rows.setdefault((task, split), {}).setdefault(subset, []).append((pi, s1, s2, g))
-        data: dict[tuple[str, str], dict[str, _Subset]] = {}
-        for key, subsets in rows.items():
-            data[key] = {}
-            for name, items in subsets.items():
-                items.sort(key=lambda r: r[0])
-                data[key][name] = _Subset(
-                    [r[1] for r in items], [r[2] for r in items], np.array([r[3] for r in items], dtype=np.float64)
-                )
-        return data
+        return {key: {name: _Subset.of(items) for name, items in subsets.items()} for key, subsets in rows.items()}
 
     def _need(self, task: str, split: str) -> dict[str, _Subset]:
         got = self._data.get((task, split))

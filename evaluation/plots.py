@@ -13,6 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
+
 # (alignment, uniformity) reported on STS-B test; DiffCSE Table 11 and D2CSE's table.
 PAPER_ALIGN_UNIFORM: dict[str, tuple[float, float]] = {
     "avg. BERT-base": (0.172, -1.468),
@@ -68,8 +70,12 @@ def cosine_by_gold_plot(cosine: Sequence[float], gold: Sequence[float], path: st
     axes[-1].set_xlabel("cosine similarity")
     fig.suptitle(title or "STS-B test: cosine similarity per gold-score bucket")
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path, **kwargs) -> Path:
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, **kwargs)
     plt.close(fig)
     return path
 
@@ -104,22 +110,10 @@ def alignment_uniformity_plot(
     ax.set_title("Alignment vs uniformity, STS-B test")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
-STS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("sts12", "STS12"),
-    ("sts13", "STS13"),
-    ("sts14", "STS14"),
-    ("sts15", "STS15"),
-    ("sts16", "STS16"),
-    ("stsb", "STS-B"),
-    ("sickr", "SICK-R"),
-    ("sts_avg", "Avg."),
-)
+STS_COLUMNS: tuple[tuple[str, str], ...] = tuple((t, TASK_TITLES[t]) for t in (*SEVEN_TASKS, "sts_avg"))
 
 
 def sts_scores_plot(rows: Mapping[str, Mapping[str, object]], path: str | Path, title: str = "") -> Path:
@@ -165,7 +159,4 @@ def sts_scores_plot(rows: Mapping[str, Mapping[str, object]], path: str | Path, 
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=min(n, 3), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(title or "STS test (Spearman × 100)")
-    path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")  # (the legend below the axes included)
-    plt.close(fig)
-    return path
+    return _save(fig, path, bbox_inches="tight")  # (the legend below the axes included)

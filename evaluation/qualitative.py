@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cse.evaluation.results import Neighbour, QueryNeighbours
+from cse.evaluation.retrieval import unit_rows
 
 PAPER_QUERIES: tuple[str, ...] = (
     "you can do it , too .",
@@ -19,12 +20,6 @@ PAPER_QUERIES: tuple[str, ...] = (
     "i think that is not a bad idea .",
     "yes you got it .",
 )
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.nan_to_num(np.asarray(x, dtype=np.float64))
-    n = np.linalg.norm(x, axis=1, keepdims=True)
-    return np.divide(x, n, out=np.zeros_like(x), where=n > 0)
 
 
 def answers_of(
@@ -84,8 +79,8 @@ def nearest_neighbours(
     for i, s in enumerate(corpus):
         seen.setdefault(s, i)
     texts = list(seen)
-    emb = _unit(np.asarray(corpus_emb)[list(seen.values())])
-    sim = _unit(query_emb) @ emb.T
+    emb = unit_rows(np.asarray(corpus_emb)[list(seen.values())])
+    sim = unit_rows(query_emb) @ emb.T
     out = []
     for qi, q in enumerate(queries):
         row = sim[qi].copy()

@@ -134,11 +134,8 @@ class EvalResult(_Result):
         for name, t in self.tasks.items():
             m[name] = t.spearman
             m[f"{name}_pearson"] = t.pearson
-            if t.spearman_mean is not None:
-                m[f"{name}_mean"] = t.spearman_mean
-                m[f"{name}_wmean"] = t.spearman_wmean
-                m[f"{name}_pearson_mean"] = t.pearson_mean
-                m[f"{name}_pearson_wmean"] = t.pearson_wmean
+            if t.spearman_mean is not None:  # sts12_mean, sts12_wmean, sts12_pearson_mean, sts12_pearson_wmean
+                m.update({f"{name}_{k.removeprefix('spearman_')}": getattr(t, k) for k in _AGGREGATES})
             for sub, c in t.subsets.items():
                 m[f"{name}/{sub}"] = c.spearman
                 m[f"{name}/{sub}_pearson"] = c.pearson
@@ -176,22 +173,15 @@ class EvalResult(_Result):
 
     def task_rows(self) -> list[dict]:
         """One row per task: headline Spearman/Pearson, pairs, and the subset aggregations."""
-        rows = []
-        for name, t in self.tasks.items():
-            rows.append(
-                {
-                    "task": name,
-                    "split": t.split,
-                    "n": t.n,
-                    "spearman": round(t.spearman, 4),
-                    "pearson": round(t.pearson, 4),
-                    "spearman_mean": _r(t.spearman_mean),
-                    "spearman_wmean": _r(t.spearman_wmean),
-                    "pearson_mean": _r(t.pearson_mean),
-                    "pearson_wmean": _r(t.pearson_wmean),
-                }
-            )
-        return rows
+        return [
+            {
+                "task": name,
+                "split": t.split,
+                "n": t.n,
+                **{k: _r(getattr(t, k)) for k in ("spearman", "pearson", *_AGGREGATES)},
+            }
+            for name, t in self.tasks.items()
+        ]
 
     def subset_rows(self) -> list[dict]:
         """One row per STS12–16 subset plus the task's `all`, `mean`, `wmean` rows."""
@@ -199,43 +189,15 @@ class EvalResult(_Result):
         for name, t in self.tasks.items():
             if not t.subsets:
                 continue
-            for sub, c in t.subsets.items():
-                rows.append(
-                    {
-                        "task": name,
-                        "subset": sub,
-                        "n": c.n,
-                        "spearman": round(c.spearman, 4),
-                        "pearson": round(c.pearson, 4),
-                    }
-                )
-            rows.append(
-                {
-                    "task": name,
-                    "subset": "all",
-                    "n": t.n,
-                    "spearman": round(t.spearman, 4),
-                    "pearson": round(t.pearson, 4),
-                }
-            )
-            rows.append(
-                {
-                    "task": name,
-                    "subset": "mean",
-                    "n": len(t.subsets),
-                    "spearman": _r(t.spearman_mean),
-                    "pearson": _r(t.pearson_mean),
-                }
-            )
-            rows.append(
-                {
-                    "task": name,
-                    "subset": "wmean",
-                    "n": t.n,
-                    "spearman": _r(t.spearman_wmean),
-                    "pearson": _r(t.pearson_wmean),
-                }
-            )
+            per = [(sub, c.n, c.spearman, c.pearson) for sub, c in t.subsets.items()]
+            per += [
+                ("all", t.n, t.spearman, t.pearson),
+                ("mean", len(t.subsets), t.spearman_mean, t.pearson_mean),
+                ("wmean", t.n, t.spearman_wmean, t.pearson_wmean),
+            ]
+            rows += [
+                {"task": name, "subset": sub, "n": n, "spearman": _r(sp), "pearson": _r(pe)} for sub, n, sp, pe in per
+            ]
         return rows
 
     def retrieval_rows(self) -> list[dict]:
@@ -252,6 +214,9 @@ class EvalResult(_Result):
             }
             for rule, rec in r.recall.items()
         ]
+
+
+_AGGREGATES = ("spearman_mean", "spearman_wmean", "pearson_mean", "pearson_wmean")
 
 
 def _r(x: float | None) -> float | None:

@@ -26,7 +26,8 @@ from cse.evaluation.results import RetrievalScore
 RULES = ("index", "string")
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """The rows of `x` scaled to unit length in float64 (nan as 0; a zero row stays zero)."""
     x = np.nan_to_num(np.asarray(x, dtype=np.float64))
     n = np.linalg.norm(x, axis=1, keepdims=True)
     return np.divide(x, n, out=np.zeros_like(x), where=n > 0)
@@ -112,7 +113,7 @@ def retrieval_scores(
     if len(pairs) == 0:
         raise ValueError(f"no pair has gold score {answer_score}: nothing to retrieve")
     texts = list(sentence1) + list(sentence2)
-    corpus = _normalise(np.concatenate([emb1, emb2]))
+    corpus = unit_rows(np.concatenate([emb1, emb2]))
     q_pos = np.concatenate([pairs, pairs + n_pairs])  # s1 → s2, then s2 → s1
     t_pos = np.concatenate([pairs + n_pairs, pairs])
 

@@ -49,11 +49,10 @@ from cse.evaluation.classifier import SETTINGS, ClassifierSettings, Fitted, fit_
 from cse.evaluation.encode import PRECISIONS, cached_token_ids, embed_token_ids
 from cse.evaluation.sts import rounded_average
 from cse.models.embedder import SentenceEmbedder
+from cse.storage.transfer import NCLASSES, TRANSFER_TASKS
 
-TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 TITLES = {"mr": "MR", "cr": "CR", "subj": "SUBJ", "mpqa": "MPQA", "sst2": "SST", "trec": "TREC", "mrpc": "MRPC"}
 CV_TASKS = ("mr", "cr", "subj", "mpqa")
-NCLASSES = {"mr": 2, "cr": 2, "subj": 2, "mpqa": 2, "sst2": 2, "trec": 6, "mrpc": 2}
 REQUIRED_COLUMNS = ("task", "split", "example_index", "sentence1", "sentence2", "label")
 _SPLITS = {
     **{t: ("all",) for t in CV_TASKS},
@@ -425,10 +424,10 @@ def score_features(
     if int(y.max()) >= ncls or int(y.min()) < 0:
         raise TransferDataError(f"{task}: labels must lie in 0..{ncls - 1}")
     if task in CV_TASKS:
-        return _inner_kfold(task, x, y, offs["all"], ncls, settings, chunk, 0)
+        return _inner_kfold(task, x, y, offs["all"], ncls, settings, chunk)
     if task == "sst2":
-        return _split(task, x, y, offs["train"], offs["dev"], offs["test"], ncls, settings, chunk, 0)
-    return _kfold(task, x, y, offs["train"], offs["test"], ncls, settings, chunk, 0, f1=task == "mrpc")
+        return _split(task, x, y, offs["train"], offs["dev"], offs["test"], ncls, settings, chunk)
+    return _kfold(task, x, y, offs["train"], offs["test"], ncls, settings, chunk, f1=task == "mrpc")
 
 
 def _folds(y: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -443,7 +442,7 @@ def _acc(fit: Fitted, x: torch.Tensor, y: torch.Tensor, rows: np.ndarray) -> tup
     return float((pred == y[idx]).float().mean()), pred.cpu().numpy()
 
 
-def _inner_kfold(name, x, y, rows, ncls, s: ClassifierSettings, chunk, nsent) -> TransferTaskScore:
+def _inner_kfold(name, x, y, rows, ncls, s: ClassifierSettings, chunk) -> TransferTaskScore:
     yn = y[torch.from_numpy(rows).to(y.device)].cpu().numpy()
     outer = _folds(yn, s.kfold, s.seed)
     groups, owner = [], []
@@ -468,21 +467,10 @@ def _inner_kfold(name, x, y, rows, ncls, s: ClassifierSettings, chunk, nsent) ->
     )
     test = [_r2(100 * _acc(ft[0], x, y, rows[te])[0]) for ft, (_, te) in zip(finals, outer)]
     all_fits = [f for fs in fits + finals for f in fs]
-    return TransferTaskScore(
-        task=name,
-        acc=_r2(np.mean(test)),
-        devacc=_r2(np.mean(dev)),
-        n_train=len(rows),
-        n_test=len(rows),
-        regs=chosen,
-        fits=len(all_fits),
-        epochs=_mean_epochs(all_fits),
-        seconds=0.0,
-        sentences=nsent,
-    )
+    return _task_score(name, _r2(np.mean(test)), _r2(np.mean(dev)), len(rows), len(rows), chosen, all_fits)
 
 
-def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, nsent, f1: bool) -> TransferTaskScore:
+def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, f1: bool) -> TransferTaskScore:
     yn = y[torch.from_numpy(train).to(y.device)].cpu().numpy()
     folds = _folds(yn, s.kfold, s.seed)
     fits = fit_groups(
@@ -492,7 +480,7 @@ def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, nsent, f
     best = int(np.argmax(per_reg))
     final = fit_groups(x, y, ncls, [group(train, [s.regs[best]], s.seed, validation_split=s.validation_split)], s)[0][0]
     acc, pred = _acc(final, x, y, test)
-    score = _chosen_score(name, acc, per_reg, train, test, s, [f for fs in fits for f in fs] + [final], nsent)
+    score = _chosen_score(name, acc, per_reg, train, test, s, [f for fs in fits for f in fs] + [final])
     if f1:
         gold = y[torch.from_numpy(test).to(y.device)].cpu().numpy()
         tp = int(((pred == 1) & (gold == 1)).sum())
@@ -501,33 +489,33 @@ def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, nsent, f
     return score
 
 
-def _split(name, x, y, train, dev, test, ncls, s: ClassifierSettings, chunk, nsent) -> TransferTaskScore:
+def _split(name, x, y, train, dev, test, ncls, s: ClassifierSettings, chunk) -> TransferTaskScore:
     fits = fit_groups(x, y, ncls, [group(train, s.regs, s.seed, valid=dev)], s, chunk=chunk)[0]
     per_reg = [_r2(100 * ft.valid_accuracy) for ft in fits]
     best = int(np.argmax(per_reg))
     acc, _ = _acc(fits[best], x, y, test)
-    return _chosen_score(name, acc, per_reg, train, test, s, fits, nsent)
+    return _chosen_score(name, acc, per_reg, train, test, s, fits)
 
 
-def _chosen_score(
-    name, acc, per_reg, train, test, s: ClassifierSettings, fits: list[Fitted], nsent
-) -> TransferTaskScore:
+def _chosen_score(name, acc, per_reg, train, test, s: ClassifierSettings, fits: list[Fitted]) -> TransferTaskScore:
     """The score of a task whose one L2 penalty was chosen on the validation accuracies `per_reg` (×100, one per
     penalty; SentEval's devacc is the best of them): `acc` is its test accuracy (a fraction), `fits` every fit it
     trained, `train` and `test` its rows."""
+    regs = [s.regs[int(np.argmax(per_reg))]]
+    return _task_score(name, _r2(100 * acc), max(per_reg), len(train), len(test), regs, fits)
+
+
+def _task_score(name, acc, devacc, n_train, n_test, regs, fits: list[Fitted]) -> TransferTaskScore:
+    """A task's score from its accuracies (×100), sizes, chosen penalties and fits (timing and sentences set later)."""
     return TransferTaskScore(
         task=name,
-        acc=_r2(100 * acc),
-        devacc=max(per_reg),
-        n_train=len(train),
-        n_test=len(test),
-        regs=[s.regs[int(np.argmax(per_reg))]],
+        acc=acc,
+        devacc=devacc,
+        n_train=n_train,
+        n_test=n_test,
+        regs=regs,
         fits=len(fits),
-        epochs=_mean_epochs(fits),
+        epochs=round(float(np.mean([f.epochs for f in fits])), 1),  # the mean epochs a fit trained
         seconds=0.0,
-        sentences=nsent,
+        sentences=0,
     )
-
-
-def _mean_epochs(fits: list[Fitted]) -> float:
-    return round(float(np.mean([f.epochs for f in fits])), 1)

@@ -162,49 +162,42 @@ def check_arrow_copy(folder: str | Path, m: Manifest, full: bool = False) -> lis
         return []
     folder = Path(folder)
     found: list[tuple[Path, str]] = []
+
+    def bad(file: Path, reason: str) -> None:
+        found.append((file, reason))
+
     if len(copy.files) != len(m.files):
-        found.append((folder / copy.folder, f"{len(copy.files)} Arrow files for {len(m.files)} Parquet parts"))
+        bad(folder / copy.folder, f"{len(copy.files)} Arrow files for {len(m.files)} Parquet parts")
     total, readable = 0, True
     for f in copy.all_files():
         p = folder / f
         if not p.is_file():
-            found.append((p, "missing (Arrow copy)"))
+            bad(p, "missing (Arrow copy)")
             readable = False
             continue
         size = p.stat().st_size
         if f in copy.file_sizes and size != copy.file_sizes[f]:
-            found.append(
-                (
-                    p,
-                    f"{size:,d} bytes, the manifest records {copy.file_sizes[f]:,d} (Arrow copy truncated or "
-                    "overwritten)",
-                )
-            )
+            recorded = copy.file_sizes[f]
+            bad(p, f"{size:,d} bytes, the manifest records {recorded:,d} (Arrow copy truncated or overwritten)")
             readable = False
             continue
         if f in copy.files:
             try:
                 rows = stream_rows(p)
             except (pa.ArrowInvalid, OSError) as e:
-                found.append(
-                    (p, f"unreadable Arrow stream ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-                )
+                bad(p, f"unreadable Arrow stream ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
                 readable = False
                 continue
             if f in copy.file_rows and rows != copy.file_rows[f]:
-                found.append((p, f"{rows:,d} rows, the manifest records {copy.file_rows[f]:,d} (Arrow copy)"))
+                bad(p, f"{rows:,d} rows, the manifest records {copy.file_rows[f]:,d} (Arrow copy)")
             total += rows
     if readable and total != m.rows:
-        found.append((folder / copy.folder, f"the Arrow copy holds {total:,d} rows, the manifest records {m.rows:,d}"))
+        bad(folder / copy.folder, f"the Arrow copy holds {total:,d} rows, the manifest records {m.rows:,d}")
     if full and not found:
         for f in copy.all_files():
             if f in copy.file_hashes and (d := sha256_file(folder / f)) != copy.file_hashes[f]:
-                found.append(
-                    (
-                        folder / f,
-                        f"content hash {d[:12]}… differs from the manifest's {copy.file_hashes[f][:12]}… (Arrow copy)",
-                    )
-                )
+                recorded = copy.file_hashes[f]
+                bad(folder / f, f"content hash {d[:12]}… differs from the manifest's {recorded[:12]}… (Arrow copy)")
     return found
 
 

@@ -12,12 +12,12 @@ layer, `models/` included, may use it (the layer `atomic` of docs/architecture.m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ def fsync_file(path: str | Path) -> None:
         os.fsync(f.fileno())
 
 
-@contextmanager
+@contextlib.contextmanager
 def atomic_file(final: str | Path) -> Iterator[Path]:
     """Yield a temporary path; on success it is fsynced and renamed to `final` (the rename fsynced too), on error
     removed. A kill at any point leaves `final` as it was, old or new, never a half-written file."""
@@ -60,16 +60,12 @@ PREVIOUS_SUFFIX = ".previous"
 
 def fsync_dir(folder: str | Path) -> None:
     """Flush a folder's entries (a rename or a new file in it) to disk; a no-op where folders cannot be opened."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -101,7 +97,7 @@ def recover_dir(final: str | Path) -> bool:
     return True
 
 
-@contextmanager
+@contextlib.contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces `final` as a whole, on error it is removed.
 
@@ -197,11 +193,7 @@ def clean_temporaries(folder: str | Path) -> int:
     folder = Path(folder)
     if not folder.exists():
         return 0
-    n = 0
-    for p in sorted(folder.rglob(f"{TMP_PREFIX}*"), key=lambda q: len(q.parts), reverse=True):
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        n += 1
-    return n
+    leftovers = sorted(folder.rglob(f"{TMP_PREFIX}*"), key=lambda q: len(q.parts), reverse=True)
+    for p in leftovers:
+        remove_path(p)
+    return len(leftovers)

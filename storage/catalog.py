@@ -31,27 +31,23 @@ from cse.storage.readers import SEVEN_TASKS
 log = logging.getLogger(__name__)
 
 
-def _sql_list(paths: list[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
-
-
 def _q(v) -> str:
     return "'" + str(v).replace("'", "''") + "'"
 
 
+def _sql_list(paths: list[Path]) -> str:
+    return "[" + ", ".join(map(_q, paths)) + "]"
+
+
 def intact_datasets(root: DataRoot, kind: str) -> tuple[list, list[Problem]]:
     """The kind's datasets that pass the cheap check (oldest first), and the problems of the others."""
-    problems: list[Problem] = []
-    good = []
-    listed = {folder for folder, _ in root.list(kind)}
-    for folder in root.dataset_dirs(kind):
-        if folder not in listed:  # an unreadable manifest, or a listed file missing
-            problems += check_dataset(folder, kind, folder.name) or [
-                Problem(kind, folder.name, str(folder), "incomplete")
-            ]
-    for folder, m in root.list(kind):
-        found = check_dataset(folder, kind, folder.name)
-        if found:
+    listed = root.list(kind)
+    good, problems = [], []
+    for folder in sorted(set(root.dataset_dirs(kind)) - {folder for folder, _ in listed}):
+        # an unreadable manifest, or a listed file missing
+        problems += check_dataset(folder, kind, folder.name) or [Problem(kind, folder.name, str(folder), "incomplete")]
+    for folder, m in listed:
+        if found := check_dataset(folder, kind, folder.name):
             problems += found
         else:
             good.append((folder, m))
@@ -69,24 +65,9 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
         datasets, problems = intact_datasets(root, kind)
         damaged += problems
         for folder, m in datasets:
-            stmts.append(
-                "INSERT INTO manifests VALUES ("
-                + ", ".join(
-                    "'" + str(v).replace("'", "''") + "'"
-                    for v in (
-                        m.kind,
-                        m.key,
-                        m.rows,
-                        m.content_hash,
-                        m.created,
-                        folder,
-                        json.dumps(m.params),
-                        json.dumps(m.stats),
-                        json.dumps(m.source),
-                    )
-                )
-                + ")"
-            )
+            values = (m.kind, m.key, m.rows, m.content_hash, m.created, folder)
+            values += tuple(json.dumps(d) for d in (m.params, m.stats, m.source))
+            stmts.append(f"INSERT INTO manifests VALUES ({', '.join(map(_q, values))})")
         if not datasets or kind in NO_PARQUET_KINDS:  # a generator holds model files: in `manifests`, no views
             stmts += [f"DROP VIEW IF EXISTS {kind}", f"DROP VIEW IF EXISTS {kind}_all"]
             continue
@@ -104,26 +85,22 @@ def _statements(root: DataRoot) -> tuple[list[str], list[Problem]]:
         f"INSERT INTO damaged_datasets VALUES ({_q(p.kind)}, {_q(p.key)}, {_q(p.file)}, {_q(p.reason)})"
         for p in damaged
     ]
-    if "tokens" in present:
-        stmts.append(
+    derived = {  # view -> (the kind it reads, its definition)
+        "token_lengths": (
+            "tokens",
             'CREATE OR REPLACE VIEW token_lengths AS SELECT dataset_key, "column", length, count(*) AS n '
-            "FROM tokens_all GROUP BY ALL ORDER BY ALL"
-        )
-    if "corruption" in present:
-        stmts.append(
+            "FROM tokens_all GROUP BY ALL ORDER BY ALL",
+        ),
+        "corruption_stats": (
+            "corruption",
             "CREATE OR REPLACE VIEW corruption_stats AS SELECT dataset_key, variant, count(*) AS sentences, "
             "sum(n_masked) / sum(len(input_ids) - 2) AS masked_ratio, "
             "sum(n_replaced) / sum(len(input_ids) - 2) AS replaced_ratio "
-            "FROM corruption_all GROUP BY ALL ORDER BY ALL"
-        )
-    else:
-        stmts.append("DROP VIEW IF EXISTS corruption_stats")
-    if "tokens" not in present:
-        stmts.append("DROP VIEW IF EXISTS token_lengths")
-    if "comparisons" in present:
-        stmts.append(comparisons_wide_sql())
-    else:
-        stmts.append("DROP VIEW IF EXISTS comparisons_wide")
+            "FROM corruption_all GROUP BY ALL ORDER BY ALL",
+        ),
+        "comparisons_wide": ("comparisons", comparisons_wide_sql()),
+    }
+    stmts += [sql if kind in present else f"DROP VIEW IF EXISTS {view}" for view, (kind, sql) in derived.items()]
     return stmts, damaged
 
 
@@ -165,19 +142,22 @@ def _read_only_error(e: BaseException) -> bool:
     )
 
 
+def _close_in_memory(root: DataRoot) -> None:
+    if (old := _IN_MEMORY.pop(root.root, None)) is not None:
+        old.close()
+
+
 def _in_memory(root: DataRoot, stmts: list[str]) -> None:
     """The catalog's views in an in-memory DuckDB for this process (nothing written): what `query` reads when the
     data root cannot be written (a read-only mount, another user's root)."""
     con = duckdb.connect(":memory:")
     for s in stmts:
         con.execute(s)
-    old = _IN_MEMORY.pop(root.root, None)
+    _close_in_memory(root)
     _IN_MEMORY[root.root] = con
-    if old is not None:
-        old.close()
 
 
-def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:  # noqa: C901 (each branch is one failure it survives)
+def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
     """Rebuild the catalog's views. The file is single-writer: a busy catalog is retried, then skipped
     with a warning (the data itself is unaffected; the next stage refreshes it). Damaged datasets are left out
     and named (one warning per dataset per process, and the table `damaged_datasets`); any other catalog error is a
@@ -213,9 +193,7 @@ def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:  # noqa: 
                 for s in stmts:
                     con.execute(s)
                 con.execute("COMMIT")
-            old = _IN_MEMORY.pop(root.root, None)
-            if old is not None:
-                old.close()
+            _close_in_memory(root)
             return root.catalog_path
         except (duckdb.IOException, OSError) as e:  # locked by another process (or a file DuckDB cannot read/write)
             if _read_only_error(e):

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from cse.storage.arrow_copy import write_arrow_copy
 from cse.storage.atomic import atomic_dir, write_parquet
+from cse.storage.hashing import sha256_files
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest, file_facts
 
@@ -59,8 +60,7 @@ def write_dataset(
         if not files:  # an empty dataset still has one (empty) part with the schema
             write_parquet(schema.empty_table(), tmp / part_name(0), schema)
             files.append(part_name(0))
-        m = _write_manifest(tmp, kind, key, files, rows, params, source, inputs, stats)
-    return m
+        return _write_manifest(tmp, kind, key, files, rows, params, source, inputs, stats)
 
 
 def publish_files(
@@ -92,8 +92,7 @@ def publish_files(
                 shutil.copyfile(f, target)
             names.append(target.name)
             rows += pq.ParquetFile(target).metadata.num_rows
-        m = _write_manifest(tmp, kind, key, names, rows, params, source, inputs, stats)
-    return m
+        return _write_manifest(tmp, kind, key, names, rows, params, source, inputs, stats)
 
 
 def _write_manifest(
@@ -173,13 +172,27 @@ class EvaluationInput:
     content_hash: str
 
 
-def resolve_input(root, kind: str, spec: str | None, *, from_folder, from_dataset, default=None, no_default, not_found):
-    """An evaluation input of `kind` from `spec`: an existing folder (`from_folder`), else a dataset key of `kind`
-    (`from_dataset(manifest)`). `spec=None`: `default()` when it gives one, else the newest dataset of `kind`, else a
-    FileNotFoundError saying `no_default()`; an unknown `spec` raises FileNotFoundError saying `not_found()` (messages
-    are built only when raised: `root` may be None while a default folder serves)."""
+def resolve_input(
+    root, kind: str, spec: str | None, *, cls, read_folder, verify=False, default=None, no_default, not_found
+):
+    """An evaluation input `cls` of `kind` from `spec`: an existing folder (`read_folder(folder)` gives its table, the
+    data folder it found there and the files it read, hashed), else a dataset key of `kind` (with `verify`, fully
+    verified first: scores must come from intact data, a damaged dataset is named: `DatasetDamaged`). `spec=None`:
+    `default(from_folder)` when it gives one, else the newest dataset of `kind`, else a FileNotFoundError saying
+    `no_default()`; an unknown `spec` raises FileNotFoundError saying `not_found()` (messages are built only when
+    raised: `root` may be None while a folder serves)."""
+
+    def from_folder(folder: Path):
+        table, location, files = read_folder(folder)
+        return cls(table=table, origin="folder", location=str(location), content_hash=sha256_files(files))
+
+    def from_dataset(m: Manifest):
+        if verify:
+            root.verify(kind, m.key, full=True)
+        return cls(table=read_dataset(root, kind, m.key), origin="dataset", location=m.key, content_hash=m.content_hash)
+
     if spec is None:
-        if default is not None and (found_default := default()) is not None:
+        if default is not None and (found_default := default(from_folder)) is not None:
             return found_default
         found = root.list(kind)
         if found:

@@ -16,8 +16,7 @@ import pyarrow as pa
 
 from cse.storage import schemas
 from cse.storage.catalog import refresh_catalog
-from cse.storage.datasets import EvaluationInput, read_dataset, resolve_input, write_dataset
-from cse.storage.hashing import sha256_files
+from cse.storage.datasets import EvaluationInput, resolve_input, write_dataset
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
 from cse.storage.readers import read_senteval, senteval_root, senteval_source_files
@@ -39,9 +38,10 @@ def load_sts_input(spec: str | None, root: DataRoot, shared_data: Path | None = 
         root,
         "sts",
         spec,
-        from_folder=_from_folder,
-        from_dataset=lambda m: _from_dataset(root, m),
-        default=lambda: _from_folder(senteval) if senteval is not None and senteval.is_dir() else None,
+        cls=StsInput,
+        read_folder=lambda f: (read_senteval(f)[0], senteval_root(f), senteval_source_files(f)),
+        verify=True,
+        default=lambda from_folder: from_folder(senteval) if senteval is not None and senteval.is_dir() else None,
         no_default=lambda: (
             f"no STS data: {where}no `sts` dataset under {root.root}; run the `ingest` flow "
             "(or pass `sts` = a SentEval folder or an sts dataset key)"
@@ -50,25 +50,6 @@ def load_sts_input(spec: str | None, root: DataRoot, shared_data: Path | None = 
             f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {root.root}; "
             "run the `ingest` flow or pass an existing folder"
         ),
-    )
-
-
-def _from_folder(folder: Path) -> StsInput:
-    table, _ = read_senteval(folder)
-    return StsInput(
-        table=table,
-        origin="folder",
-        location=str(senteval_root(folder)),
-        content_hash=sha256_files(senteval_source_files(folder)),
-    )
-
-
-def _from_dataset(root: DataRoot, m: Manifest) -> StsInput:
-    root.verify(
-        "sts", m.key, full=True
-    )  # scores must come from intact data: a damaged dataset is named (DatasetDamaged)
-    return StsInput(
-        table=read_dataset(root, "sts", m.key), origin="dataset", location=m.key, content_hash=m.content_hash
     )
 
 

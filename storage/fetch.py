@@ -33,8 +33,6 @@ MIRROR_NAMES: dict[str, tuple[str, ...]] = {
 class ChecksumError(ValueError):
     """A downloaded file's size or SHA-256 differs from the expected value."""
 
-    pass
-
 
 def mirror_lookup(canonical: str) -> Path | None:
     """The file (or folder) standing for `canonical` in `$CSE_SOURCE_MIRROR`, if that is set."""

@@ -36,10 +36,11 @@ from cse.storage.hashing import arrow_column_hash, canonical_json, combine_hashe
 from cse.storage.readers import (
     SEVEN_TASKS,
     STS_SUBSETS,
+    Columns,
     DataFormatError,
     ReadStats,
-    _senteval_words,
     is_blank,
+    senteval_words,
     text_findings,
 )
 
@@ -317,7 +318,7 @@ def read_hf(kind: str, parts: list[HFRows], stats: ReadStats | None = None) -> t
         st.rows = len(next(iter(cols.values())))
         schema = schemas.WIKI1M if kind == "wiki1m" else schemas.NLI
         return pa.table({"id": pa.array(range(st.rows), pa.int64()), **cols}, schema=schema), st
-    out: dict[str, list] = {c: [] for c in schemas.STS.names}
+    out = Columns(schemas.STS)
     counters: dict[tuple[str, str, str], int] = {}
     for rows in parts:
         s1, s2 = _texts(rows, "sentence1", st), _texts(rows, "sentence2", st)
@@ -333,16 +334,15 @@ def read_hf(kind: str, parts: list[HFRows], stats: ReadStats | None = None) -> t
                 raise HFRowError(rows.where, i, f"gold score {g!r} is not a number")
             if not 0.0 <= g <= 5.0:
                 raise HFRowError(rows.where, i, f"gold score {g} outside [0, 5]")
-            a, b = _senteval_words(s1[i]), _senteval_words(s2[i])
+            a, b = senteval_words(s1[i]), senteval_words(s2[i])
             if is_blank(a) or is_blank(b):
                 st.empty += 1
             group = (task[i], subset[i], split[i])
             n = counters.get(group, 0)
             counters[group] = n + 1
-            for c, v in zip(schemas.STS.names, (task[i], subset[i], split[i], n, a, b, float(g))):
-                out[c].append(v)
+            out.add(task[i], subset[i], split[i], n, a, b, float(g))
     for (task, subset, split), n in counters.items():  # as read_senteval counts: per subset (STS12–16), per split
         name = f"{task}/{subset}" if task in STS_SUBSETS else f"{task}/{split}"
         st.details[name] = st.details.get(name, 0) + n
-    st.rows = len(out["task"])
-    return pa.table(out, schema=schemas.STS), st
+    st.rows = len(out.cols["task"])
+    return out.table(), st

@@ -201,16 +201,13 @@ def repair_arrow_copy(
         os.rename(folder / ARROW_DIR, dest)
     else:
         dest.mkdir()
-    record = Quarantined(kind=kind, key=key, moved_to=str(dest), problems=[asdict(p) for p in problems])
-    write_json(
-        {
-            **asdict(record),
-            "from": str(folder / ARROW_DIR),
-            "when": datetime.now(UTC).isoformat(),
-            "pid": os.getpid(),
-            "what": "the Arrow copy only; the Parquet parts were intact and kept",
-        },
-        dest / QUARANTINE_RECORD,
+    record = _record(
+        dest,
+        folder / ARROW_DIR,
+        kind,
+        key,
+        problems,
+        what="the Arrow copy only; the Parquet parts were intact and kept",
     )
     (folder / DAMAGED_MARKER).unlink(missing_ok=True)
     m = rebuild_arrow_copy(folder)
@@ -248,6 +245,16 @@ def quarantine_path(data_root: Path, kind: str, key: str) -> Path:
     return data_root / QUARANTINE_DIR / kind / f"{key}-{stamp}"
 
 
+def _record(dest: Path, moved: Path, kind: str, key: str, problems: list[Problem], **extra: str) -> Quarantined:
+    """Write `quarantine.json` into `dest`: what was moved there from where, when, by which process and why."""
+    record = Quarantined(kind=kind, key=key, moved_to=str(dest), problems=[asdict(p) for p in problems])
+    write_json(
+        {**asdict(record), "from": str(moved), "when": datetime.now(UTC).isoformat(), "pid": os.getpid(), **extra},
+        dest / QUARANTINE_RECORD,
+    )
+    return record
+
+
 def quarantine(
     data_root: str | Path, folder: str | Path, kind: str, key: str, problems: list[Problem]
 ) -> Quarantined | None:
@@ -260,10 +267,6 @@ def quarantine(
         os.rename(folder, dest)
     except FileNotFoundError:
         return None
-    record = Quarantined(kind=kind, key=key, moved_to=str(dest), problems=[asdict(p) for p in problems])
-    write_json(
-        {**asdict(record), "from": str(folder), "when": datetime.now(UTC).isoformat(), "pid": os.getpid()},
-        dest / QUARANTINE_RECORD,
-    )
+    record = _record(dest, folder, kind, key, problems)
     log.warning("dataset %s/%s is damaged (%s): moved to %s; it is rebuilt", kind, key, record.summary(), dest)
     return record

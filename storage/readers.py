@@ -110,6 +110,21 @@ class ReadStats:
         return out
 
 
+class Columns:
+    """Rows collected column by column (`add` takes one value per field of `schema`, in its order), then one table."""
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self.cols: dict[str, list] = {f.name: [] for f in schema}
+
+    def add(self, *values) -> None:
+        for col, v in zip(self.cols.values(), values, strict=True):
+            col.append(v)
+
+    def table(self) -> pa.Table:
+        return pa.table({f.name: pa.array(self.cols[f.name], f.type) for f in self.schema}, schema=self.schema)
+
+
 def require_file(path: str | Path, what: str) -> Path:
     """Return `path` if it is an existing file, else fail naming `what` was expected.
 
@@ -182,7 +197,7 @@ def _check_line(path: str | Path, n: int, text: str, stats: ReadStats) -> None:
         stats.count(finding, path, n, what)
 
 
-def _senteval_words(s: str) -> str:
+def senteval_words(s: str) -> str:
     """SentEval splits every sentence on whitespace and we re-join with single spaces."""
     return " ".join(s.split())
 
@@ -252,50 +267,21 @@ def read_nli(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Table
 # ---------------------------------------------------------------- SentEval STS
 
 
+def root_candidates(p: Path) -> tuple[Path, ...]:
+    """Where SentEval's data folder may be, given `p`: itself, or its `downstream` level (SentEval's layout)."""
+    return p, p / "downstream", p / "data" / "downstream", p / "SentEval" / "data" / "downstream"
+
+
 def senteval_root(path: str | Path) -> Path:
     """Accept a folder holding STS/ and SICK/, or SentEval's `data/downstream` / `downstream` level."""
     p = Path(path)
-    for cand in (p, p / "downstream", p / "data" / "downstream", p / "SentEval" / "data" / "downstream"):
+    for cand in root_candidates(p):
         if (cand / "STS").is_dir() and (cand / "SICK").is_dir():
             return cand
     raise FileNotFoundError(f"missing SentEval data: expected folders STS/ and SICK/ under {p} (or {p}/downstream)")
 
 
-@dataclass
-class _Rows:
-    task: list[str] = field(default_factory=list)
-    subset: list[str] = field(default_factory=list)
-    split: list[str] = field(default_factory=list)
-    pair_index: list[int] = field(default_factory=list)
-    s1: list[str] = field(default_factory=list)
-    s2: list[str] = field(default_factory=list)
-    score: list[float] = field(default_factory=list)
-
-    def add(self, task, subset, split, idx, s1, s2, score):
-        self.task.append(task)
-        self.subset.append(subset)
-        self.split.append(split)
-        self.pair_index.append(idx)
-        self.s1.append(s1)
-        self.s2.append(s2)
-        self.score.append(score)
-
-    def table(self) -> pa.Table:
-        return pa.table(
-            {
-                "task": self.task,
-                "subset": self.subset,
-                "split": self.split,
-                "pair_index": pa.array(self.pair_index, pa.int32()),
-                "sentence1": self.s1,
-                "sentence2": self.s2,
-                "score": pa.array(self.score, pa.float64()),
-            },
-            schema=schemas.STS,
-        )
-
-
-def _read_sts_subset(folder: Path, task: str, subset: str, rows: _Rows, st: ReadStats) -> None:
+def _read_sts_subset(folder: Path, task: str, subset: str, rows: Columns, st: ReadStats) -> None:
     inp = require_file(folder / f"STS.input.{subset}.txt", f"{task} input of subset {subset}")
     gs = require_file(folder / f"STS.gs.{subset}.txt", f"{task} gold scores of subset {subset}")
     pairs = list(iter_lines(inp, st))
@@ -310,7 +296,7 @@ def _read_sts_subset(folder: Path, task: str, subset: str, rows: _Rows, st: Read
         parts = line.split("\t")
         if len(parts) != 2:
             raise DataFormatError(inp, ln, f"{len(parts)} tab-separated fields, expected 2 sentences")
-        s1, s2 = (_senteval_words(x) for x in parts)
+        s1, s2 = (senteval_words(x) for x in parts)
         if is_blank(s1) or is_blank(s2):
             st.empty += 1
         rows.add(task, subset, "test", n, s1, s2, _score(gs, gn, gold.strip()))
@@ -318,31 +304,20 @@ def _read_sts_subset(folder: Path, task: str, subset: str, rows: _Rows, st: Read
     st.details[f"{task}/{subset}"] = n
 
 
-def _read_stsb(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
-    n = 0
-    for ln, line in iter_lines(path, st):
-        parts = line.strip().split("\t")
-        if len(parts) < 7:
-            raise DataFormatError(
-                path, ln, f"{len(parts)} tab-separated fields, expected >= 7 (genre, file, year, id, score, s1, s2)"
-            )
-        s1, s2 = _senteval_words(parts[5]), _senteval_words(parts[6])
-        if is_blank(s1) or is_blank(s2):
-            st.empty += 1
-        rows.add("stsb", "all", split, n, s1, s2, _score(path, ln, parts[4]))
-        n += 1
-    st.details[f"stsb/{split}"] = n
-
-
 SICK_HEADER = ("pair_ID", "sentence_A", "sentence_B", "relatedness_score")
+# STS-B and SICK: the tab-separated fields of sentence 1, sentence 2 and score, and what the fields are.
+STSB_FIELDS = (5, 6, 4, "expected >= 7 (genre, file, year, id, score, s1, s2)")
+SICK_FIELDS = (1, 2, 3, "expected >= 4 (pair_ID, A, B, score)")
 
 
-def _read_sick(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
+def _read_scored(path: Path, task: str, split: str, rows: Columns, st: ReadStats) -> None:
+    """An STS-B or SICK split: one scored pair a line (SICK's first line is its header, checked, not skipped: a file
+    without it would silently lose its first pair)."""
+    i1, i2, iscore, expected = STSB_FIELDS if task == "stsb" else SICK_FIELDS
     n = 0
     for ln, line in iter_lines(path, st):
-        if ln == 1:  # the header is checked, not skipped: a file without it would silently lose its first pair
-            found = tuple(line.strip().split("\t")[:4])
-            if found != SICK_HEADER:
+        if task == "sickr" and ln == 1:
+            if tuple(line.strip().split("\t")[:4]) != SICK_HEADER:
                 raise DataFormatError(
                     path,
                     1,
@@ -351,20 +326,20 @@ def _read_sick(path: Path, split: str, rows: _Rows, st: ReadStats) -> None:
                 )
             continue
         parts = line.strip().split("\t")
-        if len(parts) < 4:
-            raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected >= 4 (pair_ID, A, B, score)")
-        s1, s2 = _senteval_words(parts[1]), _senteval_words(parts[2])
+        if len(parts) <= max(i1, i2, iscore):
+            raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, {expected}")
+        s1, s2 = senteval_words(parts[i1]), senteval_words(parts[i2])
         if is_blank(s1) or is_blank(s2):
             st.empty += 1
-        rows.add("sickr", "all", split, n, s1, s2, _score(path, ln, parts[3]))
+        rows.add(task, "all", split, n, s1, s2, _score(path, ln, parts[iscore]))
         n += 1
-    st.details[f"sickr/{split}"] = n
+    st.details[f"{task}/{split}"] = n
 
 
 def read_senteval(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.Table, ReadStats]:
     """All STS pairs: STS12–16 (test), STS-B train/dev/test, SICK-R train/dev(trial)/test."""
     root = senteval_root(path)
-    rows, st = _Rows(), (stats if stats is not None else ReadStats())
+    rows, st = Columns(schemas.STS), (stats if stats is not None else ReadStats())
     for task, subsets in STS_SUBSETS.items():
         folder = root / "STS" / STS_DIRS[task]
         if not folder.is_dir():
@@ -372,10 +347,12 @@ def read_senteval(path: str | Path, stats: ReadStats | None = None) -> tuple[pa.
         for subset in subsets:
             _read_sts_subset(folder, task, subset, rows, st)
     for split, name in STSB_FILES.items():
-        _read_stsb(require_file(root / "STS" / "STSBenchmark" / name, f"STS-B {split} split"), split, rows, st)
+        _read_scored(
+            require_file(root / "STS" / "STSBenchmark" / name, f"STS-B {split} split"), "stsb", split, rows, st
+        )
     for split, name in SICK_FILES.items():
-        _read_sick(require_file(root / "SICK" / name, f"SICK {split} split"), split, rows, st)
-    st.rows = len(rows.task)
+        _read_scored(require_file(root / "SICK" / name, f"SICK {split} split"), "sickr", split, rows, st)
+    st.rows = len(rows.cols["task"])
     return rows.table(), st
 
 

@@ -19,19 +19,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cse.storage.atomic import atomic_file
+from cse.storage.atomic import atomic_file, fsync_dir
 
 log = logging.getLogger(__name__)
 
 SpoolRecord = dict[str, Any]  # {"metrics": [{"key", "value", "timestamp", "step"}], "params": {str: str}}
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _encode(record: SpoolRecord) -> bytes:
@@ -52,7 +44,7 @@ def append_record(path: Path, record: SpoolRecord) -> None:
         f.flush()
         os.fsync(f.fileno())
     if created:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
 def read_records(path: Path) -> list[SpoolRecord]:
@@ -77,13 +69,10 @@ def replace_records(path: Path, records: list[SpoolRecord]) -> None:
     if not records:
         if path.exists():
             path.unlink()
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         return
-    with atomic_file(path) as tmp, open(tmp, "wb") as f:
-        f.write(b"".join(_encode(r) for r in records))
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(path.parent)
+    with atomic_file(path) as tmp:  # fsyncs the file and the rename
+        tmp.write_bytes(b"".join(_encode(r) for r in records))
 
 
 def has_records(path: Path) -> bool:

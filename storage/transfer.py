@@ -21,14 +21,13 @@ the cross-validated tasks (MR, CR, SUBJ, MPQA) have the single split `all`. A ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 
-from cse.storage.datasets import EvaluationInput, read_dataset, resolve_input
-from cse.storage.hashing import sha256_files
-from cse.storage.readers import DataFormatError, ReadStats, require_file
+from cse.storage.datasets import EvaluationInput, resolve_input
+from cse.storage.readers import Columns, DataFormatError, ReadStats, require_file, root_candidates, senteval_words
 
 TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 TASK_DIRS = {
@@ -88,7 +87,7 @@ class CountMismatchError(ValueError):
 def transfer_root(path: str | Path) -> Path:
     """Accept the downstream folder itself, or a folder holding `downstream/` (or SentEval's `data/downstream`)."""
     p = Path(path)
-    for cand in (p, p / "downstream", p / "data" / "downstream", p / "SentEval" / "data" / "downstream"):
+    for cand in root_candidates(p):
         if all((cand / d).is_dir() for d in TASK_DIRS.values()):
             return cand
     missing = [d for d in TASK_DIRS.values() if not (p / "downstream" / d).is_dir() and not (p / d).is_dir()]
@@ -96,10 +95,6 @@ def transfer_root(path: str | Path) -> Path:
         f"missing SentEval transfer data: expected folders {', '.join(TASK_DIRS.values())} under {p} "
         f"(or {p}/downstream); not found: {', '.join(missing)}"
     )
-
-
-def _words(s: str) -> str:
-    return " ".join(s.split())
 
 
 def _decode(path: Path, encoding: str) -> str:
@@ -121,98 +116,76 @@ def _lines_by_iteration(text: str) -> list[str]:
     return lines
 
 
-@dataclass
-class _Rows:
-    cols: dict[str, list] = field(default_factory=lambda: {f.name: [] for f in TRANSFER})
-
-    def add(self, task: str, split: str, idx: int, s1: str, s2: str | None, label: int, file: str, line: int) -> None:
-        for k, v in zip(
-            ("task", "split", "example_index", "sentence1", "sentence2", "label", "file", "line"),
-            (task, split, idx, s1, s2, label, file, line),
-        ):
-            self.cols[k].append(v)
-
-    def table(self) -> pa.Table:
-        return pa.table({f.name: pa.array(self.cols[f.name], f.type) for f in TRANSFER}, schema=TRANSFER)
-
-
-def _read_binary(root: Path, task: str, rows: _Rows, st: ReadStats) -> None:
+def _read_binary(root: Path, task: str, rows: Columns, st: ReadStats) -> None:
     idx = 0
     for label, name in zip((1, 0), BINARY_FILES[task]):
         path = require_file(root / TASK_DIRS[task] / name, f"{task.upper()} file")
-        rel = f"{TASK_DIRS[task]}/{name}"
         for ln, line in enumerate(_decode(path, "latin-1").splitlines(), start=1):  # SentEval: f.read().splitlines()
-            s = _words(line)
+            s = senteval_words(line)
             if not s:
                 st.empty += 1
-            rows.add(task, "all", idx, s, None, label, rel, ln)
+            rows.add(task, "all", idx, s, None, label, f"{TASK_DIRS[task]}/{name}", ln)
             idx += 1
 
 
-def _read_sst(root: Path, rows: _Rows, st: ReadStats) -> None:
-    for split, name in SST_FILES.items():
-        path = require_file(root / TASK_DIRS["sst2"] / name, f"SST-2 {split} file")
-        rel = f"{TASK_DIRS['sst2']}/{name}"
-        idx = 0
-        for ln, line in enumerate(_lines_by_iteration(_decode(path, "utf-8")), start=1):
-            parts = line.strip().split("\t")
-            if len(parts) != 2:
-                raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected 2 (sentence, label)")
-            if parts[1] not in ("0", "1"):
-                raise DataFormatError(path, ln, f"label {parts[1]!r} is not 0 or 1")
-            s = _words(parts[0])
-            if not s:
-                st.empty += 1
-            rows.add("sst2", split, idx, s, None, int(parts[1]), rel, ln)
-            idx += 1
+def _sst_line(path: Path, ln: int, line: str) -> tuple[str, None, int]:
+    parts = line.strip().split("\t")
+    if len(parts) != 2:
+        raise DataFormatError(path, ln, f"{len(parts)} tab-separated fields, expected 2 (sentence, label)")
+    if parts[1] not in ("0", "1"):
+        raise DataFormatError(path, ln, f"label {parts[1]!r} is not 0 or 1")
+    return parts[0], None, int(parts[1])
 
 
-def _read_trec(root: Path, rows: _Rows, st: ReadStats) -> None:
-    for split, name in TREC_FILES.items():
-        path = require_file(root / "TREC" / name, f"TREC {split} file")
-        rel = f"TREC/{name}"
-        idx = 0
-        for ln, line in enumerate(_lines_by_iteration(_decode(path, "latin-1")), start=1):
-            target, sep, rest = line.strip().partition(":")
-            if not sep:
-                raise DataFormatError(path, ln, "no ':' after the coarse label (expected `COARSE:fine question`)")
-            if target not in TREC_CLASSES:
-                raise DataFormatError(path, ln, f"coarse label {target!r} is not one of {', '.join(TREC_CLASSES)}")
-            fine, sep, question = rest.partition(" ")
-            if not sep:
-                raise DataFormatError(path, ln, "no question after the fine label")
-            s = _words(question)
-            if not s:
-                st.empty += 1
-            rows.add("trec", split, idx, s, None, TREC_CLASSES.index(target), rel, ln)
-            idx += 1
+def _trec_line(path: Path, ln: int, line: str) -> tuple[str, None, int]:
+    target, sep, rest = line.strip().partition(":")
+    if not sep:
+        raise DataFormatError(path, ln, "no ':' after the coarse label (expected `COARSE:fine question`)")
+    if target not in TREC_CLASSES:
+        raise DataFormatError(path, ln, f"coarse label {target!r} is not one of {', '.join(TREC_CLASSES)}")
+    fine, sep, question = rest.partition(" ")
+    if not sep:
+        raise DataFormatError(path, ln, "no question after the fine label")
+    return question, None, TREC_CLASSES.index(target)
 
 
-def _read_mrpc(root: Path, rows: _Rows, st: ReadStats) -> None:
-    for split, name in MRPC_FILES.items():
-        path = require_file(root / "MRPC" / name, f"MRPC {split} file")
-        rel = f"MRPC/{name}"
-        lines = _lines_by_iteration(_decode(path, "utf-8"))
-        if not lines or not lines[0].lstrip("\ufeff").startswith("Quality"):
-            raise DataFormatError(
-                path, 1, "expected the header `Quality\\t#1 ID\\t#2 ID\\t#1 String\\t#2 String` (BOM allowed)"
-            )
-        idx = 0
-        for ln, line in enumerate(lines[1:], start=2):  # SentEval drops the header line
-            parts = line.strip().split("\t")
-            if len(parts) < 5:
+def _mrpc_line(path: Path, ln: int, line: str) -> tuple[str, str, int]:
+    parts = line.strip().split("\t")
+    if len(parts) < 5:
+        raise DataFormatError(
+            path, ln, f"{len(parts)} tab-separated fields, expected 5 (Quality, #1 ID, #2 ID, #1 String, #2 String)"
+        )
+    if parts[0] not in ("0", "1"):
+        raise DataFormatError(path, ln, f"quality {parts[0]!r} is not 0 or 1")
+    return parts[3], parts[4], int(parts[0])
+
+
+# The tasks with split files: (title in messages, encoding, {split: file}, line parser -> (sentence 1, 2, label)).
+SPLIT_TASKS = {
+    "sst2": ("SST-2", "utf-8", SST_FILES, _sst_line),
+    "trec": ("TREC", "latin-1", TREC_FILES, _trec_line),
+    "mrpc": ("MRPC", "utf-8", MRPC_FILES, _mrpc_line),
+}
+
+
+def _read_splits(root: Path, task: str, rows: Columns, st: ReadStats) -> None:
+    title, encoding, files, parse = SPLIT_TASKS[task]
+    for split, name in files.items():
+        path = require_file(root / TASK_DIRS[task] / name, f"{title} {split} file")
+        lines = _lines_by_iteration(_decode(path, encoding))
+        first = 1
+        if task == "mrpc":  # SentEval drops the header line
+            if not lines or not lines[0].lstrip("\ufeff").startswith("Quality"):
                 raise DataFormatError(
-                    path,
-                    ln,
-                    f"{len(parts)} tab-separated fields, expected 5 (Quality, #1 ID, #2 ID, #1 String, #2 String)",
+                    path, 1, "expected the header `Quality\\t#1 ID\\t#2 ID\\t#1 String\\t#2 String` (BOM allowed)"
                 )
-            if parts[0] not in ("0", "1"):
-                raise DataFormatError(path, ln, f"quality {parts[0]!r} is not 0 or 1")
-            s1, s2 = _words(parts[3]), _words(parts[4])
-            if not s1 or not s2:
+            first = 2
+        for idx, (ln, line) in enumerate(enumerate(lines[first - 1 :], start=first)):
+            s1, s2, label = parse(path, ln, line)
+            s1, s2 = senteval_words(s1), None if s2 is None else senteval_words(s2)
+            if not s1 or s2 == "":
                 st.empty += 1
-            rows.add("mrpc", split, idx, s1, s2, int(parts[0]), rel, ln)
-            idx += 1
+            rows.add(task, split, idx, s1, s2, label, f"{TASK_DIRS[task]}/{name}", ln)
 
 
 def read_transfer(
@@ -224,16 +197,11 @@ def read_transfer(
     if unknown:
         raise ValueError(f"unknown transfer task(s) {unknown}; known: {', '.join(TRANSFER_TASKS)}")
     root = transfer_root(path)
-    rows, st = _Rows(), ReadStats()
+    rows, st = Columns(TRANSFER), ReadStats()
     for task in tasks:
-        if task in BINARY_FILES:
-            _read_binary(root, task, rows, st)
-        else:
-            {"sst2": _read_sst, "trec": _read_trec, "mrpc": _read_mrpc}[task](root, rows, st)
+        (_read_binary if task in BINARY_FILES else _read_splits)(root, task, rows, st)
     table = rows.table()
-    counts: dict[tuple[str, str], int] = {}
-    for t, s in zip(rows.cols["task"], rows.cols["split"]):
-        counts[(t, s)] = counts.get((t, s), 0) + 1
+    counts = Counter(zip(rows.cols["task"], rows.cols["split"]))
     for (t, s), n in counts.items():
         st.details[f"{t}/{s}"] = n
     if check_counts:
@@ -255,8 +223,7 @@ def transfer_source_files(path: str | Path, tasks: tuple[str, ...] = TRANSFER_TA
     files: list[Path] = []
     for task in tasks:
         d = root / TASK_DIRS[task]
-        names = BINARY_FILES.get(task) or {"sst2": SST_FILES, "trec": TREC_FILES, "mrpc": MRPC_FILES}[task].values()
-        files += [d / n for n in names]
+        files += [d / n for n in BINARY_FILES.get(task) or SPLIT_TASKS[task][2].values()]
     for f in files:
         require_file(f, "SentEval transfer file")
     return files
@@ -276,21 +243,7 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
     dataset, else a FileNotFoundError saying to run the `ingest` flow with dataset `transfer`.
     """
 
-    def from_folder(folder: Path) -> TransferInput:
-        table, _ = read_transfer(folder)
-        return TransferInput(
-            table=table,
-            origin="folder",
-            location=str(transfer_root(folder)),
-            content_hash=sha256_files(transfer_source_files(folder)),
-        )
-
-    def from_dataset(m) -> TransferInput:
-        return TransferInput(
-            table=read_dataset(root, "transfer", m.key), origin="dataset", location=m.key, content_hash=m.content_hash
-        )
-
-    def default() -> TransferInput | None:
+    def default(from_folder) -> TransferInput | None:
         if shared_data is None:
             return None
         try:
@@ -302,8 +255,8 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
         root,
         "transfer",
         spec,
-        from_folder=from_folder,
-        from_dataset=from_dataset,
+        cls=TransferInput,
+        read_folder=lambda f: (read_transfer(f)[0], transfer_root(f), transfer_source_files(f)),
         default=default,
         no_default=lambda: (
             f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} nor a "

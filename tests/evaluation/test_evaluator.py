@@ -56,17 +56,8 @@ def _toy_table(rng, drop: tuple[str, str] | None = None):
     def add(task, subset, split, n):
         for i in range(n):
             a, b = rng.choice(words, 2, replace=False)
-            rows.append(
-                dict(
-                    task=task,
-                    subset=subset,
-                    split=split,
-                    pair_index=i,
-                    sentence1=str(a),
-                    sentence2=str(b),
-                    score=float(rng.integers(0, 6)),
-                )
-            )
+            pair = {"sentence1": str(a), "sentence2": str(b), "score": float(rng.integers(0, 6))}
+            rows.append({"task": task, "subset": subset, "split": split, "pair_index": i, **pair})
 
     for t in ("sts12", "sts13", "sts14", "sts15", "sts16"):
         add(t, "first", "test", 12)
@@ -332,25 +323,15 @@ def test_minilm_dev_mode_matches(evaluator, sts_df):
     assert res.timing.sentences < 4000  # only the dev splits are embedded
 
 
+TEST_PAIRS = {"sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186, "stsb": 1379, "sickr": 4927}
+
+
 @pytest.mark.slow
 def test_minilm_test_mode_structure(ours):
     res = ours["avg"]
-    assert {t: res.tasks[t].n for t in TEST_TASKS} == {
-        "sts12": 3108,
-        "sts13": 1500,
-        "sts14": 3750,
-        "sts15": 3000,
-        "sts16": 1186,
-        "stsb": 1379,
-        "sickr": 4927,
-    }
-    assert {t: len(res.tasks[t].subsets) for t in ("sts12", "sts13", "sts14", "sts15", "sts16")} == {
-        "sts12": 5,
-        "sts13": 3,
-        "sts14": 6,
-        "sts15": 5,
-        "sts16": 5,
-    }
+    assert {t: res.tasks[t].n for t in TEST_TASKS} == TEST_PAIRS
+    subsets = {"sts12": 5, "sts13": 3, "sts14": 6, "sts15": 5, "sts16": 5}
+    assert {t: len(res.tasks[t].subsets) for t in subsets} == subsets
     r = res.retrieval
     assert r.n_pairs == 97 and r.n_queries == 194 and r.corpus_size == {"index": 2758, "string": 2551}
     for rule in ("index", "string"):

@@ -94,9 +94,8 @@ def test_retrieval_identical_pair_is_a_string_hit_and_errors():
 
 def test_ranks_of_targets_ties_and_exclusion():
     sim = np.array([[0.5, 0.9, 0.5, 0.1]])
-    assert ranks_of_targets(sim, np.array([2]), np.zeros_like(sim, dtype=bool)).tolist() == [
-        2
-    ]  # 0.9 and the earlier tie
+    none = np.zeros_like(sim, dtype=bool)
+    assert ranks_of_targets(sim, np.array([2]), none).tolist() == [2]  # 0.9 and the earlier tie
     excl = np.array([[False, True, False, False]])
     assert ranks_of_targets(sim, np.array([2]), excl).tolist() == [1]
     assert ranks_of_targets(sim, np.array([0]), excl).tolist() == [0]
@@ -107,9 +106,8 @@ def test_ranks_of_targets_ties_and_exclusion():
 
 def test_alignment_on_normalised_embeddings():
     assert alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])) == pytest.approx(2.0)
-    assert alignment(torch.tensor([[2.0, 0.0], [0.0, 5.0]]), torch.tensor([[0.0, 3.0], [0.0, 1.0]])) == pytest.approx(
-        1.0
-    )
+    x, y = torch.tensor([[2.0, 0.0], [0.0, 5.0]]), torch.tensor([[0.0, 3.0], [0.0, 1.0]])
+    assert alignment(x, y) == pytest.approx(1.0)
     assert alignment(torch.tensor([[1.0, 1.0]]), torch.tensor([[3.0, 3.0]])) == pytest.approx(0.0)
 
 

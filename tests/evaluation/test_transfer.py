@@ -55,9 +55,8 @@ def test_transfer_reading_rules(transfer_df):
     mrpc = df[df.task == "mrpc"]
     assert mrpc.sentence2.notna().all() and df[df.task != "mrpc"].sentence2.isna().all()
     first = mrpc[(mrpc.split == "train") & (mrpc.example_index == 0)].iloc[0]
-    assert (
-        first.line == 2 and first.label == 1 and first.sentence1.startswith("Amrozi accused his brother")
-    )  # header + BOM skipped
+    assert first.line == 2 and first.label == 1  # header + BOM skipped
+    assert first.sentence1.startswith("Amrozi accused his brother")
     assert not df.sentence1.str.contains("\ufeff").any()
     trec = df[(df.task == "trec") & (df.split == "test")].iloc[0]
     assert trec.sentence1 == "How far is it from Denver to Aspen ?" and trec.label == 5  # NUM:dist → NUM
@@ -257,20 +256,10 @@ def test_transfer_config_presets_and_comparison():
         EvalConfig(model="m", pooler="avg", mode="transfer", tasks=("stsb",))
     bert = resolve_train_config("transfer", method="diffcse")
     rob = resolve_train_config("transfer-roberta-base", method="diffcse")
-    assert (bert.learning_rate, bert.corrupt.mask_ratio, bert.model.rtd_weight, bert.batch_size, bert.epochs) == (
-        2e-6,
-        0.15,
-        0.05,
-        64,
-        2,
-    )
-    assert (rob.learning_rate, rob.corrupt.mask_ratio, rob.model.rtd_weight, rob.batch_size, rob.backbone) == (
-        3e-6,
-        0.15,
-        0.05,
-        128,
-        "roberta-base",
-    )
+    assert (bert.learning_rate, bert.corrupt.mask_ratio, bert.model.rtd_weight) == (2e-6, 0.15, 0.05)
+    assert (bert.batch_size, bert.epochs) == (64, 2)
+    assert (rob.learning_rate, rob.corrupt.mask_ratio, rob.model.rtd_weight) == (3e-6, 0.15, 0.05)
+    assert (rob.batch_size, rob.backbone) == (128, "roberta-base")
     assert bert.transfer_evaluation and bert.selection == "stsb"
     assert resolve_train_config("transfer", {"selection": "transfer"}, method="diffcse").selection == "transfer"
     assert not any(k[0] == "simcse-mlm" for k in published_keys())  # transfer rows stay outside the preset mapping

@@ -140,24 +140,17 @@ def job(data_root, tiny_bert_dir, monkeypatch, prefect_harness):
     def run(**overrides):
         from cse.flows.train import train_job
 
-        cfg = resolve_train_config(
-            "smoke",
-            {
-                "backbone": str(tiny_bert_dir),
-                "max_steps": STEPS,
-                "eval_steps": STEPS,
-                "batch_size": 8,
-                "max_train_sentences": 64,
-                "test_evaluation": False,
-                "system_metrics": False,
-                "max_length": 32,
-                **overrides,
-            },
-            method="simcse",
-        )
-        return train_job(cfg, refs["tokens"], None, refs["sts"])
+        return train_job(tiny_job_config(tiny_bert_dir, **overrides), refs["tokens"], None, refs["sts"])
 
     return run
+
+
+def tiny_job_config(tiny_bert: Path, /, **overrides):
+    """The tiny SimCSE job's config (`job`): `STEPS` steps of batch 8 on 64 sentences of the tiny BERT, with
+    `overrides` (a `backbone` among them too)."""
+    base = {"backbone": str(tiny_bert), "max_steps": STEPS, "eval_steps": STEPS, "batch_size": 8, "max_length": 32}
+    base |= {"max_train_sentences": 64, "test_evaluation": False, "system_metrics": False}
+    return resolve_train_config("smoke", base | overrides, method="simcse")
 
 
 def eight_rows_and_loop(lr: float, precision: str = "fp32", checkpoint_steps: int = 100):

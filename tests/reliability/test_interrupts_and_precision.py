@@ -16,10 +16,9 @@ import mlflow
 import pytest
 import torch
 
-from cse.config.training import resolve_train_config
 from cse.models.method import StepOutput
 from cse.training.loop import NonFiniteLoss, Trainer, TrainerHooks
-from tests.reliability.conftest import eight_rows_and_loop
+from tests.reliability.conftest import eight_rows_and_loop, tiny_job_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:Logger 'prefect.task_runs' attempted to send logs:UserWarning")
 
@@ -51,22 +50,7 @@ def test_a_sigtermd_run_ends_killed_and_its_resume_logs_every_step_once(
     folder, refs = data_root
     monkeypatch.setenv("CSE_DATA_ROOT", str(folder))
     monkeypatch.setattr(job_module, "StopAfter", _SigtermAt)  # `stop_after=3` sends SIGTERM at step 3
-    cfg = resolve_train_config(
-        "smoke",
-        {
-            "backbone": str(tiny_bert_dir),
-            "max_steps": 4,
-            "eval_steps": 4,
-            "checkpoint_steps": 2,
-            "log_steps": 1,
-            "batch_size": 8,
-            "max_train_sentences": 64,
-            "test_evaluation": False,
-            "system_metrics": False,
-            "max_length": 32,
-        },
-        method="simcse",
-    )
+    cfg = tiny_job_config(tiny_bert_dir, max_steps=4, eval_steps=4, checkpoint_steps=2, log_steps=1)
 
     @flow(name="reliability-sigterm")
     def train(stop_after=None):

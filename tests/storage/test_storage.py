@@ -80,14 +80,9 @@ def test_catalog_views(tmp_path):
     root = DataRoot(tmp_path)
     write_dataset(root, "wiki1m", "old", [_wiki(2)], schemas.WIKI1M)
     write_dataset(root, "wiki1m", "new", [_wiki(4)], schemas.WIKI1M)
+    ids = [[101, 5, 102], [101, 102], [101, 7, 102]]
     tokens = pa.table(
-        {
-            "id": [0, 1, 2],
-            "column": ["text"] * 3,
-            "input_ids": [[101, 5, 102], [101, 102], [101, 7, 102]],
-            "length": [3, 2, 3],
-        },
-        schema=schemas.TOKENS,
+        {"id": [0, 1, 2], "column": ["text"] * 3, "input_ids": ids, "length": [3, 2, 3]}, schema=schemas.TOKENS
     )
     write_dataset(root, "tokens", "t", [tokens], schemas.TOKENS)
     assert refresh_catalog(root) == root.catalog_path
