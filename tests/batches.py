@@ -1,4 +1,5 @@
-"""Small real-sentence batches shared by the model tests, and the default-dtype switch of the float64 checks."""
+"""Small real-sentence batches shared by the model tests, the default-dtype switch of the float64 checks, and the
+tiny BERT shape of the test backbones."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(before)
+
+
+def tiny_bert_config(vocab_size: int, **overrides):
+    """A 2-layer BERT of hidden size 32 (4 heads, feed-forward 64, 128 positions); `overrides` are BertConfig fields."""
+    from transformers import BertConfig
+
+    shape = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    return BertConfig(vocab_size=vocab_size, **shape, max_position_embeddings=128, **overrides)

@@ -21,6 +21,7 @@ import torch
 
 from cse.config.settings import REPO_ROOT
 from cse.models.loading import PACKAGED_MINILM, load_tokenizer
+from tests.batches import tiny_bert_config
 
 SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
@@ -40,12 +41,23 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def wiki_head(shared_data, tmp_path_factory) -> Path:
+def wiki_cut(shared_data, tmp_path_factory):
+    """`wiki_cut(lines, name=None)`: a file (`name`, default `wiki1m_first_<lines>.txt`) holding the first `lines`
+    lines of the real Wiki1M sample."""
+
+    def cut(lines: int, name: str | None = None) -> Path:
+        path = tmp_path_factory.mktemp(f"wiki_head_{lines}") / (name or f"wiki1m_first_{lines}.txt")
+        with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
+            path.write_text("".join(line for _, line in zip(range(lines), f)), encoding="utf-8")
+        return path
+
+    return cut
+
+
+@pytest.fixture(scope="session")
+def wiki_head(wiki_cut) -> Path:
     """The first 512 lines of the real Wiki1M sample: flows whose jobs each corrupt the whole corpus stay fast."""
-    path = tmp_path_factory.mktemp("wiki_head") / "wiki1m_first_512.txt"
-    with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
-        path.write_text("".join(line for _, line in zip(range(512), f)), encoding="utf-8")
-    return path
+    return wiki_cut(512)
 
 
 @pytest.fixture(scope="session")
@@ -94,9 +106,8 @@ def isolated_home(tmp_path_factory, monkeypatch, mlflow_store_template) -> Path:
     if mlflow_store_template is not None:
         shutil.copyfile(mlflow_store_template, home / "mlflow.db")
     monkeypatch.setenv("CSE_HOME", str(home))
-    monkeypatch.delenv("CSE_DATA_ROOT", raising=False)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("CSE_MLFLOW_ARTIFACTS", raising=False)
+    for name in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
+        monkeypatch.delenv(name, raising=False)
     return home
 
 
@@ -113,19 +124,6 @@ def minilm_path() -> str:
     return resolve_model_path(PACKAGED_MINILM)
 
 
-def _tiny_bert_config(vocab_size: int):
-    from transformers import BertConfig
-
-    return BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-
-
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory, tokenizer) -> Path:
     """A random-initialised 2-layer BERT (hidden 32) with the bert-base-uncased vocabulary, saved with its tokenizer."""
@@ -133,7 +131,7 @@ def tiny_bert_dir(tmp_path_factory, tokenizer) -> Path:
 
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("tiny_bert")
-    BertModel(_tiny_bert_config(len(tokenizer))).save_pretrained(d)
+    BertModel(tiny_bert_config(len(tokenizer))).save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d
 

@@ -1,6 +1,6 @@
 """The tests' training-loop settings in one place: `loop_config` (every `LoopConfig` field a test does not name takes
-the value below) and `cpu_trainer` (a CPU `Trainer` whose save-best, dev-evaluation and metric callbacks do nothing
-unless given)."""
+the value below), `cpu_trainer` (a CPU `Trainer` whose save-best, dev-evaluation and metric callbacks do nothing
+unless given) and `heads_ingest` (a training job's data: the heads of the shared files)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,13 @@ def cpu_trainer(model, data, loop: LoopConfig, state: Path, *, log_metrics=None,
         log_metrics or (lambda *a: None),
         hooks=hooks,
     )
+
+
+def heads_ingest(wiki: Path, senteval: Path) -> dict:
+    """A training job's `ingest` override reading a head of the Wiki1M sample (`wiki_cut`) and of every SentEval file
+    (`senteval_cut`): the row counts of the full SentEval files do not hold for them."""
+    return {
+        "datasets": ["wiki1m", "sts"],
+        "wiki": {"path": str(wiki)},
+        "senteval": {"path": str(senteval), "expected_rows": None},
+    }

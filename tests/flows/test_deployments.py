@@ -35,20 +35,8 @@ def load_flow(entrypoint: str) -> Flow:
     return flow
 
 
-def deployment_names() -> dict[str, dict]:
-    """`flow-name/deployment-name` → its prefect.yaml entry (flow names read from the loaded flows)."""
-    out = {}
-    for entry in DEPLOYMENTS:
-        flow = load_flow(entry["entrypoint"])
-        out[f"{flow.name}/{entry['name']}"] = entry
-    return out
-
-
-NAMES = deployment_names()
-
-
-def train_entries() -> list[dict]:
-    return [e for e in DEPLOYMENTS if e["entrypoint"].startswith("cse.flows.train:")]
+# `flow-name/deployment-name` → its prefect.yaml entry (flow names read from the loaded flows)
+NAMES = {f"{load_flow(entry['entrypoint']).name}/{entry['name']}": entry for entry in DEPLOYMENTS}
 
 
 def test_every_deployment_is_unique_and_loads_a_flow_accepting_its_parameters():
@@ -83,7 +71,7 @@ def test_every_preset_has_its_deployment(method):
 
 
 def test_every_training_deployment_names_a_registry_method_and_preset():
-    for entry in train_entries():
+    for entry in (e for e in DEPLOYMENTS if e["entrypoint"].startswith("cse.flows.train:")):
         function = entry["entrypoint"].split(":")[1]
         specs = [s for s in REGISTRY.values() if s.flow_function == function]
         assert len(specs) == 1, f"{entry['entrypoint']} is no registry method's training flow"

@@ -21,6 +21,7 @@ from cse.storage.readers import read_senteval
 from cse.tasks.evaluate import record_evaluation
 from cse.tasks.evaluate_common import resolve_checkpoint
 from cse.tracking.store import configure_mlflow, ensure_experiment
+from tests.batches import tiny_bert_config
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
@@ -47,10 +48,7 @@ def test_test_mode_records_everything(prefect_harness, shared_data, tiny_bert_di
         "sts12_mean",
         "sts12_wmean",
         "sts12/MSRpar",
-        "retrieval_r1",
-        "retrieval_r3",
-        "retrieval_r5",
-        "retrieval_r10",
+        *(f"retrieval_r{k}" for k in (1, 3, 5, 10)),
         "retrieval_index_r1",
         "retrieval_string_r1",
         "alignment",
@@ -60,16 +58,8 @@ def test_test_mode_records_everything(prefect_harness, shared_data, tiny_bert_di
     assert m["sts_avg"] == round(sum(round(m[t], 2) for t in SEVEN) / 7, 2)
     assert m["retrieval_r1"] == m["retrieval_string_r1"]  # the default headline rule
     assert run.data.params["pooler"] == "cls" and run.data.tags["stage"] == "evaluate"
-    files = _artifacts(run.info.run_id, "evaluation")
-    assert {
-        "evaluation/result.json",
-        "evaluation/table1.md",
-        "evaluation/sts_tasks.csv",
-        "evaluation/sts_tasks.md",
-        "evaluation/sts_subsets.csv",
-        "evaluation/retrieval.csv",
-        "evaluation/qualitative.md",
-    } <= files
+    written = "result.json table1.md sts_tasks.csv sts_tasks.md sts_subsets.csv retrieval.csv qualitative.md".split()
+    assert {f"evaluation/{name}" for name in written} <= _artifacts(run.info.run_id, "evaluation")
     assert _artifacts(run.info.run_id, "plots") == {"plots/cosine_by_gold.png", "plots/alignment_uniformity.png"}
     table1 = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/evaluation/table1.md")
     assert "| tiny-bert cls |" in table1 and "| STS12 | STS13 |" in table1 and "Avg." in table1
@@ -102,22 +92,16 @@ def test_dev_mode_from_an_ingested_dataset(prefect_harness, shared_data, tiny_be
     table, _ = read_senteval(shared_data / "senteval")
     write_dataset(root, "sts", "sts-key-1", [table], schemas.STS)
     summary = evaluate(EvalConfig(model=str(tiny_bert_dir), pooler="avg", mode="dev", sts="sts-key-1", progress=False))
-    assert set(k for k in summary.metrics if "pearson" not in k and not k.startswith("eval_")) == {
-        "stsb_dev",
-        "sickr_dev",
-    }
+    assert {k for k in summary.metrics if "pearson" not in k and not k.startswith("eval_")} == {"stsb_dev", "sickr_dev"}
     [run] = _runs()
     assert run.info.status == "FINISHED" and run.data.tags["sts_source"] == "dataset:sts-key-1"
     [used] = run.inputs.dataset_inputs  # the ingested dataset, as the run's MLflow input
-    assert (used.dataset.name, [(t.key, t.value) for t in used.tags]) == (
-        "sts/sts-key-1",
-        [("mlflow.data.context", "eval")],
-    )
+    assert used.dataset.name == "sts/sts-key-1"
+    assert [(t.key, t.value) for t in used.tags] == [("mlflow.data.context", "eval")]
     assert _artifacts(run.info.run_id, "plots") == set()
     row = query(root, "SELECT mode, stsb_dev, sts12, sts_source FROM evaluations").iloc[0]
-    assert (
-        row["mode"] == "dev" and row.stsb_dev == pytest.approx(summary.metrics["stsb_dev"]) and row.sts12 != row.sts12
-    )  # NaN
+    assert row["mode"] == "dev" and row.stsb_dev == pytest.approx(summary.metrics["stsb_dev"])
+    assert row.sts12 != row.sts12  # NaN
 
 
 def _d2cse_checkpoint(tiny_bert_dir, folder):
@@ -166,23 +150,14 @@ def _assert_one_failed_run():
 def test_checkpoint_with_another_backbone_fails_cleanly(
     prefect_harness, shared_data, tiny_bert_dir, tmp_path, tokenizer
 ):
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
     from cse.models.checkpoint import BackboneMismatchError
 
     folder, _ = _d2cse_checkpoint(tiny_bert_dir, tmp_path / "best")
     other = tmp_path / "other_bert"  # same shape, different weights
     torch.manual_seed(123)
-    BertModel(
-        BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=128,
-        )
-    ).save_pretrained(other)
+    BertModel(tiny_bert_config(len(tokenizer))).save_pretrained(other)
     tokenizer.save_pretrained(other)
     with pytest.raises(BackboneMismatchError, match="different weights"):
         evaluate(EvalConfig(checkpoint=str(folder), model=str(other), mode="dev", progress=False))

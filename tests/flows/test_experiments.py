@@ -21,6 +21,7 @@ from cse.storage.catalog import query
 from cse.storage.layout import DataRoot
 from cse.tasks.compare import select_runs
 from cse.tracking.store import configure_mlflow
+from tests.loops import heads_ingest
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +45,7 @@ def tiny(tiny_bert_dir, senteval_head_100, wiki_head):
         "eval_steps": 2,
         "log_steps": 1,
         "max_train_sentences": 64,
-        "ingest": {
-            "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(wiki_head)},
-            "senteval": {"path": str(senteval_head_100), "expected_rows": None},
-        },
+        "ingest": heads_ingest(wiki_head, senteval_head_100),
     }
 
 
@@ -66,20 +63,14 @@ def test_ablation_wiring_of_the_four_variants():
         c.label: c.overrides["model"] for c in ablation_children("default", None, ["a", "b", "c", "d"], [True, False])
     }
     assert len(cells) == 8
-    assert cells["a-cls-prompt"] == {
-        "discriminator_prompts": False,
-        "condition_discriminator": True,
-        "train_discriminator": False,
-        "cls_prompt": True,
-    }
+    assert cells["a-cls-prompt"] == dict(
+        discriminator_prompts=False, condition_discriminator=True, train_discriminator=False, cls_prompt=True
+    )
     assert cells["b-static-cls"]["train_discriminator"] and not cells["b-static-cls"]["cls_prompt"]
     assert not cells["c-cls-prompt"]["condition_discriminator"] and cells["c-cls-prompt"]["discriminator_prompts"]
-    assert cells["d-static-cls"] == {
-        "discriminator_prompts": True,
-        "condition_discriminator": True,
-        "train_discriminator": False,
-        "cls_prompt": False,
-    }
+    assert cells["d-static-cls"] == dict(
+        discriminator_prompts=True, condition_discriminator=True, train_discriminator=False, cls_prompt=False
+    )
     with pytest.raises(ValueError, match="unknown ablation variants"):
         ablation_children("default", None, ["e"], [True])
 
@@ -117,10 +108,10 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
     seed_runs = mlflow.search_runs(
         search_all_experiments=True, filter_string="tags.`cse.kind` = 'seeds'", output_format="list"
     )
-    seed_avgs = [r.data.metrics["sts_avg"] for r in seed_runs if "cse.child" in r.data.tags]
+    seed_children = [r for r in seed_runs if "cse.child" in r.data.tags]
+    seed_avgs = [r.data.metrics["sts_avg"] for r in seed_children]
     assert len(seed_avgs) == 2 and seed_avgs[0] != seed_avgs[1]  # two seeds train two different models
     # each seed reads its own corruption (the corruption seed follows the job's), so its own dataset
-    seed_children = [r for r in seed_runs if "cse.child" in r.data.tags]
     corruptions = {r.data.tags["cse.child"]: r.data.tags["corruption_hash"] for r in seed_children}
     assert len(set(corruptions.values())) == 2, corruptions
     published = [m for _, m in DataRoot(get_settings().data_root).list("corruption")]
@@ -131,10 +122,8 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
     assert set(by_metric) >= {"sts12", "sickr", "sts_avg", "best_stsb_dev"}
     client = mlflow.MlflowClient()
     model = f"cse-d2cse-{tiny_bert_dir.name}-smoke"  # every child registered a version of it (ablation cells too)
-    best_seed = max((r for r in seed_runs if "cse.child" in r.data.tags), key=lambda r: r.data.metrics["best_stsb_dev"])
-    assert (
-        client.get_model_version_by_alias(model, "best").run_id == best_seed.info.run_id
-    )  # best STS-B dev of the seeds
+    best_seed = max(seed_children, key=lambda r: r.data.metrics["best_stsb_dev"])  # best STS-B dev of the seeds
+    assert client.get_model_version_by_alias(model, "best").run_id == best_seed.info.run_id
 
     out = sweep(
         "d2cse",
@@ -164,12 +153,8 @@ def test_ablate_seeds_sweep_and_compare(prefect_harness, tiny, tiny_bert_dir):
     # 4 runs × 8 columns: each run's scores, the published row and the difference beside it, and the backbone's score
     # before training (issue 34)
     assert dict(zip(table["row_kind"], table["n"])) == {"backbone": 32, "difference": 32, "published": 32, "run": 32}
-    diff = query(root, "select value from comparisons where row_kind = 'difference' and metric = 'sts_avg' limit 1")[
-        "value"
-    ][0]
-    ours = query(root, "select value from comparisons where row_kind = 'run' and metric = 'sts_avg' limit 1")["value"][
-        0
-    ]
+    avg = "select value from comparisons where row_kind = '{}' and metric = 'sts_avg' limit 1"
+    diff, ours = (query(root, avg.format(kind))["value"][0] for kind in ("difference", "run"))
     assert diff == pytest.approx(ours - 79.02, abs=1e-3)
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(result.mlflow_run_id)}
     assert {"comparison.md", "comparison.csv", "selection.json", "comparison_table.json"} <= artifacts

@@ -12,12 +12,8 @@ from cse.storage.layout import DataRoot
 from cse.tracking.store import configure_mlflow
 
 
-def test_fit_generator_flow_tokenises_with_the_backbone_and_reuses_everything(
-    prefect_harness, shared_data, tmp_path, tiny_bert_dir
-):
-    lines = (shared_data / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines()[:200]
-    (tmp_path / "wiki.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    ingest = IngestConfig(datasets=("wiki1m",), wiki=WikiSource(path=str(tmp_path / "wiki.txt")))
+def test_fit_generator_flow_tokenises_with_the_backbone_and_reuses_everything(prefect_harness, wiki_cut, tiny_bert_dir):
+    ingest = IngestConfig(datasets=("wiki1m",), wiki=WikiSource(path=str(wiki_cut(200))))
     config = GeneratorConfig(
         backbone=str(tiny_bert_dir), batch_size=32, max_steps=6, eval_every=3, baseline_generator=None, device="cpu"
     )

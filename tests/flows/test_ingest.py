@@ -26,15 +26,8 @@ def test_ingest_writes_datasets_then_hits_cache(prefect_harness, local_ingest_co
     assert not any(r.cache_hit for r in first.values())
     root = DataRoot(get_settings().data_root)
     sts = read_dataset(root, "sts", first["sts"].key).to_pandas()
-    assert sts[sts.split == "test"].groupby("task").size().to_dict() == {
-        "sickr": 4927,
-        "sts12": 3108,
-        "sts13": 1500,
-        "sts14": 3750,
-        "sts15": 3000,
-        "sts16": 1186,
-        "stsb": 1379,
-    }
+    test_pairs = dict(sickr=4927, sts12=3108, sts13=1500, sts14=3750, sts15=3000, sts16=1186, stsb=1379)
+    assert sts[sts.split == "test"].groupby("task").size().to_dict() == test_pairs
     m = root.require("wiki1m", first["wiki1m"].key)
     assert m.source["origin"] == "path" and m.inputs["source"] and m.stats["empty"] == 0
 

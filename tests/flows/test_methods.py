@@ -49,9 +49,8 @@ def test_every_preset_resolves(method):
     for preset in PRESETS[method]:
         cfg = resolve_train_config(preset, method=method)
         assert cfg.method == method and cfg.preset == preset
-        assert (
-            "backbone" not in cfg.model_dump()["model"] and cfg.model_dump()["model"]
-        )  # completed with the method's defaults
+        model = cfg.model_dump()["model"]
+        assert model and "backbone" not in model  # completed with the method's defaults
 
 
 def test_presets_follow_the_papers():
@@ -90,9 +89,7 @@ def test_smoke_flow_of_each_method(prefect_harness, tiny_overrides, method):
     configure_mlflow()
     client = mlflow.tracking.MlflowClient()
     dev = [m.value for m in client.get_metric_history(result.run_id, "dev/stsb_dev")]
-    assert len(dev) == total // 2 and result.best_stsb_dev == pytest.approx(
-        max(dev)
-    )  # every 2 steps; the best selected
+    assert len(dev) == total // 2 and result.best_stsb_dev == pytest.approx(max(dev))  # every 2 steps; the best kept
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED" and run.data.tags["method"] == method
     assert int(run.data.params["trainable_parameters"]) > 0

@@ -43,7 +43,7 @@ def _keys(kind: str) -> set[str]:
 
 
 def test_a_corrupt_rerun_changes_one_key_and_the_smoke_job_reads_it(
-    prefect_harness, wiki_head, shared_data, tmp_path, monkeypatch
+    prefect_harness, wiki_cut, shared_data, monkeypatch
 ):
     from cse.config.stages import IngestConfig, TokenizeConfig
     from cse.flows.corrupt import corrupt
@@ -53,9 +53,7 @@ def test_a_corrupt_rerun_changes_one_key_and_the_smoke_job_reads_it(
     from cse.storage.manifest import Manifest
 
     monkeypatch.setenv("CSE_SOURCE_MIRROR", str(shared_data))  # the sts dataset a job reads, as scripts/env.sh sets it
-    corpus = tmp_path / "wiki1m_first_128.txt"
-    corpus.write_text("".join(wiki_head.read_text(encoding="utf-8").splitlines(keepends=True)[:128]), encoding="utf-8")
-    data = {"ingest_config": {"wiki": {"path": str(corpus)}}}
+    data = {"ingest_config": {"wiki": {"path": str(wiki_cut(128))}}}
     deployment_id = corrupt.to_deployment(name="reruns-smoke", parameters=SMOKE["parameters"]).apply()
     tokens_key = prepare_tokens(  # what an earlier smoke run left: the tokens of the smoke deployment's tokenizer
         "wiki1m",

@@ -14,25 +14,18 @@ from cse.flows.train import train_d2cse
 from cse.models.checkpoint import load_checkpoint
 from cse.tracking.store import configure_mlflow
 from cse.training.loop import TrainingInterrupted
+from tests.loops import heads_ingest
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
 
-WIKI_ROWS = 1_000  # the Wiki1M sample the smoke flow reads: the first 1,000 lines of the shared wiki1m_head.txt
-
-
-@pytest.fixture(scope="module")
-def wiki_sample(shared_data, tmp_path_factory) -> Path:
-    """The head of the shared Wiki1M sample under the sample's own file name (the card names the file): the
-    corruption stage corrupts every row of it, so fewer rows make the flow faster; the job trains on 256 of them."""
-    path = tmp_path_factory.mktemp("wiki_sample") / "wiki1m_head.txt"
-    with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
-        path.write_text("".join(line for _, line in zip(range(WIKI_ROWS), f)), encoding="utf-8")
-    return path
+# The Wiki1M sample the smoke flow reads: the first 1,000 lines of the shared wiki1m_head.txt, under the sample's own
+# file name (the card names the file); the corruption stage corrupts every row of it, the job trains on 256 of them.
+WIKI_ROWS = 1_000
 
 
 @pytest.fixture
-def overrides(tiny_bert_dir, shared_data, wiki_sample):
+def overrides(tiny_bert_dir, shared_data, wiki_cut):
     return {
         "backbone": str(tiny_bert_dir),
         "max_steps": 8,
@@ -40,7 +33,7 @@ def overrides(tiny_bert_dir, shared_data, wiki_sample):
         "max_train_sentences": 256,
         "ingest": {
             "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(wiki_sample)},
+            "wiki": {"path": str(wiki_cut(WIKI_ROWS, "wiki1m_head.txt"))},
             "senteval": {"path": str(shared_data / "senteval")},
         },
     }
@@ -112,13 +105,11 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     from cse.storage.catalog import query
     from cse.storage.layout import DataRoot
 
-    rows = query(DataRoot(get_settings().data_root), "SELECT * FROM evaluations_all ORDER BY created").to_dict(
-        "records"
-    )
-    assert [r["evaluation_id"] for r in rows][0] == before["evaluation_id"]
-    assert rows[0]["label"] == f"backbone {tiny_bert_dir} (cls_before_pooler)" and not isinstance(
-        rows[0]["mlflow_run_id"], str
-    )  # (no MLflow run of its own: the training runs hold it)
+    rows = query(DataRoot(get_settings().data_root), "SELECT * FROM evaluations_all ORDER BY created")
+    rows = rows.to_dict("records")
+    assert rows[0]["evaluation_id"] == before["evaluation_id"]
+    assert rows[0]["label"] == f"backbone {tiny_bert_dir} (cls_before_pooler)"
+    assert not isinstance(rows[0]["mlflow_run_id"], str)  # (no MLflow run of its own: the training runs hold it)
     assert rows[1]["backbone_evaluation"] == before["evaluation_id"] and rows[1]["label"] == run.info.run_name
 
     sentences = ["a man is playing a guitar .", "a woman is slicing an onion ."]
@@ -132,11 +123,8 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     # lineage: the run's input datasets, as `mlflow.search_runs` returns them (the UI's "Datasets used")
     [found] = mlflow.search_runs(experiment_names=["d2cse"], output_format="list")
     inputs = {i.dataset.name.split("/")[0]: i for i in found.inputs.dataset_inputs}
-    assert {kind: {t.key: t.value for t in i.tags}["mlflow.data.context"] for kind, i in inputs.items()} == {
-        "tokens": "train",
-        "corruption": "corruption",
-        "sts": "eval",
-    }
+    contexts = {kind: {t.key: t.value for t in i.tags}["mlflow.data.context"] for kind, i in inputs.items()}
+    assert contexts == {"tokens": "train", "corruption": "corruption", "sts": "eval"}
     assert inputs["tokens"].dataset.digest == run.data.tags["tokens_hash"][:36]
     assert inputs["corruption"].dataset.digest == run.data.tags["corruption_hash"][:36]
     corruption_source = json.loads(inputs["corruption"].dataset.source)["uri"]
@@ -194,15 +182,7 @@ def test_killed_training_resumes_in_the_same_run(prefect_harness, overrides, wik
     """Killed after step 6, rerun: it resumes from the step-4 checkpoint in the same MLflow run. On the heads of the
     shared files (512 Wiki1M lines, 24 lines of every SentEval file): the corruption stage corrupts all of the corpus,
     and the dev evaluations only need a score."""
-    small = {
-        **overrides,
-        "test_evaluation": False,
-        "ingest": {
-            "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(wiki_head)},
-            "senteval": {"path": str(senteval_head), "expected_rows": None},
-        },
-    }
+    small = {**overrides, "test_evaluation": False, "ingest": heads_ingest(wiki_head, senteval_head)}
     with pytest.raises(TrainingInterrupted):
         train_d2cse("smoke", small, stop_after=6)
     configure_mlflow()

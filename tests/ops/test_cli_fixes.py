@@ -14,6 +14,8 @@ from cse.ops.cli import main as cse
 from cse.storage.evaluations import write_evaluation_row
 from cse.storage.layout import KINDS, DataRoot
 
+SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+
 
 def _err(capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
@@ -41,9 +43,10 @@ def test_unknown_view_lists_the_views(capsys):
     assert "(views: damaged_datasets, manifests)" in line
 
 
-def _evaluation(root: DataRoot, eid: str, **scores) -> None:
+def _evaluation(eid: str, **scores) -> None:
+    """An evaluation row of `eid` with `scores` in the test's data root."""
     write_evaluation_row(
-        root,
+        DataRoot(get_settings().data_root),
         {
             "evaluation_id": eid,
             "created": "2026-01-01T00:00:00",
@@ -60,50 +63,32 @@ def _evaluation(root: DataRoot, eid: str, **scores) -> None:
 
 
 def test_report_has_no_nan_and_two_decimals(capsys):
-    root = DataRoot(get_settings().data_root)
-    tasks = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
     _evaluation(
-        root,
         "full",
-        **{t: 70 + i / 3 for i, t in enumerate(tasks)},
+        **{t: 70 + i / 3 for i, t in enumerate(SEVEN)},
         sts_avg=71.123456,
         retrieval_r1=55.5,
         alignment=0.123456,
         uniformity=-2.5,
     )
-    _evaluation(root, "partial", **{t: 60.0 for t in tasks}, sts_avg=60.0, retrieval_r1=math.nan)  # no r1, no align
+    _evaluation("partial", **{t: 60.0 for t in SEVEN}, sts_avg=60.0, retrieval_r1=math.nan)  # no r1, no align
     assert cse(["report"]) == 0
     out = capsys.readouterr().out
     assert "NaN" not in out and "None" not in out and "nan" not in out
     assert "dataset_key" in out.splitlines()[3]  # the datasets table's header
     rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("2026-01-01")}
-    assert rows["full"] == [
-        "70.00",
-        "70.33",
-        "70.67",
-        "71.00",
-        "71.33",
-        "71.67",
-        "72.00",
-        "71.12",
-        "-",
-        "55.50",
-        "0.1235",
-        "-2.5000",
-    ]
+    assert rows["full"] == "70.00 70.33 70.67 71.00 71.33 71.67 72.00 71.12 - 55.50 0.1235 -2.5000".split()
     assert rows["partial"] == ["60.00"] * 8 + ["-", "-", "-", "-"]
 
 
 def test_report_shows_each_run_beside_its_backbone_before_training(capsys):
     """Issue 34: a training run's evaluation is labelled with what differs from its preset (its MLflow run name), and
     `before` is the Avg. of its backbone's own evaluation (the row `backbone ...`, joined by `backbone_evaluation`)."""
-    root = DataRoot(get_settings().data_root)
-    tasks = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
-    base = {t: 70.0 for t in tasks}
-    _evaluation(root, "backbone-1", **base, sts_avg=73.694, label="backbone packaged:minilm (cls)")
+    base = {t: 70.0 for t in SEVEN}
+    _evaluation("backbone-1", **base, sts_avg=73.694, label="backbone packaged:minilm (cls)")
     for i, (eid, label, avg) in enumerate((("t1", "d2cse-smoke", 71.57), ("t2", "d2cse-smoke lr=0.0001", 69.82))):
-        scores = {t: avg for t in tasks} | {"sts_avg": avg, "created": f"2026-01-01T00:00:0{i + 1}"}
-        _evaluation(root, eid, **scores, label=label, backbone_evaluation="backbone-1")
+        scores = {t: avg for t in SEVEN} | {"sts_avg": avg, "created": f"2026-01-01T00:00:0{i + 1}"}
+        _evaluation(eid, **scores, label=label, backbone_evaluation="backbone-1")
     assert cse(["report"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = next(line.split() for line in lines if line.split()[:2] == ["created", "label"])
@@ -115,8 +100,7 @@ def test_report_shows_each_run_beside_its_backbone_before_training(capsys):
 
 
 def test_manifests_key_column_is_dataset_key(capsys):
-    root = DataRoot(get_settings().data_root)
-    _evaluation(root, "e1", sts_avg=1.0)
+    _evaluation("e1", sts_avg=1.0)
     assert cse(["sql", "select kind, dataset_key from manifests"]) == 0
     assert [line.split() for line in capsys.readouterr().out.splitlines()] == [
         ["kind", "dataset_key"],

@@ -43,9 +43,8 @@ def hub(monkeypatch):
             oid="abc123",
         )
 
-    monkeypatch.setattr(HfApi, "create_repo", create_repo)
-    monkeypatch.setattr(HfApi, "create_branch", create_branch)
-    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    for call in (create_repo, create_branch, upload_folder):
+        monkeypatch.setattr(HfApi, call.__name__, call)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the command's own offline check; the library stays offline
     monkeypatch.delenv("HF_TOKEN", raising=False)
     return calls
@@ -75,17 +74,13 @@ def export(tmp_path):
 
 def test_push_uploads_the_folder_and_prints_the_url(hub, export, monkeypatch, capsys):
     monkeypatch.setenv("MY_HF_TOKEN", SECRET)
-    assert (
-        cse(["push", str(export), "me/d2cse-bert", "--private", "--revision", "v1", "--token-env", "MY_HF_TOKEN"]) == 0
-    )
+    argv = ["push", str(export), "me/d2cse-bert", "--private", "--revision", "v1", "--token-env", "MY_HF_TOKEN"]
+    assert cse(argv) == 0
     assert [name for name, _, _ in hub] == ["create_repo", "create_branch", "upload_folder"]
-    _, args, kw = hub[0]
-    assert args == ("me/d2cse-bert",) and kw == {
-        "private": True,
-        "repo_type": "model",
-        "exist_ok": True,
-        "token": SECRET,
-    }
+    assert hub[0][1:] == (
+        ("me/d2cse-bert",),
+        {"private": True, "repo_type": "model", "exist_ok": True, "token": SECRET},
+    )
     assert hub[1][1:] == (("me/d2cse-bert",), {"branch": "v1", "repo_type": "model", "exist_ok": True})
     up = hub[2][2]
     assert up["repo_id"] == "me/d2cse-bert" and up["folder_path"] == str(export) and up["revision"] == "v1"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from prefect import flow, task
@@ -49,12 +49,8 @@ def body_fails() -> None:
 
 
 def test_parse_params_and_one_line_reason():
-    assert parse_params(['config={"mask_ratio": 0.15}', "n=3", "name=d2cse-x", "empty="]) == {
-        "config": {"mask_ratio": 0.15},
-        "n": 3,
-        "name": "d2cse-x",
-        "empty": "",
-    }
+    parsed = {"config": {"mask_ratio": 0.15}, "n": 3, "name": "d2cse-x", "empty": ""}
+    assert parse_params(['config={"mask_ratio": 0.15}', "n=3", "name=d2cse-x", "empty="]) == parsed
     with pytest.raises(ValueError, match="parameter 'mask_ratio' is not key=value"):
         parse_params(["mask_ratio"])
     assert one_line_reason("Task run encountered an exception OSError: no\n  net") == "OSError: no net"
@@ -75,24 +71,19 @@ def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch, q
     monkeypatch.setattr("cse.ops.deployments.LOG_QUIET_S", 0.3)  # (the stage line was flushed before the failure)
     deployment_id = failing.to_deployment(name="cse-run-test").apply()
     lines: list[str] = []
-    status: list[int] = []
-    waiter = threading.Thread(
-        target=lambda: status.append(
-            run_deployment_cli(
-                "cse-run-failing/cse-run-test",
-                ['config={"backbone": "my-local-bert"}'],
-                poll_s=0.2,
-                out=lines.append,
-                err=lambda line: lines.append(f"ERR {line}"),
-                quiet=quiet,
-                tty=False,
-            )
-        )
-    )
     flt = FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]))
     with get_client(sync_client=True) as client:
         earlier = {r.id for r in client.read_flow_runs(flow_run_filter=flt)}  # (the other parametrisation's)
-    waiter.start()
+    waiter = ThreadPoolExecutor(1).submit(
+        run_deployment_cli,
+        "cse-run-failing/cse-run-test",
+        ['config={"backbone": "my-local-bert"}'],
+        poll_s=0.2,
+        out=lines.append,
+        err=lambda line: lines.append(f"ERR {line}"),
+        quiet=quiet,
+        tty=False,
+    )
     with get_client(sync_client=True) as client:  # what a worker does: take the scheduled run and execute it
         deadline = time.time() + 30
         while not (runs := [r for r in client.read_flow_runs(flow_run_filter=flt) if r.id not in earlier]):
@@ -100,8 +91,7 @@ def test_cse_run_prints_the_failing_tasks_reason(prefect_harness, monkeypatch, q
             time.sleep(0.1)
     assert runs[0].parameters == {"config": {"backbone": "my-local-bert"}}  # the -p value, parsed as JSON
     run_flow(failing, flow_run=runs[0], parameters=runs[0].parameters, return_type="state")
-    waiter.join(60)
-    assert status == [1], lines
+    assert waiter.result(timeout=60) == 1, lines
     text = "\n".join(lines)
     assert "stage: nli 200 rows key=abc cache hit /data/nli/abc" in text
     if quiet:

@@ -28,6 +28,7 @@ import pytest
 
 from cse.config import published
 from cse.config.settings import REPO_ROOT
+from tests.loops import heads_ingest
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def _plain_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def followed(prefect_harness, tmp_path_factory, shared_data, senteval_head):
+def followed(prefect_harness, tmp_path_factory, wiki_cut, senteval_head):
     """One `cse run train-d2cse/smoke` through a worker; returns (its stdout, exit status, seconds, the job's home)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -50,9 +51,6 @@ def followed(prefect_harness, tmp_path_factory, shared_data, senteval_head):
 
     top = tmp_path_factory.mktemp("follow")
     home = top / ".cse"
-    wiki = top / "wiki1m_first_128.txt"  # (the corruption stage corrupts all of it)
-    with open(shared_data / "wiki1m_head.txt", encoding="utf-8") as f:
-        wiki.write_text("".join(line for _, line in zip(range(128), f)), encoding="utf-8")
     pool = f"cse-run-{uuid.uuid4().hex[:8]}"
     env = _plain_env(
         PREFECT_API_URL=PREFECT_API_URL.value(),
@@ -95,11 +93,7 @@ def followed(prefect_harness, tmp_path_factory, shared_data, senteval_head):
         "eval_steps": 3,
         "log_steps": 1,
         "max_train_sentences": 64,
-        "ingest": {
-            "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(wiki)},
-            "senteval": {"path": str(senteval_head), "expected_rows": None},
-        },
+        "ingest": heads_ingest(wiki_cut(128), senteval_head),  # (the corruption stage corrupts all 128 lines)
     }
     try:
         t0 = time.monotonic()
@@ -163,9 +157,7 @@ def test_cse_run_follows_the_stages_the_steps_and_ends_with_the_table_and_the_li
     assert steps and steps[-1] == STEPS and {int(m.group(2)) for m in bars if m} == {STEPS}, out
     assert len(set(steps)) >= 2, f"one progress line only: {out}"  # followed while it trained, not only at the end
     assert any("ETA " in line for line, m in zip(lines, bars) if m and int(m.group(1)) < STEPS), out
-    assert any(m and m.group(0).endswith(f"dev={run.data.metrics['best_stsb_dev']:.2f}]") for m in bars) or any(
-        m and "dev=" in m.group(0) for m in bars
-    )
+    assert any(m and "dev=" in m.group(0) for m in bars)
     # the end: completed, the Prefect page, the STS table beside the backbone and the paper, the run and its page
     done = next(i for i, line in enumerate(lines) if line.startswith("==> train-d2cse/smoke: Completed in "))
     tail = "\n".join(lines[done:])

@@ -38,11 +38,9 @@ def _run_corrupt(monkeypatch, data_root, ingest_config, config):
 
 
 def test_dask_shards_match_the_local_run_byte_for_byte(
-    prefect_harness, monkeypatch, isolated_home, tmp_path, shared_data, tiny_generator_dir, local_ingest_config
+    prefect_harness, monkeypatch, isolated_home, wiki_cut, tiny_generator_dir, local_ingest_config
 ):
-    head = tmp_path / "wiki1m_head.txt"
-    lines = (shared_data / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    head.write_text("".join(lines[:SENTENCES]), encoding="utf-8")
+    head = wiki_cut(SENTENCES, "wiki1m_head.txt")
     ingest_config = local_ingest_config.model_copy(update={"wiki": WikiSource(path=str(head))})
     config = CorruptConfig(generator=str(tiny_generator_dir), shard_size=SHARD_SIZE, batch_size=128, device="cpu")
     monkeypatch.delenv("CSE_TASK_RUNNER", raising=False)
@@ -78,11 +76,8 @@ def test_dask_shards_match_the_local_run_byte_for_byte(
         assert a == b, f"shard {i} differs between the local and the Dask run"
     assert dask_ref.content_hash == local_ref.content_hash
     assert dask_token_parts == local_token_parts
-    assert (dask_tokens.key, dask_tokens.content_hash, dask_tokens.stats) == (
-        local_tokens.key,
-        local_tokens.content_hash,
-        local_tokens.stats,
-    )
+    for field in ("key", "content_hash", "stats"):
+        assert getattr(dask_tokens, field) == getattr(local_tokens, field), field
 
     # every shard task (tokens parts, then corruption shards) ran on a Dask worker process, none here
     keys = [str(r["key"]) for r in stream.data]

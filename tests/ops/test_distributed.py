@@ -32,8 +32,8 @@ from cse.models.distributed import (
     shard_batch,
     shard_bounds,
 )
-from tests.batches import default_dtype
-from tests.loops import cpu_trainer, loop_config
+from tests.batches import default_dtype, tiny_bert_config
+from tests.loops import cpu_trainer, heads_ingest, loop_config
 
 WORLD = 2
 SMALL_VOCAB = 120
@@ -51,20 +51,9 @@ SENTENCES = [
 
 # ------------------------------------------------------------------------------------------------ models and batches
 def _backbone(vocab_size: int):
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
-    return BertModel(
-        BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=128,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-    )
+    return BertModel(tiny_bert_config(vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
 
 
 def _tokenizer():
@@ -151,31 +140,27 @@ CASES = {
 
 
 def _step(kind: str, batch: TrainBatch, phase: str, dtype: torch.dtype, chunk: int | None = None) -> dict:
-    with default_dtype(dtype):
-        return _step_indefault_dtype(kind, batch, phase, chunk)
-
-
-def _step_indefault_dtype(kind: str, batch: TrainBatch, phase: str, chunk: int | None = None) -> dict:
-    """Loss, metrics, trainable gradients (summed over ranks when distributed) and buffers of one training step;
-    `chunk`: its per-row passes in cached chunks of that many rows (models/grad_cache.py)."""
+    """Loss, metrics, trainable gradients (summed over ranks when distributed) and buffers of one training step in
+    `dtype`; `chunk`: its per-row passes in cached chunks of that many rows (models/grad_cache.py)."""
     from cse.models.grad_cache import RowChunks
 
-    model = _build(kind)
-    model.use_grad_cache(RowChunks(chunk))
-    model.train()
-    convert_batchnorm(model)  # as the Trainer does; identical to nn.BatchNorm1d outside distributed training
-    if dist.is_initialized():
-        batch = shard_batch(batch, dist.get_rank(), dist.get_world_size())
-    out = model.training_step(batch, step=0, phase=phase)
-    out.loss.backward()
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    all_reduce_gradients(params.values())
-    return {
-        "loss": out.loss.detach(),
-        "metrics": {k: v.detach().clone() for k, v in out.metrics.items()},
-        "grads": {n: None if p.grad is None else p.grad.clone() for n, p in params.items()},
-        "buffers": {n: b.clone() for n, b in model.named_buffers() if "running" in n},
-    }
+    with default_dtype(dtype):
+        model = _build(kind)
+        model.use_grad_cache(RowChunks(chunk))
+        model.train()
+        convert_batchnorm(model)  # as the Trainer does; identical to nn.BatchNorm1d outside distributed training
+        if dist.is_initialized():
+            batch = shard_batch(batch, dist.get_rank(), dist.get_world_size())
+        out = model.training_step(batch, step=0, phase=phase)
+        out.loss.backward()
+        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        all_reduce_gradients(params.values())
+        return {
+            "loss": out.loss.detach(),
+            "metrics": {k: v.detach().clone() for k, v in out.metrics.items()},
+            "grads": {n: None if p.grad is None else p.grad.clone() for n, p in params.items()},
+            "buffers": {n: b.clone() for n, b in model.named_buffers() if "running" in n},
+        }
 
 
 # ------------------------------------------------------------------------------------------------ trainer runs
@@ -226,34 +211,30 @@ class Recorder:
 
 
 def _train(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
-    with default_dtype(torch.float64):
-        return _train_indefault_dtype(state_dir, stop_after, chunk)
-
-
-def _train_indefault_dtype(state_dir: Path, stop_after: int | None = None, chunk: int | None = None):
-    """D2CSE (BN-MLP + RTD) through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4 rows);
-    `chunk`: grad_cache's chunk size."""
+    """D2CSE (BN-MLP + RTD) in float64 through the Trainer: 22 rows, global batch 6 (the last batch of an epoch has 4
+    rows); `chunk`: grad_cache's chunk size."""
     from cse.models.checkpoint import trainable_state_dict
     from cse.training.loop import StopAfter, Trainer, TrainingInterrupted
 
     shape = {"batch_size": 6, "epochs": 2, "grad_clip": 0.5, "seed": 5, "eval_steps": 3, "checkpoint_steps": 3}
     loop = loop_config(**shape, log_steps=2, grad_cache_chunk_size=chunk)
-    model, rec = _build("d2cse"), Recorder()
-    trainer = Trainer(
-        model,
-        _training_rows(),
-        loop,
-        torch.device("cpu"),
-        state_dir,
-        rec.save_best,
-        rec.evaluate,
-        rec.log,
-        hooks=[StopAfter(stop_after)] if stop_after is not None else [],
-    )
-    try:
-        result = trainer.run()
-    except TrainingInterrupted:
-        return None
+    with default_dtype(torch.float64):
+        model, rec = _build("d2cse"), Recorder()
+        trainer = Trainer(
+            model,
+            _training_rows(),
+            loop,
+            torch.device("cpu"),
+            state_dir,
+            rec.save_best,
+            rec.evaluate,
+            rec.log,
+            hooks=[StopAfter(stop_after)] if stop_after is not None else [],
+        )
+        try:
+            result = trainer.run()
+        except TrainingInterrupted:
+            return None
     return {
         "weights": trainable_state_dict(model),
         "logged": rec.logged,
@@ -304,12 +285,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
         out_dir = Path(out)
+        # cached: each rank's rows (8 or 6, 12 or 9) in grad_cache chunks of 3 (a short last one on some ranks)
         res: dict = {
-            "steps": {name: _step(kind, make(), phase, dtype) for name, (kind, make, phase, dtype) in CASES.items()},
-            # grad_cache: each rank's rows (8 or 6, 12 or 9) in cached chunks of 3 (a short last one on some ranks)
-            "cached": {
-                name: _step(kind, make(), phase, dtype, chunk=3) for name, (kind, make, phase, dtype) in CASES.items()
-            },
+            which: {
+                name: _step(kind, make(), phase, dtype, chunk) for name, (kind, make, phase, dtype) in CASES.items()
+            }
+            for which, chunk in (("steps", None), ("cached", 3))
         }
 
         x = torch.arange(6.0).view(3, 2).add(10 * rank)[: 3 - rank].clone().requires_grad_(True)  # 3 rows, then 2
@@ -322,12 +303,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         except RuntimeError as e:
             res["replicated_check"] = str(e)
 
-        res["straight"] = _train(out_dir / "straight")
-        assert _train(out_dir / "killed", stop_after=4) is None
-        res["resumed"] = _train(out_dir / "killed")
-        res["cached_straight"] = _train(out_dir / "cached_straight", chunk=2)
-        assert _train(out_dir / "cached_killed", stop_after=4, chunk=2) is None
-        res["cached_resumed"] = _train(out_dir / "cached_killed", chunk=2)
+        for prefix, chunk in (("", None), ("cached_", 2)):
+            res[f"{prefix}straight"] = _train(out_dir / f"{prefix}straight", chunk=chunk)
+            assert _train(out_dir / f"{prefix}killed", stop_after=4, chunk=chunk) is None
+            res[f"{prefix}resumed"] = _train(out_dir / f"{prefix}killed", chunk=chunk)
         res["local_mean"] = _local_mean_is_refused(out_dir)
         torch.save(res, out_dir / f"rank{rank}.pt")
     finally:
@@ -369,33 +348,25 @@ def _assert_equal_step(got: dict, single: dict, what: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_loss_and_summed_gradients_equal_one_process_on_the_concatenated_batch(ranks, name):
+@pytest.mark.parametrize("which", ["steps", "cached"])
+def test_loss_and_summed_gradients_equal_one_process_on_the_concatenated_batch(ranks, which, name):
+    """`cached`: grad_cache under data parallelism, each rank's rows in chunks of 3, the loss on the all-gathered
+    batch."""
     kind, make, phase, dtype = CASES[name]
     single = _step(kind, make(), phase, dtype)
     assert any(g is not None for g in single["grads"].values())
     for r, res in enumerate(ranks):
-        _assert_equal_step(res["steps"][name], single, f"rank {r}")
+        _assert_equal_step(res[which][name], single, f"rank {r} {which}")
     if kind in ("d2cse", "diffcse"):
         assert single["buffers"], "the BN-MLP's running statistics are compared"
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_cached_chunks_on_two_ranks_equal_one_process_on_the_whole_batch(ranks, name):
-    """grad_cache under data parallelism: each rank's rows in chunks of 3, the loss on the all-gathered batch."""
-    kind, make, phase, dtype = CASES[name]
-    single = _step(kind, make(), phase, dtype)
-    for r, res in enumerate(ranks):
-        _assert_equal_step(res["cached"][name], single, f"rank {r} cached")
-
-
-def test_trainer_with_cached_chunks_on_two_ranks_equals_one_process_and_resumes(ranks, tmp_path):
+def test_trainer_with_cached_chunks_on_two_ranks_equals_one_process(ranks, tmp_path):
     single = _train(tmp_path / "single")
     for r in ranks:
-        cached, resumed = r["cached_straight"], r["cached_resumed"]
-        assert cached["steps"] == 8 and resumed["resumed_from"] == 3 and resumed["steps"] == 8
+        assert r["cached_straight"]["steps"] == 8
         for k, w in single["weights"].items():
-            _close(cached["weights"][k], w, f"weight {k} after cached training", atol=2e-5, rtol=1e-4)
-            assert torch.equal(resumed["weights"][k], cached["weights"][k]), k
+            _close(r["cached_straight"]["weights"][k], w, f"weight {k} after cached training", atol=2e-5, rtol=1e-4)
     logged = [m for _, m in ranks[0]["cached_straight"]["logged"] if "peak_memory_gb" in m]
     assert logged and all(m["peak_memory_gb"] > 0 for m in logged)  # the steps' peak resident set (CPU)
 
@@ -409,11 +380,7 @@ def test_gather_keeps_only_the_local_gradient_with_uneven_rows(ranks):
 
 
 def test_a_loss_that_differs_by_rank_is_refused(ranks):
-    assert (
-        "differs across ranks" in ranks[0]["replicated_check"]
-        and "differs across ranks" in ranks[1]["replicated_check"]
-    )
-    assert all("differs across ranks" in r["local_mean"] for r in ranks)
+    assert all("differs across ranks" in r[check] for r in ranks for check in ("replicated_check", "local_mean"))
 
 
 def test_trainer_on_two_ranks_equals_one_process_and_only_rank0_evaluates_and_logs(ranks, tmp_path):
@@ -435,11 +402,13 @@ def test_trainer_on_two_ranks_equals_one_process_and_only_rank0_evaluates_and_lo
     assert r0["best"][1] == r1["best"][1] == single["best"][1]
 
 
-def test_distributed_resume_after_kill_equals_uninterrupted(ranks):
+@pytest.mark.parametrize("prefix", ["", "cached_"])
+def test_distributed_resume_after_kill_equals_uninterrupted(ranks, prefix):
     for r in ranks:
-        assert r["resumed"]["resumed_from"] == 3 and r["resumed"]["steps"] == 8
-        for k, w in r["straight"]["weights"].items():
-            assert torch.equal(r["resumed"]["weights"][k], w), k
+        resumed = r[f"{prefix}resumed"]
+        assert resumed["resumed_from"] == 3 and resumed["steps"] == 8
+        for k, w in r[f"{prefix}straight"]["weights"].items():
+            assert torch.equal(resumed["weights"][k], w), k
 
 
 # ------------------------------------------------------------------------------------------------ slicing (no processes)
@@ -481,7 +450,7 @@ def test_trainer_refuses_a_batch_smaller_than_the_world(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ launch
-def test_launch_fields_are_validated_and_left_out_of_the_job_identity():
+def test_launch_fields_are_validated_and_left_out_of_the_job_identity(monkeypatch):
     from cse.config.training import TrainConfig
     from cse.storage.datasets import DatasetRef
     from cse.tasks.distributed_train import torchrun_command
@@ -494,35 +463,16 @@ def test_launch_fields_are_validated_and_left_out_of_the_job_identity():
     with pytest.raises(ValueError, match="smaller than the 8 training processes"):
         TrainConfig(nproc_per_node=8, batch_size=4)
     cmd = torchrun_command(TrainConfig(nproc_per_node=2), Path("/runs/x/job.json"), "x")
-    assert cmd[1:] == [
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
-        "-m",
-        "cse.tasks.distributed_train",
-        "/runs/x/job.json",
-    ]
+    standalone = (
+        "-m torch.distributed.run --nproc-per-node 2 --standalone -m cse.tasks.distributed_train /runs/x/job.json"
+    )
+    assert cmd[1:] == standalone.split()
     with pytest.raises(ValueError, match="CSE_RDZV_ENDPOINT"):
         torchrun_command(two, Path("job.json"), "x")
-    os.environ["CSE_RDZV_ENDPOINT"] = "node0:29400"
-    try:
-        cmd = torchrun_command(two, Path("job.json"), "runkey")
-    finally:
-        del os.environ["CSE_RDZV_ENDPOINT"]
-    assert cmd[3:13] == [
-        "--nproc-per-node",
-        "2",
-        "--nnodes",
-        "2",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        "node0:29400",
-        "--rdzv-id",
-        "runkey",
-    ]
+    monkeypatch.setenv("CSE_RDZV_ENDPOINT", "node0:29400")
+    cmd = torchrun_command(two, Path("job.json"), "runkey")
+    rdzv = "--nproc-per-node 2 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id runkey"
+    assert cmd[3:13] == rdzv.split()
 
 
 @pytest.mark.slow
@@ -547,11 +497,7 @@ def test_train_task_runs_torchrun_and_rank0_logs_into_the_job_run(
         "nproc_per_node": 2,
         "device": "cpu",
         "test_evaluation": False,
-        "ingest": {
-            "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(wiki_head)},
-            "senteval": {"path": str(senteval_head), "expected_rows": None},
-        },
+        "ingest": heads_ingest(wiki_head, senteval_head),
     }
     with pytest.raises(TrainingInterrupted):
         train_d2cse("smoke", overrides, stop_after=6)

@@ -24,13 +24,9 @@ _spec.loader.exec_module(oi)
 def _wheel(folder: Path, name: str, version: str, requires: list[str] = ()) -> Path:
     """A metadata-only wheel (installable by pip: METADATA, WHEEL, RECORD)."""
     dist = f"{name.replace('-', '_')}-{version}.dist-info"
+    requires_dist = "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {
-        f"{dist}/METADATA": "Metadata-Version: 2.1\nName: "
-        + name
-        + "\nVersion: "
-        + version
-        + "\n"
-        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires_dist}",
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     files[f"{dist}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{dist}/RECORD"])

@@ -43,9 +43,6 @@ def _stand_ins(api_url: str, what: str = "") -> list[int]:
             continue
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        try:
             args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue

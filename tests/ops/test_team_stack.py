@@ -29,6 +29,7 @@ MLFLOW_TRACKING_URI are this test's own. A few minutes on 2 CPU cores (it prints
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ import psutil
 import pytest
 
 from cse.config.settings import REPO_ROOT
+from tests.loops import heads_ingest
 
 pytestmark = pytest.mark.slow
 
@@ -83,8 +85,8 @@ def free_ports(n: int) -> list[int]:
 class TeamStack:
     """scripts/team.sh in a temporary home, with every process it starts tracked for the teardown."""
 
-    def __init__(self, home: Path, pgdata: Path, env: dict[str, str]):
-        self.home, self.pgdata, self.env = home, pgdata, env
+    def __init__(self, env: dict[str, str]):
+        self.env, self.pgdata = env, Path(env["CSE_PG_DATA"])
         self.run_dir = Path(env["CSE_TEAM_HOME"]) / "run"
         self.log: list[str] = []
 
@@ -97,7 +99,6 @@ class TeamStack:
             env=env,
             capture_output=True,
             text=True,
-            check=False,
             timeout=timeout,
             start_new_session=True,
         )
@@ -106,24 +107,17 @@ class TeamStack:
 
     def roots(self, pattern: str = "*") -> list[psutil.Process]:
         """The live processes team.sh recorded (pid files `<pattern>.pid`) and, for every pattern, the postmaster."""
-        pids = []
+        out = []
         for f in self.run_dir.glob(f"{pattern}.pid"):
             pid, start = f.read_text().split()
-            pids.append((int(pid), start))
-        out = []
-        for pid, start in pids:
-            try:
-                p = psutil.Process(pid)
-                if str(_start_ticks(pid)) == start:
+            with contextlib.suppress(psutil.Error, OSError):
+                p = psutil.Process(int(pid))
+                if _start_ticks(p.pid) == start:
                     out.append(p)
-            except (psutil.Error, OSError):
-                pass
         pm = self.pgdata / "postmaster.pid"
         if pattern == "*" and pm.exists():
-            try:
+            with contextlib.suppress(psutil.Error, ValueError, IndexError):
                 out.append(psutil.Process(int(pm.read_text().split()[0])))
-            except (psutil.Error, ValueError, IndexError):
-                pass
         return out
 
     def workers(self) -> list[psutil.Process]:
@@ -131,11 +125,7 @@ class TeamStack:
         return self.roots("worker-*")
 
     def processes(self) -> list[psutil.Process]:
-        seen: dict[int, psutil.Process] = {}
-        for root in self.roots():
-            for p in [root, *_children(root)]:
-                seen[p.pid] = p
-        return list(seen.values())
+        return list({p.pid: p for root in self.roots() for p in [root, *_children(root)]}.values())
 
     def down(self) -> list[str]:
         """Stop everything; returns what had to be killed after `team.sh down` (should be nothing)."""
@@ -154,48 +144,46 @@ def _start_ticks(pid: int) -> str:
 
 
 def _children(p: psutil.Process) -> list[psutil.Process]:
-    try:
+    with contextlib.suppress(psutil.Error):
         return p.children(recursive=True)
-    except psutil.Error:
-        return []
+    return []
 
 
 def _alive(p: psutil.Process) -> bool:
-    try:
+    with contextlib.suppress(psutil.Error):
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return False
 
 
 def _cmd(p: psutil.Process) -> str:
-    try:
+    with contextlib.suppress(psutil.Error):
         return " ".join(p.cmdline())[:160]
-    except psutil.Error:
-        return "?"
+    return "?"
 
 
 def _listening(procs: list[psutil.Process]) -> set[str]:
     addrs = set()
     for p in procs:
-        try:
-            conns = p.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        addrs |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+        with contextlib.suppress(psutil.Error):
+            addrs |= {c.laddr.ip for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
     return addrs
 
 
-def _child_flow_runs(api: str) -> list[dict]:
-    body = {"flow_runs": {"tags": {"all_": ["child"]}}, "limit": 200}
-    r = httpx.post(f"{api}/flow_runs/filter", json=body, timeout=30)
+def _api(api: str, path: str, body: dict | None = None):
+    """The Prefect API's answer to a POST of `body` to `path` (a GET without a body)."""
+    url = f"{api}/{path}"
+    r = httpx.get(url, timeout=30) if body is None else httpx.post(url, json=body, timeout=30)
     r.raise_for_status()
     return r.json()
 
 
+def _child_flow_runs(api: str) -> list[dict]:
+    return _api(api, "flow_runs/filter", {"flow_runs": {"tags": {"all_": ["child"]}}, "limit": 200})
+
+
 def _gpu_limits(api: str) -> dict[str, int]:
-    r = httpx.post(f"{api}/v2/concurrency_limits/filter", json={"limit": 200}, timeout=30)
-    r.raise_for_status()
-    return {c["name"]: c["limit"] for c in r.json() if c["name"].startswith("gpu")}
+    limits = _api(api, "v2/concurrency_limits/filter", {"limit": 200})
+    return {c["name"]: c["limit"] for c in limits if c["name"].startswith("gpu")}
 
 
 class PostgresRestart(threading.Thread):
@@ -222,9 +210,7 @@ class PostgresRestart(threading.Thread):
 
 
 def _flow_run(api: str, flow_run_id: str) -> dict:
-    r = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30)
-    r.raise_for_status()
-    return r.json()
+    return _api(api, f"flow_runs/{flow_run_id}")
 
 
 def _spool_lines(run_dir: str | None) -> str:
@@ -244,12 +230,10 @@ def _final(api: str, flow_run_id: str, timeout: float) -> dict:
     restarts, even though the flow run goes on (seen once); an HTTP error here is retried until the deadline."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             run = _flow_run(api, flow_run_id)
             if run["state_type"] in FINAL:
                 return run
-        except httpx.HTTPError:
-            pass
         assert time.monotonic() < deadline, f"flow run {flow_run_id} not final within {timeout} s"
         time.sleep(1)
 
@@ -261,19 +245,15 @@ def _flow_run_id(cli_stdout: str) -> str:
 
 def _kill_workers(stack: TeamStack) -> list[int]:
     """SIGKILL every worker process and its descendants (flow runs), as a lost machine would (the servers stay)."""
-    victims: list[psutil.Process] = []
-    for root in stack.workers():
-        victims += [root, *_children(root)]
+    victims = [p for root in stack.workers() for p in [root, *_children(root)]]
     _sigkill(victims)
     return [p.pid for p in victims]
 
 
 def _sigkill(processes: list[psutil.Process]) -> None:
     for p in processes:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
     psutil.wait_procs(processes, timeout=20)
 
 
@@ -333,9 +313,9 @@ def team_env(tmp_path, tiny_bert_dir, shared_data):
     shutil.rmtree(pgdata, ignore_errors=True)
 
 
-def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_dir, wiki_head, senteval_head):
+def test_team_stack_sweep_fans_out_to_two_workers(team_env, tiny_bert_dir, wiki_head, senteval_head):
     env = team_env
-    stack = TeamStack(tmp_path, Path(env["CSE_PG_DATA"]), env)
+    stack = TeamStack(env)
     api, tracking = env["PREFECT_API_URL"], f"http://127.0.0.1:{env['CSE_MLFLOW_PORT']}"
     prefect = str(Path(env["VIRTUAL_ENV"]) / "bin" / "prefect")
     # the heads of the real data: 512 Wiki1M lines (the corruption stage reads all of it; training uses 64) and every
@@ -347,11 +327,7 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         "log_steps": 1,
         "max_train_sentences": 64,
         "test_evaluation": False,
-        "ingest": {
-            "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(wiki_head)},
-            "senteval": {"path": str(senteval_head), "expected_rows": None},
-        },
+        "ingest": heads_ingest(wiki_head, senteval_head),
     }
     params = {"strategy": "grid", "grid": {"learning_rate": GRID}, "overrides": overrides, "dispatch": "deployment"}
 
@@ -363,7 +339,6 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
             env=env,
             capture_output=True,
             text=True,
-            check=False,
             timeout=120,
         )
         assert p.returncode == 0, p.stdout + p.stderr
@@ -393,7 +368,7 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         sweep_run = _final(api, deployment_run("sweep/smoke", params), SWEEP_TIMEOUT)
         restart.stop.set()
         restart.join(timeout=300)
-        logs = {w: (Path(env["CSE_TEAM_HOME"]) / "run" / f"worker-{w}.log") for w in WORKERS}
+        logs = {w: stack.run_dir / f"worker-{w}.log" for w in WORKERS}
         tail = "\n".join(f"--- {w}\n" + p.read_text()[-4000:] for w, p in logs.items() if p.exists())
         assert restart.result is not None and restart.result.returncode == 0, "\n".join(stack.log) + tail
         assert restart.completed_before, "PostgreSQL was not restarted during the sweep"
@@ -422,11 +397,7 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
         job_params = {"preset": "smoke", "overrides": job}
         job_run = deployment_run("train-d2cse/smoke", job_params)
         deadline = time.monotonic() + 300
-
-        def checkpointed() -> bool:
-            return runs_dir.is_dir() and any((d / "state").is_dir() for d in set(runs_dir.iterdir()) - before)
-
-        while not checkpointed():
+        while not (runs_dir.is_dir() and any((d / "state").is_dir() for d in set(runs_dir.iterdir()) - before)):
             assert time.monotonic() < deadline, "no checkpoint of the job within 300 s"
             assert _flow_run(api, job_run)["state_type"] in {"SCHEDULED", "PENDING", "RUNNING"}, _flow_run(api, job_run)
             time.sleep(0.2)
@@ -441,9 +412,7 @@ def test_team_stack_sweep_fans_out_to_two_workers(team_env, tmp_path, tiny_bert_
 
         # every child completed (in the last sweep run)
         children = _child_flow_runs(api)
-        last = {}
-        for c in sorted(children, key=lambda c: c["created"]):
-            last[c["parameters"]["tags"]["cse.child"]] = c
+        last = {c["parameters"]["tags"]["cse.child"]: c for c in sorted(children, key=lambda c: c["created"])}
         assert len(last) == len(GRID) and (len(children) == len(GRID) or not survived), [c["name"] for c in children]
         assert {c["state_type"] for c in last.values()} == {"COMPLETED"}, [
             (c["name"], c["state_type"], (c.get("state") or {}).get("message")) for c in children
