@@ -96,8 +96,8 @@ class PrefixEncoder(nn.Module):
         # the 5-D view, and the backward's reshape then precedes dropout's (a compiled backward mis-strided the reverse)
         x = self.dropout(self.rows().unsqueeze(0).expand(batch_size, -1, -1))
         x = x.view(batch_size, self.prefix_len, 2 * self.num_layers, self.num_heads, self.head_dim)
-        device = x.device.type
-        if torch.is_autocast_enabled(device):  # one cast of the sample, not one per layer and K/V (same values)
+        device = x.device.type  # (meta, the dry run's shape-only pass, has no autocast state to ask for)
+        if device != "meta" and torch.is_autocast_enabled(device):  # one cast, not one per layer and K/V (same values)
             x = x.to(torch.get_autocast_dtype(device))
         kv = x.permute(2, 0, 3, 1, 4).unbind(0)  # unbind: one backward, no zero-filled tensor per slot
         return PrefixKeyValues(tuple((kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)), mask)

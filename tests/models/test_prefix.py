@@ -95,6 +95,14 @@ def test_prefix_table_layout_is_k0_v0_k1_v1_head_major():
                 torch.testing.assert_close(tensor[1, head], want, rtol=0, atol=0)
 
 
+def test_prompted_encoder_runs_on_the_meta_device():
+    # the dry run's shape-only pass at the real batch (benchmarks/dry_run.py) moves the model to meta
+    _, wrapped = _wrap(_bert())
+    ids, mask = _batch(pad_id=0)
+    out = wrapped.to("meta")(ids.to("meta"), mask.to("meta")).last_hidden_state
+    assert out.device.type == "meta" and out.shape == (*ids.shape, D)
+
+
 def test_prefix_parameter_counts_and_init():
     plain = PrefixEncoder(16, 12, 768, 12)
     assert sum(p.numel() for p in plain.parameters()) == 16 * 2 * 12 * 768 == 294_912
