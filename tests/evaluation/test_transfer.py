@@ -15,6 +15,7 @@ from cse.evaluation.classifier import FASTTEST, TEST, ClassifierSettings, fit_gr
 from cse.evaluation.transfer import TransferEvaluator, score_features
 from cse.storage.readers import DataFormatError
 from cse.storage.transfer import EXPECTED_COUNTS, TRANSFER, CountMismatchError, read_transfer
+from tests.loops import heads_ingest
 
 # ---------------------------------------------------------------- readers (real files)
 
@@ -313,11 +314,7 @@ def test_training_selects_on_the_transfer_dev_average(
         "log_steps": 1,
         "max_train_sentences": 64,
         "selection": "transfer",
-        "ingest": {
-            "datasets": ["wiki1m", "sts"],
-            "wiki": {"path": str(wiki_head)},
-            "senteval": {"path": str(senteval_head), "expected_rows": None},
-        },
+        "ingest": heads_ingest(wiki_head, senteval_head),
     }
     result = TRAIN_FLOWS["simcse"]("smoke", overrides)
     configure_mlflow()

@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import BertConfig, BertModel
+from transformers import BertModel
 
 from cse.models.checkpoint import META_FILE, WEIGHTS_FILE, BackboneMismatchError, load_checkpoint, save_checkpoint
 from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from tests.batches import tiny_bert_config
 
 
 def _trained(tiny_bert_dir, tokenizer, **overrides) -> D2CSE:
@@ -39,14 +40,8 @@ def _sentences(tokenizer):
 
 def _save_tiny_bert(folder, tokenizer, hidden: int, seed: int):
     torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
+    cfg = tiny_bert_config(len(tokenizer))
+    cfg.hidden_size = hidden
     BertModel(cfg).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -20,6 +20,7 @@ from cse.models.methods.dcpcse import (
     mlm_head_from_masked_lm,
     mlm_weight_at,
 )
+from tests.batches import tiny_bert_config
 
 B, T, D, LAYERS, P = 4, 9, 32, 2, 3
 SENTENCES = ["a man is playing a guitar .", "the cat sleeps", "two dogs run on the beach today", "it rains"]
@@ -35,23 +36,12 @@ LM_HEAD = {
 }
 
 
-def _tiny_config(vocab_size: int) -> BertConfig:
-    return BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=D,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-
-
 @pytest.fixture(scope="module")
 def tiny_mlm_dir(tmp_path_factory, tokenizer):
     """A random tiny BertForMaskedLM (with its `cls.predictions` head) saved with its tokenizer."""
     torch.manual_seed(1)
     d = tmp_path_factory.mktemp("tiny_bert_mlm")
-    BertForMaskedLM(_tiny_config(len(tokenizer))).save_pretrained(d)
+    BertForMaskedLM(tiny_bert_config(len(tokenizer))).save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d
 
@@ -169,7 +159,7 @@ def test_roberta_base_lm_head_count():
 def test_masked_lm_head_copy_computes_the_hf_head(family):
     torch.manual_seed(0)
     if family == "bert":
-        mlm = BertForMaskedLM(_tiny_config(50))
+        mlm = BertForMaskedLM(tiny_bert_config(50))
         hf_head = mlm.cls.predictions
     else:
         mlm = RobertaForMaskedLM(
