@@ -18,10 +18,17 @@ os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 
 import pytest
 import torch
+from prefect.logging.configuration import ensure_logging_setup
 
 from cse.config.settings import REPO_ROOT
 from cse.models.loading import PACKAGED_MINILM, load_tokenizer
 from tests.batches import tiny_bert_config
+
+# Prefect's logging configured now, once, as a real process does at its first `import prefect`: the console handler it
+# puts on the root logger keeps the sys.stderr of that moment. Configured at the first import inside a test using
+# capsys, it would keep that test's capture stream, closed when the test ends, and every later warning in the session
+# would print "--- Logging error ---" and a traceback into the next test's stderr (an order-dependent failure).
+ensure_logging_setup()
 
 SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
