@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from cse.models.distributed import (
 )
 from tests.batches import default_dtype, tiny_bert_config
 from tests.loops import cpu_trainer, heads_ingest, loop_config
+from tests.ports import free_ports
 
 WORLD = 2
 SMALL_VOCAB = 120
@@ -313,16 +313,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(WORLD, free_ports()[0], str(out)), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,13 +48,14 @@ import pytest
 
 from cse.config.settings import REPO_ROOT
 from tests.loops import heads_ingest
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.slow
 
 TEAM_SH = REPO_ROOT / "scripts" / "team.sh"
 WORKERS = ("cse-team-w1", "cse-team-w2")
 GPU_SETS = ("0", "1,2")  # CSE_WORKER_GPUS: one GPU for the first worker, two for the second
-RESERVED_PORTS = {4200, 5000}  # another Prefect / MLflow may use the defaults on this machine
+RESERVED_PORTS = frozenset({4200, 5000})  # another Prefect / MLflow may use the defaults on this machine
 # three children: the sweep's parent holds one of its worker's two flow-run slots (CSE_WORKER_LIMIT=2), so the
 # other worker can take at most two children at once and the third always goes to the parent's worker
 GRID = [0.01, 0.02, 0.03]
@@ -64,22 +64,6 @@ GRID = [0.01, 0.02, 0.03]
 # killed mid-training, not after its last step
 KILL_JOB_STEPS, CHECKPOINT_STEPS, KILL_JOB_BATCH = 24, 4, 4
 UP_TIMEOUT, SWEEP_TIMEOUT = 300, 480
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (held open together while choosing, so they differ)."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            if (p := s.getsockname()[1]) not in RESERVED_PORTS:
-                ports.append(p)
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 class TeamStack:
@@ -272,7 +256,7 @@ def team_env(tmp_path, tiny_bert_dir, shared_data):
     # postgres refuses to run as root: as root team.sh runs it as OS user `postgres`, which must reach the data
     # folder, so the folder lives directly under the system temp folder (pytest's tmp_path is private to root)
     pgdata = Path(tempfile.mkdtemp(prefix="cse-team-pg-"))
-    pg, prefect_port, mlflow_port = free_ports(3)
+    pg, prefect_port, mlflow_port = free_ports(3, exclude=RESERVED_PORTS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "CSE_", "CUDA_VISIBLE"))}
     env.update(
         {

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import traceback
 
 import pytest
+
+from tests.ports import free_ports
 
 SECRET = "pw-S3cr3t-23"
 # the tracking URIs of the end-to-end cases: the password of each holds SECRET
@@ -21,15 +22,9 @@ URIS = {
 }
 
 
-def _dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(params=list(URIS))
 def dead_tracking(request, monkeypatch) -> str:
-    uri = URIS[request.param].format(secret=SECRET, port=_dead_port())
+    uri = URIS[request.param].format(secret=SECRET, port=free_ports()[0])
     monkeypatch.setattr("mlflow.store.db.utils.MAX_RETRY_COUNT", 2)  # the DSN's store: 2 tries, not 10 (100 s)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -119,7 +114,7 @@ def test_cse_card_on_an_unreachable_server_answers_in_seconds_and_masked(monkeyp
     from cse.ops.cli import main as cse
     from cse.storage.runs import RunDir
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", URIS["quote"].format(secret=SECRET, port=_dead_port()))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", URIS["quote"].format(secret=SECRET, port=free_ports()[0]))
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
     job = RunDir("simcse", "k1")
@@ -143,7 +138,7 @@ def test_view_run_lines_never_show_the_password(monkeypatch, capfd):
 
     from cse.tracking.store import configure_mlflow
 
-    uri = f"http://alice:{SECRET}@127.0.0.1:{_dead_port()}"
+    uri = f"http://alice:{SECRET}@127.0.0.1:{free_ports()[0]}"
     run = Run(
         RunInfo(
             run_id="r" * 32,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+from tests.ports import free_ports, port_open
 
 
 class MlflowServer:
@@ -35,7 +24,7 @@ class MlflowServer:
     job-execution runner is switched off: it only costs start-up time here)."""
 
     def __init__(self, store_uri: str, root: Path):
-        self.store_uri, self.root, self.port = store_uri, root, _free_port()
+        self.store_uri, self.root, self.port = store_uri, root, free_ports()[0]
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log = root / "server.log"
         self.proc: subprocess.Popen | None = None
@@ -46,7 +35,7 @@ class MlflowServer:
 
     def launch(self) -> None:
         """Start the server process, without waiting for it to answer (`wait_healthy`)."""
-        assert not _port_open(self.port), f"port {self.port} is taken"
+        assert not port_open(self.port), f"port {self.port} is taken"
         env = {
             **os.environ,
             "_MLFLOW_SERVER_FILE_STORE": self.store_uri,  # mlflow.server.constants.BACKEND_STORE_URI_ENV_VAR
@@ -95,6 +84,6 @@ class MlflowServer:
         self.proc.wait(timeout=30)
         self.proc = None
         deadline = time.monotonic() + 10
-        while _port_open(self.port) and time.monotonic() < deadline:
+        while port_open(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _port_open(self.port), "the killed server still answers"
+        assert not port_open(self.port), "the killed server still answers"
