@@ -162,11 +162,10 @@ def use_home(home: Path, threads: int | None = None) -> None:
 
 
 def write_json(obj: dict[str, Any], path: Path) -> None:
-    """`obj` as indented JSON at `path`, replaced as a whole."""
-    from cse.storage.atomic import atomic_file
+    """`obj` as JSON at `path`, replaced as a whole: the evidence files' layout (indent 1, keys in their order)."""
+    from cse.storage.atomic import write_json as write_atomic
 
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    write_atomic(obj, path, indent=1, sort_keys=False)
 
 
 def curve_fields(curve: list[tuple[int, float]]) -> dict[str, Any]:

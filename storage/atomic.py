@@ -138,18 +138,21 @@ def write_parquet(table: pa.Table, path: str | Path, schema: pa.Schema | None = 
     return Path(path)
 
 
-def write_json(obj: Any, path: str | Path) -> Path:
-    """Write `obj` as sorted, indented JSON to `path` atomically (via a temporary file).
+def write_json(obj: Any, path: str | Path, indent: int = 2, sort_keys: bool = True) -> Path:
+    """Write `obj` as indented JSON (keys sorted unless `sort_keys` is False) to `path` atomically (via a temporary
+    file).
 
     Args:
         obj: a JSON-serialisable object (other values are written with `str`).
         path: the destination file.
+        indent: spaces per level.
+        sort_keys: sort every mapping's keys (else they keep their order).
 
     Returns:
         The path written.
     """
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=sort_keys, default=str) + "\n")
     return Path(path)
 
 
