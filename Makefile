@@ -18,8 +18,10 @@ $(VENV)/.installed: pyproject.toml
 	# pin. Bytecode compiled at install as pip does. Where uv cannot reach the index (pip configured for a mirror
 	# uv does not read), pip does it.
 	$(PIP) install -q 'uv==0.13.*'
-	$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode -e '.[test,minilm,docs]' \
-	  || { echo "uv could not install the project: pip instead" >&2; $(PIP) install -q -e '.[test,minilm,docs]'; }
+	# The editable install as a plain path line (editable_mode=compat: the checkout's root on sys.path, where cse/ links
+	# every layer), not setuptools' import hook, which editors and type checkers do not run.
+	$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode --config-settings editable_mode=compat -e '.[test,minilm,docs]' \
+	  || { echo "uv could not install the project: pip instead" >&2; $(PIP) install -q --config-settings editable_mode=compat -e '.[test,minilm,docs]'; }
 	touch $@
 
 setup: $(VENV)/.installed
@@ -72,7 +74,7 @@ install-offline:
 	$(NODE_PYTHON) scripts/offline_install.py venv $(VENV)
 	$(PY) scripts/offline_install.py plan "$(WHEELHOUSE)" --subset $(SUBSET) --json $(VENV)/offline-plan.json --wheels > $(VENV)/offline-wheels.txt
 	xargs -r $(PIP) install -q --no-index --no-deps < $(VENV)/offline-wheels.txt
-	$(PIP) install -q --no-index --no-build-isolation --find-links "$(WHEELHOUSE)" --no-deps -e .
+	$(PIP) install -q --no-index --no-build-isolation --find-links "$(WHEELHOUSE)" --no-deps --config-settings editable_mode=compat -e .
 	$(PY) -c "import torch, cse.models.method, cse.training.loop, cse.evaluation.sts; print('installed; torch', torch.__version__, 'kept')"
 
 # Proves and measures the CUDA path (benchmarks/gpu_check.py); DEVICE=cpu: the tiny rehearsal that make test runs.

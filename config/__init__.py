@@ -5,6 +5,7 @@ pipeline stage. Flows take these models as parameters, so every field can be ove
 Prefect deployment's `parameters`.
 """
 
+from cse import refuse_bare_name
 from cse.config.settings import Settings, get_settings
 from cse.config.stages import (
     CorruptConfig,
@@ -15,6 +16,8 @@ from cse.config.stages import (
     WikiSource,
     local_mirror_ingest,
 )
+
+refuse_bare_name(__name__)
 
 __all__ = [
     "CorruptConfig",

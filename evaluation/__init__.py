@@ -4,7 +4,10 @@
 `tasks/evaluate.py` records results.
 """
 
+from cse import refuse_bare_name
 from cse.evaluation.evaluator import Evaluator
 from cse.evaluation.results import EvalResult
+
+refuse_bare_name(__name__)
 
 __all__ = ["Evaluator", "EvalResult"]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from cse.config.settings import REPO_ROOT
@@ -377,24 +380,63 @@ def test_the_old_name_checker_sees_imports_and_module_strings(tmp_path):
     )
 
 
-def test_every_package_folder_is_installed_under_cse():
-    """pyproject.toml installs each top-level package folder as `cse.<folder>`, and only those (plus `cse` itself,
-    and each subpackage folder such as models/methods/ under its parent's name); `cse/` holds nothing but the
-    package's `__init__.py`."""
+def test_every_package_folder_is_linked_and_installed_under_cse():
+    """Each top-level package folder is `cse.<folder>`: `cse/` holds the package's `__init__.py` and one relative link
+    per folder (so the checkout has the installed layout and static tools follow every import), and pyproject.toml
+    installs those packages and each subpackage folder (models/methods/ is cse.models.methods), with no folder
+    mapping."""
     import tomllib
 
     setuptools = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").is_file()} - {"tests", "cse"}
+    folders = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").is_file() and not p.is_symlink()} - {
+        "tests",
+        "cse",
+    }
     assert folders == set(PACKAGES)
-    expected = {"cse": "cse", **{f"cse.{name}": name for name in PACKAGES}}
-    assert setuptools["package-dir"] == expected
+    assert "package-dir" not in setuptools, "cse/ links the folders: setuptools needs no mapping"
+    links = {p.name: p for p in (REPO_ROOT / "cse").iterdir() if p.name not in ("__init__.py", "__pycache__")}
+    assert sorted(links) == sorted(PACKAGES)
+    assert all(link.is_symlink() and os.readlink(link) == f"../{name}" for name, link in links.items())
+    expected = {"cse", *(f"cse.{name}" for name in PACKAGES)}
     subpackages = {  # models/methods/ is cse.models.methods: setuptools finds it under its parent's folder
-        module_name(init): init.parent
+        module_name(init)
         for name in PACKAGES
         for init in (REPO_ROOT / name).rglob("__init__.py")
         if init.parent != REPO_ROOT / name
     }
-    assert sorted(setuptools["packages"]) == sorted({**expected, **subpackages})
-    assert [p.name for p in (REPO_ROOT / "cse").iterdir() if p.name != "__pycache__"] == ["__init__.py"]
+    assert sorted(setuptools["packages"]) == sorted(expected | subpackages)
     folders = [p for name in PACKAGES for p in (REPO_ROOT / name).rglob("*") if p.is_dir() and p.name != "__pycache__"]
     assert all((p / "__init__.py").is_file() for p in folders), "a folder of a package that is no subpackage"
+
+
+def test_a_package_refuses_its_bare_folder_name():
+    """From the checkout's root (on sys.path under pytest and `python -m`) `import models` would load a second copy
+    of every module beside cse.models; each layer's `__init__.py` refuses it."""
+    for name in PACKAGES:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 1 and f"ImportError: import cse.{name}, not {name}" in done.stderr, done.stderr
+
+
+def test_a_regular_install_holds_every_package_and_imports_from_anywhere(tmp_path):
+    """A wheel built from the checkout copies each folder through its link under cse/ (modules and package data), and
+    installed without the checkout, `import cse.models` works from `/` and finds the installed files only."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), "."]
+    subprocess.run(build, cwd=REPO_ROOT, check=True, capture_output=True)
+    (wheel,) = wheels.glob("cse_pipeline-*.whl")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    for name in PACKAGES:
+        assert (site / "cse" / name / "__init__.py").is_file() and not (site / "cse" / name).is_symlink()
+    assert (site / "cse" / "tracking" / "model_card_template.md").is_file()
+    # PYTHONPATH comes before the venv's packages (and the editable install's path line): `cse` is the installed copy
+    probe = "import cse.models.method, cse.config.settings; print(cse.models.method.__file__)"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(site / "cse" / "models" / "method.py")

@@ -13,6 +13,9 @@
 - `cse.tracking.run_pages`: what the MLflow pages show (model-training view, run names, STS descriptions).
 """
 
+from cse import refuse_bare_name
 from cse.tracking.redaction import install_redaction
+
+refuse_bare_name(__name__)
 
 install_redaction()  # every process that tracks anything masks credentials in its logs and MLflow's errors

@@ -12,3 +12,7 @@ Nothing here imports Prefect or MLflow: tracking and orchestration inject their 
 - `cse.training.distributed`: a job on several processes under torchrun (`DistributedJob`, `torchrun_command`,
   `launch`, `init_process_group`, `train_rank`, `rank_main`).
 """
+
+from cse import refuse_bare_name
+
+refuse_bare_name(__name__)
