@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: lint setup test test-fast main smoke-all clean install-offline gpu-check gpu-speed docs
+.PHONY: lint typecheck setup test test-fast main smoke-all clean install-offline gpu-check gpu-speed docs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,7 +35,7 @@ setup: $(VENV)/.installed
 # on 2 cores (measured: the MiniLM parity pass took 212 s beside `cse run`'s test instead of 61 s alone).
 PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 LANE := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-test: setup lint
+test: setup lint typecheck
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d "$$d"
 	@log=$$(mktemp) && trap 'kill -INT $$beside 2>/dev/null; rm -f "$$log"' EXIT INT TERM; \
 	$(LANE) $(PYTEST) -q -p no:cacheprovider -m beside >"$$log" 2>&1 & beside=$$!; \
@@ -47,6 +47,11 @@ test: setup lint
 lint: setup
 	$(VENV)/bin/ruff check --quiet .
 	$(VENV)/bin/ruff format --check --quiet .
+
+# mypy over the package cse ([tool.mypy] in pyproject.toml: the settings, the untyped packages and the layers that
+# must annotate every def).
+typecheck: setup
+	$(VENV)/bin/mypy
 
 # The edit-run loop: every test but the end-to-end ones (marked slow: flows, ops, reliability, real MiniLM runs).
 test-fast: setup

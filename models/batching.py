@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import torch
@@ -49,8 +50,8 @@ class TrainBatch:
     def to(self, device: torch.device) -> TrainBatch:
         move = lambda t: None if t is None else t.to(device, non_blocking=True)
         return TrainBatch(
-            move(self.input_ids),
-            move(self.attention_mask),
+            self.input_ids.to(device, non_blocking=True),
+            self.attention_mask.to(device, non_blocking=True),
             move(self.corrupted_ids),
             move(self.rtd_labels),
             None if self.aux is None else self.aux.to(device),
@@ -60,8 +61,8 @@ class TrainBatch:
         """The same batch in page-locked host memory (a later `.to(cuda)` copies asynchronously)."""
         pin = lambda t: None if t is None else t.pin_memory()
         return TrainBatch(
-            pin(self.input_ids),
-            pin(self.attention_mask),
+            self.input_ids.pin_memory(),
+            self.attention_mask.pin_memory(),
             pin(self.corrupted_ids),
             pin(self.rtd_labels),
             None if self.aux is None else self.aux.pin_memory(),
@@ -78,6 +79,12 @@ class TrainBatch:
     @property
     def tokens(self) -> int:
         return int(self.attention_mask.sum()) + (0 if self.aux is None else self.aux.tokens)
+
+    @overload
+    def flat(self, t: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def flat(self, t: None) -> None: ...
 
     def flat(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """`(B, n, T)` → `(B·n, T)`."""

@@ -26,10 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Mode = Literal["argmax", "sample", "unigram"]
 MASK_SHARE = 0.8  # of the selected tokens: [MASK]
@@ -46,7 +49,7 @@ class SpecialTokens:
     vocab_size: int
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> SpecialTokens:
+    def from_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> SpecialTokens:
         ids = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, *tokenizer.all_special_ids}
         ids.discard(None)
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
@@ -111,19 +114,22 @@ def mask_tokens(
     return masked, selected
 
 
-def mlm_head(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def mlm_head(model: PreTrainedModel) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The head mapping final hidden states to vocabulary logits, or None for an unknown architecture."""
     if all(hasattr(model, n) for n in ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")):
-        return lambda h: model.vocab_projector(model.vocab_layer_norm(model.activation(model.vocab_transform(h))))
+        part = model.get_submodule  # DistilBertForMaskedLM: the head is four submodules of the model itself
+        return lambda h: part("vocab_projector")(
+            part("vocab_layer_norm")(part("activation")(part("vocab_transform")(h)))
+        )
     if hasattr(model, "cls") and hasattr(model.cls, "predictions"):  # BertForMaskedLM
-        return model.cls
+        return model.get_submodule("cls")
     if hasattr(model, "lm_head"):  # RobertaForMaskedLM and relatives
-        return model.lm_head
+        return model.get_submodule("lm_head")
     return None
 
 
 def logits_at(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, selected: torch.Tensor
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, selected: torch.Tensor
 ) -> torch.Tensor:
     """G's logits at the selected positions only, shape (n_selected, vocab).
 
@@ -176,7 +182,7 @@ class Corruptor:
 
     def __init__(
         self,
-        model: torch.nn.Module | None,
+        model: PreTrainedModel | None,
         tokens: SpecialTokens,
         mask_ratio: float,
         mode: Mode = "argmax",
@@ -191,14 +197,14 @@ class Corruptor:
         if mode not in ("argmax", "sample", "unigram"):
             raise ValueError(f"mode must be 'argmax', 'sample' or 'unigram', got {mode!r}")
         self.device = torch.device(device)
-        self.unigram = None
+        self.unigram: torch.Tensor | None = None
         if mode == "unigram":
             if model is not None or unigram_counts is None or all_positions:
                 raise ValueError(
                     "mode 'unigram' takes unigram_counts and no generator model, and only the masked positions"
                 )
             self.unigram = unigram_cdf(unigram_counts, tokens.vocab_size)
-            self.model = None
+            self.model: PreTrainedModel | None = None
         else:
             if model is None:
                 raise ValueError(f"mode {mode!r} needs a generator model")
@@ -207,7 +213,7 @@ class Corruptor:
                 raise ValueError(
                     f"generator vocabulary ({vocab}) is smaller than the tokenizer's ({tokens.vocab_size})"
                 )
-            self.model = model.to(self.device).train(dropout)
+            self.model = model.to(self.device).train(dropout)  # type: ignore[arg-type]  # PreTrainedModel.to is a functools.wraps wrapper: its stub binds no self
         self.tokens, self.mask_ratio, self.mode = tokens, mask_ratio, mode
         self.autocast = self.device.type == "cuda" and bf16
         self.all_positions = all_positions  # the reference: G rewrites every real position but 0 (see the module doc)
@@ -235,11 +241,13 @@ class Corruptor:
             predict[:, 0] = False
         if self.unigram is not None:
             if predict.any():
+                assert noise.sample is not None  # the unigram mode draws its noise with a sample (draw_noise)
                 u = noise.sample[predict].to(torch.float64) * self.unigram[-1]
                 drawn = torch.searchsorted(self.unigram, u, right=True)
                 corrupted[predict] = drawn.clamp_max(len(self.unigram) - 1).to(corrupted.dtype)
         elif predict.any():
             dev_sel = predict.to(self.device, non_blocking=True)
+            assert self.model is not None  # every mode but "unigram" has its generator
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 logits = logits_at(
                     self.model,

@@ -32,7 +32,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import fields, is_dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,10 @@ from torch import nn
 _local_depth = 0
 _BUCKET_ELEMENTS = 1 << 24  # gradients are all-reduced in flat buckets of at most this many elements
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 # ------------------------------------------------------------------------------------------------ process group
@@ -144,7 +147,7 @@ def shard_batch(batch: T, rank_: int, world_: int) -> T:
             if value.shape[0] != rows:
                 raise ValueError(f"{type(batch).__name__}.{f.name} has {value.shape[0]} rows, expected {rows}")
             changes[f.name] = value[start:stop]
-        elif value is not None and is_dataclass(value):
+        elif value is not None and is_dataclass(value) and not isinstance(value, type):
             changes[f.name] = shard_batch(value, rank_, world_)
     return replace(batch, **changes)
 
@@ -178,13 +181,13 @@ class _SumLocalGrad(torch.autograd.Function):
     """Σ over ranks in the forward; the backward is the identity (the result feeds a replicated objective)."""
 
     @staticmethod
-    def forward(ctx, t):
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
         out = t.detach().clone()
         dist.all_reduce(out)
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad
 
 
@@ -192,7 +195,7 @@ class _SumSumGrad(_SumLocalGrad):
     """Σ over ranks in the forward and in the backward (the result feeds per-rank paths, e.g. BN statistics)."""
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous().clone()
         dist.all_reduce(grad)
         return grad
@@ -250,12 +253,14 @@ class GlobalBatchNorm1d(nn.BatchNorm1d):
         if self.affine:
             y = y * self.weight.to(x.dtype).view(shape) + self.bias.to(x.dtype).view(shape)
         if self.track_running_stats:
+            tracked, running_mean, running_var = self.num_batches_tracked, self.running_mean, self.running_var
+            assert tracked is not None and running_mean is not None and running_var is not None  # tracked: buffers
             with torch.no_grad():
-                self.num_batches_tracked.add_(1)
-                factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                tracked.add_(1)
+                factor = 1.0 / float(tracked) if self.momentum is None else self.momentum
                 unbiased = var * (n / (n - 1).clamp_min(1))
-                self.running_mean.mul_(1 - factor).add_(mean.view(-1).to(self.running_mean.dtype), alpha=factor)
-                self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype), alpha=factor)
+                running_mean.mul_(1 - factor).add_(mean.view(-1).to(running_mean.dtype), alpha=factor)
+                running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
         return y.to(input.dtype)
 
 
@@ -272,6 +277,12 @@ def convert_batchnorm(module: nn.Module) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ gradients, state
+def _grad(p: nn.Parameter) -> torch.Tensor:
+    """The gradient of a parameter that has one (every live parameter of `all_reduce_gradients`)."""
+    assert p.grad is not None
+    return p.grad
+
+
 def all_reduce_gradients(params: Iterable[nn.Parameter]) -> None:
     """SUM every parameter gradient over ranks (in flat buckets). A tensor with a gradient on some rank gets one
     on every rank (zeros where absent); one without a gradient anywhere keeps `grad = None` (AdamW skips it)."""
@@ -290,17 +301,17 @@ def all_reduce_gradients(params: Iterable[nn.Parameter]) -> None:
             live.append(p)
     buckets: dict[tuple[torch.device, torch.dtype], list[list[nn.Parameter]]] = {}
     for p in live:
-        groups = buckets.setdefault((p.grad.device, p.grad.dtype), [[]])
+        groups = buckets.setdefault((_grad(p).device, _grad(p).dtype), [[]])
         if groups[-1] and sum(q.numel() for q in groups[-1]) + p.numel() > _BUCKET_ELEMENTS:
             groups.append([])
         groups[-1].append(p)
     for groups in buckets.values():
         for group in groups:
-            flat = torch.cat([p.grad.reshape(-1) for p in group])
+            flat = torch.cat([_grad(p).reshape(-1) for p in group])
             dist.all_reduce(flat)
             offset = 0
             for p in group:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+                _grad(p).copy_(flat[offset : offset + p.numel()].view_as(_grad(p)))
                 offset += p.numel()
 
 

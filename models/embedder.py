@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cse.models.loading import load_encoder, load_tokenizer
 from cse.models.pooling import check_pooler, needs_hidden_states, pool
@@ -113,7 +113,7 @@ class PooledEncoder(SentenceEmbedder):
                     "pooler 'mask' needs a prompt template containing [MASK], "
                     "e.g. 'This sentence : \"{sentence}\" means [MASK] .'"
                 )
-            if tokenizer.mask_token not in self.template:
+            if tokenizer.mask_token not in (self.template or ""):  # a template is given here
                 raise ValueError(f"template {template!r} contains no mask token ({tokenizer.mask_token})")
 
     @classmethod
@@ -128,7 +128,8 @@ class PooledEncoder(SentenceEmbedder):
     ) -> PooledEncoder:
         """Load an HF id / local folder / `packaged:minilm` with its tokenizer, in eval mode."""
         check_pooler(pooler_name)
-        backbone, info = load_encoder(name_or_path, output_loading_info=True)
+        loaded = load_encoder(name_or_path, output_loading_info=True)
+        backbone, info = cast("tuple[PreTrainedModel, dict[str, list[str]]]", loaded)  # with output_loading_info
         missing = [k for k in info.get("missing_keys", ()) if "pooler" in k]
         if pooler_name == "cls" and missing:
             raise ValueError(

@@ -23,18 +23,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 from cse.models.corruption import Noise, SpecialTokens, candidate_mask, logits_at, mask_tokens, mlm_head, pad_batch
+from cse.models.loading import word_embeddings
 
 
-def tied_output_embeddings(model: torch.nn.Module) -> torch.nn.Module:
+def tied_output_embeddings(model: PreTrainedModel) -> torch.nn.Linear:
     """The decoder (output embeddings) of a masked LM, checked to share its weight with the word embeddings."""
-    out = model.get_output_embeddings()
-    if out is None or out.weight is not model.get_input_embeddings().weight:
+    out = cast(torch.nn.Linear | None, model.get_output_embeddings())  # a masked LM's decoder is a Linear
+    if out is None or out.weight is not word_embeddings(model).weight:
         raise ValueError(
             f"{type(model).__name__}: the MLM decoder is not tied to the word embeddings "
             "(config.tie_word_embeddings must be true): a frozen-backbone head needs the tied decoder"
@@ -44,7 +49,7 @@ def tied_output_embeddings(model: torch.nn.Module) -> torch.nn.Module:
     return out
 
 
-def freeze_backbone(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+def freeze_backbone(model: PreTrainedModel) -> list[torch.nn.Parameter]:
     """Freeze the encoder of a masked LM (and with it the tied decoder weight); returns the head's trainable
     parameters. The encoder is put in eval mode (no dropout)."""
     if model.base_model is model:
@@ -72,7 +77,7 @@ def token_counts(flat_ids: np.ndarray, vocab_size: int, special: tuple[int, ...]
     return counts
 
 
-def init_bias_from_counts(model: torch.nn.Module, counts: np.ndarray, smoothing: float = 1.0) -> None:
+def init_bias_from_counts(model: PreTrainedModel, counts: np.ndarray, smoothing: float = 1.0) -> None:
     """Set the output bias to the centred log of the smoothed unigram frequencies (ids beyond `counts`: the minimum)."""
     bias = tied_output_embeddings(model).bias
     logp = np.log(counts.astype(np.float64) + smoothing)
@@ -120,7 +125,7 @@ class HeadFitter:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         vocab_size: int,
         lr: float,
         weight_decay: float,
@@ -129,11 +134,12 @@ class HeadFitter:
         device: torch.device | str = "cpu",
     ):
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self.model = model.to(self.device)  # type: ignore[arg-type]  # PreTrainedModel.to is a functools.wraps wrapper: its stub binds no self
         self.params = freeze_backbone(model)
-        self.head: Callable[[torch.Tensor], torch.Tensor] = mlm_head(model)
-        if self.head is None:
+        head = mlm_head(model)
+        if head is None:
             raise ValueError(f"{type(model).__name__}: unknown masked-LM head")
+        self.head: Callable[[torch.Tensor], torch.Tensor] = head
         self.vocab_size = vocab_size
         decay = [p for p in self.params if p.ndim >= 2]
         no_decay = [p for p in self.params if p.ndim < 2]  # biases and LayerNorm, as BERT
@@ -188,7 +194,7 @@ class MLMFineTuner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         vocab_size: int,
         lr: float,
         backbone_lr: float,
@@ -201,7 +207,7 @@ class MLMFineTuner:
             raise ValueError(f"{type(model).__name__} is not a masked LM with a separate head")
         tied_output_embeddings(model)
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self.model = model.to(self.device)  # type: ignore[arg-type]  # PreTrainedModel.to is a functools.wraps wrapper: its stub binds no self
         self.model.requires_grad_(True)
         self.vocab_size = vocab_size
         base = {id(p) for p in model.base_model.parameters()}
@@ -244,11 +250,11 @@ class MLMFineTuner:
 
 @torch.no_grad()
 def masked_lm_predictions(
-    model: torch.nn.Module, batch: MaskedBatch, vocab_size: int, device: torch.device | str = "cpu"
+    model: PreTrainedModel, batch: MaskedBatch, vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """Top-1 ids of any masked LM (eval mode: no dropout) at the batch's selected positions."""
     device = torch.device(device)
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # PreTrainedModel.to is a functools.wraps wrapper: its stub binds no self
     logits = logits_at(model, batch.input_ids.to(device), batch.attention_mask.to(device), batch.selected.to(device))
     return logits[:, :vocab_size].argmax(-1).cpu()
 

@@ -67,7 +67,7 @@ class RowChunks:
     replay_random_state: bool = True
     keep_graph: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.chunk_size is not None and (isinstance(self.chunk_size, bool) or self.chunk_size < 1):
             raise ValueError(f"grad_cache chunk_size must be a positive number of rows, got {self.chunk_size!r}")
 

@@ -10,15 +10,25 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, cast
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 PACKAGED_MINILM = "packaged:minilm"
 RANDOM_INIT = "random-init:"
 # Random-initialised masked LMs for smoke runs and benchmarks where no pretrained generator is
 # reachable. They use the bert-base-uncased vocabulary (taken from the packaged MiniLM tokenizer).
-_RANDOM_MLM_SIZES = {
+_RANDOM_MLM_SIZES: dict[str, dict[str, int]] = {
     "distilbert-base-uncased": dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072),
     "distilbert-tiny": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
 }
@@ -36,7 +46,7 @@ def is_random_init(name: str) -> bool:
     return name.startswith(RANDOM_INIT)
 
 
-def build_random_masked_lm(name: str, seed: int = 0) -> torch.nn.Module:
+def build_random_masked_lm(name: str, seed: int = 0) -> PreTrainedModel:
     """`random-init:<size>`: a seeded random DistilBERT masked LM with the bert-base-uncased vocabulary."""
     from transformers import DistilBertConfig, DistilBertForMaskedLM
 
@@ -44,7 +54,15 @@ def build_random_masked_lm(name: str, seed: int = 0) -> torch.nn.Module:
     if size not in _RANDOM_MLM_SIZES:
         raise ValueError(f"unknown random generator {name!r}; known: {[RANDOM_INIT + k for k in _RANDOM_MLM_SIZES]}")
     tok = load_tokenizer(PACKAGED_MINILM)
-    cfg = DistilBertConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, **_RANDOM_MLM_SIZES[size])
+    dims = _RANDOM_MLM_SIZES[size]
+    cfg = DistilBertConfig(
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        dim=dims["dim"],
+        n_layers=dims["n_layers"],
+        n_heads=dims["n_heads"],
+        hidden_dim=dims["hidden_dim"],
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return DistilBertForMaskedLM(cfg)
@@ -81,12 +99,13 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
 
 
-def load_encoder(name_or_path: str, **kwargs) -> torch.nn.Module:
-    """The bare transformer (no task head). Pretrained pooler weights are loaded when present."""
+def load_encoder(name_or_path: str, **kwargs: Any) -> PreTrainedModel:
+    """The bare transformer (no task head). Pretrained pooler weights are loaded when present (with
+    `output_loading_info=True`, transformers returns the pair (model, loading info))."""
     return AutoModel.from_pretrained(resolve_model_path(name_or_path), **kwargs)
 
 
-def load_masked_lm(name_or_path: str, **kwargs) -> torch.nn.Module:
+def load_masked_lm(name_or_path: str, **kwargs: Any) -> PreTrainedModel:
     """Load a masked language model, or build a seeded random one for a `random-init:` name.
 
     Args:
@@ -101,7 +120,7 @@ def load_masked_lm(name_or_path: str, **kwargs) -> torch.nn.Module:
     return AutoModelForMaskedLM.from_pretrained(resolve_model_path(name_or_path), **kwargs)
 
 
-def load_config(name_or_path: str):
+def load_config(name_or_path: str) -> PretrainedConfig:
     """Load the HF model configuration of a model.
 
     Args:
@@ -177,11 +196,17 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def attention_implementation(model: torch.nn.Module) -> str:
+def word_embeddings(model: PreTrainedModel) -> nn.Embedding:
+    """The word-embedding table of a transformers model (`get_input_embeddings()`, an `nn.Embedding` in every
+    encoder and masked LM the project loads)."""
+    return cast(nn.Embedding, model.get_input_embeddings())
+
+
+def attention_implementation(model: PreTrainedModel) -> str:
     """The attention implementation an HF model runs (`"sdpa"`, `"eager"`, a name registered through transformers'
     `AttentionInterface`, e.g. the prompted ones of models/prompts/); set it with `model.set_attn_implementation`.
 
     Args:
         model: a transformers `PreTrainedModel`.
     """
-    return model.config._attn_implementation
+    return str(model.config._attn_implementation)

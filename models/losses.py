@@ -43,6 +43,7 @@ def contrastive_loss(
     z1: torch.Tensor,
     z2: torch.Tensor,
     z3: torch.Tensor | None = None,
+    *,
     temperature: float = 0.05,
     hard_negative_weight: float = 0.0,
 ) -> torch.Tensor:
@@ -81,8 +82,8 @@ def contrastive_loss(
     """
     if distributed.is_distributed():
         views = [z1, z2] if z3 is None else [z1, z2, z3]
-        views = distributed.gather_with_local_grad(torch.stack(views, dim=1)).unbind(1)
-        z1, z2, z3 = views[0], views[1], (views[2] if z3 is not None else None)
+        gathered = distributed.gather_with_local_grad(torch.stack(views, dim=1)).unbind(1)
+        z1, z2, z3 = gathered[0], gathered[1], (gathered[2] if z3 is not None else None)
     logits = cosine_logits(z1, z2, temperature)
     if z3 is not None:
         hard = cosine_logits(z1, z3, temperature)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from abc import abstractmethod
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
 from torch import nn
@@ -28,6 +28,8 @@ from cse.models.embedder import SentenceEmbedder
 from cse.models.grad_cache import NO_CHUNKS, RowChunks
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from cse.models.export.peft_plan import PeftPlan
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -44,7 +46,7 @@ class MethodConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]):
+    def from_dict(cls, data: dict[str, Any]) -> Self:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -88,7 +90,7 @@ class StepOutput:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
+def backbone_shape(backbone: PreTrainedModel) -> dict[str, Any]:
     """The shape of a backbone (its configuration values for the shape keys; missing keys are `None`).
 
     Args:
@@ -101,12 +103,13 @@ def backbone_shape(backbone: nn.Module) -> dict[str, Any]:
     return {k: getattr(cfg, k, None) for k in SHAPE_KEYS}
 
 
-def backbone_fingerprint(backbone: nn.Module) -> str:
+def backbone_fingerprint(backbone: PreTrainedModel) -> str:
     """A hash of a few pretrained tensors (first word-embedding rows, last layer's parameters)."""
+    from cse.models.loading import word_embeddings
     from cse.models.prompts.families import encoder_layers  # the layer list of every supported encoder family
 
     h = hashlib.sha256()
-    tensors = [backbone.get_input_embeddings().weight[:64]]
+    tensors = [word_embeddings(backbone).weight[:64]]
     tensors += [p for p in encoder_layers(backbone)[-1].parameters()][-4:]
     for t in tensors:
         h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
@@ -116,7 +119,7 @@ def backbone_fingerprint(backbone: nn.Module) -> str:
 def drop_pooler(backbone: nn.Module) -> None:
     """No method evaluates with the pretrained pooler (SimCSE), so it is removed and never run."""
     if getattr(backbone, "pooler", None) is not None:
-        backbone.pooler = None
+        backbone.pooler = None  # type: ignore[assignment]  # torch's __setattr__ stub omits None, which removes it
 
 
 def set_backbone_dropout(backbone: nn.Module, p: float) -> None:
@@ -145,7 +148,9 @@ def set_backbone_dropout(backbone: nn.Module, p: float) -> None:
                 setattr(module, key, p)
 
 
-def load_backbone(config: MethodConfig, backbone: nn.Module | None, tokenizer):
+def load_backbone(
+    config: MethodConfig, backbone: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
     """The given backbone/tokenizer, or both loaded from `config.backbone` (HF id, folder, `packaged:`)."""
     if backbone is None:
         from cse.models.loading import load_encoder, load_tokenizer
@@ -184,7 +189,7 @@ class CSEModel(SentenceEmbedder):
     ablations: ClassVar[dict[str, dict[str, Any]]] = {}
     exports_peft_adapter: ClassVar[bool] = False  # derived in __init_subclass__, never set by hand
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.exports_peft_adapter = cls.peft_plan is not CSEModel.peft_plan
 
@@ -196,13 +201,18 @@ class CSEModel(SentenceEmbedder):
     config: MethodConfig
 
     def attach_backbone(
-        self, config: MethodConfig, backbone: nn.Module | None, tokenizer, trainable: bool
-    ) -> nn.Module:
+        self,
+        config: MethodConfig,
+        backbone: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase | None,
+        trainable: bool,
+    ) -> PreTrainedModel:
         """Common construction: load the backbone/tokenizer if not given, set `config`/`tokenizer`, record the
         pretrained shape and fingerprint, drop the pretrained pooler, freeze it or not. Returns the backbone."""
         backbone, tokenizer = load_backbone(config, backbone, tokenizer)
         self.config = config
-        self.tokenizer = tokenizer
+        # None only where a test builds a model from a backbone alone and never tokenizes
+        self.tokenizer = tokenizer  # type: ignore[assignment]  # see the line above
         self.pretrained_shape = backbone_shape(backbone)  # taken before anything can update the backbone
         self.pretrained_fingerprint = backbone_fingerprint(backbone)
         drop_pooler(backbone)
@@ -211,7 +221,7 @@ class CSEModel(SentenceEmbedder):
 
     @property
     @abstractmethod
-    def backbone(self) -> nn.Module:
+    def backbone(self) -> PreTrainedModel:
         """The (possibly fine-tuned) pretrained encoder."""
 
     @property
@@ -344,10 +354,10 @@ class FineTunedModel:
     """Mixin for methods whose `self.encoder` is the whole pretrained encoder, fine-tuned (SimCSE, DiffCSE): the
     `backbone` accessor and the CLS pass."""
 
-    encoder: nn.Module
+    encoder: PreTrainedModel
 
     @property
-    def backbone(self) -> nn.Module:
+    def backbone(self) -> PreTrainedModel:
         return self.encoder
 
     def encode_cls(

@@ -33,9 +33,10 @@ from __future__ import annotations
 import inspect
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -44,6 +45,17 @@ from cse.models.batching import pad_sequences
 from cse.models.export import peft_loader
 from cse.models.export.peft_plan import PeftPlan
 from cse.storage.atomic import atomic_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from cse.models.method import CSEModel
+    from cse.models.prompts.backbone import PromptedModel
+    from cse.models.prompts.prefixes import PrefixEncoder
+
+    class PromptedMethod(PromptedModel, CSEModel):
+        """The model of a method that exports an adapter (D2CSE, DCPCSE, DiffAug): a `CSEModel` on prompts."""
+
 
 TOLERANCE = 1e-5
 LOADER_FILE = "peft_embed.py"
@@ -96,7 +108,7 @@ class PeftExport:
 
 # ------------------------------------------------------------------------------------------------ our side
 @torch.inference_mode()
-def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor:
+def reference_embeddings(model: CSEModel, sentences: Sequence[str], batch_size: int = 64) -> torch.Tensor:
     """Our evaluation embeddings `(N, d)` of `sentences`: the model's `token_ids` (templates included), right-padded
     per batch, `model.embed` — what the evaluator computes."""
     device = model.device
@@ -108,14 +120,15 @@ def reference_embeddings(model, sentences, batch_size: int = 64) -> torch.Tensor
     return torch.cat(out) if out else torch.zeros(0, model.hidden_size)
 
 
-def adapter_plan(model) -> PeftPlan:
+def adapter_plan(model: CSEModel) -> PeftPlan:
     """Map a loaded model onto PEFT: the part every prompted model shares, completed by its class's `peft_plan`
     (models/<method>.py). Raises `PeftExportError` for a method with no adapter and for what no adapter can carry."""
     if not type(model).exports_peft_adapter:
         raise PeftExportError(
             f"method {model.method!r} has no prompts to export as a PEFT prefix adapter; use cse.models.export.st_export"
         )
-    enc, backbone = model.encoder, model.backbone
+    prompted = cast("PromptedMethod", model)  # every method that exports an adapter is prompted
+    enc, backbone = prompted.encoder, prompted.backbone
     arch = type(backbone).__name__
     if "past_key_values" not in inspect.signature(type(backbone).forward).parameters:
         raise PeftExportError(
@@ -129,10 +142,10 @@ def adapter_plan(model) -> PeftPlan:
     if not enc.shift_positions:
         plan.inexact.append(
             "position-shift: trained with shift_positions=False (token positions from 0); under a PEFT prefix cache "
-            f"transformers numbers positions from P={enc.prefix_encoder.prefix_len} (BERT) or padding_idx+1+P "
+            f"transformers numbers positions from P={prompted.prompts.prefix_len} (BERT) or padding_idx+1+P "
             "(RoBERTa) and PEFT adds P to explicit position_ids, so every embedding differs"
         )
-    if enc.prefix_encoder.transform is not None:
+    if prompted.prompts.transform is not None:
         plan.notes.append(
             "prefix-projection: the reparametrisation MLP (Embedding -> Linear -> tanh -> Linear) is "
             "stored as its P x 2*L*d output, PEFT's inference form; the MLP itself is not exported"
@@ -151,7 +164,7 @@ def adapter_plan(model) -> PeftPlan:
     return completed
 
 
-def carry_plan(base: nn.Module, model, plan: PeftPlan) -> list[str]:
+def carry_plan(base: PreTrainedModel, model: PromptedMethod, plan: PeftPlan) -> list[str]:
     """Edit the stock encoder `base` so that it carries what `plan` folds into it: the supervised cls MLP as its
     pooler, the [CLS] prompt in a position-embedding row. Returns the names of the edited `base` tensors.
 
@@ -165,13 +178,17 @@ def carry_plan(base: nn.Module, model, plan: PeftPlan) -> list[str]:
         if plan.pooler_mlp is not None:
             if getattr(base, "pooler", None) is None or not hasattr(base.pooler, "dense"):
                 raise PeftExportError(f"{type(base).__name__} has no pooler with a dense layer to carry the cls MLP")
-            base.pooler.dense.weight.copy_(plan.pooler_mlp.dense.weight)
-            base.pooler.dense.bias.copy_(plan.pooler_mlp.dense.bias)
+            dense = cast(nn.Linear, base.get_submodule("pooler.dense"))  # HF poolers: dense (Linear) + tanh
+            mlp_dense = cast(nn.Linear, plan.pooler_mlp.get_submodule("dense"))  # PeftPlan.pooler_mlp: a dense Linear
+            dense.weight.copy_(mlp_dense.weight)
+            dense.bias.copy_(mlp_dense.bias)
             edited += ["pooler.dense.weight", "pooler.dense.bias"]
         if plan.cls_fold is not None:
             row, cls_id = plan.cls_fold
-            table = base.embeddings.position_embeddings.weight
-            table[row] += model.cls_prompt.to(table.dtype) - base.embeddings.word_embeddings.weight[cls_id]
+            table = cast(nn.Embedding, base.get_submodule("embeddings.position_embeddings")).weight
+            words = cast(nn.Embedding, base.get_submodule("embeddings.word_embeddings")).weight
+            assert model.cls_prompt is not None  # a cls_fold is D2CSE's [CLS] prompt (D2CSE.peft_plan)
+            table[row] += model.cls_prompt.to(table.dtype) - words[cls_id]
             edited.append("embeddings.position_embeddings.weight")
     return edited
 
@@ -224,32 +241,9 @@ def export_peft_adapter(
     unless `allow_inexact=True` (then the folder is written with `exact=False` and the reason in `limitations`). An
     earlier `out_dir` is replaced only once the new export has passed; an `out_dir` that is, holds or lies inside the
     checkpoint folder is refused."""
-    from peft import PrefixTuningConfig, TaskType, get_peft_model
-
-    from cse.models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
     from cse.models.loading import load_encoder, resolve_model_path
 
-    out, source = Path(out_dir).resolve(), Path(checkpoint_dir).resolve()
-    if out == source or out in source.parents or source in out.parents:
-        raise ValueError(
-            f"exporting to {out_dir} would overwrite the checkpoint {checkpoint_dir}: choose another folder"
-        )
-    meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint is named before anything is loaded
-    if not model_class_of(meta["method"]).exports_peft_adapter:
-        raise PeftExportError(
-            f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
-            "adapter (its model class defines no peft_plan); use cse.models.export.st_export"
-        )
-    model = load_checkpoint(checkpoint_dir)
-    plan = adapter_plan(model)
-    if plan.inexact and not allow_inexact:
-        raise PeftExportError(
-            f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
-            + " | ".join(plan.inexact)
-            + " (allow_inexact=True writes it marked inexact; "
-            "cse.models.export.st_export keeps the exact model)"
-        )
-
+    out, model, plan = _load_for_export(checkpoint_dir, out_dir, allow_inexact)
     prompts = model.prompts
     backbone_id = resolve_model_path(model.config.backbone)
     base = load_encoder(backbone_id).eval()
@@ -257,80 +251,22 @@ def export_peft_adapter(
         base_ref = backbone_id
         notes = list(plan.notes)
         if backbone_changed(model.backbone, base):
-            missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
-            if unexpected or any(not k.startswith("pooler.") for k in missing):
-                raise PeftExportError(
-                    f"{checkpoint_dir}: the fine-tuned encoder does not fit {backbone_id} "
-                    f"(unexpected {unexpected[:5]}, missing {missing[:5]})"
-                )
-            base.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
-            model.tokenizer.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
             base_ref = str(out / peft_loader.BUNDLED_BASE)
-            size = _folder_bytes(tmp / peft_loader.BUNDLED_BASE)
-            notes.append(
-                f"fine-tuned-base: {model.method} fine-tunes its encoder, so the adapter's base is the "
-                f"fine-tuned encoder bundled in {peft_loader.BUNDLED_BASE}/ ({size / 1e6:.1f} MB), not "
-                f"{model.config.backbone}; the prefixes on the pretrained encoder do not give these embeddings"
-            )
+            notes.append(_bundle_fine_tuned_base(base, model, tmp, checkpoint_dir, backbone_id))
         carry_plan(base, model, plan)  # carried modules are edited on the base before wrapping: PEFT copies them
-
-        cfg = base.config
-        peft_config = PrefixTuningConfig(
-            task_type=TaskType.FEATURE_EXTRACTION,
-            num_virtual_tokens=prompts.prefix_len,
-            token_dim=cfg.hidden_size,
-            num_layers=prompts.num_layers,
-            num_attention_heads=prompts.num_heads,
-            num_transformer_submodules=1,
-            encoder_hidden_size=cfg.hidden_size,
-            prefix_projection=False,
-            modules_to_save=plan.modules_to_save or None,
-        )
-        peft_model = get_peft_model(base, peft_config)
-        peft_model.peft_config["default"].base_model_name_or_path = base_ref
-        with torch.no_grad():
-            peft_model.prompt_encoder["default"].embedding.weight.copy_(prompts.rows().detach())
-        peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
-        (tmp / "README.md").unlink(missing_ok=True)  # PEFT's own card: the job's model card is written instead
+        _write_adapter(base, prompts, plan, base_ref, tmp)
         model.tokenizer.save_pretrained(tmp)
         shutil.copyfile(Path(peft_loader.__file__), tmp / LOADER_FILE)
         notes.append(_sentence_transformers_note(plan.pooling))
 
         # verification with the stock libraries, exactly as a user loads the folder
-        spec = {
-            "format_version": FORMAT_VERSION,
-            "method": model.method,
-            "backbone": model.config.backbone,
-            "pooling": plan.pooling,
-        }
-        (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
-        loaded, tokenizer, spec = peft_loader.load_prefix_encoder(tmp)
-        sentences = list(probe_sentences)
-        diff = (
-            float(
-                (
-                    peft_loader.embed_sentences(loaded, tokenizer, spec, sentences)
-                    - reference_embeddings(model, sentences)
-                )
-                .abs()
-                .max()
-            )
-            if sentences
-            else 0.0
-        )
-        if diff > TOLERANCE:
-            if not allow_inexact:
-                raise PeftExportError(
-                    f"{checkpoint_dir}: the PEFT adapter's embeddings differ from ours by {diff:.3g} "
-                    f"(> {TOLERANCE}) on the probe sentences"
-                )
-            plan.inexact.append(f"verification: embeddings differ from ours by up to {diff:.3g} on the probe sentences")
+        spec, diff = _verify_adapter(tmp, model, plan, list(probe_sentences), allow_inexact, checkpoint_dir)
         exact = not plan.inexact
         limitations = plan.inexact + notes
         spec.update(
             exact=exact,
             max_abs_diff=diff,
-            probe_sentences=len(sentences),
+            probe_sentences=len(probe_sentences),
             tolerance=TOLERANCE,
             base_model=base_ref,
             bundled_base=base_ref != backbone_id,
@@ -353,3 +289,119 @@ def export_peft_adapter(
         max_abs_diff=diff,
         modules_to_save=list(plan.modules_to_save),
     )
+
+
+def _load_for_export(
+    checkpoint_dir: str | Path, out_dir: str | Path, allow_inexact: bool
+) -> tuple[Path, PromptedMethod, PeftPlan]:
+    """`out_dir` resolved, the checkpoint's model and its `adapter_plan`, once `out_dir` is known not to overlap the
+    checkpoint folder, the checkpoint to be whole and of a method that exports an adapter (named before anything is
+    loaded) and the plan to be exact unless `allow_inexact`; `ValueError`, `PeftExportError` otherwise."""
+    from cse.models.checkpoint import load_checkpoint, model_class_of, validate_checkpoint
+
+    out, source = Path(out_dir).resolve(), Path(checkpoint_dir).resolve()
+    if out == source or out in source.parents or source in out.parents:
+        raise ValueError(
+            f"exporting to {out_dir} would overwrite the checkpoint {checkpoint_dir}: choose another folder"
+        )
+    meta = validate_checkpoint(checkpoint_dir)  # a missing or damaged checkpoint is named before anything is loaded
+    if not model_class_of(meta["method"]).exports_peft_adapter:
+        raise PeftExportError(
+            f"{checkpoint_dir}: method {meta['method']!r} has no prompts to export as a PEFT prefix "
+            "adapter (its model class defines no peft_plan); use cse.models.export.st_export"
+        )
+    model = cast("PromptedMethod", load_checkpoint(checkpoint_dir))  # a method with prompts (checked above)
+    plan = adapter_plan(model)
+    if plan.inexact and not allow_inexact:
+        raise PeftExportError(
+            f"{checkpoint_dir}: a PEFT prefix adapter cannot reproduce this model exactly: "
+            + " | ".join(plan.inexact)
+            + " (allow_inexact=True writes it marked inexact; "
+            "cse.models.export.st_export keeps the exact model)"
+        )
+    return out, model, plan
+
+
+def _bundle_fine_tuned_base(
+    base: PreTrainedModel, model: PromptedMethod, tmp: Path, checkpoint_dir: str | Path, backbone_id: str
+) -> str:
+    """Load the checkpoint's fine-tuned encoder into `base` and write it with the tokenizer as the export's
+    `base_model/` (in the temporary folder `tmp`); returns the note that says so."""
+    missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("pooler.") for k in missing):
+        raise PeftExportError(
+            f"{checkpoint_dir}: the fine-tuned encoder does not fit {backbone_id} "
+            f"(unexpected {unexpected[:5]}, missing {missing[:5]})"
+        )
+    base.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
+    model.tokenizer.save_pretrained(tmp / peft_loader.BUNDLED_BASE)
+    size = _folder_bytes(tmp / peft_loader.BUNDLED_BASE)
+    return (
+        f"fine-tuned-base: {model.method} fine-tunes its encoder, so the adapter's base is the "
+        f"fine-tuned encoder bundled in {peft_loader.BUNDLED_BASE}/ ({size / 1e6:.1f} MB), not "
+        f"{model.config.backbone}; the prefixes on the pretrained encoder do not give these embeddings"
+    )
+
+
+def _write_adapter(base: PreTrainedModel, prompts: PrefixEncoder, plan: PeftPlan, base_ref: str, tmp: Path) -> None:
+    """PEFT's own files in `tmp`: `base` wrapped by a prefix-tuning config of `prompts`' shape (base model
+    `base_ref`), its prompt table set to the prompts' `P × 2·L·d` rows, saved without PEFT's README."""
+    from peft import PrefixTuningConfig, TaskType, get_peft_model
+
+    cfg = base.config
+    peft_config = PrefixTuningConfig(
+        task_type=TaskType.FEATURE_EXTRACTION,
+        num_virtual_tokens=prompts.prefix_len,
+        token_dim=cfg.hidden_size,
+        num_layers=prompts.num_layers,
+        num_attention_heads=prompts.num_heads,
+        num_transformer_submodules=1,
+        encoder_hidden_size=cfg.hidden_size,
+        prefix_projection=False,
+        modules_to_save=plan.modules_to_save or None,
+    )
+    peft_model = get_peft_model(base, peft_config)
+    peft_model.peft_config["default"].base_model_name_or_path = base_ref
+    table = cast(nn.Embedding, peft_model.prompt_encoder["default"].get_submodule("embedding"))  # PrefixEncoder's
+    with torch.no_grad():
+        table.weight.copy_(prompts.rows().detach())
+    peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
+    (tmp / "README.md").unlink(missing_ok=True)  # PEFT's own card: the job's model card is written instead
+
+
+def _verify_adapter(
+    tmp: Path,
+    model: PromptedMethod,
+    plan: PeftPlan,
+    sentences: list[str],
+    allow_inexact: bool,
+    checkpoint_dir: str | Path,
+) -> tuple[dict[str, Any], float]:
+    """Write the spec file, load the folder `tmp` back with the stock libraries and compare its embeddings of
+    `sentences` with ours: above `TOLERANCE` a `PeftExportError`, or with `allow_inexact` a note in `plan.inexact`.
+    Returns the spec as loaded and the largest absolute difference."""
+    spec = {
+        "format_version": FORMAT_VERSION,
+        "method": model.method,
+        "backbone": model.config.backbone,
+        "pooling": plan.pooling,
+    }
+    (tmp / peft_loader.SPEC_FILE).write_text(json.dumps(spec, indent=2))
+    loaded, tokenizer, spec = peft_loader.load_prefix_encoder(tmp)
+    diff = (
+        float(
+            (peft_loader.embed_sentences(loaded, tokenizer, spec, sentences) - reference_embeddings(model, sentences))
+            .abs()
+            .max()
+        )
+        if sentences
+        else 0.0
+    )
+    if diff > TOLERANCE:
+        if not allow_inexact:
+            raise PeftExportError(
+                f"{checkpoint_dir}: the PEFT adapter's embeddings differ from ours by {diff:.3g} "
+                f"(> {TOLERANCE}) on the probe sentences"
+            )
+        plan.inexact.append(f"verification: embeddings differ from ours by up to {diff:.3g} on the probe sentences")
+    return spec, diff

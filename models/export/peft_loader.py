@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from peft import PeftModel
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 SPEC_FILE = "cse_peft.json"
 BUNDLED_BASE = "base_model"
@@ -54,7 +54,9 @@ def base_model_path(adapter_dir: str | Path) -> str:
     return config["base_model_name_or_path"]
 
 
-def load_prefix_encoder(adapter_dir: str | Path, base_model: str | None = None, device: str | torch.device = "cpu"):
+def load_prefix_encoder(
+    adapter_dir: str | Path, base_model: str | None = None, device: str | torch.device = "cpu"
+) -> tuple[PeftModel, PreTrainedTokenizerBase, dict[str, Any]]:
     """`(PeftModel in eval mode, tokenizer, spec)`. `base_model` overrides the recorded base (e.g. a local copy of the
     same weights). The base is loaded with its pooling layer, which the `pooler_output` pooling needs."""
     spec = read_spec(adapter_dir)
@@ -74,7 +76,7 @@ def model_inputs(spec: dict[str, Any], sentences: list[str]) -> list[str]:
     return [(head + str(s) + tail).strip() for s in sentences]
 
 
-def pool(spec: dict[str, Any], output, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def pool(spec: dict[str, Any], output: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The sentence vectors `(B, d)` of one forward: first-token state, the (carried) pooler, or the template's mask."""
     kind = spec["pooling"]["kind"]
     if kind == "cls":
@@ -92,7 +94,13 @@ def pool(spec: dict[str, Any], output, input_ids: torch.Tensor, attention_mask: 
 
 
 @torch.inference_mode()
-def embed_sentences(model, tokenizer, spec: dict[str, Any], sentences: list[str], batch_size: int = 64) -> torch.Tensor:
+def embed_sentences(
+    model: PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    spec: dict[str, Any],
+    sentences: list[str],
+    batch_size: int = 64,
+) -> torch.Tensor:
     """Sentence embeddings `(N, d)` on the CPU: special tokens added, no truncation, right padding per batch."""
     device = next(model.parameters()).device
     texts = model_inputs(spec, sentences)
@@ -103,5 +111,6 @@ def embed_sentences(model, tokenizer, spec: dict[str, Any], sentences: list[str]
         output = model(input_ids=ids, attention_mask=mask)  # no token_type_ids: PEFT would drop them with a warning
         out.append(pool(spec, output, ids, mask).float().cpu())
     if not out:
-        return torch.zeros(0, model.get_base_model().config.hidden_size)
+        base = cast(PreTrainedModel, model.get_base_model())  # the transformers encoder PEFT wraps
+        return torch.zeros(0, base.config.hidden_size)
     return torch.cat(out)

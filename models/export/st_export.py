@@ -23,14 +23,21 @@ import copy
 import json
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import torch
 from sentence_transformers.base.modules import InputModule
+from transformers import PreTrainedTokenizerBase
 
 from cse.storage.atomic import atomic_dir, remove_path
+
+if TYPE_CHECKING:
+    from cse.models.export import st_prompted
+    from cse.models.export.peft_export import PromptedMethod
+    from cse.models.method import CSEModel
 
 CHECKPOINT_SUBDIR = "checkpoint"
 TOLERANCE = 1e-5  # a portable folder must reproduce the training code's embeddings this closely
@@ -41,8 +48,9 @@ class PromptedEncoderModule(InputModule):
 
     config_keys = ["max_seq_length"]
     save_in_root = True
+    tokenizer: PreTrainedTokenizerBase  # the checkpoint's (InputModule also allows a `tokenizers` one)
 
-    def __init__(self, checkpoint_dir: str | Path, max_seq_length: int | None = None):
+    def __init__(self, checkpoint_dir: str | Path, max_seq_length: int | None = None) -> None:
         super().__init__()
         from cse.models.checkpoint import load_checkpoint
         from cse.models.loading import load_tokenizer
@@ -53,7 +61,7 @@ class PromptedEncoderModule(InputModule):
         self.tokenizer = getattr(self.encoder, "tokenizer", None) or load_tokenizer(meta["backbone"])
         self.max_seq_length = max_seq_length
 
-    def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
+    def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, **kwargs: Any) -> dict[str, torch.Tensor]:
         texts = [str(t) for t in inputs]
         if prompt:
             texts = [prompt + t for t in texts]
@@ -65,7 +73,7 @@ class PromptedEncoderModule(InputModule):
             return_tensors="pt",
         )
 
-    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         features["sentence_embedding"] = self.encoder.embed(
             features["input_ids"], features["attention_mask"], features.get("token_type_ids")
         )
@@ -76,7 +84,7 @@ class PromptedEncoderModule(InputModule):
             enc = self.preprocess(["a"])
             return int(self.encoder.embed(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids")).shape[-1])
 
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
         out = Path(output_path)
         if (out / CHECKPOINT_SUBDIR).resolve() != self.checkpoint_dir.resolve():
             shutil.copytree(self.checkpoint_dir, out / CHECKPOINT_SUBDIR, dirs_exist_ok=True)
@@ -84,7 +92,17 @@ class PromptedEncoderModule(InputModule):
         self.save_tokenizer(output_path)
 
     @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs) -> PromptedEncoderModule:
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token: bool | str | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        init_defaults: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Self:
         config = cls.load_config(model_name_or_path, subfolder=subfolder)
         return cls(Path(model_name_or_path) / subfolder / CHECKPOINT_SUBDIR, **config)
 
@@ -203,7 +221,7 @@ def export_portable_sentence_transformer(
 
 
 def _write_prompted(
-    model, folder: Path, probe_sentences: tuple[str, ...] | None, bundle_base: bool | None
+    model: CSEModel, folder: Path, probe_sentences: tuple[str, ...] | None, bundle_base: bool | None
 ) -> tuple[float | None, str]:
     """Write a prompt method's model as the `bundled-code` form into `folder` and check it against `model.embed`.
 
@@ -212,47 +230,12 @@ def _write_prompted(
     from sentence_transformers import SentenceTransformer
 
     from cse.models.export import st_prompted
-    from cse.models.export.peft_export import (
-        PROBE_SENTENCES,
-        PeftExportError,
-        adapter_plan,
-        backbone_changed,
-        carry_plan,
-        reference_embeddings,
-    )
-    from cse.models.loading import load_encoder, resolve_model_path
+    from cse.models.export.peft_export import PROBE_SENTENCES, PeftExportError, reference_embeddings
 
     try:
-        plan = adapter_plan(model)
+        module, bundled, backbone_id = _prompted_module(model, bundle_base)
     except PeftExportError as e:
         return None, str(e)
-    if plan.inexact:
-        return None, "the stock model with a prefix cache cannot reproduce it: " + " | ".join(plan.inexact)
-    backbone_id = resolve_model_path(model.config.backbone)
-    base = load_encoder(backbone_id).eval()
-    fine_tuned = backbone_changed(model.backbone, base)
-    if fine_tuned:
-        missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
-        if unexpected or any(not k.startswith("pooler.") for k in missing):
-            return None, f"the fine-tuned encoder does not fit {backbone_id} (unexpected {unexpected[:5]})"
-    try:
-        edited = carry_plan(base, model, plan)
-    except PeftExportError as e:
-        return None, str(e)
-    bundled = fine_tuned or (Path(backbone_id).exists() if bundle_base is None else bundle_base)
-    prompts = model.prompts
-    spec = {
-        "format_version": 1,
-        "method": model.method,
-        "base_model": st_prompted.ENCODER_DIR if bundled else backbone_id,
-        "prefix_len": prompts.prefix_len,
-        "num_layers": prompts.num_layers,
-        "num_heads": prompts.num_heads,
-        "head_dim": int(prompts.rows().shape[1]) // (2 * prompts.num_layers * prompts.num_heads),
-        "pooling": plan.pooling,
-        "overrides": [] if bundled else edited,
-    }
-    module = st_prompted.PromptedEncoder(base, copy.deepcopy(model.tokenizer), prompts.rows().detach(), spec)
     st = SentenceTransformer(modules=[module], device="cpu")
     st.save(str(folder), create_model_card=False)
     (folder / "modules.json").write_text(
@@ -268,3 +251,41 @@ def _write_prompted(
         return None, f"the bundled module differs from the training code's embeddings by {diff:.3g} (> {TOLERANCE})"
     where = "the bundled encoder" if bundled else f"the hub encoder {backbone_id}"
     return diff, f"{model.method}: prefixes on {where}, checked within {TOLERANCE} (largest difference {diff:.2g})"
+
+
+def _prompted_module(model: CSEModel, bundle_base: bool | None) -> tuple[st_prompted.PromptedEncoder, bool, str]:
+    """The `bundled-code` module of a prompt method's model: the stock base encoder (the fine-tuned one where the
+    method fine-tunes it) carrying what the PEFT plan folds into it, the prefix rows and the spec. Returns it, whether
+    the base is bundled, and the base's hub id or folder; `PeftExportError` with the reason where the form cannot
+    hold the model exactly."""
+    from cse.models.export import st_prompted
+    from cse.models.export.peft_export import PeftExportError, adapter_plan, backbone_changed, carry_plan
+    from cse.models.loading import load_encoder, resolve_model_path
+
+    plan = adapter_plan(model)
+    if plan.inexact:
+        raise PeftExportError("the stock model with a prefix cache cannot reproduce it: " + " | ".join(plan.inexact))
+    prompted = cast("PromptedMethod", model)  # adapter_plan passed: a method on prompts
+    backbone_id = resolve_model_path(model.config.backbone)
+    base = load_encoder(backbone_id).eval()
+    fine_tuned = backbone_changed(model.backbone, base)
+    if fine_tuned:
+        missing, unexpected = base.load_state_dict(model.backbone.state_dict(), strict=False)
+        if unexpected or any(not k.startswith("pooler.") for k in missing):
+            raise PeftExportError(f"the fine-tuned encoder does not fit {backbone_id} (unexpected {unexpected[:5]})")
+    edited = carry_plan(base, prompted, plan)
+    bundled = fine_tuned or (Path(backbone_id).exists() if bundle_base is None else bundle_base)
+    prompts = prompted.prompts
+    spec = {
+        "format_version": 1,
+        "method": model.method,
+        "base_model": st_prompted.ENCODER_DIR if bundled else backbone_id,
+        "prefix_len": prompts.prefix_len,
+        "num_layers": prompts.num_layers,
+        "num_heads": prompts.num_heads,
+        "head_dim": int(prompts.rows().shape[1]) // (2 * prompts.num_layers * prompts.num_heads),
+        "pooling": plan.pooling,
+        "overrides": [] if bundled else edited,
+    }
+    module = st_prompted.PromptedEncoder(base, copy.deepcopy(model.tokenizer), prompts.rows().detach(), spec)
+    return module, bundled, backbone_id

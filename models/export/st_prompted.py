@@ -28,13 +28,14 @@ trained with). `cse.models.export.st_export` checks this module against the trai
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 from safetensors.torch import load_file, save_file
 from sentence_transformers.base.modules import InputModule
-from transformers import AutoModel, AutoTokenizer, DynamicCache
+from transformers import AutoModel, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 CODE_FILE = "cse_prompted_encoder.py"
 CLASS_REF = "cse_prompted_encoder.PromptedEncoder"
@@ -59,8 +60,16 @@ class PromptedEncoder(InputModule):
 
     config_keys = ["max_seq_length"]
     save_in_root = True
+    tokenizer: PreTrainedTokenizerBase  # a transformers tokenizer (InputModule also allows a `tokenizers` one)
 
-    def __init__(self, encoder, tokenizer, prefix: torch.Tensor, spec: dict[str, Any], max_seq_length=None):
+    def __init__(
+        self,
+        encoder: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prefix: torch.Tensor,
+        spec: dict[str, Any],
+        max_seq_length: int | None = None,
+    ) -> None:
         super().__init__()
         missing = [k for k in _SPEC_KEYS if k not in spec]
         if missing:
@@ -80,7 +89,7 @@ class PromptedEncoder(InputModule):
         self.max_seq_length = max_seq_length
 
     # ------------------------------------------------------------------------------------------------ inference
-    def texts(self, inputs, prompt: str | None = None) -> list[str]:
+    def texts(self, inputs: Sequence[Any], prompt: str | None = None) -> list[str]:
         """The texts the tokenizer sees: each sentence (after `prompt`), wrapped in the method's template if any."""
         texts = [(prompt or "") + str(t) for t in inputs]
         template = self.spec["pooling"].get("template")
@@ -89,7 +98,7 @@ class PromptedEncoder(InputModule):
         head, tail = template.split(SENTENCE_PLACEHOLDER)
         return [(head + t + tail).strip() for t in texts]
 
-    def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
+    def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, **kwargs: Any) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(
             self.texts(inputs, prompt),
             padding=True,
@@ -107,7 +116,7 @@ class PromptedEncoder(InputModule):
         per_layer = rows.permute(2, 0, 3, 1, 4).split(2)  # L x (2, B, heads, P, head_dim)
         return DynamicCache([(kv[0], kv[1]) for kv in per_layer])
 
-    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         ids, mask = features["input_ids"], features["attention_mask"]
         batch, p = ids.shape[0], int(self.spec["prefix_len"])
         full_mask = torch.cat([torch.ones(batch, p, dtype=mask.dtype, device=mask.device), mask], dim=1)
@@ -116,7 +125,7 @@ class PromptedEncoder(InputModule):
         features["sentence_embedding"] = self.pool(out, ids, mask)
         return features
 
-    def pool(self, output, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def pool(self, output: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The sentence vectors `(B, d)`: first-token state, the (carried) pooler, or the template's last mask."""
         pooling = self.spec["pooling"]
         if pooling["kind"] == "cls":
@@ -136,7 +145,7 @@ class PromptedEncoder(InputModule):
         return int(self.encoder.config.hidden_size)
 
     # ------------------------------------------------------------------------------------------------ files
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
         out = Path(output_path)
         tensors = {"prefix": self.prefix.detach().contiguous().cpu()}
         if self.spec["base_model"] == ENCODER_DIR:
@@ -152,9 +161,24 @@ class PromptedEncoder(InputModule):
         (out / CODE_FILE).write_text(code, encoding="utf-8")
 
     @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs) -> PromptedEncoder:
-        hub = {k: kwargs[k] for k in ("token", "cache_folder", "revision", "local_files_only") if k in kwargs}
-        folder = Path(cls.load_dir_path(model_name_or_path, subfolder=subfolder, **hub))
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token: bool | str | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        init_defaults: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        hub: dict[str, Any] = dict(
+            token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only
+        )
+        found = cls.load_dir_path(model_name_or_path, subfolder=subfolder, **hub)
+        if found is None:
+            raise FileNotFoundError(f"{model_name_or_path} (subfolder {subfolder!r}): no such model folder")
+        folder = Path(found)
         config = cls.load_config(model_name_or_path, subfolder=subfolder, **hub)
         spec = json.loads((folder / SPEC_FILE).read_text(encoding="utf-8"))
         tensors = load_file(str(folder / WEIGHTS_FILE))

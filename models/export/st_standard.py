@@ -7,9 +7,15 @@ sentence-transformers export (models/export/st_export.py). sentence-transformers
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from cse.models.method import CSEModel
 
 INPUT_EXAMPLE = ["a man is playing a guitar .", "a woman is slicing an onion ."]
 _ATOL = 1e-5  # a standard pipeline must reproduce the checkpoint's embeddings this closely to be used
@@ -17,13 +23,15 @@ _ATOL = 1e-5  # a standard pipeline must reproduce the checkpoint's embeddings t
 _POOLING_MODES = {"cls_before_pooler": "cls", "cls": "cls", "avg": "mean"}
 
 
-def _embed(model, sentences: list[str]) -> np.ndarray:
+def _embed(model: CSEModel, sentences: list[str]) -> np.ndarray:
     enc = model.tokenizer(sentences, padding=True, return_tensors="pt")
     with torch.inference_mode():
         return model.embed(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids")).float().numpy()
 
 
-def standard_sentence_transformer(checkpoint_dir: str | Path, workdir: str | Path):
+def standard_sentence_transformer(
+    checkpoint_dir: str | Path, workdir: str | Path
+) -> tuple[SentenceTransformer | None, str]:
     """A sentence-transformers model of standard modules that computes the checkpoint's embedding, or None.
 
     Returns `(model or None, reason)`. The backbone is written (`save_pretrained`, with its tokenizer) under `workdir`,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -106,6 +106,15 @@ def align_corruption(
     return corrupted_ids, rtd_labels.expand(batch, n, length)
 
 
+class CRTDConfig(Protocol):
+    """The fields of the objective a `ConditionalRTDModel`'s config carries (DiffCSE's, D2CSE's)."""
+
+    temperature: float
+    rtd_weight: float
+    hard_negative_weight: float
+    rtd_mean_over_padding: bool
+
+
 @dataclass
 class CRTDOutput:
     """The losses of one training forward.
@@ -158,6 +167,12 @@ class ConditionalRTDModel(CSEModel):
     not_for_inference = ("discriminator.", "rtd_head.")
     projection: ProjectionMLP
     rtd_head: RTDHead
+
+    if TYPE_CHECKING:  # every subclass defines it (the class docstring), a mixin's or its own
+
+        def encode_cls(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        ) -> torch.Tensor: ...
 
     def encode_rows(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
@@ -240,8 +255,9 @@ class ConditionalRTDModel(CSEModel):
         corrupted_ids, rtd_labels = align_corruption(input_ids, attention_mask, corrupted_ids, rtd_labels)
         batch, n, length = input_ids.shape
         rows = batch * n
-        flat = lambda t: None if t is None else t.reshape(rows, length)
-        ids, mask, types = flat(input_ids), flat(attention_mask), flat(token_type_ids)
+        flat = lambda t: t.reshape(rows, length)
+        ids, mask = flat(input_ids), flat(attention_mask)
+        types = None if token_type_ids is None else flat(token_type_ids)
 
         chunks = self.row_chunks  # whole, or cached chunks of rows under grad_cache (models/grad_cache.py)
         if chunks.enabled:
@@ -250,7 +266,7 @@ class ConditionalRTDModel(CSEModel):
             cls, context = self.encode_rows(ids, mask, types)
         h = self.projection(cls)  # the BN-MLP over all B·n rows, as without the cache
         z = h.view(batch, n, -1)
-        cfg = self.config
+        cfg = cast(CRTDConfig, self.config)  # every subclass's config carries the objective's fields
         l_cl = contrastive_loss(
             *z.unbind(1), temperature=cfg.temperature, hard_negative_weight=cfg.hard_negative_weight
         )
@@ -321,7 +337,7 @@ class ConditionalRTDModel(CSEModel):
         out["gap"] = out["rolled_h"] - out["true_h"]
         return out
 
-    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
+    def training_step(self, batch: TrainBatch, step: int | torch.Tensor = 0, phase: str = "main") -> StepOutput:
         """The loss of one batch and its logged terms (`loss_contrastive`, `loss_rtd`, `rtd_accuracy`).
 
         Args:

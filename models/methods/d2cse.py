@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from cse.models.heads import ProjectionMLP, RTDHead
-from cse.models.method import PromptConfig
+from cse.models.loading import word_embeddings
+from cse.models.method import MethodConfig, PromptConfig
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone, PromptedModel
 from cse.models.prompts.prefixes import PrefixKeyValues
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from cse.models.export.peft_plan import PeftPlan
 
 
@@ -57,7 +60,7 @@ class D2CSEModelConfig(PromptConfig):
     # in an AdamW group of their own (a sensitivity knob: at 0.021 the first Adam steps re-randomise the fresh head).
     head_learning_rate: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.check_prompts()
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_learning_rate <= 0:
@@ -97,10 +100,10 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
     def __init__(
         self,
         config: D2CSEModelConfig,
-        backbone: nn.Module | None = None,
-        tokenizer=None,
+        backbone: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         cls_token_id: int | None = None,
-    ):
+    ) -> None:
         super().__init__()
         bcfg = self.attach_prompted_backbone(config, backbone, tokenizer)
         d = bcfg.hidden_size
@@ -111,7 +114,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
                 cls_token_id = getattr(self.tokenizer, "cls_token_id", None)
             if cls_token_id is None:
                 raise ValueError("cls_prompt=True needs the [CLS] id (pass a tokenizer or cls_token_id)")
-            row = self.backbone.get_input_embeddings().weight[cls_token_id]
+            row = word_embeddings(self.backbone).weight[cls_token_id]
             self.cls_prompt = nn.Parameter(row.detach().clone().float(), requires_grad=config.train_prompts)
 
         self.projection = ProjectionMLP(d, init_std=init_std)
@@ -124,6 +127,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
 
     method = "d2cse"
     config_class = D2CSEModelConfig
+    config: D2CSEModelConfig
     paper = (
         "Hyunjae Lee (2023). D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence "
         "Embeddings. arXiv:2304.08991."
@@ -194,10 +198,10 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         )
 
     @classmethod
-    def grad_cache_refusal(cls, config: D2CSEModelConfig) -> str | None:
+    def grad_cache_refusal(cls, config: MethodConfig) -> str | None:
         """`discriminator_reuses_prefix_sample` hands the encoder pass's prefix sample of every row to the
         discriminator pass; the cached chunks draw and drop their samples one chunk at a time."""
-        if config.discriminator_reuses_prefix_sample:
+        if cast(D2CSEModelConfig, config).discriminator_reuses_prefix_sample:  # D2CSE's own config
             return (
                 "discriminator_reuses_prefix_sample=True reuses the encoder pass's prefix sample of the whole batch in "
                 "the discriminator pass, and cached chunks keep no sample beyond their own pass (the default, a fresh "
@@ -235,21 +239,18 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
         """Fold the [CLS] prompt into the position-embedding row that only position 0 reads under PEFT's prefix shift
         (models/export/peft_export.py's module docstring)."""
         enc, backbone = self.encoder, self.backbone
-        embeddings = backbone.embeddings
+        embeddings = backbone.get_submodule("embeddings")
+        position_embeddings = getattr(embeddings, "position_embeddings", None)
         cls_id = getattr(self.tokenizer, "cls_token_id", None)
         absolute = getattr(backbone.config, "position_embedding_type", "absolute") == "absolute"
-        if (
-            cls_id is None
-            or not absolute
-            or not isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding)
-        ):
+        if cls_id is None or not absolute or not isinstance(position_embeddings, nn.Embedding):
             plan.inexact.append(
                 "cls-prompt: the [CLS] prompt cannot be folded into an absolute position-embedding row "
                 f"of {type(backbone).__name__}; the adapter would use the static [CLS] embedding"
             )
             return
-        probe = torch.tensor([[cls_id, cls_id]], device=embeddings.position_embeddings.weight.device)
-        row = int(enc.position_ids(probe, enc.prefix_encoder.prefix_len)[0, 0])  # PEFT always shifts by P
+        probe = torch.tensor([[cls_id, cls_id]], device=position_embeddings.weight.device)
+        row = int(enc.position_ids(probe, self.prompts.prefix_len)[0, 0])  # PEFT always shifts by P
         plan.cls_fold = (row, int(cls_id))
         plan.modules_to_save.append("embeddings.position_embeddings")
         plan.notes.append(

@@ -32,8 +32,9 @@ Evaluation embedding (DCPCSE, SimCSE): prefix always applied (dropout off in eva
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,8 @@ from cse.models.prompts.backbone import PromptedModel
 from cse.models.prompts.prefixes import PrefixKeyValues
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
     from cse.models.export.peft_plan import PeftPlan
 
 IGNORE_INDEX = -100
@@ -78,7 +81,7 @@ class DCPCSEConfig(PromptConfig):
     mlm_decay_steps: int = 100
     mlm_head_random_init: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.check_prompts()
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
@@ -166,7 +169,7 @@ class MaskedLMHead(nn.Module):
             nn.init.zeros_(linear.bias)
 
     @classmethod
-    def fresh(cls, config, input_embeddings: torch.Tensor | None = None) -> MaskedLMHead:
+    def fresh(cls, config: PretrainedConfig, input_embeddings: torch.Tensor | None = None) -> MaskedLMHead:
         """A newly initialised head for an HF encoder config (only with `mlm_head_random_init=True`).
 
         Dense/decoder N(0, initializer_range), zero biases, LayerNorm (1, 0). `input_embeddings` (`(V, d)`), when
@@ -186,8 +189,9 @@ class MaskedLMHead(nn.Module):
         return head
 
     @classmethod
-    def from_hf_head(cls, head: nn.Module) -> MaskedLMHead:
-        """Copy the weights of a `BertLMPredictionHead` or a `RobertaLMHead` (checkpoint values preserved)."""
+    def from_hf_head(cls, head: Any) -> MaskedLMHead:
+        """Copy the weights of a `BertLMPredictionHead` or a `RobertaLMHead` (checkpoint values preserved); `head`
+        is either class (no common type: their submodules are read by name)."""
         if hasattr(head, "transform"):  # BERT family: transform.{dense, transform_act_fn, LayerNorm}
             dense, act, norm = head.transform.dense, head.transform.transform_act_fn, head.transform.LayerNorm
         elif hasattr(head, "dense") and hasattr(head, "layer_norm"):  # RoBERTa family (gelu hard-coded there)
@@ -215,13 +219,13 @@ class MaskedLMHead(nn.Module):
 def _hf_mlm_head(masked_lm: nn.Module) -> tuple[nn.Module, str]:
     """The MLM head submodule of an HF masked LM and its state-dict prefix."""
     if hasattr(masked_lm, "cls") and hasattr(masked_lm.cls, "predictions"):
-        return masked_lm.cls.predictions, "cls.predictions."
+        return masked_lm.get_submodule("cls.predictions"), "cls.predictions."
     if hasattr(masked_lm, "lm_head"):
-        return masked_lm.lm_head, "lm_head."
+        return masked_lm.get_submodule("lm_head"), "lm_head."
     raise TypeError(f"{type(masked_lm).__name__} has no BERT (`cls.predictions`) or RoBERTa (`lm_head`) MLM head")
 
 
-def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys=()) -> MaskedLMHead:
+def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys: Iterable[str] = ()) -> MaskedLMHead:
     """The trainable copy of a masked LM's head. `missing_keys` (from `output_loading_info`) naming head
     weights other than the (tied) decoder means the checkpoint had no MLM head: `ValueError`."""
     head, prefix = _hf_mlm_head(masked_lm)
@@ -236,20 +240,26 @@ def mlm_head_from_masked_lm(masked_lm: nn.Module, missing_keys=()) -> MaskedLMHe
     return MaskedLMHead.from_hf_head(head)
 
 
-def load_mlm_head(config: DCPCSEConfig, backbone: nn.Module) -> MaskedLMHead:
+def _word_embeddings(backbone: PreTrainedModel) -> nn.Embedding:
+    """`backbone.embeddings.word_embeddings`, the word-embedding table of the families with an MLM head here."""
+    return cast(nn.Embedding, backbone.get_submodule("embeddings.word_embeddings"))
+
+
+def load_mlm_head(config: DCPCSEConfig, backbone: PreTrainedModel) -> MaskedLMHead:
     """The pretrained MLM head of `config.backbone` (DCPCSE), or — if it has none and `mlm_head_random_init` allows
     it — a fresh head whose decoder starts from a copy of `backbone`'s input embeddings (`MaskedLMHead.fresh`)."""
     from cse.models.loading import load_masked_lm
 
     backbone_config = backbone.config
 
-    masked_lm, info = load_masked_lm(config.backbone, output_loading_info=True)
+    loaded = load_masked_lm(config.backbone, output_loading_info=True)
+    masked_lm, info = cast("tuple[PreTrainedModel, dict[str, list[str]]]", loaded)  # with output_loading_info
     try:
         head = mlm_head_from_masked_lm(masked_lm, info.get("missing_keys", ()))
     except ValueError as e:
         if not config.mlm_head_random_init:
             raise ValueError(f"{config.backbone!r}: {e}") from e
-        return MaskedLMHead.fresh(backbone_config, backbone.embeddings.word_embeddings.weight.detach())
+        return MaskedLMHead.fresh(backbone_config, _word_embeddings(backbone).weight.detach())
     if head.decoder.out_features != backbone_config.vocab_size or head.dense.in_features != backbone_config.hidden_size:
         raise ValueError(
             f"{config.backbone!r}: MLM head shape (d={head.dense.in_features}, V={head.decoder.out_features}) "
@@ -296,6 +306,8 @@ class DCPCSE(PromptedModel, CSEModel):
 
     method = "dcpcse"
     config_class = DCPCSEConfig
+    config: DCPCSEConfig
+    special_token_ids: torch.Tensor  # a buffer
     paper = (
         "Yuxin Jiang and Wei Wang (2022). Deep Continuous Prompt for Contrastive Learning of Sentence "
         "Embeddings. arXiv:2203.06875."
@@ -309,8 +321,12 @@ class DCPCSE(PromptedModel, CSEModel):
     builds_on = ("simcse",)
 
     def __init__(
-        self, config: DCPCSEConfig, backbone: nn.Module | None = None, tokenizer=None, mlm_head: nn.Module | None = None
-    ):
+        self,
+        config: DCPCSEConfig,
+        backbone: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        mlm_head: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         bcfg = self.attach_prompted_backbone(config, backbone, tokenizer)
         d = bcfg.hidden_size
@@ -436,7 +452,7 @@ class DCPCSE(PromptedModel, CSEModel):
         weight = mlm_weight_at(step, self.config.mlm_weight, self.config.mlm_decay, self.config.mlm_decay_steps)
         return DCPCSEOutput(loss=l_cl + weight * l_mlm, contrastive_loss=l_cl, mlm_loss=l_mlm, mlm_weight=weight, z=z)
 
-    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
+    def training_step(self, batch: TrainBatch, step: int | torch.Tensor = 0, phase: str = "main") -> StepOutput:
         out = self(batch.input_ids, batch.attention_mask, step=step)
         metrics = {"loss_contrastive": out.contrastive_loss.detach()}
         if out.mlm_loss is not None:
@@ -486,9 +502,9 @@ class DCPCSE(PromptedModel, CSEModel):
 
     # --- for the benchmarks (benchmarks/dry_run.py, gpu_check.py) ---
     @classmethod
-    def random_backbone_kwargs(cls, config: DCPCSEConfig, backbone: nn.Module) -> dict:
+    def random_backbone_kwargs(cls, config: DCPCSEConfig, backbone: PreTrainedModel) -> dict:
         """Constructor arguments for a random-initialised backbone (benchmarks/dry_run.py, gpu_check.py): with `mlm`,
         a fresh LM head of the pretrained head's shape and parameter count (there is no pretrained head to load)."""
         if not config.mlm:
             return {}
-        return {"mlm_head": MaskedLMHead.fresh(backbone.config, backbone.embeddings.word_embeddings.weight.detach())}
+        return {"mlm_head": MaskedLMHead.fresh(backbone.config, _word_embeddings(backbone).weight.detach())}

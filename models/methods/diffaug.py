@@ -66,9 +66,9 @@ stage-1 scheduler sized by stage 2, multi-GPU gathering of negatives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +83,8 @@ from cse.models.prompts.backbone import PromptedModel, prompted_backbone
 from cse.models.prompts.prefixes import PrefixKeyValues
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from cse.models.export.peft_plan import PeftPlan
 
 SENTENCE_PLACEHOLDER = "{sentence}"
@@ -115,7 +117,7 @@ class DiffAugConfig(MethodConfig):
     shift_positions: bool = True
     shared_prefix: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.prefix_len < 2 or self.prefix_len % 2:
             raise ValueError(
                 f"prefix_len must be an even number >= 2 (two modules = two halves), got {self.prefix_len}"
@@ -183,6 +185,12 @@ class DiffAug(PromptedModel, CSEModel):
 
     method = "diffaug"
     config_class = DiffAugConfig
+    config: DiffAugConfig
+    # constant template ids (_build_template), buffers
+    bs_ids: torch.Tensor
+    es_ids: torch.Tensor
+    denoise_ids: torch.Tensor
+    denoise_positions: torch.Tensor
     phases = ("prefix", "joint")
     accepts_aux_nli = True  # semi-supervised "w/ aux": NLI rows batched beside each Wiki1M batch
     paper = (
@@ -201,11 +209,16 @@ class DiffAug(PromptedModel, CSEModel):
     evaluation_pooler = "mask"
 
     @classmethod
-    def backbone_pooling(cls, config: DiffAugConfig) -> tuple[str, str | None]:
+    def backbone_pooling(cls, config: MethodConfig) -> tuple[str, str | None]:
         """The backbone before training reads the template's mask token, as the trained model does."""
-        return "mask", config.template
+        return "mask", cast(DiffAugConfig, config).template  # DiffAug's own config
 
-    def __init__(self, config: DiffAugConfig, backbone: nn.Module | None = None, tokenizer=None):
+    def __init__(
+        self,
+        config: DiffAugConfig,
+        backbone: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
         super().__init__()
         if tokenizer is None:  # the template ids need it even when a backbone is passed in
             from cse.models.loading import load_tokenizer
@@ -234,7 +247,7 @@ class DiffAug(PromptedModel, CSEModel):
         self._build_template(tokenizer)
 
     # --------------------------------------------------------------------------------- template
-    def _build_template(self, tokenizer) -> None:
+    def _build_template(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Template ids (`enc_bs`, `enc_es`), the evaluation strings and the constant denoising inputs."""
         for name in ("cls_token_id", "sep_token_id", "mask_token_id"):
             if getattr(tokenizer, name, None) is None:
@@ -384,7 +397,11 @@ class DiffAug(PromptedModel, CSEModel):
 
     # --------------------------------------------------------------------------------- passes
     def mask_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, modules: torch.Tensor, encoder=None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        modules: torch.Tensor,
+        encoder: Callable[..., Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(R, T)` tokenisation-stage rows → (`(R, d)` [MASK] states with each row's module, `(R,)` sentence lengths).
         `encoder`: what runs the prompted encoder (default `self.encoder`; stage 1 passes it with frozen weights)."""
@@ -427,14 +444,14 @@ class DiffAug(PromptedModel, CSEModel):
             accuracy = (logits.argmax(-1) == labels).float().mean()
         return loss, accuracy
 
-    def _outside_the_prefix_phase(self, module: nn.Module):
+    def _outside_the_prefix_phase(self, module: nn.Module) -> Callable[..., Any]:
         """`module` as a function whose parameters outside the prefix phase are detached (stage 1, module docstring):
         autograd computes no gradient for them, and nothing is switched on the live parameters, so the step has no
         state to restore and compiles as one graph."""
         keep = {id(p) for p in self.phase_parameters("prefix")}
         detached = {n: p.detach() for n, p in module.named_parameters() if id(p) not in keep}
 
-        def run(*args, **kwargs):
+        def run(*args: Any, **kwargs: Any) -> Any:
             return functional_call(module, detached, args, kwargs, strict=False)
 
         return run
@@ -505,7 +522,7 @@ class DiffAug(PromptedModel, CSEModel):
             metrics.update(loss_nli=l_nli.detach(), nli_accuracy=accuracy)
         return StepOutput(loss, metrics)
 
-    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "joint") -> StepOutput:
+    def training_step(self, batch: TrainBatch, step: int | torch.Tensor = 0, phase: str = "joint") -> StepOutput:
         if phase == "prefix":
             return self.prefix_stage_step(batch)
         if phase == "joint":
@@ -566,7 +583,7 @@ class DiffAug(PromptedModel, CSEModel):
         }
 
     # --- for the benchmarks (benchmarks/dry_run.py) ---
-    def dry_run_batch_independent_forward(self):
+    def dry_run_batch_independent_forward(self) -> Callable[[], torch.Tensor] | None:
         """The batch-independent part of a joint step that benchmarks/dry_run.py times on its own: a function
         returning a scalar of the template denoising to backpropagate (None without denoising)."""
         return (lambda: self.template_deltas().float().sum()) if self.config.denoise else None

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.method import FineTunedModel, MethodConfig
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class DiffCSEConfig(MethodConfig):
     # within a short CPU run), not a setting of any preset.
     discriminator_learning_rate: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_learning_rate is not None and not self.discriminator_learning_rate > 0:
             raise ValueError(
@@ -86,6 +89,7 @@ class DiffCSE(FineTunedModel, ConditionalRTDModel):
 
     method = "diffcse"
     config_class = DiffCSEConfig
+    config: DiffCSEConfig
     paper = (
         "Yung-Sung Chuang, Rumen Dangovski, Hongyin Luo, Yang Zhang, Shiyu Chang, Marin Soljačić, Shang-Wen Li, "
         "Wen-tau Yih, Yoon Kim and James Glass (2022). DiffCSE: Difference-based Contrastive Learning for "
@@ -100,7 +104,12 @@ class DiffCSE(FineTunedModel, ConditionalRTDModel):
 }"""
     builds_on = ("simcse",)
 
-    def __init__(self, config: DiffCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
+    def __init__(
+        self,
+        config: DiffCSEConfig,
+        backbone: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
         super().__init__()
         backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)
         bcfg = backbone.config

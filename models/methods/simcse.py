@@ -22,14 +22,17 @@ has no augmentation left.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
 from cse.models.method import CSEModel, FineTunedModel, MethodConfig, StepOutput, set_backbone_dropout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class SimCSEConfig(MethodConfig):
     # attention, embeddings) set to p; 0.0 = the SimCSE paper's "no dropout" row (Table 2), the two views identical.
     dropout: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dropout is not None and (isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout must be None (the backbone's own rates) or in [0, 1), got {self.dropout!r}")
         if self.temperature <= 0:
@@ -85,6 +88,7 @@ class SimCSE(FineTunedModel, CSEModel):
 
     method = "simcse"
     config_class = SimCSEConfig
+    config: SimCSEConfig
     paper = (
         "Tianyu Gao, Xingcheng Yao and Danqi Chen (2021). SimCSE: Simple Contrastive Learning of Sentence "
         "Embeddings. EMNLP 2021, pages 6894-6910."
@@ -97,7 +101,12 @@ class SimCSE(FineTunedModel, CSEModel):
   year      = {2021}
 }"""
 
-    def __init__(self, config: SimCSEConfig, backbone: nn.Module | None = None, tokenizer=None):
+    def __init__(
+        self,
+        config: SimCSEConfig,
+        backbone: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
         super().__init__()
         backbone = self.attach_backbone(config, backbone, tokenizer, trainable=True)  # full fine-tuning (SimCSE)
         if config.dropout is not None:
@@ -125,7 +134,7 @@ class SimCSE(FineTunedModel, CSEModel):
         )
         return loss, z
 
-    def training_step(self, batch: TrainBatch, step: int = 0, phase: str = "main") -> StepOutput:
+    def training_step(self, batch: TrainBatch, step: int | torch.Tensor = 0, phase: str = "main") -> StepOutput:
         loss, _ = self(batch.input_ids, batch.attention_mask)
         return StepOutput(loss, {"loss_contrastive": loss.detach()})
 

@@ -6,15 +6,22 @@ the methods built on one."""
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
+from cse.models.loading import word_embeddings
 from cse.models.prompts.families import attention_of, encoder_family
 from cse.models.prompts.interface import PREFIX_IMPLEMENTATIONS, PREFIX_KWARG
 from cse.models.prompts.module_route import MODULE_ROUTE, prefix_scope
 from cse.models.prompts.position0 import POSITION0_KWARG, position0_class, replace_position0_output
 from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues, prefix_visibility
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+    from cse.models.method import MethodConfig, PromptConfig
 
 
 def _checkpointing(backbone: nn.Module) -> bool:
@@ -34,7 +41,9 @@ class PromptedBackbone(nn.Module):
     prompts cannot reach raises `TypeError` naming it.
     """
 
-    def __init__(self, backbone: nn.Module, prefix_encoder: PrefixEncoder | None = None, shift_positions: bool = True):
+    def __init__(
+        self, backbone: PreTrainedModel, prefix_encoder: PrefixEncoder | None = None, shift_positions: bool = True
+    ) -> None:
         super().__init__()
         family = encoder_family(backbone)
         config = backbone.config
@@ -64,12 +73,12 @@ class PromptedBackbone(nn.Module):
 
     # ----------------------------------------------------------------------------------------- shapes
     @property
-    def config(self):
+    def config(self) -> PretrainedConfig:
         return self.backbone.config
 
     @property
     def layers(self) -> nn.ModuleList:
-        return self.backbone.get_submodule(self.family.layers)
+        return cast(nn.ModuleList, self.backbone.get_submodule(self.family.layers))  # the family's layer list
 
     @property
     def num_layers(self) -> int:
@@ -97,7 +106,8 @@ class PromptedBackbone(nn.Module):
         swaps each module's class for its prefix-aware subclass (same parameters, same state-dict names)."""
         for i, attn in enumerate(self.attention_modules()):
             if getattr(attn, "layer_idx", None) is None:
-                attn.layer_idx = i  # DistilBERT, MPNet and DeBERTa attention modules carry no index of their own
+                # DistilBERT, MPNet and DeBERTa attention modules carry no index of their own
+                attn.layer_idx = i  # type: ignore[assignment]  # torch's __setattr__ stub takes tensors and modules only
             elif attn.layer_idx != i:
                 raise ValueError(f"attention module of layer {i} reports layer_idx={attn.layer_idx}")
             head_dim = getattr(attn, "attention_head_size", None) or getattr(attn, "head_dim", None)
@@ -109,7 +119,7 @@ class PromptedBackbone(nn.Module):
             if self.family.layer_kwargs:
                 layer = self.layers[i]
                 layer.__class__ = position0_class(type(layer))
-                layer._cse_first = i == 0
+                layer._cse_first = i == 0  # type: ignore[assignment]  # as layer_idx above
             if self.family.injection == "module":
                 swapped = MODULE_ROUTE.get(type(attn))
                 if swapped is not None:
@@ -124,7 +134,7 @@ class PromptedBackbone(nn.Module):
     def position_ids(self, input_ids: torch.Tensor, offset: int) -> torch.Tensor:
         """Positions with the prefix shift `offset` (RoBERTa, XLM-RoBERTa, MPNet: HF's padding-aware numbering;
         ModernBERT: rotary positions). A family without positions ("none") gets `offset …` too, which it ignores."""
-        emb = self.backbone.embeddings
+        emb: Any = self.backbone.embeddings  # the family's own embeddings class (padding_idx, position helper)
         batch, length = input_ids.shape
         kind = self.position_kind
         if kind == "padding" and hasattr(emb, "create_position_ids_from_input_ids"):  # RoBERTa family
@@ -174,10 +184,10 @@ class PromptedBackbone(nn.Module):
     def _position0_module(self) -> nn.Module:
         """The module whose output is the first layer's input (ELECTRA with embedding_size ≠ hidden_size: the projection)."""
         projection = getattr(self.backbone, "embeddings_project", None)
-        return projection if projection is not None else self.backbone.embeddings
+        return projection if projection is not None else self.backbone.get_submodule("embeddings")
 
     # ----------------------------------------------------------------------------------------- forward
-    def forward(  # noqa: C901 (one pass with optional inputs per encoder family; split, the hot path would copy tensors)
+    def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -187,7 +197,7 @@ class PromptedBackbone(nn.Module):
         position0_output: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         position_ids: torch.Tensor | None = None,
-    ):
+    ) -> Any:
         """Run the encoder on `(B', T)` ids; returns the HF output (`last_hidden_state`, `hidden_states`).
 
         `cls_embedding` (`(d_e,)` or `(B', d_e)`, d_e the word-embedding width) replaces the word embedding at
@@ -198,28 +208,70 @@ class PromptedBackbone(nn.Module):
         positions (DiffAug); None keeps the default behaviour. `token_type_ids` on a family without token types
         (DistilBERT, MPNet, ModernBERT) must be None or all zero.
         """
-        batch, length = input_ids.shape
+        batch = input_ids.shape[0]
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
+        sample = self.resolve_prefix(prefix, batch)
+        kwargs = self.backbone_kwargs(
+            input_ids, attention_mask, token_type_ids, sample, cls_embedding, output_hidden_states, position_ids
+        )
+        if position0_output is not None and position0_output.shape != (batch, self.hidden_size):
+            raise ValueError(
+                f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}"
+            )
+        if self.family.layer_kwargs:
+            if position0_output is not None:
+                kwargs[POSITION0_KWARG] = position0_output
+            if self.family.injection == "interface":  # no context to enter: nothing per call but the kwargs
+                return self.backbone(**kwargs)
+        with contextlib.ExitStack() as scope:
+            if self.family.injection == "module" and sample is not None:
+                scope.enter_context(prefix_scope(self.attention_modules(), sample))
+            if position0_output is not None and not self.family.layer_kwargs:
+                scope.enter_context(replace_position0_output(self._position0_module(), position0_output))
+            return self.backbone(**kwargs)
+
+    def resolve_prefix(self, prefix: bool | PrefixKeyValues, batch: int) -> PrefixKeyValues | None:
+        """The prefix sample `forward` runs with: a fresh one from the owned `PrefixEncoder` (True), none (False) or
+        the given one, checked against the batch and the backbone's layers."""
+        sample: PrefixKeyValues | None
         if prefix is True:
             if self.prefix_encoder is None:
                 raise ValueError("prefix=True needs a PromptedBackbone built with a prefix_encoder")
-            prefix = self.prefix_encoder(batch)
+            sample = self.prefix_encoder(batch)
         elif prefix is False:
-            prefix = None
-        if prefix is not None and prefix.batch_size != batch:
-            raise ValueError(f"prefix sample has {prefix.batch_size} rows, the input {batch}")
-        if prefix is not None and len(prefix.layers) != self.num_layers:
+            sample = None
+        else:
+            sample = prefix
+        if sample is not None and sample.batch_size != batch:
+            raise ValueError(f"prefix sample has {sample.batch_size} rows, the input {batch}")
+        if sample is not None and len(sample.layers) != self.num_layers:
             raise ValueError(
-                f"prefix sample has {len(prefix.layers)} layers, the {self.family.name} backbone {self.num_layers}"
+                f"prefix sample has {len(sample.layers)} layers, the {self.family.name} backbone {self.num_layers}"
             )
+        return sample
 
+    def backbone_kwargs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        prefix: PrefixKeyValues | None,
+        cls_embedding: torch.Tensor | None,
+        output_hidden_states: bool,
+        position_ids: torch.Tensor | None,
+    ) -> dict[str, Any]:
+        """The keyword arguments of the backbone's call in `forward` (its arguments as documented there; `prefix`:
+        the sample, or None): positions (shifted by the prefix, or checked when given), token types, the attention
+        mask (prebuilt with the prefix columns where the family needs it), the prefix kwarg of the interface route,
+        and the ids or, with `cls_embedding`, the input embeddings."""
+        batch = input_ids.shape[0]
         if position_ids is None:
             shift = prefix is not None and self.shift_positions and self.position_kind != "none"
-            position_ids = self.position_ids(input_ids, prefix.length if shift else 0)
+            position_ids = self.position_ids(input_ids, prefix.length if prefix is not None and shift else 0)
         else:
             self.check_position_ids(position_ids, input_ids)
-        kwargs = dict(output_hidden_states=output_hidden_states)
+        kwargs: dict[str, Any] = dict(output_hidden_states=output_hidden_states)
         if self.position_kind != "none":
             kwargs["position_ids"] = position_ids
         if self.family.token_types:
@@ -238,31 +290,16 @@ class PromptedBackbone(nn.Module):
                 "gradient checkpointing (which re-runs layers during backward) cannot be used with them"
             )
         if cls_embedding is not None:
-            embeds = self.backbone.get_input_embeddings()(input_ids)
+            embeds = word_embeddings(self.backbone)(input_ids)
             first = cls_embedding.to(embeds.dtype).expand(batch, embeds.shape[-1]).unsqueeze(1)
             kwargs["inputs_embeds"] = torch.cat([first, embeds[:, 1:]], dim=1)
         else:
             kwargs["input_ids"] = input_ids
-
-        if position0_output is not None and position0_output.shape != (batch, self.hidden_size):
-            raise ValueError(
-                f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}"
-            )
-        if self.family.layer_kwargs:
-            if position0_output is not None:
-                kwargs[POSITION0_KWARG] = position0_output
-            if self.family.injection == "interface":  # no context to enter: nothing per call but the kwargs
-                return self.backbone(**kwargs)
-        with contextlib.ExitStack() as scope:
-            if self.family.injection == "module" and prefix is not None:
-                scope.enter_context(prefix_scope(self.attention_modules(), prefix))
-            if position0_output is not None and not self.family.layer_kwargs:
-                scope.enter_context(replace_position0_output(self._position0_module(), position0_output))
-            return self.backbone(**kwargs)
+        return kwargs
 
 
 def prompted_backbone(
-    backbone: nn.Module,
+    backbone: PreTrainedModel,
     prefix_len: int,
     dropout: float = 0.1,
     projection: bool = False,
@@ -290,7 +327,22 @@ class PromptedModel:
 
     encoder: PromptedBackbone
 
-    def attach_prompted_backbone(self, config, backbone: nn.Module | None, tokenizer):
+    if TYPE_CHECKING:  # the method class's own (CSEModel), which this mixin is always combined with
+
+        def attach_backbone(
+            self,
+            config: MethodConfig,
+            backbone: PreTrainedModel | None,
+            tokenizer: PreTrainedTokenizerBase | None,
+            trainable: bool,
+        ) -> PreTrainedModel: ...
+
+    def attach_prompted_backbone(
+        self,
+        config: PromptConfig,
+        backbone: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase | None,
+    ) -> PretrainedConfig:
         """Attach the frozen backbone (`CSEModel.attach_backbone`) and wrap it with the deep prompts of a
         `PromptConfig` as `self.encoder`; returns the backbone's config. `self.cls_prompt`, the word embedding that
         replaces [CLS] in `encode_cls` (the [CLS] prompt, D2CSE paper), starts as None: a method sets its own."""
@@ -303,16 +355,16 @@ class PromptedModel:
             config.prefix_hidden,
             config.shift_positions,
         )
-        self.encoder.prefix_encoder.requires_grad_(config.train_prompts)  # False: the prompts-frozen control
+        self.prompts.requires_grad_(config.train_prompts)  # False: the prompts-frozen control
         self.cls_prompt: nn.Parameter | None = None
         return backbone.config
 
     @property
     def prompts(self) -> PrefixEncoder:
-        return self.encoder.prefix_encoder
+        return cast(PrefixEncoder, self.encoder.prefix_encoder)  # attach_prompted_backbone always builds one
 
     @property
-    def backbone(self) -> nn.Module:
+    def backbone(self) -> PreTrainedModel:
         return self.encoder.backbone
 
     def encode_cls(

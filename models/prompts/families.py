@@ -5,8 +5,12 @@ which route a prefix takes into its attention (`EncoderFamily`, looked up from `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -33,14 +37,14 @@ class EncoderFamily:
     token_types: bool
     layer_kwargs: bool = True
 
-    def position_kind(self, config) -> str:
+    def position_kind(self, config: PretrainedConfig) -> str:
         """`positions`, or "none" for DeBERTa-v2/v3 without absolute position embeddings (`position_biased_input`)."""
         if self.positions == "absolute" and not getattr(config, "position_biased_input", True):
             return "none"
         return self.positions
 
 
-_BERT_LIKE = dict(
+_BERT_LIKE: dict[str, Any] = dict(
     layers="encoder.layer", attention="attention.self", injection="interface", prebuilt_mask=True, token_types=True
 )
 ENCODER_FAMILIES: dict[str, EncoderFamily] = {
@@ -98,7 +102,7 @@ def _bert_layout_attention(layer: nn.Module) -> nn.Module | None:
 def encoder_family(backbone: nn.Module) -> EncoderFamily:
     """The `EncoderFamily` of a bare HF encoder; `TypeError` naming the architecture if prompts cannot reach it."""
     model_type = getattr(getattr(backbone, "config", None), "model_type", None)
-    family = ENCODER_FAMILIES.get(model_type)
+    family = ENCODER_FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is not None:
         return family
     layers = getattr(getattr(backbone, "encoder", None), "layer", None)
@@ -125,7 +129,7 @@ def encoder_family(backbone: nn.Module) -> EncoderFamily:
 def encoder_layers(backbone: nn.Module) -> nn.ModuleList:
     """The transformer layers of a supported bare encoder (`encoder.layer`, DistilBERT's `transformer.layer`,
     ModernBERT's `layers`)."""
-    return backbone.get_submodule(encoder_family(backbone).layers)
+    return cast(nn.ModuleList, backbone.get_submodule(encoder_family(backbone).layers))  # the family's layer list
 
 
 def attention_of(family: EncoderFamily, layer: nn.Module) -> nn.Module:

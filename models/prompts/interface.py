@@ -5,6 +5,8 @@ the layer's prefix K/V, handed to them as the `cse_prefix` keyword argument of o
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -19,22 +21,29 @@ PREFIX_KWARG = "cse_prefix"
 PREFIX_IMPLEMENTATIONS = {"sdpa": "cse_prefix_sdpa", "eager": "cse_prefix_eager"}
 
 
-def _eager_attention(module: nn.Module):
+def _eager_attention(module: nn.Module) -> Callable[..., Any]:
     """The eager attention function of the module's own family (BERT's for the BERT-style families)."""
     return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", _bert_eager_attention)
 
 
-def _prefix_attention(inner: str):
+def _prefix_attention(inner: str) -> Callable[..., Any]:
     """An attention function that prepends this layer's prefix K/V (DCPCSE reference prefixes step 4), then runs `inner`.
 
     A mask that covers only the token keys (ModernBERT's own global / sliding-window masks, or none) gets the
     prefix columns in front; the BERT-style families receive the `(B', 1, T, P+T)` mask `PromptedBackbone` built.
     """
 
-    def attention(module, query, key, value, attention_mask, **kwargs):
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> Any:
         prefix: PrefixKeyValues | None = kwargs.pop(PREFIX_KWARG, None)
         if prefix is not None:
-            k_p, v_p = prefix.layers[module.layer_idx]
+            k_p, v_p = prefix.layers[cast(int, module.layer_idx)]  # an int: set on every module (PromptedBackbone)
             if attention_mask is None or attention_mask.shape[-1] == key.shape[2]:
                 attention_mask = extend_mask(attention_mask, prefix, query, boolean=inner == "sdpa")
             key = torch.cat([k_p.to(key.dtype), key], dim=2)

@@ -67,7 +67,7 @@ class PrefixEncoder(nn.Module):
         self.register_buffer("prefix_ids", torch.arange(prefix_len), persistent=False)
         if projection:
             self.embedding = nn.Embedding(prefix_len, hidden_size)
-            self.transform = nn.Sequential(
+            self.transform: nn.Sequential | None = nn.Sequential(
                 nn.Linear(hidden_size, projection_hidden), nn.Tanh(), nn.Linear(projection_hidden, width)
             )
         else:
