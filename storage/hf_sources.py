@@ -9,7 +9,7 @@ mapping. In short form, `hf:<dataset>[:<config>][@<split>]`. It is loaded with `
 `load_dataset` keeps the Arrow copy of local data files under a key of their paths and modification times only, so a
 file replaced by other rows under its old modification time (`cp -p`, `rsync -t`, an archive unpacked) gave the old
 rows. Here the Arrow copy of local data files is kept per content: under `<data_root>/downloads/hf/local/<hash>`,
-the hash of the files' names and sha256 digests (`local_files_cache`); other content is another folder, whatever the
+the hash of the files' paths and sha256 digests (`local_files_cache`); other content is another folder, whatever the
 modification time.
 
 What the file readers guarantee holds here too:
