@@ -3,6 +3,10 @@
 Loading a masked LM costs seconds; a process (the flow's, or a Dask worker) runs many shards of one corruption, so
 the `Corruptor` is kept between them. One at a time: other settings replace it, and `release_generators` frees it
 when the corruption is published. Safe to call from several threads.
+
+A generator with a `nan`/`inf` weight is refused as it is loaded, before any shard is corrupted, naming the tensors
+and rows (`cse.models.finite`): its logits turn NaN and their argmax is token 0, so a corruption replaced tokens by
+`[PAD]` and was published with ordinary-looking statistics.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import threading
 from collections.abc import Sequence
 
 from cse.models.corruption import Corruptor, Mode, SpecialTokens
+from cse.models.finite import require_finite_model
 from cse.models.loading import load_masked_lm, load_tokenizer
 
 _CORRUPTORS: dict[tuple, Corruptor] = {}
@@ -39,6 +44,9 @@ def shared_corruptor(
         unigram_counts: mode unigram: the token counts drawn from.
         unigram_source: mode unigram: what the counts were counted on (the tokens' content hash), so that other
             counts build another corruptor.
+
+    Raises:
+        NonFiniteWeights: the generator holds a `nan`/`inf` weight (named with its rows).
     """
     cache_key = (
         generator,
@@ -56,6 +64,13 @@ def shared_corruptor(
             _CORRUPTORS.clear()
             tokens = SpecialTokens.from_tokenizer(load_tokenizer(tokenizer))
             model = None if mode == "unigram" else load_masked_lm(generator)
+            if model is not None:
+                require_finite_model(
+                    model,
+                    f"generator {generator!r}",
+                    "Refused before corrupting (NaN logits pick token 0, [PAD], as every replacement): check or "
+                    "replace the generator's weights",
+                )
             _CORRUPTORS[cache_key] = Corruptor(
                 model,
                 tokens,

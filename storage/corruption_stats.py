@@ -1,6 +1,7 @@
 """The statistics of a corruption dataset: the counts of each shard (`ShardResult`, what a shard task returns) and
 the manifest's `stats` made of them (`corruption_stats`): masked and replaced ratios over non-special tokens, overall
-and per shard, and the throughput of the shards computed."""
+and per shard, the replacements that are special tokens (`special_replaced`: a healthy generator predicts words, one
+with NaN logits `[PAD]`), and the throughput of the shards computed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field
 
 from cse.storage.sharded import ShardDone
 
@@ -22,6 +24,8 @@ class ShardResult(ShardDone):
     masked: int
     replaced: int
     seconds: float
+    # special token id -> how many replacements are that token (a healthy generator: none or nearly none)
+    special_replacements: dict[int, int] = Field(default_factory=dict)
 
 
 def shard_result(
@@ -38,6 +42,9 @@ def shard_result(
         seconds: how long computing it took.
     """
     flat = pc.list_flatten(table.column("input_ids")).to_numpy()
+    corrupted = pc.list_flatten(table.column("corrupted_ids")).to_numpy()
+    replaced = pc.list_flatten(table.column("labels")).to_numpy() == 1
+    ids, counts = np.unique(corrupted[replaced & np.isin(corrupted, special_ids)], return_counts=True)
     return ShardResult(
         shard=shard,
         sentences=table.num_rows // variants,
@@ -47,11 +54,21 @@ def shard_result(
         replaced=int(pc.sum(table.column("n_replaced")).as_py() or 0),
         computed=computed,
         seconds=seconds,
+        special_replacements=dict(zip(ids.tolist(), counts.tolist())),
     )
 
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
+
+
+def special_replacements(shards: list[ShardResult]) -> dict[int, int]:
+    """Special token id -> how many replacements of all `shards` are that token, most frequent first."""
+    total: dict[int, int] = {}
+    for s in shards:
+        for token, n in s.special_replacements.items():
+            total[token] = total.get(token, 0) + n
+    return dict(sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def corruption_stats(shards: list[ShardResult]) -> dict[str, Any]:
@@ -70,6 +87,7 @@ def corruption_stats(shards: list[ShardResult]) -> dict[str, Any]:
         "masked_ratio": _ratio(masked, tokens),
         "replaced_ratio": _ratio(replaced, tokens),
         "replaced_of_masked": _ratio(replaced, masked),
+        "special_replaced": sum(special_replacements(shards).values()),
         "shards": len(shards),
         "shards_computed": len(computed),
         "compute_seconds": seconds,

@@ -27,6 +27,21 @@ def sha256_files(paths: Iterable[str | Path]) -> str:
     return combine_hashes(sha256_file(p) for p in paths)
 
 
+def sha256_folder(folder: str | Path) -> str:
+    """One hash over the regular files directly in `folder` (names starting with `.` left out), of their names and
+    contents in name order: what a model folder is to `from_pretrained` (config, weights, tokenizer files). A file
+    replaced by other content changes it whatever its modification time; renaming or adding a file changes it too.
+
+    Args:
+        folder: the folder to hash.
+
+    Returns:
+        The hex digest.
+    """
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
+    return combine_hashes(hashlib.sha256(f"{p.name}\t{sha256_file(p)}".encode()).hexdigest() for p in files)
+
+
 def combine_hashes(digests: Iterable[str]) -> str:
     """The hash `sha256_files` gives for files with these sha256 hex digests, in order."""
     h = hashlib.sha256()

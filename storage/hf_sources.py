@@ -6,10 +6,17 @@ mapping. In short form, `hf:<dataset>[:<config>][@<split>]`. It is loaded with `
 `save_to_disk` folder) or `datasets.load_dataset` (anything else; hub downloads are cached under
 `<data_root>/downloads/hf`), memory-mapped.
 
+`load_dataset` keeps the Arrow copy of local data files under a key of their paths and modification times only, so a
+file replaced by other rows under its old modification time (`cp -p`, `rsync -t`, an archive unpacked) gave the old
+rows. Here the Arrow copy of local data files is kept per content: under `<data_root>/downloads/hf/local/<hash>`,
+the hash of the files' paths and sha256 digests (`local_files_cache`); other content is another folder, whatever the
+modification time.
+
 What the file readers guarantee holds here too:
 - a missing column is an error naming the dataset and the column (and the columns it has);
 - a bad value (a null, a score that is not a number or outside [0, 5], an unknown STS task or split) is an error
   naming the dataset and the row (0-based, as `ds[row]` shows it);
+- a byte-order mark at a value's start is stripped and counted (`bom`), as at a file's line start;
 - control characters and over-long values are counted (errors with `strict`), empty sentences counted and kept,
   STS sentences whitespace-split and re-joined as SentEval does;
 - the content hash is of the rows read (the mapped columns' values and constants, `cse.storage.hashing.arrow_column_hash`),
@@ -32,8 +39,9 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cse.storage import schemas
-from cse.storage.hashing import arrow_column_hash, canonical_json, combine_hashes
+from cse.storage.hashing import arrow_column_hash, canonical_json, combine_hashes, sha256_file
 from cse.storage.readers import (
+    BOM,
     SEVEN_TASKS,
     STS_SUBSETS,
     Columns,
@@ -156,6 +164,33 @@ def _is_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
 
 
+# load_dataset's own keyword arguments, which its builder does not take
+_LOAD_ONLY = ("verification_mode", "keep_in_memory", "save_infos", "streaming", "num_proc")
+
+
+def local_files_cache(spec: HFSource, cache_dir: Path) -> Path:
+    """Where `load_dataset` keeps the Arrow copy of `spec`: `cache_dir` for hub files, and for local data files (a
+    local folder, or local `data_files`) `cache_dir/local/<hash of their resolved paths and sha256 digests>`, so that
+    other content is never a hit of the copy made from the old one."""
+    import datasets
+
+    local = Path(spec.dataset).expanduser()
+    if not local.is_dir() and spec.data_files is None:
+        return cache_dir  # a hub dataset's own files: identified by their revision
+    builder = datasets.load_dataset_builder(
+        str(local) if local.is_dir() else spec.dataset,
+        spec.config,
+        data_files=spec.data_files,
+        revision=spec.revision,
+        cache_dir=str(cache_dir),
+        **{k: v for k, v in spec.options.items() if k not in _LOAD_ONLY},
+    )
+    files = sorted({f for split in (builder.config.data_files or {}).values() for f in split if "://" not in f})
+    if not files:
+        return cache_dir
+    return cache_dir / "local" / combine_hashes(f"{f}\t{sha256_file(f)}" for f in files)[:16]
+
+
 def load_hf(spec: HFSource, cache_dir: Path):
     """(datasets.Dataset, its split name, "load_from_disk" | "load_dataset") for one source. Errors name the source."""
     import datasets
@@ -183,7 +218,7 @@ def load_hf(spec: HFSource, cache_dir: Path):
                 split=spec.split,
                 data_files=spec.data_files,
                 revision=spec.revision,
-                cache_dir=str(cache_dir),
+                cache_dir=str(local_files_cache(spec, cache_dir)),
                 **spec.options,
             )
     except Exception as e:  # datasets raises many kinds (offline, not found, bad split): name the source
@@ -273,10 +308,14 @@ def hf_rows(kind: str, spec: HFSource, cache_dir: Path) -> HFRows:  # noqa: C901
 
 
 def _texts(rows: HFRows, column: str, stats: ReadStats) -> list[str]:
-    """The column's values, checked: a null is an error naming the row; control characters and over-long values are
-    counted (errors with `stats.strict`)."""
+    """The column's values, checked: a null is an error naming the row; a byte-order mark at a value's start is
+    stripped and counted (`bom`, as a file's lines: a loader that keeps the mark of a file's first line leaves it
+    there); control characters and over-long values are counted (errors with `stats.strict`)."""
     values = rows.table.column(column).to_pylist()
     for i, v in enumerate(values):
+        if isinstance(v, str) and v.startswith(BOM):
+            values[i] = v = v.lstrip(BOM)
+            stats.count_at("bom", f"{rows.where} row {i}", f"{column}: byte-order mark stripped")
         if v is None:
             raise HFRowError(
                 rows.where,

@@ -111,7 +111,7 @@ def generator_key(
     Args:
         tokens_hash: the content hash of the tokens dataset.
         tokenizer_fingerprint: the tokenizer fingerprint the tokens dataset records (None when it records none).
-        backbone: the backbone's identity (name or folder, hash of its config.json).
+        backbone: the backbone's identity (name or folder, hash of its config.json and of a folder's files).
         config: the stage's config as a dict, without the fields that change nothing (`device`).
     """
     return stable_hash(
@@ -146,8 +146,8 @@ def corruption_key(
     Args:
         tokens_hash: the content hash of the tokens dataset corrupted.
         tokenizer_fingerprint: the tokenizer fingerprint the tokens dataset records (None when it records none).
-        generator: the generator's identity (name or folder + config.json hash; a generator dataset's key and content
-            hash; `{"name": "unigram"}` for mode unigram).
+        generator: the generator's identity (name or folder + config.json hash + a folder's files' hash; a generator
+            dataset's key and content hash; `{"name": "unigram"}` for mode unigram).
         precision: `fp32` or `bf16`.
         mask_ratio, mode, variants, seed, shard_size, generator_dropout, positions: the corruption settings
             (`cse.config.stages.CorruptConfig`, resolved: `variants` and `seed` explicit).
@@ -182,7 +182,7 @@ def backbone_evaluation_key(
     STS dataset's content hash and the evaluation precision.
 
     Args:
-        backbone: the backbone's identity (name or folder, hash of its config.json).
+        backbone: the backbone's identity (name or folder, hash of its config.json and of a folder's files).
         pooler: the pooler read from the backbone's output (`cls_before_pooler`, `avg`, `mask`, ...).
         template: the prompt template each sentence is wrapped in, None for none.
         sts_hash: the content hash of the STS dataset scored.

@@ -5,8 +5,9 @@ file and the 1-based line number. Empty sentences are kept and counted, never dr
 (`is_blank`): nothing but whitespace, format and control characters of any script (NBSP, U+3000, U+200B, U+FEFF,
 U+2060 count as nothing, as an ASCII space does).
 
-One rule for every text source (`iter_lines`): a UTF-8 byte-order mark at the start of a file is stripped and
-counted (`bom`); lines with control characters (C0 but tab, DEL, C1: NUL bytes, a stray carriage return, U+0092)
+One rule for every text source (`iter_lines`): a UTF-8 byte-order mark at the start of a line is stripped and
+counted (`bom`): at the start of the file, and where files were concatenated (`cat a.txt b.txt` keeps the second
+file's mark at the start of its first line); lines with control characters (C0 but tab, DEL, C1: NUL bytes, a stray carriage return, U+0092)
 and lines longer than `max_line_chars` are counted (`control_lines`, `long_lines`, the first ones named in
 `examples`), and with `strict` they are errors naming file and line.
 """
@@ -144,11 +145,15 @@ def require_file(path: str | Path, what: str) -> Path:
     return p
 
 
+BOM = "\ufeff"
+
+
 def iter_lines(path: str | Path, stats: ReadStats | None = None) -> Iterator[tuple[int, str]]:
     """(line number, text without the line break), decoding strict UTF-8 per line.
 
-    A byte-order mark at the start of the file is stripped (and counted as `bom` in `stats`). With `stats`,
-    control characters and lines over `stats.max_line_chars` are counted, or raise when `stats.strict`."""
+    A byte-order mark at the start of a line is stripped (and counted as `bom` in `stats`): the file's own, and
+    those of files concatenated into it. With `stats`, control characters and lines over `stats.max_line_chars` are
+    counted, or raise when `stats.strict`."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
@@ -158,10 +163,10 @@ def iter_lines(path: str | Path, stats: ReadStats | None = None) -> Iterator[tup
                     path, n, f"invalid UTF-8 at byte {e.start}: {raw[max(0, e.start - 10) : e.end + 10]!r}"
                 ) from None
             text = text.rstrip("\r\n")
-            if n == 1 and text.startswith("\ufeff"):
-                text = text[1:]
+            if text.startswith(BOM):
+                text = text.lstrip(BOM)
                 if stats is not None:
-                    stats.count("bom", path, 1, "byte-order mark stripped")
+                    stats.count("bom", path, n, "byte-order mark stripped")
             if stats is not None:
                 _check_line(path, n, text, stats)
             yield n, text

@@ -90,7 +90,7 @@ def score_backbone(cfg: TrainConfig, sts: DatasetRef) -> BackboneScore:
     """
     from cse.evaluation.evaluator import Evaluator  # lazy: scipy.stats, scikit-learn
     from cse.models.embedder import PooledEncoder
-    from cse.tasks.corrupt import generator_identity  # (name or folder + config.json hash: any model's identity)
+    from cse.tasks.corrupt import generator_identity  # (name or folder, config.json, a folder's files: any model)
     from cse.tasks.evaluate import evaluation_row
 
     root = DataRoot(get_settings().data_root)

@@ -1,14 +1,20 @@
 """Offline replaced-token corruption of a tokens dataset (DiffCSE, Chuang et al., 2022), sharded and cached: the stage.
 
-The key (`cse.storage.keys.corruption_key`) hashes the tokens' content, the generator (name or folder + its config.json;
-a `generator:<key>` dataset of the fit-generator stage, by key or by folder, by its key and content hash; "unigram"
-for mode unigram), the tokenizer fingerprint and every setting that changes the output. Each shard of `shard_size`
-sentences is one task writing `datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a
-crash computes only the missing shards; publishing links the shards into the dataset folder with
+The key (`cse.storage.keys.corruption_key`) hashes the tokens' content, the generator (name or folder + its config.json
+and, for a folder, the content of its files; a `generator:<key>` dataset of the fit-generator stage, by key or by
+folder, by its key and content hash; "unigram" for mode unigram), the tokenizer fingerprint and every setting that
+changes the output. Each shard of `shard_size` sentences is one task writing
+`datasets/corruption/<key>.shards/shard-NNNNN.parquet` atomically, so a rerun after a crash computes only the missing
+shards; publishing links the shards into the dataset folder with
 its manifest and removes the work folder (storage/sharded.py: the plan's shards, their files, reading the
 tokens rows of a shard, publishing). Output rows: every input row × `variants`, in input order
 (storage/corruption.py assembles them, storage/corruption_stats.py counts them; the generator is loaded once per
 process, models/generator_cache.py).
+
+A corruption whose replacements are special tokens beyond `MAX_SPECIAL_REPLACEMENTS` of them is refused before it
+is published (`SpecialReplacements`, naming the tokens; its shards are removed): a generator predicts words, and one
+whose logits are NaN predicts `[PAD]` everywhere (a generator with non-finite weights is refused when it is loaded,
+`cse.models.generator_cache`; this catches the finite ones that behave the same).
 
 A shard's bytes depend only on the plan and the shard number (its seeds come from `shard_seed`), so
 shards may run in any order, in any process, on any machine (flows/corrupt.py hands them to Dask
@@ -47,11 +53,11 @@ from cse.models.loading import (
 from cse.storage import schemas, sharded
 from cse.storage.catalog import refresh_catalog
 from cse.storage.corruption import corruption_rows, token_lists
-from cse.storage.corruption_stats import ShardResult, corruption_stats, shard_result
+from cse.storage.corruption_stats import ShardResult, corruption_stats, shard_result, special_replacements
 from cse.storage.datasets import DatasetRef, read_dataset
 from cse.storage.generators import GENERATOR_PREFIX, generator_dataset
 from cse.storage.generators import KIND as GENERATOR_KIND
-from cse.storage.hashing import sha256_file, stable_hash
+from cse.storage.hashing import sha256_file, sha256_folder, stable_hash
 from cse.storage.integrity import Quarantined
 from cse.storage.keys import CORRUPTION_SETTINGS, SCHEMA_VERSIONS, corruption_key
 from cse.storage.layout import DataRoot
@@ -63,6 +69,19 @@ from cse.tracking.stage_runs import log_dataset_metrics, log_quarantine, stage_r
 
 KIND = "corruption"
 SCHEMA_VERSION = SCHEMA_VERSIONS[KIND]
+# The largest share of the replacements that may be special tokens ([PAD], [CLS], [SEP], [MASK], [UNK]): a healthy
+# generator predicts them at almost no masked position (measured: 0 of 1,751 for a random tiny DistilBERT); one
+# whose logits are NaN predicts [PAD] at every position (92 % of the replacements in the campaign's case).
+MAX_SPECIAL_REPLACEMENTS = 0.05
+
+
+class SpecialReplacements(ValueError):
+    """A corruption whose replacements are special tokens beyond `MAX_SPECIAL_REPLACEMENTS`: refused before it is
+    published. `key`: the corruption's key."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(message)
 
 
 class CorruptPlan(ShardedPlan):
@@ -106,11 +125,11 @@ def shard_seed(seed: int, shard: int, variant: int) -> int:
 
 
 def generator_identity(name: str) -> dict[str, str]:
-    """The generator as the cache key sees it: name (or resolved folder) and the hash of its config.json.
-
-    Weights are not hashed (too slow): a folder whose weights change under the same config.json needs
-    a new path.
-    """
+    """The generator (or any model) as the cache keys see it: name (or resolved folder) and the hash of its
+    config.json; for a folder also the content hash of its files (`sha256_folder`: config, weights, tokenizer), so
+    weights replaced under the same config.json, whatever their modification time, are another generator (hashing
+    reads the weights once per call: about a second a GB). A hub model is its name and config.json (the files of one
+    hub revision do not change)."""
     if is_random_init(name):
         return {"name": name}
     resolved = Path(resolve_model_path(name))
@@ -118,6 +137,7 @@ def generator_identity(name: str) -> dict[str, str]:
         return {
             "name": name if name == PACKAGED_MINILM else str(resolved),
             "config_sha256": sha256_file(resolved / "config.json"),
+            "files_sha256": sha256_folder(resolved),
         }
     from transformers.utils import cached_file
 
@@ -302,7 +322,31 @@ def corrupt_shard(plan: CorruptPlan, shard: int) -> ShardResult:
     return result
 
 
+def check_replacements(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> None:
+    """Refuse the corruption of `shards` when over `MAX_SPECIAL_REPLACEMENTS` of its replacements are special tokens,
+    naming them; its shard files are removed (a rerun computes them again, from a generator fixed or replaced).
+
+    Raises:
+        SpecialReplacements: naming the key, the counts, the special tokens and the generator.
+    """
+    replaced = sum(s.replaced for s in shards)
+    special = special_replacements(shards)
+    if not replaced or sum(special.values()) <= MAX_SPECIAL_REPLACEMENTS * replaced:
+        return
+    tokenizer = load_tokenizer(plan.tokenizer)
+    named = ", ".join(f"{tokenizer.convert_ids_to_tokens(t)} {n:,d}" for t, n in special.items())
+    sharded.remove_shards(root, KIND, plan.key)
+    raise SpecialReplacements(
+        plan.key,
+        f"corruption {plan.key}: {sum(special.values()):,d} of {replaced:,d} replaced tokens are special tokens "
+        f"({named}), over {MAX_SPECIAL_REPLACEMENTS:.0%}: generator {plan.generator_path or plan.config.generator!r} "
+        "predicts special tokens instead of words (degenerate or non-finite weights?). Nothing was published: check "
+        "or replace the generator",
+    )
+
+
 def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Manifest:
+    check_replacements(root, plan, shards)
     cfg = plan.config
     params = {
         "generator": cfg.generator,

@@ -28,6 +28,7 @@ from cse.config.stages import TokenizeConfig
 from cse.models.loading import load_tokenizer, tokenizer_fingerprint, vocab_fingerprint
 from cse.storage import schemas
 from cse.storage.catalog import refresh_catalog
+from cse.storage.corruption import token_lists
 from cse.storage.datasets import DatasetRef, read_dataset, write_dataset
 from cse.storage.keys import SCHEMA_VERSIONS, tokens_key
 from cse.storage.layout import DataRoot
@@ -73,11 +74,23 @@ def _token_parts(table: pa.Table, columns: tuple[str, ...], tokenizer, cfg: Toke
     bar.close()
 
 
-def _length_counts(part: pa.Table, max_length: int, specials: int, columns: int) -> dict[str, int]:
+def non_content_ids(tokenizer) -> list[int]:
+    """The token ids that are no content: the special tokens (`[CLS]`, `[SEP]`, `[PAD]`, `[MASK]`, also where the
+    text spells them, `"[MASK]"`) and the unknown token: `[UNK]` stands for characters the vocabulary lacks (a
+    combining enclosing mark, an emoji), not for a word."""
+    ids = {*tokenizer.all_special_ids, tokenizer.unk_token_id}
+    ids.discard(None)
+    return sorted(ids)
+
+
+def _length_counts(part: pa.Table, max_length: int, non_content: list[int], columns: int) -> dict[str, int]:
     """The length counts of one tokens part (or shard): sentences, truncated ones, sum and max of the lengths, and the
-    sentences (and source rows, of `columns` sentences each) that hold nothing but the `specials` special tokens."""
+    sentences (and source rows, of `columns` sentences each) that hold no token but the `non_content` ones (special
+    and unknown: `[CLS] [SEP]`, `[CLS] [UNK] [SEP]`)."""
     lengths = part.column("length").to_numpy().astype(np.int64)
-    empty = lengths <= specials
+    flat, offsets = token_lists(part.column("input_ids"))
+    content = np.concatenate([[0], np.cumsum(~np.isin(flat, non_content))])
+    empty = content[offsets[1:]] == content[offsets[:-1]]
     return {
         "sentences": int(lengths.size),
         "empty": int(empty.sum()),
@@ -154,8 +167,7 @@ def tokenize_shard(plan: TokenizePlan, shard: int) -> TokenShardResult:
         ["id", *plan.columns],
         lambda rows: _token_part(rows, tuple(plan.columns), _shard_tokenizer(plan), plan.config),
     )
-    specials = _shard_tokenizer(plan).num_special_tokens_to_add()
-    counts = _length_counts(table, plan.config.max_length, specials, len(plan.columns))
+    counts = _length_counts(table, plan.config.max_length, non_content_ids(_shard_tokenizer(plan)), len(plan.columns))
     return TokenShardResult(shard=shard, computed=computed, **counts)
 
 
@@ -171,7 +183,8 @@ def _tokenize_on_runner(runner, root: DataRoot, plan: TokenizePlan, params: dict
 
 
 class EmptyTokensError(ValueError):
-    """Every source row tokenises to nothing but special tokens (`[CLS] [SEP]`): nothing to train on."""
+    """Every source row tokenises to nothing but special and unknown tokens (`[CLS] [SEP]`, `[CLS] [UNK] [SEP]`):
+    nothing to train on."""
 
 
 def _usable(stats: dict, source: DatasetRef, config: TokenizeConfig) -> dict:
@@ -182,7 +195,7 @@ def _usable(stats: dict, source: DatasetRef, config: TokenizeConfig) -> dict:
         raise EmptyTokensError(
             f"{source.kind} dataset {source.key}: all {rows:,d} rows tokenise to nothing but special tokens with "
             f"{config.tokenizer!r} ({stats['empty']:,d} of {stats['sentences']:,d} sentences empty after "
-            "tokenisation): nothing to train on. Check the source's text"
+            "tokenisation: special or unknown tokens only): nothing to train on. Check the source's text"
         )
     return stats
 
@@ -223,8 +236,8 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
                 if runner is None:  # local: every part in this process
                     table = read_dataset(root, source.kind, source.key)
                     parts = list(_token_parts(table, columns, tokenizer, config))
-                    specials = tokenizer.num_special_tokens_to_add()
-                    counts = (_length_counts(p, config.max_length, specials, len(columns)) for p in parts)
+                    non_content = non_content_ids(tokenizer)
+                    counts = (_length_counts(p, config.max_length, non_content, len(columns)) for p in parts)
                     manifest = write_dataset(
                         root,
                         "tokens",
@@ -250,7 +263,8 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
                 refresh_catalog(root)
         if empty_rows := manifest.stats.get("empty_rows"):
             log.warning(
-                "tokens %s: %d of %d source rows hold a sentence that tokenises to nothing but special tokens (kept)",
+                "tokens %s: %d of %d source rows hold a sentence that tokenises to nothing but special or unknown "
+                "tokens (kept)",
                 key,
                 empty_rows,
                 manifest.stats["sentences"] // max(len(schemas.TEXT_COLUMNS[source.kind]), 1),

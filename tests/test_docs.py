@@ -117,6 +117,7 @@ DOCTEST_MODULES = (
     "cse.models.pooling",
     "cse.models.heads",
     "cse.models.methods.crtd",
+    "cse.models.finite",
     "cse.evaluation.alignment",
     "cse.evaluation.sts",
     "cse.evaluation.retrieval",

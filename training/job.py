@@ -25,6 +25,8 @@ import torch
 
 from cse.config.settings import get_settings
 from cse.config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
+from cse.models.finite import NonFiniteWeights as NonFiniteWeights  # (raised here; its home is models/finite.py)
+from cse.models.finite import require_finite_model
 from cse.models.methods.crtd import PROBE_METRICS, ConditionalRTDModel
 from cse.storage import keys
 from cse.storage.datasets import DatasetRef
@@ -69,10 +71,6 @@ def build_model(cfg: TrainConfig, device: torch.device):
     return get_method(cfg.method).build_model(cfg.model, backbone_name=cfg.backbone).to(device)
 
 
-class NonFiniteWeights(ValueError):
-    """The model a job builds holds `nan`/`inf` weights (its backbone, as loaded): refused before the first step."""
-
-
 def require_finite_weights(model: torch.nn.Module, backbone: str) -> None:
     """Refuse a model with a non-finite parameter or buffer, naming each tensor (and, for a matrix, its first rows):
     a backbone whose embedding row of one token is `inf` trains without a word when the training rows never hold the
@@ -85,21 +83,11 @@ def require_finite_weights(model: torch.nn.Module, backbone: str) -> None:
     Raises:
         NonFiniteWeights: naming the tensors, their non-finite counts and the backbone.
     """
-    found = []
-    for name, t in (*model.named_parameters(), *model.named_buffers()):
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            bad = ~torch.isfinite(t.detach())
-            where = ""
-            if t.dim() == 2:
-                rows = bad.any(dim=1).nonzero().flatten().tolist()
-                where = f", rows {', '.join(map(str, rows[:5]))}{' …' if len(rows) > 5 else ''}"
-            found.append(f"{name} ({int(bad.sum()):,d} of {t.numel():,d} values{where})")
-    if found:
-        raise NonFiniteWeights(
-            f"the model built on backbone {backbone!r} holds non-finite (nan/inf) weights: {'; '.join(found[:5])}"
-            f"{f' and {len(found) - 5} more tensors' if len(found) > 5 else ''}. Refused before training: check or "
-            "replace the backbone's weights"
-        )
+    require_finite_model(
+        model,
+        f"the model built on backbone {backbone!r}",
+        "Refused before training: check or replace the backbone's weights",
+    )
 
 
 def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows | None) -> list[Phase]:

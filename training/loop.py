@@ -66,7 +66,7 @@ from cse.storage.runs import ResumeState, ResumeStateDamaged, check_file_records
 from cse.training.memory import PeakMemory
 from cse.training.precision import FrozenLinearCast
 from cse.training.rows import TrainingRows, epoch_order
-from cse.training.state_writer import StateSnapshot, StateWriter, host_copy
+from cse.training.state_writer import StateSnapshot, StateWriter, host_copy, require_finite_state
 
 log = logging.getLogger(__name__)
 
@@ -655,6 +655,7 @@ class Trainer:
             st = torch.load(self.state.optimizer, weights_only=False, map_location="cpu" if self.world > 1 else None)
         except Exception as e:  # noqa: BLE001 - torch.load's errors name no file either
             raise ResumeStateDamaged(self.state.optimizer, f"unreadable ({type(e).__name__}: {e})") from None
+        require_finite_state(self.state, tensors, st)  # nan/inf in a state whose hashes match: damaged too
         return {**meta, "step": step}, tensors, st
 
     def load_state(self) -> None:

@@ -7,6 +7,10 @@ the progress file, so a damaged state is named on resume) and moves the folder i
 `cse.storage.atomic.atomic_dir`: a kill at any time leaves the previous state or the new one, complete. One write is in
 flight at a time; the next snapshot waits for it (`StateWriter.blocked_s` counts that wait and the snapshots).
 
+A state read back is checked twice: its files against the sizes and hashes recorded (the loop), and its tensors for
+`nan`/`inf` (`require_finite_state`): a state whose files were replaced with their hashes recorded anew, holding inf,
+was loaded and every rerun failed with `NonFiniteLoss`, never naming the state.
+
 Examples:
     >>> import tempfile, torch
     >>> from pathlib import Path
@@ -32,8 +36,9 @@ from typing import Any
 import torch
 from safetensors.torch import save as safetensors_bytes
 
+from cse.models.finite import listed, nested_tensors, non_finite_tensors
 from cse.storage.atomic import atomic_dir
-from cse.storage.runs import ResumeState
+from cse.storage.runs import ResumeState, ResumeStateDamaged
 
 
 @dataclass
@@ -142,3 +147,21 @@ class StateWriter:
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
+
+
+def require_finite_state(state: ResumeState, tensors: dict[str, torch.Tensor], optimizer_state: Any) -> None:
+    """Refuse a resume state read back with a `nan`/`inf` tensor: the trainable tensors and every tensor of the
+    optimizer file (Adam's moments, the scheduler's and scaler's states).
+
+    Args:
+        state: the state's files, for the message.
+        tensors: the trainable tensors read from `state.trainable`.
+        optimizer_state: what `state.optimizer` holds.
+
+    Raises:
+        ResumeStateDamaged: naming the file, each non-finite tensor and its first rows (`prefix (3 of 6 values, rows
+            1)`, `optimizer.state.1.exp_avg (…)`); the loop quarantines the state like any damaged one.
+    """
+    for file, named in ((state.trainable, tensors.items()), (state.optimizer, nested_tensors(optimizer_state, ""))):
+        if found := non_finite_tensors(named):
+            raise ResumeStateDamaged(file, f"non-finite (nan/inf) tensors: {listed(found)}")
