@@ -40,6 +40,7 @@ from cse.tasks.train import (
 )
 from cse.tracking.data_warnings import data_warning_tags
 from cse.tracking.run_pages import sts_table
+from cse.training.process import hangup_as_termination
 
 
 def sts_table_text(cfg: TrainConfig, metrics: dict[str, float], backbone: dict[str, Any] | None = None) -> str:
@@ -77,6 +78,7 @@ def train_job(
         stop_after: interrupt the fit after that many steps (resume tests).
         extra_tags: tags added to the job's MLflow run.
     """
+    hangup_as_termination()  # SIGHUP (a closed terminal, `kill -HUP`) ends the job as SIGTERM does: its run KILLED
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
     run_dir = job_dir(cfg, tokens, corruption, nli_tokens)
     with run_dir.exclusive():
