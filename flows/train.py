@@ -22,6 +22,7 @@ from cse.flows.corrupt import corrupt
 from cse.flows.deployment_params import deployment_merged
 from cse.flows.tokenization import prepare_tokens
 from cse.storage.datasets import DatasetRef
+from cse.storage.signals import hangup_as_termination
 from cse.tasks.backbone import evaluate_backbone
 from cse.tasks.ingest import ingest_dataset
 from cse.tasks.log import stage_logger
@@ -40,7 +41,6 @@ from cse.tasks.train import (
 )
 from cse.tracking.data_warnings import data_warning_tags
 from cse.tracking.run_pages import sts_table
-from cse.training.process import hangup_as_termination
 
 
 def sts_table_text(cfg: TrainConfig, metrics: dict[str, float], backbone: dict[str, Any] | None = None) -> str:

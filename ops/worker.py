@@ -3,7 +3,7 @@
 Prefect's worker handles SIGINT and SIGTERM (it stops taking flow runs and shuts down the ones it runs, which end their
 jobs' MLflow runs KILLED), but not SIGHUP: a `kill -HUP` (or a closed terminal) ended it at once, silently, and its flow
 runs crashed with their MLflow runs FAILED. This entry point sets SIGHUP to send the process SIGTERM
-(`cse.training.process.hangup_as_termination`) and SIGINT to raise KeyboardInterrupt (a shell script's background job
+(`cse.storage.signals.hangup_as_termination`) and SIGINT to raise KeyboardInterrupt (a shell script's background job
 starts with SIGINT ignored, and Prefect's SIGTERM handler stops the worker by sending it SIGINT: under
 `scripts/services.sh` SIGTERM stopped nothing, and `down` had to kill the worker), then runs Prefect's command line with
 `worker` and the arguments given, in this process. `scripts/services.sh` starts the worker through it.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from cse.training.process import hangup_as_termination
+from cse.storage.signals import hangup_as_termination
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,12 @@
-"""What a training process needs of its surroundings, checked or set up in one call each.
+"""What a training process needs of its surroundings: `compile_cache_usable`.
 
-- `compile_cache_usable`: torch.compile's inductor writes its generated code into a cache folder
-  (`TORCHINDUCTOR_CACHE_DIR`, else `<tmp>/torchinductor_<user>`). A folder it cannot write (a read-only mount) failed
-  the first step with a read-only error; the trainer now checks it first and trains eagerly, with a warning that names
-  the folder and how to point it elsewhere.
-- `hangup_as_termination`: SIGHUP (a closed terminal, `kill -HUP`) ends a process at once by default, without any
-  cleanup: a worker died silently and its flow runs' MLflow runs were left FAILED. Handled as SIGTERM instead (Prefect's
-  handler: a worker shuts down its flow runs, a flow run ends its job's MLflow run KILLED).
+torch.compile's inductor writes its generated code into a cache folder (`TORCHINDUCTOR_CACHE_DIR`, else
+`<tmp>/torchinductor_<user>`). A folder it cannot write (a read-only mount) failed the first step with a read-only
+error; the trainer checks it first and trains eagerly, with a warning that names the folder and how to point it
+elsewhere.
 
 Examples:
-    >>> import os, tempfile
-    >>> os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp()
-    >>> compile_cache_usable("inductor")
+    >>> compile_cache_usable("aot_eager")  # a backend that writes no generated code
     True
 """
 
@@ -19,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 import uuid
 
 from cse.config.settings import compile_cache_dir
@@ -54,28 +47,4 @@ def compile_cache_usable(backend: str) -> bool:
             e.strerror or e,
         )
         return False
-    return True
-
-
-_FORWARDING = False  # whether this process's SIGHUP is already forwarded as SIGTERM
-
-
-def _hangup(signum, frame) -> None:
-    os.kill(os.getpid(), signal.SIGTERM)  # whatever SIGTERM does now (Prefect's handler, or the default end)
-
-
-def hangup_as_termination() -> bool:
-    """Handle SIGHUP as SIGTERM in this process from now on: the handler sends the process SIGTERM, so whichever
-    SIGTERM handler is in place then (Prefect's worker or flow engine, or the default) acts. Only the main thread can
-    set a handler; elsewhere (and on a platform without SIGHUP) nothing is done. A SIGHUP that is ignored (`nohup`)
-    stays ignored. Returns whether SIGHUP is now forwarded."""
-    global _FORWARDING
-    if _FORWARDING:
-        return True
-    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
-        return False
-    signal.signal(signal.SIGHUP, _hangup)
-    _FORWARDING = True
     return True

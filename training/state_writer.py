@@ -29,7 +29,7 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 from safetensors.torch import save as safetensors_bytes
@@ -158,7 +158,7 @@ def _write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
         files.trainable.write_bytes(tensors)
         with open(files.optimizer, "wb") as f:
             sink = _HashingFile(f)
-            torch.save(snapshot.payload, sink)
+            torch.save(snapshot.payload, cast(IO[bytes], sink))  # (a write-only file object: all torch.save needs)
         records = {
             files.trainable.name: {"size": len(tensors), "sha256": hashlib.sha256(tensors).hexdigest()},
             files.optimizer.name: {"size": sink.size, "sha256": sink.sha.hexdigest()},

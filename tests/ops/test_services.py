@@ -109,14 +109,16 @@ def test_worker_is_single_and_down_leaves_nothing(tmp_path):
         assert "worker: stopped" in services("status").stdout
 
         log = (home / "run" / "worker.log").read_text()
-        assert log.count("start (pid") == 1 and "cse.ops.worker start --pool local" in log
+        assert log.count("start (pid") == 1 and ": python -m cse.ops.worker start --pool local" in log
         restarted = services("worker")
         assert "worker: started" in restarted.stdout
         deadline = time.time() + 5
         while (home / "run" / "worker.log").read_text().count("stand-in worker") < 2 and time.time() < deadline:
             time.sleep(0.1)
         log = (home / "run" / "worker.log").read_text()
-        assert log.count("cse.ops.worker start --pool local") == 2  # appended: the first start's lines are kept
+        assert (
+            log.count(": python -m cse.ops.worker start --pool local") == 2
+        )  # appended: the first start's lines are kept
         assert log.count("stand-in worker") == 2
     finally:
         services("down")

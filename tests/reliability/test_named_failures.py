@@ -245,7 +245,7 @@ _HUNG_UP_JOB = """
     from prefect.exceptions import TerminationSignal
     from cse.storage.runs import RunDir
     from cse.tracking.training_runs import training_run
-    from cse.training.process import hangup_as_termination
+    from cse.storage.signals import hangup_as_termination
 
     def prefect_sigterm(signum, frame):  # what Prefect's flow engine does with SIGTERM in a flow run's process
         raise TerminationSignal(signal=signum)
