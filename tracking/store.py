@@ -33,7 +33,7 @@ class TrackingStoreReadOnly(RuntimeError):
 
 
 class WriteRefused(OSError):
-    """A write refused by a read-only (or not writable) folder that is not the MLflow store: names the path that
+    """A write refused by a read-only folder that is not the MLflow store: names the path that
     refused it, what that path is (compile cache, data root, training job folder, ...) and how to go on. Its `errno`
     is the original one (the message says the reason in words)."""
 
@@ -42,13 +42,15 @@ class WriteRefused(OSError):
         self.errno = code
 
 
-_REFUSED = (errno.EROFS, errno.EACCES, errno.EPERM)
+# Only a read-only file system: its errno says a write was refused (EACCES and EPERM come from reads as well, and a
+# source file that cannot be read must not be called a folder that cannot be written)
+_REFUSED = (errno.EROFS,)
 # `[Errno 30] Read-only file system: '/path'` inside a wrapped error's text (torch's InductorError, a task's error)
-_REFUSED_TEXT = re.compile(r"\[Errno (30|13|1)\] ([^:\]]+): '([^']+)'")
+_REFUSED_TEXT = re.compile(r"\[Errno (30)\] ([^:\]]+): '([^']+)'")
 
 
 def refused_write(exc: BaseException) -> tuple[int, str, Path] | None:
-    """(errno, reason, path) of a write refused for want of permission or by a read-only file system, found in `exc`,
+    """(errno, reason, path) of a write refused by a read-only file system, found in `exc`,
     the exceptions it was raised from (`__cause__`, `__context__`) or, for a wrapped one, its text; None otherwise."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
@@ -108,7 +110,7 @@ def what_path(path: Path) -> tuple[str, Path, str] | None:
 
 
 def write_refused_error(exc: BaseException) -> BaseException | None:
-    """`WriteRefused` for `exc` when it is a write refused by a read-only (or not writable) path other than the MLflow
+    """`WriteRefused` for `exc` when it is a write refused by a read-only path other than the MLflow
     store (named: its path and what it is); None otherwise."""
     refused = refused_write(exc)
     if refused is None or (place := what_path(refused[2])) is None:
