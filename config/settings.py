@@ -21,7 +21,9 @@ as unset; a wrong one fails with a `ValueError` that names the variable and says
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -151,6 +153,18 @@ def default_home() -> Path:
     if (REPO_ROOT / "prefect.yaml").is_file() and (REPO_ROOT / "scripts" / "env.sh").is_file():
         return REPO_ROOT / ".cse"
     return Path.cwd() / ".cse"
+
+
+def compile_cache_dir() -> Path:
+    """Where torch.compile's inductor writes its cache: `TORCHINDUCTOR_CACHE_DIR`, else `<tmp>/torchinductor_<user>`
+    (torch's own default, computed without importing torch)."""
+    if env := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(env).expanduser()
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
 
 
 def get_settings() -> Settings:

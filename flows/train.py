@@ -22,6 +22,7 @@ from cse.flows.corrupt import corrupt
 from cse.flows.deployment_params import deployment_merged
 from cse.flows.tokenization import prepare_tokens
 from cse.storage.datasets import DatasetRef
+from cse.storage.signals import hangup_as_termination
 from cse.tasks.backbone import evaluate_backbone
 from cse.tasks.ingest import ingest_dataset
 from cse.tasks.log import stage_logger
@@ -77,6 +78,7 @@ def train_job(
         stop_after: interrupt the fit after that many steps (resume tests).
         extra_tags: tags added to the job's MLflow run.
     """
+    hangup_as_termination()  # SIGHUP (a closed terminal, `kill -HUP`) ends the job as SIGTERM does: its run KILLED
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
     run_dir = job_dir(cfg, tokens, corruption, nli_tokens)
     with run_dir.exclusive():

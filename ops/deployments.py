@@ -251,6 +251,35 @@ def services_down(e: BaseException) -> ServicesDown:
     )
 
 
+class ServerWentAway(RuntimeError):
+    """The Prefect server stopped answering while `cse run` followed a flow run: names the server and the run, says
+    that the run may go on and how to look at it later."""
+
+
+def server_went_away(e: BaseException, run_name: str, run_id: UUID, link: str | None) -> ServerWentAway | None:
+    """The error to show when the Prefect server `cse run` follows goes away (the connection refused, reset or timed
+    out: `httpx.TransportError`, an `OSError` about a connection); None for any other error.
+
+    Args:
+        e: the error of a call to the server.
+        run_name, run_id: the flow run followed.
+        link: its page in the Prefect UI, if known.
+    """
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    if not (isinstance(e, httpx.TransportError) or _unreachable(e)):
+        return None
+    url = redact(PREFECT_API_URL.value() or "(no PREFECT_API_URL)")
+    page = f", its page {link}" if link else ""
+    return ServerWentAway(
+        f"the Prefect server at {url} went away while following flow run {run_name} ({run_id}) "
+        f"({type(e).__name__}: {' '.join(str(e).split()) or 'no answer'}): the run itself may still go on (its worker "
+        f"runs it and reports to the server once it is back); start the server again (`bash scripts/services.sh up`) "
+        f"and look at the run later: `prefect flow-run inspect {run_id}`, `prefect flow-run logs {run_id}`{page}"
+    )
+
+
 def require_api_url() -> str:
     """The configured Prefect API URL; without one, `ServicesDown` (Prefect would start a temporary server of its own,
     which knows no deployment)."""
@@ -496,9 +525,15 @@ def run_deployment_cli(
         def state(line: str) -> None:
             printer.line(f"    {time.monotonic() - began:6.0f} s  {line}")
 
-        await wait(run.id, state, poll_s, timeout_s, on_poll=None if quiet else follow)
-        printer.close()
-        result = await outcome_of(run.id, with_stage_lines=quiet)
+        try:
+            await wait(run.id, state, poll_s, timeout_s, on_poll=None if quiet else follow)
+            printer.close()
+            result = await outcome_of(run.id, with_stage_lines=quiet)
+        except Exception as e:  # the server gone: said with the run (it may go on); anything else re-raised
+            printer.close()
+            if (gone := server_went_away(e, run.name, run.id, link)) is None:
+                raise
+            raise gone from None
         for line in result.stage_lines:
             out(f"    stage: {line}")
         if result.completed:

@@ -19,6 +19,8 @@ STOP_TIMEOUT="${CSE_STOP_TIMEOUT:-30}"
 redact() { printf '%s' "$1" | sed -E -e 's|(://[^/?#:[:space:]]*):[^/?#[:space:]]*@|\1:***@|g' -e 's|://[^/?#:[:space:]]+@|://***@|g'; }
 pidfile() { echo "$CSE_HOME/run/$1.pid"; }
 signature() { case "$1" in server) echo "server start" ;; worker) echo "worker start" ;; esac; }
+# the worker: `prefect worker start` through cse.ops.worker, which handles SIGHUP as SIGTERM (a clean shutdown)
+WORKER_START=(python -m cse.ops.worker start)
 
 alive() {  # alive PID...: those still running (a zombie is gone: it only waits to be reaped)
   [ $# -gt 0 ] || return 0
@@ -51,9 +53,9 @@ outside_group() {  # outside_group PGID PID...: those of the PIDs whose process 
   ps -e -o pid=,pgid= | awk -v g="$g" -v want=" $* " 'index(want, " " $1 " ") && $2 != g { print $1 }'
 }
 
-workers_of_pool() {  # pids of `prefect worker start --pool POOL` processes talking to this PREFECT_API_URL
+workers_of_pool() {  # pids of `prefect worker start --pool POOL` (or `-m cse.ops.worker start`) processes of this API
   local pool="$1" pid
-  ps -e -o pid=,args= | awk -v pool="$pool" '/prefect worker start/ && ($0 ~ "--pool[ =]" pool "( |$)") { print $1 }' |
+  ps -e -o pid=,args= | awk -v pool="$pool" '/(prefect |cse\.ops\.)worker start/ && ($0 ~ "--pool[ =]" pool "( |$)") { print $1 }' |
     while read -r pid; do
       [ -n "$(alive "$pid")" ] || continue
       # another checkout's (or a test's) worker serves another API: not ours. Without /proc the pool name decides.
@@ -102,7 +104,7 @@ start_worker() {
          "not starting a second one; \`scripts/services.sh down\` stops it"
     return 0
   fi
-  local cmd=(prefect worker start --pool "$WORKER_POOL" --limit "${CSE_WORKER_LIMIT:-2}")
+  local cmd=("${WORKER_START[@]}" --pool "$WORKER_POOL" --limit "${CSE_WORKER_LIMIT:-2}")
   start_marker "$log" "${cmd[@]}"
   setsid "${cmd[@]}" >>"$log" 2>&1 </dev/null &
   echo $! >"$(pidfile worker)"

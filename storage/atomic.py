@@ -191,6 +191,25 @@ def remove_path(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
+def remove_dead_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the `.tmp-<name>-<pid>-<hex>` leftovers below `folder` whose writer process is gone (a killed
+    `atomic_file`/`atomic_dir`: a resume state, a checkpoint, a result); those of a live process are kept. Call it
+    holding the folder's lock, so that no writer of another host can own a leftover. Returns what was removed.
+
+    Args:
+        folder: the folder to clean (a training job's folder).
+    """
+    removed: list[Path] = []
+    for parent, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            p = Path(parent) / name
+            if (owner := temporary_owner(p)) is not None and not process_alive(owner[1]):
+                remove_path(p)
+                removed.append(p)
+        dirs[:] = [d for d in dirs if not d.startswith(TMP_PREFIX)]  # (nothing to look for inside a temporary)
+    return removed
+
+
 def clean_temporaries(folder: str | Path) -> int:
     """Remove `.tmp-*` leftovers of killed writers below `folder`; returns how many were removed."""
     folder = Path(folder)

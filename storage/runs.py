@@ -17,18 +17,23 @@ crash finds the same folder and resumes.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cse.config.settings import get_settings
-from cse.storage.atomic import atomic_file, recover_dir, write_json
+from cse.storage.atomic import atomic_file, recover_dir, remove_dead_temporaries, write_json
 from cse.storage.hashing import sha256_file
 from cse.storage.locks import exclusive
 from cse.storage.paths import check_key, job_folder, no_links_below
+
+log = logging.getLogger(__name__)
 
 QUARANTINE = "quarantine"  # <home>/quarantine/runs/<method>/<key>-<time>/, <job>/quarantine/<what>-<time>/
 
@@ -130,10 +135,15 @@ class RunDir:
         self.path = no_links_below(home or get_settings().home, parts, "training job folder")
         self.path.mkdir(parents=True, exist_ok=True)
 
-    def exclusive(self):
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
         """The job's lock: one process trains (or finishes) a job at a time; a second flow of the same job (a
-        rerun started while the first still runs) waits, then resumes or finds the result."""
-        return exclusive(self.path.parent / f"{self.path.name}.lock", f"training job {self.path}")
+        rerun started while the first still runs) waits, then resumes or finds the result. Once held, the
+        temporaries of killed writers of the job (`.tmp-state-<pid>-*` of a killed state write, ...) are removed."""
+        with exclusive(self.path.parent / f"{self.path.name}.lock", f"training job {self.path}"):
+            if removed := remove_dead_temporaries(self.path):
+                log.warning("removed %d temporaries of killed writers of %s: %s", len(removed), self.path, removed)
+            yield
 
     @classmethod
     def at(cls, path: str | Path, home: str | Path | None = None) -> RunDir:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import mlflow
 from mlflow.exceptions import MlflowException
@@ -170,6 +171,20 @@ def _parent(view: RunView) -> RunView | None:
         return None
 
 
+JOB_OUTPUTS = ("export", "peft-adapter", "best")  # the folders a finished job may hold, in the order listed
+
+
+def job_folder_line(run_dir: str) -> str:
+    """`job folder: <run_dir> (export/, best/)`: the job's output folders that exist on this machine (a job that
+    exports no PEFT adapter, or whose export never ran, lists none it has not); a folder not here (another
+    machine's) is said so."""
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        return f"job folder: {run_dir} (not on this machine)"
+    held = [f"{name}/" for name in JOB_OUTPUTS if (folder / name).is_dir()]
+    return f"job folder: {run_dir}" + (f" ({', '.join(held)})" if held else " (no export, adapter or checkpoint yet)")
+
+
 def summary_lines(view: RunView, base: str | None = None) -> list[str]:
     """What `cse run` prints for an MLflow run its flow run made, once it ended: a training run's STS table (the run,
     the backbone before training, the paper's row, the differences), an evaluation's scores, a comparison's
@@ -187,7 +202,7 @@ def summary_lines(view: RunView, base: str | None = None) -> list[str]:
         lines.append("\n".join(line for line in note.splitlines() if not line.startswith("![")).strip())
     lines.append(f"MLflow run {view.run_id} ({view.name}): {view.url(base)}")
     if view.kind == "training" and view.tags.get("run_dir"):
-        lines.append(f"job folder: {view.tags['run_dir']} (export/, peft-adapter/, best/)")
+        lines.append(job_folder_line(view.tags["run_dir"]))
     return lines
 
 

@@ -6,6 +6,9 @@ Every other module of `tracking/` goes through `configure_mlflow` / `ensure_expe
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from collections.abc import Mapping
 from contextlib import ExitStack, suppress
 from pathlib import Path
@@ -14,7 +17,7 @@ from typing import Any
 import mlflow
 
 from cse.config.secrets import redact, redacted_exception
-from cse.config.settings import get_settings
+from cse.config.settings import compile_cache_dir, get_settings
 from cse.storage.locks import exclusive
 from cse.tracking.redaction import mask_mlflow_client, mask_mlflow_exceptions, quiet_run_urls
 from cse.tracking.run_pages import experiment_page_tags
@@ -27,6 +30,101 @@ MAX_PARAM_LEN = 6000  # a param's value is cut to this many characters (MLflow's
 
 class TrackingStoreReadOnly(RuntimeError):
     """The MLflow store cannot be written (a read-only file or folder): said first, naming the store."""
+
+
+class WriteRefused(OSError):
+    """A write refused by a read-only folder that is not the MLflow store: names the path that
+    refused it, what that path is (compile cache, data root, training job folder, ...) and how to go on. Its `errno`
+    is the original one (the message says the reason in words)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.errno = code
+
+
+# Only a read-only file system: its errno says a write was refused (EACCES and EPERM come from reads as well, and a
+# source file that cannot be read must not be called a folder that cannot be written)
+_REFUSED = (errno.EROFS,)
+# `[Errno 30] Read-only file system: '/path'` inside a wrapped error's text (torch's InductorError, a task's error)
+_REFUSED_TEXT = re.compile(r"\[Errno (30)\] ([^:\]]+): '([^']+)'")
+
+
+def refused_write(exc: BaseException) -> tuple[int, str, Path] | None:
+    """(errno, reason, path) of a write refused by a read-only file system, found in `exc`,
+    the exceptions it was raised from (`__cause__`, `__context__`) or, for a wrapped one, its text; None otherwise."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _REFUSED and e.filename:
+            return e.errno, e.strerror or os.strerror(e.errno), Path(os.fsdecode(e.filename))
+        if m := _REFUSED_TEXT.search(str(e)):
+            return int(m.group(1)), m.group(2).strip(), Path(m.group(3))
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    return path == folder or folder in path.parents
+
+
+def what_path(path: Path) -> tuple[str, Path, str] | None:
+    """What `path` belongs to: (what, its folder, how to point it elsewhere), or None when it is the MLflow store (the
+    SQLite file, its journal, or the artifact root). A path of none of the project's folders is named as itself."""
+    s = get_settings()
+    store = _sqlite_path(s.mlflow_tracking_uri)
+    if (store is not None and path.name.startswith(store.name) and _within(path.parent, store.parent)) or _within(
+        path, s.mlflow_artifact_root
+    ):
+        return None
+    triton = os.environ.get("TRITON_CACHE_DIR")
+    runs = s.home / "runs"
+    places = [
+        (
+            "torch.compile cache (TORCHINDUCTOR_CACHE_DIR)",
+            compile_cache_dir(),
+            "point TORCHINDUCTOR_CACHE_DIR at a writable folder, or train with speed.compile: false",
+        ),
+        *(
+            [("Triton cache (TRITON_CACHE_DIR)", Path(triton), "point TRITON_CACHE_DIR at a writable folder")]
+            if triton
+            else []
+        ),
+        ("data root (CSE_DATA_ROOT)", s.data_root, "make it writable or point CSE_DATA_ROOT at a writable data root"),
+    ]
+    for what, folder, hint in places:
+        if _within(path, folder):
+            return what, folder, hint
+    if _within(path, runs) and len(Path(os.path.abspath(path)).relative_to(os.path.abspath(runs)).parts) >= 2:
+        job = Path(os.path.abspath(runs)).joinpath(
+            *Path(os.path.abspath(path)).relative_to(os.path.abspath(runs)).parts[:2]
+        )
+        return "training job folder", job, "make it writable, or set CSE_HOME to a folder on a writable disk"
+    if _within(path, s.home):
+        return "CSE_HOME", s.home, "make it writable, or set CSE_HOME to a folder on a writable disk"
+    return "path", path, "make it writable"
+
+
+def write_refused_error(exc: BaseException) -> BaseException | None:
+    """`WriteRefused` for `exc` when it is a write refused by a read-only path other than the MLflow
+    store (named: its path and what it is); None otherwise."""
+    refused = refused_write(exc)
+    if refused is None or (place := what_path(refused[2])) is None:
+        return None
+    code, reason, path = refused
+    what, folder, hint = place
+    where = f"the {what} {folder}" if folder != path else f"the {what} {path}"
+    return WriteRefused(
+        code,
+        redact(
+            f"{where} cannot be written ({reason}): {path} was refused; the MLflow store {mlflow.get_tracking_uri()} "
+            f"is not concerned. {hint[0].upper()}{hint[1:]} ({type(exc).__name__})"
+        ),
+    )
 
 
 _PREPARED_STORES: set[str] = set()  # SQLite stores this process created or found migrated
@@ -53,8 +151,11 @@ def configure_mlflow() -> str:
 
 def tracking_error(exc: BaseException) -> BaseException:
     """The exception to show for `exc` raised by a tracking call: a read-only SQLite store as
-    `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a message holding a credential masked
+    `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a write refused by another read-only
+    folder as `WriteRefused` naming that folder and what it is (`write_refused_error`), a message holding a credential masked
     (`cse.config.secrets.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
+    if (refused := write_refused_error(exc)) is not None:  # another folder than the store: named
+        return refused
     text = " ".join(str(exc).split())
     if "readonly database" in text or "read-only file system" in text.lower():
         uri = mlflow.get_tracking_uri()

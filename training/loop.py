@@ -65,6 +65,7 @@ from cse.models.grad_cache import RowChunks
 from cse.storage.runs import ResumeState, ResumeStateDamaged, check_file_records
 from cse.training.memory import PeakMemory
 from cse.training.precision import FrozenLinearCast
+from cse.training.process import compile_cache_usable
 from cse.training.rows import TrainingRows, epoch_order
 from cse.training.state_writer import StateSnapshot, StateWriter, host_copy, require_finite_state
 
@@ -426,7 +427,7 @@ class Trainer:
         self._last_state_t: float | None = None
         self._last_snapshot_s = 0.0
         self.cudagraphs = False  # set by _compiled_step: the step replays CUDA graphs
-        self.compiled = self.compiles()
+        self.compiled = self.compiles() and compile_cache_usable(cfg.compile_backend)  # (else eager, said)
         self._step_tensor = torch.zeros((), dtype=torch.long, device=device) if self.compiled else None
         self._step_fn = self._compiled_step() if self.compiled else self.model.training_step
         # Peak memory of the steps of each log window (CUDA allocations; CPU: the resident set), the last window's

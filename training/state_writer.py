@@ -25,13 +25,15 @@ Examples:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 from safetensors.torch import save as safetensors_bytes
@@ -79,20 +81,89 @@ class _HashingFile(io.RawIOBase):
         return self.f.write(view)
 
 
+# A write refused for room: a full disk, a quota, a file-size limit (RLIMIT_FSIZE, a file system's largest file)
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class StateWriteFailed(OSError):
+    """A resume state could not be written for want of room: names the job, the state and its step, the file, how
+    much the state needed and what was free, and that the previous state is intact. Its errno is the original one."""
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """The bytes of every tensor in `obj` (nested dicts, lists and tuples followed)."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _previous_step(state: ResumeState) -> int | None:
+    """The step of the resume state in place (None when there is none or its progress file does not read)."""
+    try:
+        return int(json.loads(state.progress.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def no_room_error(state: ResumeState, snapshot: StateSnapshot, e: OSError) -> StateWriteFailed:
+    """`e` (a write refused for room) said in full: which job (the state's folder's parent), which state (its step),
+    which file, how much the state needed (its tensors' bytes) and was free, and that the previous state is intact
+    (`atomic_dir` removed the temporary folder and left the old state in place).
+
+    Args:
+        state: the resume state that was being written.
+        snapshot: what was being written.
+        e: the error of the write.
+    """
+    mib = 2**20
+    needed = _tensor_bytes(snapshot.tensors) + _tensor_bytes(snapshot.payload)
+    try:
+        free = f"{shutil.disk_usage(state.folder.parent).free / mib:,.1f} MiB free there"
+    except OSError:
+        free = "free room unknown"
+    step = snapshot.progress.get("step", "?")
+    previous = _previous_step(state)
+    kept = (
+        f"the previous resume state (step {previous}) in {state.folder} is intact: a rerun resumes from it"
+        if previous is not None
+        else f"no earlier resume state exists in {state.folder}: a rerun starts from step 0"
+    )
+    return StateWriteFailed(
+        e.errno,
+        f"{e.strerror or 'no room'} while writing the resume state of step {step} of training job "
+        f"{state.folder.parent} ({e.filename or 'a file of the state'}): the state needs about "
+        f"{needed / mib:,.1f} MiB ({free}); {kept}; free space there (or raise the file-size limit) and rerun the job",
+    )
+
+
 def write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
     """Write `snapshot` as the resume state `state` (atomically; file sizes and hashes recorded in its progress file).
+    A write refused for room (full disk, quota, file-size limit) raises `StateWriteFailed`, naming job, step and size.
 
     Args:
         state: the resume state's files.
         snapshot: what to write.
     """
+    try:
+        _write_state(state, snapshot)
+    except OSError as e:
+        if e.errno not in NO_ROOM:
+            raise
+        raise no_room_error(state, snapshot, e) from e
+
+
+def _write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
     with atomic_dir(state.folder) as tmp:
         files = state.within(tmp)
         tensors = safetensors_bytes(snapshot.tensors)
         files.trainable.write_bytes(tensors)
         with open(files.optimizer, "wb") as f:
             sink = _HashingFile(f)
-            torch.save(snapshot.payload, sink)
+            torch.save(snapshot.payload, cast(IO[bytes], sink))  # (a write-only file object: all torch.save needs)
         records = {
             files.trainable.name: {"size": len(tensors), "sha256": hashlib.sha256(tensors).hexdigest()},
             files.optimizer.name: {"size": sink.size, "sha256": sink.sha.hexdigest()},

@@ -1,10 +1,11 @@
 """Issue 24: `scripts/services.sh down` stops what it started, `up`/`worker` never start a second worker for the same
 pool, and the service logs are appended to with a start marker.
 
-A stand-in replaces the real worker (which needs a Prefect server): a `prefect` executable first on the PATH (the venv
-that scripts/env.sh puts first) that ignores SIGTERM, as a worker stuck in a flow run does, and has a child in a
-session of its own, as the flow runs the process worker starts have. Its command line reads `prefect worker start
---pool local ...` like the real one's, so the script's pid check and process scan see it as a worker.
+A stand-in replaces the real worker (which needs a Prefect server): a `python` executable first on the PATH (the venv
+that scripts/env.sh puts first; the script starts the worker as `python -m cse.ops.worker start`) that ignores
+SIGTERM, as a worker stuck in a flow run does, and has a child in a session of its own, as the flow runs the process
+worker starts have. Its command line reads `python -m cse.ops.worker start --pool local ...` like the real one's, so
+the script's pid check and process scan see it as a worker.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def _stand_ins(api_url: str, what: str = "") -> list[int]:
 def test_worker_is_single_and_down_leaves_nothing(tmp_path):
     venv_bin = tmp_path / "venv" / "bin"
     venv_bin.mkdir(parents=True)
-    (venv_bin / "prefect").write_text(STAND_IN)
-    (venv_bin / "prefect").chmod(0o755)
+    (venv_bin / "python").write_text(STAND_IN)
+    (venv_bin / "python").chmod(0o755)
     home = tmp_path / "cse"
     api_url = f"http://127.0.0.1:9/api/services-test-{os.getpid()}"  # nothing answers: the worker needs no server
     env = {
@@ -108,14 +109,16 @@ def test_worker_is_single_and_down_leaves_nothing(tmp_path):
         assert "worker: stopped" in services("status").stdout
 
         log = (home / "run" / "worker.log").read_text()
-        assert log.count("start (pid") == 1 and "prefect worker start --pool local" in log
+        assert log.count("start (pid") == 1 and ": python -m cse.ops.worker start --pool local" in log
         restarted = services("worker")
         assert "worker: started" in restarted.stdout
         deadline = time.time() + 5
         while (home / "run" / "worker.log").read_text().count("stand-in worker") < 2 and time.time() < deadline:
             time.sleep(0.1)
         log = (home / "run" / "worker.log").read_text()
-        assert log.count("prefect worker start --pool local") == 2  # appended: the first start's lines are kept
+        assert (
+            log.count(": python -m cse.ops.worker start --pool local") == 2
+        )  # appended: the first start's lines are kept
         assert log.count("stand-in worker") == 2
     finally:
         services("down")
