@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -130,7 +131,7 @@ class RunDir:
         self.path = no_links_below(home or get_settings().home, parts, "training job folder")
         self.path.mkdir(parents=True, exist_ok=True)
 
-    def exclusive(self):
+    def exclusive(self) -> AbstractContextManager[None]:
         """The job's lock: one process trains (or finishes) a job at a time; a second flow of the same job (a
         rerun started while the first still runs) waits, then resumes or finds the result."""
         return exclusive(self.path.parent / f"{self.path.name}.lock", f"training job {self.path}")
