@@ -62,11 +62,13 @@ def zombie_automation(heartbeat: int, miss_factor: int = DEFAULT_MISSED_HEARTBEA
         ),
         actions=[
             ChangeFlowRunState(
+                name=None,  # the state type's own name
                 state=StateType.CRASHED,
                 message=(
                     f"no heartbeat for {miss_factor * heartbeat} s: the worker or its machine died. "
                     "Run the deployment again to resume from the last checkpoint."
                 ),
+                force=False,
             )
         ],
     )
@@ -78,7 +80,7 @@ def ensure_zombie_automation(heartbeat: int | None = None) -> str:
     from prefect.exceptions import ObjectNotFound
 
     try:
-        return str(Automation.read(name=NAME).id)
+        return str(Automation.read(name=NAME).id)  # type: ignore[attr-defined]  # sync here; typed only as async
     except (ObjectNotFound, ValueError):
         return str(zombie_automation(heartbeat or heartbeat_seconds(), missed_heartbeats()).create().id)
 

@@ -188,7 +188,8 @@ class Follower:
 
         flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=self.flow_runs))
         if self._logs_after is not None:
-            flt.timestamp = LogFilterTimestamp(after_=self._logs_after - timedelta(seconds=1))
+            # validated as the constructor would: Prefect's `DateTime` from the datetime
+            flt.timestamp = LogFilterTimestamp.model_validate({"after_": self._logs_after - timedelta(seconds=1)})
         offset = 0
         while True:
             logs = await client.read_logs(flt, sort=LogSort.TIMESTAMP_ASC, offset=offset, limit=200)

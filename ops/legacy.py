@@ -50,6 +50,8 @@ LEGACY_PACKAGES = ("config", "storage", "models", "training", "evaluation", "tra
 # (read from the subpackages' folders: the modules, not the method names, which only the registry lists).
 def _submodules(package: str) -> list[str]:
     spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise ModuleNotFoundError(f"no package {package}", name=package)
     return [m.name for m in pkgutil.iter_modules(spec.submodule_search_locations) if not m.name.startswith("_")]
 
 

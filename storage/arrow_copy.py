@@ -177,8 +177,8 @@ def check_arrow_copy(folder: str | Path, m: Manifest, full: bool = False) -> lis
             continue
         size = p.stat().st_size
         if f in copy.file_sizes and size != copy.file_sizes[f]:
-            recorded = copy.file_sizes[f]
-            bad(p, f"{size:,d} bytes, the manifest records {recorded:,d} (Arrow copy truncated or overwritten)")
+            recorded_size = copy.file_sizes[f]
+            bad(p, f"{size:,d} bytes, the manifest records {recorded_size:,d} (Arrow copy truncated or overwritten)")
             readable = False
             continue
         if f in copy.files:
@@ -236,6 +236,8 @@ def in_copy(folder: str | Path, file: str | Path) -> bool:
 def open_arrow_files(folder: str | Path, m: Manifest) -> pa.Table:
     """The copy's rows as one Arrow table whose buffers are memory-mapped (nothing is read into memory until used);
     the caller made sure the copy is there (`copy_present`)."""
+    if m.arrow is None:
+        raise FileNotFoundError(f"{folder}: the manifest of {m.kind}/{m.key} records no Arrow copy to open")
     folder = Path(folder)
     tables = []
     for f in m.arrow.files:

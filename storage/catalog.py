@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -28,10 +29,13 @@ from cse.storage.integrity import Problem, check_dataset, warn_damaged_once
 from cse.storage.layout import KINDS, NO_PARQUET_KINDS, DataRoot
 from cse.storage.readers import SEVEN_TASKS
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 log = logging.getLogger(__name__)
 
 
-def _q(v) -> str:
+def _q(v: object) -> str:
     return "'" + str(v).replace("'", "''") + "'"
 
 
@@ -212,7 +216,7 @@ def refresh_catalog(root: DataRoot, attempts: int = 5) -> Path | None:
     return None
 
 
-def query(root: DataRoot, sql: str):
+def query(root: DataRoot, sql: str) -> pd.DataFrame:
     """Run SQL against the catalog read-only (the in-memory one of a read-only data root when the last refresh built
     one); returns a pandas DataFrame."""
     if (con := _IN_MEMORY.get(root.root)) is not None:
@@ -225,7 +229,7 @@ class EmptyQuery(ValueError):
     """SQL that holds no statement (empty, blank, only comments or `;`): nothing to run."""
 
 
-def _frame(result, sql: str):
+def _frame(result: duckdb.DuckDBPyConnection | None, sql: str) -> pd.DataFrame:
     if result is None:  # DuckDB runs nothing and returns None for a text without a statement
         shown = sql if len(sql) <= 80 else f"{sql[:80]}…"
         raise EmptyQuery(f"no SQL statement in {shown!r}: nothing to run (e.g. cse sql 'SELECT * FROM manifests')")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -96,7 +96,15 @@ def publish_files(
 
 
 def _write_manifest(
-    tmp: Path, kind: str, key: str, files: list[str], rows: int, params, source, inputs, stats
+    tmp: Path,
+    kind: str,
+    key: str,
+    files: list[str],
+    rows: int,
+    params: Mapping[str, Any] | None,
+    source: Mapping[str, Any] | None,
+    inputs: Mapping[str, str] | None,
+    stats: Mapping[str, Any] | None,
 ) -> Manifest:
     """The manifest of the parts `files` in the unpublished folder `tmp` (their facts and Arrow copy), written there."""
     facts = file_facts(tmp, files)
@@ -131,7 +139,9 @@ def dataset_files(root: DataRoot, kind: str, key: str) -> list[Path]:
     return m.paths(root.dataset_dir(kind, key))
 
 
-def read_dataset(root: DataRoot, kind: str, key: str, columns: list[str] | None = None, filter=None) -> pa.Table:
+def read_dataset(
+    root: DataRoot, kind: str, key: str, columns: list[str] | None = None, filter: pads.Expression | None = None
+) -> pa.Table:
     """The whole dataset as one Arrow table (parts in order)."""
     files = [str(p) for p in dataset_files(root, kind, key)]
     if filter is None and len(files) == 1:
@@ -172,36 +182,54 @@ class EvaluationInput:
     content_hash: str
 
 
+InputT = TypeVar("InputT", bound=EvaluationInput)
+
+
 def resolve_input(
-    root, kind: str, spec: str | None, *, cls, read_folder, verify=False, default=None, no_default, not_found
-):
+    root: DataRoot | None,
+    kind: str,
+    spec: str | None,
+    *,
+    cls: type[InputT],
+    read_folder: Callable[[Path], tuple[pa.Table, str | Path, Iterable[Path]]],
+    verify: bool = False,
+    default: Callable[[Callable[[Path], InputT]], InputT | None] | None = None,
+    no_default: Callable[[DataRoot], str],
+    not_found: Callable[[DataRoot], str],
+) -> InputT:
     """An evaluation input `cls` of `kind` from `spec`: an existing folder (`read_folder(folder)` gives its table, the
     data folder it found there and the files it read, hashed), else a dataset key of `kind` (with `verify`, fully
     verified first: scores must come from intact data, a damaged dataset is named: `DatasetDamaged`). `spec=None`:
     `default(from_folder)` when it gives one, else the newest dataset of `kind`, else a FileNotFoundError saying
-    `no_default()`; an unknown `spec` raises FileNotFoundError saying `not_found()` (messages are built only when
-    raised: `root` may be None while a folder serves)."""
+    `no_default(root)`; an unknown `spec` raises FileNotFoundError saying `not_found(root)` (messages are built only
+    when raised: `root` may be None while a folder serves; a dataset asked for without one is a ValueError)."""
 
-    def from_folder(folder: Path):
+    def data_root() -> DataRoot:
+        if root is None:
+            raise ValueError(f"no data root given: the {kind} input must be a folder (got {spec!r})")
+        return root
+
+    def from_folder(folder: Path) -> InputT:
         table, location, files = read_folder(folder)
         return cls(table=table, origin="folder", location=str(location), content_hash=sha256_files(files))
 
-    def from_dataset(m: Manifest):
+    def from_dataset(m: Manifest) -> InputT:
         if verify:
-            root.verify(kind, m.key, full=True)
-        return cls(table=read_dataset(root, kind, m.key), origin="dataset", location=m.key, content_hash=m.content_hash)
+            data_root().verify(kind, m.key, full=True)
+        table = read_dataset(data_root(), kind, m.key)
+        return cls(table=table, origin="dataset", location=m.key, content_hash=m.content_hash)
 
     if spec is None:
         if default is not None and (found_default := default(from_folder)) is not None:
             return found_default
-        found = root.list(kind)
+        found = data_root().list(kind)
         if found:
             return from_dataset(found[-1][1])
-        raise FileNotFoundError(no_default())
+        raise FileNotFoundError(no_default(data_root()))
     path = Path(spec).expanduser()
     if path.is_dir():
         return from_folder(path)
-    m = root.find(kind, spec)
+    m = data_root().find(kind, spec)
     if m is None:
-        raise FileNotFoundError(not_found())
+        raise FileNotFoundError(not_found(data_root()))
     return from_dataset(m)

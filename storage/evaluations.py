@@ -42,12 +42,12 @@ def load_sts_input(spec: str | None, root: DataRoot, shared_data: Path | None = 
         read_folder=lambda f: (read_senteval(f)[0], senteval_root(f), senteval_source_files(f)),
         verify=True,
         default=lambda from_folder: from_folder(senteval) if senteval is not None and senteval.is_dir() else None,
-        no_default=lambda: (
-            f"no STS data: {where}no `sts` dataset under {root.root}; run the `ingest` flow "
+        no_default=lambda data_root: (
+            f"no STS data: {where}no `sts` dataset under {data_root.root}; run the `ingest` flow "
             "(or pass `sts` = a SentEval folder or an sts dataset key)"
         ),
-        not_found=lambda: (
-            f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {root.root}; "
+        not_found=lambda data_root: (
+            f"STS input {spec!r} is neither a SentEval folder nor an `sts` dataset under {data_root.root}; "
             "run the `ingest` flow or pass an existing folder"
         ),
     )

@@ -6,7 +6,10 @@ import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def sha256_file(path: str | Path) -> str:
@@ -67,7 +70,7 @@ def stable_hash(obj: Any, length: int = 16) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
 
 
-def arrow_column_hash(column) -> str:
+def arrow_column_hash(column: pa.ChunkedArray) -> str:
     """sha256 of an Arrow column's values, independent of how it is chunked or where it is stored (memory-mapped or
     not): text as its UTF-8 bytes plus every value's length, numbers as float64, nulls by position. For content
     hashes of rows read from a table (Hugging Face dataset sources)."""

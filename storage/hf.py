@@ -82,8 +82,8 @@ def find_dataset(root: DataRoot, kind: str, key: str | None = None) -> Published
                     f"no intact {kind} dataset under {root.root}: {len(damaged)} damaged"
                 )
             raise FileNotFoundError(f"no {kind} dataset under {root.root}: run the stage that produces it first")
-        folder, m = found[-1]
-        return PublishedDataset(kind, m.key, folder, m)
+        folder, latest = found[-1]
+        return PublishedDataset(kind, latest.key, folder, latest)
     m = root.find(kind, key)
     if m is None:
         if root.dataset_dir(kind, key).is_dir() and (problems := check_dataset(root.dataset_dir(kind, key), kind, key)):

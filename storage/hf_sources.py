@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -51,6 +51,9 @@ from cse.storage.readers import (
     senteval_words,
     text_findings,
 )
+
+if TYPE_CHECKING:
+    import datasets
 
 # The columns each kind of source gives, and those an STS row may take from a constant.
 TEXT_TARGETS = {"wiki1m": ("text",), "nli": ("sent0", "sent1", "hard_neg"), "sts": ("sentence1", "sentence2")}
@@ -102,7 +105,7 @@ class HFSource(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_string(cls, v):
+    def _from_string(cls, v: Any) -> Any:
         return parse_hf_spec(v) if isinstance(v, str) else v
 
     def describe(self) -> str:
@@ -191,7 +194,7 @@ def local_files_cache(spec: HFSource, cache_dir: Path) -> Path:
     return cache_dir / "local" / combine_hashes(f"{f}\t{sha256_file(f)}" for f in files)[:16]
 
 
-def load_hf(spec: HFSource, cache_dir: Path):
+def load_hf(spec: HFSource, cache_dir: Path) -> tuple[datasets.Dataset, str | None, str]:
     """(datasets.Dataset, its split name, "load_from_disk" | "load_dataset") for one source. Errors name the source."""
     import datasets
 
@@ -380,8 +383,8 @@ def read_hf(kind: str, parts: list[HFRows], stats: ReadStats | None = None) -> t
             n = counters.get(group, 0)
             counters[group] = n + 1
             out.add(task[i], subset[i], split[i], n, a, b, float(g))
-    for (task, subset, split), n in counters.items():  # as read_senteval counts: per subset (STS12–16), per split
-        name = f"{task}/{subset}" if task in STS_SUBSETS else f"{task}/{split}"
+    for (group_task, group_subset, group_split), n in counters.items():  # as read_senteval: per subset, per split
+        name = f"{group_task}/{group_subset}" if group_task in STS_SUBSETS else f"{group_task}/{group_split}"
         st.details[name] = st.details.get(name, 0) + n
     st.rows = len(out.cols["task"])
     return out.table(), st

@@ -94,89 +94,122 @@ def _fmt(n: int) -> str:
     return f"{n:,d}"
 
 
-def check_dataset(  # noqa: C901 (a checklist: one branch per kind of damage, each reported, none nested)
-    folder: str | Path, kind: str, key: str, full: bool = False, marker: bool = True
-) -> list[Problem]:
+Finding = tuple[Path | str, str]  # (the damaged file, what is wrong with it): a `Problem` without its dataset
+
+
+def check_dataset(folder: str | Path, kind: str, key: str, full: bool = False, marker: bool = True) -> list[Problem]:
     """Everything wrong with the published dataset in `folder` ([] when intact). See the module docstring.
-    `marker=False` leaves an earlier `cse verify` mark out (a full check that finds everything again)."""
+    `marker=False` leaves an earlier `cse verify` mark out (a full check that finds everything again).
+    The checks run in order, each a function of its own; the full checks (`full`) run only while nothing is found."""
     folder = Path(folder)
     mpath = folder / MANIFEST_NAME
-    problems: list[Problem] = []
-
-    def bad(file: Path | str, reason: str) -> None:
-        problems.append(Problem(kind, key, str(file), reason))
-
     if not mpath.is_file():
-        bad(mpath, "manifest missing: the folder is not a complete dataset")
-        return problems
+        return [Problem(kind, key, str(mpath), "manifest missing: the folder is not a complete dataset")]
     try:
         m = Manifest.read(folder)
     except ManifestError as e:
-        bad(mpath, str(e).removeprefix(f"{mpath}: "))
-        return problems
-    if marker and (mark := folder / DAMAGED_MARKER).is_file():
-        try:
-            found = json.loads(mark.read_text()).get("problems", [])
-            for p in found:
-                bad(p.get("file", mark), f"{p.get('reason', 'marked damaged')} (found by `cse verify`)")
-        except (ValueError, OSError):
-            found = []
-        if not found:
-            bad(mark, "marked damaged by `cse verify`")
+        return [Problem(kind, key, str(mpath), str(e).removeprefix(f"{mpath}: "))]
+    found = _marker_findings(folder) if marker else []
+    found += _manifest_findings(folder, m, kind, key)
+    found += _part_findings(folder, m)
+    if full and not found:
+        found += _hash_findings(folder, m)
+    found += check_arrow_copy(folder, m, full=full and not found)
+    if full and not found:
+        found += compare_arrow_copy(folder, m)
+    return [Problem(kind, key, str(file), reason) for file, reason in found]
+
+
+def _marker_findings(folder: Path) -> list[Finding]:
+    """What the `damaged.json` marker an earlier `cse verify` left in `folder` lists (the marker itself when it lists
+    nothing readable); [] without a marker."""
+    mark = folder / DAMAGED_MARKER
+    if not mark.is_file():
+        return []
+    found: list[Finding] = []
+    try:
+        listed = json.loads(mark.read_text()).get("problems", [])
+        for p in listed:
+            found.append((p.get("file", mark), f"{p.get('reason', 'marked damaged')} (found by `cse verify`)"))
+    except (ValueError, OSError):
+        listed = []
+    if not listed:
+        found.append((mark, "marked damaged by `cse verify`"))
+    return found
+
+
+def _manifest_findings(folder: Path, m: Manifest, kind: str, key: str) -> list[Finding]:
+    """Whether the manifest `m` read from `folder` names this dataset and matches its seal (storage/seal.py)."""
+    mpath = folder / MANIFEST_NAME
+    found: list[Finding] = []
     if (m.kind, m.key) != (kind, key):
-        bad(mpath, f"manifest says {m.kind}/{m.key}, the folder is {kind}/{key}")
+        found.append((mpath, f"manifest says {m.kind}/{m.key}, the folder is {kind}/{key}"))
     try:
         raw = json.loads(mpath.read_text())
     except (OSError, ValueError) as e:  # read a moment ago: changed since
         raw = {}
-        bad(mpath, f"unreadable manifest ({type(e).__name__})")
+        found.append((mpath, f"unreadable manifest ({type(e).__name__})"))
     if (seal_problem := check_seal(folder, raw)) is not None:
-        bad(mpath, seal_problem)
+        found.append((mpath, seal_problem))
+    return found
+
+
+def _part_findings(folder: Path, m: Manifest) -> list[Finding]:
+    """Whether every file the manifest lists is there with its recorded size and (Parquet parts) rows, and the rows
+    add up to the manifest's."""
+    found: list[Finding] = []
     total, readable = 0, True
     for name in m.files:
         p = folder / name
         if not p.is_file():
-            bad(p, "missing")
+            found.append((p, "missing"))
             readable = False
             continue
         size = p.stat().st_size
         if name in m.file_sizes and size != m.file_sizes[name]:
-            bad(p, f"{_fmt(size)} bytes, the manifest records {_fmt(m.file_sizes[name])} (truncated or overwritten)")
+            recorded = _fmt(m.file_sizes[name])
+            found.append((p, f"{_fmt(size)} bytes, the manifest records {recorded} (truncated or overwritten)"))
         if not name.endswith(".parquet"):  # a model file of a generator dataset: size (and hash with full) only
             continue
         try:
             rows = pq.ParquetFile(p).metadata.num_rows
         except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, whatever a damaged file raises: reported, not raised
-            bad(p, f"unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            found.append((p, f"unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"))
             readable = False
             continue
         if name in m.file_rows and rows != m.file_rows[name]:
-            bad(p, f"{_fmt(rows)} rows, the manifest records {_fmt(m.file_rows[name])}")
+            found.append((p, f"{_fmt(rows)} rows, the manifest records {_fmt(m.file_rows[name])}"))
         total += rows
     if readable and total != m.rows:
-        bad(mpath, f"the files hold {_fmt(total)} rows, the manifest records {_fmt(m.rows)}")
-    if full and not problems:
-        digests = [sha256_file(folder / name) for name in m.files]
-        per_file = [
-            (name, d) for name, d in zip(m.files, digests) if name in m.file_hashes and d != m.file_hashes[name]
-        ]
-        for name, d in per_file:
-            bad(folder / name, f"content hash {d[:12]}… differs from the manifest's {m.file_hashes[name][:12]}…")
-        if not per_file and combine_hashes(digests) != m.content_hash:
-            if m.file_hashes:  # every file matches its own hash: the manifest's content hash was changed
-                bad(mpath, f"content hash {m.content_hash[:12]}… does not match its own per-file hashes")
-            else:  # an older manifest without per-file hashes: name every file
-                bad(
+        found.append(
+            (folder / MANIFEST_NAME, f"the files hold {_fmt(total)} rows, the manifest records {_fmt(m.rows)}")
+        )
+    return found
+
+
+def _hash_findings(folder: Path, m: Manifest) -> list[Finding]:
+    """The full check of the listed files: the sha256 of each against the manifest's per-file hashes, and of all of
+    them against its content hash."""
+    digests = [sha256_file(folder / name) for name in m.files]
+    per_file = [(name, d) for name, d in zip(m.files, digests) if name in m.file_hashes and d != m.file_hashes[name]]
+    found: list[Finding] = [
+        (folder / name, f"content hash {d[:12]}… differs from the manifest's {m.file_hashes[name][:12]}…")
+        for name, d in per_file
+    ]
+    if not per_file and combine_hashes(digests) != m.content_hash:
+        if m.file_hashes:  # every file matches its own hash: the manifest's content hash was changed
+            found.append(
+                (folder / MANIFEST_NAME, f"content hash {m.content_hash[:12]}… does not match its own per-file hashes")
+            )
+        else:  # an older manifest without per-file hashes: name every file
+            found.append(
+                (
                     folder / m.files[0] if len(m.files) == 1 else folder,
                     f"content hash differs from the manifest's {m.content_hash[:12]}… (files: {', '.join(m.files)}; "
                     "this manifest records no per-file hashes)",
                 )
-    for file, reason in check_arrow_copy(folder, m, full=full and not problems):
-        bad(file, reason)
-    if full and not problems:
-        for file, reason in compare_arrow_copy(folder, m):
-            bad(file, reason)
-    return problems
+            )
+    return found
 
 
 def copy_only(folder: str | Path, problems: list[Problem]) -> bool:

@@ -19,11 +19,15 @@ import errno
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cse.storage.atomic import TMP_PREFIX, clean_temporaries, process_alive, remove_path, temporary_owner
 from cse.storage.locks import exclusive, try_exclusive
 from cse.storage.manifest import Manifest, ManifestError, read_manifest_if_complete
 from cse.storage.paths import check_key
+
+if TYPE_CHECKING:
+    from cse.storage.integrity import Quarantined
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +155,9 @@ class DataRoot:
         except ManifestError:
             return None
 
-    def reuse(self, kind: str, key: str, *, full: bool = False, quarantine: bool = True):
+    def reuse(
+        self, kind: str, key: str, *, full: bool = False, quarantine: bool = True
+    ) -> tuple[Manifest | None, Quarantined | None]:
         """A cache hit that verifies what it reuses: `(manifest, None)` for an intact dataset, `(None, None)` when
         there is none, and `(None, Quarantined)` when one was there but damaged (`cse.storage.integrity.check_dataset`;
         `full` adds the content hashes): it is moved to the quarantine, so the caller rebuilds it. Call it holding

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -109,12 +109,23 @@ def read_manifest_if_complete(folder: str | Path) -> Manifest | None:
     return None
 
 
-def file_facts(folder: str | Path, files: list[str]) -> dict[str, dict]:
+class FileFacts(TypedDict):
+    """The manifest fields `file_facts` gives: per part file its size, rows and sha256, and the content hash."""
+
+    file_sizes: dict[str, int]
+    file_rows: dict[str, int]
+    file_hashes: dict[str, str]
+    content_hash: str
+
+
+def file_facts(folder: str | Path, files: list[str]) -> FileFacts:
     """What a manifest records per part file: size, rows (Parquet footer) and sha256."""
     import pyarrow.parquet as pq
 
     folder = Path(folder)
-    sizes, rows, hashes = {}, {}, {}
+    sizes: dict[str, int] = {}
+    rows: dict[str, int] = {}
+    hashes: dict[str, str] = {}
     for f in files:
         p = folder / f
         sizes[f] = p.stat().st_size

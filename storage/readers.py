@@ -21,6 +21,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -104,8 +105,8 @@ class ReadStats:
         if len(ex) < _EXAMPLES:
             ex.append(f"{where}: {what}")
 
-    def as_dict(self) -> dict:
-        out = {"rows": self.rows, "empty": self.empty, "skipped": self.skipped, **self.details}
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rows": self.rows, "empty": self.empty, "skipped": self.skipped, **self.details}
         if self.examples:
             out["examples"] = {k: list(v) for k, v in self.examples.items()}
         return out
@@ -118,7 +119,7 @@ class Columns:
         self.schema = schema
         self.cols: dict[str, list] = {f.name: [] for f in schema}
 
-    def add(self, *values) -> None:
+    def add(self, *values: Any) -> None:
         for col, v in zip(self.cols.values(), values, strict=True):
             col.append(v)
 

@@ -21,7 +21,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from cse.storage.hashing import canonical_json
 
@@ -34,6 +34,10 @@ def data_root_of(folder: str | Path) -> Path | None:
     return folder.parents[2] if len(folder.parents) > 2 and folder.parents[1].name == "datasets" else None
 
 
+@overload
+def seal_key(root: str | Path, create: Literal[True]) -> bytes: ...
+@overload
+def seal_key(root: str | Path, create: bool) -> bytes | None: ...
 def seal_key(root: str | Path, create: bool) -> bytes | None:
     """The data root's seal key: read, or with `create` made first when there is none (by one atomic link, so two
     processes making it at once agree). None when there is none and `create` is False."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -41,8 +42,13 @@ class ResolvedSource:
         """What error messages name: the file or folder, or the HF dataset(s) (`hf:<dataset>@<split>`)."""
         return self.location if self.origin == "hf" else str(self.path)
 
-    def describe(self) -> dict:
-        out = {"dataset": self.dataset, "origin": self.origin, "location": self.location, "file": self.where}
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "dataset": self.dataset,
+            "origin": self.origin,
+            "location": self.location,
+            "file": self.where,
+        }
         if self.hf:
             out["hf"] = [rows.describe() for rows in self.hf]
         return out

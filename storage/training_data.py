@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +22,7 @@ from cse.storage.hf import open_arrow_table
 from cse.storage.layout import DataRoot
 
 
-class ArrowLists(Sequence):
+class ArrowLists(Sequence[np.ndarray]):
     """Rows of one `list<int>` column of a (memory-mapped) Arrow table, in a chosen order: `self[i]` is the token ids
     of table row `positions[i]` as a read-only numpy view into the table's buffer (nothing copied); `take(rows)` gives
     several at once; slicing gives another `ArrowLists`."""
@@ -37,12 +38,18 @@ class ArrowLists(Sequence):
     def __len__(self) -> int:
         return len(self._positions)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> ArrowLists: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | ArrowLists:
         if isinstance(i, slice):
             return ArrowLists(self._column, self._positions[i])
         return self.take([i])[0]
 
-    def take(self, rows) -> list[np.ndarray]:
+    def take(self, rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """The ids of rows `rows` (indices into this sequence), as numpy views."""
         pos = self._positions[np.asarray(rows, dtype=np.int64)]
         chunk = np.searchsorted(self._starts, pos, side="right") - 1
@@ -51,7 +58,7 @@ class ArrowLists(Sequence):
         return [values[c][offsets[c][j] : offsets[c][j + 1]] for c, j in zip(chunk.tolist(), local.tolist())]
 
 
-def take_rows(seqs: Sequence[np.ndarray], rows) -> list[np.ndarray]:
+def take_rows(seqs: Sequence[np.ndarray], rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
     """Rows `rows` of a row sequence: an `ArrowLists` (memory-mapped) or any in-memory sequence of arrays."""
     if isinstance(seqs, ArrowLists):
         return seqs.take(rows)
@@ -96,7 +103,7 @@ def load_token_rows(root: DataRoot, key: str, columns: tuple[str, ...], limit: i
         )
     all_ids = table.column("id").to_numpy()
     seqs: dict[str, Sequence[np.ndarray]] = {}
-    ids = None
+    ids: np.ndarray | None = None
     for c in columns:
         pos = _positions(_equals(table.column("column"), c), all_ids)
         if len(pos) == 0:
@@ -109,6 +116,8 @@ def load_token_rows(root: DataRoot, key: str, columns: tuple[str, ...], limit: i
         elif not np.array_equal(ids, col_ids):
             raise ValueError(f"tokens dataset {key}: columns are not row-aligned")
         seqs[c] = ArrowLists(table.column("input_ids"), pos)
+    if ids is None:
+        raise ValueError(f"tokens dataset {key}: no columns asked for")
     return TokenRows(ids=ids, seqs=seqs)
 
 
@@ -134,7 +143,8 @@ def load_corruption_rows(root: DataRoot, key: str, tokens: TokenRows) -> Corrupt
     all_ids = table.column("id").to_numpy()
     all_variants = table.column("variant").to_numpy()
     variants = int(all_variants.max()) + 1
-    corrupted, labels = {}, {}
+    corrupted: dict[tuple[str, int], Sequence[np.ndarray]] = {}
+    labels: dict[tuple[str, int], Sequence[np.ndarray]] = {}
     for c in tokens.columns:
         in_column = _equals(table.column("column"), c)
         for v in range(variants):

@@ -22,11 +22,13 @@ the cross-validated tasks (MR, CR, SUBJ, MPQA) have the single split `all`. A ma
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 
 from cse.storage.datasets import EvaluationInput, resolve_input
+from cse.storage.layout import DataRoot
 from cse.storage.readers import Columns, DataFormatError, ReadStats, require_file, root_candidates, senteval_words
 
 TRANSFER_TASKS: tuple[str, ...] = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
@@ -236,14 +238,14 @@ class TransferInput(EvaluationInput):
     """Transfer-task data (`load_transfer_input`)."""
 
 
-def load_transfer_input(spec: str | None, root, shared_data: Path | None = None) -> TransferInput:
+def load_transfer_input(spec: str | None, root: DataRoot | None, shared_data: Path | None = None) -> TransferInput:
     """The transfer table for `spec`: an existing folder (SentEval layout), else a `transfer` dataset key.
 
     `spec=None`: `<shared_data>/senteval` when it holds the transfer tasks, else the newest ingested `transfer`
     dataset, else a FileNotFoundError saying to run the `ingest` flow with dataset `transfer`.
     """
 
-    def default(from_folder) -> TransferInput | None:
+    def default(from_folder: Callable[[Path], TransferInput]) -> TransferInput | None:
         if shared_data is None:
             return None
         try:
@@ -258,13 +260,13 @@ def load_transfer_input(spec: str | None, root, shared_data: Path | None = None)
         cls=TransferInput,
         read_folder=lambda f: (read_transfer(f)[0], transfer_root(f), transfer_source_files(f)),
         default=default,
-        no_default=lambda: (
+        no_default=lambda data_root: (
             f"no SentEval transfer data: neither {Path(shared_data or '.') / 'senteval' / 'downstream'} nor a "
-            f'`transfer` dataset under {root.root}; run the `ingest` flow with datasets ["transfer"] (or pass '
+            f'`transfer` dataset under {data_root.root}; run the `ingest` flow with datasets ["transfer"] (or pass '
             "`transfer` = a SentEval folder or a transfer dataset key)"
         ),
-        not_found=lambda: (
-            f"transfer input {spec!r} is neither a SentEval folder nor a `transfer` dataset under {root.root}; "
+        not_found=lambda data_root: (
+            f"transfer input {spec!r} is neither a SentEval folder nor a `transfer` dataset under {data_root.root}; "
             "run the `ingest` flow (dataset transfer) or pass an existing folder"
         ),
     )

@@ -322,7 +322,7 @@ def fit_generator(tokens_key: str, config: GeneratorConfig = GeneratorConfig(), 
             if quarantined is not None:
                 log_quarantine(quarantined, stage_logger(), run_id=run_id)
             cached = manifest is not None
-            if not cached:
+            if manifest is None:
                 manifest = _fit(root, tokens, config, key, run_id)
         _log_run(run_id, tokens, manifest, cached)
     ref = DatasetRef.of(root, manifest, cache_hit=cached)

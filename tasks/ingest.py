@@ -65,7 +65,7 @@ def ingest_dataset(dataset: str, config: IngestConfig, verify: bool = False) -> 
             if quarantined is not None:
                 log_quarantine(quarantined, log)
             hit = manifest is not None
-            if not hit:
+            if manifest is None:
                 table, stats = read_source(src, strict=config.strict, max_line_chars=config.max_line_chars)
                 # nothing to tokenise or train on: refused here, not later
                 if (usable := table.num_rows - stats.empty) < 1:

@@ -221,7 +221,7 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
             if quarantined is not None:
                 log_quarantine(quarantined, log)
             hit = manifest is not None
-            if not hit:
+            if manifest is None:
                 columns = schemas.TEXT_COLUMNS[source.kind]
                 tokens_params = {
                     "tokenizer": config.tokenizer,

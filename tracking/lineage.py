@@ -79,7 +79,8 @@ def run_dataset_inputs(run_id: str) -> list[dict[str, Any]]:
     and the other input tags), in the order the store returns them."""
     configure_mlflow()
     out = []
-    for di in mlflow.get_run(run_id).inputs.dataset_inputs:
+    inputs = mlflow.get_run(run_id).inputs  # None: a run without a record of inputs
+    for di in inputs.dataset_inputs if inputs is not None else []:
         fields = {k: getattr(di.dataset, k) for k in ("name", "digest", "source_type", "source", "schema", "profile")}
         tags = {t.key: t.value for t in di.tags}
         out.append({**fields, "context": tags.pop(MLFLOW_DATASET_CONTEXT, None), "tags": tags})

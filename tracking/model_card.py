@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -46,6 +46,7 @@ from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard, ModelCardData
 
+    from cse.config.stages import NliSource, WikiSource
     from cse.config.training import TrainConfig
     from cse.storage.datasets import DatasetRef
     from cse.storage.runs import RunDir
@@ -115,6 +116,11 @@ class AdapterInfo(BaseModel):
             )
         if "folder" not in fields:
             raise ValueError(f"adapter: the mapping lacks `folder` (got keys {sorted(export)})")
+        return cls._of_fields(fields)
+
+    @classmethod
+    def _of_fields(cls, fields: Mapping[str, Any]) -> AdapterInfo:
+        """The adapter of `fields` (holding `folder`); keys that are no field of this class are left out."""
         return cls(**{k: v for k, v in fields.items() if k in cls.model_fields})
 
     @classmethod
@@ -122,7 +128,7 @@ class AdapterInfo(BaseModel):
         """The adapter an export wrote into `folder`, from its `cse_peft.json` (models/export/peft_loader.py)."""
         from cse.models.export.peft_loader import read_spec
 
-        return cls.of({**read_spec(folder), "folder": str(folder)})
+        return cls._of_fields({**read_spec(folder), "folder": str(folder)})
 
 
 class PublishedReference(BaseModel):
@@ -274,50 +280,19 @@ class CardFacts(BaseModel):
         where they are not found, the configured sources are named, marked as such."""
         from cse.config.settings import get_settings
 
-        spec = REGISTRY.get(cfg.method)
-        setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
-        pooler = None
-        if checkpoint is not None:
-            from cse.models.checkpoint import read_checkpoint_meta
-
-            meta = read_checkpoint_meta(Path(checkpoint))
-            pooler = meta.get("pooler")
-            if trainable_parameters is None and isinstance(meta.get("trainable_parameters"), int):
-                trainable_parameters = meta["trainable_parameters"]
-        sources = {"nli": cfg.ingest.nli} if cfg.supervised else {"wiki1m": cfg.ingest.wiki}
-        if cfg.needs_nli:  # DiffAug's prefix phase or auxiliary batches
-            sources["nli"] = cfg.ingest.nli
-        refs: dict[str, Any] = {"nli": nli_tokens}
-        refs["nli" if cfg.supervised else "wiki1m"] = tokens  # the training tokens; NLI tokens of a prefix phase else
-        origins = _data_origins(sources, refs)
         return cls(
-            method=cfg.method,
-            method_title=spec.title if spec else cfg.method,
-            summary=spec.summary if spec else "",
-            preset=cfg.preset,
-            backbone=cfg.backbone,
-            setting=setting,
-            uses_corruption=cfg.uses_corruption,
-            dataset=cfg.dataset,
-            metrics={k: float(v) for k, v in (test_metrics or {}).items() if _number(v) is not None},
-            config=cfg.model_dump(mode="json"),
-            tokens_hash=_hash(tokens),
-            corruption_hash=_hash(corruption),
-            nli_tokens_hash=_hash(nli_tokens),
-            data_origin=origins,
-            datasets=_hub_datasets(origins),
+            **_job_facts(cfg, test_metrics),
+            **_data_facts(cfg, tokens, corruption, nli_tokens),
+            **_checkpoint_facts(checkpoint, trainable_parameters),
             git_commit=git_commit,
             run_id=run_id,
             registered_name=registered_name,
             version=None if version is None else str(version),
             logged_model_uri=logged_model_uri,
-            trainable_parameters=trainable_parameters,
-            pooler=pooler,
             steps=steps,
             best_stsb_dev=best_stsb_dev,
             adapter=AdapterInfo.of(adapter),
             st_export=STExportInfo.of(st_export),
-            reference=PublishedReference.lookup(cfg.method, cfg.backbone, setting),
             backbone_scores=_backbone_scores(backbone),
             tracking_uri=tracking_uri or get_settings().mlflow_tracking_uri,
         )
@@ -333,6 +308,93 @@ class CardFacts(BaseModel):
         if self.run_id:
             return f"runs:/{self.run_id}/model"
         return None
+
+
+class _JobFacts(TypedDict):
+    """The facts `from_training` takes from the job's configuration: method, preset, setting, its test metrics."""
+
+    method: str
+    method_title: str
+    summary: str
+    preset: str
+    backbone: str
+    setting: str
+    uses_corruption: bool
+    dataset: str
+    metrics: dict[str, float]
+    config: dict[str, Any]
+    reference: PublishedReference | None
+
+
+class _DataFacts(TypedDict):
+    """The facts `from_training` takes from the job's input datasets: their hashes and where their rows came from."""
+
+    tokens_hash: str | None
+    corruption_hash: str | None
+    nli_tokens_hash: str | None
+    data_origin: list[DataOrigin]
+    datasets: list[str]
+
+
+class _CheckpointFacts(TypedDict):
+    """The facts `from_training` takes from the best checkpoint: the evaluation pooler and the trainable parameters."""
+
+    pooler: str | None
+    trainable_parameters: int | None
+
+
+def _job_facts(cfg: TrainConfig, test_metrics: Mapping[str, float] | None) -> _JobFacts:
+    """The method (its registry entry's title and summary), preset, backbone, setting and data of `cfg`, its full
+    dump, the finite test metrics and the published row the job reproduces."""
+    spec = REGISTRY.get(cfg.method)
+    setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
+    return _JobFacts(
+        method=cfg.method,
+        method_title=spec.title if spec else cfg.method,
+        summary=spec.summary if spec else "",
+        preset=cfg.preset,
+        backbone=cfg.backbone,
+        setting=setting,
+        uses_corruption=cfg.uses_corruption,
+        dataset=cfg.dataset,
+        metrics={k: float(v) for k, v in (test_metrics or {}).items() if _number(v) is not None},
+        config=cfg.model_dump(mode="json"),
+        reference=PublishedReference.lookup(cfg.method, cfg.backbone, setting),
+    )
+
+
+def _data_facts(cfg: TrainConfig, tokens: Any, corruption: Any, nli_tokens: Any) -> _DataFacts:
+    """The content hashes of the input datasets (`DatasetRef`s or hashes) and the origin of each training dataset:
+    the training tokens' (NLI when supervised, else Wiki1M) and, when the job reads NLI too, the NLI tokens'."""
+    sources: dict[str, WikiSource | NliSource] = (
+        {"nli": cfg.ingest.nli} if cfg.supervised else {"wiki1m": cfg.ingest.wiki}
+    )
+    if cfg.needs_nli:  # DiffAug's prefix phase or auxiliary batches
+        sources["nli"] = cfg.ingest.nli
+    refs: dict[str, Any] = {"nli": nli_tokens}
+    refs["nli" if cfg.supervised else "wiki1m"] = tokens  # the training tokens; NLI tokens of a prefix phase else
+    origins = _data_origins(sources, refs)
+    return _DataFacts(
+        tokens_hash=_hash(tokens),
+        corruption_hash=_hash(corruption),
+        nli_tokens_hash=_hash(nli_tokens),
+        data_origin=origins,
+        datasets=_hub_datasets(origins),
+    )
+
+
+def _checkpoint_facts(checkpoint: str | Path | None, trainable_parameters: int | None) -> _CheckpointFacts:
+    """The evaluation pooler recorded in the best checkpoint (None without one), and `trainable_parameters`, else the
+    count the checkpoint records."""
+    pooler = None
+    if checkpoint is not None:
+        from cse.models.checkpoint import read_checkpoint_meta
+
+        meta = read_checkpoint_meta(Path(checkpoint))
+        pooler = meta.get("pooler")
+        if trainable_parameters is None and isinstance(meta.get("trainable_parameters"), int):
+            trainable_parameters = meta["trainable_parameters"]
+    return _CheckpointFacts(pooler=pooler, trainable_parameters=trainable_parameters)
 
 
 def _backbone_scores(backbone: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -401,8 +463,9 @@ def _for_library(card: ModelCard, library: Library) -> str:
     from huggingface_hub import ModelCard
 
     copy = ModelCard(str(card))
-    copy.data.library_name = library
-    copy.data.tags = [*copy.data.tags, *(["peft"] if "peft" not in copy.data.tags else [])]
+    tags = copy.data["tags"]
+    copy.data["library_name"] = library
+    copy.data["tags"] = [*tags, *(["peft"] if "peft" not in tags else [])]
     return str(copy)
 
 
@@ -475,8 +538,8 @@ def _context(facts: CardFacts) -> dict[str, Any]:
 def _table(facts: CardFacts, table: str, columns: Sequence[str], titles: Sequence[str], digits: int) -> dict[str, Any]:
     """One results table: this model, the backbone before training (and, for STS, the gain over it), the published
     row of `table` (or the BERT-base reference) and the difference."""
-    scores = facts.backbone_scores or {}
-    base, row = scores.get("metrics") or {}, getattr(facts.reference, table, {})
+    scores, ref = facts.backbone_scores or {}, facts.reference
+    base, row = scores.get("metrics") or {}, getattr(ref, table, {})
 
     def cells(values: Mapping[str, Any]) -> list[str]:
         return [_fmt(values.get(c), digits) for c in columns]
@@ -489,8 +552,8 @@ def _table(facts: CardFacts, table: str, columns: Sequence[str], titles: Sequenc
         rows.append((f"backbone before training (`{facts.backbone}`, {scores.get('pooler')})", cells(base)))
         if table == "sts":
             rows.append(("gain over the backbone", gain_over(base)))
-    if row:
-        label = "published" if facts.reference.stands_in_for is None else "reference: BERT-base"
+    if row and ref is not None:  # a row only with a reference
+        label = "published" if ref.stands_in_for is None else "reference: BERT-base"
         rows += [(f"{label} ({row.get('source', '?')})", cells(row)), ("difference", gain_over(row))]
     return {"titles": list(titles), "rows": rows}
 
@@ -502,12 +565,13 @@ def _adapter_context(facts: CardFacts) -> dict[str, Any] | None:
     a = facts.adapter
     if a is None:
         return None
-    bundled = a.base_model is not None and Path(a.base_model).parent == Path(a.folder)
+    base = Path(a.base_model) if a.base_model is not None else None
+    bundled_base = base.name if base is not None and base.parent == Path(a.folder) else None  # bundled in the folder
     return {
         **a.model_dump(),
         "where": portable_path(a.folder),
         "path": f"<the job folder>/{Path(a.folder).name}",
-        "bundled_base": Path(a.base_model).name if bundled else None,
+        "bundled_base": bundled_base,
         "packaged_minilm": facts.backbone == PACKAGED_MINILM,
         "hub_base": _hub_model_id(facts.backbone),
         "base_name": Path(a.base_model or facts.backbone).name,

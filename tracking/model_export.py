@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -33,12 +34,14 @@ import pandas as pd
 import torch
 from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
+from mlflow.pyfunc import PythonModel
 from mlflow.types.schema import ColSpec, DataType, ParamSchema, ParamSpec, Schema, TensorSpec
 
 from cse.models.export.st_standard import (  # the standard pipeline: see there
     INPUT_EXAMPLE,
     standard_sentence_transformer,
 )
+from cse.tracking.stage_runs import active_run_id
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ BEST_ALIAS = "best"
 SELECTION_METRIC = "best_stsb_dev"  # the STS-B dev score each training run selected its checkpoint on
 
 
-class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
+class SentenceEmbeddingModel(PythonModel):
     """pyfunc: a list of sentences → an (n, d) float32 array."""
 
     def load_context(self, context) -> None:
@@ -60,10 +63,14 @@ class SentenceEmbeddingModel(mlflow.pyfunc.PythonModel):
         )
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> np.ndarray:
-        """`model_input`: the signature's column of sentences (MLflow passes a DataFrame; a list also works)."""
-        if isinstance(model_input, (pd.DataFrame, pd.Series)):
-            model_input = (model_input.iloc[:, 0] if model_input.ndim == 2 else model_input).tolist()
-        sentences = [str(s) for s in model_input]
+        """`model_input`: the signature's column of sentences (MLflow passes a DataFrame; a list also works). The
+        hint stays `pd.DataFrame`: MLflow reads it (a list hint would change what it infers)."""
+        rows: Any = model_input  # a DataFrame, a Series or a list
+        if isinstance(rows, pd.DataFrame):
+            rows = rows.iloc[:, 0]
+        if isinstance(rows, pd.Series):
+            rows = rows.tolist()
+        sentences = [str(s) for s in rows]
         batch_size = int((params or {}).get("batch_size", 64))
         out = []
         with torch.inference_mode():
@@ -179,7 +186,7 @@ def log_encoder_model(
             )
             flavor = "python_function"
     log.info("logged the %s model as %s (%s)", meta.get("method"), flavor, reason)
-    run = mlflow.active_run()
+    run_id = active_run_id()
     mlflow.set_tags({"cse.model_flavor": flavor, "cse.model_flavor_reason": reason[:5000]})
     if registered_name is None:
         return LoggedEncoder(flavor, reason, info.model_uri)
@@ -189,7 +196,7 @@ def log_encoder_model(
     except MlflowException as e:
         log.warning(
             "model of run %s logged (%s) but not registered as %s: %s",
-            run.info.run_id,
+            run_id,
             info.model_uri,
             registered_name,
             e,

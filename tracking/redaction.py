@@ -55,7 +55,7 @@ def mask_mlflow_exceptions() -> None:
     from mlflow.exceptions import MlflowException
 
     if not getattr(MlflowException.__init__, "cse_masking", False):
-        MlflowException.__init__ = _masking_init(MlflowException.__init__)
+        MlflowException.__init__ = _masking_init(MlflowException.__init__)  # type: ignore[method-assign]  # patching the class is the point
 
 
 def _entities(items, cls):
@@ -157,7 +157,7 @@ def mask_prefect_states() -> None:
         def format_exception(*args, **kwargs):
             return redact(original(*args, **kwargs))
 
-        format_exception.cse_masking = True
+        format_exception.cse_masking = True  # type: ignore[attr-defined]  # the mark that makes this idempotent
         prefect.states.format_exception = format_exception
 
 

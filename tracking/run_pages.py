@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -204,7 +204,8 @@ def run_name(cfg) -> str:
     for key, leaf in zip(diffs, leaves):
         name = _SHORT_NAMES.get(leaf, leaf) if leaves.count(leaf) == 1 else key
         parts.append(f"{name}={_value_text(diffs[key])}")
-    head, shown = f"{cfg.method}-{cfg.preset}", []
+    head = f"{cfg.method}-{cfg.preset}"
+    shown: list[str] = []
     for i, part in enumerate(parts):
         if len(" ".join([*shown, part])) > RUN_NAME_MAX:
             shown.append(f"+{len(parts) - i} more")
@@ -299,9 +300,10 @@ def sts_table(
         return {"": label, **{TASK_TITLES[t]: cell(t) for t in HEADLINE}}
 
     rows = [row("this run", metrics)]
-    base = (backbone or {}).get("metrics") or {}
+    scores = backbone or {}
+    base = scores.get("metrics") or {}
     if base:
-        rows.append(row(backbone_row_label(backbone.get("pooler")), base))
+        rows.append(row(backbone_row_label(scores.get("pooler")), base))
     if reference is not None:
         rows += [row(reference.label, reference.row), row("difference (run − published)", reference.row, True)]
     if base:
@@ -378,10 +380,11 @@ def start_description(
     with the backbone's score before training when it was evaluated (`before`)."""
     head = f"**{method} / {preset}** on `{backbone}`{_differences_text(differences)}"
     lines = [head, ""]
-    base = (before or {}).get("metrics") or {}
+    scores = before or {}
+    base = scores.get("metrics") or {}
     if "sts_avg" in base:
         lines += [
-            f"{backbone_row_label(before.get('pooler'))}: STS Avg. {_score(base['sts_avg'])} (Spearman ×100).",
+            f"{backbone_row_label(scores.get('pooler'))}: STS Avg. {_score(base['sts_avg'])} (Spearman ×100).",
             "",
         ]
     lines.append(
@@ -422,7 +425,7 @@ def rtd_probe_history(run_id: str) -> list[tuple[int, dict[str, float]]]:
     return sorted(by_step.items())
 
 
-def rtd_probe_section(history: list[tuple[int, Mapping[str, float]]]) -> str:
+def rtd_probe_section(history: Sequence[tuple[int, Mapping[str, float]]]) -> str:
     """The description's section on the RTD mechanism probe: a table of each evaluation's held-out RTD loss with the
     true, the rolled and no h, the gap rolled − true, and what the last gap says."""
     if not history:

@@ -120,7 +120,8 @@ def is_unreachable(exc: BaseException) -> bool:
 
 def _record_chunk_length(records: list[SpoolRecord]) -> int:
     """How many leading records fit one log_batch request (MLflow's per-request limits; no param key twice)."""
-    n_metrics, keys = 0, set()
+    n_metrics = 0
+    keys: set[str] = set()
     for i, r in enumerate(records):
         m, p = len(r.get("metrics", ())), set(r.get("params", {}))
         fits = (

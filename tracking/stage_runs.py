@@ -69,8 +69,10 @@ def log_quarantine(
         record.summary(),
         record.moved_to,
     )
+    run_id = run_id or active_run_id()
+    if run_id is None:
+        raise RuntimeError(f"cannot record the quarantine of {record.kind}/{record.key}: no MLflow run is active")
     client = mlflow.MlflowClient()
-    run_id = run_id or mlflow.active_run().info.run_id
     client.set_tag(run_id, "quarantined", record.moved_to)
     client.set_tag(run_id, "quarantine_reason", record.summary()[:5000])
     client.log_dict(run_id, asdict(record), "quarantine.json")

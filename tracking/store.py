@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from contextlib import ExitStack, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import mlflow
 
@@ -168,7 +168,7 @@ def tracking_error(exc: BaseException) -> BaseException:
     return redacted_exception(exc)
 
 
-def reraise(exc: BaseException):
+def reraise(exc: BaseException) -> NoReturn:
     """Raise `tracking_error(exc)`: `exc` itself when it needs no rewording, else its replacement `from None`."""
     clean = tracking_error(exc)
     if clean is exc:
@@ -196,7 +196,9 @@ def ensure_experiment(name: str) -> str:
     try:
         return mlflow.create_experiment(name, artifact_location=(root / name).as_uri(), tags=tags)
     except mlflow.exceptions.MlflowException:  # created concurrently by another worker
-        return mlflow.get_experiment_by_name(name).experiment_id
+        if (created := mlflow.get_experiment_by_name(name)) is None:  # not that: the store refused it
+            raise
+        return created.experiment_id
 
 
 def prepare_sqlite_store(path: Path) -> Path:
