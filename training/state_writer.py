@@ -27,13 +27,16 @@ import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import torch
 from safetensors.torch import save as safetensors_bytes
 
 from cse.storage.atomic import atomic_dir
 from cse.storage.runs import ResumeState
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 
 @dataclass
@@ -61,13 +64,13 @@ def host_copy(obj: Any) -> Any:
 class _HashingFile(io.RawIOBase):
     """A write-only file that hashes what passes through it (torch.save writes here)."""
 
-    def __init__(self, f):
+    def __init__(self, f: BinaryIO) -> None:
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
 
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:
+    def write(self, b: Buffer) -> int:
         view = memoryview(b)
         self.sha.update(view)
         self.size += view.nbytes
@@ -87,7 +90,7 @@ def write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
         files.trainable.write_bytes(tensors)
         with open(files.optimizer, "wb") as f:
             sink = _HashingFile(f)
-            torch.save(snapshot.payload, sink)
+            torch.save(snapshot.payload, cast(BinaryIO, sink))  # (a raw binary file; torch's hint names IO[bytes])
         records = {
             files.trainable.name: {"size": len(tensors), "sha256": hashlib.sha256(tensors).hexdigest()},
             files.optimizer.name: {"size": sink.size, "sha256": sink.sha.hexdigest()},
