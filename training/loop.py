@@ -497,10 +497,10 @@ class Trainer:
         self.cudagraphs = self.device.type == "cuda" and (
             backend == "cudagraphs" or (backend == "inductor" and mode in ("reduce-overhead", "max-autotune"))
         )
-        options = {"mode": mode} if backend == "inductor" else {}
         # static shapes: a batch of another shape (DiffAug's two phases, an epoch's short last batch) gets a graph of
         # its own rather than one symbolic graph for all (CUDA graphs replay fixed shapes)
-        return torch.compile(self._model_step, fullgraph=True, dynamic=False, backend=backend, **options)
+        inductor_mode = mode if backend == "inductor" else None  # (dynamo's own backends take no mode)
+        return torch.compile(self._model_step, fullgraph=True, dynamic=False, backend=backend, mode=inductor_mode)
 
     def _use_grad_cache(self, cfg: LoopConfig) -> None:
         """Hand `grad_cache_chunk_size` to the model (`CSEModel.use_grad_cache`), refusing what cannot combine."""
