@@ -159,7 +159,8 @@ def build_comparison(runs: list[RunRecord]) -> list[dict[str, Any]]:
             if table == "parameters" and published.backbone_family(run.backbone) is None:
                 continue  # a parameter count of another backbone size: shown, but a difference would mean nothing
             diff = {
-                k: None if ours[k] is None or pub.get(k) is None else round(ours[k] - float(pub[k]), 4) for k in metrics
+                k: None if (v := ours[k]) is None or pub.get(k) is None else round(v - float(pub[k]), 4)
+                for k in metrics
             }
             rows += _metric_rows(common, "difference", f"run − published ({fam})", diff)
     return rows

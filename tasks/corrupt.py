@@ -148,6 +148,8 @@ def generator_identity(name: str) -> dict[str, str]:
             f"generator {name!r} is neither a local model folder nor an HF model available "
             f"online or in the local cache: {e}"
         ) from e
+    if config_file is None:  # (a missing file raises above; None only where that is turned off)
+        raise ValueError(f"generator {name!r} has no config.json")
     return {"name": name, "config_sha256": sha256_file(config_file)}
 
 
@@ -213,14 +215,14 @@ def plan_corruption(tokens_key: str, config: CorruptConfig, verify: bool = False
     root = _root()
     tokens = root.require("tokens", tokens_key)
     device = pick_device(config.device)
-    precision = "bf16" if device.type == "cuda" and config.bf16 else "fp32"
+    precision: Literal["fp32", "bf16"] = "bf16" if device.type == "cuda" and config.bf16 else "fp32"
     generator, generator_path = resolve_generator(root, config, verify=verify)
     key = corruption_key(
         tokens.content_hash,
         tokens.params.get("tokenizer_fingerprint"),
         generator,
         precision,
-        **config.model_dump(include=CORRUPTION_SETTINGS),
+        **config.model_dump(include=set(CORRUPTION_SETTINGS)),
     )
     manifest, quarantined = root.reuse(KIND, key, full=verify, quarantine=locked)
     cached = manifest is not None
@@ -273,19 +275,23 @@ def _corrupt_table(tokens: pa.Table, corruptor: Corruptor, plan: CorruptPlan, sh
     flat, offsets = token_lists(tokens.column("input_ids"))
     cfg = plan.config
     bar = tqdm(
-        total=tokens.num_rows * cfg.variants,
+        total=tokens.num_rows * cfg.resolved_variants,
         unit="sent",
         desc=f"corrupt shard {shard + 1}/{plan.n_shards}",
         leave=False,
     )
+
+    def advance(n: int) -> None:
+        bar.update(n)
+
     variants = corrupt_variants(
         corruptor,
         flat,
         offsets,
-        [shard_seed(cfg.seed, shard, v) for v in range(cfg.variants)],
+        [shard_seed(cfg.resolved_seed, shard, v) for v in range(cfg.resolved_variants)],
         cfg.batch_size,
         seeded_dropout=cfg.generator_dropout,
-        on_batch=bar.update,
+        on_batch=advance,
     )
     bar.close()
     return corruption_rows(tokens, flat, offsets, variants)
@@ -308,7 +314,9 @@ def corrupt_shard(plan: CorruptPlan, shard: int) -> ShardResult:
 
     table, computed = sharded.build_shard(plan, shard, ["id", "column", "input_ids"], compute)
     seconds = timing["seconds"]
-    result = shard_result(shard, table, plan.special_ids, plan.config.variants, computed=computed, seconds=seconds)
+    result = shard_result(
+        shard, table, plan.special_ids, plan.config.resolved_variants, computed=computed, seconds=seconds
+    )
     if computed:
         stage_logger().info(
             "corruption %s shard %d/%d: %d rows in %.1fs (%.0f sentences/s)",
@@ -374,7 +382,7 @@ def _log_to_run(run_id: str, plan: CorruptPlan, manifest: Manifest) -> None:
     log_dataset_inputs(run_id, [(plan.source, CONTEXT_SOURCE)])  # the tokens dataset it corrupted
     stats = manifest.stats
     metrics = {"rows": manifest.rows, "cache_hit": float(plan.cached)}
-    keys = ("sentences", "masked_ratio", "replaced_ratio", "replaced_of_masked")
+    keys: tuple[str, ...] = ("sentences", "masked_ratio", "replaced_ratio", "replaced_of_masked")
     if not plan.cached:
         keys += ("shards", "shards_computed", "compute_seconds", "sentences_per_s")
         for s in stats["per_shard"]:

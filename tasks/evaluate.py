@@ -8,7 +8,6 @@ record the result in MLflow (metrics, tables, plots), a Parquet row and Prefect 
 from __future__ import annotations
 
 import json
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,20 @@ from cse.config.settings import get_settings
 from cse.evaluation import Evaluator
 from cse.evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
 from cse.evaluation.results import EvalResult
-from cse.storage.evaluations import StsInput, load_sts_input, row_identity, write_evaluation_row
+from cse.storage.evaluations import StsInput, load_sts_input, row_identity
 from cse.storage.layout import DataRoot
-from cse.tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, check_training_sts, evaluation_run
+from cse.tasks.evaluate_common import (
+    EvalSummary,
+    build_embedder,
+    check_same_sts,
+    check_training_sts,
+    evaluation_run,
+    record_result,
+)
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
-from cse.tracking.reporting import csv_table, markdown_table, publish_artifacts
+from cse.tracking.reporting import csv_table, markdown_table
 from cse.tracking.run_pages import page_metrics, score_tags
-from cse.tracking.stage_runs import active_run_id, log_run_results
 
 # ---------------------------------------------------------------- recording
 
@@ -147,35 +152,32 @@ def record_evaluation(
     (`cse.tracking.run_pages.page_metrics`): the per-subset scores and the evaluator's other single values stay in the
     run's `evaluation/` files and would bury the curves on its charts (`cse.tracking.run_pages`)."""
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
-    run_id = active_run_id()
-    if run_id is not None:
-        metrics = result.metrics() if subset_metrics else page_metrics(result.metrics())
-        log_run_results(
-            run_id,
-            metrics={k: float(v) for k, v in metrics.items()},
-            tags={
-                "evaluation_id": evaluation_id,
-                "sts_source": f"{sts.origin}:{sts.location}",
-                "sts_hash": sts.content_hash,
-                **(score_tags(result.metrics()) if result.mode == "test" else {}),
-            },
-            step=step,
-        )
-        with tempfile.TemporaryDirectory(prefix="cse-eval-") as tmp:
-            files = write_result_files(result, label, Path(tmp) / "files")
-            plots = Path(tmp) / "plots"
-            plots.mkdir()
-            for name, path in files.items():
-                if name.endswith(".png"):
-                    path.rename(plots / name)
-            folders = {"evaluation": Path(tmp) / "files", **({"plots": plots} if any(plots.iterdir()) else {})}
-            log_run_results(run_id, folders=folders)
-    write_evaluation_row(
-        DataRoot(get_settings().data_root),
-        evaluation_row(result, evaluation_id=evaluation_id, label=label, what=what, sts=sts, mlflow_run_id=run_id),
+    metrics = result.metrics() if subset_metrics else page_metrics(result.metrics())
+
+    def write_files(tmp: Path) -> dict[str, Path]:  # the result files, their plots in a folder of their own
+        files = write_result_files(result, label, tmp / "files")
+        plots = tmp / "plots"
+        plots.mkdir()
+        for name, path in files.items():
+            if name.endswith(".png"):
+                path.rename(plots / name)
+        return {"evaluation": tmp / "files", **({"plots": plots} if any(plots.iterdir()) else {})}
+
+    return record_result(
+        evaluation_id,
+        metrics={k: float(v) for k, v in metrics.items()},
+        tags={
+            "evaluation_id": evaluation_id,
+            "sts_source": f"{sts.origin}:{sts.location}",
+            "sts_hash": sts.content_hash,
+            **(score_tags(result.metrics()) if result.mode == "test" else {}),
+        },
+        step=step,
+        write_files=write_files,
+        row=lambda run_id: evaluation_row(
+            result, evaluation_id=evaluation_id, label=label, what=what, sts=sts, mlflow_run_id=run_id
+        ),
         params={"label": label, **what},
-    )
-    publish_artifacts(
         tables={
             f"evaluation-{result.mode}": (
                 [result.table_record(label)],
@@ -186,7 +188,6 @@ def record_evaluation(
             f"evaluation-{result.mode}-details": (evaluation_markdown(result, label), f"{label}: full evaluation")
         },
     )
-    return evaluation_id
 
 
 def evaluation_markdown(result: EvalResult, label: str) -> str:

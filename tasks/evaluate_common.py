@@ -1,5 +1,6 @@
 """What both modes of the evaluation stage share (STS: tasks/evaluate.py, SentEval transfer:
-tasks/evaluate_transfer.py): the embedder a config names, where its MLflow run goes and the summary the stage returns.
+tasks/evaluate_transfer.py): the embedder a config names, where its MLflow run goes, how a result is recorded
+(`record_result`: the run, the Parquet row, the Prefect artifacts) and the summary the stage returns.
 
 A re-evaluation of a training job's checkpoint (`runs:/<id>`, a bare run id, or the job folder's `best/`) is logged in
 the training run's experiment, nested under that run (`TrainingRunRef.link_tags`), and scores the ingested `sts`
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from cse.config.evaluation import DEFAULT_EXPERIMENT, EvalConfig
+from cse.config.settings import get_settings
 from cse.models.checkpoint import load_checkpoint_folder, read_checkpoint_config
 from cse.models.embedder import PooledEncoder, SentenceEmbedder
 from cse.models.loading import pick_device
-from cse.storage.evaluations import StsInput
+from cse.storage.evaluations import StsInput, write_evaluation_row
 from cse.storage.layout import DataRoot
 from cse.storage.runs import checkpoint_job_run_id
-from cse.tracking.stage_runs import log_run_results, stage_run
+from cse.tracking.reporting import publish_artifacts
+from cse.tracking.stage_runs import active_run_id, log_run_results, stage_run
 from cse.tracking.store import download_checkpoint
 from cse.tracking.training_runs import TrainingRunRef, training_run_ref
 
@@ -152,10 +155,39 @@ def build_embedder(config: EvalConfig, run_id: str, workdir: Path) -> tuple[Sent
         ck = read_checkpoint_config(folder)
         emb = load_checkpoint_folder(folder, device, expect_backbone=config.model, expect_pooler=config.pooler)
         what = dict(model=ck["backbone"], pooler=ck["pooler"], checkpoint=config.checkpoint, method=ck["method"])
-    else:
+    elif config.model is not None and config.pooler is not None:  # (EvalConfig: set both without a checkpoint)
         emb = PooledEncoder.from_pretrained(
             config.model, config.pooler, first_layer=config.first_layer, template=config.template, device=device
         )
         what = {"model": config.model, "pooler": config.pooler, "checkpoint": None, "method": None}
+    else:
+        raise ValueError("set `model` (with `pooler`) or `checkpoint`")
     log_run_results(run_id, tags={k: v for k, v in what.items() if v is not None})
     return emb, what
+
+
+def record_result(
+    evaluation_id: str,
+    *,
+    metrics: dict[str, float],
+    tags: dict[str, Any],
+    step: int,
+    write_files: Callable[[Path], dict[str, Path]],
+    row: Callable[[str | None], dict[str, Any]],
+    params: dict[str, Any],
+    tables: dict[str, tuple[list[dict[str, Any]], str]],
+    markdown: dict[str, tuple[str, str]],
+) -> str:
+    """Record one evaluation (STS: tasks/evaluate.py, transfer: tasks/evaluate_transfer.py); returns `evaluation_id`.
+
+    In the active MLflow run (if any): `metrics` and `tags` at `step`, and the files `write_files(folder)` writes
+    under a scratch folder (it returns artifact path → folder). Then the Parquet row `row(run id or None)` of the
+    `evaluations` dataset (with `params`) and, inside a Prefect run, the `tables` and `markdown` artifacts."""
+    run_id = active_run_id()
+    if run_id is not None:
+        log_run_results(run_id, metrics=metrics, tags=tags, step=step)
+        with tempfile.TemporaryDirectory(prefix="cse-eval-") as tmp:
+            log_run_results(run_id, folders=write_files(Path(tmp)))
+    write_evaluation_row(DataRoot(get_settings().data_root), row(run_id), params=params)
+    publish_artifacts(tables=tables, markdown=markdown)
+    return evaluation_id

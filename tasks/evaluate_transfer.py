@@ -10,7 +10,6 @@ selected checkpoint.
 from __future__ import annotations
 
 import json
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,13 @@ from typing import Any
 from cse.config.evaluation import EvalConfig
 from cse.config.settings import get_settings
 from cse.evaluation.transfer import TransferEvaluator, TransferResult
-from cse.storage.evaluations import row_identity, write_evaluation_row
+from cse.storage.evaluations import row_identity
 from cse.storage.layout import DataRoot
 from cse.storage.transfer import TransferInput, load_transfer_input
-from cse.tasks.evaluate_common import EvalSummary, build_embedder, evaluation_run
+from cse.tasks.evaluate_common import EvalSummary, build_embedder, evaluation_run, record_result
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
-from cse.tracking.reporting import csv_table, markdown_table, publish_artifacts
-from cse.tracking.stage_runs import active_run_id, log_run_results
+from cse.tracking.reporting import csv_table, markdown_table
 
 TRANSFER_COLUMNS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 
@@ -93,30 +91,26 @@ def record_transfer_evaluation(
     """Log `result` to the active MLflow run (if any; at `step`: a training job's last, so that its charts are lines),
     write its Parquet row, create Prefect artifacts (inside a Prefect run). Returns the evaluation id."""
     evaluation_id = f"transfer-{uuid.uuid4().hex[:16]}"
-    run_id = active_run_id()
-    if run_id is not None:
-        log_run_results(
-            run_id,
-            metrics={k: float(v) for k, v in result.metrics().items()},
-            tags={
-                "transfer_evaluation_id": evaluation_id,
-                "transfer_source": f"{source.origin}:{source.location}",
-                "transfer_hash": source.content_hash,
-                "transfer_classifier": result.classifier,
-            },
-            step=step,
-        )
-        with tempfile.TemporaryDirectory(prefix="cse-transfer-") as tmp:
-            write_transfer_files(result, label, Path(tmp))
-            log_run_results(run_id, folders={"transfer": tmp})
-    write_evaluation_row(
-        DataRoot(get_settings().data_root),
-        transfer_evaluation_row(
+
+    def write_files(tmp: Path) -> dict[str, Path]:
+        write_transfer_files(result, label, tmp)
+        return {"transfer": tmp}
+
+    return record_result(
+        evaluation_id,
+        metrics={k: float(v) for k, v in result.metrics().items()},
+        tags={
+            "transfer_evaluation_id": evaluation_id,
+            "transfer_source": f"{source.origin}:{source.location}",
+            "transfer_hash": source.content_hash,
+            "transfer_classifier": result.classifier,
+        },
+        step=step,
+        write_files=write_files,
+        row=lambda run_id: transfer_evaluation_row(
             result, evaluation_id=evaluation_id, label=label, what=what, source=source, mlflow_run_id=run_id
         ),
         params={"label": label, "mode": "transfer", **{k: v for k, v in what.items() if v is not None}},
-    )
-    publish_artifacts(
         tables={
             "evaluation-transfer": (
                 [result.table_record(label)],
@@ -125,7 +119,6 @@ def record_transfer_evaluation(
         },
         markdown={"evaluation-transfer-details": (transfer_markdown(result, label), f"{label}: transfer tasks")},
     )
-    return evaluation_id
 
 
 def transfer_markdown(result: TransferResult, label: str) -> str:

@@ -35,7 +35,15 @@ import torch
 from cse.config.evaluation import EvalConfig
 from cse.config.methods import get_method
 from cse.config.settings import get_settings
-from cse.config.stages import CorruptConfig, GeneratorConfig, IngestConfig, TokenizeConfig
+from cse.config.stages import (
+    CorruptConfig,
+    GeneratorConfig,
+    IngestConfig,
+    NliSource,
+    SentEvalSource,
+    TokenizeConfig,
+    WikiSource,
+)
 from cse.config.training import TrainConfig
 from cse.storage.fetch import mirror_lookup
 from cse.storage.generators import GENERATOR_PREFIX, generator_dataset
@@ -204,7 +212,7 @@ def _looks_like_path(name: str) -> bool:
 
 def _parts(weights: bool, tokenizer: bool) -> list[tuple[str, tuple[str, ...]]]:
     """(what it is, the files any one of which makes it present) of every part of a model the job loads."""
-    parts = [("config.json", (CONFIG_FILE,))]
+    parts: list[tuple[str, tuple[str, ...]]] = [("config.json", (CONFIG_FILE,))]
     if weights:
         parts.append(("weights (" + ", ".join(WEIGHT_FILES[::2]) + ")", WEIGHT_FILES))
     if tokenizer:
@@ -368,7 +376,12 @@ def check_source(
         param: the flow parameter that sets the ingest config.
         prefix: the ingest config's path inside `param` (`("ingest",)` for training, `()` for a stage's config).
     """
-    src = {"wiki1m": ingest.wiki, "nli": ingest.nli, "sts": ingest.senteval}[dataset]
+    sources: dict[str, WikiSource | NliSource | SentEvalSource] = {
+        "wiki1m": ingest.wiki,
+        "nli": ingest.nli,
+        "sts": ingest.senteval,
+    }
+    src = sources[dataset]
     fixes = _source_fixes(dataset, param, prefix)
     what = f"{dataset} source"
     if src.hf:
@@ -380,9 +393,12 @@ def check_source(
             return SourceCheck(Problem(what, f"{found} does not exist", fixes))
     elif os.environ.get("CSE_SOURCE_MIRROR"):
         try:
-            found = mirror_lookup(canonical)
+            mirrored = mirror_lookup(canonical)
         except FileNotFoundError as e:
             return SourceCheck(Problem(what, str(e), fixes))
+        if mirrored is None:  # (the mirror was unset in between)
+            return SourceCheck()
+        found = mirrored
     else:
         found = root.downloads / canonical
         if not found.exists():

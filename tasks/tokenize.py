@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -222,44 +222,7 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
                 log_quarantine(quarantined, log)
             hit = manifest is not None
             if manifest is None:
-                columns = schemas.TEXT_COLUMNS[source.kind]
-                tokens_params = {
-                    "tokenizer": config.tokenizer,
-                    "tokenizer_fingerprint": tfp,
-                    "vocab_fingerprint": vocab_fingerprint(tokenizer),
-                    "max_length": config.max_length,
-                    "source_kind": source.kind,
-                    "columns": list(columns),
-                    "schema_version": SCHEMA_VERSION,
-                }
-                runner = shard_task_runner() if source.rows else None
-                if runner is None:  # local: every part in this process
-                    table = read_dataset(root, source.kind, source.key)
-                    parts = list(_token_parts(table, columns, tokenizer, config))
-                    non_content = non_content_ids(tokenizer)
-                    counts = (_length_counts(p, config.max_length, non_content, len(columns)) for p in parts)
-                    manifest = write_dataset(
-                        root,
-                        "tokens",
-                        key,
-                        parts,
-                        schemas.TOKENS,
-                        params=tokens_params,
-                        source={"kind": source.kind, "key": source.key},
-                        inputs={source.kind: source.content_hash},
-                        stats=_usable(_length_stats(counts), source, config),
-                    )
-                else:  # Dask: one tokenize-shard task per part
-                    plan = TokenizePlan(
-                        key=key,
-                        data_root=str(root.root),
-                        source=source,
-                        config=config,
-                        tokenizer_fingerprint=tfp,
-                        columns=list(columns),
-                        part_rows=part_rows(root, source.kind, source.key),
-                    )
-                    manifest = _tokenize_on_runner(runner, root, plan, tokens_params)
+                manifest = _tokenize(root, source, config, tokenizer, tfp, key)
                 refresh_catalog(root)
         if empty_rows := manifest.stats.get("empty_rows"):
             log.warning(
@@ -284,3 +247,47 @@ def tokenize_dataset(source: DatasetRef, config: TokenizeConfig, verify: bool = 
             "tokens %s: %d sentences (%s) in %.1fs", key, manifest.rows, "cache hit" if hit else "written", seconds
         )
     return DatasetRef.of(root, manifest, cache_hit=hit)
+
+
+def _tokenize(
+    root: DataRoot, source: DatasetRef, config: TokenizeConfig, tokenizer: Any, tfp: str, key: str
+) -> Manifest:
+    """Write tokens dataset `key` of `source`: every part in this process, or one tokenize-shard task per part on
+    the configured Dask runner (`tfp`: the tokenizer's fingerprint)."""
+    columns = schemas.TEXT_COLUMNS[source.kind]
+    tokens_params = {
+        "tokenizer": config.tokenizer,
+        "tokenizer_fingerprint": tfp,
+        "vocab_fingerprint": vocab_fingerprint(tokenizer),
+        "max_length": config.max_length,
+        "source_kind": source.kind,
+        "columns": list(columns),
+        "schema_version": SCHEMA_VERSION,
+    }
+    runner = shard_task_runner() if source.rows else None
+    if runner is not None:  # Dask: one tokenize-shard task per part
+        plan = TokenizePlan(
+            key=key,
+            data_root=str(root.root),
+            source=source,
+            config=config,
+            tokenizer_fingerprint=tfp,
+            columns=list(columns),
+            part_rows=part_rows(root, source.kind, source.key),
+        )
+        return _tokenize_on_runner(runner, root, plan, tokens_params)
+    table = read_dataset(root, source.kind, source.key)  # local: every part in this process
+    parts = list(_token_parts(table, columns, tokenizer, config))
+    non_content = non_content_ids(tokenizer)
+    counts = (_length_counts(p, config.max_length, non_content, len(columns)) for p in parts)
+    return write_dataset(
+        root,
+        "tokens",
+        key,
+        parts,
+        schemas.TOKENS,
+        params=tokens_params,
+        source={"kind": source.kind, "key": source.key},
+        inputs={source.kind: source.content_hash},
+        stats=_usable(_length_stats(counts), source, config),
+    )

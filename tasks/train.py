@@ -28,8 +28,7 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +37,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
-from cse.config.methods import get_method
 from cse.config.settings import get_settings
 from cse.config.training import TrainConfig
 from cse.models.checkpoint import load_checkpoint
@@ -49,43 +47,33 @@ from cse.storage.layout import DataRoot
 from cse.storage.runs import RunDir
 from cse.tasks.distributed_train import WORKER_MODULE
 from cse.tasks.log import stage_logger
-from cse.tracking.job_stages import job_stage
-from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs
-from cse.tracking.model_card import CardFacts, write_model_cards
-from cse.tracking.model_export import log_encoder_model, registered_model_name
-from cse.tracking.provenance import git_commit, prefect_flow_run_id
-from cse.tracking.run_pages import (
-    BACKBONE_TAG,
-    OVERRIDES_PARAM,
-    STS_CHART,
-    artifact_image,
-    backbone_row_label,
-    backbone_tag,
-    curve_metrics,
-    overrides_text,
-    page_metrics,
-    preset_differences,
-    run_name,
-    score_tags,
-    set_description,
-    start_description,
-    sts_description,
-    with_rtd_probe,
-)
-from cse.tracking.spool import ResilientMetricLogger, is_unreachable
+from cse.tracking.job_stages import job_stage, retry_on_outage
+from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
+from cse.tracking.model_export import export_portable, log_encoder_model, registered_model_name
+from cse.tracking.provenance import prefect_flow_run_id
+from cse.tracking.run_pages import page_metrics, run_name
 from cse.tracking.stage_runs import log_run_results
-from cse.tracking.training_runs import training_run, training_run_exists
+from cse.tracking.training_runs import (
+    LogMetrics,
+    LogParams,
+    describe_tested_run,
+    job_tags,
+    model_tags,
+    record_training_job,
+    training_run_exists,
+)
 from cse.training import job as train_job
 from cse.training.distributed import DistributedJob, launch
-from cse.training.loop import TrainingInterrupted
+from cse.training.loop import LoopResult, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
 # LAZY: the stages import their heavy libraries when they run, not when flows/train.py is imported (deployments,
-# the CLI, experiment parents): sentence-transformers (cse.models.export.st_export, ~5 s), peft (cse.models.export.peft_export, ~3 s),
-# scipy.stats, matplotlib and scikit-learn (cse.evaluation.evaluator, cse.tasks.evaluate, cse.tasks.evaluate_transfer, ~1.5 s).
+# the CLI, experiment parents): sentence-transformers and peft (cse.models.export.st_export, ~5 s, and peft_export, ~3 s,
+# imported by cse.tracking.model_export.export_portable when it runs), scipy.stats, matplotlib and scikit-learn
+# (cse.evaluation.evaluator, cse.evaluation.plots, cse.tasks.evaluate, cse.tasks.evaluate_transfer, ~1.5 s).
 RETRIES = 2  # evaluate-test, evaluate-transfer, export: retried on a tracking outage only (`retry_on_outage`)
-RETRY_DELAYS = [30, 120]  # seconds before the first and the second retry
+RETRY_DELAYS: list[float] = [30, 120]  # seconds before the first and the second retry
 
 
 class TrainResult(BaseModel):
@@ -120,12 +108,6 @@ class FitResult(BaseModel):
         return RunDir.at(self.run_dir)
 
 
-def retry_on_outage(_task, _task_run, state) -> bool:
-    """Prefect's `retry_condition_fn` of the later stages: retry only when the exception says the tracking server
-    could not be reached (an outage passes; a bug or bad data would fail the same way again)."""
-    return isinstance(state.data, BaseException) and is_unreachable(state.data)
-
-
 def gpu_slot(device: torch.device, occupy: int = 1):
     """Hold `occupy` slots (one per GPU) of the Prefect global concurrency limit `$CSE_GPU_SLOT` (default `gpu`)
     while training on CUDA, so two jobs never share a GPU unless the limit allows it."""
@@ -158,42 +140,6 @@ def job_dir(
     return RunDir(cfg.method, train_job.run_key(cfg, tokens, corruption, nli_tokens))
 
 
-def _model_tags(cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None) -> dict[str, str]:
-    """What the job's run and its registered model version are both tagged with: method, backbone, preset, data."""
-    return {
-        "method": cfg.method,
-        "backbone": cfg.backbone,
-        "preset": cfg.preset,
-        "tokens_hash": tokens.content_hash,
-        "corruption_hash": corruption.content_hash if corruption else "none",
-    }
-
-
-def job_tags(
-    cfg: TrainConfig,
-    tokens: DatasetRef,
-    corruption: DatasetRef | None,
-    nli_tokens: DatasetRef | None,
-    run_dir: RunDir,
-    extra_tags: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """The tags of the job's MLflow run (method, backbone, preset, data hashes, commit, folder, worker, flow run)."""
-    tags = {
-        **_model_tags(cfg, tokens, corruption),
-        "dataset": cfg.dataset,
-        "git_commit": git_commit(),
-        "run_dir": str(run_dir.path),
-    }
-    if nli_tokens is not None:
-        tags["nli_tokens_hash"] = nli_tokens.content_hash
-    if worker := os.environ.get("CSE_WORKER_NAME"):  # set per worker by scripts/team.sh
-        tags["worker"] = worker
-    tags.update(extra_tags or {})
-    if (fr := prefect_flow_run_id()) is not None:
-        tags["prefect_flow_run_id"] = str(fr)
-    return tags
-
-
 @task(name="fit", retries=0, cache_policy=NO_CACHE)
 def fit_job(
     cfg: TrainConfig,
@@ -218,93 +164,22 @@ def fit_job(
         backbone: the backbone's score before training (`cse.tasks.backbone.BackboneScore.before()`), recorded on the
             run (tag `cse.backbone`, its Avg. as a score tag, the description) when given.
     """
-    from cse.evaluation.evaluator import Evaluator  # lazy: see LAZY
-
     plog = stage_logger()
-    root = DataRoot(get_settings().data_root)
-    device = pick_device(cfg.device)
-    precision = train_job.resolve_precision(cfg, device)
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
     run_dir = job_dir(cfg, tokens, corruption, nli_tokens)
-    tokenizer = load_tokenizer(cfg.backbone)
-    if not cfg.distributed:  # (the ranks of a distributed job load their own)
-        rows, nli_rows = train_job.load_training_rows(cfg, root, tokens, corruption, nli_tokens, tokenizer.pad_token_id)
-        probe = train_job.rtd_probe(cfg, root, tokens, corruption, tokenizer.pad_token_id)
-    evaluator = Evaluator(load_sts_input(sts.key, root).table)
+    datasets = (tokens, corruption, nli_tokens, sts)
+    train = _training(cfg, datasets, run_dir, stop_after, plog)
     tags = job_tags(cfg, tokens, corruption, nli_tokens, run_dir, extra_tags)
-
-    with training_run(
-        cfg.method,
+    run_id, result = record_training_job(
+        cfg,
         run_dir,
-        run_name(cfg),
         tags,
-        {**cfg.model_dump(), OVERRIDES_PARAM: overrides_text(cfg)},
-        cfg.system_metrics,
+        datasets,
+        train,
+        backbone=backbone,
+        logger=plog,
         killed=(KeyboardInterrupt, TrainingInterrupted),
-    ) as run:
-        if backbone:  # its scores as metrics come with the test scores (evaluate_test): a run has both or neither
-            log_run_results(
-                run.info.run_id, tags={BACKBONE_TAG: backbone_tag(backbone), **score_tags({}, backbone["metrics"])}
-            )
-        description = start_description(cfg.method, cfg.preset, cfg.backbone, preset_differences(cfg), before=backbone)
-        set_description(run.info.run_id, description)
-        log_dataset_inputs(
-            run.info.run_id,
-            [
-                (tokens, CONTEXT_TRAIN),
-                *([(corruption, CONTEXT_CORRUPTION)] if corruption else []),
-                *([(nli_tokens, CONTEXT_TRAIN)] if nli_tokens else []),
-                (sts, CONTEXT_EVAL),
-            ],
-        )
-        # per-step metrics survive an unreachable tracking server (spooled in run_dir, delivered later; warns in this log)
-        metrics_log = ResilientMetricLogger(run.info.run_id, run_dir, logger=plog)
-        phases = 2 if cfg.prefix_phase is not None else 1
-
-        def log_curves(metrics: dict[str, float], step: int) -> None:  # in their Model-metrics sections (run_pages)
-            metrics_log.log_metrics(curve_metrics(metrics, phases), step)
-
-        try:
-            if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
-                job = DistributedJob(
-                    config=cfg,
-                    tokens=tokens,
-                    corruption=corruption,
-                    nli_tokens=nli_tokens,
-                    sts=sts,
-                    run_dir=str(run_dir.path),
-                    run_id=run.info.run_id,
-                    precision=precision,
-                    stop_after=stop_after,
-                )
-                result = launch(job, WORKER_MODULE, gpu_slot(device, occupy=cfg.nproc_per_node), plog)
-            else:
-                result = train_job.fit(
-                    cfg,
-                    rows,
-                    nli_rows,
-                    run_dir,
-                    run.info.run_id,
-                    device,
-                    precision,
-                    evaluator,
-                    metrics_log.log_params,
-                    log_curves,
-                    stop_after=stop_after,
-                    slot=gpu_slot(device),
-                    logger=plog,
-                    probe=probe,
-                )
-        finally:
-            metrics_log.flush()  # deliver what is left, or warn how much stays in the spool and how to deliver it
-        if cfg.uses_corruption:  # the RTD mechanism probe of every evaluation, in the description while untested
-            set_description(run.info.run_id, with_rtd_probe(description, run.info.run_id))
-        log_run_results(  # at the last step: a line on the Model metrics tab, not a one-bar chart
-            run.info.run_id,
-            metrics={"train_seconds": result.seconds, "train_sentences_per_s": result.sentences_per_s},
-            tags={} if result.resumed_from is None else {"resumed_from_step": result.resumed_from},
-            step=result.steps,
-        )
+    )
     plog.info(
         "trained %d steps; best %s %.2f at step %s",
         result.steps,
@@ -313,7 +188,7 @@ def fit_job(
         result.best_step,
     )
     return FitResult(
-        run_id=run.info.run_id,
+        run_id=run_id,
         run_dir=str(run_dir.path),
         steps=result.steps,
         best_score=result.best_score,
@@ -321,6 +196,62 @@ def fit_job(
         resumed_from=result.resumed_from,
         git_commit=tags["git_commit"],
     )
+
+
+def _training(
+    cfg: TrainConfig,
+    datasets: tuple[DatasetRef, DatasetRef | None, DatasetRef | None, DatasetRef],
+    run_dir: RunDir,
+    stop_after: int | None,
+    plog: logging.Logger | logging.LoggerAdapter,
+) -> Callable[[str, LogParams, LogMetrics], LoopResult]:
+    """The job's training as `record_training_job` calls it (run id, the run's params and curve loggers): in this
+    process (`cse.training.job.fit`; its rows, RTD probe and dev evaluator loaded now, before the run starts), or
+    under torchrun (`cse.training.distributed.launch`), in the GPU slot."""
+    from cse.evaluation.evaluator import Evaluator  # lazy: see LAZY
+
+    tokens, corruption, nli_tokens, sts = datasets
+    root = DataRoot(get_settings().data_root)
+    device = pick_device(cfg.device)
+    precision = train_job.resolve_precision(cfg, device)
+    pad_id = load_tokenizer(cfg.backbone).pad_token_id
+    if not cfg.distributed:  # (the ranks of a distributed job load their own)
+        rows, nli_rows = train_job.load_training_rows(cfg, root, tokens, corruption, nli_tokens, pad_id)
+        probe = train_job.rtd_probe(cfg, root, tokens, corruption, pad_id)
+    evaluator = Evaluator(load_sts_input(sts.key, root).table)
+
+    def train(run_id: str, log_params: LogParams, log_curves: LogMetrics) -> LoopResult:
+        if cfg.distributed:  # (rank 0 logs through its own ResilientMetricLogger into the same spool)
+            job = DistributedJob(
+                config=cfg,
+                tokens=tokens,
+                corruption=corruption,
+                nli_tokens=nli_tokens,
+                sts=sts,
+                run_dir=str(run_dir.path),
+                run_id=run_id,
+                precision=precision,
+                stop_after=stop_after,
+            )
+            return launch(job, WORKER_MODULE, gpu_slot(device, occupy=cfg.nproc_per_node), plog)
+        return train_job.fit(
+            cfg,
+            rows,
+            nli_rows,
+            run_dir,
+            run_id,
+            device,
+            precision,
+            evaluator,
+            log_params,
+            log_curves,
+            stop_after=stop_after,
+            slot=gpu_slot(device),
+            logger=plog,
+            probe=probe,
+        )
+
+    return train
 
 
 def _what(cfg: TrainConfig, fitted: FitResult) -> dict[str, str]:
@@ -350,6 +281,7 @@ def evaluate_test(
 
     Returns the test metrics (the seven STS tasks, `sts_avg`, retrieval, alignment/uniformity)."""
     from cse.evaluation.evaluator import Evaluator  # lazy: see LAZY
+    from cse.evaluation.plots import sts_scores_plot
     from cse.tasks.evaluate import record_evaluation
 
     root = DataRoot(get_settings().data_root)
@@ -370,39 +302,8 @@ def evaluate_test(
         )
         if backbone:
             log_run_results(fitted.run_id, metrics=page_metrics(backbone["metrics"]), step=0)
-        _describe(cfg, fitted.run_id, metrics, backbone)
+        describe_tested_run(cfg, fitted.run_id, metrics, backbone, plot=sts_scores_plot)
     return metrics
-
-
-def _describe(cfg: TrainConfig, run_id: str, metrics: dict[str, float], backbone: dict[str, Any] | None) -> None:
-    """The run's STS chart (this run, the backbone before training, the paper's row; `STS_CHART`), logged as an
-    artifact, and its description after the test evaluation: the STS table beside the backbone before training and
-    the published row, and the chart."""
-    from cse.config import published
-    from cse.evaluation.plots import sts_scores_plot  # lazy: see LAZY
-
-    rows = {"this run": metrics}
-    if backbone:
-        rows[backbone_row_label(backbone.get("pooler"))] = backbone["metrics"]
-    setting = published.setting_of(cfg.method, cfg.preset, cfg.supervised)
-    if (ref := published.reference_row(published.STS, cfg.method, cfg.backbone, setting)) is not None:
-        rows[ref.label] = ref.row
-    with tempfile.TemporaryDirectory(prefix="cse-chart-") as tmp:
-        folder, name = Path(tmp) / Path(STS_CHART).parent, Path(STS_CHART).name
-        folder.mkdir()
-        sts_scores_plot(rows, folder / name, title=f"{run_name(cfg)}: STS test (Spearman ×100)")
-        log_run_results(run_id, folders={str(Path(STS_CHART).parent): folder})
-    description = sts_description(
-        metrics,
-        method=cfg.method,
-        preset=cfg.preset,
-        backbone=cfg.backbone,
-        setting=setting,
-        differences=preset_differences(cfg),
-        before=backbone,
-        chart=artifact_image(run_id, STS_CHART, "STS test: this run, the backbone before training, the paper"),
-    )
-    set_description(run_id, with_rtd_probe(description, run_id))
 
 
 @task(
@@ -452,7 +353,7 @@ def export_model(
 ) -> None:
     """Record and export the job's best checkpoint: the checkpoint and config as MLflow artifacts, the MLflow model
     and its registry version (`cse-<method>-<backbone>-<preset>`), the sentence-transformers folder, the PEFT adapter
-    (`export_adapter`) and a model card in each export (also logged as artifacts).
+    (`cse.tracking.model_export.export_portable`) and a model card in each export (also logged as artifacts).
 
     Args:
         cfg: the job's training config.
@@ -463,9 +364,6 @@ def export_model(
         nli_tokens: the NLI tokens the job read, else None.
         backbone: the backbone's score before training (for the model cards), None when not evaluated.
     """
-    from cse.models.export.st_export import export_portable_sentence_transformer  # lazy: see LAZY
-
-    plog = stage_logger()
     corruption, nli_tokens = job_inputs(cfg, corruption, nli_tokens)
     run_dir = fitted.job
     with job_stage(fitted.run_id, "export"):
@@ -477,50 +375,29 @@ def export_model(
         logged = log_encoder_model(
             run_dir.best,
             registered_name=registered_model_name(cfg.method, cfg.backbone, cfg.preset),
-            version_tags=_model_tags(cfg, tokens, corruption),
+            version_tags=model_tags(cfg, tokens, corruption),
         )
-        st_export = export_portable_sentence_transformer(run_dir.best, run_dir.export)
-        plog.info("sentence-transformers export: %s (%s)", st_export.kind, st_export.reason)
-        adapter = export_adapter(cfg.method, run_dir, plog)
-        facts = CardFacts.from_training(
+        export_portable(
             cfg,
+            fitted.run_id,
+            run_dir,
             test_metrics,
-            tokens=tokens,
-            corruption=corruption,
-            nli_tokens=nli_tokens,
-            run_id=fitted.run_id,
-            registered_name=logged.registered_name if logged.version else None,
-            version=logged.version,
-            logged_model_uri=logged.model_uri,
-            git_commit=fitted.git_commit,
-            checkpoint=run_dir.best,
-            adapter=adapter,
-            steps=fitted.steps,
-            best_stsb_dev=fitted.best_score,
-            st_export=st_export,
-            backbone=backbone,
+            {
+                "tokens": tokens,
+                "corruption": corruption,
+                "nli_tokens": nli_tokens,
+                "run_id": fitted.run_id,
+                "registered_name": logged.registered_name if logged.version else None,
+                "version": logged.version,
+                "logged_model_uri": logged.model_uri,
+                "git_commit": fitted.git_commit,
+                "checkpoint": run_dir.best,
+                "steps": fitted.steps,
+                "best_stsb_dev": fitted.best_score,
+                "backbone": backbone,
+            },
+            stage_logger(),
         )
-        cards = write_model_cards(facts, run_dir.export, *([adapter.folder] if adapter is not None else []))
-        log_run_results(
-            fitted.run_id, folders=dict(zip(("sentence-transformers", "peft-adapter"), [c.parent for c in cards]))
-        )
-
-
-def export_adapter(method: str, run_dir: RunDir, logger):
-    """The best checkpoint as a PEFT prefix-tuning adapter (`cse.models.export.peft_export`), or None.
-
-    Only methods whose model exports one have one (`MethodSpec.exports_peft_adapter`). A backbone PEFT cannot prefix
-    (e.g. DistilBERT: no past key/values) or a feature it cannot hold exactly is refused by the export with its
-    reason, which is logged: the sentence-transformers export and the MLflow model stand either way."""
-    from cse.models.export.peft_export import PeftExportError, export_peft_adapter  # lazy: see LAZY
-
-    if not get_method(method).exports_peft_adapter:
-        return None
-    try:
-        return export_peft_adapter(run_dir.best, run_dir.peft_adapter)
-    except PeftExportError as e:
-        logger.warning("no PEFT adapter for %s: %s", run_dir.path, e)
-        return None
 
 
 def record_result(
@@ -574,6 +451,8 @@ def finished_result(run_dir: RunDir, logger=None) -> TrainResult | None:
         )
         return None
     record = check.record
+    if record is None:  # (read no record and found no problem: returned above)
+        return None
     if not training_run_exists(record["run_id"]):
         log.warning(
             "finished job %s names MLflow run %s, which is gone: running it again", run_dir.path, record["run_id"]

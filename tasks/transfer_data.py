@@ -54,7 +54,7 @@ def ingest_transfer(config: IngestConfig) -> DatasetRef:
         with root.building("transfer", key):
             manifest = root.find("transfer", key)
             hit = manifest is not None
-            if not hit:
+            if manifest is None:
                 table, stats = read_transfer(src.path)
                 if stats.empty:
                     log.warning("%s: %d blank examples (kept, as SentEval keeps them)", src.path, stats.empty)

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import mlflow
 
+from cse.tracking.spool import is_unreachable
 from cse.tracking.store import configure_mlflow
 
 FAILED_STAGE_TAG = "cse.failed_stage"
+
+
+def retry_on_outage(_task: Any, _task_run: Any, state: Any) -> bool:
+    """Prefect's `retry_condition_fn` of the later stages: retry only when the exception says the tracking server
+    could not be reached (an outage passes; a bug or bad data would fail the same way again)."""
+    return isinstance(state.data, BaseException) and is_unreachable(state.data)
 
 
 @contextmanager

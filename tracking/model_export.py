@@ -13,6 +13,9 @@ Either way the model has a signature (a column of strings → float32 vectors of
 `batch_size`) and an input example, states its pip requirements (inferring them would load the model again in a
 subprocess), and becomes a version of the registered model `registered_model_name(method, backbone, preset)`.
 
+`export_portable` writes a training job's portable exports beside it: the sentence-transformers folder, the PEFT
+adapter (methods whose model exports one) and a model card in each, logged as the run's artifacts.
+
 `set_best_alias` points the alias `best` of each registered model at the version with the best STS-B dev among
 an experiment's runs (flows/seeds.py, flows/sweep.py, tasks/compare.py).
 """
@@ -26,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import numpy as np
@@ -37,11 +40,18 @@ from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types.schema import ColSpec, DataType, ParamSchema, ParamSpec, Schema, TensorSpec
 
+from cse.config.methods import get_method
+from cse.config.training import TrainConfig
 from cse.models.export.st_standard import (  # the standard pipeline: see there
     INPUT_EXAMPLE,
     standard_sentence_transformer,
 )
-from cse.tracking.stage_runs import active_run_id
+from cse.storage.runs import RunDir
+from cse.tracking.model_card import CardFacts, write_model_cards
+from cse.tracking.stage_runs import active_run_id, log_run_results
+
+if TYPE_CHECKING:
+    from cse.models.export.peft_export import PeftExport
 
 log = logging.getLogger(__name__)
 
@@ -228,3 +238,51 @@ def set_best_alias(run_ids: list[str], metric: str = SELECTION_METRIC, alias: st
         client.set_registered_model_alias(model_name, alias, version)
         log.info("alias %s of %s → version %s (%s %.2f)", alias, model_name, version, metric, score)
     return {n: v for n, (_, v) in best.items()}
+
+
+def export_portable(
+    cfg: TrainConfig,
+    run_id: str,
+    run_dir: RunDir,
+    test_metrics: dict[str, float],
+    facts: dict[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> None:
+    """The job's best checkpoint as a portable sentence-transformers folder and (`export_adapter`) a PEFT adapter,
+    each with its model card, logged on run `run_id` (folders `sentence-transformers`, `peft-adapter`); what each
+    export is, is said in `logger`.
+
+    Args:
+        cfg: the job's training config.
+        run_id: the job's MLflow run.
+        run_dir: the job's folder (its best checkpoint, the export folders).
+        test_metrics: the evaluation stages' metrics (empty without test evaluation).
+        facts: the keyword arguments of `CardFacts.from_training` but the exports (data, run, registry version,
+            checkpoint, steps, scores).
+        logger: the stage's log.
+    """
+    from cse.models.export.st_export import export_portable_sentence_transformer  # lazy: sentence-transformers
+
+    st_export = export_portable_sentence_transformer(run_dir.best, run_dir.export)
+    logger.info("sentence-transformers export: %s (%s)", st_export.kind, st_export.reason)
+    adapter = export_adapter(cfg.method, run_dir, logger)
+    card = CardFacts.from_training(cfg, test_metrics, adapter=adapter, st_export=st_export, **facts)
+    cards = write_model_cards(card, run_dir.export, *([adapter.folder] if adapter is not None else []))
+    log_run_results(run_id, folders=dict(zip(("sentence-transformers", "peft-adapter"), [c.parent for c in cards])))
+
+
+def export_adapter(method: str, run_dir: RunDir, logger: logging.Logger | logging.LoggerAdapter) -> PeftExport | None:
+    """The best checkpoint as a PEFT prefix-tuning adapter (`cse.models.export.peft_export`), or None.
+
+    Only methods whose model exports one have one (`MethodSpec.exports_peft_adapter`). A backbone PEFT cannot prefix
+    (e.g. DistilBERT: no past key/values) or a feature it cannot hold exactly is refused by the export with its
+    reason, which is logged: the sentence-transformers export and the MLflow model stand either way."""
+    from cse.models.export.peft_export import PeftExportError, export_peft_adapter  # lazy: peft
+
+    if not get_method(method).exports_peft_adapter:
+        return None
+    try:
+        return export_peft_adapter(run_dir.best, run_dir.peft_adapter)
+    except PeftExportError as e:
+        logger.warning("no PEFT adapter for %s: %s", run_dir.path, e)
+        return None

@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -214,7 +215,7 @@ def rank_main(argv: list[str] | None, main_callbacks: MainCallbacks) -> int:
     device = init_process_group(job.config)
     try:
         try:
-            record = {"result": dataclasses.asdict(train_rank(job, device, main_callbacks))}
+            record: dict[str, Any] = {"result": dataclasses.asdict(train_rank(job, device, main_callbacks))}
         except TrainingInterrupted as e:
             record = {"interrupted": str(e)}
         if distributed.is_main():

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -35,6 +36,12 @@ from cse.storage.runs import RunDir
 from cse.storage.training_data import load_corruption_rows, load_token_rows
 from cse.training.loop import LoopConfig, LoopResult, Phase, StopAfter, Trainer, set_seed
 from cse.training.rows import TrainingRows
+
+if TYPE_CHECKING:
+    from cse.evaluation.evaluator import Evaluator
+    from cse.evaluation.transfer import TransferEvaluator
+    from cse.models.method import CSEModel
+    from cse.storage.transfer import TransferInput
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +71,7 @@ def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
     return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
 
 
-def build_model(cfg: TrainConfig, device: torch.device):
+def build_model(cfg: TrainConfig, device: torch.device) -> CSEModel:
     """The configured method's model on its backbone, on `device`."""
     from cse.config.methods import get_method
 
@@ -95,6 +102,8 @@ def training_phases(cfg: TrainConfig, rows: TrainingRows, nli_rows: TrainingRows
     joint = Phase("main", rows, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)
     if cfg.prefix_phase is None:
         return [joint]
+    if nli_rows is None:
+        raise ValueError(f"{cfg.method}/{cfg.preset}: its prefix phase reads NLI rows, and none were loaded")
     joint.name = "joint"
     if cfg.aux_nli_batch_size:
         joint.aux_rows, joint.aux_batch_size = nli_rows, cfg.aux_nli_batch_size
@@ -173,7 +182,7 @@ class RTDProbe:
     held_out: bool
     rows: str
 
-    def run(self, model, device: torch.device) -> dict[str, float]:
+    def run(self, model: ConditionalRTDModel, device: torch.device) -> dict[str, float]:
         """The probe's metrics (`cse.models.methods.crtd.PROBE_METRICS` and `rtd_probe_seconds`) for `model` as it is now."""
         t0 = time.perf_counter()
         out = model.rtd_h_probe(
@@ -203,6 +212,8 @@ def rtd_probe(
         return None
     rows = TrainingRows(token_rows, load_corruption_rows(root, corruption.key, token_rows), False, pad_id)
     batch = rows.batch(list(range(n - k, n)), 0)  # (k, 2, T): view 0 reads variant 0
+    if batch.corrupted_ids is None or batch.rtd_labels is None:
+        raise ValueError(f"corruption {corruption.key} gave the probe's rows no corrupted ids")
     trained = min(cfg.max_train_sentences or n, n)
     held_out = trained <= n - k
     where = (
@@ -219,7 +230,7 @@ def rtd_probe(
     )
 
 
-def transfer_evaluator(data_root):
+def transfer_evaluator(data_root: str | Path) -> tuple[TransferEvaluator, TransferInput]:
     """The SentEval transfer tasks (shared mirror, else the newest ingested `transfer` dataset) and their source."""
     from cse.evaluation.transfer import TransferEvaluator
     from cse.storage.transfer import load_transfer_input
@@ -232,7 +243,11 @@ def loop_config(cfg: TrainConfig, precision: str) -> LoopConfig:
     """The loop settings of a job."""
     speed = cfg.speed
     # unset (None, ""): the loop's default, its environment switch (compile: `Trainer.compiles` decides)
-    switches = {"fused_adamw": speed.fused_adamw, "compile_mode": speed.compile_mode or None, "compile": speed.compile}
+    switches: dict[str, Any] = {
+        "fused_adamw": speed.fused_adamw,
+        "compile_mode": speed.compile_mode or None,
+        "compile": speed.compile,
+    }
     return LoopConfig(
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
@@ -261,7 +276,7 @@ def fit(
     run_id: str,
     device: torch.device,
     precision: str,
-    evaluator,
+    evaluator: Evaluator | None,
     log_params: LogParams,
     log_metrics: LogMetrics,
     stop_after: int | None = None,
@@ -273,8 +288,6 @@ def fit(
     (training/distributed.py; only rank 0 calls the callbacks, so `evaluator` may be None elsewhere). `slot` is held
     around the loop (the `train` task's GPU slot); `logger` says when the job resumes; `probe` (`rtd_probe`) is run
     and logged at every evaluation when the model has a conditional discriminator."""
-    from cse.models.checkpoint import save_checkpoint
-
     # the initial prompts, MLPs and heads follow the job's seed (the references seed before building)
     set_seed(cfg.seed)
     model = build_model(cfg, device)
@@ -293,28 +306,9 @@ def fit(
         probe = None  # (a method without a conditional discriminator)
     if probe is not None:
         log_params({"rtd_probe_rows": probe.rows})
-
-    metric = "transfer_dev_avg" if cfg.selection == "transfer" else "stsb_dev"
-    transfer_dev = None
-    settings = {"batch_size": cfg.eval_batch_size, "precision": cfg.eval_precision}
-
-    def save_best(m, step, score):
-        save_checkpoint(m, run_dir.best, extra_meta={"step": step, metric: score, "run_id": run_id})
-
-    def evaluate_dev(m) -> float:
-        nonlocal transfer_dev
-        if probe is not None:  # the RTD mechanism probe, on its fixed batch (fp32, eval mode, no gradient)
-            log_metrics(probe.run(m, device), trainer.step)
-        stsb = evaluator.run(m, mode="dev", **settings).metrics()["stsb_dev"]
-        if cfg.selection != "transfer":
-            return stsb
-        # SimCSE's trainer with eval_transfer: SentEval fasttest settings, the mean devacc of the 7 tasks
-        if transfer_dev is None:
-            transfer_dev = transfer_evaluator(get_settings().data_root)[0]
-        res = transfer_dev.run(m, classifier="fasttest", **settings)
-        log_metrics({"stsb_dev": stsb, **{f"{t}_dev": s.devacc for t, s in res.tasks.items()}}, trainer.step)
-        return res.dev_score
-
+    save_best, evaluate_dev = _selection(
+        cfg, run_dir, run_id, device, evaluator, log_metrics, probe, step=lambda: trainer.step
+    )
     trainer = Trainer(
         model,
         training_phases(cfg, rows, nli_rows),
@@ -326,10 +320,54 @@ def fit(
         log_metrics,
         hooks=[StopAfter(stop_after)] if stop_after is not None else [],
     )
-    trainer.selection_metric = metric
+    trainer.selection_metric = selection_metric(cfg)
     trainer.warn = (logger or log).warning
     log_params({"total_steps": trainer.total_steps})  # (what `cse run` measures its progress bar against)
     if trainer.step == 0 and run_dir.has_state():
         (logger or log).info("resuming %s from %s", run_id, run_dir.state)
     with slot if slot is not None else contextlib.nullcontext():
         return trainer.run()
+
+
+def selection_metric(cfg: TrainConfig) -> str:
+    """What the job selects its best checkpoint on: `transfer_dev_avg` with `selection = "transfer"`, else `stsb_dev`."""
+    return "transfer_dev_avg" if cfg.selection == "transfer" else "stsb_dev"
+
+
+def _selection(
+    cfg: TrainConfig,
+    run_dir: RunDir,
+    run_id: str,
+    device: torch.device,
+    evaluator: Any,
+    log_metrics: LogMetrics,
+    probe: RTDProbe | None,
+    step: Callable[[], int],
+) -> tuple[Callable[[torch.nn.Module, int, float], None], Callable[[torch.nn.Module], float]]:
+    """The loop's `save_best` (the checkpoint into `run_dir.best`) and `evaluate_dev` (STS-B dev, or SentEval's
+    fasttest dev average with `selection = "transfer"`; the RTD probe first, logged at the loop's `step()`)."""
+    from cse.models.checkpoint import save_checkpoint
+
+    metric = selection_metric(cfg)
+    transfer_dev = None
+    settings: dict[str, Any] = {"batch_size": cfg.eval_batch_size, "precision": cfg.eval_precision}
+
+    def save_best(m: torch.nn.Module, step: int, score: float) -> None:  # (the trainer's model: build_model's)
+        save_checkpoint(cast("CSEModel", m), run_dir.best, extra_meta={"step": step, metric: score, "run_id": run_id})
+
+    def evaluate_dev(m: torch.nn.Module) -> float:
+        nonlocal transfer_dev
+        model = cast("CSEModel", m)  # (the trainer's model: build_model's)
+        if probe is not None:  # the RTD mechanism probe, on its fixed batch (fp32, eval mode, no gradient)
+            log_metrics(probe.run(cast(ConditionalRTDModel, model), device), step())
+        stsb = evaluator.run(model, mode="dev", **settings).metrics()["stsb_dev"]
+        if cfg.selection != "transfer":
+            return stsb
+        # SimCSE's trainer with eval_transfer: SentEval fasttest settings, the mean devacc of the 7 tasks
+        if transfer_dev is None:
+            transfer_dev = transfer_evaluator(get_settings().data_root)[0]
+        res = transfer_dev.run(model, classifier="fasttest", **settings)
+        log_metrics({"stsb_dev": stsb, **{f"{t}_dev": s.devacc for t, s in res.tasks.items()}}, step())
+        return res.dev_score
+
+    return save_best, evaluate_dev

@@ -40,36 +40,41 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import json
 import logging
 import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from cse.models import distributed
 from cse.models.batching import TrainBatch
-from cse.models.checkpoint import frozen_parameter_names
 from cse.models.grad_cache import RowChunks
-from cse.storage.runs import ResumeState, ResumeStateDamaged, check_file_records
+from cse.storage.runs import ResumeState, ResumeStateDamaged
 from cse.training.memory import PeakMemory
 from cse.training.precision import FrozenLinearCast
 from cse.training.process import compile_cache_usable
+from cse.training.resume import load_resume_state, rng_state, set_rng_state, snapshot_state
 from cse.training.rows import TrainingRows, epoch_order
-from cse.training.state_writer import StateSnapshot, StateWriter, host_copy, require_finite_state
+from cse.training.state_writer import StateWriter
+
+if TYPE_CHECKING:
+    from cse.models.method import StepOutput
 
 log = logging.getLogger(__name__)
+
+# `Trainer.batch_at`: (this rank's batch on the host, epoch, batch index, global sentences, global tokens)
+HostBatch = tuple[TrainBatch, int, int, int, int]
 
 
 class TrainingInterrupted(RuntimeError):
@@ -105,7 +110,7 @@ class Phase:
     aux_rows: TrainingRows | None = None
     aux_batch_size: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.cycle and not self.max_steps:
             raise ValueError(f"phase {self.name!r}: cycle=True needs max_steps")
         if self.aux_rows is not None and self.aux_batch_size < 1:
@@ -117,8 +122,8 @@ class Phase:
 
     @property
     def total_steps(self) -> int:
-        if self.cycle:
-            return int(self.max_steps)
+        if self.cycle and self.max_steps:  # (a cycling phase has its max_steps: __post_init__)
+            return self.max_steps
         total = self.steps_per_epoch * self.epochs
         return min(total, self.max_steps) if self.max_steps else total
 
@@ -230,22 +235,22 @@ class StepMetrics(Mapping):
     """
 
     def __init__(self, names: tuple[str, ...], values: torch.Tensor):
-        self.names, self.values = names, values
+        self.names, self.tensor = names, values
         self._floats: dict[str, float] | None = None
 
     def floats(self) -> dict[str, float]:
         """The values as Python floats (NaN on the meta device, which has no values)."""
         if self._floats is None:
-            if self.values.device.type == "meta":
+            if self.tensor.device.type == "meta":
                 self._floats = dict.fromkeys(self.names, float("nan"))
             else:
-                self._floats = dict(zip(self.names, self.values.tolist()))
+                self._floats = dict(zip(self.names, self.tensor.tolist()))
         return self._floats
 
     def __getitem__(self, name: str) -> float:
         return self.floats()[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.names)
 
     def __len__(self) -> int:
@@ -325,13 +330,13 @@ class TrainerHooks:
     def on_phase_start(self, trainer: Trainer) -> None:
         """`trainer.phase` was entered (fresh optimizer and scheduler)."""
 
-    def on_step_start(self, trainer: Trainer, batch) -> None:
+    def on_step_start(self, trainer: Trainer, batch: TrainBatch) -> None:
         """Step `trainer.step + 1` is about to run on `batch` (already on the device)."""
 
-    def on_forward_start(self, trainer: Trainer, batch) -> None:
+    def on_forward_start(self, trainer: Trainer, batch: TrainBatch) -> None:
         """The model's `training_step` (the forward and the loss) is about to run."""
 
-    def on_forward_end(self, trainer: Trainer, batch) -> None:
+    def on_forward_end(self, trainer: Trainer, batch: TrainBatch) -> None:
         """The model's `training_step` returned."""
 
     def on_update_start(self, trainer: Trainer) -> None:
@@ -340,7 +345,7 @@ class TrainerHooks:
     def on_update_end(self, trainer: Trainer) -> None:
         """The parameters and the learning rate were updated."""
 
-    def on_step_end(self, trainer: Trainer, batch, metrics: Mapping[str, float]) -> None:
+    def on_step_end(self, trainer: Trainer, batch: TrainBatch, metrics: Mapping[str, float]) -> None:
         """Step `trainer.step` ended with `metrics` (loss terms, grad_norm; read lazily)."""
 
 
@@ -355,7 +360,7 @@ class StopAfter(TrainerHooks):
     def __init__(self, steps: int):
         self.steps = steps
 
-    def on_step_end(self, trainer: Trainer, batch, metrics: dict[str, float]) -> None:
+    def on_step_end(self, trainer: Trainer, batch: TrainBatch, metrics: Mapping[str, float]) -> None:
         """Raise `TrainingInterrupted` once `steps` steps have run."""
         if trainer.step >= self.steps:
             raise TrainingInterrupted(f"stopped after step {trainer.step} (stop_after)")
@@ -393,6 +398,34 @@ class Trainer:
         self.save_best, self.evaluate_dev, self.log_metrics = save_best, evaluate_dev, log_metrics
         self.hooks = list(hooks)
         self.warn: Callable[[str], None] = log.warning  # says that a damaged resume state was set aside
+        self.phases = self._check_phases(model, data, cfg)
+        self.world, self.rank = distributed.world(), distributed.rank()
+        if self.world > 1:
+            self._check_shardable()
+            distributed.convert_batchnorm(model)  # BatchNorm statistics over the global batch
+        self.offsets = [sum(p.total_steps for p in self.phases[:i]) for i in range(len(self.phases))]
+        self.total_steps = sum(p.total_steps for p in self.phases)
+        self._configure_step(cfg)
+        self.writer = StateWriter(self.state, background=cfg.async_state)
+        self._last_state_t: float | None = None
+        self._last_snapshot_s = 0.0
+        # Peak memory of the steps of each log window (CUDA allocations; CPU: the resident set), the last window's
+        # and the run's, GiB
+        self.memory = PeakMemory(device) if device.type in ("cuda", "cpu") else None
+        self.step_peak_memory_gb, self.peak_memory_gb = float("nan"), 0.0
+        # Host time spent getting each step's batch onto the device (waiting for the prefetch, building it, issuing
+        # the copy) and the loop's wall time, both since run() began: host_wait_share = host_wait_s / loop_s.
+        self.host_wait_s, self.loop_s = 0.0, 0.0
+        self.step: int = 0
+        self.best_score: float | None = None
+        self.best_step: int | None = None
+        self.phase_index = -1
+        self._orders: dict[tuple[int, int, int], np.ndarray] = {}
+        self.enter_phase(0)
+
+    @staticmethod
+    def _check_phases(model: torch.nn.Module, data: TrainingRows | list[Phase], cfg: LoopConfig) -> list[Phase]:
+        """The job's phases (plain rows: one phase `main` of `cfg`'s settings), each one the model knows."""
         if isinstance(data, TrainingRows):
             data = [Phase("main", data, cfg.batch_size, cfg.learning_rate, cfg.epochs, cfg.max_steps)]
         if not data:
@@ -401,13 +434,12 @@ class Trainer:
         unknown = [p.name for p in data if p.name not in known]
         if unknown:
             raise ValueError(f"phases {unknown} are not phases of {type(model).__name__} {known}")
-        self.phases = data
-        self.world, self.rank = distributed.world(), distributed.rank()
-        if self.world > 1:
-            self._check_shardable()
-            distributed.convert_batchnorm(model)  # BatchNorm statistics over the global batch
-        self.offsets = [sum(p.total_steps for p in data[:i]) for i in range(len(data))]
-        self.total_steps = sum(p.total_steps for p in data)
+        return data
+
+    def _configure_step(self, cfg: LoopConfig) -> None:
+        """What a step runs with: the fp16 loss scaler, the SDPA kernel, prefetching, gradient caching, the fused
+        AdamW and its `NonFiniteGuard`, the cast of the frozen weights and the compiled step."""
+        device = self.device
         # fp16 scales its loss on every device (fp16's narrow range underflows small gradients on a CPU as on a GPU)
         scaled = cfg.precision == "fp16" and device.type in ("cuda", "cpu")
         self.scaler = torch.amp.GradScaler(device.type if scaled else "cuda", enabled=scaled)
@@ -421,26 +453,12 @@ class Trainer:
         guarded = self.fused_adamw and not self.scaler.is_enabled() and device.type != "meta"
         self.guard = NonFiniteGuard(device) if guarded else None
         low = LOW_PRECISION.get(cfg.precision)
-        cast = FrozenLinearCast(model, low) if low is not None and cfg.cast_frozen_weights else None
+        cast = FrozenLinearCast(self.model, low) if low is not None and cfg.cast_frozen_weights else None
         self.frozen_cast = cast if cast is not None and len(cast) and device.type != "meta" else None
-        self.writer = StateWriter(self.state, background=cfg.async_state)
-        self._last_state_t: float | None = None
-        self._last_snapshot_s = 0.0
         self.cudagraphs = False  # set by _compiled_step: the step replays CUDA graphs
         self.compiled = self.compiles() and compile_cache_usable(cfg.compile_backend)  # (else eager, said)
         self._step_tensor = torch.zeros((), dtype=torch.long, device=device) if self.compiled else None
-        self._step_fn = self._compiled_step() if self.compiled else self.model.training_step
-        # Peak memory of the steps of each log window (CUDA allocations; CPU: the resident set), the last window's
-        # and the run's, GiB
-        self.memory = PeakMemory(device) if device.type in ("cuda", "cpu") else None
-        self.step_peak_memory_gb, self.peak_memory_gb = float("nan"), 0.0
-        # Host time spent getting each step's batch onto the device (waiting for the prefetch, building it, issuing
-        # the copy) and the loop's wall time, both since run() began: host_wait_share = host_wait_s / loop_s.
-        self.host_wait_s, self.loop_s = 0.0, 0.0
-        self.step, self.best_score, self.best_step = 0, None, None
-        self.phase_index = -1
-        self._orders: dict[tuple[int, int, int], object] = {}
-        self.enter_phase(0)
+        self._step_fn = self._compiled_step() if self.compiled else self._model_step
 
     def compiles(self) -> bool:
         """Whether the step is compiled: `LoopConfig.compile`, or when None, on CUDA for a single-process run without
@@ -456,7 +474,12 @@ class Trainer:
             and self.total_steps >= COMPILE_MIN_STEPS
         )
 
-    def _compiled_step(self):
+    @property
+    def _model_step(self) -> Callable[..., StepOutput]:
+        """The model's `training_step(batch, step, phase)` (a `cse.models.method.CSEModel`'s)."""
+        return cast("Callable[..., StepOutput]", self.model.training_step)
+
+    def _compiled_step(self) -> Callable[..., StepOutput]:
         """`torch.compile` of the model's whole training step as one graph (`fullgraph=True`: a graph break is an
         error, not a silent slow path; every method's step compiles so, tests/training/test_speed.py). AOTAutograd
         compiles its backward too. Mode "reduce-overhead" (the CUDA default) replays both as CUDA graphs: one launch
@@ -475,10 +498,10 @@ class Trainer:
         self.cudagraphs = self.device.type == "cuda" and (
             backend == "cudagraphs" or (backend == "inductor" and mode in ("reduce-overhead", "max-autotune"))
         )
-        options = {"mode": mode} if backend == "inductor" else {}
         # static shapes: a batch of another shape (DiffAug's two phases, an epoch's short last batch) gets a graph of
         # its own rather than one symbolic graph for all (CUDA graphs replay fixed shapes)
-        return torch.compile(self.model.training_step, fullgraph=True, dynamic=False, backend=backend, **options)
+        inductor_mode = mode if backend == "inductor" else None  # (dynamo's own backends take no mode)
+        return torch.compile(self._model_step, fullgraph=True, dynamic=False, backend=backend, mode=inductor_mode)
 
     def _use_grad_cache(self, cfg: LoopConfig) -> None:
         """Hand `grad_cache_chunk_size` to the model (`CSEModel.use_grad_cache`), refusing what cannot combine."""
@@ -508,27 +531,12 @@ class Trainer:
                         f"be split over {self.world} ranks"
                     )
 
-    def _main_only(self, fn) -> None:
+    def _main_only(self, fn: Callable[[], None]) -> None:
         """Run `fn` on rank 0 only (per-process losses, no collectives); the other ranks wait."""
         if self.rank == 0:
             with distributed.local_only():
                 fn()
         distributed.barrier()
-
-    def _rng_state(self) -> dict:
-        return {
-            "rng_torch": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "rng_numpy": np.random.get_state(),
-            "rng_python": random.getstate(),
-        }
-
-    def _set_rng_state(self, st: dict) -> None:
-        torch.set_rng_state(st["rng_torch"])
-        if st["rng_cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(st["rng_cuda"])
-        np.random.set_state(st["rng_numpy"])
-        random.setstate(st["rng_python"])
 
     @property
     def phase(self) -> Phase:
@@ -544,8 +552,9 @@ class Trainer:
             return
         self.phase_index = index
         phase = self.phases[index]
-        if hasattr(self.model, "parameter_groups"):
-            groups = [dict(g) for g in self.model.parameter_groups(phase.name)]
+        parameter_groups = getattr(self.model, "parameter_groups", None)
+        if parameter_groups is not None:
+            groups = [dict(g) for g in parameter_groups(phase.name)]
         else:
             groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
         groups = [g for g in groups if g["params"]]
@@ -555,7 +564,7 @@ class Trainer:
             groups, lr=phase.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **fused
         )
         if self.guard is not None:  # the fused kernels skip the update while the guard's flag is set
-            self.optimizer.found_inf = self.guard.flag
+            setattr(self.optimizer, "found_inf", self.guard.flag)  # noqa: B010 - an attribute torch's fused AdamW reads
         horizon = phase.schedule_steps or phase.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
         for h in self.hooks:
@@ -573,7 +582,7 @@ class Trainer:
             return
         self._last_state_t = now
         if self.world > 1:  # every rank's RNG state goes into rank 0's file
-            ranks_rng = distributed.all_gather_object(self._rng_state())
+            ranks_rng = distributed.all_gather_object(rng_state())
             if self.rank == 0:
                 self._write_state({"rng_ranks": ranks_rng, "world": self.world})
             distributed.barrier()
@@ -589,27 +598,14 @@ class Trainer:
             return 0.0
         return STATE_COST_FACTOR * (self._last_snapshot_s + self.writer.write_s / self.writer.writes)
 
-    def _write_state(self, extra: dict) -> None:
+    def _write_state(self, extra: dict[str, Any]) -> None:
         self.writer.wait()  # (the previous write's time counts as the snapshot's wait)
         t0 = time.perf_counter()
         with self._fp32_weights():
-            frozen = frozen_parameter_names(self.model)  # (the backbone's frozen weights: rebuilt from its name)
-            snapshot = StateSnapshot(
-                tensors={
-                    k: v.detach().to("cpu", copy=True).contiguous()
-                    for k, v in self.model.state_dict().items()
-                    if k not in frozen
-                },
-                payload=host_copy(
-                    {
-                        "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(),
-                        "scaler": self.scaler.state_dict(),
-                        **self._rng_state(),
-                        **extra,
-                    }
-                ),
-                progress={
+            snapshot = snapshot_state(
+                self.model,
+                {"optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler},
+                {
                     "step": self.step,
                     "best_score": self.best_score,
                     "best_step": self.best_step,
@@ -617,12 +613,13 @@ class Trainer:
                     "total_steps": self.total_steps,
                     "phases": self._phase_signature(),
                 },
+                extra,
             )
         self._last_snapshot_s = time.perf_counter() - t0
         self.writer.blocked_s += self._last_snapshot_s
         self.writer.write(snapshot)
 
-    def _fp32_weights(self):
+    def _fp32_weights(self) -> AbstractContextManager[None]:
         """The fp32 masters of the frozen weights while active (evaluation, checkpoints, state; `FrozenLinearCast`)."""
         return self.frozen_cast.masters() if self.frozen_cast is not None else nullcontext()
 
@@ -631,40 +628,15 @@ class Trainer:
             {"name": p.name, "total_steps": p.total_steps, "steps_per_epoch": p.steps_per_epoch} for p in self.phases
         ]
 
-    def _read_state(self) -> tuple[dict, dict, dict]:
-        """The progress, trainable tensors and optimizer state read (nothing applied yet); `ResumeStateDamaged`
-        naming the file when one is unreadable or differs from the size and hash recorded when it was written."""
-        progress = self.state.progress
-        try:
-            meta = json.loads(progress.read_text())
-            step = meta["step"]
-        except (ValueError, KeyError, TypeError, OSError) as e:
-            raise ResumeStateDamaged(progress, f"unreadable ({type(e).__name__}: {e})") from None
-        recorded = meta.get("files") or {}
-        for path in (self.state.trainable, self.state.optimizer):
-            if not path.is_file():
-                raise ResumeStateDamaged(path, "missing")
-            if problems := check_file_records(
-                self.state.folder, {path.name: recorded[path.name]} if path.name in recorded else {}
-            ):
-                raise ResumeStateDamaged(path, problems[0].split(": ", 1)[1])
-        try:
-            tensors = load_file(str(self.state.trainable))
-        except Exception as e:  # noqa: BLE001 - safetensors' errors name no file
-            raise ResumeStateDamaged(self.state.trainable, f"unreadable ({type(e).__name__}: {e})") from None
-        try:
-            st = torch.load(self.state.optimizer, weights_only=False, map_location="cpu" if self.world > 1 else None)
-        except Exception as e:  # noqa: BLE001 - torch.load's errors name no file either
-            raise ResumeStateDamaged(self.state.optimizer, f"unreadable ({type(e).__name__}: {e})") from None
-        require_finite_state(self.state, tensors, st)  # nan/inf in a state whose hashes match: damaged too
-        return {**meta, "step": step}, tensors, st
-
     def load_state(self) -> None:
-        meta, tensors, st = self._read_state()
+        """Resume from the state in `state` (`cse.training.resume.load_resume_state`): the phase, the trainable
+        tensors, the optimizer, scheduler and scaler, this rank's RNG states, the step and the best dev score."""
+        loaded = load_resume_state(self.state, map_location="cpu" if self.world > 1 else None)
+        meta, st = loaded.progress, loaded.payload
         if meta.get("phases") != self._phase_signature() or meta["total_steps"] != self.total_steps:
             raise ValueError(f"resume state in {self.state.folder} belongs to another data size or schedule")
         self.enter_phase(meta["phase"])
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
+        missing, unexpected = self.model.load_state_dict(loaded.tensors, strict=False)
         if unexpected:
             raise ValueError(f"resume state has tensors the model does not: {unexpected[:5]}")
         self.optimizer.load_state_dict(st["optimizer"])
@@ -673,24 +645,24 @@ class Trainer:
             self.scaler.load_state_dict(st["scaler"])
         ranks_rng = st.get("rng_ranks")
         if ranks_rng is not None and len(ranks_rng) == self.world:
-            self._set_rng_state(ranks_rng[self.rank])
+            set_rng_state(ranks_rng[self.rank])
         elif self.rank == 0:
-            self._set_rng_state(st)
+            set_rng_state(st)
         else:  # resumed with another world size: a fresh stream of this rank's own
             set_seed(distributed.rank_seed(self.cfg.seed, self.rank, salt=1 + meta["step"]))
         self.step, self.best_score, self.best_step = meta["step"], meta["best_score"], meta["best_step"]
 
     # ------------------------------------------------------------------ loop
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager[Any]:
         """The autocast context of `LoopConfig.precision` (bf16/fp16; none for fp32)."""
         dtype = LOW_PRECISION.get(self.cfg.precision)
         return nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
-    def sdpa_context(self):
+    def sdpa_context(self) -> AbstractContextManager[Any]:
         """The `LoopConfig.sdpa_backend` kernel for every attention call ("": PyTorch's choice)."""
         return sdpa_kernel(SDPA_BACKENDS[self.cfg.sdpa_backend]()) if self.cfg.sdpa_backend else nullcontext()
 
-    def precision_context(self):
+    def precision_context(self) -> contextlib.ExitStack:
         """What the forward of a training step runs under: `autocast()` and `sdpa_context()`."""
         stack = contextlib.ExitStack()
         stack.enter_context(self.autocast())
@@ -712,23 +684,7 @@ class Trainer:
         Returns:
             The step's loss, its loss terms and the gradient norm (read lazily).
         """
-        self.model.train()
-        if self.frozen_cast is not None:
-            self.frozen_cast.low()
-        for h in self.hooks:
-            h.on_forward_start(self, batch)
-        step = self.step
-        if self._step_tensor is not None:  # one compiled graph for every step: the number travels as a tensor
-            self._step_tensor.fill_(self.step)
-            step = self._step_tensor
-        if self.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        with self.precision_context():
-            out = self._step_fn(batch, step=step, phase=self.phase.name)
-        for h in self.hooks:
-            h.on_forward_end(self, batch)
-        if self.guard is None:
-            self._require_finite("loss", out.loss, out.metrics)
+        out = self._forward(batch)
         self.optimizer.zero_grad(set_to_none=True)
         # (the SDPA kernel choice also holds in the backward, where grad_cache re-runs its chunks)
         with self.sdpa_context():
@@ -758,6 +714,28 @@ class Trainer:
         for h in self.hooks:
             h.on_update_end(self)
         return StepMetrics(names, values)
+
+    def _forward(self, batch: TrainBatch) -> StepOutput:
+        """The model's `training_step` on `batch` under `precision_context()`, between the forward hooks (the step
+        number as a device tensor for the compiled step); without the guard, the loss checked on the host."""
+        self.model.train()
+        if self.frozen_cast is not None:
+            self.frozen_cast.low()
+        for h in self.hooks:
+            h.on_forward_start(self, batch)
+        step: int | torch.Tensor = self.step
+        if self._step_tensor is not None:  # one compiled graph for every step: the number travels as a tensor
+            self._step_tensor.fill_(self.step)
+            step = self._step_tensor
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with self.precision_context():
+            out = self._step_fn(batch, step=step, phase=self.phase.name)
+        for h in self.hooks:
+            h.on_forward_end(self, batch)
+        if self.guard is None:
+            self._require_finite("loss", out.loss, out.metrics)
+        return out
 
     def check_finite(self) -> None:
         """Raise `NonFiniteLoss` for the first step whose loss or gradient norm was not finite (reads the guard's flag:
@@ -800,7 +778,7 @@ class Trainer:
             f"precision; {kept}"
         )
 
-    def _order(self, n: int, seed: int, epoch: int):
+    def _order(self, n: int, seed: int, epoch: int) -> np.ndarray:
         key = (n, seed, epoch)
         if key not in self._orders:
             if len(self._orders) > 4:
@@ -808,13 +786,15 @@ class Trainer:
             self._orders[key] = epoch_order(n, seed, epoch)
         return self._orders[key]
 
-    def _rows_batch(self, rows: TrainingRows, batch_size: int, seed: int, phase_step: int):
+    def _rows_batch(
+        self, rows: TrainingRows, batch_size: int, seed: int, phase_step: int
+    ) -> tuple[TrainBatch, int, int]:
         """(the batch of `rows` at in-phase step `phase_step`, its epoch, its index in the epoch)."""
         epoch, b = divmod(phase_step, batches_per_epoch(len(rows), batch_size))
         idx = self._order(len(rows), seed, epoch)[b * batch_size : (b + 1) * batch_size]
         return rows.batch(idx, epoch), epoch, b
 
-    def phase_batch(self, phase: Phase, phase_step: int, phase_index: int):
+    def phase_batch(self, phase: Phase, phase_step: int, phase_index: int) -> tuple[TrainBatch, int, int]:
         """The batch of in-phase step `phase_step`: a pure function of (seed, phase, step), so resume sees the same."""
         seed = self.cfg.seed + 7919 * phase_index
         batch, epoch, b = self._rows_batch(phase.rows, phase.batch_size, seed, phase_step)
@@ -822,7 +802,7 @@ class Trainer:
             batch.aux = self._rows_batch(phase.aux_rows, phase.aux_batch_size, seed + 1, phase_step)[0]
         return batch, epoch, b
 
-    def batch_at(self, step: int):
+    def batch_at(self, step: int) -> HostBatch:
         """(this rank's batch of global step `step` on the host, epoch, batch index, global sentences, global tokens);
         pinned when prefetching to CUDA. Pure (no RNG, no trainer state changed), so a host thread may build it."""
         index = self._phase_of(step)
@@ -853,6 +833,29 @@ class Trainer:
 
     def run(self) -> LoopResult:
         torch.use_deterministic_algorithms(self.cfg.deterministic, warn_only=True)
+        resumed = self._resume()
+        t0 = time.perf_counter()
+        self.host_wait_s = 0.0
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=self.rank != 0)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="cse-prefetch") if self.prefetch else None
+        try:
+            result = self._run_steps(pool, bar, t0, resumed)
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            try:
+                self.writer.wait()  # a state in flight is completed, also when training stopped with an error
+            finally:
+                if self.frozen_cast is not None:
+                    self.frozen_cast.master()
+                self.loop_s = time.perf_counter() - t0
+        return result
+
+    def _resume(self) -> int | None:
+        """Resume from the state in `state` when there is one (its step; None: starting at step 0, seeded). A damaged
+        state is set aside, said (`warn`), and training restarts. Every rank then starts at the same step with the
+        same weights."""
         resumed = None
         if self.state.exists():
             try:
@@ -872,32 +875,16 @@ class Trainer:
                     f"ranks start at different steps {steps}: the resume state must be visible to every rank"
                 )
             distributed.broadcast_module(self.model)  # identical starting weights and buffers on every rank
-        t0 = time.perf_counter()
-        self.host_wait_s = 0.0
-        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=self.rank != 0)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="cse-prefetch") if self.prefetch else None
-        try:
-            result = self._run_steps(pool, bar, t0, resumed)
-        finally:
-            bar.close()
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-            try:
-                self.writer.wait()  # a state in flight is completed, also when training stopped with an error
-            finally:
-                if self.frozen_cast is not None:
-                    self.frozen_cast.master()
-                self.loop_s = time.perf_counter() - t0
-        return result
+        return resumed
 
-    def _log_window(self, metrics: StepMetrics, window: _Window, epoch: float, bar) -> dict[str, float]:
+    def _log_window(self, metrics: StepMetrics, window: _Window, epoch: float, bar: tqdm) -> dict[str, float]:
         """Read the step's metrics (the guard first), add the window's rates, memory and learning rates, log them and
         return them."""
         self.check_finite()
         logged = dict(metrics.floats())
         dt = max(time.perf_counter() - window.start, 1e-9)
         logged.update(
-            learning_rate=self.scheduler.get_last_lr()[0],
+            learning_rate=float(self.scheduler.get_last_lr()[0]),
             epoch=epoch,
             phase=float(self.phase_index),
             sentences_per_s=window.sentences / dt,
@@ -905,7 +892,7 @@ class Trainer:
             host_wait_share=window.wait / dt,
         )
         for group, lr in zip(self.optimizer.param_groups[1:], self.scheduler.get_last_lr()[1:]):
-            logged[f"learning_rate_{group.get('name', 'group')}"] = lr
+            logged[f"learning_rate_{group.get('name', 'group')}"] = float(lr)
         if self.memory is not None:  # the window's peak (CUDA: allocated tensors; CPU: resident set)
             self.step_peak_memory_gb = self.memory.peak_gb()
             self.peak_memory_gb = max(self.peak_memory_gb, self.step_peak_memory_gb)
@@ -916,7 +903,7 @@ class Trainer:
             self.log_metrics(logged, self.step)
         return logged
 
-    def _run_steps(self, pool, bar, t0: float, resumed: int | None) -> LoopResult:
+    def _run_steps(self, pool: ThreadPoolExecutor | None, bar: tqdm, t0: float, resumed: int | None) -> LoopResult:
         sentences, window = 0, _Window()
         next_batch = None  # (step, future) of the prefetched batch
         if self.memory is not None:
@@ -938,7 +925,8 @@ class Trainer:
             window.wait += waited
             for h in self.hooks:
                 h.on_step_start(self, batch)
-            metrics = self.train_step(batch)
+            step_metrics = self.train_step(batch)
+            metrics: Mapping[str, float] = step_metrics  # (on a log step: the logged floats)
             self.step += 1
             sentences += n_sentences
             window.sentences += n_sentences
@@ -946,7 +934,7 @@ class Trainer:
             bar.update(1)
             last = self.step == self.total_steps
             if self.step % self.cfg.log_steps == 0 or last:  # the only place a step's values are read
-                metrics = self._log_window(metrics, window, epoch + (b + 1) / phase.steps_per_epoch, bar)
+                metrics = self._log_window(step_metrics, window, epoch + (b + 1) / phase.steps_per_epoch, bar)
                 window = _Window()
             if self.step % self.cfg.eval_steps == 0:
                 self._main_only(self._maybe_evaluate)

@@ -26,6 +26,7 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -77,7 +78,7 @@ class FrozenLinearCast:
             self.is_low = False
 
     @contextmanager
-    def masters(self):
+    def masters(self) -> Iterator[None]:
         """The fp32 masters while active; the previous choice afterwards."""
         was = self.is_low
         self.master()

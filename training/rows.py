@@ -10,6 +10,8 @@ variant all views and epochs share it. The choice is logged as `corruption_reuse
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -49,6 +51,8 @@ class TrainingRows:
         col = self.view_columns[view]
         per_column = self.view_columns.count(col)
         slot = self.view_columns[:view].count(col)
+        if self.corruption is None:
+            raise ValueError("rows without a corruption dataset have no corruption variants")
         return (epoch * per_column + slot) % self.corruption.variants
 
     def reuse_description(self, epochs: int) -> str:
@@ -61,7 +65,7 @@ class TrainingRows:
             return "one corruption per sentence, shared by all views and epochs"
         return f"{have} variants cycled over {needed} view-epochs"
 
-    def batch(self, rows: np.ndarray, epoch: int) -> TrainBatch:
+    def batch(self, rows: np.ndarray | Sequence[int], epoch: int) -> TrainBatch:
         """Rows `rows` of epoch `epoch`, padded to `pad_to` (else to their longest view); the ids are taken from the
         (memory-mapped) row sequences one batch at a time, never all at once."""
         views_ids = [take_rows(self.tokens.seqs[col], rows) for col in self.view_columns]

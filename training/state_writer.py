@@ -33,7 +33,7 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import torch
 from safetensors.torch import save as safetensors_bytes
@@ -41,6 +41,9 @@ from safetensors.torch import save as safetensors_bytes
 from cse.models.finite import listed, nested_tensors, non_finite_tensors
 from cse.storage.atomic import atomic_dir
 from cse.storage.runs import ResumeState, ResumeStateDamaged
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 
 @dataclass
@@ -68,13 +71,13 @@ def host_copy(obj: Any) -> Any:
 class _HashingFile(io.RawIOBase):
     """A write-only file that hashes what passes through it (torch.save writes here)."""
 
-    def __init__(self, f):
+    def __init__(self, f: BinaryIO) -> None:
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
 
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:
+    def write(self, b: Buffer) -> int:
         view = memoryview(b)
         self.sha.update(view)
         self.size += view.nbytes
@@ -163,7 +166,7 @@ def _write_state(state: ResumeState, snapshot: StateSnapshot) -> None:
         files.trainable.write_bytes(tensors)
         with open(files.optimizer, "wb") as f:
             sink = _HashingFile(f)
-            torch.save(snapshot.payload, cast(IO[bytes], sink))  # (a write-only file object: all torch.save needs)
+            torch.save(snapshot.payload, cast(BinaryIO, sink))  # (a raw binary file; torch's hint names IO[bytes])
         records = {
             files.trainable.name: {"size": len(tensors), "sha256": hashlib.sha256(tensors).hexdigest()},
             files.optimizer.name: {"size": sink.size, "sha256": sink.sha.hexdigest()},
