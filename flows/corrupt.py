@@ -3,7 +3,7 @@
 Without `tokens_key` the flow first ingests and tokenises `dataset` (cache hits when done), so
 `corrupt/default` runs on its own.
 
-Where the shards run is read from the environment when the flow runs (config/settings.py):
+Where the shards run is read from the environment when the flow runs (storage/settings.py):
 - default (`CSE_TASK_RUNNER` unset or `local`): the flow's own task runner, one shard at a time
   (one generator, one device); `corrupt.with_options(task_runner=...)` replaces it;
 - `CSE_TASK_RUNNER=dask-local` (`CSE_DASK_WORKERS`, `CSE_DASK_THREADS_PER_WORKER`): a temporary
@@ -26,12 +26,12 @@ from typing import Literal
 from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from cse.config.settings import shard_task_runner
 from cse.config.stages import CorruptConfig, IngestConfig, TokenizeConfig
 from cse.flows.deployment_params import deployment_merged
 from cse.flows.tokenization import prepare_tokens
 from cse.storage.corruption_stats import ShardResult
 from cse.storage.datasets import DatasetRef
+from cse.storage.settings import shard_task_runner
 from cse.storage.sharded import building
 from cse.tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
 from cse.tasks.preflight import preflight_corrupt

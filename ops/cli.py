@@ -16,10 +16,10 @@ import pandas as pd
 import typer
 
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.secrets import install_log_redaction, redact
-from cse.config.settings import get_settings
 from cse.storage.catalog import damaged, query, refresh_catalog
 from cse.storage.layout import KINDS, DataRoot
+from cse.storage.secrets import install_log_redaction, redact
+from cse.storage.settings import get_settings
 
 # The deployment that makes each kind of dataset (named when there is none yet)
 PRODUCED_BY = {

@@ -19,8 +19,8 @@ from uuid import UUID
 
 from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.secrets import redact
 from cse.ops.follow import STAGE_LINE, Follower, Printer, flow_run_tree, summary
+from cse.storage.secrets import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
 _PREFIXES = ("Task run encountered an exception", "Flow run encountered an exception")

@@ -16,12 +16,12 @@ from typing import Any
 from prefect import task
 
 from cse.config.evaluation import EvalConfig
-from cse.config.settings import get_settings
 from cse.evaluation import Evaluator
 from cse.evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
 from cse.evaluation.results import EvalResult
 from cse.storage.evaluations import StsInput, load_sts_input, row_identity, write_evaluation_row
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tasks.evaluate_common import EvalSummary, build_embedder, check_same_sts, check_training_sts, evaluation_run
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs

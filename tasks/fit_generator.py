@@ -32,7 +32,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from cse.config.settings import get_settings
 from cse.config.stages import GeneratorConfig
 from cse.models.corruption import SpecialTokens
 from cse.models.generator import (
@@ -54,6 +53,7 @@ from cse.storage.hashing import stable_hash
 from cse.storage.keys import SCHEMA_VERSIONS, generator_key
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
+from cse.storage.settings import get_settings
 from cse.tasks.corrupt import generator_identity, load_tokens_tokenizer
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs

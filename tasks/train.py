@@ -39,7 +39,6 @@ from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
 from cse.config.methods import get_method
-from cse.config.settings import get_settings
 from cse.config.training import TrainConfig
 from cse.models.checkpoint import load_checkpoint
 from cse.models.loading import load_tokenizer, pick_device
@@ -47,6 +46,7 @@ from cse.storage.datasets import DatasetRef
 from cse.storage.evaluations import load_sts_input
 from cse.storage.layout import DataRoot
 from cse.storage.runs import RunDir
+from cse.storage.settings import get_settings
 from cse.tasks.distributed_train import WORKER_MODULE
 from cse.tasks.log import stage_logger
 from cse.tracking.job_stages import job_stage

@@ -30,11 +30,11 @@ from mlflow.data.dataset_source import DatasetSource
 from mlflow.data.sources import HTTPDatasetSource, HuggingFaceDatasetSource, LocalArtifactDatasetSource
 from mlflow.types.schema import Array, ColSpec, DataType, Object, Property, Schema
 
-from cse.config.settings import get_settings
 from cse.storage.datasets import DatasetRef
 from cse.storage.evaluations import StsInput
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
+from cse.storage.settings import get_settings
 from cse.storage.transfer import TransferInput
 
 DIGEST_CHARS = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE (the SQL stores' digest column)

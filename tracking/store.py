@@ -13,9 +13,9 @@ from typing import Any
 
 import mlflow
 
-from cse.config.secrets import redact, redacted_exception
-from cse.config.settings import get_settings
 from cse.storage.locks import exclusive
+from cse.storage.secrets import redact, redacted_exception
+from cse.storage.settings import get_settings
 from cse.tracking.redaction import mask_mlflow_client, mask_mlflow_exceptions, quiet_run_urls
 from cse.tracking.run_pages import experiment_page_tags
 
@@ -54,7 +54,7 @@ def configure_mlflow() -> str:
 def tracking_error(exc: BaseException) -> BaseException:
     """The exception to show for `exc` raised by a tracking call: a read-only SQLite store as
     `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a message holding a credential masked
-    (`cse.config.secrets.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
+    (`cse.storage.secrets.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
     text = " ".join(str(exc).split())
     if "readonly database" in text or "read-only file system" in text.lower():
         uri = mlflow.get_tracking_uri()

@@ -16,8 +16,8 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from cse.config.secrets import redact
 from cse.storage.runs import RunDir
+from cse.storage.secrets import redact
 from cse.tracking.lineage import CONTEXT_EVAL
 from cse.tracking.run_pages import curve_metrics
 from cse.tracking.spool import ResilientMetricLogger

@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from cse.config.settings import get_settings
 from cse.config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
 from cse.models.methods.crtd import PROBE_METRICS, ConditionalRTDModel
 from cse.storage import keys
 from cse.storage.datasets import DatasetRef
 from cse.storage.layout import DataRoot
 from cse.storage.runs import RunDir
+from cse.storage.settings import get_settings
 from cse.storage.training_data import load_corruption_rows, load_token_rows
 from cse.training.loop import LoopConfig, LoopResult, Phase, StopAfter, Trainer, set_seed
 from cse.training.rows import TrainingRows

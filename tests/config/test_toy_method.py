@@ -20,13 +20,13 @@ from torch import nn
 from cse.config import published
 from cse.config.methods import REGISTRY, MethodSpec, get_method, missing_deployments
 from cse.config.presets import PRESETS
-from cse.config.settings import REPO_ROOT
 from cse.config.training import preset_row, resolve_train_config
 from cse.models.batching import TrainBatch, pad_sequences
 from cse.models.export.peft_export import PeftExportError, adapter_plan
 from cse.models.losses import contrastive_loss
 from cse.models.method import CSEModel, PromptConfig, StepOutput
 from cse.models.prompts.backbone import PromptedModel
+from cse.storage.settings import REPO_ROOT
 from cse.tracking.model_card import CardFacts, model_card
 
 TOY_BIBTEX = """@misc{toy2026,

@@ -14,8 +14,8 @@ import yaml
 from prefect.flows import Flow, load_flow_from_entrypoint
 
 from cse.config.methods import METHODS, REGISTRY, get_method, missing_deployments
-from cse.config.settings import REPO_ROOT
 from cse.config.training import resolve_train_config
+from cse.storage.settings import REPO_ROOT
 
 DEPLOYMENTS = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
 EXPERIMENTS = ("cse.flows.seeds:seeds", "cse.flows.sweep:sweep", "cse.flows.ablate:ablate_d2cse")
