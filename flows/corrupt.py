@@ -21,10 +21,11 @@ whichever runner computed it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, cast
 
 from prefect import flow, unmapped
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.futures import PrefectFuture
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from cse.config.stages import CorruptConfig, IngestConfig, TokenizeConfig
 from cse.flows.deployment_params import deployment_merged
@@ -49,7 +50,12 @@ def run_shards(plan: CorruptPlan) -> list[ShardResult]:
         return runner.map(corrupt_shard, {"plan": unmapped(plan), "shard": shards}).result()
 
 
-@flow(name="corrupt", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
+# (Prefect's `flow` takes a TaskRunner[PrefectFuture]; its thread-pool runner's futures are a subclass of those, but the
+# type parameter is invariant, so the runner is given as the type `flow` declares: what Prefect's own code does.)
+SERIAL_RUNNER = cast("TaskRunner[PrefectFuture[Any]]", ThreadPoolTaskRunner(max_workers=1))
+
+
+@flow(name="corrupt", log_prints=True, task_runner=SERIAL_RUNNER)
 def corrupt(
     tokens_key: str | None = None,
     config: CorruptConfig = CorruptConfig(),

@@ -20,14 +20,14 @@ rows (frozen PLM + prompts) and how its discriminator (the same PLM, by default 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import model_validator
 from torch import nn
 
 from cse.models.heads import ProjectionMLP, RTDHead
-from cse.models.method import PromptConfig
+from cse.models.method import METHOD_CONFIG, PromptConfig, config_dataclass
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone, PromptedModel
 from cse.models.prompts.prefixes import PrefixKeyValues
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from cse.models.export.peft_plan import PeftPlan
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class D2CSEModelConfig(PromptConfig):
     """Model hyperparameters (defaults: D2CSE unsupervised BERT-base, Lee, 2023, Table 7)."""
 
@@ -57,8 +57,8 @@ class D2CSEModelConfig(PromptConfig):
     # in an AdamW group of their own (a sensitivity knob: at 0.021 the first Adam steps re-randomise the fresh head).
     head_learning_rate: float | None = None
 
-    def __post_init__(self):
-        self.check_prompts()
+    @model_validator(mode="after")
+    def _check(self) -> D2CSEModelConfig:
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_learning_rate <= 0:
             raise ValueError(f"discriminator_learning_rate must be positive, got {self.discriminator_learning_rate}")
@@ -68,6 +68,7 @@ class D2CSEModelConfig(PromptConfig):
             )
         if self.discriminator_reuses_prefix_sample and not self.discriminator_prompts:
             raise ValueError("discriminator_reuses_prefix_sample needs discriminator_prompts=True")
+        return self
 
 
 class D2CSE(PromptedModel, ConditionalRTDModel):
@@ -123,6 +124,8 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             self.discriminator = PromptedBackbone(copy_, None, shift_positions=config.shift_positions)
 
     method = "d2cse"
+    title = "D2CSE"
+    summary = "deep prompts on a frozen PLM that is also the CRTD discriminator (optional [CLS] prompt)"
     config_class = D2CSEModelConfig
     paper = (
         "Hyunjae Lee (2023). D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence "

@@ -22,18 +22,18 @@ Evaluation embedding: CLS before the pooler of the encoder (SimCSE); D, the RTD 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
+from pydantic import model_validator
 from torch import nn
 
 from cse.models.heads import ProjectionMLP, RTDHead
-from cse.models.method import FineTunedModel, MethodConfig
+from cse.models.method import METHOD_CONFIG, FineTunedModel, MethodConfig, config_dataclass
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class DiffCSEConfig(MethodConfig):
     """Model hyperparameters (defaults: DiffCSE BERT-base for STS, Chuang et al., 2022, Table 12).
 
@@ -50,13 +50,15 @@ class DiffCSEConfig(MethodConfig):
     # within a short CPU run), not a setting of any preset.
     discriminator_learning_rate: float | None = None
 
-    def __post_init__(self):
+    @model_validator(mode="after")
+    def _check(self) -> DiffCSEConfig:
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_learning_rate is not None and not self.discriminator_learning_rate > 0:
             raise ValueError(
                 "discriminator_learning_rate must be positive (or None: the job's rate), got "
                 f"{self.discriminator_learning_rate}"
             )
+        return self
 
 
 class DiffCSE(FineTunedModel, ConditionalRTDModel):
@@ -85,6 +87,8 @@ class DiffCSE(FineTunedModel, ConditionalRTDModel):
     """
 
     method = "diffcse"
+    title = "DiffCSE"
+    summary = "trainable encoder + trainable discriminator, fixed DistilBERT generator"
     config_class = DiffCSEConfig
     paper = (
         "Yung-Sung Chuang, Rumen Dangovski, Hongyin Luo, Yang Zhang, Shiyu Chang, Marin Soljačić, Shang-Wen Li, "
