@@ -22,12 +22,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 
 from benchmarks.machine import timed
-from cse.config.settings import get_settings
 from cse.evaluation import Evaluator
 from cse.evaluation.encode import autocast_context, length_sorted_batches, pad_batch
 from cse.models.embedder import PooledEncoder
 from cse.models.loading import pick_device
 from cse.storage.readers import read_senteval
+from cse.storage.settings import get_settings
 
 
 def bare_forward_seconds(enc: PooledEncoder, token_ids, batch_size: int, precision: str) -> float:

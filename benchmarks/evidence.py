@@ -151,7 +151,7 @@ def parse_seeds(value: str | None) -> list[int] | None:
 
 
 def use_home(home: Path, threads: int | None = None) -> None:
-    """Make `home` the CSE_HOME of the data stages (before cse.config.settings is read) and set torch's threads."""
+    """Make `home` the CSE_HOME of the data stages (before cse.storage.settings is read) and set torch's threads."""
     os.environ["CSE_HOME"] = str(home.resolve())
     for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
         os.environ.pop(k, None)
@@ -195,11 +195,11 @@ class Bench:
     """The data root (cached data stages), the STS-B dev evaluator and the fitted generator, shared by every cell."""
 
     def __init__(self, generator: str | None):
-        from cse.config.settings import get_settings
         from cse.config.stages import local_mirror_ingest
         from cse.evaluation.evaluator import Evaluator
         from cse.storage.evaluations import load_sts_input
         from cse.storage.layout import DataRoot
+        from cse.storage.settings import get_settings
         from cse.tasks.ingest import ingest_dataset
 
         self.ingest = local_mirror_ingest(SHARED_DATA)

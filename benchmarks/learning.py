@@ -122,9 +122,9 @@ class Bench:
     def __init__(self, batch_size: int, start_cache: list[Path] | None = None):
         import torch
 
-        from cse.config.settings import get_settings
         from cse.config.stages import local_mirror_ingest
         from cse.storage.layout import DataRoot
+        from cse.storage.settings import get_settings
 
         self.device = torch.device("cpu")
         self.batch_size = batch_size
@@ -736,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be >= 1")
 
     home = Path(tempfile.mkdtemp(prefix="cse-learning-"))
-    os.environ["CSE_HOME"] = str(home)  # before cse.config.settings is read
+    os.environ["CSE_HOME"] = str(home)  # before cse.storage.settings is read
     for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):
         os.environ.pop(k, None)
     if args.threads is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The local mirror of the canonical sources (as `cse.config.settings` reads it: CSE_SHARED_DATA, else ../shared/data).
+# The local mirror of the canonical sources (as `cse.storage.settings` reads it: CSE_SHARED_DATA, else ../shared/data).
 SHARED_DATA = Path(os.environ.get("CSE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
 OFFLINE_ENVIRONMENT = {
@@ -58,11 +58,11 @@ def release_freed_heap() -> None:
 
 def sts_evaluator():
     """An `Evaluator` over the STS tasks, ingested from the local data mirror into the data root of CSE_HOME."""
-    from cse.config.settings import get_settings
     from cse.config.stages import local_mirror_ingest
     from cse.evaluation.evaluator import Evaluator
     from cse.storage.evaluations import load_sts_input
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
     from cse.tasks.ingest import ingest_dataset
 
     sts = ingest_dataset.fn("sts", local_mirror_ingest(SHARED_DATA))

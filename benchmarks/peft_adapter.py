@@ -38,13 +38,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 
 from benchmarks.machine import REPO_ROOT, subject_method, timed
-from cse.config.settings import get_settings
 from cse.models.checkpoint import save_checkpoint
 from cse.models.export import peft_loader
 from cse.models.export.peft_export import export_peft_adapter
 from cse.models.export.st_export import CHECKPOINT_SUBDIR, export_sentence_transformer
 from cse.models.loading import resolve_model_path
 from cse.storage.readers import read_senteval
+from cse.storage.settings import get_settings
 
 
 def folder_bytes(folder: Path, exclude: str | None = None) -> int:

@@ -1,12 +1,11 @@
 """Typed configuration: one place for every default.
 
-`settings` holds where things live (from the environment); `stages` holds the parameters of each
-pipeline stage. Flows take these models as parameters, so every field can be overridden from a
+`stages` holds the parameters of each pipeline stage (where things live, read from the environment, is
+`cse.storage.settings`). Flows take these models as parameters, so every field can be overridden from a
 Prefect deployment's `parameters`.
 """
 
 from cse import refuse_bare_name
-from cse.config.settings import Settings, get_settings
 from cse.config.stages import (
     CorruptConfig,
     IngestConfig,
@@ -24,9 +23,7 @@ __all__ = [
     "IngestConfig",
     "NliSource",
     "SentEvalSource",
-    "Settings",
     "TokenizeConfig",
     "WikiSource",
-    "get_settings",
     "local_mirror_ingest",
 ]

@@ -13,7 +13,7 @@ Error messages show a value or a list of names cut to `MESSAGE_CHARS` characters
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 MAX_DEPTH = 32  # the deepest configuration is 4 levels (overrides → ingest → wiki → hf)
@@ -42,6 +42,7 @@ def nesting_depth(value: Any) -> int:
     deepest, stack = 0, [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(item, Mapping):
             children = item.values()
         elif isinstance(item, (list, tuple)):

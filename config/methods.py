@@ -1,9 +1,12 @@
-"""The method registry: one declarative entry per training method, the only list of methods in the project.
+"""The method registry: one entry per training method, read from the presets (config/presets.py), the only list of
+methods in the project.
 
-A method is one unit: a model module `models/methods/<name>.py`, one `MethodSpec` entry below and its presets in
-config/presets.py (plus, for a published method, its rows in config/published.py). Everything per method is a field
-of the entry or an attribute/method of the model class, read through the entry:
+A method is one unit: a model module `models/methods/<name>.py` and its presets in config/presets.py (plus, for a
+published method, its rows in config/published.py). A name of `PRESETS` is a method; its entry (`MethodSpec(name)`)
+finds the model class in `models/methods/<name>.py` (`cse.models.checkpoint.model_class_of`, where checkpoints find it)
+and reads every other per-method fact from it:
 
+- the name as the paper writes it and a one-line summary (`title`, `summary`);
 - the typed model config (`config_class`), whether it reads the corruption stage, its phases, whether it takes
   auxiliary NLI batches (`accepts_aux_nli`), hence its pipeline stages (`stages()`);
 - `TrainConfig.method` (the accepted names) and the validation of `TrainConfig.model`;
@@ -12,27 +15,26 @@ of the entry or an attribute/method of the model class, read through the entry:
   (`exports_peft_adapter`: the model class defines `peft_plan`);
 - the training flow `train-<name>` of flows/train.py and the experiment children's dispatch target
   (`deployment(preset)`), the comparison's rows (tasks/compare.py);
-- the deployments: prefect.yaml stays the file users read and edit, and tests/flows/test_deployments.py fails when
-  it and this registry disagree, printing the entries to add (`missing_deployments`).
+- the deployments: prefect.yaml's training entries are generated from this registry (`training_deployments_yaml`;
+  `cse prefect-yaml` writes them) and tests/flows/test_deployments.py fails when the file differs.
 
-Adding a method (docs/architecture.md has the recipe; tests/config/test_toy_method.py adds a toy one):
-1. `models/methods/<name>.py`: a `MethodConfig` dataclass and a `CSEModel` subclass with `method = "<name>"`, its
-   `config_class`, `paper`, `bibtex` (and `builds_on`, `peft_plan`, `ablations` where they apply);
-2. its presets in config/presets.py (at least `default`);
-3. one `MethodSpec` below;
-4. its flow's line in flows/train.py (`train_<name> = train_flow(REGISTRY["<name>"])`, and its `TRAIN_FLOWS` entry);
-5. the prefect.yaml entries the deployment test prints (`missing_deployments(spec, deployments)`).
+Adding a method (docs/architecture.md has the recipe; tests/config/test_toy_method.py adds a toy one that way):
+1. `models/methods/<name>.py`: a `MethodConfig` pydantic dataclass (its checks pydantic validators) and a `CSEModel`
+   subclass with `method = "<name>"`, its `title`, `summary`, `config_class`, `paper`, `bibtex` (and `builds_on`,
+   `peft_plan`, `ablations` where they apply);
+2. its presets in config/presets.py (at least `default`), and a line per preset in `PRESET_DESCRIPTIONS`;
+then `cse prefect-yaml` writes its deployments, and flows/train.py's `train_<name> = train_flow(REGISTRY["<name>"])`
+line names its flow object where grep finds it (Prefect's entrypoints load it without that line too).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from functools import cache, cached_property
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
@@ -40,7 +42,7 @@ from pydantic import TypeAdapter
 from cse.config import published
 from cse.config.finite import check_finite_fields, refuse_booleans
 from cse.config.limits import cut
-from cse.config.presets import PRESETS
+from cse.config.presets import PRESET_DESCRIPTIONS, PRESETS
 from cse.config.suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -52,22 +54,20 @@ DEFAULT_METHOD = "d2cse"  # the method a job, a sweep or a seed study trains whe
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One training method of the registry; every other per-method fact is read from its model class.
+    """One training method of the registry; every per-method fact is read from its model class or its presets.
 
     Args:
-        name: the registry name (lowercase): `TrainConfig.method`, the `train-<name>` flow, MLflow experiment and
-            registered-model names, the checkpoint's `method`.
-        title: the name as the paper writes it (model cards, tables).
-        model: the model class as `"module:Class"` (`cse.models.methods.<name>:<Class>`), imported when a property needs it.
-        summary: one line on what trains and how; the flow's description and the model card's first sentence.
+        name: the registry name (lowercase), a key of config/presets.py's `PRESETS`: `TrainConfig.method`, the
+            `train-<name>` flow, MLflow experiment and registered-model names, the checkpoint's `method`; the model
+            class is the `CSEModel` subclass with `method = "<name>"` in `cse.models.methods.<name>`.
 
     Examples:
         >>> from cse.config.methods import get_method
         >>> spec = get_method("dcpcse")
         >>> spec.deployment("sup")
         'train-dcpcse/sup'
-        >>> spec.exports_peft_adapter  # the model class defines peft_plan
-        True
+        >>> spec.title, spec.exports_peft_adapter  # the model class defines peft_plan
+        ('DCPCSE', True)
         >>> spec.stages(supervised=False)
         ('ingest:wiki1m', 'tokenize:wiki1m', 'train', 'evaluate')
         >>> spec.cites  # the model card cites DCPCSE's paper, then SimCSE's
@@ -77,19 +77,34 @@ class MethodSpec:
     """
 
     name: str
-    title: str
-    model: str
-    summary: str
 
     @property
     def presets(self) -> Mapping[str, Mapping[str, Any]]:
         """Preset name → the TrainConfig fields that differ from the defaults (config/presets.py)."""
         return PRESETS[self.name]
 
+    @property
+    def model(self) -> str:
+        """The model class as `"module:Class"` (`cse.models.methods.<name>:<Class>`)."""
+        return f"{self.model_class.__module__}:{self.model_class.__qualname__}"
+
     @cached_property
     def model_class(self) -> type[CSEModel]:
-        module, _, cls = self.model.partition(":")
-        return getattr(importlib.import_module(module), cls)
+        """The `CSEModel` subclass with `method = name` in `cse.models.methods.<name>`, imported at the first use."""
+        from cse.models.checkpoint import model_class_of
+
+        return model_class_of(self.name)
+
+    @property
+    def title(self) -> str:
+        """The name as the paper writes it (model cards, tables), from the model class."""
+        return self.model_class.title
+
+    @property
+    def summary(self) -> str:
+        """One line on what trains and how, from the model class: the flow's description, the model card's first
+        sentence."""
+        return self.model_class.summary
 
     @property
     def config_class(self) -> type[MethodConfig]:
@@ -175,17 +190,21 @@ class MethodSpec:
         return f"{self.flow_name}/{preset}"
 
     def deployment_entries(self) -> list[dict[str, Any]]:
-        """The prefect.yaml deployments this method needs: one per preset, named like it (without `work_pool`, which
-        prefect.yaml gives every deployment as `*local_pool`)."""
+        """The prefect.yaml deployments this method needs: one per preset, named like it, in preset order (without
+        `work_pool`, which prefect.yaml gives every deployment as `*local_pool`). The description is the preset's line
+        of `PRESET_DESCRIPTIONS` (a generated one where it has none); a `smoke` preset is tagged `smoke`, a preset that
+        also test-evaluates the transfer tasks `transfer`."""
+        descriptions = PRESET_DESCRIPTIONS.get(self.name, {})
         return [
             {
                 "name": preset,
                 "entrypoint": self.entrypoint,
-                "description": f"{self.title}, preset {preset} (config/presets.py): {self.summary}.",
-                "tags": ["train", self.name, *(["smoke"] if preset == "smoke" else [])],
+                "description": descriptions.get(preset)
+                or f"{self.title}, preset {preset} (config/presets.py): {self.summary}.",
+                "tags": ["train", self.name, *preset_tags(preset, fields)],
                 "parameters": {"preset": preset},
             }
-            for preset in self.presets
+            for preset, fields in self.presets.items()
         ]
 
     def preset(self, name: str) -> Mapping[str, Any]:
@@ -223,46 +242,44 @@ class MethodSpec:
         return self.model_class(config, backbone=backbone, tokenizer=tokenizer)
 
 
-@cache
+_ADAPTERS: dict[type, TypeAdapter] = {}
+
+
 def _adapter(config_class: type) -> TypeAdapter:
-    return TypeAdapter(config_class)
+    """The pydantic validator of a method config class (made once per class)."""
+    if config_class not in _ADAPTERS:
+        _ADAPTERS[config_class] = TypeAdapter(config_class)
+    return _ADAPTERS[config_class]
 
 
-REGISTRY: dict[str, MethodSpec] = {
-    spec.name: spec
-    for spec in (
-        MethodSpec(
-            "d2cse",
-            "D2CSE",
-            "cse.models.methods.d2cse:D2CSE",
-            "deep prompts on a frozen PLM that is also the CRTD discriminator (optional [CLS] prompt)",
-        ),
-        MethodSpec(
-            "simcse", "SimCSE", "cse.models.methods.simcse:SimCSE", "dropout views, full fine-tuning (unsup and sup)"
-        ),
-        MethodSpec(
-            "dcpcse",
-            "DCPCSE",
-            "cse.models.methods.dcpcse:DCPCSE",
-            "deep prompts on a frozen PLM (optional MLM auxiliary loss)",
-        ),
-        MethodSpec(
-            "diffcse",
-            "DiffCSE",
-            "cse.models.methods.diffcse:DiffCSE",
-            "trainable encoder + trainable discriminator, fixed DistilBERT generator",
-        ),
-        MethodSpec(
-            "diffaug",
-            "DiffAug",
-            "cse.models.methods.diffaug:DiffAug",
-            "two prefix modules: NLI prefix tuning, then joint contrastive tuning",
-        ),
-    )
-}
-METHODS: tuple[str, ...] = tuple(REGISTRY)
-if set(PRESETS) != set(REGISTRY):  # the presets' method keys are the registry's names
-    raise RuntimeError(f"config/presets.py names methods {sorted(PRESETS)}, the registry {sorted(REGISTRY)}")
+def preset_tags(preset: str, fields: Mapping[str, Any]) -> list[str]:
+    """The tags a training deployment has besides `train` and its method: `smoke` for the smoke preset, `transfer`
+    for a preset that also test-evaluates the SentEval transfer tasks (or selects on them)."""
+    transfer = fields.get("transfer_evaluation") or fields.get("selection") == "transfer"
+    return [*(["smoke"] if preset == "smoke" else []), *(["transfer"] if transfer else [])]
+
+
+class Registry(Mapping[str, MethodSpec]):
+    """Method name → its `MethodSpec`, one per method of config/presets.py's `PRESETS`, in their order: a method added
+    there (with its module `models/methods/<name>.py`) is in the registry, with nothing else to edit."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, MethodSpec] = {}
+
+    def __getitem__(self, name: str) -> MethodSpec:
+        if name not in PRESETS:
+            raise KeyError(name)
+        return self._specs.setdefault(name, MethodSpec(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PRESETS)
+
+    def __len__(self) -> int:
+        return len(PRESETS)
+
+
+REGISTRY = Registry()
+METHODS: tuple[str, ...] = tuple(REGISTRY)  # the methods at import (a method added to PRESETS later is in REGISTRY)
 
 
 def get_method(name: str) -> MethodSpec:
@@ -285,9 +302,47 @@ def model_class(method: str) -> type[CSEModel]:
     return get_method(method).model_class
 
 
+def deployment_yaml(entry: Mapping[str, Any]) -> list[str]:
+    """One training deployment (`MethodSpec.deployment_entries`) as the lines of a prefect.yaml `deployments:` entry
+    (with `work_pool: *local_pool`); a description that YAML reads back unchanged is written plain, others quoted."""
+    description = entry["description"]
+    plain = not description.startswith(("'", '"', "[", "{", "&", "*", "!", "|", ">", "%", "@", "`", "#", "-", "?"))
+    if plain:
+        try:
+            plain = yaml_scalar(description) == description
+        except ValueError:
+            plain = False
+    return [
+        f"  - name: {entry['name']}",
+        f"    entrypoint: {entry['entrypoint']}",
+        f"    description: {description if plain else json.dumps(description, ensure_ascii=False)}",
+        f"    tags: [{', '.join(entry['tags'])}]",
+        f"    parameters: {{preset: {entry['parameters']['preset']}}}",
+        "    work_pool: *local_pool",
+    ]
+
+
+def yaml_scalar(text: str) -> Any:
+    """What YAML reads `description: <text>` as (ValueError when it is no valid YAML)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(f"description: {text}")["description"]
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from None
+
+
+def training_deployments_yaml() -> str:
+    """Every registry method's training deployments as the lines of prefect.yaml's `deployments:` list (a blank line
+    after each entry): what `cse prefect-yaml` writes between the training block's first comment and the experiments'."""
+    return "".join(
+        "\n".join(deployment_yaml(entry)) + "\n\n" for spec in REGISTRY.values() for entry in spec.deployment_entries()
+    )
+
+
 def missing_deployments(spec: MethodSpec, deployments: list[dict[str, Any]]) -> str:
     """The prefect.yaml lines to add so that every preset of `spec` has its training deployment: YAML entries for the
-    `deployments:` list ("" when none is missing).
+    `deployments:` list ("" when none is missing; `cse prefect-yaml` writes them all).
 
     Args:
         spec: the registry entry.
@@ -296,15 +351,6 @@ def missing_deployments(spec: MethodSpec, deployments: list[dict[str, Any]]) -> 
     have = {(d.get("entrypoint"), d.get("name")) for d in deployments}
     lines = []
     for entry in spec.deployment_entries():
-        if (entry["entrypoint"], entry["name"]) in have:
-            continue
-        lines += [
-            f"  - name: {entry['name']}",
-            f"    entrypoint: {entry['entrypoint']}",
-            f"    description: {json.dumps(entry['description'], ensure_ascii=False)}",
-            f"    tags: [{', '.join(entry['tags'])}]",
-            f"    parameters: {{preset: {entry['parameters']['preset']}}}",
-            "    work_pool: *local_pool",
-            "",
-        ]
+        if (entry["entrypoint"], entry["name"]) not in have:
+            lines += [*deployment_yaml(entry), ""]
     return "\n".join(lines)

@@ -189,6 +189,60 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+# Per method: preset → the one line its prefect.yaml deployment says it reproduces (`cse prefect-yaml` writes the
+# deployments from PRESETS and these; a preset without a line gets one made of the method's title and summary).
+PRESET_DESCRIPTIONS: dict[str, dict[str, str]] = {
+    "d2cse": {
+        "default": "D2CSE unsupervised BERT-base (paper Table 7).",
+        "single-corruption": "D2CSE unsupervised BERT-base with one corruption per sentence shared by every view and epoch (cheaper, not the reference's).",
+        "bert-large": "D2CSE unsupervised BERT-large (paper Table 7, lr 0.034).",
+        "roberta-base": "D2CSE unsupervised RoBERTa-base with the [CLS] prompt (paper Table 7, batch 128, lr 0.044, distilroberta generator).",
+        "sup": "D2CSE supervised BERT-base on NLI (paper Table 7).",
+        "sup-roberta-base": "D2CSE supervised RoBERTa-base on NLI (paper Table 7, batch 256, lr 0.024, P 12, [CLS] prompt).",
+        "smoke": "D2CSE on the packaged MiniLM and the local Wiki1M sample, a few dozen steps on CPU.",
+    },
+    "simcse": {
+        "default": "SimCSE unsupervised BERT-base (batch 64, lr 3e-5, 1 epoch).",
+        "bert-large": "SimCSE unsupervised BERT-large (batch 64, lr 1e-5, 1 epoch).",
+        "roberta-base": "SimCSE unsupervised RoBERTa-base (batch 512, lr 1e-5, 1 epoch).",
+        "sup": "SimCSE supervised BERT-base on NLI (batch 512, lr 5e-5, 3 epochs).",
+        "sup-bert-large": "SimCSE supervised BERT-large on NLI (batch 512, lr 1e-5, 3 epochs).",
+        "sup-roberta-base": "SimCSE supervised RoBERTa-base on NLI.",
+        "roberta-large": "SimCSE unsupervised RoBERTa-large.",
+        "sup-roberta-large": "SimCSE supervised RoBERTa-large on NLI.",
+        "smoke": "SimCSE on the packaged MiniLM, a few dozen steps on CPU.",
+    },
+    "dcpcse": {
+        "default": "DCPCSE unsupervised BERT-base (P 16, batch 256, lr 3e-2).",
+        "bert-large": "DCPCSE unsupervised BERT-large.",
+        "roberta-base": "DCPCSE unsupervised RoBERTa-base.",
+        "roberta-large": "DCPCSE unsupervised RoBERTa-large.",
+        "sup": "DCPCSE supervised BERT-base (P 12, batch 256, lr 5e-3, 10 epochs).",
+        "sup-bert-large": "DCPCSE supervised BERT-large on NLI.",
+        "sup-roberta-base": "DCPCSE supervised RoBERTa-base on NLI.",
+        "sup-roberta-large": "DCPCSE supervised RoBERTa-large on NLI.",
+        "smoke": "DCPCSE on the packaged MiniLM, a few dozen steps on CPU.",
+    },
+    "diffcse": {
+        "default": "DiffCSE unsupervised BERT-base (lr 7e-6, masking 0.3, lambda 0.005, 2 epochs, a fresh corruption per view and epoch).",
+        "roberta-base": "DiffCSE unsupervised RoBERTa-base (masking 0.2, distilroberta generator).",
+        "single-corruption": "DiffCSE unsupervised BERT-base with one corruption per sentence shared by every view and epoch (cheaper, not the reference's).",
+        "transfer": "DiffCSE BERT-base transfer model (paper Table 13 - lr 2e-6, masking 0.15, lambda 0.05, batch 64), test-evaluated on STS and the 7 SentEval transfer tasks.",
+        "transfer-roberta-base": "DiffCSE RoBERTa-base transfer model (paper Table 13 - lr 3e-6, masking 0.15, lambda 0.05, batch 128, distilroberta-base generator).",
+        "sup": "Supervised DiffCSE BERT-base on NLI as the D2CSE paper built it (SimCSE's supervised optimisation).",
+        "sup-roberta-base": "DiffCSE supervised RoBERTa-base on NLI, as the D2CSE paper built it (hyperparameters inferred).",
+        "smoke": "DiffCSE on the packaged MiniLM with a small random generator, a few dozen steps on CPU.",
+    },
+    "diffaug": {
+        "default": "DiffAug semi-supervised BERT-base, the same as `semi` (the preset experiment children start from).",
+        "semi": "DiffAug semi-supervised BERT-base (stage 1 NLI 2000 steps, stage 2 Wiki1M).",
+        "semi-aux": "DiffAug semi-supervised with the auxiliary NLI loss (alpha 1e-3).",
+        "sup": "DiffAug supervised BERT-base (stage 1 1250 steps, stage 2 NLI 3 epochs).",
+        "smoke": "DiffAug on the packaged MiniLM, a few prefix steps, then a few joint steps with the auxiliary loss.",
+    },
+}
+
+
 def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Recursively merge `overrides` into `base`; nested dicts are merged, any other value replaces.
 

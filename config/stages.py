@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from cse.config.finite import FINITE_ONLY, refuse_booleans
 from cse.config.limits import cut
 from cse.config.presets import PRESET_DATA_URL
-from cse.config.secrets import register_secrets_in
 from cse.config.suggest import did_you_mean
 from cse.storage.hf_sources import HFSource
+from cse.storage.secrets import register_secrets_in
 
 _HF_DATA = PRESET_DATA_URL
 WIKI1M_URL = f"{_HF_DATA}/wiki1m_for_simcse.txt"
@@ -42,7 +42,7 @@ class _Config(BaseModel):
     @model_validator(mode="after")
     def _remember_credentials(self):
         """A credential written in a value (a source URL's password) is remembered as a known secret, so that every
-        exit masks it, also where only a piece of the URL is shown (`cse.config.secrets`)."""
+        exit masks it, also where only a piece of the URL is shown (`cse.storage.secrets`)."""
         for value in self.__dict__.values():
             if isinstance(value, str) and ("@" in value or "=" in value):
                 register_secrets_in(value)

@@ -1,6 +1,6 @@
 """Training configuration: one typed model per training job; presets per method in config/presets.py.
 
-`model` is the method's typed model config: the frozen dataclass of `models/` that the method registry
+`model` is the method's typed model config: the frozen pydantic dataclass of `models/` that the method registry
 (config/methods.py) names for `method` (`D2CSEModelConfig`, `SimCSEConfig`, ...), the single typed source of those
 fields. It is given as a dict (presets, overrides, deployment parameters), validated and completed with the
 method's defaults, and dumped as a dict again (so hashes and MLflow params name every field). `backbone` is a

@@ -24,7 +24,7 @@ from cse.flows.deployment_params import deployment_merged
 # The method whose paper's ablation table this flow runs: the registry's one entry with ablation variants (its model
 # class's `ablations`, models/methods/d2cse.py) and the paper's numbers for them (`published.ablation`, config/published.py).
 ABLATED = next(spec for spec in REGISTRY.values() if spec.ablations)
-VARIANTS: dict[str, dict[str, bool]] = dict(ABLATED.ablations)
+VARIANTS: dict[str, dict[str, bool]] = {name: dict(fields) for name, fields in ABLATED.ablations.items()}
 
 
 def ablation_children(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel
 
@@ -156,16 +156,22 @@ def _parameters(group: Group, child: Child) -> dict[str, Any]:
 
 def _run_deployments(group: Group, children: list[Child], deployment: str, poll_seconds: float) -> list[ChildResult]:
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
 
     # the child's preset travels as a parameter; `deployment` names the one it runs through (registry: train-<method>/...)
+    # (called from this synchronous flow, run_deployment runs its synchronous implementation: a FlowRun, not a
+    # coroutine; its annotation is the union of both)
     runs = [
-        run_deployment(
-            name=get_method(c.method).deployment(deployment),
-            parameters=_parameters(group, c),
-            timeout=0,
-            as_subflow=True,
-            tags=["child", group.kind],
+        cast(
+            FlowRun,
+            run_deployment(
+                name=get_method(c.method).deployment(deployment),
+                parameters=_parameters(group, c),
+                timeout=0,
+                as_subflow=True,
+                tags=["child", group.kind],
+            ),
         )
         for c in children
     ]

@@ -3,7 +3,7 @@
 Without `tokens_key` the flow first ingests and tokenises `dataset` (cache hits when done), so
 `corrupt/default` runs on its own.
 
-Where the shards run is read from the environment when the flow runs (config/settings.py):
+Where the shards run is read from the environment when the flow runs (storage/settings.py):
 - default (`CSE_TASK_RUNNER` unset or `local`): the flow's own task runner, one shard at a time
   (one generator, one device); `corrupt.with_options(task_runner=...)` replaces it;
 - `CSE_TASK_RUNNER=dask-local` (`CSE_DASK_WORKERS`, `CSE_DASK_THREADS_PER_WORKER`): a temporary
@@ -21,17 +21,18 @@ whichever runner computed it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, cast
 
 from prefect import flow, unmapped
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.futures import PrefectFuture
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from cse.config.settings import shard_task_runner
 from cse.config.stages import CorruptConfig, IngestConfig, TokenizeConfig
 from cse.flows.deployment_params import deployment_merged
 from cse.flows.tokenization import prepare_tokens
 from cse.storage.corruption_stats import ShardResult
 from cse.storage.datasets import DatasetRef
+from cse.storage.settings import shard_task_runner
 from cse.storage.sharded import building
 from cse.tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
 from cse.tasks.preflight import preflight_corrupt
@@ -49,7 +50,12 @@ def run_shards(plan: CorruptPlan) -> list[ShardResult]:
         return runner.map(corrupt_shard, {"plan": unmapped(plan), "shard": shards}).result()
 
 
-@flow(name="corrupt", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
+# (Prefect's `flow` takes a TaskRunner[PrefectFuture]; its thread-pool runner's futures are a subclass of those, but the
+# type parameter is invariant, so the runner is given as the type `flow` declares: what Prefect's own code does.)
+SERIAL_RUNNER = cast("TaskRunner[PrefectFuture[Any]]", ThreadPoolTaskRunner(max_workers=1))
+
+
+@flow(name="corrupt", log_prints=True, task_runner=SERIAL_RUNNER)
 def corrupt(
     tokens_key: str | None = None,
     config: CorruptConfig = CorruptConfig(),

@@ -23,7 +23,7 @@ def ingest(config: IngestConfig = IngestConfig()) -> dict[str, DatasetRef]:
         Dataset name → its dataset reference.
     """
     (config,) = deployment_merged(config=config)
-    refs = {
+    refs: dict[str, DatasetRef] = {
         name: ingest_transfer(config) if name == "transfer" else ingest_dataset(name, config)
         for name in config.datasets
     }

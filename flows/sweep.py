@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prefect import flow
@@ -72,9 +73,11 @@ def grid_children(
     return children
 
 
-def fine_grid(results: list[tuple[float, float]], step: float) -> list[float]:
-    """Values strictly between the best and second-best (lr, dev) pairs, every `step`."""
-    ranked = sorted((r for r in results if r[1] is not None), key=lambda r: r[1], reverse=True)
+def fine_grid(results: list[tuple[Any, float | None]], step: float) -> list[float]:
+    """Values strictly between the best and second-best (lr, dev) pairs, every `step` (pairs without a dev score
+    left out)."""
+    scored = [(lr, dev) for lr, dev in results if dev is not None]
+    ranked = sorted(scored, key=lambda r: r[1], reverse=True)
     if len(ranked) < 2:
         raise ValueError("the fine step needs at least two coarse results with a dev score")
     lo, hi = sorted((ranked[0][0], ranked[1][0]))
@@ -97,6 +100,65 @@ def selection_rows(children: list[Child], results: list[ChildResult], stage: str
         {"stage": stage, "child": c.label, "state": r.state, "best_stsb_dev": r.best_stsb_dev, "run_id": r.run_id}
         for c, r in zip(children, results)
     ]
+
+
+@dataclass
+class SweepRun:
+    """The children of one sweep as they run: their group, where they run, and their results and table rows so far.
+
+    Args:
+        group: the sweep's group (its MLflow parent run and the children's tags).
+        method: the method of every child.
+        preset: the preset of every child.
+        overrides: config overrides shared by every child.
+        dispatch: how children are run.
+        deployment: the deployment children run on.
+    """
+
+    group: Group
+    method: str
+    preset: str
+    overrides: dict[str, Any] | None
+    dispatch: Dispatch
+    deployment: str
+    results: list[ChildResult] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def stage(self, values: dict[str, list[Any]], stage: str, prefix: str = "") -> list[tuple[Any, float | None]]:
+        """Run one grid as children; their results and table rows are added; returns (learning rate, dev score)s."""
+        children = grid_children(self.method, self.preset, self.overrides, values, prefix=prefix)
+        found = run_children(self.group, children, dispatch=self.dispatch, deployment=self.deployment)
+        self.results.extend(found)
+        self.rows.extend(selection_rows(children, found, stage))
+        return [(c.overrides.get("learning_rate"), r.best_stsb_dev) for c, r in zip(children, found)]
+
+    def run(
+        self, strategy: str, grid: dict[str, list[Any]] | None, coarse: list[float] | None, fine_step: float
+    ) -> None:
+        """Run the children of `strategy`: the grid, or the coarse learning rates then the fine ones between the two
+        best."""
+        if strategy == "grid":
+            self.stage(grid or {}, "grid")
+        elif strategy == "lr-two-step":
+            coarse_lrs = self.stage({"learning_rate": coarse or COARSE_LR}, "coarse", prefix="coarse:")
+            if fine := fine_grid(coarse_lrs, fine_step):
+                self.stage({"learning_rate": fine}, "fine", prefix="fine:")
+        else:
+            raise ValueError(f"strategy must be 'grid' or 'lr-two-step', not {strategy!r}")
+
+    def select_best(self, what: str) -> dict[str, Any]:
+        """The row of the child with the best dev score, logged on the group and published with every row under the
+        title `what` (RuntimeError when no child has a dev score)."""
+        scored = [r for r in self.rows if r["best_stsb_dev"] is not None]
+        if not scored:
+            raise RuntimeError("no child of the sweep produced a dev score")
+        best = max(scored, key=lambda r: r["best_stsb_dev"])
+        self.group.log(
+            metrics={"best_stsb_dev": best["best_stsb_dev"]},
+            tags={"best_child": best["child"], "best_run_id": str(best["run_id"])},
+        )
+        publish_table(self.group, self.rows, f"{what}; selected on STS-B dev: {best['child']}", "sweep")
+        return best
 
 
 @flow(name="sweep", log_prints=True)
@@ -138,34 +200,9 @@ def sweep(
         "overrides": overrides or {},
     }
     group = Group("sweep", method, params)
-    results: list[ChildResult] = []
-    rows: list[dict[str, Any]] = []
-
-    def run_stage(values: dict[str, list[Any]], stage: str, prefix: str = "") -> list[tuple[Any, float | None]]:
-        """Run one grid as children; their results and table rows are added; returns (learning rate, dev score)s."""
-        children = grid_children(method, preset, overrides, values, prefix=prefix)
-        found = run_children(group, children, dispatch=dispatch, deployment=deployment)
-        results.extend(found)
-        rows.extend(selection_rows(children, found, stage))
-        return [(c.overrides.get("learning_rate"), r.best_stsb_dev) for c, r in zip(children, found)]
-
-    if strategy == "grid":
-        run_stage(grid or {}, "grid")
-    elif strategy == "lr-two-step":
-        coarse_lrs = run_stage({"learning_rate": coarse or COARSE_LR}, "coarse", prefix="coarse:")
-        if fine := fine_grid(coarse_lrs, fine_step):
-            run_stage({"learning_rate": fine}, "fine", prefix="fine:")
-    else:
-        raise ValueError(f"strategy must be 'grid' or 'lr-two-step', not {strategy!r}")
-    scored = [r for r in rows if r["best_stsb_dev"] is not None]
-    if not scored:
-        raise RuntimeError("no child of the sweep produced a dev score")
-    best = max(scored, key=lambda r: r["best_stsb_dev"])
-    group.log(
-        metrics={"best_stsb_dev": best["best_stsb_dev"]},
-        tags={"best_child": best["child"], "best_run_id": str(best["run_id"])},
-    )
-    publish_table(group, rows, f"sweep {method}/{preset} ({strategy}); selected on STS-B dev: {best['child']}", "sweep")
-    best_versions = alias_best(group, results)
-    raise_for_failures(results, "sweep children")
-    return {"best": best, "children": rows, "group": group.id, "best_versions": best_versions}
+    run = SweepRun(group, method, preset, overrides, dispatch, deployment)
+    run.run(strategy, grid, coarse, fine_step)
+    best = run.select_best(f"sweep {method}/{preset} ({strategy})")
+    best_versions = alias_best(group, run.results)
+    raise_for_failures(run.results, "sweep children")
+    return {"best": best, "children": run.rows, "group": group.id, "best_versions": best_versions}

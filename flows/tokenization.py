@@ -1,6 +1,6 @@
 """Flow `tokenize`: ingest one training corpus (cache hit when done) and pre-tokenise it.
 
-Tokenisation runs in this process by default. With a Dask task runner configured (config/settings.py:
+Tokenisation runs in this process by default. With a Dask task runner configured (storage/settings.py:
 `CSE_TASK_RUNNER=dask-local`, or `CSE_DASK_ADDRESS=tcp://host:8786`) each part of `batch_size` source
 rows is a `tokenize-shard` task on the Dask workers, and the published dataset is byte for byte the
 local one. Shared filesystem assumption: the workers read the ingested source and write their shard

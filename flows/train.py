@@ -1,7 +1,7 @@
 """Training flows, one per method of the registry (config/methods.py): ingest → tokenise → (corrupt) → train → evaluate, each stage cached by its inputs.
 
-`train-<method>` flows (one per registry entry; the Python objects are `train_<method>`, one line each at the end of
-this module, built by `train_flow`) take a preset of config/presets.py and `overrides` (a nested dict merged into it), so any
+`train-<method>` flows (one per registry entry; the Python objects are `train_<method>`, built by `train_flow`: one
+line each at the end of this module, or by the module's `__getattr__` for a method without one) take a preset of config/presets.py and `overrides` (a nested dict merged into it), so any
 field changes per deployment or run:
     prefect deployment run train-<method>/default -p 'overrides={"learning_rate": 0.03, "model": {"prefix_len": 12}}'
 Only the stages a method needs run: the corruption stage for the methods that read corrupted sentences, NLI tokens
@@ -12,6 +12,7 @@ under a parent). The training itself is four Prefect tasks (tasks/train.py): fit
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prefect import Flow, flow
@@ -144,7 +145,6 @@ def run_training(cfg: TrainConfig, stop_after: int | None = None, tags: dict[str
 def train_flow(spec: MethodSpec) -> Flow:
     """The training flow of one registry method: `train-<name>`, a function named `spec.flow_function`."""
 
-    @flow(name=spec.flow_name, log_prints=True, description=f"Train one {spec.title} job: {spec.summary}.")
     def train(
         preset: str = "default",
         overrides: dict[str, Any] | None = None,
@@ -159,20 +159,48 @@ def train_flow(spec: MethodSpec) -> Flow:
         warnings = preflight_training(cfg)
         return run_training(cfg, stop_after, {**(tags or {}), **data_warning_tags(warnings)} or None)
 
-    train.__name__ = train.__qualname__ = spec.flow_function
-    return train
+    train.__name__ = train.__qualname__ = spec.flow_function  # the flow object's name in this module
+    return flow(name=spec.flow_name, log_prints=True, description=f"Train one {spec.title} job: {spec.summary}.")(train)
 
 
-# cse.flows.train:train_<method>: the objects prefect.yaml's entrypoints (`MethodSpec.entrypoint`) name, one per
-# registry method, each written out here so grep finds its definition. A method added to config/methods.py adds its
-# line here and in TRAIN_FLOWS (tests/flows/test_deployments.py fails until it does).
+class TrainFlows(Mapping[str, Flow]):
+    """Method name → its training flow, one per registry method (experiment children, tests): the flow written out
+    below (`train_<method> = train_flow(...)`), else one built from the registry entry at the first use."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Flow] = {}
+
+    def __getitem__(self, name: str) -> Flow:
+        spec = REGISTRY[name]
+        written = globals().get(spec.flow_function)
+        if isinstance(written, Flow):
+            return written
+        return self._built.setdefault(name, train_flow(spec))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRY)
+
+    def __len__(self) -> int:
+        return len(REGISTRY)
+
+
+TRAIN_FLOWS = TrainFlows()
+
+
+def __getattr__(name: str) -> Flow:
+    """`cse.flows.train:train_<method>` of every registry method, the objects prefect.yaml's entrypoints
+    (`MethodSpec.entrypoint`) name: a method with no line below has its flow built here (Prefect loads an entrypoint
+    with `getattr`)."""
+    method = name.removeprefix("train_")
+    if name.startswith("train_") and method in REGISTRY:
+        return TRAIN_FLOWS[method]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The registry methods' flows written out, so that grep finds the object each entrypoint names (one line per method;
+# a method without one still has its flow, through `__getattr__` above).
 train_d2cse = train_flow(REGISTRY["d2cse"])
 train_simcse = train_flow(REGISTRY["simcse"])
 train_dcpcse = train_flow(REGISTRY["dcpcse"])
 train_diffcse = train_flow(REGISTRY["diffcse"])
 train_diffaug = train_flow(REGISTRY["diffaug"])
-
-# method name → its training flow (experiment children, tests)
-TRAIN_FLOWS: dict[str, Flow] = {
-    f.name.removeprefix("train-"): f for f in (train_d2cse, train_simcse, train_dcpcse, train_diffcse, train_diffaug)
-}

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
+from pydantic import ConfigDict, ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass as config_dataclass
 from torch import nn
 
 from cse.models.batching import TrainBatch
@@ -34,11 +36,16 @@ if TYPE_CHECKING:
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+# Every method config is a frozen pydantic dataclass with this configuration: its fields are checked by pydantic
+# validators whenever it is made (from a dict by TrainConfig, or directly), and an unknown field is refused.
+METHOD_CONFIG = ConfigDict(extra="forbid")
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class MethodConfig:
-    """Base of every method's model config: the backbone name/path plus the method's own fields."""
+    """Base of every method's model config: the backbone name/path plus the method's own fields (a frozen pydantic
+    dataclass; a subclass declares itself with `@config_dataclass(frozen=True, config=METHOD_CONFIG)` and checks its
+    fields with pydantic's `field_validator` / `model_validator`)."""
 
     backbone: str
 
@@ -54,7 +61,7 @@ class MethodConfig:
         return cls(**data)
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class PromptConfig(MethodConfig):
     """The deep-prompt fields of the frozen-PLM methods (D2CSE, DCPCSE; layout of YJiangcm/DCPCSE): P, prefix dropout,
     optional reparametrisation (`prefix_projection`, hidden `prefix_hidden`) and the reference position shift.
@@ -73,13 +80,19 @@ class PromptConfig(MethodConfig):
     shift_positions: bool = True
     train_prompts: bool = True
 
-    def check_prompts(self) -> None:
-        if self.prefix_len < 1:
-            raise ValueError(f"prefix_len must be >= 1, got {self.prefix_len}")
-        if not 0.0 <= self.prefix_dropout < 1.0:
-            raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
-        if self.prefix_hidden < 1:
-            raise ValueError(f"prefix_hidden must be >= 1, got {self.prefix_hidden}")
+    @field_validator("prefix_len", "prefix_hidden")
+    @classmethod
+    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
+        if value < 1:
+            raise ValueError(f"{info.field_name} must be >= 1, got {value}")
+        return value
+
+    @field_validator("prefix_dropout")
+    @classmethod
+    def _a_dropout_rate(cls, value: float) -> float:
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"prefix_dropout must be in [0, 1), got {value}")
+        return value
 
 
 @dataclass
@@ -179,6 +192,8 @@ class CSEModel(SentenceEmbedder):
     """
 
     method: ClassVar[str]
+    title: ClassVar[str]  # the name as the paper writes it (model cards, tables, deployment descriptions)
+    summary: ClassVar[str]  # one line on what trains and how: the flow's description, the model card's first sentence
     config_class: ClassVar[type[MethodConfig]]
     uses_corruption: ClassVar[bool] = False  # reads the corruption stage's corrupted ids
     phases: ClassVar[tuple[str, ...]] = ("main",)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 
-from cse.config.settings import env_int
+from cse.storage.settings import env_int
 
 NAME = "crash-zombie-flow-runs"
 DEFAULT_HEARTBEAT_SECONDS = 30  # Prefect's minimum

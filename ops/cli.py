@@ -16,10 +16,10 @@ import pandas as pd
 import typer
 
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.secrets import install_log_redaction, redact
-from cse.config.settings import get_settings
 from cse.storage.catalog import damaged, query, refresh_catalog
 from cse.storage.layout import KINDS, DataRoot
+from cse.storage.secrets import install_log_redaction, redact
+from cse.storage.settings import get_settings
 
 # The deployment that makes each kind of dataset (named when there is none yet)
 PRODUCED_BY = {
@@ -155,6 +155,30 @@ def deployments() -> int:
     if not rows:
         print("(no deployments: `make main` or `bash scripts/services.sh up` registers them)")
     return 0
+
+
+@app.command("prefect-yaml")
+def prefect_yaml(
+    check: Annotated[
+        bool, typer.Option("--check", help="only say whether the file is what the registry generates")
+    ] = False,
+) -> int:
+    """Generate prefect.yaml's training deployments from the method registry.
+
+    One deployment per preset of every method (config/presets.py, its descriptions in PRESET_DESCRIPTIONS), written
+    between the file's training comment and its experiments' comment; the rest of the file is kept as written. With
+    --check nothing is written and the exit status is 1 when the file differs.
+    """
+    from cse.ops.deployments import write_prefect_yaml
+    from cse.storage.settings import REPO_ROOT
+
+    path = REPO_ROOT / "prefect.yaml"
+    same = write_prefect_yaml(path, check=check)
+    if same:
+        print(f"{path}: the training deployments are the registry's")
+    else:
+        print(f"{path}: {'differs from' if check else 'rewritten from'} the registry's training deployments")
+    return 1 if check and not same else 0
 
 
 @app.command("deliver-metrics")

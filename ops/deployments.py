@@ -14,13 +14,14 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.secrets import redact
 from cse.ops.follow import STAGE_LINE, Follower, Printer, flow_run_tree, summary
+from cse.storage.secrets import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
 _PREFIXES = ("Task run encountered an exception", "Flow run encountered an exception")
@@ -109,6 +110,11 @@ class RunOutcome:
     failures: list[Failure] = field(default_factory=list)
 
 
+def state_name(run) -> str:
+    """The name of a flow run's state ("unknown" while it has none)."""
+    return (run.state.name if run.state else None) or "unknown"
+
+
 def _failed(state) -> bool:
     return state is not None and state.type.value in ("FAILED", "CRASHED", "CANCELLED")
 
@@ -192,7 +198,7 @@ async def outcome_of(flow_run_id: UUID, with_stage_lines: bool = True) -> RunOut
         return RunOutcome(
             flow_run_id,
             run.name,
-            run.state.name if run.state else "unknown",
+            state_name(run),
             completed,
             stage_lines=await stage_lines(client, flow_run_id) if with_stage_lines else [],
             failures=[] if completed else await failures_of(client, flow_run_id),
@@ -390,7 +396,7 @@ async def start(deployment: str, parameters: dict[str, Any]):
         ServicesDown: no Prefect server answers.
     """
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
+    from prefect.deployments import arun_deployment
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL
 
@@ -413,7 +419,7 @@ async def start(deployment: str, parameters: dict[str, Any]):
                 ) from None
             flow = await client.read_flow(found.flow_id)
         check_training_parameters(flow.name, dict(found.parameters or {}), parameters)
-        return await run_deployment(deployment, parameters=parameters, timeout=0)
+        return await arun_deployment(deployment, parameters=parameters, timeout=0)
     except PrefectHTTPStatusError as e:  # 409: the parameters fail the deployment's schema (no flow run was made)
         if e.response.status_code != 409:
             raise
@@ -444,7 +450,7 @@ async def wait(
     async with get_client() as client:
         while True:
             run = await client.read_flow_run(flow_run_id)
-            name = run.state.name if run.state else "unknown"
+            name = state_name(run)
             final = run.state is not None and run.state.is_final()
             if on_poll is not None:
                 await on_poll(client, final)
@@ -469,6 +475,92 @@ async def wait(
 
 def _stdout(line: str) -> None:
     print(line, flush=True)  # in order with the stderr lines, even through a pipe or a log file
+
+
+@dataclass
+class Terminal:
+    """Where `cse run` writes: `out` and `err` take whole lines, `printer` the live lines and bar; `quiet` as
+    `cse run --quiet`."""
+
+    out: Callable[[str], None]
+    err: Callable[[str], None]
+    printer: Printer
+    quiet: bool = False
+
+
+def flow_run_link(run_id: UUID) -> str | None:
+    """The flow run's page in the Prefect UI (None when no UI address is configured)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value()
+    return f"{ui.rstrip('/')}/runs/flow-run/{run_id}" if ui else None
+
+
+def progress_poller(follower: Follower, printer: Printer) -> Callable[[Any, bool], Awaitable[None]]:
+    """The `on_poll` of `wait`: the follower's lines at each poll; an error of following is said once and the run
+    goes on (following is a courtesy)."""
+    warned: list[str] = []
+
+    async def follow(client, final: bool) -> None:
+        try:
+            await follower.poll(client, final)
+        except Exception as e:  # noqa: BLE001 - following is a courtesy: the run goes on, said once
+            if not warned:
+                warned.append(str(e))
+                printer.line(f"    (not following the progress: {type(e).__name__}: {redact(str(e))[:200]})")
+
+    return follow
+
+
+def report_outcome(
+    deployment: str,
+    run_id: UUID,
+    result: RunOutcome,
+    follower: Follower,
+    link: str | None,
+    began: float,
+    term: Terminal,
+) -> int:
+    """Print how the run ended: its stage lines (quiet), then completed in how long, or the reason of each failing
+    task and where the full log is; then (not quiet) the summary of the run. Returns the exit status (0: completed)."""
+    for line in result.stage_lines:
+        term.out(f"    stage: {line}")
+    if result.completed:
+        term.out(f"==> {deployment}: {result.state} in {time.monotonic() - began:.0f} s")
+    else:
+        term.err(f"==> {deployment}: flow run {result.name} ended {result.state}")
+        for failure in result.failures or [Failure([result.name], None, "(no reason recorded)")]:
+            term.err(f"    reason: {failure}")
+        term.err(f"    full log: prefect flow-run logs {run_id}")
+    if not term.quiet:
+        summary(follower.flow_runs or [run_id], term.printer, link)
+    return 0 if result.completed else 1
+
+
+async def follow_deployment(
+    deployment: str, parameters: dict[str, Any], timeout_s: float | None, poll_s: float, term: Terminal
+) -> int:
+    """Start `deployment` with `parameters`, follow it until it ends (or `timeout_s`), report how it ended."""
+    run = await start(deployment, parameters)
+    link = flow_run_link(run.id)
+    term.out(f"==> {deployment}: flow run {run.name} ({run.id})" + (f"  {link}" if link else ""))
+    began = time.monotonic()
+    follower = Follower(run.id, term.printer, began=began)
+
+    def state(line: str) -> None:
+        term.printer.line(f"    {time.monotonic() - began:6.0f} s  {line}")
+
+    on_poll = None if term.quiet else progress_poller(follower, term.printer)
+    try:
+        await wait(run.id, state, poll_s, timeout_s, on_poll=on_poll)
+        term.printer.close()
+        result = await outcome_of(run.id, with_stage_lines=term.quiet)
+    except Exception as e:  # the server gone: said with the run (it may go on); anything else re-raised
+        term.printer.close()
+        if (gone := server_went_away(e, run.name, run.id, link)) is None:
+            raise
+        raise gone from None
+    return report_outcome(deployment, run.id, result, follower, link, began, term)
 
 
 def run_deployment_cli(
@@ -497,56 +589,65 @@ def run_deployment_cli(
     """
     import sys
 
-    from prefect.settings import PREFECT_UI_URL
-
-    err = err or (lambda line: print(line, file=sys.stderr, flush=True))
     if timeout_s is not None and not 0 < timeout_s < float("inf"):  # checked before a flow run is created
         raise ValueError(f"timeout {timeout_s!r}: a finite number of seconds > 0, or None to wait until the run ends")
     parameters = parse_params(params)
-    printer = Printer(out, sys.stdout.isatty() if tty is None else tty)
+    term = Terminal(
+        out,
+        err or (lambda line: print(line, file=sys.stderr, flush=True)),
+        Printer(out, sys.stdout.isatty() if tty is None else tty),
+        quiet,
+    )
+    return asyncio.run(follow_deployment(deployment, parameters, timeout_s, poll_s, term))
 
-    async def go() -> int:
-        run = await start(deployment, parameters)
-        ui = PREFECT_UI_URL.value()
-        link = f"{ui.rstrip('/')}/runs/flow-run/{run.id}" if ui else None
-        out(f"==> {deployment}: flow run {run.name} ({run.id})" + (f"  {link}" if link else ""))
-        began = time.monotonic()
-        follower = Follower(run.id, printer, began=began)
-        warned: list[str] = []
 
-        async def follow(client, final: bool) -> None:
-            try:
-                await follower.poll(client, final)
-            except Exception as e:  # noqa: BLE001 - following is a courtesy: the run goes on, said once
-                if not warned:
-                    warned.append(str(e))
-                    printer.line(f"    (not following the progress: {type(e).__name__}: {redact(str(e))[:200]})")
+# prefect.yaml's training block: the generated entries run from the line after its comment (the first line starting
+# with TRAINING_COMMENT, and its following comment lines) to the comment of the experiments (EXPERIMENTS_COMMENT).
+TRAINING_COMMENT = "  # Training: one flow per method"
+EXPERIMENTS_COMMENT = "  # Experiments over many training runs"
 
-        def state(line: str) -> None:
-            printer.line(f"    {time.monotonic() - began:6.0f} s  {line}")
 
-        try:
-            await wait(run.id, state, poll_s, timeout_s, on_poll=None if quiet else follow)
-            printer.close()
-            result = await outcome_of(run.id, with_stage_lines=quiet)
-        except Exception as e:  # the server gone: said with the run (it may go on); anything else re-raised
-            printer.close()
-            if (gone := server_went_away(e, run.name, run.id, link)) is None:
-                raise
-            raise gone from None
-        for line in result.stage_lines:
-            out(f"    stage: {line}")
-        if result.completed:
-            out(f"==> {deployment}: {result.state} in {time.monotonic() - began:.0f} s")
-            if not quiet:
-                summary(follower.flow_runs or [run.id], printer, link)
-            return 0
-        err(f"==> {deployment}: flow run {result.name} ended {result.state}")
-        for failure in result.failures or [Failure([result.name], None, "(no reason recorded)")]:
-            err(f"    reason: {failure}")
-        err(f"    full log: prefect flow-run logs {run.id}")
-        if not quiet:
-            summary(follower.flow_runs or [run.id], printer, link)
-        return 1
+def generated_prefect_yaml(text: str) -> str:
+    """prefect.yaml's text `text` with its training deployments replaced by those the registry generates (one per
+    preset of every method, `cse.config.methods.training_deployments_yaml`); everything else kept byte for byte.
 
-    return asyncio.run(go())
+    Args:
+        text: the file's current text.
+
+    Raises:
+        ValueError: the file lacks the training block's comment or the experiments' comment after it (named).
+    """
+    from cse.config.methods import training_deployments_yaml
+
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(TRAINING_COMMENT)]
+    ends = [i for i, line in enumerate(lines) if line.startswith(EXPERIMENTS_COMMENT)]
+    if not starts or not ends or ends[0] < starts[0]:
+        raise ValueError(
+            f"prefect.yaml: the training deployments are generated between a line starting {TRAINING_COMMENT.strip()!r}"
+            f" and one starting {EXPERIMENTS_COMMENT.strip()!r} after it; put both back"
+        )
+    first = starts[0]
+    while first < len(lines) and lines[first].lstrip().startswith("#"):
+        first += 1  # the training comment stays as written
+    return "".join(lines[:first]) + training_deployments_yaml() + "".join(lines[ends[0] :])
+
+
+def write_prefect_yaml(path: Path, check: bool = False) -> bool:
+    """Generate prefect.yaml's training deployments from the registry into `path` (`cse prefect-yaml`).
+
+    Args:
+        path: the prefect.yaml to rewrite.
+        check: only compare: write nothing.
+
+    Returns:
+        Whether the file already was what the registry generates.
+    """
+    from cse.storage.atomic import atomic_file
+
+    text = path.read_text()
+    generated = generated_prefect_yaml(text)
+    if generated != text and not check:
+        with atomic_file(path) as tmp:
+            tmp.write_text(generated)
+    return generated == text

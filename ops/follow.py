@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from cse.config.secrets import redact
+from cse.storage.secrets import redact
 
 ANNOUNCE_AFTER_S = 5.0  # a stage still running after this long gets a line (long stages show up; quick ones once)
 GROUP_EVERY_S = 10.0  # a shard task's count line at most this often (and when all are done)

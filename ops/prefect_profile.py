@@ -88,7 +88,7 @@ def main(environ: Mapping[str, str] = os.environ) -> int:
     api_url = environ.get("PREFECT_API_URL", "")
     path = shell_profiles_path(environ)
     previous = write_profile(path, api_url, name)
-    from cse.config.secrets import redact
+    from cse.storage.secrets import redact
 
     print(
         f"Prefect profile {name!r} (PREFECT_API_URL={redact(api_url)}) is active in {path}: plain shells reach this "

@@ -15,7 +15,7 @@ source scripts/env.sh
 WORKER_POOL="${CSE_WORKER_POOL:-local}"
 STOP_TIMEOUT="${CSE_STOP_TIMEOUT:-30}"
 
-# mask URI user-info as cse.config.secrets.redact does: the password (to the last @ before the host) or a token
+# mask URI user-info as cse.storage.secrets.redact does: the password (to the last @ before the host) or a token
 redact() { printf '%s' "$1" | sed -E -e 's|(://[^/?#:[:space:]]*):[^/?#[:space:]]*@|\1:***@|g' -e 's|://[^/?#:[:space:]]+@|://***@|g'; }
 pidfile() { echo "$CSE_HOME/run/$1.pid"; }
 signature() { case "$1" in server) echo "server start" ;; worker) echo "worker start" ;; esac; }

@@ -97,7 +97,7 @@ die() {
   if [ -n "$DEPLOY_PID" ]; then kill "$DEPLOY_PID" 2>/dev/null || true; fi
   exit 1
 }
-# mask URI user-info as cse.config.secrets.redact does: the password (to the last @ before the host) or a token
+# mask URI user-info as cse.storage.secrets.redact does: the password (to the last @ before the host) or a token
 redact() { printf '%s' "$1" | sed -E -e 's|(://[^/?#:[:space:]]*):[^/?#[:space:]]*@|\1:***@|g' -e 's|://[^/?#:[:space:]]+@|://***@|g'; }
 has() { case " $CSE_TEAM_SERVICES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 valid_name() { [[ "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "not a plain SQL identifier: $1"; }

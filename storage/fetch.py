@@ -16,9 +16,9 @@ from pathlib import Path
 import requests
 from tqdm.auto import tqdm
 
-from cse.config.secrets import redact
 from cse.storage.atomic import atomic_dir, atomic_file
 from cse.storage.hashing import sha256_file
+from cse.storage.secrets import redact
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cse.config.settings import get_settings
 from cse.storage.atomic import atomic_file, recover_dir, remove_dead_temporaries, write_json
 from cse.storage.hashing import sha256_file
 from cse.storage.locks import exclusive
 from cse.storage.paths import check_key, job_folder, no_links_below
+from cse.storage.settings import get_settings
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from cse.config.secrets import redact
 from cse.storage import readers
 from cse.storage.fetch import ChecksumError, download, extract_tar, mirror_lookup, verify
 from cse.storage.hashing import combine_hashes, sha256_file, sha256_files
 from cse.storage.hf_sources import HFRows, HFSource, hf_rows, read_hf
 from cse.storage.layout import DataRoot
 from cse.storage.readers import DataFormatError, ReadStats
+from cse.storage.secrets import redact
 
 CANONICAL_NAMES = {"wiki1m": "wiki1m_for_simcse.txt", "nli": "nli_for_simcse.csv", "sts": "senteval"}
 # Rows of the full canonical sources (SimCSE's files): fewer rows ingested means a sample stood in for them.

@@ -21,13 +21,13 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from cse.config.methods import get_method
-from cse.config.settings import get_settings
 from cse.config.training import TrainConfig
 from cse.models.loading import pick_device
 from cse.storage.datasets import DatasetRef, read_dataset
 from cse.storage.evaluations import load_sts_input, write_evaluation_row
 from cse.storage.keys import backbone_evaluation_key
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tasks.log import stage_logger
 
 KIND = "evaluations"

@@ -22,11 +22,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from cse.config import published
-from cse.config.settings import get_settings
 from cse.storage.comparisons import write_comparison
 from cse.storage.hashing import stable_hash
 from cse.storage.layout import DataRoot
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
+from cse.storage.settings import get_settings
 from cse.tracking.group_runs import COMPARISON_CHART, COMPARISON_TABLE, log_comparison
 from cse.tracking.model_export import set_best_alias
 from cse.tracking.reporting import compact_number, csv_table, markdown_table, publish_artifacts, two_decimals

@@ -37,7 +37,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from cse.config.settings import get_settings
 from cse.config.stages import CorruptConfig
 from cse.models.corruption import Corruptor, SpecialTokens, corrupt_variants
 from cse.models.generator_cache import release_generators, shared_corruptor
@@ -62,6 +61,7 @@ from cse.storage.integrity import Quarantined
 from cse.storage.keys import CORRUPTION_SETTINGS, SCHEMA_VERSIONS, corruption_key
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
+from cse.storage.settings import get_settings
 from cse.storage.sharded import ShardedPlan
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs

@@ -15,12 +15,12 @@ from typing import Any
 from prefect import task
 
 from cse.config.evaluation import EvalConfig
-from cse.config.settings import get_settings
 from cse.evaluation import Evaluator
 from cse.evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
 from cse.evaluation.results import EvalResult
 from cse.storage.evaluations import StsInput, load_sts_input, row_identity
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tasks.evaluate_common import (
     EvalSummary,
     build_embedder,

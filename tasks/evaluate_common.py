@@ -19,13 +19,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from cse.config.evaluation import DEFAULT_EXPERIMENT, EvalConfig
-from cse.config.settings import get_settings
 from cse.models.checkpoint import load_checkpoint_folder, read_checkpoint_config
 from cse.models.embedder import PooledEncoder, SentenceEmbedder
 from cse.models.loading import pick_device
 from cse.storage.evaluations import StsInput, write_evaluation_row
 from cse.storage.layout import DataRoot
 from cse.storage.runs import checkpoint_job_run_id
+from cse.storage.settings import get_settings
 from cse.tracking.reporting import publish_artifacts
 from cse.tracking.stage_runs import active_run_id, log_run_results, stage_run
 from cse.tracking.store import download_checkpoint

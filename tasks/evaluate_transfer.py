@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from cse.config.evaluation import EvalConfig
-from cse.config.settings import get_settings
 from cse.evaluation.transfer import TransferEvaluator, TransferResult
 from cse.storage.evaluations import row_identity
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.storage.transfer import TransferInput, load_transfer_input
 from cse.tasks.evaluate_common import EvalSummary, build_embedder, evaluation_run, record_result
 from cse.tasks.log import stage_logger

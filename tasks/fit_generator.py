@@ -30,7 +30,6 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from cse.config.settings import get_settings
 from cse.config.stages import GeneratorConfig
 from cse.models.corruption import SpecialTokens
 from cse.models.loading import check_same_vocabulary, load_masked_lm, load_tokenizer, pick_device, vocab_fingerprint
@@ -41,6 +40,7 @@ from cse.storage.generators import GENERATOR_PREFIX, KIND, publish_model_folder
 from cse.storage.keys import SCHEMA_VERSIONS, generator_key
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
+from cse.storage.settings import get_settings
 from cse.tasks.corrupt import generator_identity, load_tokens_tokenizer
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs

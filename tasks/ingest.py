@@ -7,7 +7,6 @@ import time
 
 from prefect import task
 
-from cse.config.settings import get_settings
 from cse.config.stages import IngestConfig, NliSource, SentEvalSource, WikiSource
 from cse.storage import schemas
 from cse.storage.catalog import refresh_catalog
@@ -16,6 +15,7 @@ from cse.storage.keys import SCHEMA_VERSIONS, ingest_key
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
 from cse.storage.readers import ReadStats
+from cse.storage.settings import get_settings
 from cse.storage.sources import ResolvedSource, check_sts_counts, read_source, resolve_source
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs

@@ -34,7 +34,6 @@ import torch
 
 from cse.config.evaluation import EvalConfig
 from cse.config.methods import get_method
-from cse.config.settings import get_settings
 from cse.config.stages import (
     CorruptConfig,
     GeneratorConfig,
@@ -48,6 +47,7 @@ from cse.config.training import TrainConfig
 from cse.storage.fetch import mirror_lookup
 from cse.storage.generators import GENERATOR_PREFIX, generator_dataset
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.storage.sources import CANONICAL_NAMES
 from cse.tasks.log import stage_logger
 

@@ -2,7 +2,7 @@
 
 Part i of a tokens dataset holds source rows [i × batch_size, (i + 1) × batch_size). Locally (the
 default) the parts are encoded in this process one after the other. When a Dask task runner is
-configured (config/settings.py: `CSE_TASK_RUNNER=dask-local` or `CSE_DASK_ADDRESS`), each part is a
+configured (storage/settings.py: `CSE_TASK_RUNNER=dask-local` or `CSE_DASK_ADDRESS`), each part is a
 `tokenize-shard` task run on the Dask workers, writing `datasets/tokens/<key>.shards/shard-NNNNN.parquet`
 (kept across a crash, reused by the rerun) before the shards are published as the parts: the same
 files, byte for byte, as the local path writes (storage/sharded.py: the shard files, reading a row range of the
@@ -23,7 +23,6 @@ from prefect import task, unmapped
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from cse.config.settings import get_settings, shard_task_runner
 from cse.config.stages import TokenizeConfig
 from cse.models.loading import load_tokenizer, tokenizer_fingerprint, vocab_fingerprint
 from cse.storage import schemas
@@ -33,6 +32,7 @@ from cse.storage.datasets import DatasetRef, read_dataset, write_dataset
 from cse.storage.keys import SCHEMA_VERSIONS, tokens_key
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
+from cse.storage.settings import get_settings, shard_task_runner
 from cse.storage.sharded import ShardDone, ShardedPlan, build_shard, part_rows, publish_shards
 from cse.tasks.log import stage_logger
 from cse.tracking.lineage import CONTEXT_SOURCE, log_dataset_inputs

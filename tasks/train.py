@@ -37,7 +37,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
-from cse.config.settings import get_settings
 from cse.config.training import TrainConfig
 from cse.models.checkpoint import load_checkpoint
 from cse.models.loading import load_tokenizer, pick_device
@@ -45,6 +44,7 @@ from cse.storage.datasets import DatasetRef
 from cse.storage.evaluations import load_sts_input
 from cse.storage.layout import DataRoot
 from cse.storage.runs import RunDir
+from cse.storage.settings import get_settings
 from cse.tasks.distributed_train import WORKER_MODULE
 from cse.tasks.log import stage_logger
 from cse.tracking.job_stages import job_stage, retry_on_outage

@@ -11,13 +11,13 @@ import time
 
 from prefect import task
 
-from cse.config.settings import get_settings
 from cse.config.stages import IngestConfig
 from cse.storage.catalog import refresh_catalog
 from cse.storage.datasets import DatasetRef, write_dataset
 from cse.storage.hashing import sha256_files
 from cse.storage.keys import SCHEMA_VERSIONS, transfer_key
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.storage.sources import resolve_source
 from cse.storage.transfer import TRANSFER, read_transfer, transfer_source_files
 from cse.tasks.log import stage_logger

@@ -20,8 +20,8 @@ import pytest
 import torch
 from prefect.logging.configuration import ensure_logging_setup
 
-from cse.config.settings import REPO_ROOT
 from cse.models.loading import PACKAGED_MINILM, load_tokenizer
+from cse.storage.settings import REPO_ROOT
 from tests.batches import tiny_bert_config
 
 # Prefect's logging configured now, once, as a real process does at its first `import prefect`: the console handler it

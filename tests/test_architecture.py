@@ -9,15 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cse.config.settings import REPO_ROOT
 from cse.ops.legacy import MOVED
+from cse.storage.settings import REPO_ROOT
 
 PACKAGES = ("config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows", "ops")
 # What each layer may import from the project (docs/architecture.md); a layer always imports itself.
-# `cse.config.settings` (paths and services from the environment) and `cse.config.secrets` (the masking rule for
+# `cse.storage.settings` (paths and services from the environment) and `cse.storage.secrets` (the masking rule for
 # credentials, applied at every exit, storage's included) are the bottom layer `settings`. `cse.storage.atomic` (the
 # one atomic write of a file or folder: fsync, rename, the old folder kept until the new one is in place) is the
 # bottom layer `atomic`: it imports nothing from the project, and every layer, models/ included, writes through it.
+# All three are files of storage/, so storage/ is the bottom folder and the folders import one another without a loop
+# (`test_no_folder_imports_itself_through_another`).
 ALLOWED = {
     "atomic": set(),
     "settings": set(),
@@ -46,7 +48,7 @@ MLFLOW_SEAM = "tracking"  # the package: store, stage/training/group runs, linea
 NO_ORCHESTRATION = ("atomic", "models", "training", "evaluation", "storage")  # pure: no prefect, no mlflow
 
 
-SETTINGS_LAYER = ("cse.config.settings", "cse.config.secrets")
+SETTINGS_LAYER = ("cse.storage.settings", "cse.storage.secrets")
 ATOMIC_LAYER = ("cse.storage.atomic",)
 
 
@@ -189,6 +191,16 @@ def test_every_layer_imports_only_what_it_may():
             if module in files and target != source and target not in ALLOWED[source]:
                 offenders.append(f"{path.relative_to(REPO_ROOT)}:{line} ({source}) imports {module} ({target})")
     assert not offenders, "\n".join(sorted(set(offenders)))
+
+
+def test_no_folder_imports_itself_through_another():
+    """The folders as one node each (config/, storage/, ...) form no loop either: a folder never imports, through
+    other folders, a module of its own (settings and secrets live in storage/, the bottom folder, for this)."""
+    folders: dict[str, set[str]] = {package: set() for package in PACKAGES}
+    for name, targets in import_graph().items():
+        folders[name.removeprefix("cse.").split(".")[0]] |= {t.removeprefix("cse.").split(".")[0] for t in targets}
+    found = cycles({folder: targets - {folder} for folder, targets in folders.items()})
+    assert not found, "folder-level import loops: " + "; ".join(" → ".join(c) for c in found)
 
 
 def test_the_checker_sees_lazy_imports(tmp_path):
@@ -435,7 +447,7 @@ def test_a_regular_install_holds_every_package_and_imports_from_anywhere(tmp_pat
         assert (site / "cse" / name / "__init__.py").is_file() and not (site / "cse" / name).is_symlink()
     assert (site / "cse" / "tracking" / "model_card_template.md").is_file()
     # PYTHONPATH comes before the venv's packages (and the editable install's path line): `cse` is the installed copy
-    probe = "import cse.models.method, cse.config.settings; print(cse.models.method.__file__)"
+    probe = "import cse.models.method, cse.storage.settings; print(cse.models.method.__file__)"
     env = {**os.environ, "PYTHONPATH": str(site)}
     done = subprocess.run([sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

@@ -110,7 +110,7 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path):
 # The modules whose docstrings carry runnable examples (`>>>`): the examples are part of the docs site, so they run.
 DOCTEST_MODULES = (
     "cse.config.limits",
-    "cse.config.secrets",
+    "cse.storage.secrets",
     "cse.config.suggest",
     "cse.storage.readers",
     "cse.models.losses",

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 from tests.test_architecture import PACKAGES, cycles, imports, layer, project_files
 
 DIAGRAM_PAGES = ("docs/architecture.md", "README.md")
@@ -17,7 +17,7 @@ _NODE = re.compile(r'(\w+)\["([^"]*)"\]')
 
 def layer_diagram(page: str) -> tuple[dict[str, str], set[tuple[str, str]]]:
     """The page's `flowchart TD` block whose nodes are the layers: node id → its layer (read from the first path in
-    its label: `storage/` is the folder's layer, `config/settings.py` the layer of that module), and its arrows as
+    its label: `storage/` is the folder's layer, `storage/settings.py` the layer of that module), and its arrows as
     (from layer, to layer) pairs (`A --> B & C` is two arrows)."""
     text = (REPO_ROOT / page).read_text()
     blocks = re.findall(r"```mermaid\n(flowchart TD\n.*?)```", text, flags=re.S)
@@ -73,7 +73,7 @@ def test_the_layer_diagram_draws_the_imports(page):
 
 
 def test_no_folder_imports_around_a_loop():
-    """Folder to folder (storage/atomic.py and config/settings.py count as their folders): no loop, of any length."""
+    """Folder to folder (storage/atomic.py and storage/settings.py count as their folders): no loop, of any length."""
     files = project_files()
     graph: dict[str, set[str]] = {p: set() for p in PACKAGES}
     for name, path in files.items():

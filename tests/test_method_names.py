@@ -15,7 +15,7 @@ import tokenize
 from pathlib import Path
 
 from cse.config.methods import METHODS
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 
 ALLOWED = {"config/methods.py", "config/presets.py", "config/published.py", "flows/train.py", "benchmarks/facts.py"}
 SKIPPED_DIRS = {".venv", "tests", "docs", "site", ".git", ".cse", "build"}

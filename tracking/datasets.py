@@ -32,11 +32,11 @@ from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 from mlflow.data.sources import LocalArtifactDatasetSource  # type: ignore[attr-defined]  # made at import by MLflow's source registry
 from mlflow.types.schema import Array, ColSpec, DataType, Object, Property, Schema
 
-from cse.config.settings import get_settings
 from cse.storage.datasets import DatasetRef
 from cse.storage.evaluations import StsInput
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
+from cse.storage.settings import get_settings
 from cse.storage.transfer import TransferInput
 
 DIGEST_CHARS = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE (the SQL stores' digest column)

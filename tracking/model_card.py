@@ -39,9 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cse.config import published
 from cse.config.methods import REGISTRY, MethodSpec
-from cse.config.secrets import redact
 from cse.storage.atomic import atomic_file
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
+from cse.storage.secrets import redact
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard, ModelCardData
@@ -278,7 +278,7 @@ class CardFacts(BaseModel):
         `tracking_uri`: the MLflow store the run is in (default: the configured one).
         The data origin is read from the ingested datasets the tokens came from (under the configured data root);
         where they are not found, the configured sources are named, marked as such."""
-        from cse.config.settings import get_settings
+        from cse.storage.settings import get_settings
 
         return cls(
             **_job_facts(cfg, test_metrics),
@@ -584,7 +584,7 @@ def _tracking_uri_text(uri: str | None) -> str:
     """The tracking URI as the card's MLflow snippet names it: a server's URL (credentials masked); the checkout's
     SQLite store relative to the checkout (`sqlite:///.cse/mlflow.db`, run from the checkout's folder); any other
     SQLite store under `<CSE_HOME>` or by its file name as a placeholder (a card names no absolute local path)."""
-    from cse.config.settings import REPO_ROOT, get_settings
+    from cse.storage.settings import REPO_ROOT, get_settings
 
     if not uri:
         return "<the MLflow tracking URI>"
@@ -658,8 +658,8 @@ def _describe_source(src: Any) -> str:
 def _data_origins(sources: Mapping[str, Any], refs: Mapping[str, Any]) -> list[DataOrigin]:
     """Each training dataset's origin: read from the ingested dataset its tokens (`refs`: a `DatasetRef` or a content
     hash) were made from, else the configured source of `sources`, marked `configured`."""
-    from cse.config.settings import get_settings
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
     from cse.storage.sources import ingested_origin
 
     out = []
@@ -705,7 +705,7 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~$<>-])/[^\s\"'`,;)\]>]+")
 def portable_path(path: str | Path) -> str:
     """A local path as a card may name it: `$CSE_HOME/<relative>` under `$CSE_HOME`, else its last name (a file or
     folder name; no absolute path). Relative paths and ids are returned as they are."""
-    from cse.config.settings import get_settings
+    from cse.storage.settings import get_settings
 
     text = str(path)
     if not Path(text).is_absolute():

@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from cse.config.secrets import redact
+from cse.storage.secrets import redact
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from cse.config import published
-from cse.config.settings import get_settings
+from cse.storage.settings import get_settings
 from cse.tracking.run_pages import (
     HEADLINE,
     NOTE_TAG,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 
 
 def git_commit() -> str:

@@ -1,9 +1,9 @@
 """No credential in clear: what this process prints, logs, raises or records in MLflow is masked.
 
-The rule is `cse.config.secrets.redact` (URI user-info in every form, `password=`-style parameters, every known
+The rule is `cse.storage.secrets.redact` (URI user-info in every form, `password=`-style parameters, every known
 secret). `install_redaction` (run when `tracking` is imported, so by every stage, flow and `cse` command) applies it
 where the project does not write the text itself:
-- every log record of the process (`cse.config.secrets.install_log_redaction`: a record factory, and a filter on the
+- every log record of the process (`cse.storage.secrets.install_log_redaction`: a record factory, and a filter on the
   root, `mlflow` and `prefect` loggers and their handlers), after remembering the environment's credentials;
 - MLflow's exceptions: their message (e.g. `API request to http://user:password@host/... failed`) is masked when the
   exception is created, so a task's error, the flow's error and Prefect's Failed state message carry the masked text;
@@ -17,7 +17,7 @@ where the project does not write the text itself:
 - MLflow's "View run … at: <URI>" lines, written straight to stdout: switched off
   (`MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`) when the tracking URI carries credentials.
 Stage and training runs also re-raise any other exception whose message holds a credential as a masked copy
-(`cse.config.secrets.redacted_exception`).
+(`cse.storage.secrets.redacted_exception`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import inspect
 import os
 import sys
 
-from cse.config.secrets import install_log_redaction, redact, redact_value, register_secrets_in
+from cse.storage.secrets import install_log_redaction, redact, redact_value, register_secrets_in
 
 _SUPPRESS_URLS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 

@@ -17,7 +17,7 @@ import io
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cse.config.secrets import redact, redact_value
+from cse.storage.secrets import redact, redact_value
 
 Row = Mapping[str, Any]
 Formatter = Callable[[Any], str]
@@ -104,7 +104,7 @@ def publish_artifacts(
 ) -> bool:
     """Inside a Prefect flow or task run (`in_prefect_run`): a Prefect table artifact per entry of `tables`
     (key → (rows, description)), then a markdown artifact per entry of `markdown` (key → (text, description)), every
-    string masked (`cse.config.secrets.redact`). Outside one: nothing. Returns whether it published."""
+    string masked (`cse.storage.secrets.redact`). Outside one: nothing. Returns whether it published."""
     if not in_prefect_run():
         return False
     from prefect.artifacts import create_markdown_artifact, create_table_artifact

@@ -28,8 +28,8 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from cse.config.secrets import redact
 from cse.storage.runs import RunDir
+from cse.storage.secrets import redact
 from cse.storage.spool import (
     SpoolRecord,
     append_record,

@@ -16,9 +16,9 @@ from typing import Any, NoReturn
 
 import mlflow
 
-from cse.config.secrets import redact, redacted_exception
-from cse.config.settings import compile_cache_dir, get_settings
 from cse.storage.locks import exclusive
+from cse.storage.secrets import redact, redacted_exception
+from cse.storage.settings import compile_cache_dir, get_settings
 from cse.tracking.redaction import mask_mlflow_client, mask_mlflow_exceptions, quiet_run_urls
 from cse.tracking.run_pages import experiment_page_tags
 
@@ -153,7 +153,7 @@ def tracking_error(exc: BaseException) -> BaseException:
     """The exception to show for `exc` raised by a tracking call: a read-only SQLite store as
     `TrackingStoreReadOnly` naming it (instead of SQLAlchemy's autoflush text), a write refused by another read-only
     folder as `WriteRefused` naming that folder and what it is (`write_refused_error`), a message holding a credential masked
-    (`cse.config.secrets.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
+    (`cse.storage.secrets.redacted_exception`), anything else unchanged. Raise a replacement `from None`."""
     if (refused := write_refused_error(exc)) is not None:  # another folder than the store: named
         return refused
     text = " ".join(str(exc).split())

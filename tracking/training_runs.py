@@ -22,10 +22,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from cse.config import published
-from cse.config.secrets import redact
 from cse.config.training import TrainConfig
 from cse.storage.datasets import DatasetRef
 from cse.storage.runs import RunDir
+from cse.storage.secrets import redact
 from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs
 from cse.tracking.provenance import git_commit, prefect_flow_run_id
 from cse.tracking.run_pages import (

@@ -44,12 +44,12 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from cse.config.settings import REPO_ROOT
 from cse.config.training import TrainConfig
 from cse.models import distributed
 from cse.storage.atomic import atomic_file
 from cse.storage.datasets import DatasetRef
 from cse.storage.runs import RunDir
+from cse.storage.settings import REPO_ROOT
 from cse.training.job import LogMetrics, LogParams
 from cse.training.loop import LoopResult, TrainingInterrupted
 
@@ -155,11 +155,11 @@ def _run(cmd: list[str]) -> int:
 def train_rank(job: DistributedJob, device: torch.device, main_callbacks: MainCallbacks) -> LoopResult:
     """This rank's share of the job: rows, model, Trainer (`cse.training.job.fit`); callbacks (`main_callbacks(job)`)
     and evaluation on rank 0 only."""
-    from cse.config.settings import get_settings
     from cse.evaluation.evaluator import Evaluator
     from cse.models.loading import load_tokenizer
     from cse.storage.evaluations import load_sts_input
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
     from cse.training.job import fit, load_training_rows, rtd_probe
 
     cfg = job.config

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from cse.config.settings import get_settings
 from cse.config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
 from cse.models.finite import NonFiniteWeights as NonFiniteWeights  # (raised here; its home is models/finite.py)
 from cse.models.finite import require_finite_model
@@ -33,6 +32,7 @@ from cse.storage import keys
 from cse.storage.datasets import DatasetRef
 from cse.storage.layout import DataRoot
 from cse.storage.runs import RunDir
+from cse.storage.settings import get_settings
 from cse.storage.training_data import load_corruption_rows, load_token_rows
 from cse.training.loop import LoopConfig, LoopResult, Phase, StopAfter, Trainer, set_seed
 from cse.training.rows import TrainingRows

@@ -16,7 +16,7 @@ import logging
 import os
 import uuid
 
-from cse.config.settings import compile_cache_dir
+from cse.storage.settings import compile_cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -20,15 +20,15 @@ rows (frozen PLM + prompts) and how its discriminator (the same PLM, by default 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
+from pydantic import model_validator
 from torch import nn
 
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.loading import word_embeddings
-from cse.models.method import MethodConfig, PromptConfig
+from cse.models.method import METHOD_CONFIG, MethodConfig, PromptConfig, config_dataclass
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone, PromptedModel
 from cse.models.prompts.prefixes import PrefixKeyValues
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from cse.models.export.peft_plan import PeftPlan
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class D2CSEModelConfig(PromptConfig):
     """Model hyperparameters (defaults: D2CSE unsupervised BERT-base, Lee, 2023, Table 7)."""
 
@@ -60,8 +60,8 @@ class D2CSEModelConfig(PromptConfig):
     # in an AdamW group of their own (a sensitivity knob: at 0.021 the first Adam steps re-randomise the fresh head).
     head_learning_rate: float | None = None
 
-    def __post_init__(self) -> None:
-        self.check_prompts()
+    @model_validator(mode="after")
+    def _check(self) -> D2CSEModelConfig:
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_learning_rate <= 0:
             raise ValueError(f"discriminator_learning_rate must be positive, got {self.discriminator_learning_rate}")
@@ -71,6 +71,7 @@ class D2CSEModelConfig(PromptConfig):
             )
         if self.discriminator_reuses_prefix_sample and not self.discriminator_prompts:
             raise ValueError("discriminator_reuses_prefix_sample needs discriminator_prompts=True")
+        return self
 
 
 class D2CSE(PromptedModel, ConditionalRTDModel):
@@ -126,6 +127,8 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             self.discriminator = PromptedBackbone(copy_, None, shift_positions=config.shift_positions)
 
     method = "d2cse"
+    title = "D2CSE"
+    summary = "deep prompts on a frozen PLM that is also the CRTD discriminator (optional [CLS] prompt)"
     config_class = D2CSEModelConfig
     config: D2CSEModelConfig
     paper = (

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
+from pydantic import field_validator
 from torch import nn
 from transformers.activations import ACT2FN
 
@@ -45,7 +46,7 @@ from cse.models.batching import TrainBatch, check_views
 from cse.models.distributed import global_mean
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
-from cse.models.method import CSEModel, PromptConfig, StepOutput
+from cse.models.method import METHOD_CONFIG, CSEModel, PromptConfig, StepOutput, config_dataclass
 from cse.models.prompts.backbone import PromptedModel
 from cse.models.prompts.prefixes import PrefixKeyValues
 
@@ -58,7 +59,7 @@ IGNORE_INDEX = -100
 
 
 # ------------------------------------------------------------------------------------------------ config
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class DCPCSEConfig(PromptConfig):
     """Model hyperparameters (defaults: DCPCSE unsupervised BERT-base, Jiang & Wang, 2022; YJiangcm/DCPCSE).
 
@@ -81,18 +82,40 @@ class DCPCSEConfig(PromptConfig):
     mlm_decay_steps: int = 100
     mlm_head_random_init: bool = False
 
-    def __post_init__(self) -> None:
-        self.check_prompts()
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if not 0.0 < self.mlm_probability < 1.0:
-            raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
-        if self.mlm_weight < 0:
-            raise ValueError(f"mlm_weight must be >= 0, got {self.mlm_weight}")
-        if not 0.0 < self.mlm_decay <= 1.0:
-            raise ValueError(f"mlm_decay must be in (0, 1], got {self.mlm_decay}")
-        if self.mlm_decay_steps < 1:
-            raise ValueError(f"mlm_decay_steps must be >= 1, got {self.mlm_decay_steps}")
+    @field_validator("temperature")
+    @classmethod
+    def _positive_temperature(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError(f"temperature must be positive, got {value}")
+        return value
+
+    @field_validator("mlm_probability")
+    @classmethod
+    def _a_probability(cls, value: float) -> float:
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"mlm_probability must be in (0, 1), got {value}")
+        return value
+
+    @field_validator("mlm_weight")
+    @classmethod
+    def _a_weight(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError(f"mlm_weight must be >= 0, got {value}")
+        return value
+
+    @field_validator("mlm_decay")
+    @classmethod
+    def _a_decay(cls, value: float) -> float:
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"mlm_decay must be in (0, 1], got {value}")
+        return value
+
+    @field_validator("mlm_decay_steps")
+    @classmethod
+    def _decay_steps(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"mlm_decay_steps must be >= 1, got {value}")
+        return value
 
 
 # ------------------------------------------------------------------------------------------------ MLM pieces
@@ -305,6 +328,8 @@ class DCPCSE(PromptedModel, CSEModel):
     """
 
     method = "dcpcse"
+    title = "DCPCSE"
+    summary = "deep prompts on a frozen PLM (optional MLM auxiliary loss)"
     config_class = DCPCSEConfig
     config: DCPCSEConfig
     special_token_ids: torch.Tensor  # a buffer

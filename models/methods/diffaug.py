@@ -67,18 +67,18 @@ stage-1 scheduler sized by stage 2, multi-GPU gathering of negatives.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
+from pydantic import ValidationInfo, field_validator, model_validator
 from torch import nn
 from torch.func import functional_call
 
 from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
-from cse.models.method import CSEModel, MethodConfig, StepOutput
+from cse.models.method import METHOD_CONFIG, CSEModel, MethodConfig, StepOutput, config_dataclass
 from cse.models.prompts.backbone import PromptedModel, prompted_backbone
 from cse.models.prompts.prefixes import PrefixKeyValues
 
@@ -91,7 +91,7 @@ SENTENCE_PLACEHOLDER = "{sentence}"
 MASK_PLACEHOLDER = "[MASK]"
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class DiffAugConfig(MethodConfig):
     """Model hyperparameters (defaults: DiffAug BERT-base, Wang & Lu, 2022; TianduoWang/DiffAug).
 
@@ -117,27 +117,58 @@ class DiffAugConfig(MethodConfig):
     shift_positions: bool = True
     shared_prefix: bool = False
 
-    def __post_init__(self) -> None:
-        if self.prefix_len < 2 or self.prefix_len % 2:
-            raise ValueError(
-                f"prefix_len must be an even number >= 2 (two modules = two halves), got {self.prefix_len}"
-            )
-        if not 0.0 <= self.prefix_dropout < 1.0:
-            raise ValueError(f"prefix_dropout must be in [0, 1), got {self.prefix_dropout}")
-        if self.prefix_hidden is not None and self.prefix_hidden < 1:
-            raise ValueError(f"prefix_hidden must be >= 1 or None (= hidden size), got {self.prefix_hidden}")
-        if self.template.count(SENTENCE_PLACEHOLDER) != 1:
-            raise ValueError(f"template {self.template!r} must contain {SENTENCE_PLACEHOLDER!r} exactly once")
-        if self.template.count(MASK_PLACEHOLDER) != 1:
-            raise ValueError(f"template {self.template!r} must contain {MASK_PLACEHOLDER!r} exactly once")
-        if self.max_sentence_tokens < 1:
-            raise ValueError(f"max_sentence_tokens must be >= 1, got {self.max_sentence_tokens}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if self.aux_weight < 0:
-            raise ValueError(f"aux_weight must be >= 0, got {self.aux_weight}")
-        if self.denoise_copies < 1:
-            raise ValueError(f"denoise_copies must be >= 1, got {self.denoise_copies}")
+    @field_validator("prefix_len")
+    @classmethod
+    def _two_halves(cls, value: int) -> int:
+        if value < 2 or value % 2:
+            raise ValueError(f"prefix_len must be an even number >= 2 (two modules = two halves), got {value}")
+        return value
+
+    @field_validator("prefix_dropout")
+    @classmethod
+    def _a_dropout_rate(cls, value: float) -> float:
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"prefix_dropout must be in [0, 1), got {value}")
+        return value
+
+    @field_validator("prefix_hidden")
+    @classmethod
+    def _hidden_or_none(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"prefix_hidden must be >= 1 or None (= hidden size), got {value}")
+        return value
+
+    @field_validator("template")
+    @classmethod
+    def _one_sentence_one_mask(cls, value: str) -> str:
+        for placeholder in (SENTENCE_PLACEHOLDER, MASK_PLACEHOLDER):
+            if value.count(placeholder) != 1:
+                raise ValueError(f"template {value!r} must contain {placeholder!r} exactly once")
+        return value
+
+    @field_validator("max_sentence_tokens", "denoise_copies")
+    @classmethod
+    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
+        if value < 1:
+            raise ValueError(f"{info.field_name} must be >= 1, got {value}")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _positive_temperature(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError(f"temperature must be positive, got {value}")
+        return value
+
+    @field_validator("aux_weight")
+    @classmethod
+    def _a_weight(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError(f"aux_weight must be >= 0, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _enough_denoise_copies(self) -> DiffAugConfig:
         if self.denoise and self.denoise_copies <= self.max_denoise_index:
             raise ValueError(
                 f"denoise_copies={self.denoise_copies} is too small: the δ index reaches {self.max_denoise_index} "
@@ -148,6 +179,7 @@ class DiffAugConfig(MethodConfig):
                     else ")"
                 )
             )
+        return self
 
     @property
     def module_len(self) -> int:
@@ -184,6 +216,8 @@ class DiffAug(PromptedModel, CSEModel):
     """
 
     method = "diffaug"
+    title = "DiffAug"
+    summary = "two prefix modules: NLI prefix tuning, then joint contrastive tuning"
     config_class = DiffAugConfig
     config: DiffAugConfig
     # constant template ids (_build_template), buffers

@@ -22,13 +22,13 @@ Evaluation embedding: CLS before the pooler of the encoder (SimCSE); D, the RTD 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import model_validator
 
 from cse.models.heads import ProjectionMLP, RTDHead
-from cse.models.method import FineTunedModel, MethodConfig
+from cse.models.method import METHOD_CONFIG, FineTunedModel, MethodConfig, config_dataclass
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
 from cse.models.prompts.backbone import PromptedBackbone
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class DiffCSEConfig(MethodConfig):
     """Model hyperparameters (defaults: DiffCSE BERT-base for STS, Chuang et al., 2022, Table 12).
 
@@ -53,13 +53,15 @@ class DiffCSEConfig(MethodConfig):
     # within a short CPU run), not a setting of any preset.
     discriminator_learning_rate: float | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> DiffCSEConfig:
         check_objective(self.temperature, self.rtd_weight)
         if self.discriminator_learning_rate is not None and not self.discriminator_learning_rate > 0:
             raise ValueError(
                 "discriminator_learning_rate must be positive (or None: the job's rate), got "
                 f"{self.discriminator_learning_rate}"
             )
+        return self
 
 
 class DiffCSE(FineTunedModel, ConditionalRTDModel):
@@ -88,6 +90,8 @@ class DiffCSE(FineTunedModel, ConditionalRTDModel):
     """
 
     method = "diffcse"
+    title = "DiffCSE"
+    summary = "trainable encoder + trainable discriminator, fixed DistilBERT generator"
     config_class = DiffCSEConfig
     config: DiffCSEConfig
     paper = (

@@ -21,21 +21,29 @@ has no augmentation left.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import field_validator, model_validator
 
 from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
-from cse.models.method import CSEModel, FineTunedModel, MethodConfig, StepOutput, set_backbone_dropout
+from cse.models.method import (
+    METHOD_CONFIG,
+    CSEModel,
+    FineTunedModel,
+    MethodConfig,
+    StepOutput,
+    config_dataclass,
+    set_backbone_dropout,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class SimCSEConfig(MethodConfig):
     """Model hyperparameters (defaults: unsupervised SimCSE, Gao et al., 2021; princeton-nlp/SimCSE).
 
@@ -54,13 +62,26 @@ class SimCSEConfig(MethodConfig):
     # attention, embeddings) set to p; 0.0 = the SimCSE paper's "no dropout" row (Table 2), the two views identical.
     dropout: float | None = None
 
-    def __post_init__(self) -> None:
-        if self.dropout is not None and (isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout must be None (the backbone's own rates) or in [0, 1), got {self.dropout!r}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}")
+    @field_validator("dropout", mode="before")
+    @classmethod
+    def _a_dropout_rate(cls, value: Any) -> Any:
+        """None or a rate in [0, 1); a boolean is refused as given (before pydantic would read True as 1.0)."""
+        if value is not None and (isinstance(value, bool) or not 0.0 <= float(value) < 1.0):
+            raise ValueError(f"dropout must be None (the backbone's own rates) or in [0, 1), got {value!r}")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _positive_temperature(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError(f"temperature must be positive, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _an_evaluated_mlp_is_trained(self) -> SimCSEConfig:
         if not self.train_mlp and not self.mlp_only_train:
             raise ValueError("train_mlp=False needs mlp_only_train=True (the evaluation would read an untrained MLP)")
+        return self
 
 
 class SimCSE(FineTunedModel, CSEModel):
@@ -87,6 +108,8 @@ class SimCSE(FineTunedModel, CSEModel):
     """
 
     method = "simcse"
+    title = "SimCSE"
+    summary = "dropout views, full fine-tuning (unsup and sup)"
     config_class = SimCSEConfig
     config: SimCSEConfig
     paper = (

@@ -11,13 +11,19 @@ from cse.config.presets import PRESETS
 from cse.config.training import TrainConfig, resolve_train_config
 from cse.models.checkpoint import CheckpointError, model_class_of
 from cse.storage.hashing import stable_hash
+from cse.storage.settings import REPO_ROOT
 
 
 def test_the_registry_is_the_presets_methods():
-    assert METHODS == ("d2cse", "simcse", "dcpcse", "diffcse", "diffaug")
-    assert set(PRESETS) == set(METHODS)
+    """A method is a name of PRESETS with its module models/methods/<name>.py: the registry lists nothing else."""
+    assert METHODS == tuple(PRESETS) == tuple(REGISTRY) and len(REGISTRY) == len(PRESETS)
+    modules = {p.stem for p in (REPO_ROOT / "models" / "methods").glob("*.py")}
+    assert set(METHODS) <= modules
     for name, spec in REGISTRY.items():
         assert spec.presets is PRESETS[name] and "default" in spec.presets and "smoke" in spec.presets
+        assert spec.title and spec.summary and name in spec.title.lower()
+    with pytest.raises(KeyError):
+        REGISTRY["bert"]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -37,7 +43,8 @@ def test_model_class_of_refuses_what_is_no_method():
 
 
 def test_derived_facts():
-    assert [m for m in METHODS if get_method(m).uses_corruption] == ["d2cse", "diffcse"]
+    corrupting = {"d2cse": True, "diffcse": True, "simcse": False, "dcpcse": False, "diffaug": False}
+    assert {m: get_method(m).uses_corruption for m in corrupting} == corrupting
     assert get_method("diffaug").phases == ("prefix", "joint") and get_method("d2cse").phases == ("main",)
     assert get_method("d2cse").stages(supervised=False) == (
         "ingest:wiki1m",
@@ -66,9 +73,15 @@ def test_the_model_classes_carry_papers_adapters_and_ablations():
         assert spec.paper and spec.bibtex.startswith("@") and spec.title.lower() in spec.bibtex.lower()
         assert spec.cites[0] == spec.name and set(spec.cites) <= set(REGISTRY)
     assert get_method("d2cse").cites == ("d2cse", "dcpcse", "diffcse", "simcse")
-    assert {n for n, s in REGISTRY.items() if s.exports_peft_adapter} == {"d2cse", "dcpcse", "diffaug"}
-    assert {n for n, s in REGISTRY.items() if s.accepts_aux_nli} == {"diffaug"}
-    assert {n for n, s in REGISTRY.items() if s.ablations} == {"d2cse"}
+    facts = {  # method: (PEFT adapter, auxiliary NLI batches, ablations)
+        "d2cse": (True, False, True),
+        "simcse": (False, False, False),
+        "dcpcse": (True, False, False),
+        "diffcse": (False, False, False),
+        "diffaug": (True, True, False),
+    }
+    specs = {m: get_method(m) for m in facts}
+    assert {m: (s.exports_peft_adapter, s.accepts_aux_nli, bool(s.ablations)) for m, s in specs.items()} == facts
     d2cse = get_method("d2cse")
     assert set(d2cse.ablations) == set(d2cse.published.ablation) == {"a", "b", "c", "d"}
     assert (

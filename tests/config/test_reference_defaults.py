@@ -16,10 +16,10 @@ from cse.config.evaluation import EvalConfig
 from cse.config.methods import model_class
 from cse.config.presets import PRESETS
 from cse.config.published import published_keys
-from cse.config.settings import REPO_ROOT
 from cse.config.stages import STANDALONE_SEED, UNSUP_REFERENCE_VARIANTS, CorruptConfig
 from cse.config.training import presets_for, required_variants, resolve_train_config
 from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+from cse.storage.settings import REPO_ROOT
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.rows import TrainingRows
 from tests.loops import cpu_trainer, loop_config

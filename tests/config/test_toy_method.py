@@ -1,32 +1,37 @@
-"""A sixth method in a temporary registry entry: everything per method derives from its model class, its one
-`MethodSpec` and its presets (docs/architecture.md, "Adding a method").
+"""A sixth method added the way docs/architecture.md's "Adding a method" says: its module and its presets, nothing
+else: everything per method derives from its model class and its presets.
 
-The toy method is deep prompts on a frozen encoder with the in-batch contrastive loss, defined in this file. The
-tests register it (monkeypatched `REGISTRY` and `PRESETS`) and check that its training config, stages and training
-flow, the prefect.yaml entries it needs, its model card (title, summary, citation, published row), its PEFT adapter
-plan and its rows of the comparison all come from those three places, with no other file naming it.
+The toy method is deep prompts on a frozen encoder with the in-batch contrastive loss, defined in this file, which
+the tests make the module `cse.models.methods.toy` (in `sys.modules`) while adding its presets to `PRESETS`. They
+check that its registry entry, training config, stages, training flow (the entrypoint `cse.flows.train:train_toy`,
+with no line in flows/train.py), its generated prefect.yaml entries and their deployment on a Prefect server, its
+model card (title, summary, citation, published row), its PEFT adapter plan and its rows of the comparison all come
+from those two places, with no other file naming it.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from pydantic import field_validator
 from torch import nn
 
 from cse.config import published
 from cse.config.methods import REGISTRY, MethodSpec, get_method, missing_deployments
 from cse.config.presets import PRESETS
-from cse.config.settings import REPO_ROOT
 from cse.config.training import preset_row, resolve_train_config
+from cse.flows.train import TRAIN_FLOWS
 from cse.models.batching import TrainBatch, pad_sequences
 from cse.models.export.peft_export import PeftExportError, adapter_plan
 from cse.models.losses import contrastive_loss
-from cse.models.method import CSEModel, PromptConfig, StepOutput
+from cse.models.method import METHOD_CONFIG, CSEModel, PromptConfig, StepOutput, config_dataclass
 from cse.models.prompts.backbone import PromptedModel
+from cse.storage.settings import REPO_ROOT
 from cse.tracking.model_card import CardFacts, model_card
 
 TOY_BIBTEX = """@misc{toy2026,
@@ -36,20 +41,26 @@ TOY_BIBTEX = """@misc{toy2026,
 }"""
 
 
-@dataclass(frozen=True)
+@config_dataclass(frozen=True, config=METHOD_CONFIG)
 class ToyConfig(PromptConfig):
-    """The toy's model fields: the prompts' (`PromptConfig`) and a temperature."""
+    """The toy's model fields: the prompts' (`PromptConfig`, with their checks) and a temperature."""
 
     temperature: float = 0.05
 
-    def __post_init__(self):
-        self.check_prompts()
+    @field_validator("temperature")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError(f"temperature must be positive, got {value}")
+        return value
 
 
 class ToyCSE(PromptedModel, CSEModel):
     """Deep prompts on a frozen encoder, two dropout views, the in-batch contrastive loss; `embed` is the CLS state."""
 
     method = "toy"
+    title = "Toy"
+    summary = "deep prompts on a frozen encoder, dropout views"
     config_class = ToyConfig
     evaluation_pooler = "cls_before_pooler"
     paper = "A. Nobody (2026). A Toy Method for the Registry Test."
@@ -74,13 +85,6 @@ class ToyCSE(PromptedModel, CSEModel):
         return plan
 
 
-class ToyWithoutAdapter(ToyCSE):
-    """The same model with no PEFT plan of its own (the base default: no adapter)."""
-
-    peft_plan = CSEModel.peft_plan
-
-
-TOY = MethodSpec("toy", "Toy", f"{__name__}:ToyCSE", "deep prompts on a frozen encoder, dropout views")
 TOY_PRESETS = {
     "default": {"backbone": "packaged:minilm", "learning_rate": 0.01, "model": {"prefix_len": 4}},
     "smoke": {"backbone": "packaged:minilm", "max_steps": 4, "eval_steps": 2, "model": {"prefix_len": 2}},
@@ -89,14 +93,15 @@ TOY_PRESETS = {
 
 @pytest.fixture
 def toy(monkeypatch) -> MethodSpec:
-    """The toy method in the registry and the presets for one test."""
-    monkeypatch.setitem(REGISTRY, TOY.name, TOY)
-    monkeypatch.setitem(PRESETS, TOY.name, TOY_PRESETS)
-    return TOY
+    """The toy method added as a new method is: this file as its module `cse.models.methods.toy`, and its presets."""
+    monkeypatch.setitem(sys.modules, "cse.models.methods.toy", sys.modules[__name__])
+    monkeypatch.setitem(PRESETS, "toy", TOY_PRESETS)
+    return get_method("toy")
 
 
 def test_the_registry_entry_gives_config_stages_and_the_aux_rule(toy):
-    assert get_method("toy") is toy and toy.model_class is ToyCSE and toy.config_class is ToyConfig
+    assert "toy" in REGISTRY and REGISTRY["toy"] is toy and list(REGISTRY)[-1] == "toy"
+    assert toy.model_class is ToyCSE and toy.config_class is ToyConfig and toy.title == "Toy"
     cfg = resolve_train_config("default", {"model": {"temperature": 0.1}}, method="toy")
     assert cfg.model == ToyConfig(backbone="packaged:minilm", prefix_len=4, temperature=0.1)
     assert cfg.model_dump(mode="json")["model"]["prefix_len"] == 4 and not cfg.uses_corruption
@@ -110,16 +115,20 @@ def test_the_registry_entry_gives_config_stages_and_the_aux_rule(toy):
 
 
 def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
-    """The flow comes from the registry entry; the deployment check prints the prefect.yaml lines to add."""
+    """The flow comes from the registry entry (no line in flows/train.py); the deployment check prints the
+    prefect.yaml lines to add, and `cse prefect-yaml` would write them."""
     from cse.flows import train
+    from cse.ops.deployments import generated_prefect_yaml
 
-    flow = train.train_flow(toy)  # what flows/train.py's `train_toy = train_flow(REGISTRY["toy"])` line would build
+    flow = TRAIN_FLOWS["toy"]
+    assert train.train_toy is flow and "train_toy = " not in Path(train.__file__).read_text()
     assert flow.__name__ == toy.flow_function
     assert flow.name == toy.flow_name == "train-toy" and toy.flow_function == "train_toy"
     assert toy.entrypoint == "cse.flows.train:train_toy" and toy.deployment("smoke") == "train-toy/smoke"
     assert "deep prompts on a frozen encoder" in flow.description
 
-    deployments = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
+    text = (REPO_ROOT / "prefect.yaml").read_text()
+    deployments = yaml.safe_load(text)["deployments"]
     lines = missing_deployments(toy, deployments)
     print(f"prefect.yaml lines to add for the toy method:\n{lines}")
     assert "prefect.yaml lines to add" in capsys.readouterr().out
@@ -132,6 +141,39 @@ def test_the_training_flow_and_the_deployments_it_needs(toy, capsys):
     accepted = set(inspect.signature(flow.fn).parameters)
     assert all(set(e["parameters"]) <= accepted for e in entries)
     assert missing_deployments(toy, deployments + entries) == ""  # once added, nothing is missing
+    generated = yaml.safe_load(generated_prefect_yaml(text))["deployments"]
+    written = [e for e in generated if e["entrypoint"] == toy.entrypoint]  # what `cse prefect-yaml` writes
+    assert [{**e, "work_pool": "*local_pool"} for e in written] == [{**e, "work_pool": "*local_pool"} for e in entries]
+    assert written[0]["work_pool"]["name"] == "local"
+
+
+def test_the_toy_is_deployed_from_its_generated_entries(toy, prefect_harness):
+    """Each generated toy entry loads its flow the way `prefect deploy` and a worker do (the entrypoint, imported)
+    and is registered on a Prefect server under its name, parameters and entrypoint."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments.runner import RunnerDeployment
+    from prefect.flows import load_flow_from_entrypoint
+
+    from cse.ops.deployments import generated_prefect_yaml
+
+    text = generated_prefect_yaml((REPO_ROOT / "prefect.yaml").read_text())
+    entries = [e for e in yaml.safe_load(text)["deployments"] if e["entrypoint"] == toy.entrypoint]
+    assert [e["name"] for e in entries] == list(TOY_PRESETS)
+    with get_client(sync_client=True) as client:
+        for entry in entries:
+            flow = load_flow_from_entrypoint(entry["entrypoint"], use_placeholder_flow=False)
+            assert flow is TRAIN_FLOWS["toy"]
+            RunnerDeployment.from_entrypoint(  # as `prefect deploy` reads the entry
+                entry["entrypoint"],
+                name=entry["name"],
+                parameters=entry["parameters"],
+                tags=entry["tags"],
+                description=entry["description"],
+            ).apply()
+            deployed = client.read_deployment_by_name(toy.deployment(entry["name"]))
+            assert deployed.entrypoint == toy.entrypoint and deployed.parameters == {"preset": entry["name"]}
+            assert deployed.tags == entry["tags"] and deployed.description == entry["description"]
+            assert set(deployed.parameter_openapi_schema["properties"]) >= {"preset", "overrides"}
 
 
 def test_the_model_card_cites_the_toy_paper_and_its_published_row(toy, monkeypatch):
@@ -166,6 +208,11 @@ def test_an_unknown_method_is_cited_as_nothing():
 
 
 def test_the_peft_plan_is_the_model_classs(toy, tiny_bert_dir):
+    class ToyWithoutAdapter(ToyCSE):
+        """The same model with no PEFT plan of its own (the base default: no adapter)."""
+
+        peft_plan = CSEModel.peft_plan
+
     assert toy.exports_peft_adapter and ToyCSE.exports_peft_adapter and not ToyWithoutAdapter.exports_peft_adapter
     torch.manual_seed(0)
     model = toy.build_model(toy.model_config(str(tiny_bert_dir), {"prefix_len": 2}))

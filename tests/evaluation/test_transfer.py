@@ -209,9 +209,9 @@ def test_transfer_evaluation_end_to_end(shared_data, tiny_bert_dir, isolated_hom
     import mlflow
 
     from cse.config.evaluation import EvalConfig
-    from cse.config.settings import get_settings
     from cse.storage.catalog import query
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
     from cse.tasks.evaluate import run_evaluation
 
     cfg = EvalConfig(
@@ -329,11 +329,11 @@ def test_training_selects_on_the_transfer_dev_average(
 
 
 def test_ingest_transfer_dataset_then_cache_hit(prefect_harness, shared_data):
-    from cse.config.settings import get_settings
     from cse.config.stages import IngestConfig, SentEvalSource
     from cse.flows.ingest import ingest
     from cse.storage.catalog import query
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
     from cse.storage.transfer import load_transfer_input
 
     cfg = IngestConfig(datasets=("transfer",), senteval=SentEvalSource(path=str(shared_data / "senteval")))

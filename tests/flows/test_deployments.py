@@ -14,8 +14,8 @@ import yaml
 from prefect.flows import Flow, load_flow_from_entrypoint
 
 from cse.config.methods import METHODS, REGISTRY, get_method, missing_deployments
-from cse.config.settings import REPO_ROOT
 from cse.config.training import resolve_train_config
+from cse.storage.settings import REPO_ROOT
 
 DEPLOYMENTS = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
 EXPERIMENTS = ("cse.flows.seeds:seeds", "cse.flows.sweep:sweep", "cse.flows.ablate:ablate_d2cse")
@@ -94,23 +94,41 @@ def test_every_dispatch_target_exists():
         assert get_method(method).deployment("default") in NAMES
 
 
+def test_prefect_yaml_is_what_the_registry_generates():
+    """The training entries of prefect.yaml are generated (`cse prefect-yaml`): one per preset of every registry
+    method, in preset order, with the description of config/presets.py's PRESET_DESCRIPTIONS; the file is byte for
+    byte what the command writes."""
+    from cse.ops.deployments import generated_prefect_yaml
+
+    text = (REPO_ROOT / "prefect.yaml").read_text()
+    assert generated_prefect_yaml(text) == text, "prefect.yaml's training deployments differ: run `cse prefect-yaml`"
+    training = [e for e in DEPLOYMENTS if e["entrypoint"].startswith("cse.flows.train:")]
+    expected = [entry for spec in REGISTRY.values() for entry in spec.deployment_entries()]
+    assert [{k: e[k] for k in expected[0]} for e in training] == expected
+
+
+def test_the_generator_refuses_a_file_without_its_training_block():
+    from cse.ops.deployments import generated_prefect_yaml
+
+    with pytest.raises(ValueError, match="'# Training: one flow per method'.*put both back"):
+        generated_prefect_yaml("deployments:\n  # Experiments over many training runs\n")
+
+
 def test_the_flows_of_flows_train_are_the_registrys():
-    """Every registry method's flow is written out in flows/train.py (`train_<method> = train_flow(REGISTRY[...])`,
-    so grep finds its definition), named as prefect.yaml's entrypoint reads it, and listed in TRAIN_FLOWS."""
+    """Every registry method's flow is `cse.flows.train:train_<method>` (written out in flows/train.py so grep finds
+    it, or built from the registry entry), named as prefect.yaml's entrypoint reads it, and its TRAIN_FLOWS entry."""
     from cse.flows import train
 
     source = Path(train.__file__).read_text()
-    missing = [
-        name
-        for name, spec in REGISTRY.items()
-        if not re.search(rf'^{spec.flow_function} = train_flow\(REGISTRY\["{name}"\]\)$', source, re.MULTILINE)
-    ]
-    assert not missing, f"flows/train.py defines no flow for {missing}: add `train_<method> = train_flow(...)` lines"
-    assert set(train.TRAIN_FLOWS) == set(METHODS)
+    written = re.findall(r'^(train_\w+) = train_flow\(REGISTRY\["(\w+)"\]\)$', source, re.MULTILINE)
+    assert written and all(function == get_method(name).flow_function for function, name in written)
+    assert list(train.TRAIN_FLOWS) == list(REGISTRY) == list(METHODS)
     for name, spec in REGISTRY.items():
-        flow = getattr(train, spec.flow_function)
-        assert flow is train.TRAIN_FLOWS[name] and flow.name == spec.flow_name
+        flow = load_flow(spec.entrypoint)
+        assert flow is train.TRAIN_FLOWS[name] is getattr(train, spec.flow_function) and flow.name == spec.flow_name
         assert flow.__name__ == spec.flow_function
+    with pytest.raises(AttributeError, match="has no attribute 'train_bert'"):
+        train.train_bert  # noqa: B018  (a name that is no registry method's flow)
 
 
 def test_an_unknown_preset_or_method_is_refused_with_the_known_ones():

@@ -10,7 +10,6 @@ import torch
 from pydantic import ValidationError
 
 from cse.config.evaluation import EvalConfig
-from cse.config.settings import get_settings
 from cse.flows.evaluate import evaluate
 from cse.storage import schemas
 from cse.storage.catalog import query
@@ -18,6 +17,7 @@ from cse.storage.datasets import write_dataset
 from cse.storage.evaluations import load_sts_input
 from cse.storage.layout import DataRoot
 from cse.storage.readers import read_senteval
+from cse.storage.settings import get_settings
 from cse.tasks.evaluate import record_evaluation
 from cse.tasks.evaluate_common import resolve_checkpoint
 from cse.tracking.store import configure_mlflow, ensure_experiment

@@ -12,13 +12,13 @@ import statistics
 import mlflow
 import pytest
 
-from cse.config.settings import get_settings
 from cse.flows.ablate import ablate_d2cse, ablation_children
 from cse.flows.compare import compare
 from cse.flows.seeds import seeds
 from cse.flows.sweep import fine_grid, grid_children, sweep
 from cse.storage.catalog import query
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tasks.compare import select_runs
 from cse.tracking.store import configure_mlflow
 from tests.loops import heads_ingest

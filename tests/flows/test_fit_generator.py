@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import mlflow
 
-from cse.config.settings import get_settings
 from cse.config.stages import GeneratorConfig, IngestConfig, WikiSource
 from cse.flows.fit_generator import fit_generator
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tracking.store import configure_mlflow
 
 

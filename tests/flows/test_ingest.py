@@ -5,13 +5,13 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from cse.config.settings import get_settings
 from cse.config.stages import IngestConfig, NliSource, TokenizeConfig
 from cse.flows.ingest import ingest
 from cse.flows.tokenization import tokenize
 from cse.storage.catalog import query
 from cse.storage.datasets import read_dataset
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tracking.store import configure_mlflow
 
 

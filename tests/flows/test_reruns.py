@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.settings import REPO_ROOT, get_settings
 from cse.storage.layout import DataRoot
+from cse.storage.settings import REPO_ROOT, get_settings
 
 SMOKE = next(
     e

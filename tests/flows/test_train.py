@@ -101,9 +101,9 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     assert {"checkpoint", "sentence-transformers", "config.json", "evaluation", "plots"} <= artifacts
     assert "evaluation/sts_chart.png" in {a.path for a in client.list_artifacts(result.run_id, "evaluation")}
     # the backbone's evaluation is the cached `evaluations` dataset of its key; the run's row names it
-    from cse.config.settings import get_settings
     from cse.storage.catalog import query
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
 
     rows = query(DataRoot(get_settings().data_root), "SELECT * FROM evaluations_all ORDER BY created")
     rows = rows.to_dict("records")

@@ -33,7 +33,7 @@ from benchmarks.gpu_check import (
     synthetic_rows,
     synthetic_tokenizer,
 )
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 from cse.training.loop import StopAfter, Trainer, TrainingInterrupted
 
 CUDA = torch.cuda.is_available()

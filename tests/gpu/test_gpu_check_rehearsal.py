@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 
 
 def _rehearse(module: str, out, *args: str) -> None:

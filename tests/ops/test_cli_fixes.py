@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from cse.config.settings import get_settings
 from cse.ops.cli import PRODUCED_BY
 from cse.ops.cli import main as cse
 from cse.storage.evaluations import write_evaluation_row
 from cse.storage.layout import KINDS, DataRoot
+from cse.storage.settings import get_settings
 
 SEVEN = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 

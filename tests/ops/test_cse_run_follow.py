@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from cse.config import published
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 from tests.loops import heads_ingest
 
 pytestmark = pytest.mark.slow

@@ -13,10 +13,10 @@ from distributed import Client, LocalCluster, get_task_stream
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_dask import DaskTaskRunner
 
-from cse.config.settings import ShardRunnerSettings, get_settings, shard_runner_settings, shard_task_runner
 from cse.config.stages import CorruptConfig, TokenizeConfig, WikiSource
 from cse.flows.corrupt import corrupt
 from cse.storage.layout import DataRoot
+from cse.storage.settings import ShardRunnerSettings, get_settings, shard_runner_settings, shard_task_runner
 
 SENTENCES = 1_200
 SHARD_SIZE = 350  # → 4 corruption shards, the last one short

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 
 _spec = importlib.util.spec_from_file_location("offline_install", REPO_ROOT / "scripts" / "offline_install.py")
 oi = importlib.util.module_from_spec(_spec)

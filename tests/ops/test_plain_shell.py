@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cse.config.settings import REPO_ROOT, get_settings
 from cse.ops.prefect_profile import main as write_cse_profile
 from cse.ops.prefect_profile import shell_profiles_path, write_profile
+from cse.storage.settings import REPO_ROOT, get_settings
 
 
 def _plain_env(**extra: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 
 STAND_IN = """#!/usr/bin/env bash
 # a worker that ignores SIGTERM, with a "flow run" in a session of its own

@@ -46,7 +46,7 @@ import mlflow
 import psutil
 import pytest
 
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 from tests.loops import heads_ingest
 from tests.ports import free_ports
 

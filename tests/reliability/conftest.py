@@ -10,10 +10,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from cse.config.settings import get_settings
 from cse.config.stages import IngestConfig, NliSource, SentEvalSource, TokenizeConfig, WikiSource
 from cse.config.training import resolve_train_config
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tracking.store import configure_mlflow
 from tests.loops import loop_config
 

@@ -12,10 +12,10 @@ import logging
 import mlflow
 import pytest
 
-from cse.config.settings import get_settings
 from cse.config.training import resolve_train_config
 from cse.storage.layout import DataRoot
 from cse.storage.runs import ResumeState, RunDir
+from cse.storage.settings import get_settings
 from tests.reliability.conftest import STEPS
 
 # the job's stage tasks run here outside a flow (standalone task runs), whose logs Prefect cannot send to its API

@@ -9,9 +9,9 @@ import sys
 import textwrap
 import time
 
-from cse.config.settings import REPO_ROOT
 from cse.config.stages import IngestConfig, WikiSource
 from cse.storage.locks import exclusive
+from cse.storage.settings import REPO_ROOT
 from cse.tracking.orphans import ORPHAN_TAG, OWNER_TAG
 from tests.reliability.conftest import data_runs, ingest
 

@@ -44,7 +44,7 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 
-from cse.config.settings import REPO_ROOT
+from cse.storage.settings import REPO_ROOT
 from tests.ports import free_ports
 from tests.reliability.conftest import eight_rows_and_loop, ingest
 from tests.reliability.test_read_only import in_read_only

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from cse.config.evaluation import EvalConfig
-from cse.config.secrets import redact
 from cse.config.stages import TokenizeConfig
 from cse.config.training import TrainConfig
 from cse.ops.cli import main as cse
+from cse.storage.secrets import redact
 from tests.reliability.conftest import flip_byte_in_data, ingest, part
 
 # ------------------------------------------------------------------ item 6

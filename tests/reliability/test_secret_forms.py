@@ -1,4 +1,4 @@
-"""Issue 32, Secrets: one masking rule (`cse.config.secrets.redact`) for every form of user-info, applied at every exit
+"""Issue 32, Secrets: one masking rule (`cse.storage.secrets.redact`) for every form of user-info, applied at every exit
 of the process. Each form below is fed through each exit: the rule itself, log records, exceptions, Prefect's state
 messages and artifacts, every MLflow field the project writes (run name, params, tags, description, dict/text
 artifacts, dataset inputs), a training job's records and its exported model card.
@@ -16,7 +16,7 @@ import traceback
 import mlflow
 import pytest
 
-from cse.config.secrets import mask_uris, redact, redact_value, redacted_exception, register_environment
+from cse.storage.secrets import mask_uris, redact, redact_value, redacted_exception, register_environment
 
 # the job's stage tasks run outside a flow (standalone task runs), whose logs Prefect cannot send to its API
 pytestmark = pytest.mark.filterwarnings("ignore:Logger 'prefect.task_runs' attempted to send logs:UserWarning")
@@ -174,7 +174,7 @@ def test_the_scripts_mask_uris_by_the_same_rule(script):
     """The service scripts print the Prefect and MLflow URLs with `sed`: the same user-info rule as `redact`."""
     import subprocess
 
-    from cse.config.settings import REPO_ROOT
+    from cse.storage.settings import REPO_ROOT
 
     uris = [f for f in FORMS.values() if "://" in f] + ["http://127.0.0.1:4200/api", "postgresql://cse@db/prefect"]
     for uri in uris:

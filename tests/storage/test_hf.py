@@ -40,7 +40,7 @@ def _tokens(start: int, n: int) -> pa.Table:
 
 @pytest.fixture
 def root(isolated_home) -> DataRoot:
-    from cse.config.settings import get_settings
+    from cse.storage.settings import get_settings
 
     return DataRoot(get_settings().data_root)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cse.config.settings import REPO_ROOT
 from cse.storage.locks import exclusive, try_exclusive
+from cse.storage.settings import REPO_ROOT
 
 HOLDER = """
 import sys, time

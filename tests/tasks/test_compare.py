@@ -225,9 +225,9 @@ def test_wide_tables_and_their_markdown_and_csv():
 def test_record_comparison_writes_the_dataset_and_an_mlflow_run(store):
     import mlflow
 
-    from cse.config.settings import get_settings
     from cse.storage.catalog import query
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
     from cse.tracking.store import get_runs
 
     runs = select_runs(experiments=["simcse"])

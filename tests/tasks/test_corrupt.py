@@ -11,7 +11,6 @@ import torch
 
 import cse.models.generator_cache as generator_cache
 import cse.tasks.corrupt as corrupt_tasks
-from cse.config.settings import get_settings
 from cse.config.stages import CorruptConfig
 from cse.flows.corrupt import corrupt
 from cse.models.loading import VocabularyMismatchError, tokenizer_fingerprint, vocab_fingerprint
@@ -19,6 +18,7 @@ from cse.storage import schemas
 from cse.storage.catalog import query
 from cse.storage.datasets import read_dataset, write_dataset
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 from cse.tracking.store import configure_mlflow
 

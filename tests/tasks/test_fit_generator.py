@@ -13,7 +13,6 @@ from transformers import AutoModelForMaskedLM
 
 import cse.models.generator_cache as generator_cache
 import cse.tasks.fit_generator as fit_tasks
-from cse.config.settings import get_settings
 from cse.config.stages import CorruptConfig, GeneratorConfig
 from cse.storage.catalog import query
 from cse.storage.datasets import read_dataset
@@ -21,6 +20,7 @@ from cse.storage.generators import HELDOUT_FILE
 from cse.storage.keys import CORRUPTION_SETTINGS, corruption_key
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
+from cse.storage.settings import get_settings
 from cse.tasks.corrupt import corrupt_shard, plan_corruption, publish_corruption
 from cse.tasks.fit_generator import fit_generator
 from cse.tracking.store import configure_mlflow

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 from mlflow.types.schema import Array, DataType, Object
 
-from cse.config.settings import get_settings
 from cse.storage import schemas
 from cse.storage.datasets import DatasetRef, write_dataset
 from cse.storage.evaluations import StsInput
 from cse.storage.hashing import sha256_file
 from cse.storage.layout import DataRoot
+from cse.storage.settings import get_settings
 from cse.storage.sources import ResolvedSource
 from cse.tracking.datasets import DIGEST_CHARS, ParquetDataset, as_dataset, mlflow_schema
 from cse.tracking.lineage import CONTEXT_CORRUPTION, CONTEXT_EVAL, CONTEXT_TRAIN, log_dataset_inputs, run_dataset_inputs

@@ -19,11 +19,11 @@ import pytest
 
 from cse.config import published
 from cse.config.methods import DEFAULT_METHOD
-from cse.config.settings import get_settings
 from cse.config.training import resolve_train_config
 from cse.evaluation.plots import sts_scores_plot
 from cse.storage.readers import SEVEN_TASKS
 from cse.storage.runs import RunDir
+from cse.storage.settings import get_settings
 from cse.tracking.group_runs import COMPARISON_CHART
 from cse.tracking.run_pages import (
     BACKBONE_AVG_TAG,

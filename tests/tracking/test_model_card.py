@@ -17,11 +17,11 @@ import yaml
 from cse.config import published
 from cse.config.methods import METHODS, REGISTRY, get_method
 from cse.config.presets import PRESETS
-from cse.config.settings import REPO_ROOT, get_settings
 from cse.config.training import preset_row, resolve_train_config
 from cse.ops.cli import main as cse
 from cse.storage.datasets import DatasetRef
 from cse.storage.runs import RunDir
+from cse.storage.settings import REPO_ROOT, get_settings
 from cse.tracking.model_card import (
     MISSING,
     AdapterInfo,
@@ -482,8 +482,8 @@ def _ingested(root, source: dict, rows: int, key: str = "wiki-key", tokens_key: 
 def test_the_card_states_the_ingested_sample_and_names_no_local_path(isolated_home, tmp_path):
     """The smoke job's data: the local 11,913-line sample, not the hub's Wiki1M the config names by default; the
     temporary folders (CSE_HOME, the sample's folder, the backbone's) appear nowhere in the card."""
-    from cse.config.settings import get_settings
     from cse.storage.layout import DataRoot
+    from cse.storage.settings import get_settings
 
     sample = tmp_path / "mirror" / "wiki1m_head.txt"
     root = DataRoot(get_settings().data_root)

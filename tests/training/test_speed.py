@@ -277,7 +277,7 @@ KILL_SCRIPT = textwrap.dedent(
 
 
 def test_a_kill_during_a_background_state_write_leaves_the_previous_state_and_resume_is_exact(tok, tmp_path):
-    from cse.config.settings import REPO_ROOT
+    from cse.storage.settings import REPO_ROOT
 
     uninterrupted = Trainer(_simcse(tok), _rows(tok), _loop(), torch.device("cpu"), tmp_path / "a", *_callbacks())
     uninterrupted.run()

@@ -162,7 +162,7 @@ def redact(text: object) -> str:
         The masked text (the same text when it holds no credential).
 
     Examples:
-        >>> from cse.config.secrets import redact
+        >>> from cse.storage.secrets import redact
         >>> redact("postgresql://cse:p@ss'Wh1stle9@db:5432/mlflow")
         'postgresql://cse:***@db:5432/mlflow'
         >>> redact("failed to resolve host 'ss'Wh1stle9@db'")  # a piece of the password seen above

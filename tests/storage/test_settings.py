@@ -1,4 +1,4 @@
-"""config/settings.py: the environment read by pydantic-settings, with the defaults and messages of its table."""
+"""storage/settings.py: the environment read by pydantic-settings, with the defaults and messages of its table."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cse.config.settings import REPO_ROOT, ShardRunnerSettings, get_settings, shard_runner_settings
+from cse.storage.settings import REPO_ROOT, ShardRunnerSettings, get_settings, shard_runner_settings
 
 VARIABLES = (
     "CSE_HOME",
