@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
@@ -192,7 +192,7 @@ async def outcome_of(flow_run_id: UUID, with_stage_lines: bool = True) -> RunOut
         return RunOutcome(
             flow_run_id,
             run.name,
-            run.state.name if run.state else "unknown",
+            (run.state.name if run.state else None) or "unknown",
             completed,
             stage_lines=await stage_lines(client, flow_run_id) if with_stage_lines else [],
             failures=[] if completed else await failures_of(client, flow_run_id),
@@ -361,6 +361,7 @@ async def start(deployment: str, parameters: dict[str, Any]):
         ServicesDown: no Prefect server answers.
     """
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL
@@ -384,7 +385,8 @@ async def start(deployment: str, parameters: dict[str, Any]):
                 ) from None
             flow = await client.read_flow(found.flow_id)
         check_training_parameters(flow.name, dict(found.parameters or {}), parameters)
-        return await run_deployment(deployment, parameters=parameters, timeout=0)
+        # (`run_deployment` is sync-compatible: typed as a flow run or its coroutine; awaited here, a coroutine)
+        return await cast(Awaitable[FlowRun], run_deployment(deployment, parameters=parameters, timeout=0))
     except PrefectHTTPStatusError as e:  # 409: the parameters fail the deployment's schema (no flow run was made)
         if e.response.status_code != 409:
             raise
@@ -415,7 +417,7 @@ async def wait(
     async with get_client() as client:
         while True:
             run = await client.read_flow_run(flow_run_id)
-            name = run.state.name if run.state else "unknown"
+            name = (run.state.name if run.state else None) or "unknown"
             final = run.state is not None and run.state.is_final()
             if on_poll is not None:
                 await on_poll(client, final)
@@ -442,6 +444,15 @@ def _stdout(line: str) -> None:
     print(line, flush=True)  # in order with the stderr lines, even through a pipe or a log file
 
 
+def _masked(write: Callable[[str], None]) -> Callable[[str], None]:
+    """`write` of every line with its credentials masked (`redact`)."""
+
+    def masked(line: str) -> None:
+        write(redact(line))
+
+    return masked
+
+
 def run_deployment_cli(
     deployment: str,
     params: list[str] | None,
@@ -455,7 +466,9 @@ def run_deployment_cli(
     """`cse run`: start `deployment` and follow it (cse.ops.follow: a line per stage as it ends, the stages' cache hits
     and writes as they come, the training progress bar; at the end the result's table, the MLflow run id and the
     Prefect and MLflow pages); on failure the reason of each failing task. `quiet`: only the changes of state, then
-    the stage lines and the reasons (for scripts). Returns 0 when the run completed, else 1.
+    the stage lines and the reasons (for scripts). Returns 0 when the run completed, else 1. Every line passes the
+    masking rule (`redact`): the flow run's Prefect page is built on `PREFECT_UI_URL`, which Prefect derives from
+    `PREFECT_API_URL` with its user-info, and the MLflow pages on the tracking server's URL.
 
     Args:
         deployment: `flow-name/deployment-name`.
@@ -471,6 +484,7 @@ def run_deployment_cli(
     from prefect.settings import PREFECT_UI_URL
 
     err = err or (lambda line: print(line, file=sys.stderr, flush=True))
+    out, err = _masked(out), _masked(err)
     if timeout_s is not None and not 0 < timeout_s < float("inf"):  # checked before a flow run is created
         raise ValueError(f"timeout {timeout_s!r}: a finite number of seconds > 0, or None to wait until the run ends")
     parameters = parse_params(params)

@@ -16,6 +16,7 @@ from typing import Any
 from prefect import task
 
 from cse.config.evaluation import EvalConfig
+from cse.config.secrets import redact
 from cse.config.settings import get_settings
 from cse.evaluation import Evaluator
 from cse.evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
@@ -145,7 +146,11 @@ def record_evaluation(
 
     `subset_metrics=False` (a training run, a re-evaluation nested under one) logs only the headline metrics
     (`cse.tracking.run_pages.page_metrics`): the per-subset scores and the evaluator's other single values stay in the
-    run's `evaluation/` files and would bury the curves on its charts (`cse.tracking.run_pages`)."""
+    run's `evaluation/` files and would bury the curves on its charts (`cse.tracking.run_pages`).
+
+    `label` (free text: a user's, or a training run's name, which may quote a source URL) is stored masked
+    (`redact`) in every record: the run's files, the Parquet row, the Prefect artifacts."""
+    label = redact(label)
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cse.config.evaluation import EvalConfig
+from cse.config.secrets import redact
 from cse.config.settings import get_settings
 from cse.evaluation.transfer import TransferEvaluator, TransferResult
 from cse.storage.evaluations import row_identity, write_evaluation_row
@@ -91,7 +92,9 @@ def record_transfer_evaluation(
     step: int = 0,
 ) -> str:
     """Log `result` to the active MLflow run (if any; at `step`: a training job's last, so that its charts are lines),
-    write its Parquet row, create Prefect artifacts (inside a Prefect run). Returns the evaluation id."""
+    write its Parquet row, create Prefect artifacts (inside a Prefect run). Returns the evaluation id. `label` is
+    stored masked (`redact`), as `cse.tasks.evaluate.record_evaluation` stores it."""
+    label = redact(label)
     evaluation_id = f"transfer-{uuid.uuid4().hex[:16]}"
     run_id = active_run_id()
     if run_id is not None:
