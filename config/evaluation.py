@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cse.config.stages import _Config
+from cse.storage.secrets import redact
 
 DEFAULT_EXPERIMENT = "evaluation"  # where an evaluation of anything but a training job's checkpoint is logged
 
@@ -113,6 +114,12 @@ class EvalConfig(_Config):
         f"evaluation's run is nested under the job's run), else `{DEFAULT_EXPERIMENT}`",
     )
     progress: bool = True
+
+    @field_validator("label", "experiment")
+    @classmethod
+    def _masked(cls, text: str | None) -> str | None:
+        """Free text the user gives is stored (run names, tables, the `evaluations` dataset): credentials masked."""
+        return None if text is None else redact(text)
 
     @model_validator(mode="after")
     def _what(self) -> EvalConfig:

@@ -1,7 +1,9 @@
 """`cse` command line: look at what the pipeline produced, run its deployments, publish its models.
 
 `cse COMMAND -h` says what a command does. Errors print one line (`cse: error: ...`) and exit with status 2;
-`cse --debug ...` shows the traceback.
+`cse --debug ...` shows the traceback. Every line printed about a value passes two rules: credentials masked
+(`cse.storage.secrets.redact`), the values echoed cut and escaped (`cse.config.limits.one_line`: what was given on the
+command line, a path, SQL quoted back).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import duckdb
 import pandas as pd
 import typer
 
+from cse.config.limits import one_line
 from cse.config.methods import DEFAULT_METHOD
 from cse.storage.catalog import damaged, query, refresh_catalog
 from cse.storage.layout import KINDS, DataRoot
@@ -197,10 +200,10 @@ def deliver_metrics(
         try:
             n = deliver_spool(RunDir.at(path, home=get_settings().home))
         except (SpoolNotDelivered, FileNotFoundError, ValueError) as e:
-            print(f"{path}: not delivered: {e}", file=sys.stderr)
+            _say(f"{path}: not delivered: {e}", [path], err=True)
             status = 1
         else:
-            print(f"{path}: delivered {n} metric values" if n else f"{path}: nothing to deliver")
+            _say(f"{path}: delivered {n} metric values" if n else f"{path}: nothing to deliver", [path])
     return status
 
 
@@ -273,13 +276,16 @@ def push(
     from cse.ops.publish import push_export
 
     result = push_export(export_dir, repo_id, private=private, revision=revision, token_env=token_env)
-    print(f"pushed {export_dir} to {result.url}" + (f" (commit {result.commit_url})" if result.commit_url else ""))
+    _say(
+        f"pushed {export_dir} to {result.url}" + (f" (commit {result.commit_url})" if result.commit_url else ""),
+        [export_dir],
+    )
     return 0
 
 
 @app.command()
 def dataset(
-    kind: Annotated[Literal[KINDS], _arg("KIND", nonblank=False)],
+    kind: Annotated[Literal[KINDS], _arg("KIND", nonblank=False)],  # type: ignore[valid-type]  # typer reads the choices from KINDS at run time
     key: Annotated[str | None, _arg("KEY", "dataset key (default: the newest dataset of KIND)", nonblank=False)] = None,
     hf: Annotated[bool, _flag("--hf", "print a Python line opening it as a memory-mapped HF Dataset")] = False,
 ) -> int:
@@ -387,9 +393,15 @@ def _read_failure(e: BaseException) -> bool:
     return isinstance(e, duckdb.IOException) or type(e) is duckdb.Error or "parquet" in str(e).lower()
 
 
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return redact(f"{type(e).__name__}: {text}")
+def _say(line: str, given: list[str], err: bool = False) -> None:
+    """Print one line about the values `given` (on stdout, or stderr with `err`): credentials masked, the values
+    echoed cut and escaped (`one_line`)."""
+    print(one_line(redact(line), echoed=given), file=sys.stderr if err else sys.stdout)
+
+
+def _one_line(e: BaseException, given: list[str]) -> str:
+    """An exception as one line: its type and message, credentials masked, the values `given` cut and escaped."""
+    return one_line(redact(f"{type(e).__name__}: {str(e).strip() or type(e).__name__}"), echoed=given)
 
 
 @app.command(context_settings={"ignore_unknown_options": True})  # (SQL may begin with a `--` comment)
@@ -466,20 +478,21 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         if isinstance(e, typer.TyperException):  # a usage error: it names the option or argument, then the usage
-            usage = f" ({' '.join(e.ctx.get_usage().split())})" if getattr(e, "ctx", None) else ""
+            ctx = getattr(e, "ctx", None)  # (a click UsageError has one, typer's other exceptions none)
+            usage = f" ({' '.join(ctx.get_usage().split())})" if ctx is not None else ""
             message = e.format_message().replace("Value error, ", "")  # (how typer's pydantic words a ValueError)
-            print(f"cse: error: {redact(message)}{usage}", file=sys.stderr)
+            print(f"cse: error: {one_line(redact(message), echoed=argv)}{usage}", file=sys.stderr)
             return 2
         if isinstance(e, SqlError):
             text = str(e).split("\nLINE ")[0]  # (DuckDB's caret drawing does not survive one line)
-            print(f"cse: error: SQL error: {redact(' '.join(text.split()))}", file=sys.stderr)
+            print(f"cse: error: SQL error: {one_line(redact(text), echoed=argv)}", file=sys.stderr)
             return 2
         if isinstance(e, duckdb.Error):
             read_failure = _read_failure(e)
         else:
             read_failure = type(e).__module__.startswith("pyarrow") or "parquet" in str(e).lower()
         hint = " (a damaged dataset file? `cse verify` checks the data root)" if read_failure else ""
-        print(f"cse: error: {_one_line(e)}{hint}", file=sys.stderr)
+        print(f"cse: error: {_one_line(e, argv)}{hint}", file=sys.stderr)
         return 2
 
 

@@ -563,6 +563,15 @@ async def follow_deployment(
     return report_outcome(deployment, run.id, result, follower, link, began, term)
 
 
+def _masked(write: Callable[[str], None]) -> Callable[[str], None]:
+    """`write` of every line with its credentials masked (`redact`)."""
+
+    def masked(line: str) -> None:
+        write(redact(line))
+
+    return masked
+
+
 def run_deployment_cli(
     deployment: str,
     params: list[str] | None,
@@ -576,7 +585,9 @@ def run_deployment_cli(
     """`cse run`: start `deployment` and follow it (cse.ops.follow: a line per stage as it ends, the stages' cache hits
     and writes as they come, the training progress bar; at the end the result's table, the MLflow run id and the
     Prefect and MLflow pages); on failure the reason of each failing task. `quiet`: only the changes of state, then
-    the stage lines and the reasons (for scripts). Returns 0 when the run completed, else 1.
+    the stage lines and the reasons (for scripts). Returns 0 when the run completed, else 1. Every line passes the
+    masking rule (`redact`): the flow run's Prefect page is built on `PREFECT_UI_URL`, which Prefect derives from
+    `PREFECT_API_URL` with its user-info, and the MLflow pages on the tracking server's URL.
 
     Args:
         deployment: `flow-name/deployment-name`.
@@ -589,12 +600,14 @@ def run_deployment_cli(
     """
     import sys
 
+    err = err or (lambda line: print(line, file=sys.stderr, flush=True))
+    out, err = _masked(out), _masked(err)
     if timeout_s is not None and not 0 < timeout_s < float("inf"):  # checked before a flow run is created
         raise ValueError(f"timeout {timeout_s!r}: a finite number of seconds > 0, or None to wait until the run ends")
     parameters = parse_params(params)
     term = Terminal(
         out,
-        err or (lambda line: print(line, file=sys.stderr, flush=True)),
+        err,
         Printer(out, sys.stdout.isatty() if tty is None else tty),
         quiet,
     )

@@ -7,6 +7,7 @@ so the DuckDB views `evaluations` / `evaluations_all` compare any set of runs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ from cse.storage.datasets import EvaluationInput, resolve_input, write_dataset
 from cse.storage.layout import DataRoot
 from cse.storage.manifest import Manifest
 from cse.storage.readers import read_senteval, senteval_root, senteval_source_files
+from cse.storage.secrets import redact, redact_value
 
 
 class StsInput(EvaluationInput):
@@ -84,10 +86,29 @@ def row_identity(
     }
 
 
+def _masked_cell(value: Any) -> Any:
+    """A row's cell with its credentials masked: a JSON object or list (`details`) value by value, so that it stays
+    JSON; any other text by `redact`."""
+    if not isinstance(value, str):
+        return value
+    if value[:1] in ("{", "["):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return redact(value)
+        masked = redact_value(parsed)
+        return value if masked == parsed else json.dumps(masked, ensure_ascii=False)
+    return redact(value)
+
+
 def write_evaluation_row(
     root: DataRoot, row: Mapping[str, Any], *, params: Mapping[str, Any] | None = None
 ) -> Manifest:
-    """Publish one evaluation row as dataset `evaluations/<evaluation_id>` and refresh the catalog."""
+    """Publish one evaluation row as dataset `evaluations/<evaluation_id>` and refresh the catalog. Its text (the
+    label, free text; paths, sources) and `params` are stored with their credentials masked (`redact`), so the
+    manifest, the Parquet and Arrow files, the catalog and `cse report` never show one."""
+    row = {k: _masked_cell(v) for k, v in row.items()}
+    params = redact_value(dict(params or {}))
     missing = [f.name for f in schemas.EVALUATIONS if not f.nullable and row.get(f.name) is None]
     if missing:
         raise ValueError(f"evaluation row lacks required fields {missing}")
@@ -98,7 +119,7 @@ def write_evaluation_row(
         str(row["evaluation_id"]),
         [table],
         schemas.EVALUATIONS,
-        params=dict(params or {}),
+        params=params,
         inputs={"sts": str(row["sts_hash"])},
     )
     refresh_catalog(root)

@@ -24,7 +24,10 @@ Where the rule is applied, so that no credential leaves the process in clear:
   dict and text artifacts, dataset inputs, logged-model and registry fields (`cse.tracking.redaction`);
 - Prefect artifacts (`cse.tracking.reporting`), model cards (`cse.tracking.model_card`), the source location in a
   dataset's manifest (`cse.storage.sources`), and every message of the `cse` command and the scripts
-  (`scripts/services.sh`, `scripts/team.sh` hold the same URI pattern in `sed`).
+  (`scripts/services.sh`, `scripts/team.sh` hold the same URI pattern in `sed`), every line `cse run` prints (the
+  Prefect and MLflow pages, built on URLs that may hold user-info: `cse.ops.deployments`);
+- user-given free text that is stored: an evaluation's label and experiment (`cse.config.evaluation`), the label of
+  every evaluation record and the text of every `evaluations` row (`cse.tasks.evaluate`, `cse.storage.evaluations`).
 """
 
 from __future__ import annotations

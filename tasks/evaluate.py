@@ -20,6 +20,7 @@ from cse.evaluation.plots import alignment_uniformity_plot, cosine_by_gold_plot
 from cse.evaluation.results import EvalResult
 from cse.storage.evaluations import StsInput, load_sts_input, row_identity
 from cse.storage.layout import DataRoot
+from cse.storage.secrets import redact
 from cse.storage.settings import get_settings
 from cse.tasks.evaluate_common import (
     EvalSummary,
@@ -150,7 +151,11 @@ def record_evaluation(
 
     `subset_metrics=False` (a training run, a re-evaluation nested under one) logs only the headline metrics
     (`cse.tracking.run_pages.page_metrics`): the per-subset scores and the evaluator's other single values stay in the
-    run's `evaluation/` files and would bury the curves on its charts (`cse.tracking.run_pages`)."""
+    run's `evaluation/` files and would bury the curves on its charts (`cse.tracking.run_pages`).
+
+    `label` (free text: a user's, or a training run's name, which may quote a source URL) is stored masked
+    (`redact`) in every record: the run's files, the Parquet row, the Prefect artifacts."""
+    label = redact(label)
     evaluation_id = f"{result.mode}-{uuid.uuid4().hex[:16]}"
     metrics = result.metrics() if subset_metrics else page_metrics(result.metrics())
 

@@ -18,6 +18,7 @@ from cse.config.evaluation import EvalConfig
 from cse.evaluation.transfer import TransferEvaluator, TransferResult
 from cse.storage.evaluations import row_identity
 from cse.storage.layout import DataRoot
+from cse.storage.secrets import redact
 from cse.storage.settings import get_settings
 from cse.storage.transfer import TransferInput, load_transfer_input
 from cse.tasks.evaluate_common import EvalSummary, build_embedder, evaluation_run, record_result
@@ -89,7 +90,9 @@ def record_transfer_evaluation(
     step: int = 0,
 ) -> str:
     """Log `result` to the active MLflow run (if any; at `step`: a training job's last, so that its charts are lines),
-    write its Parquet row, create Prefect artifacts (inside a Prefect run). Returns the evaluation id."""
+    write its Parquet row, create Prefect artifacts (inside a Prefect run). Returns the evaluation id. `label` is
+    stored masked (`redact`), as `cse.tasks.evaluate.record_evaluation` stores it."""
+    label = redact(label)
     evaluation_id = f"transfer-{uuid.uuid4().hex[:16]}"
 
     def write_files(tmp: Path) -> dict[str, Path]:
