@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from transformers import PreTrainedModel
 
 from cse.config.stages import GeneratorConfig
 from cse.models.corruption import SpecialTokens
@@ -79,7 +80,7 @@ def _fit(root: DataRoot, tokens: Manifest, config: GeneratorConfig, key: str, ru
     table = read_dataset(root, "tokens", tokens.key, columns=["id", "input_ids"])
     flat, offsets = token_lists(table.column("input_ids"))
 
-    def load_baseline() -> torch.nn.Module | None:
+    def load_baseline() -> PreTrainedModel | None:
         if not config.baseline_generator:
             return None
         baseline = config.baseline_generator

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -434,9 +435,12 @@ def test_a_package_refuses_its_bare_folder_name():
 def test_a_regular_install_holds_every_package_and_imports_from_anywhere(tmp_path):
     """A wheel built from the checkout copies each folder through its link under cse/ (modules and package data), and
     installed without the checkout, `import cse.models` works from `/` and finds the installed files only."""
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
+    # a copy of the checkout (links kept as links): setuptools builds in the source's build/, never the checkout's
+    skip = (".venv", ".git", "build", ".cse", "site", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache")
+    shutil.copytree(REPO_ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(*skip, "tests", "benchmarks"))
     build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), "."]
-    subprocess.run(build, cwd=REPO_ROOT, check=True, capture_output=True)
+    subprocess.run(build, cwd=source, check=True, capture_output=True)
     (wheel,) = wheels.glob("cse_pipeline-*.whl")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],

@@ -32,6 +32,7 @@ def layer_diagram(page: str) -> tuple[dict[str, str], set[tuple[str, str]]]:
         if "-->" not in line:
             continue
         left, right = line.split("-->", 1)
+        right = re.sub(r"^\s*\|[^|]*\|", "", right)  # the arrow's label (`-->|"atomic.py only"| STO`)
         source = _NODE.sub(r"\1", left).strip()
         for target in _NODE.sub(r"\1", right).split("&"):
             arrows.add((nodes[source], nodes[target.strip()]))

@@ -106,7 +106,7 @@ def fit_masked_lm(
     config: GeneratorConfig,
     device: torch.device,
     *,
-    load_baseline: Callable[[], torch.nn.Module | None],
+    load_baseline: Callable[[], PreTrainedModel | None],
     log_metrics: Callable[[dict[str, float], int], None],
     name: str,
     desc: str,
@@ -185,7 +185,7 @@ class _Fitting:
 
     @classmethod
     def of(
-        cls, model: torch.nn.Module, special: SpecialTokens, config: GeneratorConfig, device: torch.device, planned: int
+        cls, model: PreTrainedModel, special: SpecialTokens, config: GeneratorConfig, device: torch.device, planned: int
     ) -> _Fitting:
         total = min(config.max_steps or planned, planned)
         warmup, vocab, decay = round(config.warmup_ratio * total), special.vocab_size, config.weight_decay
