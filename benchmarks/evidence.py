@@ -154,14 +154,74 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
 
     import torch
 
-    from cse.models.loading import load_tokenizer
-    from cse.storage.training_data import load_token_rows
-    from cse.training.job import build_model, load_training_rows, training_phases
+    from cse.training.job import build_model, training_phases
     from cse.training.loop import set_seed
-    from cse.training.rows import TrainingRows
 
     cfg = bench.config(method, arm, seed, steps)
     t_data = time.perf_counter()
+    tokens, corruption, pad, rows, nli_rows, nli_heldout_rows = cell_data(bench, cfg)
+    data_s = time.perf_counter() - t_data
+    device = torch.device("cpu")
+    set_seed(cfg.seed)  # as cse.training.job.fit: the initial prompts, MLPs and heads follow the job's seed
+    model = build_model(cfg, device)
+    phases = training_phases(cfg, rows, nli_rows)
+    total = sum(p.total_steps for p in phases)
+    _log(
+        f"{method}/{arm.name}/seed {seed}: {total} steps, batch {cfg.batch_size}, lr {cfg.learning_rate:g}"
+        + (f" (stage 1 {cfg.prefix_phase.learning_rate:g})" if cfg.prefix_phase else "")
+    )
+    dev = DevCurve(bench, cfg, nli_heldout_rows)
+    dev.start(model)
+    start_eval_s = dev.seconds
+    losses: list[dict[str, float]] = []
+    log_metrics = loss_logger(losses, ("rtd_accuracy", "nli_accuracy", "grad_norm"))
+    with tempfile.TemporaryDirectory(prefix="evidence-state-") as state:
+        dev.trainer = protocol_trainer(model, cfg, phases, device, Path(state), dev, log_metrics)
+        result = dev.trainer.run()
+    train_s = result.seconds - (dev.seconds - start_eval_s)  # the loop's seconds without its dev evaluations
+    if dev.curve[-1][0] != result.steps:
+        raise RuntimeError(f"the last dev point is step {dev.curve[-1][0]}, not the last step {result.steps}")
+    out: dict[str, Any] = {
+        "method": method,
+        "arm": arm.name,
+        "label": arm.label,
+        "seed": seed,
+        "protocol": protocol_hash(),
+        "steps": result.steps,
+        "learning_rate": cfg.learning_rate,
+        "batch_size": cfg.batch_size,
+        "overrides": arm.overrides,
+        **curve_fields(dev.curve),
+        "best_step": max(dev.curve, key=lambda p: p[1])[0],
+        "losses": losses,
+        "corruption": cfg.corrupt.model_dump() if cfg.uses_corruption else None,
+        "corruption_key": corruption.key if corruption is not None else None,
+        "seconds": {
+            "data": round(data_s, 1),
+            "train": round(train_s, 1),
+            "eval": round(dev.seconds, 1),
+            "train_and_eval": round(train_s + dev.seconds, 1),
+        },
+    }
+    if dev.nli_acc:
+        out["nli_heldout_accuracy"] = dev.nli_acc
+    if (method, arm.name) in MECHANISM_ARMS:
+        out["mechanism"] = heldout_rtd(bench, model, tokens, corruption, pad)
+    _log(
+        f"{method}/{arm.name}/seed {seed}: STS-B dev {out['start']:.2f} -> {out['final']:.2f} ({out['delta']:+.2f}); "
+        f"{out['seconds']['train_and_eval']:.0f} s"
+    )
+    return out
+
+
+def cell_data(bench: Bench, cfg):
+    """A cell's data: its tokens and corruption (cached stages), the pad id, its training rows and, for a method that
+    needs NLI, the stage-1 triplets and all the triplets (the last ones held out)."""
+    from cse.models.loading import load_tokenizer
+    from cse.storage.training_data import load_token_rows
+    from cse.training.job import load_training_rows
+    from cse.training.rows import TrainingRows
+
     tokens = bench.tokens(cfg.dataset, cfg)
     corruption = bench.corruption(tokens, cfg) if cfg.uses_corruption else None
     pad = load_tokenizer(cfg.backbone).pad_token_id
@@ -176,75 +236,38 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
         nli_heldout_rows = TrainingRows(load_token_rows(bench.root, nli.key, cols), None, True, pad)
         if len(nli_heldout_rows) - PROTOCOL["nli_heldout_triplets"] < len(nli_rows):
             raise RuntimeError("held-out NLI triplets overlap the stage-1 triplets")
-    data_s = time.perf_counter() - t_data
-    device = torch.device("cpu")
-    set_seed(cfg.seed)  # as cse.training.job.fit: the initial prompts, MLPs and heads follow the job's seed
-    model = build_model(cfg, device)
-    phases = training_phases(cfg, rows, nli_rows)
-    total = sum(p.total_steps for p in phases)
-    _log(
-        f"{method}/{arm.name}/seed {seed}: {total} steps, batch {cfg.batch_size}, lr {cfg.learning_rate:g}"
-        + (f" (stage 1 {cfg.prefix_phase.learning_rate:g})" if cfg.prefix_phase else "")
-    )
+    return tokens, corruption, pad, rows, nli_rows, nli_heldout_rows
 
-    t_eval = time.perf_counter()
-    curve = [(0, stsb_dev(bench.evaluator, model))]
-    nli_acc: dict[str, float] = {}
-    if nli_heldout_rows is not None:
-        nli_acc["start"] = heldout_nli(model, nli_heldout_rows)
-    eval_s = time.perf_counter() - t_eval
-    losses: list[dict[str, float]] = []
-    trainer = None
 
-    def evaluate_dev(m) -> float:
-        nonlocal eval_s
+class DevCurve:
+    """A cell's STS-B dev curve, as the Trainer's evaluate hook: the score at each evaluation step (and, for DiffAug,
+    the held-out NLI accuracy at the start and after stage 1), with the seconds its evaluations took."""
+
+    def __init__(self, bench: Bench, cfg, nli_heldout_rows):
+        self.bench, self.cfg, self.nli_heldout_rows = bench, cfg, nli_heldout_rows
+        self.curve: list[tuple[int, float]] = []
+        self.nli_acc: dict[str, float] = {}
+        self.seconds = 0.0
+        self.trainer = None  # set once the Trainer exists: the steps of the curve are its
+
+    def start(self, model) -> None:
+        """The step-0 point (and the NLI accuracy at the start)."""
         t0 = time.perf_counter()
-        score = stsb_dev(bench.evaluator, m)
-        curve.append((trainer.step, score))
-        if nli_heldout_rows is not None and cfg.prefix_phase is not None and trainer.step == cfg.prefix_phase.steps:
-            nli_acc["after_stage1"] = heldout_nli(m, nli_heldout_rows)
-        eval_s += time.perf_counter() - t0
-        return score
+        self.curve.append((0, stsb_dev(self.bench.evaluator, model)))
+        if self.nli_heldout_rows is not None:
+            self.nli_acc["start"] = heldout_nli(model, self.nli_heldout_rows)
+        self.seconds += time.perf_counter() - t0
 
-    start_eval_s = eval_s
-    log_metrics = loss_logger(losses, ("rtd_accuracy", "nli_accuracy", "grad_norm"))
-    with tempfile.TemporaryDirectory(prefix="evidence-state-") as state:
-        trainer = protocol_trainer(model, cfg, phases, device, Path(state), evaluate_dev, log_metrics)
-        result = trainer.run()
-    train_s = result.seconds - (eval_s - start_eval_s)  # the loop's seconds without its dev evaluations
-    if curve[-1][0] != result.steps:
-        raise RuntimeError(f"the last dev point is step {curve[-1][0]}, not the last step {result.steps}")
-    out: dict[str, Any] = {
-        "method": method,
-        "arm": arm.name,
-        "label": arm.label,
-        "seed": seed,
-        "protocol": protocol_hash(),
-        "steps": result.steps,
-        "learning_rate": cfg.learning_rate,
-        "batch_size": cfg.batch_size,
-        "overrides": arm.overrides,
-        **curve_fields(curve),
-        "best_step": max(curve, key=lambda p: p[1])[0],
-        "losses": losses,
-        "corruption": cfg.corrupt.model_dump() if cfg.uses_corruption else None,
-        "corruption_key": corruption.key if corruption is not None else None,
-        "seconds": {
-            "data": round(data_s, 1),
-            "train": round(train_s, 1),
-            "eval": round(eval_s, 1),
-            "train_and_eval": round(train_s + eval_s, 1),
-        },
-    }
-    if nli_acc:
-        out["nli_heldout_accuracy"] = nli_acc
-    if (method, arm.name) in MECHANISM_ARMS:
-        out["mechanism"] = heldout_rtd(bench, model, tokens, corruption, pad)
-    _log(
-        f"{method}/{arm.name}/seed {seed}: STS-B dev {out['start']:.2f} -> {out['final']:.2f} ({out['delta']:+.2f}); "
-        f"{out['seconds']['train_and_eval']:.0f} s"
-    )
-    return out
+    def __call__(self, m) -> float:
+        t0 = time.perf_counter()
+        score = stsb_dev(self.bench.evaluator, m)
+        step = self.trainer.step
+        self.curve.append((step, score))
+        prefix = self.cfg.prefix_phase
+        if self.nli_heldout_rows is not None and prefix is not None and step == prefix.steps:
+            self.nli_acc["after_stage1"] = heldout_nli(m, self.nli_heldout_rows)
+        self.seconds += time.perf_counter() - t0
+        return score
 
 
 def head_lr_cell(bench: Bench, head_lr: float) -> dict[str, Any]:
@@ -277,6 +300,14 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_pm(a['delta'], signed=True)} | {_pm(a['best'])} | "
                 f"{paired_text(m['method_minus_control'].get(name))} | {a['train_seconds']['mean']:.0f} |"
             )
+    lines += mechanism_section(s) + nli_section(s) + head_lr_section(report["summary"])
+    lines += ["", "Commands:", ""] + [f"- `{c}`" for c in report.get("commands", [])]
+    return "\n".join(lines) + "\n"
+
+
+def mechanism_section(s: dict[str, Any]) -> list[str]:
+    """The report's table of held-out RTD figures (loss, accuracy, replaced recall under each h), when measured."""
+    lines: list[str] = []
     if mech_rows := [(method, a) for method, m in s.items() for a in m["arms"].values() if "mechanism" in a]:
         lines += [
             "",
@@ -291,6 +322,12 @@ def markdown(report: dict[str, Any]) -> str:
             figures = [_pm(me[cond][k], 4) for k in ("loss", "accuracy") for cond in CONDITIONS]
             recall = " / ".join(f"{me[cond]['replaced_recall']['mean']:.3f}" for cond in CONDITIONS)
             lines.append(f"| {method} | {a['label']} | {' | '.join(figures)} | {recall} |")
+    return lines
+
+
+def nli_section(s: dict[str, Any]) -> list[str]:
+    """The report's table of DiffAug's held-out NLI accuracy before and after stage 1, when measured."""
+    lines: list[str] = []
     if nli_rows := [a for m in s.values() for a in m["arms"].values() if "nli_heldout_accuracy" in a]:
         lines += [
             "",
@@ -302,7 +339,13 @@ def markdown(report: dict[str, Any]) -> str:
         for a in nli_rows:
             acc = a["nli_heldout_accuracy"]
             lines.append(f"| {a['label']} | {_pm(acc['start'])} | {_pm(acc['after_stage1'])} |")
-    if "head_lr_sensitivity" in report["summary"]:
+    return lines
+
+
+def head_lr_section(summary: dict[str, Any]) -> list[str]:
+    """The report's table of the D2CSE head-LR sensitivity rows, when measured."""
+    lines: list[str] = []
+    if "head_lr_sensitivity" in summary:
         lines += [
             "",
             "## D2CSE head learning rate (seed 0, 50 steps; the default is the job's single rate)",
@@ -310,14 +353,13 @@ def markdown(report: dict[str, Any]) -> str:
             "| BN-MLP + RTD head LR | contrastive loss at step 1 | max over steps 1–10 | STS-B dev at step 50 |",
             "|---|---|---|---|",
         ]
-        for r in report["summary"]["head_lr_sensitivity"]:
+        for r in summary["head_lr_sensitivity"]:
             f = lambda v: "–" if v is None else f"{v:.3f}"
             lines.append(
                 f"| {r['head_lr']} | {f(r['loss_step1'])} | {f(r['max_loss_1_10'])} | "
                 f"{'–' if r['dev_at_50'] is None else format(r['dev_at_50'], '.2f')} |"
             )
-    lines += ["", "Commands:", ""] + [f"- `{c}`" for c in report.get("commands", [])]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot_curves(report: dict[str, Any], out_dir: Path) -> None:
@@ -427,6 +469,15 @@ def merge(paths: list[Path], out: Path, command: str, readme: Path | None = None
     return 0 if report["complete"] else 1
 
 
+def parse_arms(parser: argparse.ArgumentParser, value: str | None) -> list[str] | None:
+    """--arms as a list (None: every arm), each one of the protocol's arms or `head-lr` (else the parser's error)."""
+    arms = [a.strip() for a in value.split(",")] if value else None
+    known_arms = {a.name for v in ARMS.values() for a in v} | {"head-lr"}
+    if arms and (bad := sorted(set(arms) - known_arms)):
+        parser.error(f"unknown --arms {bad}; known: {sorted(known_arms)}")
+    return arms
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
@@ -459,10 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = parse_seeds(args.seeds)
     if seeds and (bad := sorted(set(seeds) - set(PROTOCOL["seeds"]))):
         p.error(f"--seeds {bad} are not the protocol's {PROTOCOL['seeds']}")
-    arms = [a.strip() for a in args.arms.split(",")] if args.arms else None
-    known_arms = {a.name for v in ARMS.values() for a in v} | {"head-lr"}
-    if arms and (bad := sorted(set(arms) - known_arms)):
-        p.error(f"unknown --arms {bad}; known: {sorted(known_arms)}")
+    arms = parse_arms(p, args.arms)
     use_home(args.home, args.threads)
 
     def stamped(report: dict[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from benchmarks import evidence_base as ev
 from benchmarks.evidence_base import (
     Arm,
     Bench,
+    _cells,
     _pm,
     arm_summary,
     by_arm,
@@ -242,19 +243,16 @@ def probe_rows(model, rows, indices, batch: int = 64) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- records
-def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dict[str, Any]:
-    """Train the arm on the swap task for `power.steps` steps (seed 0) and probe the held-out sentences."""
+def swap_task_rows(bench: Bench, cfg):
+    """The power check's rows: the training sentences with the swap corruption, every sentence with it, and the
+    indices of the held-out sentences (the sample's last ones)."""
     import numpy as np
-    import torch
 
     from cse.models.loading import load_tokenizer
     from cse.storage.training_data import load_token_rows
-    from cse.training.job import build_model, training_phases
-    from cse.training.loop import set_seed
     from cse.training.rows import TrainingRows
 
     power = PROTOCOL_V2["power"]
-    cfg = train_config(bench, method, arm, power["seed"], knob, power["steps"], generator=None)
     tokens = bench.tokens(cfg.dataset, cfg)
     pad = load_tokenizer(cfg.backbone).pad_token_id
     everything = load_token_rows(bench.root, tokens.key, ("text",))
@@ -272,8 +270,19 @@ def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dic
         False,
         pad,
     )
-    all_rows = TrainingRows(everything, swap, False, pad)
-    heldout = np.arange(n_train, n)
+    return train_rows, TrainingRows(everything, swap, False, pad), np.arange(n_train, n)
+
+
+def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dict[str, Any]:
+    """Train the arm on the swap task for `power.steps` steps (seed 0) and probe the held-out sentences."""
+    import torch
+
+    from cse.training.job import build_model, training_phases
+    from cse.training.loop import set_seed
+
+    power = PROTOCOL_V2["power"]
+    cfg = train_config(bench, method, arm, power["seed"], knob, power["steps"], generator=None)
+    train_rows, all_rows, heldout = swap_task_rows(bench, cfg)
     set_seed(cfg.seed)
     model = build_model(cfg, torch.device("cpu"))
     knob_name = KNOBS[method][0]
@@ -716,7 +725,7 @@ def readme_table(report: dict[str, Any]) -> str:
     labelled by its protocol, with the count of measured cells, rendered from the report so that the README states
     exactly what was measured."""
     s = report.get("summary") or ev.summary(report)
-    n, missing = len(ev._cells(report)), len(report.get("missing", []))
+    n, missing = len(_cells(report)), len(report.get("missing", []))
     lines = [
         f"Protocol 1 ({ev.PROTOCOL['steps']} steps): measured {n} of its {n + missing} cells"
         + (
