@@ -763,10 +763,7 @@ def phase_record(
     if not recs:
         raise RuntimeError(f"phase {ph!r} ran no step")
     warm = recs[-1]
-    const_fwd_s, const_fwd_cpu, const_fwd_bytes = constant or (0.0, 0.0, 0)
-    denoise = const_fwd_s if const_fwd_s else 0.0
-    denoise_cpu = const_fwd_cpu if denoise else 0.0
-    denoise_bytes = const_fwd_bytes if denoise else 0
+    denoise, denoise_cpu, denoise_bytes = constant if constant and constant[0] else (0.0, 0.0, 0)
     const = warm["const_s"] + denoise
     const_cpu = warm["const_cpu_s"] + denoise_cpu
     # activations = peak RSS during the forward of the warm step - RSS before it (grads/AdamW states of the

@@ -196,12 +196,7 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
         "losses": losses,
         "corruption": cfg.corrupt.model_dump() if cfg.uses_corruption else None,
         "corruption_key": corruption.key if corruption is not None else None,
-        "seconds": {
-            "data": round(data_s, 1),
-            "train": round(train_s, 1),
-            "eval": round(dev.seconds, 1),
-            "train_and_eval": round(train_s + dev.seconds, 1),
-        },
+        "seconds": cell_seconds(data_s, train_s, dev.seconds),
     }
     if dev.nli_acc:
         out["nli_heldout_accuracy"] = dev.nli_acc
@@ -212,6 +207,16 @@ def run_cell(bench: Bench, method: str, arm: Arm, seed: int, steps: int | None =
         f"{out['seconds']['train_and_eval']:.0f} s"
     )
     return out
+
+
+def cell_seconds(data_s: float, train_s: float, eval_s: float) -> dict[str, float]:
+    """A cell's seconds: its data stages, its training loop without the dev evaluations, those, and the two together."""
+    return {
+        "data": round(data_s, 1),
+        "train": round(train_s, 1),
+        "eval": round(eval_s, 1),
+        "train_and_eval": round(train_s + eval_s, 1),
+    }
 
 
 def cell_data(bench: Bench, cfg):

@@ -308,14 +308,7 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
         "method": cfg.method,
         "preset": cfg.preset,
         "dataset": cfg.dataset,
-        "overrides": {
-            **spec["overrides"],
-            "batch_size": cfg.batch_size,
-            "max_steps": cfg.max_steps,
-            "epochs": cfg.epochs,
-            "max_train_sentences": None,
-            "eval_steps": cfg.eval_steps,
-        },
+        "overrides": run_overrides(spec, cfg),
         "steps": loop.steps,
         "batch_size": cfg.batch_size,
         "learning_rate": cfg.learning_rate,
@@ -340,6 +333,19 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
         "seconds": {"train": round(train_s, 1), "eval_start": start["seconds"], "eval_trained": trained["seconds"]},
         "improved": trained["sts_avg"] > start["sts_avg"],
         "config": cfg.model_dump(mode="json"),
+    }
+
+
+def run_overrides(spec: dict[str, Any], cfg) -> dict[str, Any]:
+    """What a run sets over its preset: the run's own overrides and the benchmark's batch, steps, epochs and dev
+    evaluation (every training sentence)."""
+    return {
+        **spec["overrides"],
+        "batch_size": cfg.batch_size,
+        "max_steps": cfg.max_steps,
+        "epochs": cfg.epochs,
+        "max_train_sentences": None,
+        "eval_steps": cfg.eval_steps,
     }
 
 
