@@ -72,7 +72,7 @@ def load_generator(name: str) -> tuple[torch.nn.Module, object, str]:
     return model, AutoTokenizer.from_pretrained(name, local_files_only=True), name
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--generator", default="distilbert-base-uncased")
     p.add_argument("--sentences", type=int, default=2048)
@@ -85,8 +85,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=1, help="timed passes of each (alternating); the best counts")
     p.add_argument("--no-generator-dropout", action="store_true", help="generator in eval mode (not the reference)")
     p.add_argument("--positions", default="masked", choices=["masked", "all"])
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     device = pick_device(args.device)
     model, tokenizer, used = load_generator(args.generator)
     lines = Path(args.data).read_text(encoding="utf-8").splitlines()[: args.sentences]
@@ -127,14 +130,21 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.repeats):
         bare_times.append(timed(bare, device))
         stage_times.append(timed(stage, device))
-    n = len(seqs)
+    result = report(args, used, device, corruptor, len(seqs), int(len(flat)), bare_times, stage_times)
+    print(json.dumps(result, indent=2))
+    return result
+
+
+def report(args, used: str, device, corruptor, n: int, tokens: int, bare_times, stage_times) -> dict:
+    """The result: the best pass's sentences per second of the bare forward and of the stage, their ratio against the
+    target, and the projected minutes of each workload."""
     result = {
         "generator": used,
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "autocast_bf16": corruptor.autocast,
         "sentences": n,
-        "tokens": int(len(flat)),
+        "tokens": tokens,
         "batch_size": args.batch_size,
         "mask_ratio": args.mask_ratio,
         "mode": args.mode,
@@ -148,7 +158,6 @@ def main(argv: list[str] | None = None) -> dict:
     result["ratio"] = round(rate / result["bare_forward_sentences_per_s"], 3)
     result["projected_minutes"] = {name: round(n_sent / rate / 60, 1) for name, n_sent in workloads().items()}
     result |= {"target": TARGET, "meets_target": result["ratio"] >= TARGET}
-    print(json.dumps(result, indent=2))
     return result
 
 

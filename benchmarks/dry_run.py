@@ -559,33 +559,97 @@ def describe_model(method: str, cfg, model, backbone) -> dict:
     return info
 
 
-def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: C901 (one record, filled step by step: each branch is a reported check)
+def run_preset(method: str, name: str, args, cost: CostModel) -> dict:
+    """One preset's record: built at full size, stepped on the CPU at a micro batch, projected to the real batch, then
+    (unless --no-meta) stepped at the real batch on the meta device."""
     rec: dict = {"method": method, "preset": name, "status": "running"}
     t_start = time.perf_counter()
     release_freed_heap()
     cfg = resolve_train_config(name, method=method)
-    rec.update(
-        backbone=cfg.backbone,
-        supervised=cfg.supervised,
-        max_length=cfg.max_length,
-        batch_size=cfg.batch_size,
-        model_config=cfg.model_dump()["model"],
-    )
-    if cfg.prefix_phase is not None:
-        rec["prefix_phase_batch_size"] = cfg.prefix_phase.batch_size
-    if cfg.aux_nli_batch_size:
-        rec["aux_nli_batch_size"] = cfg.aux_nli_batch_size
+    rec.update(config_fields(cfg))
     cls = model_class(method)
-
-    # ---- build at full size
-    t0 = time.perf_counter()
     rss_start = rss()
+    tokenizer, backbone, model = build_full_size(cfg, cls, rec)
+    n_all, by_phase = parameter_fields(method, cfg, cls, model, backbone, tokenizer, rec)
+    info = describe_model(method, cfg, model, backbone)
+    rows, nli_rows = real_batch_rows(cfg, cls, tokenizer, rec)
+
+    # ---- CPU run at the micro batch
+    release_freed_heap()
+    rss_model = rss()
+    micro, prediction = pick_micro(cost, info, cfg, args, rss_model + 12 * max(by_phase.values()))
+    rec.update(
+        micro_batch=micro,
+        real_batch_run=micro == cfg.batch_size,
+        prediction=prediction,
+        model_rss_mb=round((rss_model - rss_start) / MB),
+        process_rss_before_steps_mb=round(rss_model / MB),
+    )
+    mcfg = scale_batches(stepped_config(cfg), micro, device="cpu")  # every batch size scaled alike
+    micro_nli = None
+    if nli_rows is not None:
+        micro_nli = head_rows(
+            nli_rows, 2 * max(mcfg.prefix_phase.batch_size if mcfg.prefix_phase else 0, mcfg.aux_nli_batch_size)
+        )
+    t0 = time.perf_counter()
+    trainer = run_trainer(model, mcfg, head_rows(rows, 2 * micro), micro_nli, torch.device("cpu"))
+    rec["cpu_run_seconds"] = round(time.perf_counter() - t0, 1)
+    constant = batch_independent_forward(model, rec)
+    phases_out = {
+        ph: phase_record(ph, trainer.records, info, by_phase[ph], n_all, constant if ph == "joint" else None, cost)
+        for ph in cls.phases
+    }
+    rec["phases"] = phases_out
+    rec.update(main_phase_fields(phases_out, info["main_phase"]))
+    del trainer
+    release_freed_heap()
+
+    # ---- meta run at the real batch
+    if args.no_meta:
+        rec["meta"] = "skipped (--no-meta)"
+    else:
+        rec["meta"] = meta_run(model, cfg, rows, nli_rows)
+        if rec["meta"].startswith("FAILED"):
+            raise RuntimeError(f"meta run at the real batch: {rec['meta']}")
+    del model, backbone
+    release_freed_heap()
+    rec["status"] = "ok"
+    rec["seconds"] = round(time.perf_counter() - t_start, 1)
+    return rec
+
+
+def config_fields(cfg) -> dict:
+    """The record's fields of the preset's configuration: backbone, supervision, lengths, batch sizes, model."""
+    fields = {
+        "backbone": cfg.backbone,
+        "supervised": cfg.supervised,
+        "max_length": cfg.max_length,
+        "batch_size": cfg.batch_size,
+        "model_config": cfg.model_dump()["model"],
+    }
+    if cfg.prefix_phase is not None:
+        fields["prefix_phase_batch_size"] = cfg.prefix_phase.batch_size
+    if cfg.aux_nli_batch_size:
+        fields["aux_nli_batch_size"] = cfg.aux_nli_batch_size
+    return fields
+
+
+def build_full_size(cfg, cls, rec: dict):
+    """The preset's tokenizer, backbone and model at full size (random weights, the job's seed); `rec` gets the
+    build's seconds."""
+    t0 = time.perf_counter()
     tokenizer = tokenizer_for(cfg.backbone)
     backbone = backbone_model(cfg.backbone, cfg.seed)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = cls(cfg.model, backbone=backbone, tokenizer=tokenizer, **model_kwargs(cls, cfg, backbone))
     rec["build_seconds"] = round(time.perf_counter() - t0, 1)
+    return tokenizer, backbone, model
+
+
+def parameter_fields(method: str, cfg, cls, model, backbone, tokenizer, rec: dict) -> tuple[int, dict[str, int]]:
+    """`rec`'s parameter counts, backbone shape and tokenizer, and the check of the trainable counts against the
+    reference's figures (an AssertionError when they differ); the total and per-phase trainable counts."""
     n_all = sum(p.numel() for p in model.parameters())
     n_train = model.trainable_parameter_count()
     by_phase = {ph: sum(p.numel() for p in model.phase_parameters(ph)) for ph in cls.phases}
@@ -611,13 +675,15 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         if exp is not None:
             checks.append(f"{label} {got:,} == reference {exp:,}")
     rec["parameter_check"] = "; ".join(checks) or "no DCPCSE reference prefixes figure for this configuration"
-    info = describe_model(method, cfg, model, backbone)
+    return n_all, by_phase
 
-    # ---- data at the real batch (two batches' worth of rows: 2 steps = one epoch)
+
+def real_batch_rows(cfg, cls, tokenizer, rec: dict) -> tuple[TrainingRows, TrainingRows | None]:
+    """Two real batches' worth of synthetic rows (2 steps = one epoch), with their corruption when the method
+    corrupts (`rec` gets its figures), and the NLI rows when the preset needs them."""
     n_views = 3 if cfg.supervised else 2
     columns = SUP_COLUMNS if cfg.supervised else ("text",)
-    n_rows = 2 * cfg.batch_size
-    tokens = token_rows(tokenizer, n_rows, cfg.max_length, columns, cfg.seed)
+    tokens = token_rows(tokenizer, 2 * cfg.batch_size, cfg.max_length, columns, cfg.seed)
     corruption = None
     if cls.uses_corruption:
         corruption, rec["corruption"] = corruption_rows(cfg, tokens, n_views, tokenizer, cfg.seed)
@@ -628,139 +694,124 @@ def run_preset(method: str, name: str, args, cost: CostModel) -> dict:  # noqa: 
         nli_rows = TrainingRows(
             token_rows(tokenizer, n_nli, cfg.max_length, SUP_COLUMNS, cfg.seed + 1), None, True, tokenizer.pad_token_id
         )
+    return rows, nli_rows
 
-    # ---- CPU run at the micro batch
-    release_freed_heap()
-    rss_model = rss()
-    fixed = rss_model + 12 * max(by_phase.values())
-    micro, prediction = pick_micro(cost, info, cfg, args, fixed)
-    rec.update(
-        micro_batch=micro,
-        real_batch_run=micro == cfg.batch_size,
-        prediction=prediction,
-        model_rss_mb=round((rss_model - rss_start) / MB),
-        process_rss_before_steps_mb=round(rss_model / MB),
+
+def head_rows(tr: TrainingRows, n: int) -> TrainingRows:
+    """The first `n` rows of `tr` (tokens and corruption alike)."""
+    return TrainingRows(
+        TokenRows(tr.tokens.ids[:n], {c: s[:n] for c, s in tr.tokens.seqs.items()}),
+        None
+        if tr.corruption is None
+        else CorruptionRows(
+            tr.corruption.variants,
+            {k: v[:n] for k, v in tr.corruption.corrupted.items()},
+            {k: v[:n] for k, v in tr.corruption.labels.items()},
+        ),
+        len(tr.view_columns) == 3,
+        tr.pad_id,
     )
-    mcfg = scale_batches(stepped_config(cfg), micro, device="cpu")  # every batch size scaled alike
-    n_micro = 2 * micro
 
-    def sub(tr, n):
-        return TrainingRows(
-            TokenRows(tr.tokens.ids[:n], {c: s[:n] for c, s in tr.tokens.seqs.items()}),
-            None
-            if tr.corruption is None
-            else CorruptionRows(
-                tr.corruption.variants,
-                {k: v[:n] for k, v in tr.corruption.corrupted.items()},
-                {k: v[:n] for k, v in tr.corruption.labels.items()},
-            ),
-            len(tr.view_columns) == 3,
-            tr.pad_id,
-        )
 
-    micro_rows = sub(rows, n_micro)
-    micro_nli = None
-    if nli_rows is not None:
-        n_nli_micro = 2 * max(mcfg.prefix_phase.batch_size if mcfg.prefix_phase else 0, mcfg.aux_nli_batch_size)
-        micro_nli = sub(nli_rows, n_nli_micro)
-    t0 = time.perf_counter()
-    trainer = run_trainer(model, mcfg, micro_rows, micro_nli, torch.device("cpu"))
-    rec["cpu_run_seconds"] = round(time.perf_counter() - t0, 1)
-
-    # batch-independent forward of a step (DiffAug: template denoising), timed on its own (warm)
-    const_fwd_s, const_fwd_cpu, const_fwd_bytes = 0.0, 0.0, 0
+def batch_independent_forward(model, rec: dict) -> tuple[float, float, int]:
+    """The batch-independent forward and backward of a step (DiffAug: template denoising), timed on its own (warm):
+    its wall seconds, CPU seconds and activation bytes (zeros for a model without one); `rec` gets them."""
     constant = (
         model.dry_run_batch_independent_forward() if hasattr(model, "dry_run_batch_independent_forward") else None
     )
-    if constant is not None:
-        model.train()
-        release_freed_heap()
-        before = rss()
-        with PeakRSS() as peak:
-            t0, c0 = time.perf_counter(), time.process_time()
-            constant().backward()
-            const_fwd_s, const_fwd_cpu = time.perf_counter() - t0, time.process_time() - c0
-        const_fwd_bytes = max(0, peak.peak - before)
-        model.zero_grad(set_to_none=True)
-        rec["template_denoising"] = {
-            "seconds": round(const_fwd_s, 2),
-            "cpu_seconds": round(const_fwd_cpu, 2),
-            "activation_mb": round(const_fwd_bytes / MB),
-        }
-
-    phases_out = {}
-    for ph in cls.phases:
-        recs = [r for r in trainer.records if r["phase"] == ph]
-        if not recs:
-            raise RuntimeError(f"phase {ph!r} ran no step")
-        warm = recs[-1]
-        denoise = const_fwd_s if (ph == "joint" and const_fwd_s) else 0.0
-        denoise_cpu = const_fwd_cpu if denoise else 0.0
-        const = warm["const_s"] + denoise
-        const_cpu = warm["const_cpu_s"] + denoise_cpu
-        # activations = peak RSS during the forward of the warm step - RSS before it (grads/AdamW states of the
-        # previous step are already resident then; the backward's weight grads are batch-independent)
-        act = max(0, warm["forward_peak_rss"] - warm["rss_before"] - (const_fwd_bytes if denoise else 0))
-        step_delta = max(0, warm["peak_rss"] - warm["rss_before"])
-        real_rows = info["real_rows_by_phase"][ph]
-        ratio = real_rows / warm["rows"]
-        projected_s = const + max(0.0, warm["seconds"] - const) * ratio
-        projected_cpu = const_cpu + max(0.0, warm["cpu_seconds"] - const_cpu) * ratio
-        n_phase = by_phase[ph]
-        gpu = 6 * n_all + 12 * n_phase + 0.5 * (act * ratio + (const_fwd_bytes if denoise else 0))
-        cpu_peak = warm["rss_before"] + act * ratio + (const_fwd_bytes if denoise else 0)
-        cost.update(info, warm["rows"], ph, warm["cpu_seconds"] - const_cpu, act)
-        phases_out[ph] = {
-            "steps": len(recs),
-            "rows_measured": warm["rows"],
-            "aux_rows_measured": warm["aux_rows"],
-            "real_rows": real_rows,
-            "views": warm["views"],
-            "length": warm["length"],
-            "s_per_step_all": [round(r["seconds"], 2) for r in recs],
-            "s_per_step_measured": round(warm["seconds"], 2),
-            "cpu_s_per_step_all": [round(r["cpu_seconds"], 2) for r in recs],
-            "cpu_s_per_step_measured": round(warm["cpu_seconds"], 2),
-            "const_s": round(const, 2),
-            "const_cpu_s": round(const_cpu, 2),
-            "s_per_step_projected_real_batch": round(projected_s, 1),
-            "cpu_s_per_step_projected_real_batch": round(projected_cpu, 1),
-            "peak_rss_mb": round(max(r["peak_rss"] for r in recs) / MB),
-            "activation_mb_measured": round(act / MB),
-            "step_peak_delta_mb": round(step_delta / MB),
-            "projected_cpu_peak_gb_real_batch": round(cpu_peak / GB, 1),
-            "projected_gpu_gb_real_batch_bf16": round(gpu / GB, 1),
-            "losses": [r["loss"] for r in recs],
-        }
-        if any(not math.isfinite(r["loss"]) for r in recs):
-            raise FloatingPointError(f"phase {ph}: non-finite loss {[r['loss'] for r in recs]}")
-    rec["phases"] = phases_out
-    main = phases_out[info["main_phase"]]
-    rec.update(
-        steps_run=sum(p["steps"] for p in phases_out.values()),
-        rows_per_step_measured=main["rows_measured"],
-        peak_cpu_mb=max(p["peak_rss_mb"] for p in phases_out.values()),
-        s_per_step_measured=main["s_per_step_measured"],
-        cpu_s_per_step_measured=main["cpu_s_per_step_measured"],
-        s_per_step_projected=main["s_per_step_projected_real_batch"],
-        cpu_s_per_step_projected=main["cpu_s_per_step_projected_real_batch"],
-        projected_gpu_gb=max(p["projected_gpu_gb_real_batch_bf16"] for p in phases_out.values()),
-    )
-    del trainer
+    if constant is None:
+        return 0.0, 0.0, 0
+    model.train()
     release_freed_heap()
+    before = rss()
+    with PeakRSS() as peak:
+        t0, c0 = time.perf_counter(), time.process_time()
+        constant().backward()
+        const_fwd_s, const_fwd_cpu = time.perf_counter() - t0, time.process_time() - c0
+    const_fwd_bytes = max(0, peak.peak - before)
+    model.zero_grad(set_to_none=True)
+    rec["template_denoising"] = {
+        "seconds": round(const_fwd_s, 2),
+        "cpu_seconds": round(const_fwd_cpu, 2),
+        "activation_mb": round(const_fwd_bytes / MB),
+    }
+    return const_fwd_s, const_fwd_cpu, const_fwd_bytes
 
-    # ---- meta run at the real batch
-    if args.no_meta:
-        rec["meta"] = "skipped (--no-meta)"
-    else:
-        rec["meta"] = meta_run(model, cfg, rows, nli_rows)
-        if rec["meta"].startswith("FAILED"):
-            raise RuntimeError(f"meta run at the real batch: {rec['meta']}")
-    del model, backbone
-    release_freed_heap()
-    rec["status"] = "ok"
-    rec["seconds"] = round(time.perf_counter() - t_start, 1)
-    return rec
+
+def phase_record(
+    ph: str,
+    records: list[dict],
+    info: dict,
+    n_phase: int,
+    n_all: int,
+    constant: tuple[float, float, int] | None,
+    cost: CostModel,
+) -> dict:
+    """One phase's measured steps and their projection to the real batch (time, CPU peak, GPU memory); the cost model
+    learns from its warm step.
+
+    Args:
+        ph: the phase.
+        records: the trainer's step records (every phase's).
+        info: `describe_model`'s figures.
+        n_phase: the phase's trainable parameters.
+        n_all: all the model's parameters.
+        constant: the batch-independent forward's (seconds, CPU seconds, bytes) when it belongs to this phase.
+        cost: the cost model.
+    """
+    recs = [r for r in records if r["phase"] == ph]
+    if not recs:
+        raise RuntimeError(f"phase {ph!r} ran no step")
+    warm = recs[-1]
+    denoise, denoise_cpu, denoise_bytes = constant if constant and constant[0] else (0.0, 0.0, 0)
+    const = warm["const_s"] + denoise
+    const_cpu = warm["const_cpu_s"] + denoise_cpu
+    # activations = peak RSS during the forward of the warm step - RSS before it (grads/AdamW states of the
+    # previous step are already resident then; the backward's weight grads are batch-independent)
+    act = max(0, warm["forward_peak_rss"] - warm["rss_before"] - denoise_bytes)
+    ratio = info["real_rows_by_phase"][ph] / warm["rows"]
+    gpu = 6 * n_all + 12 * n_phase + 0.5 * (act * ratio + denoise_bytes)
+    cpu_peak = warm["rss_before"] + act * ratio + denoise_bytes
+    cost.update(info, warm["rows"], ph, warm["cpu_seconds"] - const_cpu, act)
+    if any(not math.isfinite(r["loss"]) for r in recs):
+        raise FloatingPointError(f"phase {ph}: non-finite loss {[r['loss'] for r in recs]}")
+    return {
+        "steps": len(recs),
+        "rows_measured": warm["rows"],
+        "aux_rows_measured": warm["aux_rows"],
+        "real_rows": info["real_rows_by_phase"][ph],
+        "views": warm["views"],
+        "length": warm["length"],
+        "s_per_step_all": [round(r["seconds"], 2) for r in recs],
+        "s_per_step_measured": round(warm["seconds"], 2),
+        "cpu_s_per_step_all": [round(r["cpu_seconds"], 2) for r in recs],
+        "cpu_s_per_step_measured": round(warm["cpu_seconds"], 2),
+        "const_s": round(const, 2),
+        "const_cpu_s": round(const_cpu, 2),
+        "s_per_step_projected_real_batch": round(const + max(0.0, warm["seconds"] - const) * ratio, 1),
+        "cpu_s_per_step_projected_real_batch": round(const_cpu + max(0.0, warm["cpu_seconds"] - const_cpu) * ratio, 1),
+        "peak_rss_mb": round(max(r["peak_rss"] for r in recs) / MB),
+        "activation_mb_measured": round(act / MB),
+        "step_peak_delta_mb": round(max(0, warm["peak_rss"] - warm["rss_before"]) / MB),
+        "projected_cpu_peak_gb_real_batch": round(cpu_peak / GB, 1),
+        "projected_gpu_gb_real_batch_bf16": round(gpu / GB, 1),
+        "losses": [r["loss"] for r in recs],
+    }
+
+
+def main_phase_fields(phases_out: dict[str, dict], main_phase: str) -> dict:
+    """The record's headline fields: the main phase's measured and projected step, and the peaks over the phases."""
+    main = phases_out[main_phase]
+    return {
+        "steps_run": sum(p["steps"] for p in phases_out.values()),
+        "rows_per_step_measured": main["rows_measured"],
+        "peak_cpu_mb": max(p["peak_rss_mb"] for p in phases_out.values()),
+        "s_per_step_measured": main["s_per_step_measured"],
+        "cpu_s_per_step_measured": main["cpu_s_per_step_measured"],
+        "s_per_step_projected": main["s_per_step_projected_real_batch"],
+        "cpu_s_per_step_projected": main["cpu_s_per_step_projected_real_batch"],
+        "projected_gpu_gb": max(p["projected_gpu_gb_real_batch_bf16"] for p in phases_out.values()),
+    }
 
 
 _META_UNSUPPORTED = (
@@ -882,56 +933,80 @@ def markdown(results: list[dict], meta: dict) -> str:
     ]
     notes = []
     for r in results:
-        ok = r["status"] == "ok"
-        rows = f"{r.get('rows_per_step_measured', '–')}" + (" (real)" if r.get("real_batch_run") else "")
-        meta_s = r.get("meta", "–")
-        meta_short = meta_s.split(" (")[0] if isinstance(meta_s, str) else "–"
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    r["method"],
-                    r["preset"],
-                    r.get("backbone", "–"),
-                    str(r.get("batch_size", "–")),
-                    rows,
-                    str(r.get("steps_run", "–")),
-                    fmt_int(r.get("trainable_parameters")),
-                    fmt_int(r.get("peak_cpu_mb")),
-                    f"{r['s_per_step_measured']} / {r['cpu_s_per_step_measured']}" if ok else "–",
-                    str(r.get("cpu_s_per_step_projected", "–")),
-                    str(r.get("projected_gpu_gb", "–")),
-                    " / ".join(largest_chunk(r, b) for b in GPU_BUDGETS_GB) if ok else "–",
-                    meta_short,
-                    r["status"] if ok else "**FAILED**",
-                ]
-            )
-            + " |"
-        )
-        if "prefix" in r.get("phases", {}):
-            p = r["phases"]["prefix"]
-            notes.append(
-                f"- {r['method']}/{r['preset']} prefix phase: batch {p['real_rows']} (measured {p['rows_measured']}), "
-                f"trainable {fmt_int(r['trainable_parameters_by_phase']['prefix'])}, {p['s_per_step_measured']} / "
-                f"{p['cpu_s_per_step_measured']} s/step measured (wall / CPU), "
-                f"{p['cpu_s_per_step_projected_real_batch']} CPU s/step projected, "
-                f"GPU {p['projected_gpu_gb_real_batch_bf16']} GB projected."
-            )
-        if isinstance(meta_s, str) and not meta_s.startswith("ok") and meta_s != "–":
-            notes.append(f"- {r['method']}/{r['preset']} meta run: {meta_s}")
-        if not ok:
-            notes.append(f"- {r['method']}/{r['preset']} FAILED: {r.get('error', '')}")
-        if r.get("parameter_check", "").startswith("trainable") or r.get("parameter_check", "").startswith("prefix"):
-            notes.append(f"- {r['method']}/{r['preset']}: {r['parameter_check']}")
+        lines.append(table_row(r))
+        notes += row_notes(r)
     if notes:
         lines += ["", "Notes:", ""] + notes
     return "\n".join(lines) + "\n"
+
+
+def table_row(r: dict) -> str:
+    """A preset's row of the dry run's table (dashes where a failed run has no figure)."""
+    ok = r["status"] == "ok"
+    rows = f"{r.get('rows_per_step_measured', '–')}" + (" (real)" if r.get("real_batch_run") else "")
+    meta_s = r.get("meta", "–")
+    cells = [
+        r["method"],
+        r["preset"],
+        r.get("backbone", "–"),
+        str(r.get("batch_size", "–")),
+        rows,
+        str(r.get("steps_run", "–")),
+        fmt_int(r.get("trainable_parameters")),
+        fmt_int(r.get("peak_cpu_mb")),
+        f"{r['s_per_step_measured']} / {r['cpu_s_per_step_measured']}" if ok else "–",
+        str(r.get("cpu_s_per_step_projected", "–")),
+        str(r.get("projected_gpu_gb", "–")),
+        " / ".join(largest_chunk(r, b) for b in GPU_BUDGETS_GB) if ok else "–",
+        meta_s.split(" (")[0] if isinstance(meta_s, str) else "–",
+        r["status"] if ok else "**FAILED**",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def row_notes(r: dict) -> list[str]:
+    """The notes under the table of a preset: its prefix phase, a meta run that did not pass, a failure, and the
+    check of its trainable parameters against the reference's figure."""
+    notes = []
+    meta_s = r.get("meta", "–")
+    if "prefix" in r.get("phases", {}):
+        p = r["phases"]["prefix"]
+        notes.append(
+            f"- {r['method']}/{r['preset']} prefix phase: batch {p['real_rows']} (measured {p['rows_measured']}), "
+            f"trainable {fmt_int(r['trainable_parameters_by_phase']['prefix'])}, {p['s_per_step_measured']} / "
+            f"{p['cpu_s_per_step_measured']} s/step measured (wall / CPU), "
+            f"{p['cpu_s_per_step_projected_real_batch']} CPU s/step projected, "
+            f"GPU {p['projected_gpu_gb_real_batch_bf16']} GB projected."
+        )
+    if isinstance(meta_s, str) and not meta_s.startswith("ok") and meta_s != "–":
+        notes.append(f"- {r['method']}/{r['preset']} meta run: {meta_s}")
+    if r["status"] != "ok":
+        notes.append(f"- {r['method']}/{r['preset']} FAILED: {r.get('error', '')}")
+    if r.get("parameter_check", "").startswith("trainable") or r.get("parameter_check", "").startswith("prefix"):
+        notes.append(f"- {r['method']}/{r['preset']}: {r['parameter_check']}")
+    return notes
 
 
 def write_outputs(results: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "dry_run.json").write_text(json.dumps({"run": meta, "presets": results}, indent=2, default=str))
     (out / "dry_run.md").write_text(markdown(results, meta))
+
+
+def failed_record(method: str, name: str, e: Exception) -> dict:
+    """The record of a preset whose run raised `e` (called while it is handled): the error, the end of its
+    traceback and, when the preset resolves, its backbone and batch size."""
+    rec = {
+        "method": method,
+        "preset": name,
+        "status": "FAILED",
+        "error": f"{type(e).__name__}: {e}"[:2000],
+        "traceback": traceback.format_exc()[-6000:],
+    }
+    with contextlib.suppress(Exception):
+        cfg = resolve_train_config(name, method=method)
+        rec.update(backbone=cfg.backbone, batch_size=cfg.batch_size)
+    return rec
 
 
 def main(args: argparse.Namespace) -> int:
@@ -962,16 +1037,7 @@ def main(args: argparse.Namespace) -> int:
             rec = run_preset(method, name, args, cost)
         except Exception as e:  # noqa: BLE001 — report, continue, fail at the end
             traceback.print_exc()
-            rec = {
-                "method": method,
-                "preset": name,
-                "status": "FAILED",
-                "error": f"{type(e).__name__}: {e}"[:2000],
-                "traceback": traceback.format_exc()[-6000:],
-            }
-            with contextlib.suppress(Exception):
-                cfg = resolve_train_config(name, method=method)
-                rec.update(backbone=cfg.backbone, batch_size=cfg.batch_size)
+            rec = failed_record(method, name, e)
             failed.append(f"{method}/{name}")
             release_freed_heap()
         results.append(rec)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import evidence_v2 as v2
-from benchmarks.evidence import command_line, parse_methods, parse_seeds, stsb_dev, use_home
+from benchmarks.evidence_base import command_line, parse_methods, parse_seeds, stsb_dev, use_home
 
 BACKBONE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 HALF = "model.fp16.safetensors"
@@ -78,7 +78,7 @@ def _copy_model(source: Path, weights: str, dest: Path, dest_weights: str, dtype
 
 def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, command: str = "") -> dict[str, Any]:
     """Write DIR/runs.json, DIR/rows-<corruption key>.pkl.xz, DIR/sts.pkl.xz and DIR/backbone (see the module's text)."""
-    from benchmarks.evidence import Bench
+    from benchmarks.evidence_base import Bench
     from cse.models.loading import load_tokenizer, resolve_model_path
     from cse.storage.evaluations import load_sts_input
     from cse.training.job import load_training_rows

@@ -55,10 +55,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import evidence as ev
-from benchmarks.evidence import (
+from benchmarks import evidence_base as ev
+from benchmarks.evidence_base import (
     Arm,
     Bench,
+    _cells,
     _pm,
     arm_summary,
     by_arm,
@@ -242,19 +243,16 @@ def probe_rows(model, rows, indices, batch: int = 64) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- records
-def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dict[str, Any]:
-    """Train the arm on the swap task for `power.steps` steps (seed 0) and probe the held-out sentences."""
+def swap_task_rows(bench: Bench, cfg):
+    """The power check's rows: the training sentences with the swap corruption, every sentence with it, and the
+    indices of the held-out sentences (the sample's last ones)."""
     import numpy as np
-    import torch
 
     from cse.models.loading import load_tokenizer
     from cse.storage.training_data import load_token_rows
-    from cse.training.job import build_model, training_phases
-    from cse.training.loop import set_seed
     from cse.training.rows import TrainingRows
 
     power = PROTOCOL_V2["power"]
-    cfg = train_config(bench, method, arm, power["seed"], knob, power["steps"], generator=None)
     tokens = bench.tokens(cfg.dataset, cfg)
     pad = load_tokenizer(cfg.backbone).pad_token_id
     everything = load_token_rows(bench.root, tokens.key, ("text",))
@@ -272,8 +270,19 @@ def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dic
         False,
         pad,
     )
-    all_rows = TrainingRows(everything, swap, False, pad)
-    heldout = np.arange(n_train, n)
+    return train_rows, TrainingRows(everything, swap, False, pad), np.arange(n_train, n)
+
+
+def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dict[str, Any]:
+    """Train the arm on the swap task for `power.steps` steps (seed 0) and probe the held-out sentences."""
+    import torch
+
+    from cse.training.job import build_model, training_phases
+    from cse.training.loop import set_seed
+
+    power = PROTOCOL_V2["power"]
+    cfg = train_config(bench, method, arm, power["seed"], knob, power["steps"], generator=None)
+    train_rows, all_rows, heldout = swap_task_rows(bench, cfg)
     set_seed(cfg.seed)
     model = build_model(cfg, torch.device("cpu"))
     knob_name = KNOBS[method][0]
@@ -706,6 +715,46 @@ def readme_rows(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+README_BEGIN = "<!-- evidence-table: `python -m benchmarks.evidence --report --readme README.md` renders it -->"
+README_END = "<!-- end evidence-table -->"
+
+
+def readme_table(report: dict[str, Any]) -> str:
+    """The README's summary: one row per method and control (Delta of each, method - control paired by seed) of
+    protocol 1 (benchmarks/evidence.py) and, when the report holds them, of protocol 2 (this module), each row
+    labelled by its protocol, with the count of measured cells, rendered from the report so that the README states
+    exactly what was measured."""
+    s = report.get("summary") or ev.summary(report)
+    n, missing = len(_cells(report)), len(report.get("missing", []))
+    lines = [
+        f"Protocol 1 ({ev.PROTOCOL['steps']} steps): measured {n} of its {n + missing} cells"
+        + (
+            "."
+            if not missing
+            else f" ({missing} still to run, so a row with fewer than {len(ev.PROTOCOL['seeds'])} seeds is not a verdict)."
+        ),
+    ]
+    v2 = report.get("protocol_v2")
+    if v2:
+        lines.append(status_line(v2))
+    lines += [
+        "",
+        "| protocol | method | control (what it removes) | seeds, method / control | Δ method | Δ control "
+        "| method − control, paired by seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, arms in ev.ARMS.items():  # every method of the protocol, measured or not
+        lines += control_rows("1", arms[0].label, arms, s.get(method, {"arms": {}, "method_minus_control": {}}))
+    if v2:
+        lines += readme_rows(v2)
+    return "\n".join(lines)
+
+
+def write_readme(report: dict[str, Any], readme: Path) -> None:
+    """Replace the block between README_BEGIN and README_END of `readme` with `readme_table(report)`."""
+    write_block(readme, README_BEGIN, README_END, readme_table(report))
+
+
 def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path | None) -> int:
     """Join the parts into `out`'s `protocol_v2` (protocol 1's report there untouched) and render."""
     full = json.loads(out.read_text()) if out.is_file() else {}
@@ -747,7 +796,7 @@ def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path |
     write_json(full, out)
     out.with_name("evidence_v2.md").write_text(markdown(report))
     if readme is not None:
-        ev.write_readme(full, readme)
+        write_readme(full, readme)
     if docs is not None:
         write_block(docs, DOCS_BEGIN, DOCS_END, docs_block(report))
     print(markdown(report))

@@ -462,6 +462,38 @@ def run_tests(device: torch.device, out: Path) -> dict:
     }
 
 
+def measure_throughput(
+    result: dict, args, device: torch.device, methods: list[str], steps: int, warmup: int, peak
+) -> bool:
+    """Each method's training step, then the corruption and evaluation passes, into `result` (a failure is reported
+    in its entry, and the others still run); whether any failed."""
+    cuda, failed = device.type == "cuda", False
+    size, precision = ("base", "bf16") if cuda else ("tiny", "fp32")
+    switches = {"fused_adamw": args.fused_adamw, "compile": args.compile, "sdpa_backend": args.sdpa_backend}
+    tokenizer = synthetic_tokenizer()
+    for method in methods:
+        try:
+            rec = training_throughput(method, device, size, precision, steps, warmup, tokenizer, peak, switches)
+        except Exception as e:  # noqa: BLE001 - one method's failure is reported; the others still run
+            traceback.print_exc()
+            rec, failed = {"method": method, "error": f"{type(e).__name__}: {e}"[:300]}, True
+        print(json.dumps(rec), flush=True)
+        result["training"].append(rec)
+        if cuda:
+            torch.cuda.empty_cache()
+    for key, fn in (
+        ("corruption", lambda: corruption_throughput(device, size, 8192 if cuda else 16, 32, precision)),
+        ("evaluation", lambda: evaluation_throughput(device, size, 8192 if cuda else 32, tokenizer)),
+    ):
+        try:
+            result[key] = fn()
+        except Exception as e:  # noqa: BLE001 - one measurement's failure is reported; the others still run
+            traceback.print_exc()
+            result[key], failed = {"error": f"{type(e).__name__}: {e}"[:300]}, True
+        print(json.dumps({key: result[key]}), flush=True)
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -512,29 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         result["tests"] = run_tests(device, args.out)
         failed |= result["tests"]["returncode"] != 0
     if not args.skip_throughput:
-        size, precision = ("base", "bf16") if cuda else ("tiny", "fp32")
-        switches = {"fused_adamw": args.fused_adamw, "compile": args.compile, "sdpa_backend": args.sdpa_backend}
-        tokenizer = synthetic_tokenizer()
-        for method in methods:
-            try:
-                rec = training_throughput(method, device, size, precision, steps, warmup, tokenizer, peak, switches)
-            except Exception as e:  # noqa: BLE001 - one method's failure is reported; the others still run
-                traceback.print_exc()
-                rec, failed = {"method": method, "error": f"{type(e).__name__}: {e}"[:300]}, True
-            print(json.dumps(rec), flush=True)
-            result["training"].append(rec)
-            if cuda:
-                torch.cuda.empty_cache()
-        for key, fn in (
-            ("corruption", lambda: corruption_throughput(device, size, 8192 if cuda else 16, 32, precision)),
-            ("evaluation", lambda: evaluation_throughput(device, size, 8192 if cuda else 32, tokenizer)),
-        ):
-            try:
-                result[key] = fn()
-            except Exception as e:  # noqa: BLE001 - one measurement's failure is reported; the others still run
-                traceback.print_exc()
-                result[key], failed = {"error": f"{type(e).__name__}: {e}"[:300]}, True
-            print(json.dumps({key: result[key]}), flush=True)
+        failed |= measure_throughput(result, args, device, methods, steps, warmup, peak)
     stem = args.out / f"gpu_check-{device_slug(device)}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(result))

@@ -226,14 +226,36 @@ def render(path: Path) -> None:
     path.with_suffix(".md").write_text(markdown(result))
 
 
+def random_sentences(n: int, length: int) -> list[str]:
+    """`n` sentences of `length` random words (`w1000` … `w2999`, seeded): the peer's training data."""
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(1000, 3000)]
+    return [" ".join(rng.choice(words, size=length)) for _ in range(n)]
+
+
+def peer_arguments(folder: str, batch: int, max_steps: int, cuda: bool):
+    """The peer trainer's arguments: `max_steps` at `batch`, lr 3e-5, bf16 on CUDA, nothing saved or reported."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    return SentenceTransformerTrainingArguments(
+        output_dir=folder,
+        per_device_train_batch_size=batch,
+        max_steps=max_steps,
+        learning_rate=3e-5,
+        bf16=cuda,
+        use_cpu=not cuda,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+    )
+
+
 def peer_row(device: torch.device, size: str, steps: int, warmup: int, tokenizer) -> dict:
     """sentence-transformers' trainer, SimCSE-unsup setting (see the module docstring)."""
     from datasets import Dataset
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
     from sentence_transformers import losses as st_losses
     from sentence_transformers.models import Pooling, Transformer
     from transformers import TrainerCallback
@@ -249,9 +271,7 @@ def peer_row(device: torch.device, size: str, steps: int, warmup: int, tokenizer
         model = SentenceTransformer(
             modules=[encoder, Pooling(encoder.get_word_embedding_dimension(), "cls")], device=str(device)
         )
-        rng = np.random.default_rng(0)
-        words = [f"w{i}" for i in range(1000, 3000)]
-        sentences = [" ".join(rng.choice(words, size=length)) for _ in range(batch * (warmup + steps + 1))]
+        sentences = random_sentences(batch * (warmup + steps + 1), length)
         data = Dataset.from_dict({"anchor": sentences, "positive": sentences})
         marks: dict[str, float] = {}
 
@@ -261,22 +281,9 @@ def peer_row(device: torch.device, size: str, steps: int, warmup: int, tokenizer
                     sync(device)
                     marks[state.global_step] = time.perf_counter()
 
-        args = SentenceTransformerTrainingArguments(
-            output_dir=folder,
-            per_device_train_batch_size=batch,
-            max_steps=warmup + steps,
-            learning_rate=3e-5,
-            bf16=cuda,
-            use_cpu=not cuda,
-            logging_steps=10,
-            save_strategy="no",
-            report_to="none",
-            dataloader_drop_last=True,
-            disable_tqdm=True,
-        )
         trainer = SentenceTransformerTrainer(
             model=model,
-            args=args,
+            args=peer_arguments(folder, batch, warmup + steps, cuda),
             train_dataset=data,
             loss=st_losses.MultipleNegativesRankingLoss(model, scale=20.0),
             callbacks=[Timer()],

@@ -280,55 +280,21 @@ def seeded_build(cfg, device):
 
 def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
     """Start evaluation, `cse.training.job.fit`, evaluation of the best dev checkpoint."""
-    import torch
-
     from cse.models.checkpoint import load_checkpoint, read_checkpoint_meta
     from cse.storage.runs import RunDir
-    from cse.training.job import fit, run_key, training_phases
+    from cse.training.job import run_key, training_phases
 
     spec = RUNS[name]
     cfg = bench.config(spec, steps)
     tokens, corruption, nli_tokens, rows, nli_rows = bench.inputs(cfg)
     total_steps = sum(p.total_steps for p in training_phases(cfg, rows, nli_rows))
     _log(f"{name}: {cfg.method}/{cfg.preset}, {total_steps} steps, batch {cfg.batch_size}, lr {cfg.learning_rate}")
-
-    start_model = seeded_build(cfg, bench.device)
-    start_hash = state_hash(start_model)
-    start = bench.evaluate_start(start_model, cfg, name)
-    del start_model
-    if state_hash(seeded_build(cfg, bench.device)) != start_hash:
-        raise RuntimeError(f"{name}: two builds with seed {cfg.seed} differ: the start model would not be fit's model")
-    _log(f"{name}: start STS Avg. {start['sts_avg']:.2f} ({start['seconds']:.0f} s)")
-
+    start, start_hash = evaluate_start(bench, cfg, name)
     run_dir = RunDir(cfg.method, "learning-" + run_key(cfg, tokens, corruption, nli_tokens))
     if run_dir.path.exists():
         shutil.rmtree(run_dir.path)
         run_dir = RunDir(cfg.method, run_dir.path.name)
-    params: dict[str, Any] = {}
-    dev: list[tuple[int, float]] = []
-    losses: list[tuple[int, float]] = []
-
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        if "stsb_dev" in metrics:
-            dev.append((step, round(float(metrics["stsb_dev"]), 2)))
-        if "loss" in metrics:
-            losses.append((step, round(float(metrics["loss"]), 4)))
-
-    torch.manual_seed(cfg.seed)  # fit builds the model first: the same init as the start model above
-    t0 = time.perf_counter()
-    loop = fit(
-        cfg,
-        rows,
-        nli_rows,
-        run_dir,
-        "learning-benchmark",
-        bench.device,
-        "fp32",
-        bench.evaluator,
-        params.update,
-        log_metrics,
-    )
-    train_s = time.perf_counter() - t0
+    loop, params, dev, losses, train_s = fit_logged(bench, cfg, rows, nli_rows, run_dir)
     best = load_checkpoint(run_dir.best, device=bench.device)
     trained = bench.evaluate(best, cfg)
     meta = read_checkpoint_meta(run_dir.best)["meta"]
@@ -342,14 +308,7 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
         "method": cfg.method,
         "preset": cfg.preset,
         "dataset": cfg.dataset,
-        "overrides": {
-            **spec["overrides"],
-            "batch_size": cfg.batch_size,
-            "max_steps": cfg.max_steps,
-            "epochs": cfg.epochs,
-            "max_train_sentences": None,
-            "eval_steps": cfg.eval_steps,
-        },
+        "overrides": run_overrides(spec, cfg),
         "steps": loop.steps,
         "batch_size": cfg.batch_size,
         "learning_rate": cfg.learning_rate,
@@ -377,15 +336,68 @@ def run_method(bench: Bench, name: str, steps: int) -> dict[str, Any]:
     }
 
 
-def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) -> dict[str, Any]:
-    """Our SimCSE configured like the peer (no training-time MLP, final weights) beside sentence-transformers."""
+def run_overrides(spec: dict[str, Any], cfg) -> dict[str, Any]:
+    """What a run sets over its preset: the run's own overrides and the benchmark's batch, steps, epochs and dev
+    evaluation (every training sentence)."""
+    return {
+        **spec["overrides"],
+        "batch_size": cfg.batch_size,
+        "max_steps": cfg.max_steps,
+        "epochs": cfg.epochs,
+        "max_train_sentences": None,
+        "eval_steps": cfg.eval_steps,
+    }
+
+
+def evaluate_start(bench: Bench, cfg, name: str) -> tuple[dict[str, Any], str]:
+    """The start model's scores and weights' hash, after checking that a second build of the seed is the same model
+    (the start is then `fit`'s model)."""
+    start_model = seeded_build(cfg, bench.device)
+    start_hash = state_hash(start_model)
+    start = bench.evaluate_start(start_model, cfg, name)
+    del start_model
+    if state_hash(seeded_build(cfg, bench.device)) != start_hash:
+        raise RuntimeError(f"{name}: two builds with seed {cfg.seed} differ: the start model would not be fit's model")
+    _log(f"{name}: start STS Avg. {start['sts_avg']:.2f} ({start['seconds']:.0f} s)")
+    return start, start_hash
+
+
+def fit_logged(bench: Bench, cfg, rows, nli_rows, run_dir) -> tuple[Any, dict[str, Any], list, list, float]:
+    """`cse.training.job.fit` at fp32 into `run_dir`: its loop, the parameters it logged, the STS-B dev and loss
+    curves, and the training seconds."""
     import torch
 
-    from cse.models.embedder import PooledEncoder
-    from cse.models.loading import PACKAGED_MINILM, load_tokenizer, resolve_model_path
-    from cse.training.job import training_phases
-    from cse.training.loop import LoopConfig, Trainer
+    from cse.training.job import fit
 
+    params: dict[str, Any] = {}
+    dev: list[tuple[int, float]] = []
+    losses: list[tuple[int, float]] = []
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        if "stsb_dev" in metrics:
+            dev.append((step, round(float(metrics["stsb_dev"]), 2)))
+        if "loss" in metrics:
+            losses.append((step, round(float(metrics["loss"]), 4)))
+
+    torch.manual_seed(cfg.seed)  # fit builds the model first: the same init as the start model
+    t0 = time.perf_counter()
+    loop = fit(
+        cfg,
+        rows,
+        nli_rows,
+        run_dir,
+        "learning-benchmark",
+        bench.device,
+        "fp32",
+        bench.evaluator,
+        params.update,
+        log_metrics,
+    )
+    return loop, params, dev, losses, time.perf_counter() - t0
+
+
+def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) -> dict[str, Any]:
+    """Our SimCSE configured like the peer (no training-time MLP, final weights) beside sentence-transformers."""
     spec = {**RUNS[PEER_RUN], "eval_steps": 10**9}
     cfg = bench.config(spec, steps)
     _, _, _, rows, _ = bench.inputs(cfg)
@@ -397,81 +409,10 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
         "temperature": cfg.model.temperature,
         "scale": 1.0 / cfg.model.temperature,
     }
-
-    # --- ours, like the peer: no training-time MLP (the start is evaluated at the end, on a fresh seeded build)
+    # ours, like the peer: no training-time MLP (the start is evaluated at the end, on a fresh seeded build)
     cfg = cfg.model_copy(update={"model": dataclasses.replace(cfg.model, train_mlp=False)})
-    model = seeded_build(cfg, bench.device)
-    start_hash = state_hash(model)
-    loop = LoopConfig(
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        grad_clip=cfg.grad_clip,
-        seed=cfg.seed,
-        eval_steps=10**9,
-        checkpoint_steps=10**9,
-        log_steps=cfg.log_steps,
-        precision="fp32",
-        deterministic=False,
-    )
-    state = Path(tempfile.mkdtemp(prefix="peerlike-state-"))
-    noop = lambda *a: None
-    trainer = Trainer(model, training_phases(cfg, rows, None), loop, bench.device, state, noop, lambda m: 0.0, noop)
-    batches = [trainer.batch_at(s)[0] for s in range(trainer.total_steps)]
-    order_hash = hashlib.sha256(b"".join(b.input_ids.numpy().tobytes() for b in batches)).hexdigest()[:16]
-    _log(f"peer: {PEER_RUN}-peerlike, {trainer.total_steps} steps (batches hash {order_hash})")
-    t0 = time.perf_counter()
-    trainer.run()
-    ours_s = time.perf_counter() - t0
-    ours = bench.evaluate(model, cfg)
-    shutil.rmtree(state, ignore_errors=True)
-    del model, trainer
-    _log(f"peer: {PEER_RUN}-peerlike trained STS Avg. {ours['sts_avg']:.2f} ({ours_s:.0f} s)")
-
-    # --- sentence-transformers
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    torch.manual_seed(cfg.seed)
-    tr = Transformer(resolve_model_path(PACKAGED_MINILM), max_seq_length=cfg.max_length)
-    dim = tr.get_embedding_dimension() if hasattr(tr, "get_embedding_dimension") else tr.get_word_embedding_dimension()
-    st = SentenceTransformer(modules=[tr, Pooling(dim, pooling_mode="cls")], device="cpu")
-    loss_fn = MultipleNegativesRankingLoss(st, scale=1.0 / cfg.model.temperature)
-    params = [p for p in st.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    n = len(batches)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / n))
-    st.train()
-    st_losses = []
-    t0 = time.perf_counter()
-    from tqdm.auto import tqdm
-
-    for step, b in enumerate(tqdm(batches, desc="st-peer", unit="step")):
-        ids, mask = b.input_ids[:, 0], b.attention_mask[:, 0]
-        feats = [{"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)} for _ in range(2)]
-        loss = loss_fn(feats, None)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if (step + 1) % 10 == 0 or step + 1 == n:
-            st_losses.append((step + 1, round(float(loss.detach()), 4)))
-    st_s = time.perf_counter() - t0
-    st.eval()
-    enc = PooledEncoder(
-        tr.auto_model,
-        "cls_before_pooler",
-        tokenizer=load_tokenizer(PACKAGED_MINILM),
-        name="sentence-transformers MNRL (CLS pooling)",
-    )
-    peer = bench.evaluate(enc, cfg)
-    peer["pooler"] = "cls (ST Pooling) = cls_before_pooler"
-    del st, enc, tr
-    _log(f"peer: st-peer trained STS Avg. {peer['sts_avg']:.2f} ({st_s:.0f} s)")
-
+    batches, order_hash, start_hash, ours, ours_s = train_peerlike(bench, cfg, rows)
+    peer, st_s, st_losses = train_st_peer(bench, cfg, batches)
     start_model = seeded_build(cfg, bench.device)
     if state_hash(start_model) != start_hash:
         raise RuntimeError("peer: two builds with the same seed differ")
@@ -506,6 +447,93 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     if default_simcse is not None:
         out["simcse_default"] = default_summary(default_simcse)
     return out
+
+
+def train_peerlike(bench: Bench, cfg, rows) -> tuple[list, str, str, dict[str, Any], float]:
+    """Our SimCSE without its training-time MLP, trained by the job's loop at fp32 and evaluated: its batches (the
+    peer trains on the same), their hash, the start weights' hash, the trained scores and the training seconds."""
+    from cse.training.job import training_phases
+    from cse.training.loop import LoopConfig, Trainer
+
+    model = seeded_build(cfg, bench.device)
+    start_hash = state_hash(model)
+    loop = LoopConfig(
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        grad_clip=cfg.grad_clip,
+        seed=cfg.seed,
+        eval_steps=10**9,
+        checkpoint_steps=10**9,
+        log_steps=cfg.log_steps,
+        precision="fp32",
+        deterministic=False,
+    )
+    state = Path(tempfile.mkdtemp(prefix="peerlike-state-"))
+    noop = lambda *a: None
+    trainer = Trainer(model, training_phases(cfg, rows, None), loop, bench.device, state, noop, lambda m: 0.0, noop)
+    batches = [trainer.batch_at(s)[0] for s in range(trainer.total_steps)]
+    order_hash = hashlib.sha256(b"".join(b.input_ids.numpy().tobytes() for b in batches)).hexdigest()[:16]
+    _log(f"peer: {PEER_RUN}-peerlike, {trainer.total_steps} steps (batches hash {order_hash})")
+    t0 = time.perf_counter()
+    trainer.run()
+    ours_s = time.perf_counter() - t0
+    ours = bench.evaluate(model, cfg)
+    shutil.rmtree(state, ignore_errors=True)
+    del model, trainer
+    _log(f"peer: {PEER_RUN}-peerlike trained STS Avg. {ours['sts_avg']:.2f} ({ours_s:.0f} s)")
+    return batches, order_hash, start_hash, ours, ours_s
+
+
+def train_st_peer(bench: Bench, cfg, batches: list) -> tuple[dict[str, Any], float, list[tuple[int, float]]]:
+    """sentence-transformers' MNRL on the same batches (CLS pooling, AdamW, linear decay, clip 1.0), evaluated: the
+    scores, the training seconds and the loss every 10 steps."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from tqdm.auto import tqdm
+
+    from cse.models.embedder import PooledEncoder
+    from cse.models.loading import PACKAGED_MINILM, load_tokenizer, resolve_model_path
+
+    torch.manual_seed(cfg.seed)
+    tr = Transformer(resolve_model_path(PACKAGED_MINILM), max_seq_length=cfg.max_length)
+    dim = tr.get_embedding_dimension() if hasattr(tr, "get_embedding_dimension") else tr.get_word_embedding_dimension()
+    st = SentenceTransformer(modules=[tr, Pooling(dim, pooling_mode="cls")], device="cpu")
+    loss_fn = MultipleNegativesRankingLoss(st, scale=1.0 / cfg.model.temperature)
+    params = [p for p in st.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    n = len(batches)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / n))
+    st.train()
+    st_losses = []
+    t0 = time.perf_counter()
+    for step, b in enumerate(tqdm(batches, desc="st-peer", unit="step")):
+        ids, mask = b.input_ids[:, 0], b.attention_mask[:, 0]
+        feats = [{"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)} for _ in range(2)]
+        loss = loss_fn(feats, None)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if (step + 1) % 10 == 0 or step + 1 == n:
+            st_losses.append((step + 1, round(float(loss.detach()), 4)))
+    st_s = time.perf_counter() - t0
+    st.eval()
+    enc = PooledEncoder(
+        tr.auto_model,
+        "cls_before_pooler",
+        tokenizer=load_tokenizer(PACKAGED_MINILM),
+        name="sentence-transformers MNRL (CLS pooling)",
+    )
+    peer = bench.evaluate(enc, cfg)
+    peer["pooler"] = "cls (ST Pooling) = cls_before_pooler"
+    del st, enc, tr
+    _log(f"peer: st-peer trained STS Avg. {peer['sts_avg']:.2f} ({st_s:.0f} s)")
+    return peer, st_s, st_losses
 
 
 def default_summary(run: dict[str, Any]) -> dict[str, Any]:
@@ -697,7 +725,8 @@ def merge(args, argv) -> int:
     return 1 if failures or missing else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The command line and the runs it names (checked unless it merges)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     p.add_argument("--steps", type=int, default=None, help="steps of every run (default: per run, see the docstring)")
@@ -727,14 +756,18 @@ def main(argv: list[str] | None = None) -> int:
         help="write one report (--out) from the JSON files of several runs of this script, then exit",
     )
     args = p.parse_args(argv)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not args.merge and (unknown := sorted(set(names) - set(ALL))):
+        p.error(f"unknown --methods {unknown}; known: {list(ALL)}")
+    if not args.merge and args.steps is not None and args.steps < 1:
+        p.error("--steps must be >= 1")
+    return args, names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, names = parse_args(argv)
     if args.merge:
         return merge(args, argv)
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if unknown := sorted(set(names) - set(ALL)):
-        p.error(f"unknown --methods {unknown}; known: {list(ALL)}")
-    if args.steps is not None and args.steps < 1:
-        p.error("--steps must be >= 1")
-
     home = Path(tempfile.mkdtemp(prefix="cse-learning-"))
     os.environ["CSE_HOME"] = str(home)  # before cse.storage.settings is read
     for k in ("CSE_DATA_ROOT", "MLFLOW_TRACKING_URI", "CSE_MLFLOW_ARTIFACTS"):

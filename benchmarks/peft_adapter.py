@@ -94,6 +94,48 @@ def fresh_process_load(script: str, folder: Path, cwd: Path) -> dict[str, float]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def load_rounds(st_dir: Path, peft_folder: Path, base_path: str, work: Path, repeat: int) -> dict[str, list[float]]:
+    """Seconds of each way of loading the exported model, `repeat` times after one round that warms the disk cache:
+    the ST folder and the PEFT folder's loader (import and load, each in a fresh interpreter), and the PEFT adapter
+    attached to its base model in this process."""
+    from peft import PeftModel
+    from transformers import AutoModel
+
+    rounds: dict[str, list[float]] = {
+        "st_import": [],
+        "st_load": [],
+        "peft_import": [],
+        "peft_load": [],
+        "peft_attach": [],
+    }
+    for i in range(repeat + 1):
+        st_s = fresh_process_load(_ST_LOAD, st_dir, cwd=REPO_ROOT)  # our package must be importable for the ST folder
+        peft_s = fresh_process_load(_PEFT_LOAD, peft_folder, cwd=work)  # outside the repository
+        base = AutoModel.from_pretrained(base_path)
+        attach_s = timed(lambda base=base: PeftModel.from_pretrained(base, str(peft_folder)))
+        if i:  # the first round warms the disk cache
+            for side, seconds in (("st", st_s), ("peft", peft_s)):
+                rounds[f"{side}_import"].append(seconds["import"])
+                rounds[f"{side}_load"].append(seconds["load"])
+            rounds["peft_attach"].append(attach_s)
+    return rounds
+
+
+def st_vs_peft(st_dir: Path, peft_folder: Path, senteval_arg: str | None) -> tuple[list[str], float]:
+    """The first 32 STS-B test sentences and the largest absolute difference between their embeddings by the ST
+    folder and by the PEFT folder's loader."""
+    from sentence_transformers import SentenceTransformer
+
+    senteval = Path(senteval_arg) if senteval_arg else get_settings().shared_data / "senteval"
+    table, _ = read_senteval(senteval)
+    df = table.to_pandas()
+    sentences = list(df[(df.task == "stsb") & (df.split == "test")].sentence1[:32])
+    st = SentenceTransformer(str(st_dir), trust_remote_code=True, device="cpu")
+    model, tokenizer, spec = peft_loader.load_prefix_encoder(peft_folder)
+    peft_embeddings = peft_loader.embed_sentences(model, tokenizer, spec, sentences)
+    return sentences, float((st.encode(sentences, convert_to_tensor=True).float() - peft_embeddings).abs().max())
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="packaged:minilm")
@@ -108,10 +150,6 @@ def main(argv=None) -> dict:
     p.add_argument("--senteval", default=None, help="SentEval folder (default: $CSE_SHARED_DATA/senteval)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
-    from peft import PeftModel
-    from sentence_transformers import SentenceTransformer
-    from transformers import AutoModel
-
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     work = Path(tempfile.mkdtemp(prefix="peft-bench-"))
     if args.checkpoint:
@@ -130,26 +168,8 @@ def main(argv=None) -> dict:
     base_path = peft_loader.base_model_path(export.folder)
     base_weights = sum(f.stat().st_size for f in Path(resolve_model_path(base_path)).glob("*.safetensors"))
 
-    rounds = {"st_import": [], "st_load": [], "peft_import": [], "peft_load": [], "peft_attach": []}
-    for i in range(args.repeat + 1):
-        st_s = fresh_process_load(_ST_LOAD, st_dir, cwd=REPO_ROOT)  # our package must be importable for the ST folder
-        peft_s = fresh_process_load(_PEFT_LOAD, export.folder, cwd=work)  # outside the repository
-        base = AutoModel.from_pretrained(base_path)
-        attach_s = timed(lambda base=base: PeftModel.from_pretrained(base, str(export.folder)))
-        if i:  # the first round warms the disk cache
-            for side, seconds in (("st", st_s), ("peft", peft_s)):
-                rounds[f"{side}_import"].append(seconds["import"])
-                rounds[f"{side}_load"].append(seconds["load"])
-            rounds["peft_attach"].append(attach_s)
-
-    senteval = Path(args.senteval) if args.senteval else get_settings().shared_data / "senteval"
-    table, _ = read_senteval(senteval)
-    df = table.to_pandas()
-    sentences = list(df[(df.task == "stsb") & (df.split == "test")].sentence1[:32])
-    st = SentenceTransformer(str(st_dir), trust_remote_code=True, device="cpu")
-    model, tokenizer, spec = peft_loader.load_prefix_encoder(export.folder)
-    peft_embeddings = peft_loader.embed_sentences(model, tokenizer, spec, sentences)
-    diff = float((st.encode(sentences, convert_to_tensor=True).float() - peft_embeddings).abs().max())
+    rounds = load_rounds(st_dir, export.folder, base_path, work, args.repeat)
+    sentences, diff = st_vs_peft(st_dir, export.folder, args.senteval)
 
     result = {
         "backbone": args.backbone,

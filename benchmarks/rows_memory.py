@@ -74,10 +74,6 @@ class Sampler(threading.Thread):
 
 def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
     """(tokens key, corruption key) of the benchmark's datasets under `data_root`, built when missing."""
-    import numpy as np
-    import pyarrow as pa
-
-    from cse.models.loading import PACKAGED_MINILM, load_tokenizer
     from cse.storage import schemas
     from cse.storage.datasets import write_dataset
     from cse.storage.layout import DataRoot
@@ -86,90 +82,14 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
     tokens_key, corruption_key = f"bench-{rows}", f"bench-{rows}-v{variants}"
     if root.find("tokens", tokens_key) and root.find("corruption", corruption_key):
         return tokens_key, corruption_key
-    lines = (SHARED_DATA / "wiki1m_head.txt").read_text().splitlines()
-    tok = load_tokenizer(PACKAGED_MINILM)
-    encoded = tok([s if s.strip() else " " for s in lines], truncation=True, max_length=32)["input_ids"]
-    base_lengths = np.array([len(e) for e in encoded])
-    base_flat = np.concatenate([np.asarray(e, np.int32) for e in encoded])
-    base_offsets = np.concatenate([[0], np.cumsum(base_lengths)])
-    special = np.isin(base_flat, tok.all_special_ids)
-
-    def ranges(starts, lengths):
-        """The concatenation of arange(s, s + n) for every (s, n)."""
-        ends = np.cumsum(lengths)
-        return np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
-
-    def sentences(start: int, stop: int):
-        """(lengths, flat ids, special mask) of rows [start, stop): sentence j of the sample repeated."""
-        src = np.arange(start, stop) % len(lines)
-        lengths = base_lengths[src]
-        take = ranges(base_offsets[src], lengths)
-        return lengths, base_flat[take], special[take]
-
-    def lists(lengths, flat, dtype):
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype)))
-
-    def token_parts():
-        for start in range(0, rows, PART_ROWS):
-            stop = min(rows, start + PART_ROWS)
-            lengths, flat, _ = sentences(start, stop)
-            yield pa.table(
-                {
-                    "id": pa.array(np.arange(start, stop)),
-                    "column": pa.array(["text"] * (stop - start)),
-                    "input_ids": lists(lengths, flat, np.int32),
-                    "length": pa.array(lengths.astype(np.int16)),
-                },
-                schema=schemas.TOKENS,
-            )
-
-    def corruption_parts():
-        rng = np.random.default_rng(0)
-        for start in range(0, rows, PART_ROWS):
-            stop = min(rows, start + PART_ROWS)
-            n = stop - start
-            lengths, flat, spec = sentences(start, stop)
-            row_of = np.repeat(np.arange(n), lengths)
-            masks, corrupted, labels = [], [], []
-            for _ in range(variants):
-                masks.append((rng.random(len(flat)) < 0.3) & ~spec)
-                corrupted.append(np.where(masks[-1], rng.integers(1000, 30000, len(flat)), flat).astype(np.int32))
-                labels.append((corrupted[-1] != flat).astype(np.int8))
-            # the stage's order: row i's variants 0..V-1 next to each other
-            order = np.arange(n * variants).reshape(variants, n).T.ravel()
-            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-            take = ranges((order // n) * len(flat) + starts[order % n], lengths[order % n])
-
-            def interleave(arrays, take=take):
-                return np.concatenate(arrays)[take]
-
-            def per_row(arrays, row_of=row_of, order=order, n=n):
-                """Each (row, variant)'s sum of `arrays`' values, in the stage's order."""
-                return pa.array(np.concatenate([np.bincount(row_of, a, n) for a in arrays])[order].astype(np.int16))
-
-            all_lengths = np.tile(lengths, variants)[order]
-            yield pa.table(
-                {
-                    "id": pa.array(np.tile(np.arange(start, stop), variants)[order]),
-                    "column": pa.array(["text"] * (n * variants)),
-                    "variant": pa.array(np.repeat(np.arange(variants), n)[order].astype(np.int16)),
-                    "input_ids": lists(all_lengths, interleave([flat] * variants), np.int32),
-                    "corrupted_ids": lists(all_lengths, interleave(corrupted), np.int32),
-                    "labels": lists(all_lengths, interleave(labels), np.int8),
-                    "n_masked": per_row(masks),
-                    "n_replaced": per_row(labels),
-                },
-                schema=schemas.CORRUPTION,
-            )
-
+    sample = Sample.tokenized(SHARED_DATA / "wiki1m_head.txt")
     t0 = time.perf_counter()
     if not root.find("tokens", tokens_key):
         write_dataset(
             root,
             "tokens",
             tokens_key,
-            token_parts(),
+            sample.token_parts(rows),
             schemas.TOKENS,
             params={"benchmark": "rows_memory", "rows": rows, "sample": "wiki1m_head.txt"},
         )
@@ -178,12 +98,132 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
             root,
             "corruption",
             corruption_key,
-            corruption_parts(),
+            sample.corruption_parts(rows, variants),
             schemas.CORRUPTION,
             params={"benchmark": "rows_memory", "rows": rows, "variants": variants, "mask_ratio": 0.3},
         )
     print(f"built the benchmark datasets under {data_root} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     return tokens_key, corruption_key
+
+
+def _ranges(starts, lengths):
+    """The concatenation of arange(s, s + n) for every (s, n)."""
+    import numpy as np
+
+    ends = np.cumsum(lengths)
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
+
+
+def _lists(lengths, flat, dtype):
+    """A pyarrow list array of `flat` cut at `lengths`, its values as `dtype`."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype)))
+
+
+class Sample:
+    """The tokenised sentence sample the benchmark's rows repeat: row i is sentence i mod the sample's size."""
+
+    def __init__(self, n_lines: int, lengths, flat, special):
+        import numpy as np
+
+        self.n_lines, self.lengths, self.flat, self.special = n_lines, lengths, flat, special
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)])
+
+    @classmethod
+    def tokenized(cls, path: Path) -> Sample:
+        """The lines of `path` through the packaged MiniLM's tokenizer (max length 32; a blank line as one space)."""
+        import numpy as np
+
+        from cse.models.loading import PACKAGED_MINILM, load_tokenizer
+
+        lines = path.read_text().splitlines()
+        tok = load_tokenizer(PACKAGED_MINILM)
+        encoded = tok([s if s.strip() else " " for s in lines], truncation=True, max_length=32)["input_ids"]
+        flat = np.concatenate([np.asarray(e, np.int32) for e in encoded])
+        return cls(len(lines), np.array([len(e) for e in encoded]), flat, np.isin(flat, tok.all_special_ids))
+
+    def sentences(self, start: int, stop: int):
+        """(lengths, flat ids, special mask) of rows [start, stop): sentence j of the sample repeated."""
+        import numpy as np
+
+        src = np.arange(start, stop) % self.n_lines
+        lengths = self.lengths[src]
+        take = _ranges(self.offsets[src], lengths)
+        return lengths, self.flat[take], self.special[take]
+
+    def token_parts(self, rows: int):
+        """The tokens dataset's parts of `rows` rows."""
+        import numpy as np
+        import pyarrow as pa
+
+        from cse.storage import schemas
+
+        for start in range(0, rows, PART_ROWS):
+            stop = min(rows, start + PART_ROWS)
+            lengths, flat, _ = self.sentences(start, stop)
+            yield pa.table(
+                {
+                    "id": pa.array(np.arange(start, stop)),
+                    "column": pa.array(["text"] * (stop - start)),
+                    "input_ids": _lists(lengths, flat, np.int32),
+                    "length": pa.array(lengths.astype(np.int16)),
+                },
+                schema=schemas.TOKENS,
+            )
+
+    def corruption_parts(self, rows: int, variants: int):
+        """The corruption dataset's parts: `variants` random corruptions of each row (30 % of its non-special
+        tokens masked, each replaced by a random id), seeded once for the whole dataset."""
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        for start in range(0, rows, PART_ROWS):
+            yield self.corruption_part(start, min(rows, start + PART_ROWS), variants, rng)
+
+    def corruption_part(self, start: int, stop: int, variants: int, rng):
+        """One corruption part: rows [start, stop), each row's variants next to each other (the stage's order)."""
+        import numpy as np
+        import pyarrow as pa
+
+        from cse.storage import schemas
+
+        n = stop - start
+        lengths, flat, spec = self.sentences(start, stop)
+        row_of = np.repeat(np.arange(n), lengths)
+        masks, corrupted, labels = [], [], []
+        for _ in range(variants):
+            masks.append((rng.random(len(flat)) < 0.3) & ~spec)
+            corrupted.append(np.where(masks[-1], rng.integers(1000, 30000, len(flat)), flat).astype(np.int32))
+            labels.append((corrupted[-1] != flat).astype(np.int8))
+        # the stage's order: row i's variants 0..V-1 next to each other
+        order = np.arange(n * variants).reshape(variants, n).T.ravel()
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        take = _ranges((order // n) * len(flat) + starts[order % n], lengths[order % n])
+
+        def interleave(arrays):
+            return np.concatenate(arrays)[take]
+
+        def per_row(arrays):
+            """Each (row, variant)'s sum of `arrays`' values, in the stage's order."""
+            return pa.array(np.concatenate([np.bincount(row_of, a, n) for a in arrays])[order].astype(np.int16))
+
+        all_lengths = np.tile(lengths, variants)[order]
+        return pa.table(
+            {
+                "id": pa.array(np.tile(np.arange(start, stop), variants)[order]),
+                "column": pa.array(["text"] * (n * variants)),
+                "variant": pa.array(np.repeat(np.arange(variants), n)[order].astype(np.int16)),
+                "input_ids": _lists(all_lengths, interleave([flat] * variants), np.int32),
+                "corrupted_ids": _lists(all_lengths, interleave(corrupted), np.int32),
+                "labels": _lists(all_lengths, interleave(labels), np.int8),
+                "n_masked": per_row(masks),
+                "n_replaced": per_row(labels),
+            },
+            schema=schemas.CORRUPTION,
+        )
 
 
 # ------------------------------------------------------------------------------------------------ one measurement

@@ -102,6 +102,16 @@ class BareStep:
         return float(loss.detach())
 
 
+BASELINE = (  # what the bare step does, stated in every result
+    "same HF encoder, frozen, no prompts/pooler, train mode, same autocast and batches: forward on "
+    "the 2B view rows + forward on the 2B corrupted rows, trivial trainable Linear(d,2) head "
+    "(logsumexp on CLS + token cross-entropy), backward; the embedding output is a leaf that "
+    "requires grad so backward runs through all layers (activation grads only), as prompt "
+    "tuning's does; no optimizer step"
+)
+METHOD_STEP = "cse.training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)"
+
+
 def timed_peak(fn, device: torch.device) -> tuple[float, float | None]:
     """(seconds, peak GPU GiB or None) of one call, synchronised on CUDA."""
     if device.type != "cuda":
@@ -110,7 +120,7 @@ def timed_peak(fn, device: torch.device) -> tuple[float, float | None]:
     return timed(fn, device), torch.cuda.max_memory_allocated(device) / 2**30
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--backbone", default=PACKAGED_MINILM, help="packaged:minilm, bert-base (random init) or a model folder"
@@ -125,7 +135,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 2:
         p.error("--steps must be >= 1 and --batch-size >= 2")
+    return args
 
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     device = pick_device(args.device)
     precision = args.precision if args.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     backbone, tokenizer = build_backbone(args.backbone)
@@ -164,9 +178,29 @@ def main(argv: list[str] | None = None) -> dict:
         td, md = timed_peak(lambda b=batch: trainer.train_step(b), device)
         if i >= args.warmup:
             t_bare.append(tb), t_d2cse.append(td), mem_bare.append(mb), mem_d2cse.append(md)
+    result = report(args, model, device, precision, batches[args.warmup :], t_d2cse, t_bare)
+    if device.type == "cuda":
+        result["peak_gpu_memory_gib"] = {spec.name: max(mem_d2cse), "bare": max(mem_bare)}
+        result["goal_minutes_h100"] = 15
+    print(json.dumps(result, indent=2))
+    return result
 
-    views = sum(b.sentences for b in batches[args.warmup :]) / args.steps  # 2B view sentences per step
-    tokens = sum(b.tokens for b in batches[args.warmup :]) / args.steps
+
+def report(args, model, device: torch.device, precision: str, timed_batches, t_d2cse, t_bare) -> dict:
+    """The result: median step times of the method and the bare baseline, their ratio against the target, the
+    throughputs, and the Wiki1M projection.
+
+    Args:
+        args: the command line.
+        model: the method's model.
+        device: where it ran.
+        precision: the precision it ran at.
+        timed_batches: the batches after the warm-up.
+        t_d2cse: the method's step seconds on them.
+        t_bare: the baseline's.
+    """
+    views = sum(b.sentences for b in timed_batches) / args.steps  # 2B view sentences per step
+    tokens = sum(b.tokens for b in timed_batches) / args.steps
     step_d, step_b = statistics.median(t_d2cse), statistics.median(t_bare)
     ratio = step_d / step_b
     # Wiki1M in steps of B_paper = 144 sentences; the measured throughput is scaled to that batch
@@ -183,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batch_size": args.batch_size,
         "view_sentences_per_step": views,
         "mean_tokens_per_step": tokens,
-        "mean_padded_length": statistics.mean(b.input_ids.shape[-1] for b in batches[args.warmup :]),
+        "mean_padded_length": statistics.mean(b.input_ids.shape[-1] for b in timed_batches),
         "prefix_len": args.prefix_len,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -199,14 +233,8 @@ def main(argv: list[str] | None = None) -> dict:
         "paired_ratio_median": statistics.median(d / b for d, b in zip(t_d2cse, t_bare)),
         "target": TARGET,
         "meets_target": ratio <= TARGET,
-        "baseline": (
-            "same HF encoder, frozen, no prompts/pooler, train mode, same autocast and batches: forward on "
-            "the 2B view rows + forward on the 2B corrupted rows, trivial trainable Linear(d,2) head "
-            "(logsumexp on CLS + token cross-entropy), backward; the embedding output is a leaf that "
-            "requires grad so backward runs through all layers (activation grads only), as prompt "
-            "tuning's does; no optimizer step"
-        ),
-        "d2cse_step": "cse.training.loop.Trainer.train_step (autocast fwd, zero_grad, backward, clip 1.0, AdamW, LR step)",
+        "baseline": BASELINE,
+        "d2cse_step": METHOD_STEP,
     }
     result["projected_wiki1m_2_epochs_minutes" + ("" if device.type == "cuda" else "_cpu_info_only")] = projected
     result["projection"] = (
@@ -214,10 +242,6 @@ def main(argv: list[str] | None = None) -> dict:
         f"linearly from batch {args.batch_size}"
         + ("" if args.batch_size == PAPER_BATCH else " (run --batch-size 144 for the exact figure)")
     )
-    if device.type == "cuda":
-        result["peak_gpu_memory_gib"] = {spec.name: max(mem_d2cse), "bare": max(mem_bare)}
-        result["goal_minutes_h100"] = 15
-    print(json.dumps(result, indent=2))
     return result
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -74,7 +74,7 @@ class ClassifierSettings:
     regs: tuple[float, ...] = tuple(10.0**t for t in range(-5, -1))  # SentEval with usepytorch: 1e-5 … 1e-2
     validation_split: float = 0.05  # the held-out fraction of a final fit that has no validation set
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.optim not in OPTIMIZERS:
             raise ValueError(f"unknown optimiser {self.optim!r}; known: {', '.join(OPTIMIZERS)}")
         if self.batch_size < 1 or self.epoch_size < 1 or self.tenacity < 0 or self.kfold < 2 or not self.regs:
@@ -98,7 +98,7 @@ class Group:
     train: np.ndarray
     valid: np.ndarray
     regs: tuple[float, ...]
-    rng: np.random.RandomState = field(repr=False, default=None)  # positioned where SentEval's would be
+    rng: np.random.RandomState = field(repr=False)  # positioned where SentEval's would be
 
 
 @dataclass
@@ -228,7 +228,7 @@ def fit_groups(
 
 
 def _batches(
-    groups: list[Group], alive: np.ndarray, sizes: np.ndarray, bs: int, device
+    groups: list[Group], alive: np.ndarray, sizes: np.ndarray, bs: int, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     """One epoch of shuffled mini-batches per live group: row indices [G, S, bs], per-row weights 1/|batch| (0 on
     padding) and the [G, S] mask of real steps."""
@@ -274,94 +274,210 @@ def _accuracy(
     return out
 
 
+ADAM_BETAS = (0.9, 0.999)
+RMSPROP_ALPHA = 0.99
+EPS = 1e-8
+
+
+def _update(optim: str, prm: Tensor, g: Tensor, m1: Tensor, m2: Tensor, steps: Tensor, act: Tensor | None) -> None:
+    """One optimiser step of SentEval's optimiser on batched parameters, in place.
+
+    Args:
+        optim: "adam" (lr 1e-3) or "rmsprop" (lr 1e-2, alpha 0.99, no momentum, not centred).
+        prm: the parameters, updated in place.
+        g: their gradient.
+        m1: Adam's first moment (unused by RMSprop), updated in place.
+        m2: the second moment / square average, updated in place.
+        steps: `[G, 1, 1]` steps taken per group (Adam's bias correction).
+        act: `[G, 1, 1]` mask of the groups that take this step, or None for all.
+    """
+    b1, b2 = ADAM_BETAS
+    if optim == "adam":
+        nm1 = m1 * b1 + g * (1 - b1)
+        nm2 = m2 * b2 + g * g * (1 - b2)
+        upd = nm1 / (nm2.sqrt() / torch.sqrt(1 - b2**steps) + EPS) * (1e-3 / (1 - b1**steps))
+    else:
+        nm1, nm2 = m1, m2 * RMSPROP_ALPHA + g * g * (1 - RMSPROP_ALPHA)
+        upd = g / (nm2.sqrt() + EPS) * 1e-2
+    if act is None:
+        m1.copy_(nm1), m2.copy_(nm2), prm.sub_(upd)
+    else:
+        m1.copy_(torch.where(act, nm1, m1)), m2.copy_(torch.where(act, nm2, m2))
+        prm.sub_(torch.where(act, upd, torch.zeros_like(upd)))
+
+
+@dataclass
+class _Batched:
+    """The live groups' fits side by side: weights `[G, d, R·C]` (column r·C + k = class k of penalty r), biases
+    `[G, 1, R·C]`, their first and second moments, the steps each group took `[G, 1, 1]` and the penalties
+    `[G, 1, R·C]`."""
+
+    w: Tensor
+    b: Tensor
+    m1w: Tensor
+    m1b: Tensor
+    m2w: Tensor
+    m2b: Tensor
+    steps: Tensor
+    reg: Tensor
+
+    @classmethod
+    def start(cls, x: Tensor, c: int, groups: list[Group], seed: int) -> _Batched:
+        """Every fit at `nn.Linear`'s initial weights under `seed`, with zero moments and steps.
+
+        Args:
+            x: `[N, d]` features (their device and dtype).
+            c: the number of classes.
+            groups: the groups, all of one width R.
+            seed: the classifiers' seed.
+        """
+        dev, g_all, r = x.device, len(groups), len(groups[0].regs)
+        w0, b0 = initial_weights(x.shape[1], c, seed)
+        w = w0.to(dev).repeat(1, r).expand(g_all, x.shape[1], r * c).clone()
+        b = b0.to(dev).repeat(r).expand(g_all, 1, r * c).clone()
+        reg = torch.tensor([[q for q in grp.regs for _ in range(c)] for grp in groups], device=dev, dtype=x.dtype)
+        steps = torch.zeros(g_all, 1, 1, device=dev)
+        zeros = torch.zeros_like
+        return cls(w, b, zeros(w), zeros(b), zeros(w), zeros(b), steps, reg.unsqueeze(1))
+
+    def keep(self, rows: Tensor) -> None:
+        """Keep only the groups at `rows` (indices into the live groups).
+
+        Args:
+            rows: the indices of the groups that go on training.
+        """
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name).index_select(0, rows))
+
+    def step(self, x: Tensor, y: Tensor, rows: Tensor, wgt: Tensor, act: Tensor, c: int, optim: str) -> None:
+        """One mini-batch step of every live group: the mean cross-entropy's gradient plus the L2 term.
+
+        Args:
+            x: `[N, d]` features.
+            y: `[N]` labels.
+            rows: `[G, bs]` row indices of each group's batch.
+            wgt: `[G, bs]` per-row weights (1/|batch|, 0 on padding).
+            act: `[G]` which groups have a real step here.
+            c: the number of classes.
+            optim: the optimiser's name.
+        """
+        g, bs, r = rows.shape[0], rows.shape[1], self.w.shape[2] // c
+        xb = x[rows]  # [G, bs, d]
+        p = torch.softmax(torch.baddbmm(self.b, xb, self.w).view(g, bs, r, c), dim=3)
+        p.scatter_add_(3, y[rows].view(g, bs, 1, 1).expand(-1, -1, r, 1), torch.full_like(p[..., :1], -1.0))
+        p = p.mul_(wgt.view(g, bs, 1, 1)).view(g, bs, r * c)  # d(mean CE)/d logits
+        gw = torch.bmm(xb.transpose(1, 2), p).add_(self.w * self.reg)
+        gb = p.sum(dim=1, keepdim=True).add_(self.b * self.reg)
+        full = bool(act.all())
+        self.steps += act.view(-1, 1, 1).to(self.steps.dtype)
+        a = None if full else act.view(-1, 1, 1)
+        _update(optim, self.w, gw, self.m1w, self.m2w, self.steps, a)
+        _update(optim, self.b, gb, self.m1b, self.m2b, self.steps, a)
+
+
+@dataclass
+class _Progress:
+    """Per fit `[G, R]` of all the groups: the best validation accuracy and its weights, SentEval's early-stopping
+    counter, whether it stopped and the rounds it took part in."""
+
+    best_w: Tensor
+    best_b: Tensor
+    best_acc: np.ndarray
+    count: np.ndarray
+    stopped: np.ndarray
+    epochs: np.ndarray
+
+    @classmethod
+    def start(cls, fits: _Batched, r: int) -> _Progress:
+        """No validation yet: the initial weights as the best, every accuracy below any real one.
+
+        Args:
+            fits: the fits at their initial weights.
+            r: R, the penalties of each group.
+        """
+        shape = (fits.w.shape[0], r)
+        return cls(
+            best_w=fits.w.clone(),
+            best_b=fits.b.clone(),
+            best_acc=np.full(shape, -1.0),
+            count=np.zeros(shape, dtype=np.int64),
+            stopped=np.zeros(shape, dtype=bool),
+            epochs=np.zeros(shape, dtype=np.int64),
+        )
+
+    def record(
+        self, acc: np.ndarray, alive: np.ndarray, epochs_done: int, fits: _Batched, c: int, tenacity: int
+    ) -> np.ndarray:
+        """Take one validation round of the live groups; return which of them have a fit still training.
+
+        Args:
+            acc: `[G_live, R]` validation accuracies.
+            alive: the live groups' indices among all the groups.
+            epochs_done: the epochs trained so far.
+            fits: the live groups' current weights.
+            c: the number of classes.
+            tenacity: the rounds without improvement a fit may take before it stops.
+        """
+        live = ~self.stopped[alive]
+        better = (acc > self.best_acc[alive]) & live
+        self.epochs[alive] = np.where(live, epochs_done, self.epochs[alive])  # the rounds each fit took part in
+        self.best_acc[alive] = np.where(better, acc, self.best_acc[alive])
+        cols = torch.from_numpy(np.repeat(better, c, axis=1)).to(fits.w.device).unsqueeze(1)  # [G, 1, R·C]
+        sel = torch.from_numpy(alive).to(fits.w.device)
+        self.best_w[sel] = torch.where(cols, fits.w, self.best_w[sel])
+        self.best_b[sel] = torch.where(cols, fits.b, self.best_b[sel])
+        worse = live & ~better
+        stop_now = worse & (self.count[alive] >= tenacity)  # SentEval: the counter is never reset
+        self.count[alive] += worse & ~stop_now
+        self.stopped[alive] |= stop_now
+        return np.flatnonzero(~self.stopped[alive].all(axis=1))
+
+    def fitted(self, groups: list[Group], c: int) -> list[list[Fitted]]:
+        """Per group, one `Fitted` per penalty: its best accuracy and weights.
+
+        Args:
+            groups: all the groups.
+            c: the number of classes.
+        """
+        return [
+            [
+                Fitted(
+                    valid_accuracy=float(self.best_acc[k, j]),
+                    weight=self.best_w[k, :, j * c : (j + 1) * c].clone(),
+                    bias=self.best_b[k, 0, j * c : (j + 1) * c].clone(),
+                    epochs=int(self.epochs[k, j]),
+                    reg=groups[k].regs[j],
+                )
+                for j in range(len(groups[k].regs))
+            ]
+            for k in range(len(groups))
+        ]
+
+
 def _fit_batch(x: Tensor, y: Tensor, c: int, groups: list[Group], s: ClassifierSettings) -> list[list[Fitted]]:
-    """Groups of one width R side by side: weights [G, d, R·C] (column r·C + k = class k of penalty r)."""
-    dev = x.device
-    g_all, d, bs, r = len(groups), x.shape[1], s.batch_size, len(groups[0].regs)
-    w0, b0 = initial_weights(d, c, s.seed)
-    w = w0.to(dev).repeat(1, r).expand(g_all, d, r * c).clone()
-    b = b0.to(dev).repeat(r).expand(g_all, 1, r * c).clone()
-    m1w, m1b = torch.zeros_like(w), torch.zeros_like(b)  # Adam's first moment (unused by RMSprop)
-    m2w, m2b = torch.zeros_like(w), torch.zeros_like(b)  # second moment / square average
-    steps = torch.zeros(g_all, 1, 1, device=dev)
-    reg = torch.tensor(
-        [[q for q in grp.regs for _ in range(c)] for grp in groups], device=dev, dtype=x.dtype
-    ).unsqueeze(1)
-    best_w, best_b = w.clone(), b.clone()
-    best_acc = np.full((g_all, r), -1.0)
-    count = np.zeros((g_all, r), dtype=np.int64)
-    stopped = np.zeros((g_all, r), dtype=bool)
-    epochs = np.zeros((g_all, r), dtype=np.int64)
+    """Groups of one width R side by side (`_Batched`), SentEval's epochs and early stopping per fit (`_Progress`).
+
+    Args:
+        x: `[N, d]` features.
+        y: `[N]` labels.
+        c: the number of classes.
+        groups: the groups, all of one width.
+        s: the classifier settings.
+    """
+    fits = _Batched.start(x, c, groups, s.seed)
+    progress = _Progress.start(fits, len(groups[0].regs))
     epochs_done = 0
-    alive = np.arange(g_all)  # groups with a fit still training, in batch order
-    b1, b2, eps, alpha = 0.9, 0.999, 1e-8, 0.99
-    lr = 1e-3 if s.optim == "adam" else 1e-2
-
-    def update(prm: Tensor, g: Tensor, m1: Tensor, m2: Tensor, act: Tensor | None) -> None:
-        if s.optim == "adam":
-            nm1 = m1 * b1 + g * (1 - b1)
-            nm2 = m2 * b2 + g * g * (1 - b2)
-            upd = nm1 / (nm2.sqrt() / torch.sqrt(1 - b2**steps) + eps) * (lr / (1 - b1**steps))
-        else:  # rmsprop: alpha 0.99, eps 1e-8, no momentum, not centred
-            nm1, nm2 = m1, m2 * alpha + g * g * (1 - alpha)
-            upd = g / (nm2.sqrt() + eps) * lr
-        if act is None:
-            m1.copy_(nm1), m2.copy_(nm2), prm.sub_(upd)
-        else:
-            m1.copy_(torch.where(act, nm1, m1)), m2.copy_(torch.where(act, nm2, m2))
-            prm.sub_(torch.where(act, upd, torch.zeros_like(upd)))
-
+    alive = np.arange(len(groups))  # groups with a fit still training, in batch order
     while len(alive) and epochs_done <= s.max_epoch:
         sizes = np.array([len(groups[k].train) for k in alive])
         for _ in range(s.epoch_size):
-            idx_t, wgt_t, active_t, smax = _batches(groups, alive, sizes, bs, dev)
+            idx_t, wgt_t, active_t, smax = _batches(groups, alive, sizes, s.batch_size, x.device)
             for st in range(smax):
-                rows = idx_t[:, st]
-                xb = x[rows]  # [G, bs, d]
-                p = torch.softmax(torch.baddbmm(b, xb, w).view(len(alive), bs, r, c), dim=3)
-                p.scatter_add_(
-                    3, y[rows].view(len(alive), bs, 1, 1).expand(-1, -1, r, 1), torch.full_like(p[..., :1], -1.0)
-                )
-                p = p.mul_(wgt_t[:, st].view(len(alive), bs, 1, 1)).view(len(alive), bs, r * c)  # d(mean CE)/d logits
-                gw = torch.bmm(xb.transpose(1, 2), p).add_(w * reg)
-                gb = p.sum(dim=1, keepdim=True).add_(b * reg)
-                act = active_t[:, st]
-                full = bool(act.all())
-                steps += act.view(-1, 1, 1).to(steps.dtype)
-                a = None if full else act.view(-1, 1, 1)
-                update(w, gw, m1w, m2w, a)
-                update(b, gb, m1b, m2b, a)
+                fits.step(x, y, idx_t[:, st], wgt_t[:, st], active_t[:, st], c, s.optim)
         epochs_done += s.epoch_size
-        acc = _accuracy(x, y, w, b, [groups[k].valid for k in alive], r, c)
-        live = ~stopped[alive]
-        better = (acc > best_acc[alive]) & live
-        epochs[alive] = np.where(live, epochs_done, epochs[alive])  # the rounds each fit took part in
-        best_acc[alive] = np.where(better, acc, best_acc[alive])
-        cols = torch.from_numpy(np.repeat(better, c, axis=1)).to(dev).unsqueeze(1)  # [G, 1, R·C]
-        sel = torch.from_numpy(alive).to(dev)
-        best_w[sel] = torch.where(cols, w, best_w[sel])
-        best_b[sel] = torch.where(cols, b, best_b[sel])
-        worse = live & ~better
-        stop_now = worse & (count[alive] >= s.tenacity)  # SentEval: the counter is never reset
-        count[alive] += worse & ~stop_now
-        stopped[alive] |= stop_now
-        keep = np.flatnonzero(~stopped[alive].all(axis=1))
+        acc = _accuracy(x, y, fits.w, fits.b, [groups[k].valid for k in alive], len(groups[0].regs), c)
+        keep = progress.record(acc, alive, epochs_done, fits, c, s.tenacity)
         if len(keep) < len(alive):
-            k_t = torch.from_numpy(keep).to(dev)
-            w, b, m1w, m1b, m2w, m2b, steps, reg = (
-                t.index_select(0, k_t) for t in (w, b, m1w, m1b, m2w, m2b, steps, reg)
-            )
+            fits.keep(torch.from_numpy(keep).to(x.device))
             alive = alive[keep]
-    return [
-        [
-            Fitted(
-                valid_accuracy=float(best_acc[k, j]),
-                weight=best_w[k, :, j * c : (j + 1) * c].clone(),
-                bias=best_b[k, 0, j * c : (j + 1) * c].clone(),
-                epochs=int(epochs[k, j]),
-                reg=groups[k].regs[j],
-            )
-            for j in range(r)
-        ]
-        for k in range(g_all)
-    ]
+    return progress.fitted(groups, c)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -60,7 +61,7 @@ class EncodeStats:
         return self.sentences / max(self.seconds, 1e-9)
 
 
-def autocast_context(device: torch.device, precision: str):
+def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager[object]:
     """The autocast context of an evaluation precision.
 
     `fp32` (the default everywhere, as the reference code evaluates): no autocast; `bf16` forces autocast;
@@ -115,7 +116,7 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor
 
 
 @contextlib.contextmanager
-def eval_mode(module: torch.nn.Module):
+def eval_mode(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """Switch every submodule to `eval()` and restore each one's previous mode afterwards.
 
     Args:
@@ -138,7 +139,7 @@ class DeviceBatches:
     new list that happens to reuse a freed list's id is never served the old batches.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._entries: dict[tuple, tuple[Sequence, list[tuple[list[int], Tensor, Tensor]]]] = {}
 
     def batches(
@@ -155,6 +156,23 @@ class DeviceBatches:
             built.append((idx, ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)))
         self._entries[key] = (token_ids, built)
         return built
+
+
+def check_run(embedder: object, precision: str) -> None:
+    """The checks of an evaluator's run: a `SentenceEmbedder` and one of `PRECISIONS`.
+
+    Args:
+        embedder: what the run was given to score.
+        precision: the precision it was asked for.
+
+    Raises:
+        TypeError: `embedder` is not a `SentenceEmbedder`.
+        ValueError: an unknown precision.
+    """
+    if not isinstance(embedder, SentenceEmbedder):
+        raise TypeError(f"expected a cse.models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
 
 
 def cached_token_ids(
@@ -198,41 +216,26 @@ def embed_token_ids(
         ValueError: no sentences, an empty one, or an embedding of the wrong shape.
         NonFiniteEmbeddings: an embedding holds `nan` or `inf` (naming how many and the first sentences).
     """
-    n = len(token_ids)
-    if n == 0:
-        raise ValueError("nothing to embed: no sentences")
-    empty = [i for i, x in enumerate(token_ids) if len(x) == 0]
-    if empty:
-        raise ValueError(f"{len(empty)} sentences tokenised to zero tokens (first index {empty[0]})")
+    n = _count(token_ids)
     device = embedder.device
     pad_id = embedder.pad_token_id
     t0 = time.perf_counter()
+    batches: list[tuple[list[int], Tensor | None, Tensor | None]]
     if device_cache is not None:
-        batches = device_cache.batches(token_ids, batch_size, pad_id, device)
+        batches = list(device_cache.batches(token_ids, batch_size, pad_id, device))
     else:
         batches = [(idx, None, None) for idx in length_sorted_batches([len(x) for x in token_ids], batch_size)]
-    out: Tensor | None = None
-    parts: list[tuple[list[int], Tensor]] = []
     with (
         eval_mode(embedder),
         torch.inference_mode(),
         autocast_context(device, precision),
         tqdm(total=n, desc=desc, unit="sent", disable=not progress, mininterval=1.0) as bar,
     ):
+        parts = []
         for idx, input_ids, mask in batches:
-            if input_ids is None:
-                input_ids, mask = pad_batch([token_ids[i] for i in idx], pad_id)
-            emb = embedder.embed(input_ids.to(device, non_blocking=True), mask.to(device, non_blocking=True))
-            if emb.dim() != 2 or emb.shape[0] != len(idx):
-                raise ValueError(
-                    f"{type(embedder).__name__}.embed returned shape {tuple(emb.shape)}, expected [{len(idx)}, d]"
-                )
-            parts.append((idx, emb.float()))  # (copied to the host at the end: one wait, not one per batch)
+            parts.append((idx, _embed_batch(embedder, token_ids, idx, input_ids, mask)))
             bar.update(len(idx))
-        for idx, emb in parts:
-            if out is None:
-                out = torch.empty((n, emb.shape[1]), dtype=torch.float32)
-            out[torch.as_tensor(idx)] = emb.cpu()
+        out = _in_input_order(parts, n)
     if not bool(torch.isfinite(out).all()):
         bad = (~torch.isfinite(out)).any(dim=1).nonzero().flatten().tolist()
         raise NonFiniteEmbeddings(bad, n, sentences, desc)
@@ -240,10 +243,59 @@ def embed_token_ids(
     return out, EncodeStats(sentences=n, tokens=sum(len(x) for x in token_ids), batches=len(batches), seconds=seconds)
 
 
+def _count(token_ids: Sequence[Sequence[int]]) -> int:
+    """How many sentences `token_ids` holds; refused when none, or when one is empty."""
+    n = len(token_ids)
+    if n == 0:
+        raise ValueError("nothing to embed: no sentences")
+    empty = [i for i, x in enumerate(token_ids) if len(x) == 0]
+    if empty:
+        raise ValueError(f"{len(empty)} sentences tokenised to zero tokens (first index {empty[0]})")
+    return n
+
+
+def _embed_batch(
+    embedder: SentenceEmbedder,
+    token_ids: Sequence[Sequence[int]],
+    idx: list[int],
+    input_ids: Tensor | None,
+    mask: Tensor | None,
+) -> Tensor:
+    """One batch's float embeddings, still on the device (padded here unless the batch came padded).
+
+    Args:
+        embedder: the model.
+        token_ids: every sentence's token ids.
+        idx: the batch's sentence indices.
+        input_ids: the batch's padded ids, or None to pad them here.
+        mask: its attention mask (None with `input_ids`).
+    """
+    if input_ids is None or mask is None:
+        input_ids, mask = pad_batch([token_ids[i] for i in idx], embedder.pad_token_id)
+    device = embedder.device
+    emb = embedder.embed(input_ids.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+    if emb.dim() != 2 or emb.shape[0] != len(idx):
+        raise ValueError(f"{type(embedder).__name__}.embed returned shape {tuple(emb.shape)}, expected [{len(idx)}, d]")
+    return emb.float()  # (copied to the host at the end: one wait, not one per batch)
+
+
+def _in_input_order(parts: list[tuple[list[int], Tensor]], n: int) -> Tensor:
+    """`[n, d]` float32 CPU embeddings from each batch's (indices, embeddings).
+
+    Args:
+        parts: the batches' sentence indices and embeddings.
+        n: the number of sentences.
+    """
+    out = torch.empty((n, parts[0][1].shape[1]), dtype=torch.float32)
+    for idx, emb in parts:
+        out[torch.as_tensor(idx)] = emb.cpu()
+    return out
+
+
 def embed_sentences(
     embedder: SentenceEmbedder,
     sentences: Sequence[str],
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[Tensor, EncodeStats]:
     """Tokenise with the embedder's own `token_ids`, then `embed_token_ids`.
 

@@ -22,9 +22,9 @@ import pyarrow as pa
 import torch
 
 from cse.evaluation.alignment import alignment, uniformity
-from cse.evaluation.encode import PRECISIONS, DeviceBatches, cached_token_ids, embed_token_ids
+from cse.evaluation.encode import DeviceBatches, EncodeStats, cached_token_ids, check_run, embed_token_ids
 from cse.evaluation.qualitative import PAPER_QUERIES, answers_of, nearest_neighbours
-from cse.evaluation.results import DEV_TASKS, TEST_TASKS, AlignUniform, EvalResult, Timing
+from cse.evaluation.results import DEV_TASKS, TEST_TASKS, AlignUniform, EvalResult, TaskScore, Timing
 from cse.evaluation.retrieval import RULES, retrieval_scores
 from cse.evaluation.sts import cosine_pairs, rounded_average, score_task
 from cse.models.embedder import SentenceEmbedder
@@ -237,18 +237,13 @@ class Evaluator:
             UnknownTaskError: a task outside the mode's.
             MissingDataError: the table lacks pairs the mode needs.
         """
-        if not isinstance(embedder, SentenceEmbedder):
-            raise TypeError(f"expected a cse.models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+        check_run(embedder, precision)
         t0 = time.perf_counter()
-        task_names = self._tasks(mode, tasks)
-        key = (mode, task_names, extras)
+        key = (mode, self._tasks(mode, tasks), extras)
         plan = self._plan(*key)
-        ids = cached_token_ids(self._token_cache, embedder, key, plan.sentences)
         emb_t, st = embed_token_ids(
             embedder,
-            ids,
+            cached_token_ids(self._token_cache, embedder, key, plan.sentences),
             batch_size=batch_size,
             precision=precision,
             progress=progress,
@@ -257,16 +252,25 @@ class Evaluator:
             sentences=plan.sentences,
         )
         emb = emb_t.numpy().astype(np.float64)
+        scores = self._scores(plan, emb)
+        result = self._result(mode, scores, st, embedder)
+        if plan.stsb_test is not None:
+            self._extras(result, emb, plan.stsb_test, plan.queries)
+        result.timing.seconds = time.perf_counter() - t0
+        return result
 
-        scores = {}
-        for name, (task, split, subsets) in plan.scored.items():
-            scores[name] = score_task(
-                task,
-                split,
-                {sub: (cosine_pairs(emb[i1], emb[i2], identical=i1 == i2), g) for sub, (i1, i2, g) in subsets.items()},
-            )
+    @staticmethod
+    def _result(mode: str, scores: dict[str, TaskScore], st: EncodeStats, embedder: SentenceEmbedder) -> EvalResult:
+        """The run's result: its scores, the embedding pass's timing and, in `test` mode with every task, the averages.
+
+        Args:
+            mode: `test` or `dev` (`_tasks` refused any other).
+            scores: the tasks' scores.
+            st: the embedding pass's statistics.
+            embedder: the model scored.
+        """
         result = EvalResult(
-            mode=mode,
+            mode="test" if mode == "test" else "dev",
             tasks=scores,
             timing=Timing(
                 seconds=0.0,
@@ -280,14 +284,38 @@ class Evaluator:
         if mode == "test" and all(t in scores for t in TEST_TASKS):
             result.sts_avg = rounded_average([scores[t].spearman for t in TEST_TASKS])
             result.sts_avg_pearson = rounded_average([scores[t].pearson for t in TEST_TASKS])
-        if plan.stsb_test is not None:
-            self._extras(result, emb, plan)
-        result.timing.seconds = time.perf_counter() - t0
         return result
 
-    def _extras(self, result: EvalResult, emb: np.ndarray, plan: _Plan) -> None:
+    @staticmethod
+    def _scores(plan: _Plan, emb: np.ndarray) -> dict[str, TaskScore]:
+        """Each planned task's correlations: the cosine of each pair's embeddings against its gold score.
+
+        Args:
+            plan: the run's plan.
+            emb: every planned sentence's embedding, in plan order.
+        """
+        return {
+            name: score_task(
+                task,
+                split,
+                {sub: (cosine_pairs(emb[i1], emb[i2], identical=i1 == i2), g) for sub, (i1, i2, g) in subsets.items()},
+            )
+            for name, (task, split, subsets) in plan.scored.items()
+        }
+
+    def _extras(
+        self, result: EvalResult, emb: np.ndarray, stsb_test: tuple[np.ndarray, np.ndarray], queries: np.ndarray | None
+    ) -> None:
+        """STS-B test's cosines, retrieval, alignment/uniformity and qualitative neighbours, set on `result`.
+
+        Args:
+            result: the run's result, completed in place.
+            emb: every planned sentence's embedding.
+            stsb_test: the rows of STS-B test's first and second sentences in `emb`.
+            queries: the rows of the qualitative queries, or None for none.
+        """
         d = self._data[("stsb", "test")]["all"]
-        i1, i2 = plan.stsb_test
+        i1, i2 = stsb_test
         e1, e2 = emb[i1], emb[i2]
         result.stsb_test_pairs = {"cosine": cosine_pairs(e1, e2, identical=i1 == i2).tolist(), "gold": d.gold.tolist()}
         result.retrieval = retrieval_scores(
@@ -312,10 +340,10 @@ class Evaluator:
             t=self.uniformity_t,
             dedup_sentences=self.uniformity_dedup,
         )
-        if plan.queries is not None:
+        if queries is not None:
             result.qualitative = nearest_neighbours(
                 self.qualitative_queries,
-                emb[plan.queries],
+                emb[queries],
                 d.s1 + d.s2,
                 np.concatenate([e1, e2]),
                 k=self.qualitative_k,

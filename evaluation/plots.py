@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 
@@ -73,7 +75,7 @@ def cosine_by_gold_plot(cosine: Sequence[float], gold: Sequence[float], path: st
     return _save(fig, path)
 
 
-def _save(fig, path: str | Path, **kwargs) -> Path:
+def _save(fig: Figure, path: str | Path, **kwargs: Any) -> Path:
     path = Path(path)
     fig.savefig(path, dpi=120, **kwargs)
     plt.close(fig)

@@ -23,7 +23,11 @@ PAPER_QUERIES: tuple[str, ...] = (
 
 
 def answers_of(
-    query: str, sentence1: Sequence[str], sentence2: Sequence[str], gold: Sequence[float], score: float = 5.0
+    query: str,
+    sentence1: Sequence[str],
+    sentence2: Sequence[str],
+    gold: Sequence[float] | np.ndarray,
+    score: float = 5.0,
 ) -> list[str]:
     """The partners of `query` in the pairs of gold `score`, each once.
 

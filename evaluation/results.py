@@ -141,6 +141,7 @@ class EvalResult(_Result):
                 m[f"{name}/{sub}_pearson"] = c.pearson
         if self.sts_avg is not None:
             m["sts_avg"] = self.sts_avg
+        if self.sts_avg_pearson is not None:  # (set together with sts_avg)
             m["sts_avg_pearson"] = self.sts_avg_pearson
         if self.retrieval is not None:
             for k, v in self.retrieval.headline().items():
@@ -189,7 +190,9 @@ class EvalResult(_Result):
         for name, t in self.tasks.items():
             if not t.subsets:
                 continue
-            per = [(sub, c.n, c.spearman, c.pearson) for sub, c in t.subsets.items()]
+            per: list[tuple[str, int, float | None, float | None]] = [
+                (sub, c.n, c.spearman, c.pearson) for sub, c in t.subsets.items()
+            ]
             per += [
                 ("all", t.n, t.spearman, t.pearson),
                 ("mean", len(t.subsets), t.spearman_mean, t.pearson_mean),

@@ -18,6 +18,7 @@ Recall@k ×100.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -75,10 +76,26 @@ def recall_at_k(ranks: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
     return {int(k): 100.0 * float((ranks < k).mean()) for k in ks}
 
 
+def rule(match: str) -> Literal["index", "string"]:
+    """`match` as one of the duplicate rules of `RULES`.
+
+    Args:
+        match: `index` or `string`.
+
+    Raises:
+        ValueError: any other name.
+    """
+    if match == "index":
+        return "index"
+    if match == "string":
+        return "string"
+    raise ValueError(f"unknown retrieval duplicate rule {match!r}; known: {', '.join(RULES)}")
+
+
 def retrieval_scores(
     sentence1: Sequence[str],
     sentence2: Sequence[str],
-    gold: Sequence[float],
+    gold: Sequence[float] | np.ndarray,
     emb1: np.ndarray,
     emb2: np.ndarray,
     *,
@@ -101,29 +118,60 @@ def retrieval_scores(
     Raises:
         ValueError: an unknown rule, a k below 1, mismatched lengths, or no pair with gold `answer_score`.
     """
-    if match not in RULES:
-        raise ValueError(f"unknown retrieval duplicate rule {match!r}; known: {', '.join(RULES)}")
+    headline = rule(match)
     if not ks or any(k < 1 for k in ks):
         raise ValueError(f"ks must be positive integers, got {list(ks)}")
     n_pairs = len(sentence1)
-    gold = np.asarray(gold, dtype=np.float64)
-    if not (len(sentence2) == n_pairs == len(gold) == len(emb1) == len(emb2)):
+    scores = np.asarray(gold, dtype=np.float64)
+    if not (len(sentence2) == n_pairs == len(scores) == len(emb1) == len(emb2)):
         raise ValueError("sentence1, sentence2, gold, emb1 and emb2 must have one length")
-    pairs = np.flatnonzero(gold == answer_score)
+    pairs = np.flatnonzero(scores == answer_score)
     if len(pairs) == 0:
         raise ValueError(f"no pair has gold score {answer_score}: nothing to retrieve")
     texts = list(sentence1) + list(sentence2)
     corpus = unit_rows(np.concatenate([emb1, emb2]))
     q_pos = np.concatenate([pairs, pairs + n_pairs])  # s1 → s2, then s2 → s1
     t_pos = np.concatenate([pairs + n_pairs, pairs])
+    string_ranks, n_unique = _string_rule_ranks(texts, corpus, q_pos, t_pos)
+    return RetrievalScore(
+        match=headline,
+        ks=[int(k) for k in ks],
+        n_pairs=len(pairs),
+        n_queries=len(q_pos),
+        corpus_size={"index": len(texts), "string": n_unique},
+        recall={
+            "index": recall_at_k(_index_rule_ranks(corpus, q_pos, t_pos), ks),
+            "string": recall_at_k(string_ranks, ks),
+        },
+    )
 
-    # index rule
+
+def _index_rule_ranks(corpus: np.ndarray, q_pos: np.ndarray, t_pos: np.ndarray) -> np.ndarray:
+    """The index rule: each query's target ranked among every other corpus row (only the query's own row left out).
+
+    Args:
+        corpus: `[2P, d]` unit embeddings of every sentence1, then every sentence2.
+        q_pos: the queries' rows in `corpus`.
+        t_pos: their targets' rows.
+    """
     sim = corpus[q_pos] @ corpus.T
     excl = np.zeros_like(sim, dtype=bool)
     excl[np.arange(len(q_pos)), q_pos] = True
-    index_ranks = ranks_of_targets(sim, t_pos, excl)
+    return ranks_of_targets(sim, t_pos, excl)
 
-    # string rule
+
+def _string_rule_ranks(
+    texts: list[str], corpus: np.ndarray, q_pos: np.ndarray, t_pos: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """The string rule: the corpus deduplicated by text (first occurrence kept), the query's own text left out, and a
+    target of the query's very text found at rank 0; the ranks and the deduplicated corpus's size.
+
+    Args:
+        texts: every sentence1, then every sentence2.
+        corpus: their unit embeddings, row for row.
+        q_pos: the queries' rows in `corpus`.
+        t_pos: their targets' rows.
+    """
     uniq: dict[str, int] = {}
     first_pos: list[int] = []
     for i, s in enumerate(texts):
@@ -136,13 +184,4 @@ def retrieval_scores(
     usim = ucorpus[uq] @ ucorpus.T
     uexcl = np.zeros_like(usim, dtype=bool)
     uexcl[np.arange(len(uq)), uq] = True
-    string_ranks = np.where(uq == ut, 0, ranks_of_targets(usim, ut, uexcl & (uq != ut)[:, None]))
-
-    return RetrievalScore(
-        match=match,
-        ks=[int(k) for k in ks],
-        n_pairs=len(pairs),
-        n_queries=len(q_pos),
-        corpus_size={"index": len(texts), "string": len(first_pos)},
-        recall={"index": recall_at_k(index_ranks, ks), "string": recall_at_k(string_ranks, ks)},
-    )
+    return np.where(uq == ut, 0, ranks_of_targets(usim, ut, uexcl & (uq != ut)[:, None])), len(first_pos)

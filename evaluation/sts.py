@@ -53,7 +53,7 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray, identical: np.ndarray | None = No
     return cos
 
 
-def correlation(pred: Sequence[float], gold: Sequence[float]) -> Correlation:
+def correlation(pred: Sequence[float] | np.ndarray, gold: Sequence[float] | np.ndarray) -> Correlation:
     """Spearman (ties averaged) and Pearson correlation, both ×100.
 
     Args:
@@ -68,15 +68,15 @@ def correlation(pred: Sequence[float], gold: Sequence[float]) -> Correlation:
         >>> correlation([0.1, 0.5, 0.9], [1.0, 2.0, 5.0]).spearman
         100.0
     """
-    pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
-    if pred.shape != gold.shape or pred.ndim != 1:
-        raise ValueError(f"predictions {pred.shape} and gold scores {gold.shape} must be 1-D of equal length")
-    if len(pred) < 2:
-        raise ValueError(f"a correlation needs at least 2 pairs, got {len(pred)}")
+    x, y = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"predictions {x.shape} and gold scores {y.shape} must be 1-D of equal length")
+    if len(x) < 2:
+        raise ValueError(f"a correlation needs at least 2 pairs, got {len(x)}")
     return Correlation(
-        spearman=100.0 * float(stats.spearmanr(pred, gold).statistic),
-        pearson=100.0 * float(stats.pearsonr(pred, gold).statistic),
-        n=len(pred),
+        spearman=100.0 * float(stats.spearmanr(x, y).statistic),
+        pearson=100.0 * float(stats.pearsonr(x, y).statistic),
+        n=len(x),
     )
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +46,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from cse.evaluation.classifier import SETTINGS, ClassifierSettings, Fitted, fit_groups, group
-from cse.evaluation.encode import PRECISIONS, cached_token_ids, embed_token_ids
+from cse.evaluation.encode import EncodeStats, cached_token_ids, check_run, embed_token_ids
 from cse.evaluation.sts import rounded_average
 from cse.models.embedder import SentenceEmbedder
 from cse.storage.transfer import NCLASSES, TRANSFER_TASKS
@@ -166,12 +166,14 @@ class _Task:
     ]  # split → {"i1": sentence positions, "i2": (MRPC), "y": labels}, SentEval order
 
 
-def _r2(x: float) -> float:
+def _r2(x: float | np.floating) -> float:
+    """`x` rounded to two decimals, as a Python float."""
     return round(float(x), 2)
 
 
 def _senteval_order(s1: list[str], s2: list[str] | None, y: np.ndarray) -> np.ndarray:
     """SentEval's stable sort before embedding: (words, label), MRPC (words 1, words 2, label)."""
+    keys: list[tuple[int, ...]]
     if s2 is None:
         keys = [(len(a.split()), int(label)) for a, label in zip(s1, y)]
     else:
@@ -288,7 +290,7 @@ class TransferEvaluator:
         precision: str = "fp32",
         progress: bool = False,
         chunk: int = 64,
-        log=None,
+        log: Callable[[str], None] | None = None,
     ) -> TransferResult:
         """Embed every unique sentence once, then run the protocol task by task.
 
@@ -300,7 +302,7 @@ class TransferEvaluator:
             precision: `fp32`, `bf16` autocast, or `auto` (bf16 on CUDA).
             progress: show a progress bar.
             chunk: how many classifier fits of a task train side by side as one batched model.
-            log (Callable[[str], None] | None): told one message string about each finished task.
+            log: told one message string about each finished task.
 
         Returns:
             Accuracy ×100 per task, SentEval's dev accuracies, timings and the average.
@@ -309,28 +311,76 @@ class TransferEvaluator:
             TypeError: `embedder` is not a `SentenceEmbedder`.
             ValueError: an unknown precision, classifier setting or task.
         """
-        if not isinstance(embedder, SentenceEmbedder):
-            raise TypeError(f"expected a cse.models.embedder.SentenceEmbedder, got {type(embedder).__name__}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+        check_run(embedder, precision)
         if classifier not in SETTINGS:
             raise ValueError(f"unknown classifier settings {classifier!r}; known: {', '.join(SETTINGS)}")
         settings = SETTINGS[classifier]
         t0 = time.perf_counter()
         names = self._tasks(tasks)
         sentences, plan = self._plan(names)
-        ids = cached_token_ids(self._token_cache, embedder, names, sentences)
         emb, st = embed_token_ids(
             embedder,
-            ids,
+            cached_token_ids(self._token_cache, embedder, names, sentences),
             batch_size=batch_size,
             precision=precision,
             progress=progress,
             desc="evaluate (transfer)",
             sentences=sentences,
         )
-        device = embedder.device
-        emb = emb.to(device)
+        scores = self._score_tasks(plan, names, emb.to(embedder.device), settings, chunk, log)
+        return self._result(classifier, settings, scores, st, embedder, time.perf_counter() - t0)
+
+    def _result(
+        self,
+        classifier: str,
+        settings: ClassifierSettings,
+        scores: dict[str, TransferTaskScore],
+        st: EncodeStats,
+        embedder: SentenceEmbedder,
+        seconds: float,
+    ) -> TransferResult:
+        """The run's result: its scores, timings and, with every task, the averages.
+
+        Args:
+            classifier: the name of the classifier settings.
+            settings: those settings.
+            scores: the tasks' scores.
+            st: the embedding pass's statistics.
+            embedder: the model scored.
+            seconds: the run's wall seconds.
+        """
+        timing = TransferTiming(
+            seconds=seconds,
+            embed_seconds=st.seconds,
+            classifier_seconds=sum(s.seconds for s in scores.values()),
+            sentences=st.sentences,
+            tokens=st.tokens,
+            sentences_per_s=st.sentences_per_s,
+        )
+        result = TransferResult(
+            classifier=classifier,
+            settings=settings.__dict__ | {"regs": list(settings.regs)},
+            tasks=scores,
+            limit=self.limit,
+            device=str(embedder.device),
+            embedder=embedder.describe(),
+            timing=timing,
+        )
+        if all(t in scores for t in TRANSFER_TASKS):
+            result.transfer_avg = rounded_average([scores[t].acc for t in TRANSFER_TASKS])
+            result.transfer_devacc_avg = rounded_average([scores[t].devacc for t in TRANSFER_TASKS])
+        return result
+
+    def _score_tasks(
+        self,
+        plan: dict[str, _Task],
+        names: tuple[str, ...],
+        emb: torch.Tensor,
+        settings: ClassifierSettings,
+        chunk: int,
+        log: Callable[[str], None] | None,
+    ) -> dict[str, TransferTaskScore]:
+        """Each task of `names` scored on the embeddings, timed, and told to `log`."""
         scores: dict[str, TransferTaskScore] = {}
         for name in names:
             t1 = time.perf_counter()
@@ -340,27 +390,7 @@ class TransferEvaluator:
                 log(
                     f"transfer {name}: acc {scores[name].acc:.2f} (dev {scores[name].devacc:.2f}) in {scores[name].seconds:.1f}s"
                 )
-        total = time.perf_counter() - t0
-        result = TransferResult(
-            classifier=classifier,
-            settings=settings.__dict__ | {"regs": list(settings.regs)},
-            tasks=scores,
-            limit=self.limit,
-            device=str(device),
-            embedder=embedder.describe(),
-            timing=TransferTiming(
-                seconds=total,
-                embed_seconds=st.seconds,
-                classifier_seconds=sum(s.seconds for s in scores.values()),
-                sentences=st.sentences,
-                tokens=st.tokens,
-                sentences_per_s=st.sentences_per_s,
-            ),
-        )
-        if all(t in scores for t in TRANSFER_TASKS):
-            result.transfer_avg = rounded_average([scores[t].acc for t in TRANSFER_TASKS])
-            result.transfer_devacc_avg = rounded_average([scores[t].devacc for t in TRANSFER_TASKS])
-        return result
+        return scores
 
     @staticmethod
     def _features(emb: torch.Tensor, entry: dict[str, np.ndarray]) -> torch.Tensor:
@@ -442,7 +472,9 @@ def _acc(fit: Fitted, x: torch.Tensor, y: torch.Tensor, rows: np.ndarray) -> tup
     return float((pred == y[idx]).float().mean()), pred.cpu().numpy()
 
 
-def _inner_kfold(name, x, y, rows, ncls, s: ClassifierSettings, chunk) -> TransferTaskScore:
+def _inner_kfold(
+    name: str, x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, ncls: int, s: ClassifierSettings, chunk: int
+) -> TransferTaskScore:
     yn = y[torch.from_numpy(rows).to(y.device)].cpu().numpy()
     outer = _folds(yn, s.kfold, s.seed)
     groups, owner = [], []
@@ -470,7 +502,17 @@ def _inner_kfold(name, x, y, rows, ncls, s: ClassifierSettings, chunk) -> Transf
     return _task_score(name, _r2(np.mean(test)), _r2(np.mean(dev)), len(rows), len(rows), chosen, all_fits)
 
 
-def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, f1: bool) -> TransferTaskScore:
+def _kfold(
+    name: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    train: np.ndarray,
+    test: np.ndarray,
+    ncls: int,
+    s: ClassifierSettings,
+    chunk: int,
+    f1: bool,
+) -> TransferTaskScore:
     yn = y[torch.from_numpy(train).to(y.device)].cpu().numpy()
     folds = _folds(yn, s.kfold, s.seed)
     fits = fit_groups(
@@ -489,7 +531,17 @@ def _kfold(name, x, y, train, test, ncls, s: ClassifierSettings, chunk, f1: bool
     return score
 
 
-def _split(name, x, y, train, dev, test, ncls, s: ClassifierSettings, chunk) -> TransferTaskScore:
+def _split(
+    name: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    train: np.ndarray,
+    dev: np.ndarray,
+    test: np.ndarray,
+    ncls: int,
+    s: ClassifierSettings,
+    chunk: int,
+) -> TransferTaskScore:
     fits = fit_groups(x, y, ncls, [group(train, s.regs, s.seed, valid=dev)], s, chunk=chunk)[0]
     per_reg = [_r2(100 * ft.valid_accuracy) for ft in fits]
     best = int(np.argmax(per_reg))
@@ -497,7 +549,15 @@ def _split(name, x, y, train, dev, test, ncls, s: ClassifierSettings, chunk) -> 
     return _chosen_score(name, acc, per_reg, train, test, s, fits)
 
 
-def _chosen_score(name, acc, per_reg, train, test, s: ClassifierSettings, fits: list[Fitted]) -> TransferTaskScore:
+def _chosen_score(
+    name: str,
+    acc: float,
+    per_reg: list[float],
+    train: np.ndarray,
+    test: np.ndarray,
+    s: ClassifierSettings,
+    fits: list[Fitted],
+) -> TransferTaskScore:
     """The score of a task whose one L2 penalty was chosen on the validation accuracies `per_reg` (×100, one per
     penalty; SentEval's devacc is the best of them): `acc` is its test accuracy (a fraction), `fits` every fit it
     trained, `train` and `test` its rows."""
@@ -505,7 +565,9 @@ def _chosen_score(name, acc, per_reg, train, test, s: ClassifierSettings, fits: 
     return _task_score(name, _r2(100 * acc), max(per_reg), len(train), len(test), regs, fits)
 
 
-def _task_score(name, acc, devacc, n_train, n_test, regs, fits: list[Fitted]) -> TransferTaskScore:
+def _task_score(
+    name: str, acc: float, devacc: float, n_train: int, n_test: int, regs: list[float], fits: list[Fitted]
+) -> TransferTaskScore:
     """A task's score from its accuracies (×100), sizes, chosen penalties and fits (timing and sentences set later)."""
     return TransferTaskScore(
         task=name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Literal
 
 import duckdb
@@ -283,9 +284,15 @@ def push(
     return 0
 
 
+# `cse dataset`'s KIND: storage.layout's KINDS as a type (tests/ops/test_cli_fixes.py checks that they match)
+DatasetKind = Literal[
+    "wiki1m", "nli", "sts", "transfer", "tokens", "corruption", "evaluations", "comparisons", "generator"
+]
+
+
 @app.command()
 def dataset(
-    kind: Annotated[Literal[KINDS], _arg("KIND", nonblank=False)],  # type: ignore[valid-type]  # typer reads the choices from KINDS at run time
+    kind: Annotated[DatasetKind, _arg("KIND", nonblank=False)],
     key: Annotated[str | None, _arg("KEY", "dataset key (default: the newest dataset of KIND)", nonblank=False)] = None,
     hf: Annotated[bool, _flag("--hf", "print a Python line opening it as a memory-mapped HF Dataset")] = False,
 ) -> int:
@@ -331,35 +338,14 @@ def verify(
     again. Nothing else is written, so a read-only data root is checked all the same (a repair it cannot make is said,
     not an error).
     """
-    from cse.storage.integrity import DAMAGED_MARKER, check_dataset, mark_damaged, quarantine
-
     root, full = _data_root(), not quick
-
-    checked, bad, not_written = 0, 0, []
+    checked, bad = 0, 0
+    not_written: list[str] = []
     for kind in KINDS:
         for folder in root.dataset_dirs(kind):
             checked += 1
-            # a full check finds everything again: an earlier mark is left out, and replaced by this check's result
-            problems = check_dataset(folder, kind, folder.name, full=full, marker=not full)
-            if not problems:
-                if full and (folder / DAMAGED_MARKER).is_file():
-                    try:
-                        (folder / DAMAGED_MARKER).unlink()
-                        print(f"intact again {kind}/{folder.name}: removed its damage mark {folder / DAMAGED_MARKER}")
-                    except OSError as e:
-                        not_written.append(f"{folder / DAMAGED_MARKER} not removed ({e.strerror or e})")
-                continue
-            bad += 1
-            for pr in problems:
-                print(f"DAMAGED {pr}")
-            try:
-                if move:
-                    q = quarantine(root.root, folder, kind, folder.name, problems)
-                    print(f"        moved to {q.moved_to if q else '(already gone)'}")
-                else:
-                    mark_damaged(folder, problems)
-            except OSError as e:
-                not_written.append(f"{kind}/{folder.name} not {'moved' if move else 'marked'} ({e.strerror or e})")
+            if _verify_dataset(root, folder, kind, full, move, not_written):
+                bad += 1
     stale = [p for kind in KINDS if root.kind_dir(kind).is_dir() for p in root.kind_dir(kind).rglob(".tmp-*")]
     what = "sizes, row counts and content hashes" if full else "sizes and row counts"
     marked = (
@@ -378,6 +364,45 @@ def verify(
     if bad and not not_written:
         refresh_catalog(root)
     return 1 if bad else 0
+
+
+def _verify_dataset(root: DataRoot, folder: Path, kind: str, full: bool, move: bool, not_written: list[str]) -> bool:
+    """`cse verify` on one dataset: print its damage and mark or move it, or clear the mark of one found intact again.
+
+    Args:
+        root: the data root.
+        folder: the dataset's folder.
+        kind: its kind.
+        full: check content hashes too.
+        move: move a damaged dataset to the quarantine instead of marking it.
+        not_written: told each repair the data root refused.
+
+    Returns:
+        Whether the dataset is damaged.
+    """
+    from cse.storage.integrity import DAMAGED_MARKER, check_dataset, mark_damaged, quarantine
+
+    # a full check finds everything again: an earlier mark is left out, and replaced by this check's result
+    problems = check_dataset(folder, kind, folder.name, full=full, marker=not full)
+    if not problems:
+        if full and (folder / DAMAGED_MARKER).is_file():
+            try:
+                (folder / DAMAGED_MARKER).unlink()
+                print(f"intact again {kind}/{folder.name}: removed its damage mark {folder / DAMAGED_MARKER}")
+            except OSError as e:
+                not_written.append(f"{folder / DAMAGED_MARKER} not removed ({e.strerror or e})")
+        return False
+    for pr in problems:
+        print(f"DAMAGED {pr}")
+    try:
+        if move:
+            q = quarantine(root.root, folder, kind, folder.name, problems)
+            print(f"        moved to {q.moved_to if q else '(already gone)'}")
+        else:
+            mark_damaged(folder, problems)
+    except OSError as e:
+        not_written.append(f"{kind}/{folder.name} not {'moved' if move else 'marked'} ({e.strerror or e})")
+    return True
 
 
 class SqlError(Exception):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks import evidence as ev
+from benchmarks import evidence_v2 as v2
 
 
 def _cell(method, arm, seed, start, final, mechanism=None, losses=None):
@@ -112,7 +113,7 @@ def test_readme_table_pairs_by_seed_and_lists_every_control(tmp_path):
         _cell("diffaug", "method", 0, 20.0, 80.0),
     ]
     report = {"cells": cells, "missing": [list(c) for c in ev.expected_cells()][len(cells) :]}
-    table = ev.readme_table(report)
+    table = v2.readme_table(report)
     assert table.startswith(f"Protocol 1 (200 steps): measured 5 of its {len(ev.expected_cells())} cells (")
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == sum(len(a) - 1 for a in ev.ARMS.values())  # a row per control, measured or not
@@ -121,17 +122,17 @@ def test_readme_table_pairs_by_seed_and_lists_every_control(tmp_path):
     diffaug = next(r for r in rows if r.startswith("| 1 | DiffAug"))
     assert diffaug.endswith("| 1 / 0 | +60.00 | – | – |")  # one seed states no spread; no control yet
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{ev.README_BEGIN}\nold numbers\n{ev.README_END}\n\nrest\n")
-    ev.write_readme(report, readme)
-    assert readme.read_text() == f"# x\n\n{ev.README_BEGIN}\n{table}\n{ev.README_END}\n\nrest\n"
+    readme.write_text(f"# x\n\n{v2.README_BEGIN}\nold numbers\n{v2.README_END}\n\nrest\n")
+    v2.write_readme(report, readme)
+    assert readme.read_text() == f"# x\n\n{v2.README_BEGIN}\n{table}\n{v2.README_END}\n\nrest\n"
     readme.write_text("# no block\n")
     with pytest.raises(SystemExit, match="no block"):
-        ev.write_readme(report, readme)
+        v2.write_readme(report, readme)
 
 
 def test_the_readme_states_the_committed_evidence():
     """README's evidence table is the rendering of benchmarks/results/evidence.json, not numbers typed by hand."""
     report = json.loads((ev.REPO_ROOT / "benchmarks" / "results" / "evidence.json").read_text())
     readme = (ev.REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split(ev.README_BEGIN, 1)[1].split(ev.README_END, 1)[0]
-    assert block.strip() == ev.readme_table(report), "rerun python -m benchmarks.evidence --report --readme README.md"
+    block = readme.split(v2.README_BEGIN, 1)[1].split(v2.README_END, 1)[0]
+    assert block.strip() == v2.readme_table(report), "rerun python -m benchmarks.evidence --report --readme README.md"

@@ -105,7 +105,7 @@ def test_merge_keeps_protocol_1_and_refuses_parts_of_another_protocol(tmp_path):
     assert full["protocol"] == ev.protocol_hash() and full["cells"] == []  # protocol 1 as it was
     assert full["protocol_v2"]["protocol"] == v2.protocol_hash() and len(full["protocol_v2"]["records"]) == 1
     assert (tmp_path / "evidence_v2.md").is_file()
-    table = ev.readme_table(full)
+    table = v2.readme_table(full)
     assert table.splitlines()[1].startswith("Protocol 2 (1,000 steps): 0 power checks; 1 of its 12 STS runs measured")
     v2.write_part(home, "b", {"protocol": "0" * 16, "records": []})
     with pytest.raises(SystemExit, match="protocol"):

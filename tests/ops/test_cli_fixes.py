@@ -5,10 +5,11 @@ to run when there is none yet."""
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 
-from cse.ops.cli import PRODUCED_BY
+from cse.ops.cli import PRODUCED_BY, DatasetKind
 from cse.ops.cli import main as cse
 from cse.storage.evaluations import write_evaluation_row
 from cse.storage.layout import KINDS, DataRoot
@@ -115,3 +116,8 @@ def test_empty_kind_names_the_deployment(capsys):
     assert "no comparisons dataset under" in line and "`cse run compare/default`" in line
     assert cse(["dataset", "corruption", "--hf"]) == 2
     assert "`cse run corrupt/smoke`" in _err(capsys)
+
+
+def test_dataset_kind_choices_are_the_layouts_kinds():
+    """`cse dataset KIND`'s choices are spelled as a Literal for the type checker; they are storage.layout's KINDS."""
+    assert get_args(DatasetKind) == KINDS
