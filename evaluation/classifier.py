@@ -224,7 +224,7 @@ def fit_groups(
             part = idx[i : i + chunk]
             for k, fits in zip(part, _fit_batch(x, y, nclasses, [groups[k] for k in part], settings)):
                 out[k] = fits
-    return out  # type: ignore[return-value]
+    return out  # type: ignore[return-value]  # every slot filled: each group is in exactly one width's chunks
 
 
 def _batches(

@@ -141,7 +141,7 @@ def sts_scores_plot(rows: Mapping[str, Mapping[str, object]], path: str | Path, 
 
     def number(value: object) -> float:
         try:
-            return float(value)  # type: ignore[arg-type]
+            return float(value)  # type: ignore[arg-type]  # any cell: what float() refuses is nan below
         except (TypeError, ValueError):
             return np.nan
 

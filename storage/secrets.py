@@ -37,6 +37,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote, unquote
 
 MASK = "***"
@@ -181,7 +182,7 @@ def redact(text: object) -> str:
     return out
 
 
-def redact_value(value):
+def redact_value(value: Any) -> Any:
     """`value` with `redact` applied to every string in it: mappings (keys and values), lists, tuples and sets are
     rebuilt, other values are returned as they are.
 
@@ -258,7 +259,7 @@ def install_log_redaction() -> None:
     if not _REDACTION_INSTALLED:
         previous = logging.getLogRecordFactory()
 
-        def factory(*args, **kwargs):
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
             return _redact_record(previous(*args, **kwargs))
 
         logging.setLogRecordFactory(factory)

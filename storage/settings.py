@@ -26,9 +26,9 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -112,8 +112,8 @@ class EnvSettings(BaseSettings):
 
     @field_validator("cse_dask_workers", "cse_dask_threads_per_worker", mode="before")
     @classmethod
-    def _positive_int(cls, raw: object, info) -> int | None:
-        return parse_int(info.field_name.upper(), None if raw is None else str(raw))
+    def _positive_int(cls, raw: object, info: ValidationInfo) -> int | None:
+        return parse_int(str(info.field_name).upper(), None if raw is None else str(raw))
 
     @model_validator(mode="after")
     def _runner_and_address_agree(self) -> EnvSettings:
@@ -140,7 +140,7 @@ def shard_runner_settings(env: EnvSettings | None = None) -> ShardRunnerSettings
     env = env or read_env()
     address = env.cse_dask_address
     return ShardRunnerSettings(
-        kind=env.cse_task_runner or ("dask" if address else "local"),  # type: ignore[arg-type]
+        kind=env.cse_task_runner or ("dask" if address else "local"),  # type: ignore[arg-type]  # a str the model validates
         dask_address=address,
         dask_workers=env.cse_dask_workers,
         dask_threads_per_worker=env.cse_dask_threads_per_worker or 1,
@@ -187,7 +187,7 @@ def get_settings() -> Settings:
     )
 
 
-def shard_task_runner(settings: ShardRunnerSettings | None = None):
+def shard_task_runner(settings: ShardRunnerSettings | None = None) -> Any:
     """The Prefect task runner the data stages hand their shard tasks to, built from the settings at
     call time; `None` for `local` (the calling flow's own task runner then runs them).
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from types import FrameType
 
 _FORWARDING = False  # whether this process's SIGHUP is already forwarded as SIGTERM
 
 
-def _hangup(signum, frame) -> None:
+def _hangup(signum: int, frame: FrameType | None) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # whatever SIGTERM does now (Prefect's handler, or the default end)
 
 

@@ -3,6 +3,7 @@ pure layers (models/, training/, storage/, evaluation/) whose every def is annot
 annotated joins the list (and then stays so: mypy refuses a new untyped def there)."""
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -75,3 +76,19 @@ def test_disallow_untyped_defs_lists_every_fully_annotated_pure_module():
         f"fully annotated, add to disallow_untyped_defs: {sorted(annotated - listed)}"
     )
     assert listed <= annotated, f"not modules of the pure layers: {sorted(listed - annotated)}"
+
+
+PACKAGES = ("config", "storage", "models", "training", "evaluation", "tracking", "tasks", "flows", "ops")
+_IGNORE = re.compile(r"#\s*type:\s*ignore(\[[\w, -]+\])?(?P<rest>.*)$")
+
+
+def test_every_type_ignore_names_its_code_and_reason():
+    """A `# type: ignore` in the packages names the error code it silences and says why: `# type: ignore[code]  #
+    <reason>`."""
+    bare = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if (m := _IGNORE.search(line)) and (not m.group(1) or not m.group("rest").strip().lstrip("#").strip()):
+                    bare.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bare, "\n".join(bare)
