@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 from abc import abstractmethod
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self
 
 import torch
-from pydantic import ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, ConfigDict, ValidationInfo
 from pydantic.dataclasses import dataclass as config_dataclass
 from torch import nn
 
@@ -30,6 +30,8 @@ from cse.models.embedder import SentenceEmbedder
 from cse.models.grad_cache import NO_CHUNKS, RowChunks
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from cse.models.export.peft_plan import PeftPlan
@@ -41,11 +43,46 @@ DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alph
 METHOD_CONFIG = ConfigDict(extra="forbid")
 
 
+def must_be(words: str, test: Callable[[Any], bool]) -> AfterValidator:
+    """The pydantic check of one config field, the metadata of its `Annotated` type: the value, once pydantic has read
+    it as the field's type, passes when `test(value)` holds; else `ValueError("<field> must be <words>, got <value>")`.
+
+    Args:
+        words: what a valid value is, as the message says it ("positive", "in [0, 1)").
+        test: True for a valid value.
+
+    Examples:
+        >>> from pydantic import ValidationError
+        >>> from cse.models.methods.simcse import SimCSEConfig  # temperature: Positive
+        >>> try:
+        ...     SimCSEConfig(backbone="bert-base-uncased", temperature=0)
+        ... except ValidationError as e:
+        ...     print(e.errors()[0]["msg"])
+        Value error, temperature must be positive, got 0.0
+    """
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if not test(value):
+            raise ValueError(f"{info.field_name} must be {words}, got {value}")
+        return value
+
+    return AfterValidator(check)
+
+
+# The field types the method configs share (`temperature: Positive = 0.05`); a check used by one field only is
+# written in place as `Annotated[type, must_be(...)]`.
+Positive = Annotated[float, must_be("positive", lambda v: v > 0)]
+NonNegative = Annotated[float, must_be(">= 0", lambda v: v >= 0)]
+AtLeastOne = Annotated[int, must_be(">= 1", lambda v: v >= 1)]
+DropoutRate = Annotated[float, must_be("in [0, 1)", lambda v: 0.0 <= v < 1.0)]
+
+
 @config_dataclass(frozen=True, config=METHOD_CONFIG)
 class MethodConfig:
     """Base of every method's model config: the backbone name/path plus the method's own fields (a frozen pydantic
     dataclass; a subclass declares itself with `@config_dataclass(frozen=True, config=METHOD_CONFIG)` and checks its
-    fields with pydantic's `field_validator` / `model_validator`)."""
+    fields with the constrained types below (`Positive`, `AtLeastOne`, ..., or `Annotated[type, must_be(...)]`), and
+    checks across fields with pydantic's `model_validator`)."""
 
     backbone: str
 
@@ -73,26 +110,12 @@ class PromptConfig(MethodConfig):
     every checkpoint.
     """
 
-    prefix_len: int = 16
-    prefix_dropout: float = 0.1
+    prefix_len: AtLeastOne = 16
+    prefix_dropout: DropoutRate = 0.1
     prefix_projection: bool = False
-    prefix_hidden: int = 512
+    prefix_hidden: AtLeastOne = 512
     shift_positions: bool = True
     train_prompts: bool = True
-
-    @field_validator("prefix_len", "prefix_hidden")
-    @classmethod
-    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
-        if value < 1:
-            raise ValueError(f"{info.field_name} must be >= 1, got {value}")
-        return value
-
-    @field_validator("prefix_dropout")
-    @classmethod
-    def _a_dropout_rate(cls, value: float) -> float:
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"prefix_dropout must be in [0, 1), got {value}")
-        return value
 
 
 @dataclass

@@ -116,6 +116,7 @@ DOCTEST_MODULES = (
     "cse.models.losses",
     "cse.models.pooling",
     "cse.models.heads",
+    "cse.models.method",
     "cse.models.methods.crtd",
     "cse.models.finite",
     "cse.evaluation.alignment",

@@ -34,11 +34,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import torch
 import torch.nn.functional as F
-from pydantic import field_validator
 from torch import nn
 from transformers.activations import ACT2FN
 
@@ -46,7 +45,17 @@ from cse.models.batching import TrainBatch, check_views
 from cse.models.distributed import global_mean
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
-from cse.models.method import METHOD_CONFIG, CSEModel, PromptConfig, StepOutput, config_dataclass
+from cse.models.method import (
+    METHOD_CONFIG,
+    AtLeastOne,
+    CSEModel,
+    NonNegative,
+    Positive,
+    PromptConfig,
+    StepOutput,
+    config_dataclass,
+    must_be,
+)
 from cse.models.prompts.backbone import PromptedModel
 from cse.models.prompts.prefixes import PrefixKeyValues
 
@@ -72,50 +81,15 @@ class DCPCSEConfig(PromptConfig):
     (otherwise such a backbone is refused with `mlm=True`); a backbone with a head always loads it.
     """
 
-    temperature: float = 0.05
+    temperature: Positive = 0.05
     mlp_only_train: bool = True
     hard_negative_weight: float = 0.0
     mlm: bool = False
-    mlm_probability: float = 0.15
-    mlm_weight: float = 0.1
-    mlm_decay: float = 0.95
-    mlm_decay_steps: int = 100
+    mlm_probability: Annotated[float, must_be("in (0, 1)", lambda v: 0.0 < v < 1.0)] = 0.15
+    mlm_weight: NonNegative = 0.1
+    mlm_decay: Annotated[float, must_be("in (0, 1]", lambda v: 0.0 < v <= 1.0)] = 0.95
+    mlm_decay_steps: AtLeastOne = 100
     mlm_head_random_init: bool = False
-
-    @field_validator("temperature")
-    @classmethod
-    def _positive_temperature(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError(f"temperature must be positive, got {value}")
-        return value
-
-    @field_validator("mlm_probability")
-    @classmethod
-    def _a_probability(cls, value: float) -> float:
-        if not 0.0 < value < 1.0:
-            raise ValueError(f"mlm_probability must be in (0, 1), got {value}")
-        return value
-
-    @field_validator("mlm_weight")
-    @classmethod
-    def _a_weight(cls, value: float) -> float:
-        if value < 0:
-            raise ValueError(f"mlm_weight must be >= 0, got {value}")
-        return value
-
-    @field_validator("mlm_decay")
-    @classmethod
-    def _a_decay(cls, value: float) -> float:
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"mlm_decay must be in (0, 1], got {value}")
-        return value
-
-    @field_validator("mlm_decay_steps")
-    @classmethod
-    def _decay_steps(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"mlm_decay_steps must be >= 1, got {value}")
-        return value
 
 
 # ------------------------------------------------------------------------------------------------ MLM pieces

@@ -67,18 +67,29 @@ stage-1 scheduler sized by stage 2, multi-GPU gathering of negatives.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import torch
 import torch.nn.functional as F
-from pydantic import ValidationInfo, field_validator, model_validator
+from pydantic import field_validator, model_validator
 from torch import nn
 from torch.func import functional_call
 
 from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import SimCSEPoolerMLP
 from cse.models.losses import contrastive_loss
-from cse.models.method import METHOD_CONFIG, CSEModel, MethodConfig, StepOutput, config_dataclass
+from cse.models.method import (
+    METHOD_CONFIG,
+    AtLeastOne,
+    CSEModel,
+    DropoutRate,
+    MethodConfig,
+    NonNegative,
+    Positive,
+    StepOutput,
+    config_dataclass,
+    must_be,
+)
 from cse.models.prompts.backbone import PromptedModel, prompted_backbone
 from cse.models.prompts.prefixes import PrefixKeyValues
 
@@ -104,39 +115,20 @@ class DiffAugConfig(MethodConfig):
     views share one prefix module (stage 1 and inference unchanged; see the module docstring).
     """
 
-    prefix_len: int = 16
-    prefix_dropout: float = 0.1
-    prefix_hidden: int | None = None
+    prefix_len: Annotated[
+        int, must_be("an even number >= 2 (two modules = two halves)", lambda v: v >= 2 and v % 2 == 0)
+    ] = 16
+    prefix_dropout: DropoutRate = 0.1
+    prefix_hidden: Annotated[int | None, must_be(">= 1 or None (= hidden size)", lambda v: v is None or v >= 1)] = None
     template: str = 'This sentence of "{sentence}" means[MASK].'
-    max_sentence_tokens: int = 32
-    temperature: float = 0.05
-    aux_weight: float = 0.0
+    max_sentence_tokens: AtLeastOne = 32
+    temperature: Positive = 0.05
+    aux_weight: NonNegative = 0.0
     denoise: bool = True
-    denoise_copies: int = 128
+    denoise_copies: AtLeastOne = 128
     denoise_index_quirk: bool = True
     shift_positions: bool = True
     shared_prefix: bool = False
-
-    @field_validator("prefix_len")
-    @classmethod
-    def _two_halves(cls, value: int) -> int:
-        if value < 2 or value % 2:
-            raise ValueError(f"prefix_len must be an even number >= 2 (two modules = two halves), got {value}")
-        return value
-
-    @field_validator("prefix_dropout")
-    @classmethod
-    def _a_dropout_rate(cls, value: float) -> float:
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"prefix_dropout must be in [0, 1), got {value}")
-        return value
-
-    @field_validator("prefix_hidden")
-    @classmethod
-    def _hidden_or_none(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError(f"prefix_hidden must be >= 1 or None (= hidden size), got {value}")
-        return value
 
     @field_validator("template")
     @classmethod
@@ -144,27 +136,6 @@ class DiffAugConfig(MethodConfig):
         for placeholder in (SENTENCE_PLACEHOLDER, MASK_PLACEHOLDER):
             if value.count(placeholder) != 1:
                 raise ValueError(f"template {value!r} must contain {placeholder!r} exactly once")
-        return value
-
-    @field_validator("max_sentence_tokens", "denoise_copies")
-    @classmethod
-    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
-        if value < 1:
-            raise ValueError(f"{info.field_name} must be >= 1, got {value}")
-        return value
-
-    @field_validator("temperature")
-    @classmethod
-    def _positive_temperature(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError(f"temperature must be positive, got {value}")
-        return value
-
-    @field_validator("aux_weight")
-    @classmethod
-    def _a_weight(cls, value: float) -> float:
-        if value < 0:
-            raise ValueError(f"aux_weight must be >= 0, got {value}")
         return value
 
     @model_validator(mode="after")

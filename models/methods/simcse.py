@@ -34,6 +34,7 @@ from cse.models.method import (
     CSEModel,
     FineTunedModel,
     MethodConfig,
+    Positive,
     StepOutput,
     config_dataclass,
     set_backbone_dropout,
@@ -52,7 +53,7 @@ class SimCSEConfig(MethodConfig):
     negative (SimCSE; 0 = weight 1, all reported runs).
     """
 
-    temperature: float = 0.05
+    temperature: Positive = 0.05
     mlp_only_train: bool = True
     hard_negative_weight: float = 0.0
     # False: no MLP in training either; the loss reads the raw CLS state (sentence-transformers' CLS pooling +
@@ -68,13 +69,6 @@ class SimCSEConfig(MethodConfig):
         """None or a rate in [0, 1); a boolean is refused as given (before pydantic would read True as 1.0)."""
         if value is not None and (isinstance(value, bool) or not 0.0 <= float(value) < 1.0):
             raise ValueError(f"dropout must be None (the backbone's own rates) or in [0, 1), got {value!r}")
-        return value
-
-    @field_validator("temperature")
-    @classmethod
-    def _positive_temperature(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError(f"temperature must be positive, got {value}")
         return value
 
     @model_validator(mode="after")

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from pydantic import field_validator
 from torch import nn
 
 from cse.config import published
@@ -29,7 +28,7 @@ from cse.flows.train import TRAIN_FLOWS
 from cse.models.batching import TrainBatch, pad_sequences
 from cse.models.export.peft_export import PeftExportError, adapter_plan
 from cse.models.losses import contrastive_loss
-from cse.models.method import METHOD_CONFIG, CSEModel, PromptConfig, StepOutput, config_dataclass
+from cse.models.method import METHOD_CONFIG, CSEModel, Positive, PromptConfig, StepOutput, config_dataclass
 from cse.models.prompts.backbone import PromptedModel
 from cse.storage.settings import REPO_ROOT
 from cse.tracking.model_card import CardFacts, model_card
@@ -45,14 +44,7 @@ TOY_BIBTEX = """@misc{toy2026,
 class ToyConfig(PromptConfig):
     """The toy's model fields: the prompts' (`PromptConfig`, with their checks) and a temperature."""
 
-    temperature: float = 0.05
-
-    @field_validator("temperature")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError(f"temperature must be positive, got {value}")
-        return value
+    temperature: Positive = 0.05
 
 
 class ToyCSE(PromptedModel, CSEModel):
