@@ -124,10 +124,6 @@ class _Scheduled:
     """The optimiser part the two fitters share: `optimizer` with linear warmup and linear decay to zero
     (`scheduler`), and `steps`, the optimiser steps taken."""
 
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    steps: int
-
     def _schedule(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int) -> None:
         """Set `optimizer`, its schedule (`warmup_steps` up, then down to zero at `total_steps`) and no steps taken."""
         self.optimizer = optimizer
