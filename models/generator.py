@@ -120,7 +120,30 @@ def batches(n_rows: int, batch_size: int, generator: torch.Generator | None) -> 
         yield order[start : start + batch_size]
 
 
-class HeadFitter:
+class _Scheduled:
+    """The optimiser part the two fitters share: `optimizer` with linear warmup and linear decay to zero
+    (`scheduler`), and `steps`, the optimiser steps taken."""
+
+    def _schedule(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int) -> None:
+        """Set `optimizer`, its schedule (`warmup_steps` up, then down to zero at `total_steps`) and no steps taken."""
+        self.optimizer = optimizer
+        total, warm = max(total_steps, 1), max(warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(total - warm, 1))
+        )
+        self.steps = 0
+
+    def _descend(self, loss: torch.Tensor) -> float:
+        """One optimiser and schedule step on `loss`; returns the loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.steps += 1
+        return float(loss.detach())
+
+
+class HeadFitter(_Scheduled):
     """AdamW on the head of a frozen-encoder masked LM, with linear warmup and linear decay to zero."""
 
     def __init__(
@@ -143,14 +166,13 @@ class HeadFitter:
         self.vocab_size = vocab_size
         decay = [p for p in self.params if p.ndim >= 2]
         no_decay = [p for p in self.params if p.ndim < 2]  # biases and LayerNorm, as BERT
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+        self._schedule(
+            torch.optim.AdamW(
+                [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+            ),
+            total_steps,
+            warmup_steps,
         )
-        total, warm = max(total_steps, 1), max(warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(total - warm, 1))
-        )
-        self.steps = 0
 
     @torch.no_grad()
     def features(self, batch: MaskedBatch) -> torch.Tensor:
@@ -169,12 +191,7 @@ class HeadFitter:
         self.model.train()
         self.model.base_model.eval()
         loss = F.cross_entropy(self.logits(features), targets.to(self.device))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.steps += 1
-        return float(loss.detach())
+        return self._descend(loss)
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
@@ -187,7 +204,7 @@ class HeadFitter:
         )
 
 
-class MLMFineTuner:
+class MLMFineTuner(_Scheduled):
     """Full masked-LM fine-tuning (`GeneratorConfig.backbone_lr`): AdamW on every parameter, the backbone (with the
     tied word embeddings) at `backbone_lr` and the head at `lr`, each batch through the model in train mode (dropout
     on), with linear warmup and linear decay to zero; the loss is cross-entropy at the selected positions."""
@@ -218,12 +235,7 @@ class MLMFineTuner:
                 {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, "lr": rate},
                 {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": rate},
             ]
-        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]])
-        total, warm = max(total_steps, 1), max(warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(total - warm, 1))
-        )
-        self.steps = 0
+        self._schedule(torch.optim.AdamW([g for g in groups if g["params"]]), total_steps, warmup_steps)
 
     def step(self, batch: MaskedBatch) -> float:
         """One optimiser step on the batch's selected positions; returns the loss."""
@@ -235,12 +247,7 @@ class MLMFineTuner:
             batch.selected.to(self.device),
         )[:, : self.vocab_size]
         loss = F.cross_entropy(logits, batch.targets.to(self.device))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.steps += 1
-        return float(loss.detach())
+        return self._descend(loss)
 
     def predict(self, batches: list[MaskedBatch]) -> torch.Tensor:
         """Top-1 ids at the selected positions of `batches` (eval mode), in order."""

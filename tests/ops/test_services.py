@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cse.storage.settings import REPO_ROOT
@@ -26,6 +27,22 @@ echo "child $!"
 echo "stand-in worker $$ args: $*"
 while :; do sleep 0.2; done
 """
+
+
+def services_sh(env: Mapping[str, str], timeout: float) -> Callable[..., subprocess.CompletedProcess]:
+    """`services(*args)`: `scripts/services.sh args` run with the environment `env`, its output captured as text, killed
+    past `timeout` seconds."""
+
+    def services(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(REPO_ROOT / "scripts" / "services.sh"), *args],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    return services
 
 
 def _alive(pid: int) -> bool:
@@ -67,14 +84,7 @@ def test_worker_is_single_and_down_leaves_nothing(tmp_path):
         "CSE_STOP_TIMEOUT": "1",
     }
 
-    def services(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["bash", str(REPO_ROOT / "scripts" / "services.sh"), *args],
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=30,
-        )
+    services = services_sh(env, timeout=30)
 
     pidfile = home / "run" / "worker.pid"
     started = services("worker")

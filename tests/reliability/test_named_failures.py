@@ -37,6 +37,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,6 +46,7 @@ import mlflow
 import pytest
 
 from cse.storage.settings import REPO_ROOT
+from tests.ops.test_services import services_sh
 from tests.ports import free_ports
 from tests.reliability.conftest import eight_rows_and_loop, ingest
 from tests.reliability.test_read_only import in_read_only
@@ -61,6 +63,15 @@ def _python(script: str, *args: str, timeout: float = 300) -> subprocess.Complet
     )
 
 
+def _raised(fn: Callable[[], object]) -> tuple[str, str]:
+    """What `fn()` raised: the exception's type name and message; `("no error", "")` when it returned."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - what the stage or job raised, shown to the test
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Error attribution
 
@@ -70,14 +81,7 @@ def test_a_read_only_data_root_is_named_not_the_mlflow_store(isolated_home, inge
     `TrackingStoreReadOnly: the MLflow store … is read-only`. It names the data root and the path refused."""
     ingest("nli", ingest_config)  # the store and the data root exist; then the data root alone becomes read-only
 
-    def ingest_sts():
-        try:
-            ingest("sts", ingest_config)
-        except Exception as e:  # noqa: BLE001 - what the stage raised, shown to the test
-            return type(e).__name__, str(e)
-        return "no error", ""
-
-    kind, message = in_read_only(root.root, ingest_sts)
+    kind, message = in_read_only(root.root, lambda: _raised(lambda: ingest("sts", ingest_config)))
     assert kind == "WriteRefused", (kind, message)
     assert message.startswith(f"the data root (CSE_DATA_ROOT) {root.root} cannot be written (Read-only file system)")
     assert f"{root.root}/" in message.split(": ", 1)[1]  # the path refused, below the data root
@@ -182,14 +186,10 @@ def test_a_read_only_job_folder_is_named_as_the_job_folder(isolated_home, tmp_pa
     def train():
         from cse.tracking.training_runs import training_run
 
-        try:
-            with training_run("simcse", run_dir, "read-only-job", {"method": "simcse"}, {}, False):
-                pass
-        except Exception as e:  # noqa: BLE001 - what the job raised, shown to the test
-            return type(e).__name__, str(e)
-        return "no error", ""
+        with training_run("simcse", run_dir, "read-only-job", {"method": "simcse"}, {}, False):
+            pass
 
-    kind, message = in_read_only(run_dir.path, train)
+    kind, message = in_read_only(run_dir.path, lambda: _raised(train))
     assert kind == "WriteRefused", (kind, message)
     assert message.startswith(f"the training job folder {run_dir.path} cannot be written (Read-only file system)")
     assert f"the MLflow store sqlite:///{store / 'mlflow.db'} is not concerned" in message
@@ -289,14 +289,7 @@ def test_sighup_to_the_worker_shuts_it_down_as_sigterm(isolated_home, prefect_ha
         "CSE_STOP_TIMEOUT": "5",
     }
 
-    def services(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["bash", str(REPO_ROOT / "scripts" / "services.sh"), *args],
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=60,
-        )
+    services = services_sh(env, timeout=60)
 
     started = services("worker")
     assert "worker: started" in started.stdout, started.stdout + started.stderr

@@ -30,8 +30,6 @@ from cse.tracking.run_pages import (
     BACKBONE_TAG,
     OVERRIDES_PARAM,
     STS_CHART,
-    artifact_image,
-    backbone_row_label,
     backbone_tag,
     curve_metrics,
     experiment_url,
@@ -43,10 +41,9 @@ from cse.tracking.run_pages import (
     score_tags,
     set_description,
     start_description,
-    sts_description,
 )
 from cse.tracking.stage_runs import log_dataset_metrics, log_run_results, stage_run
-from cse.tracking.training_runs import training_run, training_run_ref
+from cse.tracking.training_runs import describe_tested_run, training_run, training_run_ref
 from tests.tracking.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -119,25 +116,7 @@ def _record_runs() -> dict[str, str]:
         log_run_results(run_id, metrics={"train_seconds": 90.0}, step=STEPS)
         log_run_results(run_id, metrics=page_metrics({**metrics, **subsets}), tags=score_tags(metrics), step=STEPS)
         log_run_results(run_id, metrics=page_metrics(before["metrics"]), step=0)
-        ref = published.reference_row(published.STS, c.method, c.backbone, "unsup")
-        with tempfile.TemporaryDirectory() as tmp:
-            chart = Path(tmp) / Path(STS_CHART).name
-            sts_scores_plot(
-                {"this run": metrics, backbone_row_label(before["pooler"]): before["metrics"], ref.label: ref.row},
-                chart,
-            )
-            log_run_results(run_id, folders={str(Path(STS_CHART).parent): tmp})
-        description = sts_description(
-            metrics,
-            method=c.method,
-            preset=c.preset,
-            backbone=c.backbone,
-            setting="unsup",
-            differences=preset_differences(c),
-            before=before,
-            chart=artifact_image(run_id, STS_CHART, "STS test: this run, the backbone before training, the paper"),
-        )
-        set_description(run_id, description)
+        describe_tested_run(c, run_id, metrics, before, plot=sts_scores_plot)  # the chart and the description
     # a re-evaluation of the first job's checkpoint: placed as tasks/evaluate_common.py places one (nested)
     parent = training_run_ref(ids["run"])
     with stage_run(
