@@ -48,7 +48,8 @@ def test_training_progress_is_read_from_the_logged_curves():
     assert (p.step, p.total, p.loss, p.dev) == (4, 8, 0.5, pytest.approx(70.123))
     assert p.seconds_per_step is not None and p.eta_s == pytest.approx(4 * p.seconds_per_step)
     line = progress_bar(p, tty=False)
-    assert re.search(r"train:\s+50%\|#+\s*\| 4/8 \[.*loss=0\.5000, dev=70\.12\]  ETA \d+:\d\d:\d\d$", line), line
+    # the bar's width is what the line leaves it (the rate's digits vary): an odd width ends half a cell, tqdm's digit
+    assert re.search(r"train:\s+50%\|#+\d?\s*\| 4/8 \[.*loss=0\.5000, dev=70\.12\]  ETA \d+:\d\d:\d\d$", line), line
     assert [v.kind for v in runs_of_flow_runs([FLOW_RUN])] == ["training"]
     assert training_progress(_training(steps=0)) is None  # nothing logged yet: no bar
 
