@@ -71,8 +71,9 @@ def must_be(words: str, test: Callable[[Any], bool]) -> AfterValidator:
 
 # The field types the method configs share (`temperature: Positive = 0.05`); a check used by one field only is
 # written in place as `Annotated[type, must_be(...)]`.
-Positive = Annotated[float, must_be("positive", lambda v: v > 0)]
-NonNegative = Annotated[float, must_be(">= 0", lambda v: v >= 0)]
+# (written as "not refused": `nan` passes these two, and the finite-number rule refuses it by name, as before)
+Positive = Annotated[float, must_be("positive", lambda v: not v <= 0)]
+NonNegative = Annotated[float, must_be(">= 0", lambda v: not v < 0)]
 AtLeastOne = Annotated[int, must_be(">= 1", lambda v: v >= 1)]
 DropoutRate = Annotated[float, must_be("in [0, 1)", lambda v: 0.0 <= v < 1.0)]
 
