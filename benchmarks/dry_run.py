@@ -74,7 +74,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.machine import REPO_ROOT, release_freed_heap, set_offline_environment
+from benchmarks.machine import REPO_ROOT, command_line, release_freed_heap, set_offline_environment
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1019,7 +1019,7 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_interop_threads(1)
     started = time.perf_counter()
     meta = {
-        "command": "python -m benchmarks.dry_run " + " ".join(sys.argv[1:]),
+        "command": command_line("benchmarks.dry_run"),
         "host": f"{platform.node()} ({psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / GB:.0f} GB RAM)",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

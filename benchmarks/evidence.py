@@ -73,7 +73,6 @@ from benchmarks.evidence_base import (
     add_commands,
     by_arm,
     cell_id,
-    command_line,
     curve_fields,
     loss_logger,
     paired_text,
@@ -87,7 +86,7 @@ from benchmarks.evidence_base import (
     write_json,
 )
 from benchmarks.evidence_v2 import write_readme
-from benchmarks.machine import cpu_environment
+from benchmarks.machine import command_line, cpu_environment
 
 
 # ---------------------------------------------------------------------------------------------- one cell

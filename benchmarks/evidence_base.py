@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,11 +91,6 @@ def _log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- shared by the protocols
-def command_line(module: str, argv: list[str] | None) -> str:
-    """The command a run records: `python -m <module>` and its arguments."""
-    return f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
-
-
 def parse_methods(parser: argparse.ArgumentParser, value: str, known) -> list[str]:
     """--methods as a list, every name one of `known` (else the parser's error)."""
     methods = [m.strip() for m in value.split(",") if m.strip()]

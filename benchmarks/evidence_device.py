@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import evidence_v2 as v2
-from benchmarks.evidence_base import command_line, parse_methods, parse_seeds, stsb_dev, use_home
+from benchmarks.evidence_base import parse_methods, parse_seeds, stsb_dev, use_home
+from benchmarks.machine import command_line
 
 BACKBONE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 HALF = "model.fp16.safetensors"

@@ -77,7 +77,7 @@ from benchmarks.evidence_base import (
     write_block,
     write_json,
 )
-from benchmarks.machine import cpu_environment, set_offline_environment
+from benchmarks.machine import command_line, cpu_environment, set_offline_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "evidence.json"
@@ -847,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, default=None, help="with --merge: render the README's evidence block")
     p.add_argument("--docs", type=Path, default=None, help="with --merge: render docs/evidence.md's protocol-2 block")
     args = p.parse_args(argv)
-    command = ev.command_line("benchmarks.evidence_v2", argv).strip()
+    command = command_line("benchmarks.evidence_v2", argv).strip()
     home = args.home.resolve()
     if args.merge:
         return merge(home, args.out, command, args.readme, args.docs)

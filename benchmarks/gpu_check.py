@@ -59,7 +59,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import numpy as np
 import torch
 
-from benchmarks.machine import REPO_ROOT, sync, timed
+from benchmarks.machine import REPO_ROOT, command_line, sync, timed
 from cse.config.methods import REGISTRY, model_class
 from cse.config.training import resolve_train_config
 from cse.storage.training_data import CorruptionRows, TokenRows
@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "gpu_check",
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": "python -m benchmarks.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command_line("benchmarks.gpu_check", argv),
         "environment": {
             "device_name": name,
             "device": device.type,

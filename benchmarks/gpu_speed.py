@@ -67,7 +67,7 @@ from benchmarks.gpu_check import (
     report_header,
     synthetic_tokenizer,
 )
-from benchmarks.machine import subject_method, sync, timed
+from benchmarks.machine import command_line, subject_method, sync, timed
 from benchmarks.step_profile import device_events
 from cse.config.training import resolve_train_config
 from cse.training.loop import TrainerHooks
@@ -377,7 +377,7 @@ class SpeedRun:
         self.result: dict = {
             "benchmark": "gpu_speed",
             "date": time.strftime("%Y-%m-%d %H:%M"),
-            "command": "python -m benchmarks.gpu_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": command_line("benchmarks.gpu_speed", argv),
             "environment": {
                 "device_name": name,
                 "torch": torch.__version__,

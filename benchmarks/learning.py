@@ -78,7 +78,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.facts import registry_facts
-from benchmarks.machine import REPO_ROOT, SHARED_DATA, cpu_environment, set_offline_environment, sts_evaluator
+from benchmarks.machine import (
+    REPO_ROOT,
+    SHARED_DATA,
+    command_line,
+    cpu_environment,
+    set_offline_environment,
+    sts_evaluator,
+)
 
 set_offline_environment()
 
@@ -612,7 +619,7 @@ def write_report(args, argv, env, data_seconds, results, peer, total: float, com
     ]
     if peer is not None and not peer["agree"]:
         failures.append(f"peer: |{peer['difference']:+.2f}| > {PEER_DIFF_LIMIT}")
-    command = "python -m benchmarks.learning " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("benchmarks.learning", argv)
     report = {
         "benchmark": "learning",
         "command": command.strip(),

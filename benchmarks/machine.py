@@ -8,6 +8,7 @@ import ctypes
 import gc
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,29 @@ def subject_method(benchmark: str):
     if len(found) != 1:
         raise RuntimeError(f"{len(found)} registered methods name {benchmark!r} in benchmark_subject_of; expected one")
     return found[0]
+
+
+def _portable(arg: str) -> str:
+    """`arg` (or the value of `--opt=arg`) with a path under the checkout or the shared data written relative to the
+    checkout (`benchmarks/results/x.json`, `../shared/data/senteval`): a recorded command names no path of the machine
+    it ran on that a reader's checkout has elsewhere."""
+    opt, eq, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+    path = Path(value)
+    if path.is_absolute():
+        for root in (REPO_ROOT, REPO_ROOT.parent / "shared"):
+            if path.resolve().is_relative_to(root.resolve()):
+                value = os.path.relpath(path.resolve(), REPO_ROOT.resolve())
+                break
+    return f"{opt}{eq}{value}"
+
+
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """The command a benchmark records: `python -m <module>` and its arguments (`argv`, else this process's), paths
+    inside the checkout or the shared data relative to the checkout.
+
+    Example:
+        >>> command_line("benchmarks.learning", ["--out", str(REPO_ROOT / "benchmarks" / "results" / "l.json")])
+        'python -m benchmarks.learning --out benchmarks/results/l.json'
+    """
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join([f"python -m {module}", *(_portable(a) for a in args)])

@@ -119,6 +119,7 @@ DOCTEST_MODULES = (
     "cse.models.method",
     "cse.models.methods.crtd",
     "cse.models.finite",
+    "benchmarks.machine",
     "cse.evaluation.alignment",
     "cse.evaluation.sts",
     "cse.evaluation.retrieval",

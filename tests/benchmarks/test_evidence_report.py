@@ -136,3 +136,20 @@ def test_the_readme_states_the_committed_evidence():
     readme = (ev.REPO_ROOT / "README.md").read_text(encoding="utf-8")
     block = readme.split(v2.README_BEGIN, 1)[1].split(v2.README_END, 1)[0]
     assert block.strip() == v2.readme_table(report), "rerun python -m benchmarks.evidence --report --readme README.md"
+
+
+def test_a_recorded_command_names_paths_relative_to_the_checkout():
+    """Every benchmark records its command through `benchmarks.machine.command_line`: a path inside the checkout or
+    the shared data is written relative to the checkout, in `--opt value` and `--opt=value` forms alike."""
+    from benchmarks.machine import REPO_ROOT, command_line
+
+    argv = [
+        "--out",
+        str(REPO_ROOT / "benchmarks" / "x.json"),
+        f"--data={REPO_ROOT.parent / 'shared' / 'data'}",
+        "-n",
+        "3",
+    ]
+    assert command_line("benchmarks.learning", argv) == (
+        "python -m benchmarks.learning --out benchmarks/x.json --data=../shared/data -n 3"
+    )
