@@ -418,15 +418,19 @@ def _read_failure(e: BaseException) -> bool:
     return isinstance(e, duckdb.IOException) or type(e) is duckdb.Error or "parquet" in str(e).lower()
 
 
+def _clean(text: str, given: list[str]) -> str:
+    """`text` as `cse` prints it: credentials masked, the values `given` cut and escaped, one line (`one_line`)."""
+    return one_line(redact(text), echoed=given)
+
+
 def _say(line: str, given: list[str], err: bool = False) -> None:
-    """Print one line about the values `given` (on stdout, or stderr with `err`): credentials masked, the values
-    echoed cut and escaped (`one_line`)."""
-    print(one_line(redact(line), echoed=given), file=sys.stderr if err else sys.stdout)
+    """Print one line about the values `given` (on stdout, or stderr with `err`), through `_clean`."""
+    print(_clean(line, given), file=sys.stderr if err else sys.stdout)
 
 
 def _one_line(e: BaseException, given: list[str]) -> str:
-    """An exception as one line: its type and message, credentials masked, the values `given` cut and escaped."""
-    return one_line(redact(f"{type(e).__name__}: {str(e).strip() or type(e).__name__}"), echoed=given)
+    """An exception as one line: its type and message, through `_clean`."""
+    return _clean(f"{type(e).__name__}: {str(e).strip() or type(e).__name__}", given)
 
 
 @app.command(context_settings={"ignore_unknown_options": True})  # (SQL may begin with a `--` comment)
@@ -506,11 +510,11 @@ def main(argv: list[str] | None = None) -> int:
             ctx = getattr(e, "ctx", None)  # (a click UsageError has one, typer's other exceptions none)
             usage = f" ({' '.join(ctx.get_usage().split())})" if ctx is not None else ""
             message = e.format_message().replace("Value error, ", "")  # (how typer's pydantic words a ValueError)
-            print(f"cse: error: {one_line(redact(message), echoed=argv)}{usage}", file=sys.stderr)
+            print(f"cse: error: {_clean(message, argv)}{usage}", file=sys.stderr)
             return 2
         if isinstance(e, SqlError):
             text = str(e).split("\nLINE ")[0]  # (DuckDB's caret drawing does not survive one line)
-            print(f"cse: error: SQL error: {one_line(redact(text), echoed=argv)}", file=sys.stderr)
+            print(f"cse: error: SQL error: {_clean(text, argv)}", file=sys.stderr)
             return 2
         if isinstance(e, duckdb.Error):
             read_failure = _read_failure(e)
