@@ -1,5 +1,5 @@
 """The training step's fingerprint: each method's `default` preset on a tiny random BERT, CPU fp32, fixed seeds,
-3 optimiser steps through `cse.training.job.fit` (DiffAug: 3 NLI prefix steps first), writing every logged figure
+3 optimiser steps through `cse.training.job.fit` (a prefix phase, DiffAug's, 3 steps first), writing every logged figure
 but the timing ones and, at each dev evaluation, the abs-sum of every trainable parameter (as `repr` floats) to JSON.
 
 A reorganisation that keeps the batches and gradients leaves the file byte-identical: run it on two commits with the
@@ -78,9 +78,9 @@ def train_three_steps(method: str, bert: Path) -> dict[str, Any]:
 
     over: dict[str, Any] = {"backbone": str(bert), "max_steps": 3, "eval_steps": 3, "batch_size": 4}
     over |= {"log_steps": 1, "precision": "fp32", "eval_precision": "fp32"}
-    if method == "diffaug":  # its NLI prefix phase: 3 steps too, at the test batch size
-        over["prefix_phase"] = {"steps": 3, "batch_size": 4}
     cfg = resolve_train_config("default", over, method=method)
+    if cfg.prefix_phase is not None:  # a prefix phase first (DiffAug's NLI): 3 steps too, at the test batch size
+        cfg = resolve_train_config("default", {**over, "prefix_phase": {"steps": 3, "batch_size": 4}}, method=method)
     variants = cfg.corrupt.variants if model_class(method).uses_corruption else None
     main = token_rows(3 if cfg.supervised else 1, variants)
     nli = token_rows(3, variants, seed=1) if cfg.prefix_phase is not None else None
