@@ -103,6 +103,17 @@ class SpeedConfig(_Config):
     pad_to_max_length: bool = Field(
         default=True, description="every batch padded to max_length (one shape for every step; exact)"
     )
+    unpadded_fill: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="unpadded passes (models/prompts/packing.py): every training encoder pass, and a discriminator "
+        "pass whose RTD mean reads real tokens only (rtd_mean_over_padding=False), runs over its real tokens packed "
+        "into a fixed budget of ceil(fill x rows x length) token slots (one shape: compiled graphs and CUDA graphs "
+        "stay); a batch with more real tokens is an error. Losses and gradients equal the padded step's within float "
+        "tolerance with dropout off; with dropout on, its masks are drawn over the packed shape (the same "
+        "distribution, other draws). None (default): padded passes",
+    )
     async_state: bool = Field(default=True, description="resume states written on a background thread")
     state_interval_s: float | None = Field(
         default=None,

@@ -375,6 +375,21 @@ class CSEModel(SentenceEmbedder):
             raise ValueError(f"grad_cache.chunk_size: {self.method} cannot cache gradients exactly here: {reason}")
         self.row_chunks = chunks
 
+    def use_unpadded(self, fill: float | None) -> None:
+        """Run the encoder and discriminator passes of `training_step` over the real tokens only
+        (`cse.models.prompts.packing`: packed at a fixed budget of `fill` × rows × length token slots per pass), or
+        padded (None, the default). A discriminator pass whose loss reads pad positions (the RTD mean over padding)
+        stays padded.
+
+        Args:
+            fill: the budget's share of a pass's padded positions, in (0, 1], or None.
+
+        Raises:
+            TypeError: a backbone family the packed passes do not support (`PromptedBackbone.unpad`).
+            ValueError: `fill` outside (0, 1].
+        """
+        unpad_prompted(self, fill)
+
     def peft_plan(self, plan: PeftPlan) -> PeftPlan | None:
         """How this model's checkpoint maps onto a PEFT prefix-tuning adapter (models/export/peft_export.py).
 
@@ -389,11 +404,27 @@ class CSEModel(SentenceEmbedder):
         return None
 
 
+def unpad_prompted(model: nn.Module, fill: float | None) -> None:
+    """`PromptedBackbone.unpad(fill)` on every prompted backbone of `model` (the modules with an `unpad`; `fill`
+    checked first)."""
+    from cse.models.prompts.packing import packed_budget
+
+    if fill is not None:
+        packed_budget(1, 1, fill)  # refuses a fill outside (0, 1]
+    for module in model.modules():
+        unpad = getattr(module, "unpad", None)
+        if callable(unpad):
+            unpad(fill)
+
+
 class FineTunedModel:
     """Mixin for methods whose `self.encoder` is the whole pretrained encoder, fine-tuned (SimCSE, DiffCSE): the
-    `backbone` accessor and the CLS pass."""
+    `backbone` accessor and the CLS pass (unpadded in training after `use_unpadded`: through the `PromptedBackbone`
+    without prompts over the same encoder that `cse.models.prompts.backbone.unpad_fine_tuned` keeps outside the
+    module tree, so no state-dict name changes)."""
 
     encoder: PreTrainedModel
+    training: bool
 
     @property
     def backbone(self) -> PreTrainedModel:
@@ -403,6 +434,9 @@ class FineTunedModel:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Last-layer state at position 0 of the encoder on `(B', T)` rows: `(B', d)` (before any MLP)."""
+        view = self.__dict__.get("_unpadded_encoder")
+        if view is not None and self.training:
+            return view(input_ids, attention_mask, token_type_ids, prefix=False).last_hidden_state[:, 0]
         out = self.encoder(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
         )

@@ -292,6 +292,8 @@ def fit(
     set_seed(cfg.seed)
     model = build_model(cfg, device)
     require_finite_weights(model, cfg.backbone)
+    if cfg.speed.unpadded_fill is not None:
+        model.use_unpadded(cfg.speed.unpadded_fill)  # (cse.models.prompts.packing)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log_params(
         {

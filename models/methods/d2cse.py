@@ -173,6 +173,7 @@ class D2CSE(PromptedModel, ConditionalRTDModel):
             prefix=prefix if use_prompts else False,
             cls_embedding=self.cls_prompt if use_prompts else None,
             position0_output=h,
+            unpadded=not self.config.rtd_mean_over_padding,  # the RTD mean over padding reads every pad position
         )
         return self.rtd_head(out.last_hidden_state)
 

@@ -426,6 +426,7 @@ class DiffAug(PromptedModel, CSEModel):
             torch.ones_like(ids),
             prefix=self.prefix_sample(modules, ids.shape[0]),
             position_ids=self.denoise_positions.repeat(2, 1),
+            unpadded=False,  # the bare template: every position real, nothing to leave out
         )
         return out.last_hidden_state[:, self.denoise_mask_index].view(2, copies, -1)
 

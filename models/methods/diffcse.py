@@ -30,7 +30,7 @@ from pydantic import model_validator
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.method import METHOD_CONFIG, FineTunedModel, MethodConfig, config_dataclass
 from cse.models.methods.crtd import ConditionalRTDModel, check_objective
-from cse.models.prompts.backbone import PromptedBackbone
+from cse.models.prompts.backbone import PromptedBackbone, unpad_fine_tuned
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -136,7 +136,14 @@ class DiffCSE(FineTunedModel, ConditionalRTDModel):
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """RTD logits `(B', T, 2)` of D on corrupted ids; D's embedding output at position 0 is `h` if given."""
-        out = self.discriminator(corrupted_ids, attention_mask, token_type_ids, prefix=False, position0_output=h)
+        out = self.discriminator(
+            corrupted_ids,
+            attention_mask,
+            token_type_ids,
+            prefix=False,
+            position0_output=h,
+            unpadded=not self.config.rtd_mean_over_padding,  # the RTD mean over padding reads every pad position
+        )
         return self.rtd_head(out.last_hidden_state)
 
     def parameter_groups(self, phase: str) -> list[dict]:
@@ -146,6 +153,10 @@ class DiffCSE(FineTunedModel, ConditionalRTDModel):
         return self.rate_groups(
             phase, [] if rate is None else [("discriminator", [self.discriminator, self.rtd_head], rate)]
         )
+
+    def use_unpadded(self, fill: float | None) -> None:
+        """`CSEModel.use_unpadded`, the fine-tuned encoder's CLS pass included (`unpad_fine_tuned`)."""
+        unpad_fine_tuned(self, self.encoder, fill)
 
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None

@@ -39,6 +39,7 @@ from cse.models.method import (
     config_dataclass,
     set_backbone_dropout,
 )
+from cse.models.prompts.backbone import unpad_fine_tuned
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -154,6 +155,10 @@ class SimCSE(FineTunedModel, CSEModel):
     def training_step(self, batch: TrainBatch, step: int | torch.Tensor = 0, phase: str = "main") -> StepOutput:
         loss, _ = self(batch.input_ids, batch.attention_mask)
         return StepOutput(loss, {"loss_contrastive": loss.detach()})
+
+    def use_unpadded(self, fill: float | None) -> None:
+        """`CSEModel.use_unpadded`, the fine-tuned encoder's CLS pass included (`unpad_fine_tuned`)."""
+        unpad_fine_tuned(self, self.encoder, fill)
 
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None

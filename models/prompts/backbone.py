@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutput
 
 from cse.models.loading import word_embeddings
 from cse.models.prompts.families import attention_of, encoder_family
 from cse.models.prompts.interface import PREFIX_IMPLEMENTATIONS, PREFIX_KWARG
 from cse.models.prompts.module_route import MODULE_ROUTE, prefix_scope
+from cse.models.prompts.packing import PACKED_KWARG, PackedPosition0, PackedRows, packed_index
 from cse.models.prompts.position0 import POSITION0_KWARG, position0_class, replace_position0_output
 from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues, prefix_visibility
 
@@ -39,6 +41,10 @@ class PromptedBackbone(nn.Module):
     did (DCPCSE reference prefixes: BERT `P … P+T-1`, RoBERTa from `padding_idx + 1 + P`; the other families in the module
     docstring) unless `shift_positions=False`. The family comes from `encoder_family(backbone)`; an architecture
     prompts cannot reach raises `TypeError` naming it.
+
+    `unpad(fill)` makes its training-mode passes unpadded (`cse.models.prompts.packing`: the real tokens packed at a
+    fixed budget of `fill` × rows × length slots; BERT, RoBERTa, XLM-RoBERTa and ELECTRA with SDPA attention); a call
+    with `unpadded=False` stays padded (a pass whose loss reads pad positions).
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class PromptedBackbone(nn.Module):
         self.backbone = backbone
         self.prefix_encoder = prefix_encoder
         self.shift_positions = shift_positions
+        self.unpadded_fill: float | None = None
         self._prepare_attention_modules()
         if prefix_encoder is not None:
             got = (prefix_encoder.num_layers, prefix_encoder.num_heads, prefix_encoder.head_dim)
@@ -129,6 +136,22 @@ class PromptedBackbone(nn.Module):
                         f"{self.family.name}: unexpected self-attention class {type(attn).__name__}; "
                         f"prefix injection knows {[c.__name__ for c in MODULE_ROUTE]}"
                     )
+
+    def unpad(self, fill: float | None) -> None:
+        """Training-mode passes over the real tokens only, at a budget of `fill` × rows × length slots (None: padded).
+
+        Raises:
+            TypeError: the family's attention is not reached through the interface route with SDPA and a prebuilt
+                mask (MPNet, DeBERTa, DistilBERT, ModernBERT, or eager attention).
+        """
+        family = self.family
+        packable = family.injection == "interface" and family.prebuilt_mask and family.token_types
+        if fill is not None and not (packable and family.layer_kwargs and self.inner == "sdpa"):
+            raise TypeError(
+                f"{family.name} ({self.inner} attention): unpadded passes need a BERT-style family (BERT, RoBERTa, "
+                "XLM-RoBERTa, ELECTRA) with SDPA attention"
+            )
+        self.unpadded_fill = fill
 
     # ----------------------------------------------------------------------------------------- inputs
     def position_ids(self, input_ids: torch.Tensor, offset: int) -> torch.Tensor:
@@ -197,6 +220,7 @@ class PromptedBackbone(nn.Module):
         position0_output: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         position_ids: torch.Tensor | None = None,
+        unpadded: bool = True,
     ) -> Any:
         """Run the encoder on `(B', T)` ids; returns the HF output (`last_hidden_state`, `hidden_states`).
 
@@ -206,7 +230,8 @@ class PromptedBackbone(nn.Module):
         (conditioning, DiffCSE step 5). `position_ids` (`(B', T)`, optional): explicit positions used as given instead
         of the default (shifted) numbering — DiffAug's template denoising places the template tokens at chosen
         positions (DiffAug); None keeps the default behaviour. `token_type_ids` on a family without token types
-        (DistilBERT, MPNet, ModernBERT) must be None or all zero.
+        (DistilBERT, MPNet, ModernBERT) must be None or all zero. `unpadded` (default True): after `unpad(fill)`, a
+        training-mode call (the backbone's mode) runs packed (`packed_call`); False keeps this call padded.
         """
         batch = input_ids.shape[0]
         if attention_mask is None:
@@ -219,6 +244,8 @@ class PromptedBackbone(nn.Module):
             raise ValueError(
                 f"position-0 vectors must be {(batch, self.hidden_size)}, got {tuple(position0_output.shape)}"
             )
+        if unpadded and self.unpadded_fill is not None and self.backbone.training:
+            return self.packed_call(kwargs, attention_mask, sample, position0_output, self.unpadded_fill)
         if self.family.layer_kwargs:
             if position0_output is not None:
                 kwargs[POSITION0_KWARG] = position0_output
@@ -230,6 +257,48 @@ class PromptedBackbone(nn.Module):
             if position0_output is not None and not self.family.layer_kwargs:
                 scope.enter_context(replace_position0_output(self._position0_module(), position0_output))
             return self.backbone(**kwargs)
+
+    def packed_call(
+        self,
+        kwargs: dict[str, Any],
+        token_mask: torch.Tensor,
+        prefix: PrefixKeyValues | None,
+        position0_output: torch.Tensor | None,
+        fill: float,
+    ) -> BaseModelOutput:
+        """The backbone's call of `forward` on the real tokens only (`cse.models.prompts.packing`): the padded-layout
+        keyword arguments `kwargs` packed into `(1, N)` slots, each row's positions and token types kept, the attention
+        per row with its own prefix; the last (and, when asked, every) hidden state back in the `(B', T, d)` layout.
+
+        Args:
+            kwargs: `backbone_kwargs`' arguments of the padded call.
+            token_mask: `(B', T)` token mask.
+            prefix: the pass's prefix sample, or None.
+            position0_output: `(B', d)` position-0 vectors, or None.
+            fill: the budget's share of the padded positions.
+        """
+        rows, length = token_mask.shape
+        if prefix is not None:
+            mask = self.attention_mask(token_mask, prefix, self.backbone.dtype)
+        else:
+            mask = token_mask.bool()[:, None, None, :].expand(rows, 1, length, length)
+        packed = PackedRows(packed_index(token_mask, fill), rows, length, mask)
+        call = dict(kwargs, attention_mask=None)
+        for name in ("input_ids", "inputs_embeds", "position_ids", "token_type_ids"):
+            if call.get(name) is not None:
+                call[name] = packed.gather(call[name])
+        if call.get("token_type_ids") is None:  # the model's own zeros are sliced from a buffer of max_position rows
+            call["token_type_ids"] = torch.zeros_like(packed.index).unsqueeze(0)
+        call[PACKED_KWARG] = packed
+        if position0_output is not None:
+            values = position0_output.index_select(0, packed.slot_rows()).unsqueeze(0)
+            call[POSITION0_KWARG] = PackedPosition0(packed.first_positions(), values)
+        out = self.backbone(**call)
+        hidden = out.hidden_states
+        return BaseModelOutput(
+            last_hidden_state=packed.scatter(out.last_hidden_state),
+            hidden_states=None if hidden is None else tuple(packed.scatter(h) for h in hidden),
+        )
 
     def resolve_prefix(self, prefix: bool | PrefixKeyValues, batch: int) -> PrefixKeyValues | None:
         """The prefix sample `forward` runs with: a fresh one from the owned `PrefixEncoder` (True), none (False) or
@@ -296,6 +365,26 @@ class PromptedBackbone(nn.Module):
         else:
             kwargs["input_ids"] = input_ids
         return kwargs
+
+
+def unpad_fine_tuned(model: nn.Module, encoder: PreTrainedModel, fill: float | None) -> None:
+    """`use_unpadded` of a fine-tuned method (SimCSE, DiffCSE: `FineTunedModel`): every prompted backbone of `model`
+    unpadded, and its plain `encoder`'s CLS pass too, through a `PromptedBackbone` without prompts over the same
+    encoder held outside the module tree (`_unpadded_encoder`; None when `fill` is None).
+
+    Args:
+        model: the method's model.
+        encoder: its fine-tuned encoder (`model.encoder`).
+        fill: the budget's share of a pass's padded positions, or None (padded).
+    """
+    from cse.models.method import unpad_prompted
+
+    unpad_prompted(model, fill)
+    view = None
+    if fill is not None:
+        view = PromptedBackbone(encoder, None, shift_positions=False)
+        view.unpad(fill)
+    model.__dict__["_unpadded_encoder"] = view  # not a submodule: the encoder stays where it is
 
 
 def prompted_backbone(

@@ -11,11 +11,16 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from cse.models.prompts.packing import PackedPosition0
+
 POSITION0_KWARG = "cse_position0"
 
 
-def _with_position0(hidden_states: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-    """`hidden_states` `(B', T, d)` with position 0 replaced by `vectors` `(B', d)` (DiffCSE step 5)."""
+def _with_position0(hidden_states: torch.Tensor, vectors: torch.Tensor | PackedPosition0) -> torch.Tensor:
+    """`hidden_states` `(B', T, d)` with position 0 replaced by `vectors` `(B', d)` (DiffCSE step 5); in a packed pass
+    `(1, N, d)` with the slots at position 0 replaced by a `PackedPosition0`'s values."""
+    if isinstance(vectors, PackedPosition0):
+        return torch.where(vectors.first, vectors.values.to(hidden_states.dtype), hidden_states)
     return torch.cat([vectors.unsqueeze(1).to(hidden_states.dtype), hidden_states[:, 1:]], dim=1)
 
 
