@@ -57,6 +57,70 @@ class ArrowLists(Sequence[np.ndarray]):
         offsets, values = self._offsets, self._values
         return [values[c][offsets[c][j] : offsets[c][j + 1]] for c, j in zip(chunk.tolist(), local.tolist())]
 
+    def _located(self, rows: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(record batch, start in its values, length) of every row of `rows`."""
+        pos = self._positions[np.asarray(rows, dtype=np.int64)]
+        chunk = np.searchsorted(self._starts, pos, side="right") - 1
+        local = pos - self._starts[chunk]
+        starts = np.empty(len(pos), dtype=np.int64)
+        ends = np.empty(len(pos), dtype=np.int64)
+        for c in np.unique(chunk).tolist():
+            here = chunk == c
+            starts[here] = self._offsets[c][local[here]]
+            ends[here] = self._offsets[c][local[here] + 1]
+        return chunk, starts, ends - starts
+
+    def lengths(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The token counts of rows `rows`, from the offsets alone."""
+        return self._located(rows)[2]
+
+    def take_padded(self, rows: Sequence[int] | np.ndarray, length: int, pad_id: int) -> np.ndarray:
+        """Rows `rows` as one `(len(rows), length)` int64 array right-padded with `pad_id`: one numpy gather per
+        record batch the rows fall in (16,384 rows each in the Arrow copies), no per-row copy.
+
+        Raises:
+            ValueError: a row longer than `length`.
+        """
+        chunk, starts, counts = self._located(rows)
+        if len(counts) and int(counts.max()) > length:
+            raise ValueError(f"a row has {int(counts.max())} ids, more than the padded length {length}")
+        out = np.full((len(counts), length), pad_id, dtype=np.int64)
+        columns = np.arange(length)[None, :]
+        for c in np.unique(chunk).tolist():
+            here = chunk == c
+            n = counts[here][:, None]
+            values = self._values[c]
+            if not len(values):
+                continue
+            index = np.minimum(starts[here][:, None] + np.minimum(columns, np.maximum(n - 1, 0)), len(values) - 1)
+            out[here] = np.where(columns < n, values[index], pad_id)
+        return out
+
+
+def row_lengths(seqs: Sequence[np.ndarray], rows: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The token counts of rows `rows` of a row sequence (an `ArrowLists`: from its offsets, nothing read)."""
+    if isinstance(seqs, ArrowLists):
+        return seqs.lengths(rows)
+    return np.array([len(seqs[i]) for i in rows], dtype=np.int64)
+
+
+def take_padded(seqs: Sequence[np.ndarray], rows: Sequence[int] | np.ndarray, length: int, pad_id: int) -> np.ndarray:
+    """Rows `rows` of a row sequence as one `(len(rows), length)` int64 array right-padded with `pad_id`
+    (`ArrowLists.take_padded`; an in-memory sequence row by row).
+
+    Raises:
+        ValueError: a row longer than `length`.
+    """
+    if isinstance(seqs, ArrowLists):
+        return seqs.take_padded(rows, length, pad_id)
+    out = np.full((len(rows), length), pad_id, dtype=np.int64)
+    for i, r in enumerate(rows):
+        s = seqs[r]
+        if len(s) > length:
+            raise ValueError(f"a row has {len(s)} ids, more than the padded length {length}")
+        out[i, : len(s)] = s
+    return out
+
 
 def take_rows(seqs: Sequence[np.ndarray], rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
     """Rows `rows` of a row sequence: an `ArrowLists` (memory-mapped) or any in-memory sequence of arrays."""

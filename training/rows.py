@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from cse.config.training import required_variants
-from cse.models.batching import TrainBatch, pad_sequences
-from cse.storage.training_data import CorruptionRows, TokenRows, take_rows
+from cse.models.batching import TrainBatch
+from cse.storage.training_data import CorruptionRows, TokenRows, row_lengths, take_padded
 
 
 class TrainingRows:
@@ -66,25 +66,29 @@ class TrainingRows:
         return f"{have} variants cycled over {needed} view-epochs"
 
     def batch(self, rows: np.ndarray | Sequence[int], epoch: int) -> TrainBatch:
-        """Rows `rows` of epoch `epoch`, padded to `pad_to` (else to their longest view); the ids are taken from the
-        (memory-mapped) row sequences one batch at a time, never all at once."""
-        views_ids = [take_rows(self.tokens.seqs[col], rows) for col in self.view_columns]
-        longest = max(len(s) for view in views_ids for s in view)
+        """Rows `rows` of epoch `epoch`, padded to `pad_to` (else to their longest view): every view's ids (and
+        corrupted ids and labels) taken as one fixed-width array by one gather per record batch of the
+        (memory-mapped) rows (`take_padded`), never all rows at once; the same tensors as padding row by row
+        (`cse.models.batching.pad_sequences`, tests/training/test_rows.py)."""
+        lengths = np.stack([row_lengths(self.tokens.seqs[col], rows) for col in self.view_columns], 1)
+        longest = int(lengths.max()) if lengths.size else 0
         if self.pad_to is not None and longest > self.pad_to:
             raise ValueError(
                 f"a training row has {longest} tokens, more than the batch length {self.pad_to} (max_length): "
                 "the tokens dataset was made with another max_length"
             )
         length = self.pad_to or longest
-        ids, mask = zip(*(pad_sequences(view, self.pad_id, length) for view in views_ids))
+        stack = lambda arrays: torch.from_numpy(np.stack(arrays, 1))
+        ids = stack([take_padded(self.tokens.seqs[col], rows, length, self.pad_id) for col in self.view_columns])
+        mask = torch.from_numpy((np.arange(length)[None, None, :] < lengths[:, :, None]).astype(np.int64))
         if self.corruption is None:
-            return TrainBatch(torch.stack(ids, 1), torch.stack(mask, 1))
+            return TrainBatch(ids, mask)
         cor, lab = [], []
         for v, col in enumerate(self.view_columns):
             var = self.variant(epoch, v)
-            cor.append(pad_sequences(take_rows(self.corruption.corrupted[(col, var)], rows), self.pad_id, length)[0])
-            lab.append(pad_sequences(take_rows(self.corruption.labels[(col, var)], rows), 0, length)[0])
-        return TrainBatch(torch.stack(ids, 1), torch.stack(mask, 1), torch.stack(cor, 1), torch.stack(lab, 1))
+            cor.append(take_padded(self.corruption.corrupted[(col, var)], rows, length, self.pad_id))
+            lab.append(take_padded(self.corruption.labels[(col, var)], rows, length, 0))
+        return TrainBatch(ids, mask, stack(cor), stack(lab))
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
