@@ -201,30 +201,11 @@ def test_memory_mapped_loaders_keep_their_checks(tmp_path):
         load_token_rows(uneven, "t", ("sent0", "sent1"))
 
 
-def _padded_row_by_row(rows: TrainingRows, order, epoch: int) -> dict[str, torch.Tensor]:
-    """The batch as `TrainingRows.batch` built it before its one-gather form: every row of every view padded in
-    Python (`pad_sequences`), then stacked."""
-    from cse.models.batching import pad_sequences
-    from cse.storage.training_data import take_rows
-
-    views = [take_rows(rows.tokens.seqs[c], order) for c in rows.view_columns]
-    length = rows.pad_to or max(len(s) for view in views for s in view)
-    ids, mask = zip(*(pad_sequences(view, rows.pad_id, length) for view in views))
-    out = {"input_ids": torch.stack(ids, 1), "attention_mask": torch.stack(mask, 1)}
-    if rows.corruption is not None:
-        cor, lab = [], []
-        for v, c in enumerate(rows.view_columns):
-            var = rows.variant(epoch, v)
-            cor.append(pad_sequences(take_rows(rows.corruption.corrupted[(c, var)], order), rows.pad_id, length)[0])
-            lab.append(pad_sequences(take_rows(rows.corruption.labels[(c, var)], order), 0, length)[0])
-        out.update(corrupted_ids=torch.stack(cor, 1), rtd_labels=torch.stack(lab, 1))
-    return out
-
-
 @pytest.mark.parametrize("supervised,pad_to", [(False, None), (False, 16), (True, None), (True, 16)])
 def test_one_gather_batches_equal_the_row_by_row_padded_batches(tmp_path, supervised, pad_to):
     """Memory-mapped rows over several record batches, and in-memory rows: `batch` (one gather per record batch)
     gives the tensors, dtypes included, of padding every row in Python."""
+    from benchmarks.unpadded import row_by_row_batch
     from cse.storage.layout import DataRoot
     from cse.storage.training_data import load_corruption_rows, load_token_rows
 
@@ -240,7 +221,7 @@ def test_one_gather_batches_equal_the_row_by_row_padded_batches(tmp_path, superv
             order = epoch_order(len(rows), seed=3, epoch=epoch)
             for start in range(0, len(order), 16):
                 got = rows.batch(order[start : start + 16], epoch)
-                want = _padded_row_by_row(rows, order[start : start + 16], epoch)
+                want = row_by_row_batch(rows, order[start : start + 16], epoch)
                 for name, tensor in want.items():
                     assert getattr(got, name).dtype == tensor.dtype == torch.long, name
                     assert torch.equal(getattr(got, name), tensor), (epoch, start, name)
