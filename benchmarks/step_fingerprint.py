@@ -53,8 +53,9 @@ def token_rows(n_columns: int, variants: int | None, n: int = 16, seed: int = 0)
     return TrainingRows(TokenRows(ids=np.arange(n), seqs=seqs), corruption, supervised=n_columns > 1, pad_id=0)
 
 
-def fingerprint(methods: list[str], work: Path) -> dict[str, Any]:
-    """Each of `methods` trained 3 steps in `work` (its CSE_HOME): the logged figures and the parameter sums."""
+def fingerprint(methods: list[str], work: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each of `methods` trained 3 steps in `work` (its CSE_HOME): the logged figures and the parameter sums
+    (`overrides`: more job settings, e.g. `{"speed": {...}}`; the fingerprint itself takes none)."""
     from transformers import BertConfig, BertModel
 
     from cse.models.loading import PACKAGED_MINILM, load_tokenizer
@@ -66,18 +67,19 @@ def fingerprint(methods: list[str], work: Path) -> dict[str, Any]:
     # 512 positions: DiffAug's template denoising reaches position 152
     BertModel(BertConfig(vocab_size=len(tok), max_position_embeddings=512, **shape)).save_pretrained(bert)
     tok.save_pretrained(bert)
-    return {method: train_three_steps(method, bert) for method in methods}
+    return {method: train_three_steps(method, bert, overrides) for method in methods}
 
 
-def train_three_steps(method: str, bert: Path) -> dict[str, Any]:
-    """`method`'s default preset on the tiny BERT at `bert`, 3 steps: its logged figures and parameter sums."""
+def train_three_steps(method: str, bert: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`method`'s default preset on the tiny BERT at `bert`, 3 steps: its logged figures and parameter sums
+    (`overrides`: more job settings)."""
     from cse.config.methods import model_class
     from cse.config.training import resolve_train_config
     from cse.storage.runs import RunDir
     from cse.training.job import fit
 
     over: dict[str, Any] = {"backbone": str(bert), "max_steps": 3, "eval_steps": 3, "batch_size": 4}
-    over |= {"log_steps": 1, "precision": "fp32", "eval_precision": "fp32"}
+    over |= {"log_steps": 1, "precision": "fp32", "eval_precision": "fp32", **(overrides or {})}
     cfg = resolve_train_config("default", over, method=method)
     if cfg.prefix_phase is not None:  # a prefix phase first (DiffAug's NLI): 3 steps too, at the test batch size
         cfg = resolve_train_config("default", {**over, "prefix_phase": {"steps": 3, "batch_size": 4}}, method=method)

@@ -6,7 +6,9 @@ than the padded positions), on a tiny random BERT with every dropout off (the pa
 over the packed shape: the same distribution, other draws). Losses and gradients equal within the scale rule of
 docs/tests.md (`tests/tolerance.py`, terms = rows × positions). The packed backbone call is checked against the
 padded one with a prefix sample that differs per row and per prefix slot mask, a [CLS] prompt and position-0
-vectors: each row's tokens see their own prefix only, and every real position's state is the padded pass's.
+vectors: each row's tokens see their own prefix only, and every real position's state is the padded pass's; so is
+it for RoBERTa (positions from the padding id) and ELECTRA (an embedding projection); a family the packed pass
+does not reach is refused. A job with `speed.unpadded_fill` trains unpadded through `cse.training.job.fit`.
 """
 
 from __future__ import annotations
@@ -178,3 +180,60 @@ def test_the_option_off_leaves_the_step_padded(tok, packed_calls):
     _step(twin, twin.training_step, batch, phase)
     assert not packed_calls
     assert BATCH == batch.input_ids.shape[0]
+
+
+@pytest.mark.parametrize("method", ["simcse", "d2cse"])
+def test_a_job_with_speed_unpadded_fill_trains_unpadded(method, tmp_path, packed_calls):
+    """`speed.unpadded_fill` reaches the model through `cse.training.job.fit`: three steps of the default preset
+    (dropout on) run packed passes and log finite losses."""
+    import math
+
+    from benchmarks.step_fingerprint import fingerprint
+
+    found = fingerprint([method], tmp_path, {"speed": {"unpadded_fill": 1.0}})[method]  # (rows padded to the longest)
+    assert packed_calls
+    losses = [float(log["loss"]) for log in found["logged"] if "loss" in log]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra"])
+def test_the_packed_pass_of_each_supported_family_equals_the_padded_one(family):
+    """BERT (absolute positions), RoBERTa (positions numbered from the padding id, shifted by the prefix) and ELECTRA
+    (an embedding projection), prompted, dropout 0, in train mode: every real position's state equal."""
+    from transformers import BertConfig, BertModel, ElectraConfig, ElectraModel, RobertaConfig, RobertaModel
+
+    from cse.models.prompts.backbone import prompted_backbone
+
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=300)
+    shape.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = {
+        "bert": lambda: BertModel(BertConfig(**shape), add_pooling_layer=False),
+        "roberta": lambda: RobertaModel(RobertaConfig(pad_token_id=1, **shape), add_pooling_layer=False),
+        "electra": lambda: ElectraModel(ElectraConfig(embedding_size=16, **shape)),
+    }[family]()
+    enc = prompted_backbone(model, prefix_len=4, dropout=0.0).train()
+    lengths = torch.tensor([3, 7, 5, 2, 6, 4])
+    mask = (torch.arange(8)[None, :] < lengths[:, None]).long()
+    pad = 1 if family == "roberta" else 0
+    ids = torch.where(mask.bool(), torch.randint(5, 300, (6, 8)), torch.full((6, 8), pad))
+    h = torch.randn(6, 32)
+    prefix = enc.prefix_encoder(6)
+
+    def states(fill):
+        enc.unpad(fill)
+        return enc(ids, mask, prefix=prefix, position0_output=h).last_hidden_state
+
+    padded, packed = states(None), states(0.6)
+    assert_close_scaled(packed[mask.bool()], padded[mask.bool()], terms=8)
+
+
+def test_an_unsupported_family_is_refused():
+    from transformers import DistilBertConfig, DistilBertModel
+
+    from cse.models.prompts.backbone import prompted_backbone
+
+    config = DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=4, hidden_dim=64)
+    enc = prompted_backbone(DistilBertModel(config), prefix_len=2)
+    with pytest.raises(TypeError, match="DistilBERT .*unpadded passes need a BERT-style family"):
+        enc.unpad(0.8)
