@@ -20,7 +20,7 @@ from uuid import UUID
 
 from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
 from cse.config.methods import DEFAULT_METHOD
-from cse.ops.follow import STAGE_LINE, Follower, Printer, flow_run_tree, reused_runs, summary
+from cse.ops.follow import REUSED_RUN, STAGE_LINE, Follower, Printer, flow_run_tree, reused_runs, summary
 from cse.storage.secrets import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
@@ -191,7 +191,8 @@ async def stage_and_warning_lines(client, flow_run_id: UUID) -> tuple[list[str],
     ]  # INFO: no tracebacks
     found = [(in_task, line) for in_task, line in found if STAGE_LINE.search(line)]
     if any(in_task for in_task, _ in found):  # the stage tasks' own lines; the flows print a summary of the same
-        found = [(in_task, line) for in_task, line in found if in_task]
+        # (and a finished job's line: the training flow returns it itself, outside any task)
+        found = [(in_task, line) for in_task, line in found if in_task or REUSED_RUN.search(line)]
     warned = [
         redact(" ".join((log.message.strip().splitlines() or [""])[0].split())) for log in logs if log.level >= 30
     ]

@@ -239,7 +239,8 @@ class Follower:
                     self._shard_totals[m.group(1)] = int(m.group(2))
                 elif EVAL_LINE.match(first):
                     self._bar(first.split(":")[0], f"{self.stamp()}{first}", key=first)
-                elif log.task_run_id is not None and STAGE_LINE.search(first):
+                elif (log.task_run_id is not None and STAGE_LINE.search(first)) or REUSED_RUN.search(first):
+                    # (a finished job is returned by the flow itself, outside any task: its line is said too)
                     self.stage_texts.append(first)
                     self.printer.line(f"{self.stamp()}stage: {first}")
             if len(logs) < 200:
