@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,6 +196,7 @@ def embed_token_ids(
     desc: str = "embedding",
     device_cache: DeviceBatches | None = None,
     sentences: Sequence[str] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Tensor, EncodeStats]:
     """`[N, d]` float32 CPU embeddings of pre-tokenised sentences, in input order; every value finite.
 
@@ -208,6 +209,7 @@ def embed_token_ids(
         desc: the progress bar's label.
         device_cache: keep the padded batches on the device for the next call with the same `token_ids` list.
         sentences: the sentences `token_ids` came from, quoted by a `NonFiniteEmbeddings` error.
+        on_progress: called after each batch with (sentences embedded so far, all sentences).
 
     Returns:
         The embeddings and the pass's `EncodeStats`.
@@ -231,10 +233,13 @@ def embed_token_ids(
         autocast_context(device, precision),
         tqdm(total=n, desc=desc, unit="sent", disable=not progress, mininterval=1.0) as bar,
     ):
-        parts = []
+        parts, done = [], 0
         for idx, input_ids, mask in batches:
             parts.append((idx, _embed_batch(embedder, token_ids, idx, input_ids, mask)))
             bar.update(len(idx))
+            done += len(idx)
+            if on_progress is not None:
+                on_progress(done, n)
         out = _in_input_order(parts, n)
     if not bool(torch.isfinite(out).all()):
         bad = (~torch.isfinite(out)).any(dim=1).nonzero().flatten().tolist()

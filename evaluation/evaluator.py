@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -216,6 +216,7 @@ class Evaluator:
         batch_size: int = 128,
         precision: str = "fp32",
         progress: bool = False,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> EvalResult:
         """Embed every unique sentence once and compute all scores of `mode`.
 
@@ -227,6 +228,7 @@ class Evaluator:
             batch_size: sentences per embedding batch.
             precision: `fp32` (as the reference code evaluates), `bf16` autocast, or `auto` (bf16 on CUDA).
             progress: show a progress bar.
+            on_progress: called after each embedding batch with (sentences embedded so far, all sentences).
 
         Returns:
             The scores, with timings and the embedder's description.
@@ -250,6 +252,7 @@ class Evaluator:
             desc=f"evaluate ({mode})",
             device_cache=self._device_cache.setdefault(embedder, DeviceBatches()),
             sentences=plan.sentences,
+            on_progress=on_progress,
         )
         emb = emb_t.numpy().astype(np.float64)
         scores = self._scores(plan, emb)

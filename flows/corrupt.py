@@ -35,6 +35,7 @@ from cse.storage.datasets import DatasetRef
 from cse.storage.settings import shard_task_runner
 from cse.storage.sharded import building
 from cse.tasks.corrupt import CorruptPlan, corrupt_shard, corruption_run, plan_corruption, publish_corruption
+from cse.tasks.log import stage_logger
 from cse.tasks.preflight import preflight_corrupt
 
 
@@ -43,6 +44,7 @@ def run_shards(plan: CorruptPlan) -> list[ShardResult]:
     if plan.cached:
         return []
     shards = list(range(plan.n_shards))
+    stage_logger().info("corrupt-shard: %d shards", plan.n_shards)  # (the denominator of `cse run`'s count line)
     runner = shard_task_runner()
     if runner is None:
         return corrupt_shard.map(unmapped(plan), shards).result()

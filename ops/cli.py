@@ -23,7 +23,7 @@ from cse.config.methods import DEFAULT_METHOD
 from cse.storage.catalog import damaged, query, refresh_catalog
 from cse.storage.layout import KINDS, DataRoot
 from cse.storage.secrets import install_log_redaction, redact
-from cse.storage.settings import get_settings
+from cse.storage.settings import get_settings, in_checkout
 
 # The deployment that makes each kind of dataset (named when there is none yet)
 PRODUCED_BY = {
@@ -78,7 +78,16 @@ def _seconds(text: str) -> float:
 
 
 def _data_root() -> DataRoot:
-    return DataRoot(get_settings().data_root)
+    """The data root of the settings; outside a checkout with neither CSE_HOME nor CSE_DATA_ROOT set, which one (the
+    default `~/.cse/data`) is said on stderr first."""
+    settings = get_settings()
+    if not in_checkout() and not os.environ.get("CSE_HOME", "").strip() and not os.environ.get("CSE_DATA_ROOT", ""):
+        print(
+            f"cse: data root {settings.data_root} (CSE_HOME is unset outside a checkout: the default ~/.cse; set "
+            "CSE_HOME to use another)",
+            file=sys.stderr,
+        )
+    return DataRoot(settings.data_root)
 
 
 def _print(df: pd.DataFrame, decimals: dict[str, int] | None = None) -> None:
@@ -473,19 +482,40 @@ def run(
         typer.Option(metavar="S", parser=_seconds, help="stop waiting after S (> 0) seconds (the run goes on)"),
     ] = None,
     quiet: Annotated[
-        bool, _flag("--quiet", "no progress or summary: the changes of state, then the stage lines")
+        bool,
+        _flag("--quiet", "no progress or tables: the changes of state, then the stage lines and each MLflow run id"),
+    ] = False,
+    as_json: Annotated[
+        bool, _flag("--json", "the lines on stderr, then one JSON object on stdout: flow run, state, MLflow runs")
     ] = False,
 ) -> int:
     """Run a deployment, follow it, say why it failed.
 
     Through the worker; `-p 'config={"mask_ratio": 0.15}'`: JSON values. Prints a line per stage, each stage's cache
-    hit or write, the training steps' progress bar (loss, last dev score, ETA), then the STS table beside the backbone
-    before training and the paper's row, the MLflow run id and the Prefect and MLflow pages; on failure the failing
-    task's reason, exit 1. --quiet: the changes of state and, at the end, the stage lines only.
+    hit or write, the evaluations' and the training steps' progress (loss, last dev score, ETA), then the STS table
+    beside the backbone before training and the paper's row, the MLflow run id, the job folder, the Prefect and
+    MLflow pages and the warnings the stages logged (a rerun that reuses a finished job prints its result the same);
+    on failure the failing task's reason, exit 1. --quiet: the changes of state and, at the end, the stage lines and
+    each MLflow run's id, page and job folder. --json: for scripts, one JSON object on stdout.
+
+    Ctrl-C stops following, not the run: `cse run` says so (its id, page, how to cancel it) and offers to cancel it
+    (a prompt on a terminal, else a second Ctrl-C within 10 s); exit 130.
     """
     from cse.ops.deployments import run_deployment_cli
 
-    return run_deployment_cli(deployment, param or [], timeout_s=timeout, quiet=quiet)
+    return run_deployment_cli(deployment, param or [], timeout_s=timeout, quiet=quiet, as_json=as_json)
+
+
+@app.command()
+def cancel(run: Annotated[str, _arg("RUN", "the flow run's id or name, as `cse run` printed it")]) -> int:
+    """Cancel a flow run that `cse run` started.
+
+    A run not yet started is cancelled at once; a running one is stopped by its worker (its job's MLflow run ends
+    KILLED; rerunning the deployment resumes it). Waits up to 30 s for it to end; exit 1 when it is still cancelling.
+    """
+    from cse.ops.deployments import cancel_cli
+
+    return cancel_cli(run, lambda line: _say(line, [run]))
 
 
 def main(argv: list[str] | None = None) -> int:

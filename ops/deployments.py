@@ -20,7 +20,7 @@ from uuid import UUID
 
 from cse.config.limits import MAX_DEPTH, ParameterRefused, check_parameter, cut
 from cse.config.methods import DEFAULT_METHOD
-from cse.ops.follow import STAGE_LINE, Follower, Printer, flow_run_tree, summary
+from cse.ops.follow import REUSED_RUN, STAGE_LINE, Follower, Printer, flow_run_tree, reused_runs, summary
 from cse.storage.secrets import redact
 
 # Prefect's prefixes of a failed state's message: the reason is what follows them
@@ -32,6 +32,8 @@ UNCUT_REASONS = ("PreflightError: ",)
 # interval of Prefect's log shipping (PREFECT_LOGGING_TO_API_BATCH_INTERVAL) + 0.5 s
 LOG_QUIET_S: float | None = None
 LATE_HINT_AFTER_S = 60.0
+SECOND_INTERRUPT_S = 10.0  # after a Ctrl-C, a second one within this many seconds cancels the flow run
+CANCEL_WAIT_S = 30.0  # how long `cse cancel` (and a second Ctrl-C) waits for the run to end cancelled
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -108,6 +110,7 @@ class RunOutcome:
     completed: bool
     stage_lines: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def state_name(run) -> str:
@@ -158,6 +161,11 @@ async def failures_of(client, flow_run_id: UUID, _path: list[str] | None = None)
 async def stage_lines(client, flow_run_id: UUID) -> list[str]:
     """The log lines of the flow run and its child flow runs that say whether a stage reused its result (cache hit,
     an already finished job) or wrote it, oldest first: those the stage tasks log, else those the flows print."""
+    return (await stage_and_warning_lines(client, flow_run_id))[0]
+
+
+async def stage_and_warning_lines(client, flow_run_id: UUID) -> tuple[list[str], list[str]]:
+    """`stage_lines`, and the first line of each warning (level WARNING and above) logged, once each."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
@@ -183,25 +191,31 @@ async def stage_lines(client, flow_run_id: UUID) -> list[str]:
     ]  # INFO: no tracebacks
     found = [(in_task, line) for in_task, line in found if STAGE_LINE.search(line)]
     if any(in_task for in_task, _ in found):  # the stage tasks' own lines; the flows print a summary of the same
-        found = [(in_task, line) for in_task, line in found if in_task]
-    return [redact(" ".join(line.split())) for _, line in found]
+        # (and a finished job's line: the training flow returns it itself, outside any task)
+        found = [(in_task, line) for in_task, line in found if in_task or REUSED_RUN.search(line)]
+    warned = [
+        redact(" ".join((log.message.strip().splitlines() or [""])[0].split())) for log in logs if log.level >= 30
+    ]
+    return [redact(" ".join(line.split())) for _, line in found], list(dict.fromkeys(warned))
 
 
 async def outcome_of(flow_run_id: UUID, with_stage_lines: bool = True) -> RunOutcome:
-    """What a finished flow run did: its state, its stage lines (unless `with_stage_lines` is False: `cse run`
-    printed them as they came) and, unless it completed, its failures."""
+    """What a finished flow run did: its state, its stage lines and warnings (read once its last logs arrived; unless
+    `with_stage_lines` is False) and, unless it completed, its failures."""
     from prefect.client.orchestration import get_client
 
     async with get_client() as client:
         run = await client.read_flow_run(flow_run_id)
         completed = run.state is not None and run.state.is_completed()
+        lines, warnings = await stage_and_warning_lines(client, flow_run_id) if with_stage_lines else ([], [])
         return RunOutcome(
             flow_run_id,
             run.name,
             state_name(run),
             completed,
-            stage_lines=await stage_lines(client, flow_run_id) if with_stage_lines else [],
+            stage_lines=lines,
             failures=[] if completed else await failures_of(client, flow_run_id),
+            warnings=warnings,
         )
 
 
@@ -461,16 +475,51 @@ async def wait(
                 return
             waited = time.monotonic() - began
             if not hinted and run.state is not None and run.state.is_scheduled() and waited > LATE_HINT_AFTER_S:
-                on_state(
-                    f"{name}: no worker has taken it after {waited:.0f} s (is one running? "
-                    "`scripts/services.sh status`; `scripts/services.sh worker` starts it)"
-                )
+                on_state(f"{name}: {await why_waiting(client, run, waited)}")
                 hinted = True
             if timeout_s is not None and waited > timeout_s:
                 raise TimeoutError(
                     f"flow run {run.name} ({flow_run_id}) not finished after {timeout_s:.0f} s: it goes on"
                 )
             await asyncio.sleep(poll_s)
+
+
+async def why_waiting(client, run, waited: float) -> str:
+    """Why flow run `run` is still scheduled after `waited` seconds: no worker of its work pool is online (how to
+    start one), or the pool's workers are busy with runs of their own (how many run, how many wait ahead of it)."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    pool = run.work_pool_name
+    workers = await client.read_workers_for_work_pool(pool) if pool else []
+    online = [w for w in workers if str(getattr(w.status, "value", w.status)).upper() == "ONLINE"]
+    if not online:
+        return (
+            f"no worker has taken it after {waited:.0f} s: no worker of pool {pool or '?'} is online "
+            "(`scripts/services.sh status`; `scripts/services.sh worker` starts it)"
+        )
+
+    def of_pool(*types: StateType) -> FlowRunFilter:
+        return FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(types))))
+
+    pools = WorkPoolFilter(name=WorkPoolFilterName(any_=[pool]))
+    busy = await client.read_flow_runs(
+        flow_run_filter=of_pool(StateType.RUNNING, StateType.PENDING), work_pool_filter=pools
+    )
+    queued = await client.read_flow_runs(flow_run_filter=of_pool(StateType.SCHEDULED), work_pool_filter=pools)
+    mine = run.expected_start_time or run.created
+    ahead = [r for r in queued if r.id != run.id and (r.expected_start_time or r.created) <= mine]
+    names = ", ".join(w.name for w in online)
+    return (
+        f"waiting {waited:.0f} s: the worker of pool {pool} is busy ({names} online, {len(busy)} flow run(s) running); "
+        f"{len(ahead)} run(s) ahead of this one; it starts when a slot frees (CSE_WORKER_LIMIT sets the worker's slots)"
+    )
 
 
 def _stdout(line: str) -> None:
@@ -486,6 +535,7 @@ class Terminal:
     err: Callable[[str], None]
     printer: Printer
     quiet: bool = False
+    json: bool = False
 
 
 def flow_run_link(run_id: UUID) -> str | None:
@@ -522,39 +572,99 @@ def report_outcome(
     term: Terminal,
 ) -> int:
     """Print how the run ended: its stage lines (quiet), then completed in how long, or the reason of each failing
-    task and where the full log is; then (not quiet) the summary of the run. Returns the exit status (0: completed)."""
-    for line in result.stage_lines:
-        term.out(f"    stage: {line}")
+    task and where the full log is; then the summary of the run: with its tables, or (quiet) each MLflow run's id,
+    page and job folder; the warnings the stages logged. `--json`: one JSON object on stdout instead (`json_record`).
+    Returns the exit status (0: completed)."""
+    seconds = time.monotonic() - began
+    reused = reused_runs(result.stage_lines + follower.stage_texts)
+    warnings = list(dict.fromkeys(follower.warnings + result.warnings))
+    if term.json:
+        from cse.tracking.progress import runs_by_id, runs_of_flow_runs, summary_record, summary_runs
+
+        views = summary_runs(runs_of_flow_runs([str(i) for i in follower.flow_runs or [run_id]]))
+        views += [v for v in runs_by_id(reused) if v.run_id not in {m.run_id for m in views}]
+        term.out(
+            json.dumps(
+                json_record(deployment, run_id, result, link, seconds, [summary_record(v) for v in views], warnings)
+            )
+        )
+        for failure in result.failures:
+            term.err(f"    reason: {failure}")
+        return 0 if result.completed else 1
+    if term.quiet:
+        for line in result.stage_lines:
+            term.out(f"    stage: {line}")
     if result.completed:
-        term.out(f"==> {deployment}: {result.state} in {time.monotonic() - began:.0f} s")
+        term.out(f"==> {deployment}: {result.state} in {seconds:.0f} s")
     else:
         term.err(f"==> {deployment}: flow run {result.name} ended {result.state}")
         for failure in result.failures or [Failure([result.name], None, "(no reason recorded)")]:
             term.err(f"    reason: {failure}")
         term.err(f"    full log: prefect flow-run logs {run_id}")
-    if not term.quiet:
-        summary(follower.flow_runs or [run_id], term.printer, link)
+    summary(  # (--quiet: the first line named the page; each MLflow run's id, page and job folder, no table)
+        follower.flow_runs or [run_id],
+        term.printer,
+        None if term.quiet else link,
+        reused=reused,
+        table=not term.quiet,
+        warnings=warnings,
+    )
     return 0 if result.completed else 1
 
 
+def json_record(
+    deployment: str,
+    run_id: UUID,
+    result: RunOutcome,
+    link: str | None,
+    seconds: float,
+    runs: list[dict[str, Any]],
+    warnings: list[str],
+) -> dict[str, Any]:
+    """What `cse run --json` prints when the run ended: the deployment, the flow run (id, name, state, whether it
+    completed, seconds, page), each MLflow run shown in the summary (`cse.tracking.progress.summary_record`), the
+    failures' reasons and the warnings the stages logged."""
+    return {
+        "deployment": deployment,
+        "flow_run_id": str(run_id),
+        "flow_run_name": result.name,
+        "state": result.state,
+        "completed": result.completed,
+        "seconds": round(seconds, 1),
+        "prefect_url": link,
+        "runs": runs,
+        "failures": [str(f) for f in result.failures],
+        "warnings": warnings,
+    }
+
+
 async def follow_deployment(
-    deployment: str, parameters: dict[str, Any], timeout_s: float | None, poll_s: float, term: Terminal
+    deployment: str,
+    parameters: dict[str, Any],
+    timeout_s: float | None,
+    poll_s: float,
+    term: Terminal,
+    started: dict[str, Any] | None = None,
 ) -> int:
-    """Start `deployment` with `parameters`, follow it until it ends (or `timeout_s`), report how it ended."""
+    """Start `deployment` with `parameters`, follow it until it ends (or `timeout_s`), report how it ended. `started`
+    is given the flow run (`run`) and its page (`link`) as soon as it exists (what a Ctrl-C names)."""
     run = await start(deployment, parameters)
     link = flow_run_link(run.id)
-    term.out(f"==> {deployment}: flow run {run.name} ({run.id})" + (f"  {link}" if link else ""))
+    if started is not None:
+        started.update(run=run, link=link)
+    head = f"==> {deployment}: flow run {run.name} ({run.id})" + (f"  {link}" if link else "")
+    (term.err if term.json else term.out)(head)
     began = time.monotonic()
     follower = Follower(run.id, term.printer, began=began)
 
     def state(line: str) -> None:
         term.printer.line(f"    {time.monotonic() - began:6.0f} s  {line}")
 
-    on_poll = None if term.quiet else progress_poller(follower, term.printer)
+    on_poll = None if term.quiet or term.json else progress_poller(follower, term.printer)
     try:
         await wait(run.id, state, poll_s, timeout_s, on_poll=on_poll)
         term.printer.close()
-        result = await outcome_of(run.id, with_stage_lines=term.quiet)
+        result = await outcome_of(run.id)
     except Exception as e:  # the server gone: said with the run (it may go on); anything else re-raised
         term.printer.close()
         if (gone := server_went_away(e, run.name, run.id, link)) is None:
@@ -581,13 +691,18 @@ def run_deployment_cli(
     err: Callable[[str], None] | None = None,
     quiet: bool = False,
     tty: bool | None = None,
+    as_json: bool = False,
+    ask: bool | None = None,
 ) -> int:
     """`cse run`: start `deployment` and follow it (cse.ops.follow: a line per stage as it ends, the stages' cache hits
-    and writes as they come, the training progress bar; at the end the result's table, the MLflow run id and the
-    Prefect and MLflow pages); on failure the reason of each failing task. `quiet`: only the changes of state, then
-    the stage lines and the reasons (for scripts). Returns 0 when the run completed, else 1. Every line passes the
-    masking rule (`redact`): the flow run's Prefect page is built on `PREFECT_UI_URL`, which Prefect derives from
-    `PREFECT_API_URL` with its user-info, and the MLflow pages on the tracking server's URL.
+    and writes as they come, the evaluations' and the training steps' progress; at the end the result's table, the
+    MLflow run id, the job folder and the Prefect and MLflow pages, a cache-hit rerun's as a fresh run's); on failure
+    the reason of each failing task. `quiet`: only the changes of state, then the stage lines, the reasons and each
+    MLflow run's id, page and job folder (for scripts); `as_json`: the lines on stderr, then one JSON object on stdout
+    (`json_record`). Returns 0 when the run completed, else 1; 130 after Ctrl-C (`interrupted`: the run goes on unless
+    cancelled). Every line passes the masking rule (`redact`): the flow run's Prefect page is built on
+    `PREFECT_UI_URL`, which Prefect derives from `PREFECT_API_URL` with its user-info, and the MLflow pages on the
+    tracking server's URL.
 
     Args:
         deployment: `flow-name/deployment-name`.
@@ -597,6 +712,8 @@ def run_deployment_cli(
         out, err: where lines go (stdout, stderr).
         quiet: print what `cse run --quiet` prints.
         tty: whether stdout is a terminal (the bar is redrawn in place); None: ask stdout.
+        as_json: print what `cse run --json` prints.
+        ask: after Ctrl-C, ask whether to cancel (a terminal is attached); None: ask stdin.
     """
     import sys
 
@@ -608,10 +725,141 @@ def run_deployment_cli(
     term = Terminal(
         out,
         err,
-        Printer(out, sys.stdout.isatty() if tty is None else tty),
+        Printer(err if as_json else out, (sys.stdout.isatty() if tty is None else tty) and not as_json),
         quiet,
+        as_json,
     )
-    return asyncio.run(follow_deployment(deployment, parameters, timeout_s, poll_s, term))
+    started: dict[str, Any] = {}
+    try:
+        return asyncio.run(follow_deployment(deployment, parameters, timeout_s, poll_s, term, started))
+    except KeyboardInterrupt:
+        term.printer.close()
+        if "run" not in started:
+            err("==> interrupted before a flow run was created: nothing runs")
+            return 130
+        return interrupted(started["run"], started["link"], err, sys.stdin.isatty() if ask is None else ask)
+
+
+def interrupted(run, link: str | None, err: Callable[[str], None], ask: bool) -> int:
+    """After Ctrl-C in `cse run`: say that the flow run goes on on the server (its state, id, page, how to cancel it
+    and follow it), then offer to cancel it: a prompt when a terminal is attached (`ask`), else a second Ctrl-C within
+    `SECOND_INTERRUPT_S` seconds. Returns 130 (the exit status of an interrupted command)."""
+    try:
+        state = asyncio.run(_state_of(run.id))
+    except Exception as e:  # noqa: BLE001 - the server may be gone too: said, the rest still printed
+        state = f"unknown: {type(e).__name__}"
+    err(
+        f"==> interrupted: flow run {run.name} ({run.id}) goes on on the server (state {state}); `cse run` only stopped following it"
+    )
+    if link:
+        err(f"    its page: {link}")
+    err(f"    cancel it: cse cancel {run.id}    its log: prefect flow-run logs {run.id}")
+    cancel = False
+    try:
+        if ask:
+            cancel = input("    Cancel it now? [y/N] ").strip().lower() in ("y", "yes")
+        else:
+            err(f"    Ctrl-C again within {SECOND_INTERRUPT_S:.0f} s cancels it")
+            time.sleep(SECOND_INTERRUPT_S)
+    except KeyboardInterrupt:
+        cancel = True
+    except EOFError:
+        cancel = False
+    if cancel:
+        try:
+            cancel_cli(str(run.id), err)
+        except KeyboardInterrupt:
+            err(f"    not waiting for it to end: `prefect flow-run inspect {run.id}` says its state")
+        except Exception as e:  # noqa: BLE001 - one line, and how to do it by hand
+            err(f"    not cancelled ({type(e).__name__}: {redact(str(e))[:200]}): `cse cancel {run.id}`")
+    else:
+        err(f"    not cancelled: flow run {run.id} goes on")
+    return 130
+
+
+async def _state_of(run_id: UUID) -> str:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return state_name(await client.read_flow_run(run_id))
+
+
+async def find_flow_run(client, ref: str):
+    """The flow run that `ref` names: its id, or its name (`adjective-animal`); `LookupError` when none does."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        run_id = UUID(ref.strip())
+    except ValueError:
+        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[ref.strip()])))
+        if not runs:
+            raise LookupError(f"no flow run named {cut(ref)!r} (an id or a name, as `cse run` printed it)") from None
+        if len(runs) > 1:
+            raise LookupError(f"{len(runs)} flow runs are named {cut(ref)!r}: give its id") from None
+        return runs[0]
+    try:
+        return await client.read_flow_run(run_id)
+    except ObjectNotFound:
+        raise LookupError(f"no flow run {run_id} on the Prefect server") from None
+
+
+async def cancel_flow_run(ref: str, wait_s: float = CANCEL_WAIT_S, say: Callable[[str], None] | None = None):
+    """Cancel the flow run `ref` names (id or name): one not yet started (scheduled, or pending without a process)
+    is set Cancelled at once; a running one Cancelling, which its worker turns into Cancelled once it has stopped
+    the run's process (its job's MLflow run then ends KILLED, resumable). Waits up to `wait_s` seconds for a final
+    state; returns the flow run as last read. A run already ended is returned as it is.
+
+    Raises:
+        LookupError: no flow run of that id or name.
+        ServicesDown: no Prefect server answers.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Cancelling
+
+    require_api_url()
+    try:
+        async with get_client() as client:
+            run = await find_flow_run(client, ref)
+            if run.state is not None and run.state.is_final():
+                return run
+            started = run.state is not None and (run.state.is_running() or run.state.is_cancelling())
+            if not started and run.infrastructure_pid is None:
+                await client.set_flow_run_state(run.id, Cancelled(message="cancelled by `cse cancel`"), force=True)
+            else:
+                await client.set_flow_run_state(run.id, Cancelling(message="cancelled by `cse cancel`"), force=True)
+            if say is not None:
+                say(f"    cancelling flow run {run.name} ({run.id}) ...")
+            deadline = time.monotonic() + wait_s
+            while True:
+                run = await client.read_flow_run(run.id)
+                if (run.state is not None and run.state.is_final()) or time.monotonic() > deadline:
+                    return run
+                await asyncio.sleep(1.0)
+    except (LookupError, ServicesDown):
+        raise
+    except Exception as e:
+        if _unreachable(e):
+            raise services_down(e) from None
+        raise
+
+
+def cancel_cli(ref: str, out: Callable[[str], None], wait_s: float = CANCEL_WAIT_S) -> int:
+    """`cse cancel RUN`: cancel the flow run and say its state: 0 when it ended cancelled (or had already ended: said
+    so), 1 when it was still cancelling after `wait_s` seconds."""
+    run = asyncio.run(cancel_flow_run(ref, wait_s, say=out))
+    name = state_name(run)
+    if run.state is not None and run.state.is_cancelled():
+        out(f"==> flow run {run.name} ({run.id}): {name}")
+        return 0
+    if run.state is not None and run.state.is_final():
+        out(f"==> flow run {run.name} ({run.id}) had already ended {name}: nothing to cancel")
+        return 0
+    out(
+        f"==> flow run {run.name} ({run.id}): {name} after {wait_s:.0f} s (its worker stops it when it next polls; "
+        f"`prefect flow-run inspect {run.id}` says its state)"
+    )
+    return 1
 
 
 # prefect.yaml's training block: the generated entries run from the line after its comment (the first line starting

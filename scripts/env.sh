@@ -2,8 +2,21 @@
 : "${VIRTUAL_ENV:=$PWD/.venv}"
 export PATH="$VIRTUAL_ENV/bin:$PATH"
 export CSE_HOME="${CSE_HOME:-$PWD/.cse}"
+# The ports `scripts/services.sh up` used last for this CSE_HOME (its services.env, `NAME=port` lines): a new shell
+# reaches the same server and prints links to the same MLflow port. A variable set in the environment wins.
+if [ -f "$CSE_HOME/services.env" ]; then
+  while IFS='=' read -r _name _port; do
+    case "$_name=$_port" in
+      CSE_PREFECT_PORT=*[!0-9]* | CSE_MLFLOW_PORT=*[!0-9]* | *=) ;;
+      CSE_PREFECT_PORT=*) [ -n "${CSE_PREFECT_PORT:-}" ] || export CSE_PREFECT_PORT="$_port" ;;
+      CSE_MLFLOW_PORT=*) [ -n "${CSE_MLFLOW_PORT:-}" ] || export CSE_MLFLOW_PORT="$_port" ;;
+    esac
+  done <"$CSE_HOME/services.env"
+  unset _name _port
+fi
 export CSE_PREFECT_HOST="${CSE_PREFECT_HOST:-127.0.0.1}"
 export CSE_PREFECT_PORT="${CSE_PREFECT_PORT:-4200}"
+export CSE_MLFLOW_PORT="${CSE_MLFLOW_PORT:-5000}"
 # The Prefect home of the calling shell, before the line below replaces it: where `services.sh up` writes the Prefect
 # profile `cse` that lets a plain shell (only the venv activated) reach the server (ops/prefect_profile.py).
 [ -n "${CSE_SHELL_PREFECT_HOME+x}" ] || export CSE_SHELL_PREFECT_HOME="${PREFECT_HOME:-}"

@@ -5,20 +5,26 @@
 # Usage: scripts/services.sh up|down|status|worker     (sourced settings come from scripts/env.sh)
 #   up      server, work pools, deployments, worker, and the Prefect profile `cse` of plain shells
 #   worker  (re)start the worker only; like `up`, never a second worker for the same pool and API
-#   down    stop both: SIGTERM to each process, its group and its descendants (flow runs included), SIGKILL after
-#           $CSE_STOP_TIMEOUT seconds (default 30); the pid file goes only once no process is left
+#   down    stop both: the worker by SIGINT to its process group (a Prefect worker shuts down cleanly on it, in
+#           seconds), the server by SIGTERM to its group, SIGTERM to their descendants outside the group (the flow
+#           runs); SIGKILL after $CSE_STOP_TIMEOUT seconds (default 10); the pid file goes only once no process is left
+# `up` remembers the ports in $CSE_HOME/services.env (CSE_PREFECT_PORT, CSE_MLFLOW_PORT): scripts/env.sh reads them
+# back in a new shell, where those variables are unset.
 # Logs ($CSE_HOME/run/server.log, worker.log) are appended to, each start after a marker line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 WORKER_POOL="${CSE_WORKER_POOL:-local}"
-STOP_TIMEOUT="${CSE_STOP_TIMEOUT:-30}"
+STOP_TIMEOUT="${CSE_STOP_TIMEOUT:-10}"
 
 # mask URI user-info as cse.storage.secrets.redact does: the password (to the last @ before the host) or a token
 redact() { printf '%s' "$1" | sed -E -e 's|(://[^/?#:[:space:]]*):[^/?#[:space:]]*@|\1:***@|g' -e 's|://[^/?#:[:space:]]+@|://***@|g'; }
 pidfile() { echo "$CSE_HOME/run/$1.pid"; }
 signature() { case "$1" in server) echo "server start" ;; worker) echo "worker start" ;; esac; }
+# the signal that stops a service cleanly: Prefect's worker shuts down on SIGINT (on SIGTERM it sent itself SIGINT
+# only after its flow runs), the server's uvicorn on SIGTERM (a script's background job ignores SIGINT)
+stop_signal() { case "$1" in worker) echo INT ;; *) echo TERM ;; esac; }
 # the worker: `prefect worker start` through cse.ops.worker, which handles SIGHUP as SIGTERM (a clean shutdown)
 WORKER_START=(python -m cse.ops.worker start)
 
@@ -113,6 +119,8 @@ start_worker() {
 
 up() {
   mkdir -p "$CSE_HOME/run"
+  # the ports, remembered beside the data root (scripts/env.sh and cse.storage.settings read them back)
+  printf 'CSE_PREFECT_PORT=%s\nCSE_MLFLOW_PORT=%s\n' "$CSE_PREFECT_PORT" "$CSE_MLFLOW_PORT" >"$CSE_HOME/services.env"
   if ! running server; then
     local cmd=(prefect server start --host "$CSE_PREFECT_HOST" --port "$CSE_PREFECT_PORT")
     start_marker "$CSE_HOME/run/server.log" "${cmd[@]}"
@@ -129,10 +137,14 @@ up() {
   # plain shells (only the venv activated) reach this server through the Prefect profile `cse` (ops/prefect_profile.py)
   python -m cse.ops.prefect_profile || echo "could not write the Prefect profile: plain shells need \`source scripts/env.sh\`" >&2
   echo "Prefect UI: http://$CSE_PREFECT_HOST:$CSE_PREFECT_PORT   (worker log: $CSE_HOME/run/worker.log)"
+  echo "Ports: Prefect $CSE_PREFECT_PORT (CSE_PREFECT_PORT), MLflow UI $CSE_MLFLOW_PORT (CSE_MLFLOW_PORT;" \
+       "\`mlflow ui --port $CSE_MLFLOW_PORT\`), remembered in $CSE_HOME/services.env"
 }
 
 stop() {  # stop SVC: prints the truth; status 1 (pid file kept) when something is left running
-  local svc="$1" pf pid pids left how="SIGTERM" waited
+  local svc="$1" pf pid pids left how sig waited
+  sig="$(stop_signal "$svc")"
+  how="SIG$sig"
   pf="$(pidfile "$svc")"
   if [ ! -f "$pf" ]; then echo "$svc: not running"; return 0; fi
   pid="$(cat "$pf")"
@@ -142,13 +154,14 @@ stop() {  # stop SVC: prints the truth; status 1 (pid file kept) when something 
     return 0
   fi
   pids="$(tree_of "$pid")"  # the flow runs a worker started run in sessions of their own: they are in its tree
-  # one SIGTERM each: to the process group (when PID leads one), then to the tree's processes outside it
-  if kill -TERM -- "-$pid" 2>/dev/null; then
+  # its stop signal to the process group (when PID leads one); SIGTERM to the tree's processes outside the group (flow
+  # runs in sessions of their own: their runs end as killed, resumable)
+  if kill "-$sig" -- "-$pid" 2>/dev/null; then
     # shellcheck disable=SC2046
     kill -TERM $(outside_group "$pid" $pids) 2>/dev/null || true
   else
     # shellcheck disable=SC2086
-    kill -TERM $pids 2>/dev/null || true
+    kill "-$sig" $pids 2>/dev/null || true
   fi
   waited=0
   while [ -n "$(alive $pids)" ] && [ "$waited" -lt "$((STOP_TIMEOUT * 5))" ]; do sleep 0.2; waited=$((waited + 1)); done

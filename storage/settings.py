@@ -2,16 +2,21 @@
 
 | variable | default | meaning |
 |---|---|---|
-| `CSE_HOME` | `<checkout>/.cse` (`./.cse` outside a checkout) | base folder for everything below |
+| `CSE_HOME` | `<checkout>/.cse`; outside a checkout (an installed package) `~/.cse` (`HOME_OUTSIDE_CHECKOUT`), never the current folder | base folder for everything below |
 | `CSE_DATA_ROOT` | `$CSE_HOME/data` | Parquet datasets, manifests, DuckDB catalog, download cache |
 | `CSE_SHARED_DATA` | `../shared/data` | local mirror of the canonical sources (tests, CI, offline demo) |
 | `MLFLOW_TRACKING_URI` | `sqlite:///$CSE_HOME/mlflow.db` | MLflow backend store |
 | `CSE_MLFLOW_ARTIFACTS` | `$CSE_HOME/mlartifacts` | artifact root for experiments this project creates |
-| `CSE_MLFLOW_UI_URL` | the tracking URI when it is a server's, else `http://127.0.0.1:5000` (`mlflow ui`) | the MLflow UI the links `cse run` prints point at |
+| `CSE_MLFLOW_PORT` | the port remembered in `$CSE_HOME/services.env`, else `5000` | the port of `mlflow ui` (scripts/main_job.sh prints the command) |
+| `CSE_MLFLOW_UI_URL` | the tracking URI when it is a server's, else `http://127.0.0.1:$CSE_MLFLOW_PORT` (`mlflow ui`) | the MLflow UI the links `cse run` prints point at |
 | `CSE_TASK_RUNNER` | `local` (`dask` when `CSE_DASK_ADDRESS` is set) | where shard tasks run: `local` (this process, one at a time), `dask-local` (a temporary Dask `LocalCluster`), `dask` (the scheduler at `CSE_DASK_ADDRESS`) |
 | `CSE_DASK_ADDRESS` | unset | address of a running Dask scheduler, e.g. `tcp://host:8786` |
 | `CSE_DASK_WORKERS` | Dask's default | worker processes of the `dask-local` cluster |
 | `CSE_DASK_THREADS_PER_WORKER` | `1` | threads per worker of the `dask-local` cluster |
+
+`scripts/services.sh up` remembers the ports it used (`CSE_PREFECT_PORT`, `CSE_MLFLOW_PORT`) in
+`$CSE_HOME/services.env` (`SERVICES_ENV`): scripts/env.sh and `get_settings` read them where the variables are unset,
+so a new shell reaches the same server and prints links to the same MLflow port.
 
 Nothing here holds credentials: a team deployment sets the variables (or Prefect blocks) instead.
 
@@ -32,6 +37,9 @@ from pydantic import ValidationError, ValidationInfo, field_validator, model_val
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+HOME_OUTSIDE_CHECKOUT = Path("~/.cse")  # CSE_HOME's default where this code is not a checkout (an installed package)
+SERVICES_ENV = "services.env"  # in CSE_HOME: the ports `scripts/services.sh up` used (`remembered_ports`)
+DEFAULT_MLFLOW_PORT = 5000
 
 TaskRunnerKind = Literal["local", "dask-local", "dask"]
 TASK_RUNNERS: tuple[str, ...] = ("local", "dask-local", "dask")
@@ -93,6 +101,7 @@ class EnvSettings(BaseSettings):
     mlflow_tracking_uri: str | None = None
     cse_mlflow_artifacts: str | None = None
     cse_mlflow_ui_url: str | None = None
+    cse_mlflow_port: int | None = None
     cse_task_runner: str | None = None
     cse_dask_address: str | None = None
     cse_dask_workers: int | None = None
@@ -110,7 +119,7 @@ class EnvSettings(BaseSettings):
             raise ValueError(f"CSE_TASK_RUNNER must be one of {list(TASK_RUNNERS)}, got {raw.lower()!r}")
         return None if raw is None else raw.lower()
 
-    @field_validator("cse_dask_workers", "cse_dask_threads_per_worker", mode="before")
+    @field_validator("cse_dask_workers", "cse_dask_threads_per_worker", "cse_mlflow_port", mode="before")
     @classmethod
     def _positive_int(cls, raw: object, info: ValidationInfo) -> int | None:
         return parse_int(str(info.field_name).upper(), None if raw is None else str(raw))
@@ -147,12 +156,34 @@ def shard_runner_settings(env: EnvSettings | None = None) -> ShardRunnerSettings
     )
 
 
+def in_checkout() -> bool:
+    """Whether this code runs from a checkout (prefect.yaml and scripts/env.sh beside the packages), not from an
+    installed package."""
+    return (REPO_ROOT / "prefect.yaml").is_file() and (REPO_ROOT / "scripts" / "env.sh").is_file()
+
+
 def default_home() -> Path:
     """`CSE_HOME` when it is unset: `<checkout>/.cse` when this code runs from a checkout (the folder the scripts use,
-    whatever the shell's working directory: a plain shell's `cse` finds what `make main` made), else `./.cse`."""
-    if (REPO_ROOT / "prefect.yaml").is_file() and (REPO_ROOT / "scripts" / "env.sh").is_file():
+    whatever the shell's working directory: a plain shell's `cse` finds what `make main` made), else `~/.cse`
+    (`HOME_OUTSIDE_CHECKOUT`): one fixed place, never a data root made silently in the current folder."""
+    if in_checkout():
         return REPO_ROOT / ".cse"
-    return Path.cwd() / ".cse"
+    return HOME_OUTSIDE_CHECKOUT.expanduser()
+
+
+def remembered_ports(home: Path) -> dict[str, int]:
+    """The ports `scripts/services.sh up` wrote into `home/services.env` (`CSE_PREFECT_PORT=4200` lines), by variable;
+    none when it never ran there. A line that is not `NAME=<port>` is left out."""
+    try:
+        text = (home / SERVICES_ENV).read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        name, sep, value = line.strip().partition("=")
+        if sep and name.endswith("_PORT") and value.strip().isdigit():
+            found[name.strip()] = int(value)
+    return found
 
 
 def compile_cache_dir() -> Path:
@@ -174,6 +205,7 @@ def get_settings() -> Settings:
     data_root = Path(env.cse_data_root or home / "data").expanduser().resolve()
     shared = Path(env.cse_shared_data or REPO_ROOT.parent / "shared" / "data").expanduser()
     tracking = env.mlflow_tracking_uri or f"sqlite:///{home / 'mlflow.db'}"
+    port = env.cse_mlflow_port or remembered_ports(home).get("CSE_MLFLOW_PORT") or DEFAULT_MLFLOW_PORT
     artifacts = Path(env.cse_mlflow_artifacts or home / "mlartifacts").expanduser().resolve()
     return Settings(
         home=home,
@@ -183,7 +215,7 @@ def get_settings() -> Settings:
         mlflow_artifact_root=artifacts,
         shard_runner=shard_runner_settings(env),
         mlflow_ui_url=env.cse_mlflow_ui_url
-        or (tracking if tracking.startswith(("http://", "https://")) else "http://127.0.0.1:5000"),
+        or (tracking if tracking.startswith(("http://", "https://")) else f"http://127.0.0.1:{port}"),
     )
 
 

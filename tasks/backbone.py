@@ -28,7 +28,7 @@ from cse.storage.evaluations import load_sts_input, write_evaluation_row
 from cse.storage.keys import backbone_evaluation_key
 from cse.storage.layout import DataRoot
 from cse.storage.settings import get_settings
-from cse.tasks.log import stage_logger
+from cse.tasks.log import embedding_progress, stage_logger
 
 KIND = "evaluations"
 
@@ -104,7 +104,11 @@ def score_backbone(cfg: TrainConfig, sts: DatasetRef) -> BackboneScore:
         sts_input = load_sts_input(sts.key, root)
         encoder = PooledEncoder.from_pretrained(cfg.backbone, pooler, template=template, device=pick_device(cfg.device))
         result = Evaluator(sts_input.table).run(
-            encoder, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision
+            encoder,
+            mode="test",
+            batch_size=cfg.eval_batch_size,
+            precision=cfg.eval_precision,
+            on_progress=embedding_progress("evaluate-backbone"),
         )
         score = BackboneScore(
             evaluation_id=key, backbone=cfg.backbone, pooler=pooler, template=template, metrics=result.metrics()

@@ -30,7 +30,7 @@ from cse.tasks.evaluate_common import (
     evaluation_run,
     record_result,
 )
-from cse.tasks.log import stage_logger
+from cse.tasks.log import embedding_progress, stage_logger
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from cse.tracking.reporting import csv_table, markdown_table
 from cse.tracking.run_pages import page_metrics, score_tags
@@ -249,6 +249,7 @@ def run_evaluation(config: EvalConfig) -> EvalSummary:
             batch_size=config.batch_size,
             precision=config.precision,
             progress=config.progress,
+            on_progress=embedding_progress("evaluate"),
         )
         # nested under a training run: its headline scores only (the subsets would fill the experiment's charts)
         evaluation_id = record_evaluation(result, label=label, what=what, sts=sts, subset_metrics=where.parent is None)

@@ -173,6 +173,7 @@ def tokenize_shard(plan: TokenizePlan, shard: int) -> TokenShardResult:
 
 def _tokenize_on_runner(runner, root: DataRoot, plan: TokenizePlan, params: dict) -> Manifest:
     """Encode every part as a `tokenize-shard` task on `runner`, then publish the shard files as the parts."""
+    stage_logger().info("tokenize-shard: %d shards", plan.n_shards)  # (the denominator of `cse run`'s count line)
     with runner:
         shards = runner.map(tokenize_shard, {"plan": unmapped(plan), "shard": list(range(plan.n_shards))}).result()
 

@@ -46,7 +46,7 @@ from cse.storage.layout import DataRoot
 from cse.storage.runs import RunDir
 from cse.storage.settings import get_settings
 from cse.tasks.distributed_train import WORKER_MODULE
-from cse.tasks.log import stage_logger
+from cse.tasks.log import embedding_progress, stage_logger
 from cse.tracking.job_stages import job_stage, retry_on_outage
 from cse.tracking.lineage import CONTEXT_EVAL, log_dataset_inputs
 from cse.tracking.model_export import export_portable, log_encoder_model, registered_model_name
@@ -289,7 +289,11 @@ def evaluate_test(
     with job_stage(fitted.run_id, "evaluate-test"):
         best = load_checkpoint(fitted.job.best, device=pick_device(cfg.device))
         res = Evaluator(sts_input.table).run(
-            best, mode="test", batch_size=cfg.eval_batch_size, precision=cfg.eval_precision
+            best,
+            mode="test",
+            batch_size=cfg.eval_batch_size,
+            precision=cfg.eval_precision,
+            on_progress=embedding_progress("evaluate-test"),
         )
         metrics = res.metrics()
         record_evaluation(

@@ -19,6 +19,7 @@ from mlflow.exceptions import MlflowException
 
 from cse.config import published
 from cse.storage.settings import get_settings
+from cse.tracking.data_warnings import DATA_WARNING_TAG
 from cse.tracking.run_pages import (
     HEADLINE,
     NOTE_TAG,
@@ -98,6 +99,20 @@ def runs_of_flow_runs(flow_run_ids: Sequence[str]) -> list[RunView]:
             continue
         found.update({r.info.run_id: RunView.of(r) for r in runs})
     return sorted(found.values(), key=lambda r: r.start_ms)
+
+
+def runs_by_id(run_ids: Sequence[str]) -> list[RunView]:
+    """The MLflow runs `run_ids` (a cache-hit rerun names the finished job's run in its log: it makes none of its
+    own), in the order given; a run the store does not hold is left out."""
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    found = []
+    for run_id in dict.fromkeys(run_ids):
+        try:
+            found.append(RunView.of(client.get_run(run_id)))
+        except MlflowException:
+            continue
+    return found
 
 
 @dataclass(frozen=True)
@@ -185,25 +200,47 @@ def job_folder_line(run_dir: str) -> str:
     return f"job folder: {run_dir}" + (f" ({', '.join(held)})" if held else " (no export, adapter or checkpoint yet)")
 
 
-def summary_lines(view: RunView, base: str | None = None) -> list[str]:
+def data_warnings(view: RunView) -> list[str]:
+    """The data warnings the run carries (tag `cse.data_warning`: e.g. Wiki1M read from the local sample), one a
+    line."""
+    return [line for line in view.tags.get(DATA_WARNING_TAG, "").splitlines() if line.strip()]
+
+
+def summary_lines(view: RunView, base: str | None = None, table: bool = True) -> list[str]:
     """What `cse run` prints for an MLflow run its flow run made, once it ended: a training run's STS table (the run,
     the backbone before training, the paper's row, the differences), an evaluation's scores, a comparison's
-    side-by-side table (its description without the chart); then the run's id and its page."""
+    side-by-side table (its description without the chart); then the run's id and its page, its job folder and its
+    data warnings. `table=False` (`cse run --quiet`): the lines from the id on."""
     lines: list[str] = []
-    if view.kind in ("training", "evaluation") and any(t in view.metrics for t in HEADLINE):
+    if table and view.kind in ("training", "evaluation") and any(t in view.metrics for t in HEADLINE):
         scored = view
         if view.kind == "evaluation" and (parent := _parent(view)) is not None:  # a re-evaluation: its job's rows
             scored = parent
             lines.append(f"re-evaluation of {parent.name} (MLflow run {parent.run_id}):")
         before = read_backbone_tag(scored.tags) if scored.kind == "training" else None
         lines += ["STS test, Spearman x100:", sts_table(view.metrics, before, _reference(scored))]
-    elif view.kind == "comparison":
+    elif table and view.kind == "comparison":
         note = view.tags.get(NOTE_TAG, "")
         lines.append("\n".join(line for line in note.splitlines() if not line.startswith("![")).strip())
     lines.append(f"MLflow run {view.run_id} ({view.name}): {view.url(base)}")
     if view.kind == "training" and view.tags.get("run_dir"):
         lines.append(job_folder_line(view.tags["run_dir"]))
+    lines += [f"warning: {w}" for w in data_warnings(view)]
     return lines
+
+
+def summary_record(view: RunView, base: str | None = None) -> dict[str, object]:
+    """What `cse run --json` gives of one run: its id, name, kind, page, job folder (training runs), headline STS test
+    scores (Spearman x100) and data warnings."""
+    return {
+        "mlflow_run_id": view.run_id,
+        "name": view.name,
+        "kind": view.kind,
+        "url": view.url(base),
+        "run_dir": view.tags.get("run_dir"),
+        "sts": {t: view.metrics[t] for t in HEADLINE if t in view.metrics},
+        "warnings": data_warnings(view),
+    }
 
 
 def summary_runs(views: Sequence[RunView]) -> list[RunView]:

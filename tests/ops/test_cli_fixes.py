@@ -121,3 +121,23 @@ def test_empty_kind_names_the_deployment(capsys):
 def test_dataset_kind_choices_are_the_layouts_kinds():
     """`cse dataset KIND`'s choices are spelled as a Literal for the type checker; they are storage.layout's KINDS."""
     assert get_args(DatasetKind) == KINDS
+
+
+def test_outside_a_checkout_without_cse_home_nothing_is_created_in_the_current_folder(monkeypatch, tmp_path, capsys):
+    """Issue 44, item 7: `cse report` run from another folder (the package installed, no CSE_HOME) made
+    `./.cse/data/catalog.duckdb` there, and the MLflow snippet an empty `./.cse/mlflow.db`. Both now use `~/.cse`,
+    and the command says which data root it used."""
+    from cse.storage import settings
+    from cse.tracking.store import configure_mlflow
+
+    here, home = tmp_path / "elsewhere", tmp_path / "home"
+    here.mkdir()
+    monkeypatch.setattr(settings, "REPO_ROOT", tmp_path / "site-packages")  # not a checkout
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("CSE_HOME")
+    monkeypatch.chdir(here)
+    assert cse(["report"]) == 0
+    assert f"cse: data root {home / '.cse' / 'data'} (CSE_HOME is unset outside a checkout" in capsys.readouterr().err
+    configure_mlflow()  # what the README's MLflow snippet runs first
+    assert list(here.iterdir()) == []
+    assert (home / ".cse" / "data").is_dir()

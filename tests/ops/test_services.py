@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -135,3 +136,85 @@ def test_worker_is_single_and_down_leaves_nothing(tmp_path):
         for p in _stand_ins(api_url):  # never leave a process behind, even when an assertion failed
             os.kill(p, signal.SIGKILL)
     assert _stand_ins(api_url) == []
+
+
+def _plain(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the project's and Prefect's variables (the shell of a new terminal)."""
+    return {k: v for k, v in env.items() if not k.startswith(("CSE_", "PREFECT_", "MLFLOW_"))}
+
+
+def test_a_new_shell_reads_the_ports_that_up_remembered(tmp_path):
+    """Issue 44, item 5: `up` writes the ports into $CSE_HOME/services.env; a new shell's scripts/env.sh takes them
+    where the variables are unset (no second server on 4200), and a variable set in the environment still wins."""
+    (tmp_path / "services.env").write_text("CSE_PREFECT_PORT=4321\nCSE_MLFLOW_PORT=5123\nCSE_PREFECT_PORT=x\n")
+    show = 'source scripts/env.sh; echo "$CSE_PREFECT_PORT $CSE_MLFLOW_PORT $PREFECT_API_URL"'
+    env = {**_plain(os.environ), "CSE_HOME": str(tmp_path)}
+    said = subprocess.run(["bash", "-c", show], cwd=REPO_ROOT, env=env, text=True, capture_output=True, timeout=30)
+    assert said.stdout.split() == ["4321", "5123", "http://127.0.0.1:4321/api"], said.stdout + said.stderr
+    env["CSE_MLFLOW_PORT"] = "5999"
+    said = subprocess.run(["bash", "-c", show], cwd=REPO_ROOT, env=env, text=True, capture_output=True, timeout=30)
+    assert said.stdout.split()[:2] == ["4321", "5999"]
+    from cse.storage.settings import get_settings
+
+    os.environ["CSE_HOME"] = str(tmp_path)  # (restored by the isolated_home fixture's monkeypatch)
+    assert get_settings().mlflow_ui_url == "http://127.0.0.1:5123"  # the links `cse run` prints
+
+
+def test_down_stops_a_real_worker_and_server_within_10_s(tmp_path):
+    """Issue 44, item 8: `down` stopped the worker only by SIGKILL after 30 s. A real `prefect server start` (started
+    as `up` starts it: `setsid … &` in a script) and the real worker of `services.sh worker` now stop in 10 s at most,
+    each by its own signal, nothing killed and nothing left."""
+    import httpx
+
+    from tests.ports import free_ports
+
+    [port] = free_ports(1, exclude=frozenset({4200, 5000}))
+    home = tmp_path / "cse"
+    env = {
+        **_plain(os.environ),
+        "PYTHONPATH": str(REPO_ROOT),
+        "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
+        "CSE_HOME": str(home),
+        "CSE_PREFECT_PORT": str(port),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "CSE_WORKER_POOL": "down-test",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    api = f"http://127.0.0.1:{port}/api"
+    start_server = (  # (the lines of `up` that start the server)
+        'source scripts/env.sh; mkdir -p "$CSE_HOME/run"; '
+        'setsid prefect server start --host 127.0.0.1 --port "$CSE_PREFECT_PORT" >>"$CSE_HOME/run/server.log" 2>&1 '
+        '</dev/null & echo $! >"$CSE_HOME/run/server.pid"'
+    )
+    subprocess.run(["bash", "-c", start_server], cwd=REPO_ROOT, env=env, check=True, timeout=30)
+    services = services_sh({**env, "PREFECT_API_URL": api}, timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        created = httpx.post(f"{api}/work_pools/", json={"name": "down-test", "type": "process"}, timeout=30)
+        assert created.status_code in (201, 409), created.text
+        assert "worker: started" in services("worker").stdout
+        log = home / "run" / "worker.log"
+        deadline = time.monotonic() + 120
+        while "started!" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "started!" in log.read_text(), log.read_text()[-2000:]
+        t0 = time.monotonic()
+        stopped = services("down")
+        took = time.monotonic() - t0
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "worker: stopped (SIGINT)" in stopped.stdout and "server: stopped (SIGTERM)" in stopped.stdout, (
+            stopped.stdout
+        )
+        assert took <= 10, f"down took {took:.1f} s"
+        assert _stand_ins(api) == []
+    finally:
+        services("down")
+        for p in _stand_ins(api):
+            os.kill(p, signal.SIGKILL)

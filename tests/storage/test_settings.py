@@ -87,3 +87,16 @@ def test_an_address_alone_means_the_dask_scheduler(env):
     env.setenv("CSE_DASK_ADDRESS", " tcp://h:8786 ")
     assert shard_runner_settings() == ShardRunnerSettings("dask", "tcp://h:8786")
     assert isinstance(get_settings().home, Path)
+
+
+def test_outside_a_checkout_the_home_is_the_documented_default_never_the_current_folder(monkeypatch, tmp_path):
+    """Issue 44, item 7: without CSE_HOME, code that is not a checkout (an installed package) used `./.cse`, so a
+    command run from another folder made a data root there. It is `~/.cse` (`HOME_OUTSIDE_CHECKOUT`)."""
+    from cse.storage import settings
+
+    monkeypatch.setattr(settings, "REPO_ROOT", tmp_path / "site-packages")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CSE_HOME")
+    assert not settings.in_checkout()
+    assert settings.get_settings().home == (tmp_path / "home" / ".cse").resolve()

@@ -88,3 +88,65 @@ def test_the_summaries_of_a_training_run_a_re_evaluation_and_a_comparison():
     assert len([x for x in lines if x.startswith("    MLflow run ")]) == 3  # the job, the re-evaluation, the comparison
     assert "    ### STS (Spearman ×100, test)" in text and "| d2cse-smoke lr=0.0001 | backbone | 59.00 |" in text
     assert "![" not in text  # (the chart is for the page)
+
+
+def test_a_reused_job_is_summarised_and_quiet_and_json_name_the_run():
+    """Issue 44, item 2: a cache-hit rerun makes no MLflow run of its own (its flow run id tags none): the run its log
+    names (`already finished (MLflow run <id>)`) gets the same summary; `--quiet` keeps the id, page and job folder;
+    `--json` a record of each. The data warnings the run carries are in both."""
+    from cse.ops.follow import reused_runs
+    from cse.tracking.data_warnings import data_warning_tags
+    from cse.tracking.progress import summary_record
+
+    run_id = _training()
+    log_run_results(run_id, metrics=page_metrics(SCORES), step=8)
+    mlflow.MlflowClient().set_tag(
+        run_id, *next(iter(data_warning_tags(["Wiki1M is a sample; not comparable"]).items()))
+    )
+    said = [f"job /x/runs/d2cse/k already finished (MLflow run {run_id}): returning its result", "tokens ... cache hit"]
+    assert reused_runs(said) == [run_id]
+    rerun = "0b7c4c1e-0000-4000-8000-0000000000ff"  # a flow run that made no MLflow run
+    lines: list[str] = []
+    shown = summary([rerun], Printer(lines.append), None, reused=reused_runs(said), warnings=["malformed line 3"])
+    text = "\n".join(lines)
+    assert [v.run_id for v in shown] == [run_id]
+    assert "| this run | 60.00 | 61.00 |" in text and f"    MLflow run {run_id} (d2cse-smoke lr=0.0001): " in text
+    assert "    job folder: " in text and "    warning: Wiki1M is a sample; not comparable" in text
+    assert lines[-2:] == ["    warnings the stages logged (the worker log has them whole):", "      malformed line 3"]
+    quiet: list[str] = []
+    summary([rerun], Printer(quiet.append), None, reused=[run_id], table=False)
+    assert quiet[0].startswith(f"    MLflow run {run_id} ") and not any("| this run |" in x for x in quiet)
+    record = summary_record(shown[0], base="http://127.0.0.1:5123")
+    assert record["mlflow_run_id"] == run_id and record["sts"]["sts_avg"] == 63.0
+    assert str(record["url"]).startswith("http://127.0.0.1:5123/#/experiments/")
+    assert record["warnings"] == ["Wiki1M is a sample; not comparable"] and record["run_dir"]
+
+
+class _Tty:
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_finished_bar_is_not_drawn_again_and_a_new_dev_score_is_a_new_line():
+    """Issue 44, item 4: on a terminal the bar closed by a later line is not drawn again while it has not changed
+    (its clock ran on after every stage line); into a pipe a dev score logged after its step's loss is a new line
+    (the last line said a stale dev score)."""
+    tty = _Tty()
+    lines: list[str] = []
+    printer = Printer(lines.append, tty=True, stream=tty)
+    printer.bar("train 100% 8/8", key=("r", 8, 0.5, 70.1))
+    printer.line("evaluate-test: running")
+    printer.bar("train 100% 8/8 [00:31]", key=("r", 8, 0.5, 70.1))
+    assert tty.text.count("train 100%") == 1 and lines == ["evaluate-test: running"]
+    piped: list[str] = []
+    pipe = Printer(piped.append)
+    pipe.bar("8/8 dev=70.10", key=("r", 8, 0.5, 70.1))
+    pipe.bar("8/8 dev=70.10", key=("r", 8, 0.5, 70.1))
+    pipe.bar("8/8 dev=70.52", key=("r", 8, 0.5, 70.52))
+    assert piped == ["8/8 dev=70.10", "8/8 dev=70.52"]
