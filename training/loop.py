@@ -63,7 +63,7 @@ from cse.models.grad_cache import RowChunks
 from cse.storage.runs import ResumeState, ResumeStateDamaged
 from cse.training.memory import PeakMemory
 from cse.training.precision import FrozenLinearCast
-from cse.training.process import compile_cache_usable
+from cse.training.process import use_compile_cache
 from cse.training.resume import load_resume_state, rng_state, set_rng_state, snapshot_state
 from cse.training.rows import TrainingRows, epoch_order
 from cse.training.state_writer import StateWriter
@@ -465,7 +465,7 @@ class Trainer:
         cast = FrozenLinearCast(self.model, low) if low is not None and cfg.cast_frozen_weights else None
         self.frozen_cast = cast if cast is not None and len(cast) and device.type != "meta" else None
         self.cudagraphs = False  # set by _compiled_step: the step replays CUDA graphs
-        self.compiled = self.compiles() and compile_cache_usable(cfg.compile_backend)  # (else eager, said)
+        self.compiled = self.compiles() and use_compile_cache(cfg.compile_backend)  # (else eager, said)
         self._step_tensor = torch.zeros((), dtype=torch.long, device=device) if self.compiled else None
         self._step_fn = self._compiled_step() if self.compiled else self._model_step
         # (built per phase by enter_phase: the phase's optimizer, offset and decay horizon)
