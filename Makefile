@@ -92,8 +92,8 @@ gpu-check:
 # Step time of every method eager vs compiled on the real Wiki1M rows (real and computed tokens/s, MFU on both),
 # kernels and launches per step, warm-up first and cached, checkpoint and evaluation overhead of a whole run, the
 # evaluation-precision check, the sentence-transformers peer eager and compiled (benchmarks/gpu_speed.py,
-# docs/gpu.md); DEVICE=cpu: the tiny rehearsal. On one H100/H200 every method fits 8 minutes with
-# GPU_SPEED_ARGS="--budget-s 420".
+# docs/gpu.md); DEVICE=cpu: the tiny rehearsal. GPU_SPEED_ARGS="--budget-s 420" starts nothing after 7 minutes
+# (what it skips, the report says).
 gpu-speed:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks.gpu_speed --device $(DEVICE) $(GPU_SPEED_ARGS)
 
