@@ -115,7 +115,8 @@ class InGraphUpdate:
         states = adam_state(self.optimizer)
         if step.device.type == "cuda":  # CUDA graphs mutate these in place at fixed addresses
             for t in (*guard, *(t for g in states for s in g for t in s)):
-                torch._dynamo.mark_static_address(t)
+                if not hasattr(t, "_dynamo_static_input_type"):  # (marked once; a resumed state's new tensors too)
+                    torch._dynamo.mark_static_address(t)
         values = self.graph(params, grads, states, list(terms), step, guard)
         setattr(self.optimizer, "_opt_called", True)  # noqa: B010 - the scheduler's check that the optimizer stepped
         return values
