@@ -89,9 +89,11 @@ DEVICE ?= auto
 gpu-check:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks.gpu_check --device $(DEVICE) $(GPU_CHECK_ARGS)
 
-# Step time of every method eager vs compiled (+ CUDA graphs), kernels and launches per step, checkpoint and
-# evaluation overhead of a whole run, the sentence-transformers peer (benchmarks/gpu_speed.py, docs/gpu.md);
-# DEVICE=cpu: the tiny rehearsal.
+# Step time of every method eager vs compiled on the real Wiki1M rows (real and computed tokens/s, MFU on both),
+# kernels and launches per step, warm-up first and cached, checkpoint and evaluation overhead of a whole run, the
+# evaluation-precision check, the sentence-transformers peer eager and compiled (benchmarks/gpu_speed.py,
+# docs/gpu.md); DEVICE=cpu: the tiny rehearsal. GPU_SPEED_ARGS="--budget-s 420" starts nothing after 7 minutes
+# (what it skips, the report says).
 gpu-speed:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks.gpu_speed --device $(DEVICE) $(GPU_SPEED_ARGS)
 

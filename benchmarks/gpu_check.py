@@ -150,12 +150,19 @@ def build_model(method: str, cfg, size: str, tokenizer, seed: int = 0, layers: i
         return cls(cfg.model, backbone=enc, tokenizer=tokenizer, **kwargs)
 
 
-def synthetic_rows(cfg, method: str, n: int, tokenizer, seed: int = 0) -> tuple[TrainingRows, TrainingRows | None]:
+def synthetic_rows(
+    cfg, method: str, n: int, tokenizer, seed: int = 0, texts: dict | None = None
+) -> tuple[TrainingRows, TrainingRows | None]:
     """`n` rows of exactly `cfg.max_length` ids ([CLS] ordinary ids [SEP]); corrupted ids = 30 % random
-    replacements (one variant per view); DiffAug also gets NLI triplet rows."""
+    replacements (one variant per view); DiffAug also gets NLI triplet rows. `texts` (column → sentences: `text`,
+    `sent0`, `sent1`, `hard_neg`): real sentences instead, tokenised as the tokenize stage does (cut at `max_length`)
+    and padded as the job pads (`speed.pad_to_max_length`); their corrupted ids stay random replacements."""
     rng = np.random.default_rng(seed)
 
     def tokens(columns, count):
+        if texts is not None:
+            cut = lambda c: tokenizer(texts[c][:count], truncation=True, max_length=cfg.max_length)["input_ids"]
+            return TokenRows(ids=np.arange(count), seqs={c: [np.array(s) for s in cut(c)] for c in columns})
         body = rng.integers(1000, VOCAB, size=(count, cfg.max_length - 2))
         full = np.concatenate(
             [np.full((count, 1), tokenizer.cls_token_id), body, np.full((count, 1), tokenizer.sep_token_id)], 1
@@ -178,11 +185,13 @@ def synthetic_rows(cfg, method: str, n: int, tokenizer, seed: int = 0) -> tuple[
                     pairs.append((new, (new != s).astype(np.int8)))
                 cor[(c, v)], lab[(c, v)] = [p[0] for p in pairs], [p[1] for p in pairs]
         corruption = CorruptionRows(variants=views, corrupted=cor, labels=lab)
-    rows = TrainingRows(tok, corruption, cfg.supervised, tokenizer.pad_token_id)
+    pad_to = cfg.max_length if texts is not None and cfg.speed.pad_to_max_length else None
+    rows = TrainingRows(tok, corruption, cfg.supervised, tokenizer.pad_token_id, pad_to)
     nli = None
     if cfg.needs_nli:
         n_nli = 2 * max(cfg.prefix_phase.batch_size if cfg.prefix_phase else 0, cfg.aux_nli_batch_size)
-        nli = TrainingRows(tokens(("sent0", "sent1", "hard_neg"), max(n_nli, n)), None, True, tokenizer.pad_token_id)
+        triplets = tokens(("sent0", "sent1", "hard_neg"), max(n_nli, n))
+        nli = TrainingRows(triplets, None, True, tokenizer.pad_token_id, pad_to)
     return rows, nli
 
 
@@ -259,15 +268,17 @@ def benchmark_trainer(
     switches: dict,
     folder: str | Path,
     hooks: list,
+    texts: dict | None = None,
 ):
     """The method's default preset (at its real batch and length on BERT-base size; batch 4 × length 16 on the tiny
-    size of the CPU rehearsals) on a random BERT of `size`, its synthetic rows and a `Trainer` of `n_steps` steps per
+    size of the CPU rehearsals) on a random BERT of `size`, its synthetic rows (`texts`: real sentences, `synthetic_rows`)
+    and a `Trainer` of `n_steps` steps per
     phase, no dev evaluation and no resume state written (its folder: `folder`/state); returns (config, trainer).
     Shared by the throughput rows, `benchmarks/step_profile.py` and `benchmarks/gpu_speed.py`."""
     cfg = preset(method, size) if size == "base" else preset(method, size, batch=4, length=16)
     model = build_model(method, cfg, size, tokenizer, cfg.seed).to(device)
     big = max(cfg.batch_size, cfg.prefix_phase.batch_size if cfg.prefix_phase else 0)
-    rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed)
+    rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed, texts)
     loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
     phases = job_phases(cfg, rows, nli, n_steps)
     state = Path(folder) / "state"

@@ -84,9 +84,10 @@ class EvalConfig(_Config):
     )
     batch_size: int = Field(default=128, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = Field(
+    precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(
         default="fp32",
-        description="fp32 as the reference evaluates; bf16 (or auto: bf16 on GPU) only when asked, and recorded",
+        description="fp32 as the reference evaluates; tf32 matmuls or bf16 (or auto: bf16 on GPU) only when asked, "
+        "and recorded",
     )
     retrieval_match: Literal["index", "string"] = Field(
         default="string",

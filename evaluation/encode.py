@@ -1,4 +1,5 @@
-"""Embedding a list of sentences once: length-sorted batches, inference mode, fp32 unless bf16 autocast is asked for.
+"""Embedding a list of sentences once: length-sorted batches, inference mode, fp32 unless TF32 matmuls or bf16 autocast
+are asked for.
 
 The embedder's module modes (train/eval of every submodule) are restored afterwards, so a training
 loop can call this on its live model.
@@ -20,7 +21,7 @@ from tqdm.auto import tqdm
 from cse.models.batching import pad_sequences
 from cse.models.embedder import SentenceEmbedder
 
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 
 
 class NonFiniteEmbeddings(ValueError):
@@ -62,10 +63,12 @@ class EncodeStats:
 
 
 def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager[object]:
-    """The autocast context of an evaluation precision.
+    """The arithmetic of an evaluation precision, for the duration of the context.
 
-    `fp32` (the default everywhere, as the reference code evaluates): no autocast; `bf16` forces autocast;
-    `auto`: bf16 on CUDA.
+    `fp32` (the default everywhere, as the reference code evaluates): no autocast; `tf32`: fp32 tensors, matmuls and
+    convolutions on TF32 tensor cores (`torch.backends.{cuda.matmul,cudnn}.allow_tf32`; no effect on a CPU); `bf16`
+    forces autocast; `auto`: bf16 on CUDA. `benchmarks/gpu_speed.py` checks on a GPU whether tf32 and bf16 keep the
+    seven STS scores within ±0.01 of fp32's.
 
     Args:
         device: the device the embedder runs on.
@@ -78,7 +81,20 @@ def autocast_context(device: torch.device, precision: str) -> contextlib.Abstrac
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "tf32":
+        return _tf32()
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _tf32() -> Iterator[None]:
+    """TF32 matmuls and convolutions while active; the previous settings after."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -226,7 +226,7 @@ class Evaluator:
             tasks: the tasks to score, or None for all of the mode's.
             extras: in `test` mode, also retrieval, alignment/uniformity and the qualitative neighbours.
             batch_size: sentences per embedding batch.
-            precision: `fp32` (as the reference code evaluates), `bf16` autocast, or `auto` (bf16 on CUDA).
+            precision: `fp32` (as the reference code evaluates), `tf32` matmuls, `bf16` autocast, or `auto` (bf16 on CUDA).
             progress: show a progress bar.
             on_progress: called after each embedding batch with (sentences embedded so far, all sentences).
 

@@ -4,6 +4,7 @@
 |---|---|---|
 | `CSE_HOME` | `<checkout>/.cse`; outside a checkout (an installed package) `~/.cse` (`HOME_OUTSIDE_CHECKOUT`), never the current folder | base folder for everything below |
 | `CSE_DATA_ROOT` | `$CSE_HOME/data` | Parquet datasets, manifests, DuckDB catalog, download cache |
+| `TORCHINDUCTOR_CACHE_DIR` | `$CSE_HOME/compile-cache` | torch.compile's persistent caches (generated code, FX and AOTAutograd graphs, autotuning): warm-up paid once per node |
 | `CSE_SHARED_DATA` | `../shared/data` | local mirror of the canonical sources (tests, CI, offline demo) |
 | `MLFLOW_TRACKING_URI` | `sqlite:///$CSE_HOME/mlflow.db` | MLflow backend store |
 | `CSE_MLFLOW_ARTIFACTS` | `$CSE_HOME/mlartifacts` | artifact root for experiments this project creates |
@@ -187,15 +188,20 @@ def remembered_ports(home: Path) -> dict[str, int]:
 
 
 def compile_cache_dir() -> Path:
-    """Where torch.compile's inductor writes its cache: `TORCHINDUCTOR_CACHE_DIR`, else `<tmp>/torchinductor_<user>`
-    (torch's own default, computed without importing torch)."""
-    if env := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return Path(env).expanduser()
+    """Where torch.compile keeps its persistent caches (inductor's generated code and FX graphs, AOTAutograd's graphs,
+    autotuning results, Triton kernels): `TORCHINDUCTOR_CACHE_DIR`, else `$CSE_HOME/compile-cache` (a folder of this
+    node that outlives the process and `/tmp` cleaning, so a second run of the same preset finds its graphs compiled).
+    The variable at torch's own default (`<tmp>/torchinductor_<user>`, which inductor writes into the environment when
+    it first looks for its cache) counts as unset. Computed without importing torch; the trainer exports it to torch
+    (`cse.training.process.use_compile_cache`)."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+    if env and Path(env) != Path(tempfile.gettempdir()) / f"torchinductor_{user}":
+        return Path(env).expanduser()
+    return Path(read_env().cse_home or default_home()).expanduser().resolve() / "compile-cache"
 
 
 def get_settings() -> Settings:

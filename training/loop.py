@@ -63,10 +63,11 @@ from cse.models.grad_cache import RowChunks
 from cse.storage.runs import ResumeState, ResumeStateDamaged
 from cse.training.memory import PeakMemory
 from cse.training.precision import FrozenLinearCast
-from cse.training.process import compile_cache_usable
+from cse.training.process import use_compile_cache
 from cse.training.resume import load_resume_state, rng_state, set_rng_state, snapshot_state
 from cse.training.rows import TrainingRows, epoch_order
 from cse.training.state_writer import StateWriter
+from cse.training.update import InGraphUpdate, linear_decay, observe_non_finite
 
 if TYPE_CHECKING:
     from cse.models.method import StepOutput
@@ -151,15 +152,18 @@ class LoopConfig:
     #   (fullgraph); None decides by the run (`Trainer.compiles`: on CUDA, for a run long enough to repay the
     #   compilation); compile_mode "" = "reduce-overhead" (CUDA graphs) on CUDA, "default" elsewhere; compile_backend
     #   "inductor" (or "aot_eager", "cudagraphs": dynamo's own backends);
+    # - compile_update: with compile (and the guard: no fp16 GradScaler), clipping, the non-finite guard and AdamW
+    #   compiled as one more graph (training/update.py; equal to the eager fused update within float rounding);
     # - cast_frozen_weights: frozen nn.Linear weights cast once for bf16/fp16 training (training/precision.py; exact);
     # - sdpa_backend: one SDPA kernel for every attention call ("flash" | "efficient" | "cudnn" | "math"; "" =
     #   PyTorch's choice).
-    # Environment: CSE_FUSED_ADAMW=0|1, CSE_COMPILE=0|1, CSE_COMPILE_MODE, CSE_COMPILE_BACKEND, CSE_CAST_FROZEN=0|1,
-    # CSE_SDPA_BACKEND=<kernel>.
+    # Environment: CSE_FUSED_ADAMW=0|1, CSE_COMPILE=0|1, CSE_COMPILE_MODE, CSE_COMPILE_BACKEND, CSE_COMPILE_UPDATE=0|1,
+    # CSE_CAST_FROZEN=0|1, CSE_SDPA_BACKEND=<kernel>.
     fused_adamw: bool | None = field(default_factory=lambda: _env_flag("CSE_FUSED_ADAMW"))
     compile: bool | None = field(default_factory=lambda: _env_flag("CSE_COMPILE"))
     compile_mode: str = field(default_factory=lambda: os.environ.get("CSE_COMPILE_MODE", ""))
     compile_backend: str = field(default_factory=lambda: os.environ.get("CSE_COMPILE_BACKEND", "inductor"))
+    compile_update: bool = field(default_factory=lambda: _env_flag("CSE_COMPILE_UPDATE") is not False)
     cast_frozen_weights: bool = field(default_factory=lambda: _env_flag("CSE_CAST_FROZEN") is not False)
     sdpa_backend: str = field(default_factory=lambda: os.environ.get("CSE_SDPA_BACKEND", ""))
     # Build the next batch on a host thread while the device runs this step, in pinned memory with non-blocking
@@ -275,13 +279,18 @@ class NonFiniteGuard:
         # per set of metric names (a phase's): (first bad step, its values), step -1 while none
         self.records: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def slot(self, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first bad step, its values) of the metrics `names` on the device, made at first use (-1 and NaN)."""
+        if names not in self.records:
+            self.records[names] = (
+                torch.full((), -1, dtype=torch.long, device=self.flag.device),
+                torch.full((len(names),), float("nan"), device=self.flag.device),
+            )
+        return self.records[names]
+
     def observe(self, step: int, names: tuple[str, ...], values: torch.Tensor) -> None:
         """Record step `step` (1-based) with `values` (`names`: the loss first, the gradient norm last)."""
-        bad = ~(torch.isfinite(values[0]) & torch.isfinite(values[-1]))
-        newly = bad & (self.flag == 0)
-        first_step, first_values = self.records.get(names, (torch.full_like(self.flag, -1, dtype=torch.long), values))
-        self.records[names] = (torch.where(newly, step, first_step), torch.where(newly, values, first_values))
-        torch.maximum(self.flag, bad.to(self.flag.dtype), out=self.flag)
+        observe_non_finite(self.flag, *self.slot(names), step, values)
 
     def tripped(self) -> bool:
         """Whether a step was not finite (reads the flag: a sync)."""
@@ -456,9 +465,11 @@ class Trainer:
         cast = FrozenLinearCast(self.model, low) if low is not None and cfg.cast_frozen_weights else None
         self.frozen_cast = cast if cast is not None and len(cast) and device.type != "meta" else None
         self.cudagraphs = False  # set by _compiled_step: the step replays CUDA graphs
-        self.compiled = self.compiles() and compile_cache_usable(cfg.compile_backend)  # (else eager, said)
+        self.compiled = self.compiles() and use_compile_cache(cfg.compile_backend)  # (else eager, said)
         self._step_tensor = torch.zeros((), dtype=torch.long, device=device) if self.compiled else None
         self._step_fn = self._compiled_step() if self.compiled else self._model_step
+        # (built per phase by enter_phase: the phase's optimizer, offset and decay horizon)
+        self.in_graph_update: InGraphUpdate | None = None
 
     def compiles(self) -> bool:
         """Whether the step is compiled: `LoopConfig.compile`, or when None, on CUDA for a single-process run without
@@ -498,10 +509,10 @@ class Trainer:
         self.cudagraphs = self.device.type == "cuda" and (
             backend == "cudagraphs" or (backend == "inductor" and mode in ("reduce-overhead", "max-autotune"))
         )
+        self.compile_mode = mode if backend == "inductor" else None  # (dynamo's own backends take no mode)
         # static shapes: a batch of another shape (DiffAug's two phases, an epoch's short last batch) gets a graph of
         # its own rather than one symbolic graph for all (CUDA graphs replay fixed shapes)
-        inductor_mode = mode if backend == "inductor" else None  # (dynamo's own backends take no mode)
-        return torch.compile(self._model_step, fullgraph=True, dynamic=False, backend=backend, mode=inductor_mode)
+        return torch.compile(self._model_step, fullgraph=True, dynamic=False, backend=backend, mode=self.compile_mode)
 
     def _use_grad_cache(self, cfg: LoopConfig) -> None:
         """Hand `grad_cache_chunk_size` to the model (`CSEModel.use_grad_cache`), refusing what cannot combine."""
@@ -566,7 +577,16 @@ class Trainer:
         if self.guard is not None:  # the fused kernels skip the update while the guard's flag is set
             setattr(self.optimizer, "found_inf", self.guard.flag)  # noqa: B010 - an attribute torch's fused AdamW reads
         horizon = phase.schedule_steps or phase.total_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: max(0.0, 1.0 - s / horizon))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: linear_decay(s, horizon))
+        if self.compiled and self.cfg.compile_update and self.guard is not None:
+            self.in_graph_update = InGraphUpdate(
+                self.optimizer,
+                self.cfg.grad_clip,
+                self.offsets[index],
+                horizon,
+                self.cfg.compile_backend,
+                self.compile_mode,
+            )
         for h in self.hooks:
             h.on_phase_start(self)
 
@@ -694,9 +714,17 @@ class Trainer:
             distributed.check_replicated(out.loss, f"{self.phase.name}-phase loss of {type(self.model).__name__}")
         for h in self.hooks:
             h.on_update_start(self)
+        names = ("loss", *out.metrics, "grad_norm")
+        if self.in_graph_update is not None and self.guard is not None and self._step_tensor is not None:
+            values = self.in_graph_update(
+                [out.loss, *out.metrics.values()], self._step_tensor, (self.guard.flag, *self.guard.slot(names))
+            )
+            self.scheduler.step()
+            for h in self.hooks:
+                h.on_update_end(self)
+            return StepMetrics(names, values.clone() if self.cudagraphs else values)
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
-        names = ("loss", *out.metrics, "grad_norm")
         values = torch.stack(
             [
                 torch.as_tensor(v, device=grad_norm.device).detach().float().reshape(())

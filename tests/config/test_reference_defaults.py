@@ -157,6 +157,11 @@ def test_evaluation_is_fp32_unless_asked():
     with autocast_context(torch.device("cpu"), "bf16"):
         assert torch.is_autocast_enabled("cpu") and (a @ b).dtype == torch.bfloat16
     assert (a @ b).dtype == torch.float32  # and off again afterwards
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with autocast_context(torch.device("cuda"), "tf32"):  # fp32 tensors, TF32 matmuls while active
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert not torch.is_autocast_enabled("cuda") and (a @ b).dtype == torch.float32
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
     with pytest.raises(ValueError, match="unknown precision 'fp16'"):
         autocast_context(torch.device("cpu"), "fp16")
 

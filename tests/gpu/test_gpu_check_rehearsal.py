@@ -57,8 +57,10 @@ def test_step_profile_rehearsal_on_cpu(tmp_path):
 
 
 def test_gpu_speed_rehearsal_on_cpu(tmp_path):
-    """`make gpu-speed DEVICE=cpu`: benchmarks/gpu_speed.py end to end on CPU (one method in its three modes, the run's
-    state and evaluation overhead, the sentence-transformers peer); `make gpu-speed` runs every method."""
+    """`make gpu-speed DEVICE=cpu`: benchmarks/gpu_speed.py end to end on CPU (one method in its three modes on the real
+    Wiki1M rows, the compiled mode's warm-up first and cached, the run's state and evaluation overhead on the real
+    STS-B dev sentences in three precisions, the evaluation-precision check on the seven STS tasks, the
+    sentence-transformers peer eager and compiled); `make gpu-speed` runs every method."""
     _rehearse("gpu_speed", tmp_path, "--methods", "simcse")
     result = json.loads((tmp_path / "gpu_speed-cpu.json").read_text())
     assert [(r["method"], r["mode"]) for r in result["rows"]] == [
@@ -67,10 +69,21 @@ def test_gpu_speed_rehearsal_on_cpu(tmp_path):
         ("simcse", "compiled"),
     ]
     for r in result["rows"]:
-        assert r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 and r["flops_per_step"] > 0, r
+        assert r["ms_per_step"] > 0 and r["flops_per_step"] > 0 and r["host_ops_per_step_cpu"] > 0, r
+        assert 0 < r["real_tokens_per_s"] < r["computed_tokens_per_s"] and 0.5 < r["real_token_share"] < 1, r
+    compiled = result["rows"][-1]
+    assert compiled["graph_calls_per_step_cpu"] == 2 and compiled["warmup_cached_s"] > 0  # the step and the update
     run = result["runs"]["simcse"]
-    assert run["state"]["state_mib"] > 0 and run["evaluation"]["eval_s"] > 0
-    assert run["projected"]["steps"] == 15_625 and 0 < run["projected"]["overhead_share"] < 1
-    assert result["peer"]["ms_per_step"] > 0
+    assert run["state"]["state_mib"] > 0 and run["evaluation"]["dev_sentences"] == 64
+    assert all(run["evaluation"][p]["eval_s"] > 0 for p in ("fp32", "tf32", "bf16"))
+    projected = run["projected"]
+    assert projected["steps"] == 15_625 and 0 < projected["overhead_share"] < 1
+    assert projected["total_min_with_warmup_first"] > projected["total_min"]
+    check = result["eval_precision"]
+    assert set(check["scores"]) == {"fp32", "tf32", "bf16"} and len(check["scores"]["fp32"]) == 7
+    assert check["max_move"]["tf32"] == 0 and "tf32" in check["acceptable"]  # (TF32 does nothing on a CPU)
+    assert [p["compiled"] for p in result["peers"]] == [False, True] and all(
+        p["ms_per_step"] > 0 for p in result["peers"]
+    )
     md = (tmp_path / "gpu_speed-cpu.md").read_text()
-    assert "| simcse | compiled |" in md and "the peer's speed" in md
+    assert "| simcse | compiled |" in md and "like with like" in md and "compilation, not code" in md

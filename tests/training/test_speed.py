@@ -7,7 +7,9 @@ The checks:
 - padding every batch to max_length gives the loss and gradients of padding to the longest row;
 - the bf16 copies of the frozen weights give bit-identical losses and gradients to autocast's own casts;
 - the non-finite guard on the device: a poisoned batch fails the run naming its step, and no later update moves a
-  weight;
+  weight (eager, and with the update in the compiled graph);
+- the in-graph update (clipping, guard and AdamW as one graph, training/update.py) equals the eager clipping and fused
+  AdamW, as one graph across a changing learning rate;
 - asynchronous resume states: a kill during a write leaves the previous state loadable, and the resumed run ends
   with the weights of an uninterrupted one.
 
@@ -37,6 +39,7 @@ from cse.models.method import set_backbone_dropout
 from cse.training.loop import LoopConfig, NonFiniteLoss, Trainer, TrainerHooks
 from cse.training.precision import FrozenLinearCast
 from cse.training.rows import TrainingRows
+from cse.training.update import InGraphUpdate, linear_decay
 from tests.loops import loop_config
 from tests.tolerance import assert_close_scaled
 
@@ -211,11 +214,14 @@ def _simcse(tok):
     return build_model("simcse", cfg, "tiny", tok, seed=0)
 
 
-def test_a_non_finite_step_fails_the_run_at_the_next_check_and_no_later_update_moves_a_weight(tok, tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "in-graph-update"])
+def test_a_non_finite_step_fails_the_run_at_the_next_check_and_no_later_update_moves_a_weight(compiled, tok, tmp_path):
     model = _simcse(tok)
     rows = _rows(tok)
-    trainer = Trainer(model, rows, _loop(checkpoint_steps=10**6), torch.device("cpu"), tmp_path / "s", *_callbacks())
+    loop = _loop(checkpoint_steps=10**6, compile=compiled, compile_backend="aot_eager")
+    trainer = Trainer(model, rows, loop, torch.device("cpu"), tmp_path / "s", *_callbacks())
     assert trainer.guard is not None and trainer.fused_adamw  # the deferred check is the CPU default too
+    assert (trainer.in_graph_update is not None) == compiled
     snapshots = {}
     poison_step = 2  # 1-based: the second step's forward sees a NaN weight
 
@@ -247,6 +253,73 @@ def test_a_non_finite_step_fails_the_run_at_the_next_check_and_no_later_update_m
 
 def _callbacks():
     return (lambda *a: None, lambda m: 0.0, lambda *a: None)
+
+
+def _two_groups(seed: int, decay: float):
+    """Parameters in two AdamW groups (the second with its own rate and weight decay), a fused AdamW over them and the
+    trainer's linear decay over 10 steps."""
+    torch.manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7))]
+    groups = [{"params": params[:1]}, {"params": params[1:], "lr": 2e-3, "weight_decay": decay}]
+    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=True)
+    return params, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: linear_decay(s, 10))
+
+
+def _guard_tensors(n: int):
+    return torch.zeros(()), torch.full((), -1, dtype=torch.long), torch.full((n,), float("nan"))
+
+
+def test_the_in_graph_update_equals_eager_clipping_and_fused_adamw_as_one_graph():
+    """Clipping (norm above and below the threshold), AdamW with and without weight decay, four steps of a decaying
+    learning rate: the parameters, Adam's moments and step counts equal the eager update's within the scale rule, and
+    the update is one graph for every step (the rate reaches it from the step tensor, not as a constant)."""
+    eager, opt, sched = _two_groups(0, decay=0.01)
+    mine, opt2, sched2 = _two_groups(0, decay=0.01)
+    counter = CompileCounterWithBackend("aot_eager")
+    update = InGraphUpdate(opt2, 1.0, offset=0, horizon=10, backend=counter)
+    guard, step = _guard_tensors(2), torch.zeros((), dtype=torch.long)
+    for k, size in enumerate((3.0, 0.01, 2.0, 0.02)):
+        grads = [size * torch.randn_like(p) for p in eager]
+        for ps in (eager, mine):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        norm = torch.nn.utils.clip_grad_norm_(eager, 1.0)
+        opt.step()
+        sched.step()
+        step.fill_(k)
+        values = update([torch.tensor(0.5)], step, guard)
+        sched2.step()
+        assert_close_scaled(values, torch.stack([torch.tensor(0.5), norm]))
+    assert counter.frame_count == 1  # fullgraph: one graph, no recompilation as the rate decays
+    assert float(guard[0]) == 0 and int(guard[1]) == -1
+    for a, b in zip(eager, mine):
+        assert_close_scaled(b.detach(), a.detach(), terms=4)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert_close_scaled(opt2.state[b][key], opt.state[a][key], terms=4, msg=key)
+
+
+def test_the_in_graph_guard_turns_a_non_finite_step_and_every_later_one_into_no_update():
+    params, opt, _ = _two_groups(1, decay=0.0)
+    update = InGraphUpdate(opt, 1.0, offset=0, horizon=10, backend="aot_eager")
+    guard, step = _guard_tensors(2), torch.zeros((), dtype=torch.long)
+    before = None
+    for k in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        if k == 1:
+            params[1].grad[2] = float("inf")  # the gradient norm of step 2 (1-based) is not finite
+            before = (
+                [p.detach().clone() for p in params],
+                {key: opt.state[params[0]][key].clone() for key in opt.state[params[0]]},
+            )
+        step.fill_(k)
+        update([torch.tensor(0.25)], step, guard)
+    assert float(guard[0]) == 1 and int(guard[1]) == 2 and not torch.isfinite(guard[2][-1])
+    for p, b in zip(params, before[0]):
+        assert torch.equal(p.detach(), b)
+    for key, value in before[1].items():
+        assert torch.equal(opt.state[params[0]][key], value), key
+    assert float(opt.state[params[0]]["step"]) == 1
 
 
 KILL_SCRIPT = textwrap.dedent(
@@ -297,24 +370,46 @@ def test_a_kill_during_a_background_state_write_leaves_the_previous_state_and_re
         assert torch.equal(p, want[n]), n
 
 
-def test_the_trainer_runs_the_compiled_step_to_the_eager_weights(tok, tmp_path):
+def test_the_trainer_runs_the_compiled_step_and_update_to_the_eager_losses_and_weights(tok, tmp_path):
     """DCPCSE with MLM (its weight reads the step number, which the compiled step gets as a tensor) through
-    `Trainer.run` with `compile=True`: three steps end with the eager run's weights."""
+    `Trainer.run` with `compile=True`, the update in the graph too: the three steps' losses, and the weights and Adam
+    moments after the first update, equal the eager run's.
+
+    (Not the weights after three steps: without dropout both views are one embedding, so the contrastive gradients
+    are cancellations; Adam normalises each entry, so a one-ulp difference of the first update's weights becomes a
+    learning-rate-sized difference of the next updates' near-zero entries, whatever computes them.)"""
     cfg = preset("dcpcse", "tiny", BATCH, LENGTH)
     cfg = cfg.model_copy(update={"model": dataclasses.replace(cfg.model, mlm=True)})
     rows, _ = synthetic_rows(cfg, "dcpcse", 3 * BATCH, tok, seed=4)
     rows.pad_to = LENGTH
-    weights = []
+    runs = []
+
+    class Record(TrainerHooks):
+        def __init__(self):
+            self.losses, self.first = [], None
+
+        def on_step_end(self, trainer, batch, metrics):
+            self.losses.append(metrics["loss"])
+            if trainer.step == 1:
+                self.first = [p.detach().clone() for p in trainer.params] + [
+                    trainer.optimizer.state[p][k].clone() for p in trainer.params for k in ("exp_avg", "exp_avg_sq")
+                ]
+
     for compiled in (False, True):
         model = build_model("dcpcse", cfg, "tiny", tok, seed=0, layers=1)
         _no_dropout(model)
         loop = _loop(compile=compiled, compile_backend="aot_eager", log_steps=1, checkpoint_steps=10**6)
         trainer = Trainer(model, rows, loop, torch.device("cpu"), tmp_path / f"s{compiled}", *_callbacks())
+        assert (trainer.in_graph_update is not None) == compiled  # the update in the graph too
+        runs.append(Record())
+        trainer.hooks.append(runs[-1])
         torch.manual_seed(5)
         trainer.run()
-        weights.append({n: p.detach() for n, p in model.named_parameters() if p.requires_grad})
-    for n, w in weights[0].items():
-        assert_close_scaled(weights[1][n], w, terms=BATCH * LENGTH, rtol=1e-4, msg=n)
+    eager, graph = runs
+    assert len(graph.losses) == 3
+    assert_close_scaled(torch.tensor(graph.losses), torch.tensor(eager.losses), terms=BATCH * LENGTH)
+    for got, want in zip(graph.first, eager.first):
+        assert_close_scaled(got, want, terms=BATCH * LENGTH)
 
 
 def test_the_step_is_compiled_by_default_on_a_gpu_for_runs_long_enough_to_repay_it():
