@@ -113,7 +113,6 @@ set_offline_environment()
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import contextlib
-import dataclasses
 import json
 import math
 import platform
@@ -131,14 +130,23 @@ import torch
 from torch import nn
 
 from benchmarks.facts import facts
-from benchmarks.gpu_check import scale_batches
+from benchmarks.gpu_check import loop_config, scale_batches
+from benchmarks.machine import quiet_trainer
 from cse.config.methods import REGISTRY, model_class
 from cse.config.training import resolve_train_config
 from cse.models.corruption import Corruptor, SpecialTokens, corrupt_sequences
-from cse.models.loading import PACKAGED_MINILM, build_random_masked_lm, is_random_init, load_encoder, load_tokenizer
+from cse.models.loading import (
+    PACKAGED_MINILM,
+    RANDOM_INIT,
+    build_random_masked_lm,
+    is_random_init,
+    load_encoder,
+    load_tokenizer,
+)
 from cse.storage.training_data import CorruptionRows, TokenRows
-from cse.training.job import loop_config, training_phases
-from cse.training.loop import LoopConfig, Trainer, TrainerHooks
+from cse.training.job import training_phases
+from cse.training.loop import Trainer, TrainerHooks
+from cse.training.memory import PeakMemory
 from cse.training.rows import TrainingRows
 
 MB = 2**20
@@ -181,16 +189,12 @@ def backbone_model(name: str, seed: int) -> nn.Module:
 
 def generator_model(name: str, seed: int) -> nn.Module:
     """A random-initialised masked-LM generator of `name`'s shape."""
-    from transformers import DistilBertConfig, DistilBertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+    from transformers import RobertaConfig, RobertaForMaskedLM
 
-    if is_random_init(name):
-        return build_random_masked_lm(name, seed=seed)
+    if is_random_init(name) or name == "distilbert-base-uncased":  # (the random one is of its shape)
+        return build_random_masked_lm(name if is_random_init(name) else RANDOM_INIT + name, seed=seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        if name == "distilbert-base-uncased":
-            return DistilBertForMaskedLM(
-                DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, pad_token_id=0)
-            )
         if name == "distilroberta-base":
             shape = dict(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072)
             return RobertaForMaskedLM(RobertaConfig(**ROBERTA, **shape))
@@ -249,10 +253,7 @@ def token_rows(tokenizer, n: int, length: int, columns: tuple[str, ...], seed: i
     seqs = {}
     for c in columns:
         body = rng.integers(low, high, size=(n, length - 2), dtype=np.int64)
-        full = np.concatenate(
-            [np.full((n, 1), tokenizer.cls_token_id), body, np.full((n, 1), tokenizer.sep_token_id)], 1
-        )
-        seqs[c] = list(full.astype(np.int64))
+        seqs[c] = list(np.column_stack([np.full(n, tokenizer.cls_token_id), body, np.full(n, tokenizer.sep_token_id)]))
     return TokenRows(ids=np.arange(n), seqs=seqs)
 
 
@@ -307,23 +308,17 @@ def rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def _can_reset_hwm() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 class PeakRSS:
-    """Peak RSS over a region: VmHWM reset by /proc/self/clear_refs, else a 2 ms psutil sampling thread."""
+    """Peak RSS over a region: VmHWM reset by /proc/self/clear_refs (`cse.training.memory.PeakMemory`), else a 2 ms
+    psutil sampling thread."""
 
-    use_hwm = _can_reset_hwm()
+    hwm = PeakMemory(torch.device("cpu"))
+    use_hwm = hwm.resettable
 
     def __enter__(self) -> PeakRSS:
         self.peak = rss()
         if self.use_hwm:
-            Path("/proc/self/clear_refs").write_text("5")
+            self.hwm.reset()
         else:
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -337,9 +332,7 @@ class PeakRSS:
 
     def __exit__(self, *exc) -> None:
         if self.use_hwm:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            self.peak = max(self.peak, round(self.hwm.peak_gb() * 2**30))
         else:
             self._stop.set()
             self._thread.join()
@@ -426,20 +419,10 @@ def build_full_masks(model: nn.Module) -> None:
         m.set_attn_implementation(f"{name}+full-mask")
 
 
-def dry_run_loop_config(cfg) -> LoopConfig:
-    """The job's loop settings (`cse.training.job.loop_config`) in fp32, without evaluation, logging or resume state."""
-    quiet = {"eval_steps": 10**9, "checkpoint_steps": 10**9, "log_steps": 10**9, "deterministic": False}
-    return dataclasses.replace(loop_config(cfg.model_copy(update=quiet), "fp32"), save_state=False)
-
-
-def steps_per_phase(cfg) -> int:
-    """2 optimiser steps per job: 2 for one-phase methods, 1 prefix + 1 joint for DiffAug."""
-    return 1 if cfg.prefix_phase is not None else 2
-
-
 def stepped_config(cfg):
-    """`cfg` with 2 optimiser steps (`steps_per_phase`), fp32, without evaluation."""
-    n = steps_per_phase(cfg)
+    """`cfg` with 2 optimiser steps per job (2 for one-phase methods, 1 prefix + 1 joint for DiffAug), fp32, without
+    evaluation."""
+    n = 1 if cfg.prefix_phase is not None else 2
     update = {"max_steps": n, "eval_steps": 10**9, "precision": "fp32"}
     if cfg.prefix_phase is not None:
         update["prefix_phase"] = cfg.prefix_phase.model_copy(update={"steps": n})
@@ -448,12 +431,14 @@ def stepped_config(cfg):
 
 def run_trainer(model, cfg, rows, nli_rows, device: torch.device) -> StepProbe:
     """Run the job's phases of `cfg` on `device` through the real Trainer; returns the step probe with its records."""
-    probe, noop = StepProbe(), lambda *a: None
+    probe = StepProbe()
     if device.type == "meta":
         build_full_masks(model)
-    phases, loop = training_phases(cfg, rows, nli_rows), dry_run_loop_config(cfg)
+    # the job's loop settings in fp32, without evaluation, logging (a log reads the step's values) or resume state
+    loop = loop_config(cfg, "fp32", cfg.max_steps, log_steps=10**9, save_state=False)
+    phases = training_phases(cfg, rows, nli_rows)
     with tempfile.TemporaryDirectory(prefix="dry-run-state-") as state:
-        Trainer(model, phases, loop, device, Path(state) / "state", noop, lambda m: 0.0, noop, hooks=[probe]).run()
+        quiet_trainer(model, phases, loop, device, Path(state) / "state", [probe]).run()
     return probe
 
 

@@ -59,7 +59,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import numpy as np
 import torch
 
-from benchmarks.machine import REPO_ROOT, command_line, sync, timed
+from benchmarks.machine import REPO_ROOT, command_line, quiet_trainer, sync, timed
 from cse.config.methods import REGISTRY, model_class
 from cse.config.training import resolve_train_config
 from cse.storage.training_data import CorruptionRows, TokenRows
@@ -164,9 +164,7 @@ def synthetic_rows(
             cut = lambda c: tokenizer(texts[c][:count], truncation=True, max_length=cfg.max_length)["input_ids"]
             return TokenRows(ids=np.arange(count), seqs={c: [np.array(s) for s in cut(c)] for c in columns})
         body = rng.integers(1000, VOCAB, size=(count, cfg.max_length - 2))
-        full = np.concatenate(
-            [np.full((count, 1), tokenizer.cls_token_id), body, np.full((count, 1), tokenizer.sep_token_id)], 1
-        ).astype(np.int64)
+        full = np.column_stack([np.full(count, tokenizer.cls_token_id), body, np.full(count, tokenizer.sep_token_id)])
         return TokenRows(ids=np.arange(count), seqs={c: list(full) for c in columns})
 
     columns = ("sent0", "sent1", "hard_neg") if cfg.supervised else ("text",)
@@ -281,9 +279,7 @@ def benchmark_trainer(
     rows, nli = synthetic_rows(cfg, method, big * 2, tokenizer, cfg.seed, texts)
     loop = dataclasses.replace(loop_config(cfg, precision, n_steps, **switches), save_state=False)  # steps, not I/O
     phases = job_phases(cfg, rows, nli, n_steps)
-    state = Path(folder) / "state"
-    trainer = Trainer(model, phases, loop, device, state, lambda *a: None, lambda m: 0.0, lambda *a: None, hooks=hooks)
-    return cfg, trainer
+    return cfg, quiet_trainer(model, phases, loop, device, Path(folder) / "state", hooks)
 
 
 def training_throughput(

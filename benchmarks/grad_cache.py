@@ -37,13 +37,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from benchmarks.gpu_check import build_model, job_phases, loop_config, synthetic_rows, synthetic_tokenizer
-from benchmarks.machine import release_freed_heap, sync
+from benchmarks.machine import quiet_trainer, release_freed_heap, sync
 from cse.config.methods import DEFAULT_METHOD
 from cse.config.training import resolve_train_config
-from cse.training.loop import Trainer, TrainerHooks
+from cse.training.loop import TrainerHooks
 from cse.training.memory import PeakMemory
 
 HERE = Path(__file__).resolve().parent
@@ -53,10 +54,7 @@ def _in_use_gb(device: torch.device) -> float:
     """Memory in use now: CUDA allocated tensors; CPU the resident set (VmRSS)."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**30
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 2**20
-    return float("nan")
+    return psutil.Process().memory_info().rss / 2**30
 
 
 class StepTimes(TrainerHooks):
@@ -94,9 +92,8 @@ def one_configuration(args: argparse.Namespace, chunk: int | None) -> dict:
     precision = "bf16" if device.type == "cuda" else "fp32"
     loop = loop_config(cfg, precision, args.steps, save_state=False, grad_cache_chunk_size=chunk)
     times = StepTimes(device, trim_step=args.steps - 1)
-    phases, noop = job_phases(cfg, rows, nli, args.steps), lambda *a: None
     with tempfile.TemporaryDirectory(prefix="grad-cache-bench-") as state:
-        Trainer(model, phases, loop, device, Path(state) / "state", noop, lambda m: 0.0, noop, hooks=[times]).run()
+        quiet_trainer(model, job_phases(cfg, rows, nli, args.steps), loop, device, Path(state) / "state", [times]).run()
     timed, trimmed = times.records[-2], times.records[-1]
     views = 3 if cfg.supervised else 2
     return {

@@ -83,6 +83,7 @@ from benchmarks.machine import (
     SHARED_DATA,
     command_line,
     cpu_environment,
+    quiet_trainer,
     set_offline_environment,
     sts_evaluator,
 )
@@ -115,12 +116,6 @@ ALL = tuple(
 
 def _log(msg: str) -> None:
     print(f"[learning {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def environment() -> dict[str, Any]:
-    import sentence_transformers
-
-    return cpu_environment(sentence_transformers=sentence_transformers.__version__)
 
 
 class Bench:
@@ -356,14 +351,14 @@ def run_overrides(spec: dict[str, Any], cfg) -> dict[str, Any]:
     }
 
 
-def evaluate_start(bench: Bench, cfg, name: str) -> tuple[dict[str, Any], str]:
-    """The start model's scores and weights' hash, after checking that a second build of the seed is the same model
-    (the start is then `fit`'s model)."""
+def evaluate_start(bench: Bench, cfg, name: str, built_hash: str | None = None) -> tuple[dict[str, Any], str]:
+    """The start model's scores and weights' hash, after checking that another build of the seed is the same model
+    (the start is then the trained model's start): a second build, or the one whose weights' hash is `built_hash`."""
     start_model = seeded_build(cfg, bench.device)
     start_hash = state_hash(start_model)
     start = bench.evaluate_start(start_model, cfg, name)
     del start_model
-    if state_hash(seeded_build(cfg, bench.device)) != start_hash:
+    if (built_hash or state_hash(seeded_build(cfg, bench.device))) != start_hash:
         raise RuntimeError(f"{name}: two builds with seed {cfg.seed} differ: the start model would not be fit's model")
     _log(f"{name}: start STS Avg. {start['sts_avg']:.2f} ({start['seconds']:.0f} s)")
     return start, start_hash
@@ -420,12 +415,7 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
     cfg = cfg.model_copy(update={"model": dataclasses.replace(cfg.model, train_mlp=False)})
     batches, order_hash, start_hash, ours, ours_s = train_peerlike(bench, cfg, rows)
     peer, st_s, st_losses = train_st_peer(bench, cfg, batches)
-    start_model = seeded_build(cfg, bench.device)
-    if state_hash(start_model) != start_hash:
-        raise RuntimeError("peer: two builds with the same seed differ")
-    start = bench.evaluate_start(start_model, cfg, f"{PEER_RUN}-peerlike")
-    del start_model
-    _log(f"peer: start (MiniLM CLS) STS Avg. {start['sts_avg']:.2f}")
+    start, _ = evaluate_start(bench, cfg, f"{PEER_RUN}-peerlike", built_hash=start_hash)
     diff = round(ours["sts_avg"] - peer["sts_avg"], 2)
     out.update(
         {
@@ -459,27 +449,14 @@ def run_peer(bench: Bench, steps: int, default_simcse: dict[str, Any] | None) ->
 def train_peerlike(bench: Bench, cfg, rows) -> tuple[list, str, str, dict[str, Any], float]:
     """Our SimCSE without its training-time MLP, trained by the job's loop at fp32 and evaluated: its batches (the
     peer trains on the same), their hash, the start weights' hash, the trained scores and the training seconds."""
+    from benchmarks.gpu_check import loop_config
     from cse.training.job import training_phases
-    from cse.training.loop import LoopConfig, Trainer
 
     model = seeded_build(cfg, bench.device)
     start_hash = state_hash(model)
-    loop = LoopConfig(
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        grad_clip=cfg.grad_clip,
-        seed=cfg.seed,
-        eval_steps=10**9,
-        checkpoint_steps=10**9,
-        log_steps=cfg.log_steps,
-        precision="fp32",
-        deterministic=False,
-    )
+    loop = loop_config(cfg, "fp32", cfg.max_steps, log_steps=cfg.log_steps)  # no dev evaluation, a log every 10 steps
     state = Path(tempfile.mkdtemp(prefix="peerlike-state-"))
-    noop = lambda *a: None
-    trainer = Trainer(model, training_phases(cfg, rows, None), loop, bench.device, state, noop, lambda m: 0.0, noop)
+    trainer = quiet_trainer(model, training_phases(cfg, rows, None), loop, bench.device, state)
     batches = [trainer.batch_at(s)[0] for s in range(trainer.total_steps)]
     order_hash = hashlib.sha256(b"".join(b.input_ids.numpy().tobytes() for b in batches)).hexdigest()[:16]
     _log(f"peer: {PEER_RUN}-peerlike, {trainer.total_steps} steps (batches hash {order_hash})")
@@ -784,7 +761,9 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
-    env = environment()
+    import sentence_transformers
+
+    env = cpu_environment(sentence_transformers=sentence_transformers.__version__)
     env["threads_flag"] = args.threads
     _log(f"CSE_HOME {home}; torch threads {env['torch_threads']}; cpu {env['cpu']}")
     results, peer = [], None

@@ -50,6 +50,13 @@ def timed(fn, device=None) -> float:
     return time.perf_counter() - t0
 
 
+def quiet_trainer(model, data, loop, device, state: Path, hooks=()):
+    """The real `cse.training.loop.Trainer` keeping no best checkpoint, scoring dev 0.0 and logging nothing."""
+    from cse.training.loop import Trainer
+
+    return Trainer(model, data, loop, device, state, lambda *a: None, lambda m: 0.0, lambda *a: None, hooks=hooks)
+
+
 def release_freed_heap() -> None:
     """Collect garbage and return the heap glibc keeps resident after frees (`malloc_trim(0)`; no-op without glibc)."""
     gc.collect()

@@ -102,11 +102,7 @@ def load_rounds(st_dir: Path, peft_folder: Path, base_path: str, work: Path, rep
     from transformers import AutoModel
 
     rounds: dict[str, list[float]] = {
-        "st_import": [],
-        "st_load": [],
-        "peft_import": [],
-        "peft_load": [],
-        "peft_attach": [],
+        k: [] for k in ("st_import", "st_load", "peft_import", "peft_load", "peft_attach")
     }
     for i in range(repeat + 1):
         st_s = fresh_process_load(_ST_LOAD, st_dir, cwd=REPO_ROOT)  # our package must be importable for the ST folder

@@ -35,6 +35,9 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -108,17 +111,12 @@ def build_data(data_root: Path, rows: int, variants: int) -> tuple[str, str]:
 
 def _ranges(starts, lengths):
     """The concatenation of arange(s, s + n) for every (s, n)."""
-    import numpy as np
-
     ends = np.cumsum(lengths)
     return np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
 
 
 def _lists(lengths, flat, dtype):
     """A pyarrow list array of `flat` cut at `lengths`, its values as `dtype`."""
-    import numpy as np
-    import pyarrow as pa
-
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype)))
 
@@ -127,16 +125,12 @@ class Sample:
     """The tokenised sentence sample the benchmark's rows repeat: row i is sentence i mod the sample's size."""
 
     def __init__(self, n_lines: int, lengths, flat, special):
-        import numpy as np
-
         self.n_lines, self.lengths, self.flat, self.special = n_lines, lengths, flat, special
         self.offsets = np.concatenate([[0], np.cumsum(lengths)])
 
     @classmethod
     def tokenized(cls, path: Path) -> Sample:
         """The lines of `path` through the packaged MiniLM's tokenizer (max length 32; a blank line as one space)."""
-        import numpy as np
-
         from cse.models.loading import PACKAGED_MINILM, load_tokenizer
 
         lines = path.read_text().splitlines()
@@ -147,8 +141,6 @@ class Sample:
 
     def sentences(self, start: int, stop: int):
         """(lengths, flat ids, special mask) of rows [start, stop): sentence j of the sample repeated."""
-        import numpy as np
-
         src = np.arange(start, stop) % self.n_lines
         lengths = self.lengths[src]
         take = _ranges(self.offsets[src], lengths)
@@ -156,9 +148,6 @@ class Sample:
 
     def token_parts(self, rows: int):
         """The tokens dataset's parts of `rows` rows."""
-        import numpy as np
-        import pyarrow as pa
-
         from cse.storage import schemas
 
         for start in range(0, rows, PART_ROWS):
@@ -177,17 +166,12 @@ class Sample:
     def corruption_parts(self, rows: int, variants: int):
         """The corruption dataset's parts: `variants` random corruptions of each row (30 % of its non-special
         tokens masked, each replaced by a random id), seeded once for the whole dataset."""
-        import numpy as np
-
         rng = np.random.default_rng(0)
         for start in range(0, rows, PART_ROWS):
             yield self.corruption_part(start, min(rows, start + PART_ROWS), variants, rng)
 
     def corruption_part(self, start: int, stop: int, variants: int, rng):
         """One corruption part: rows [start, stop), each row's variants next to each other (the stage's order)."""
-        import numpy as np
-        import pyarrow as pa
-
         from cse.storage import schemas
 
         n = stop - start
@@ -239,8 +223,7 @@ def measure(tree: str, data_root: str, tokens_key: str, corruption_key: str, bat
     """Load the rows and draw batches with the code of `tree` (in this fresh process); the memory it took."""
     import importlib
 
-    import numpy as np  # noqa: F401 - imported before the baseline, as every path needs it
-    import torch  # noqa: F401 - imported before the baseline too
+    import torch  # noqa: F401 - imported before the baseline, as every path needs it (numpy too)
 
     prefix = package_prefix(tree)
     DataRoot = importlib.import_module(f"{prefix}storage.layout").DataRoot

@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.machine import SHARED_DATA, subject_method, timed
+from benchmarks.machine import SHARED_DATA, quiet_trainer, subject_method, timed
 from cse.models.loading import PACKAGED_MINILM, load_encoder, load_tokenizer, pick_device
 from cse.storage.training_data import CorruptionRows, TokenRows
-from cse.training.loop import LoopConfig, Trainer
+from cse.training.loop import LoopConfig
 from cse.training.rows import TrainingRows, epoch_order
 
 TARGET = 1.10
@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         precision=precision,
         deterministic=False,
     )
-    noop, state = lambda *a: None, Path(tempfile.gettempdir()) / "unused-benchmark-state"
-    trainer = Trainer(model, rows, cfg, device, state, noop, noop, noop)
+    trainer = quiet_trainer(model, rows, cfg, device, Path(tempfile.gettempdir()) / "unused-benchmark-state")
     bare = BareStep(bare_encoder.to(device), trainer.autocast)
 
     t_d2cse, t_bare, mem_d2cse, mem_bare = [], [], [], []

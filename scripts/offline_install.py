@@ -294,13 +294,8 @@ def make_venv(folder: Path) -> None:
     if (folder / "bin" / "python").exists():
         return
     venv.create(folder, system_site_packages=True, with_pip=True)
-    mine = [
-        p
-        for p in dict.fromkeys(
-            site.getsitepackages() + [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-        )
-        if Path(p).is_dir()
-    ]
+    paths = sysconfig.get_paths()
+    mine = [p for p in dict.fromkeys([*site.getsitepackages(), paths["purelib"], paths["platlib"]]) if Path(p).is_dir()]
     out = subprocess.run(
         [str(folder / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,
