@@ -55,6 +55,8 @@ def run_key(
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
     config = keys.without_defaults(cfg.model_dump(exclude=set(LAUNCH_FIELDS)), KEY_NEUTRAL_JOB_DEFAULTS)
     config["model"] = keys.without_defaults(config["model"], KEY_NEUTRAL_MODEL_DEFAULTS)  # (storage/keys.py's rule)
+    if config.get("corrupt") is not None:  # `corrupt.hard` came after jobs were keyed: at its default, left out
+        config["corrupt"] = keys.without_defaults(config["corrupt"], {"hard": False})
     return keys.run_key(
         config,
         tokens.content_hash,
