@@ -84,7 +84,7 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
     from cse.storage.evaluations import load_sts_input
     from cse.training.job import load_training_rows
 
-    records = v2.read_parts(home)
+    records = v2.parts(home).records()
     generator = v2.fit_v2_generator(Bench(None))
     bench = Bench(f"generator:{generator['key']}")
     dest.mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,7 @@ def run(
     label = device_label(device)
     backbone = restore_backbone(src / "backbone")
     dev = functools.partial(stsb_dev, Evaluator(_read(src / "sts.pkl.xz")))
-    saved = v2.load_part(home, part)
+    saved = v2.parts(home).load(part)
     saved["generator"] = index["generator"]
     made_by = [index["command"]] if index.get("command") else []
     saved["commands"] = list(dict.fromkeys([*made_by, *saved.get("commands", []), command]))
@@ -166,7 +166,7 @@ def run(
         f = entry["fields"]
         if (methods and f["method"] not in methods) or (seeds and f["seed"] not in seeds):
             continue
-        done = v2.done_sts(v2.read_parts(home), v2.device_set({"device": label}))
+        done = v2.done_sts(v2.parts(home).records(), v2.device_set({"device": label}))
         if (f["method"], f["arm"], f["seed"]) in done:
             continue
         overrides = {"backbone": str(backbone), "device": device.type}
@@ -179,7 +179,7 @@ def run(
         t0 = time.perf_counter()
         rec.update(v2.train_sts(cfg, data["rows"], heldout, dev, home / "state" / v2.run_name(f), device))
         rec["seconds"]["total"] = round(time.perf_counter() - t0, 1)
-        v2.write_part(home, part, saved, rec)
+        v2.parts(home).write(part, saved, rec)
     v2.log("done")
     return 0
 
