@@ -273,9 +273,9 @@ def swap_task_rows(bench: Bench, cfg):
     return train_rows, TrainingRows(everything, swap, False, pad), np.arange(n_train, n)
 
 
-def train_on_swap(cfg, train_rows, device, freeze: str | None = None) -> tuple[Any, int, list, float]:
+def train_on_swap(cfg, train_rows, device, freeze=None) -> tuple[Any, int, list, float]:
     """Train `cfg`'s model on the swap task's `train_rows` on `device` (no STS evaluation: the loop's one end-of-run
-    selection call gets a constant), the parameters whose names start with `freeze` frozen first.
+    selection call gets a constant), the parameters whose names `freeze(name)` is true for frozen first.
 
     Returns:
         The trained model, its steps, its losses (steps 1-10 and every 10th) and the training seconds.
@@ -286,7 +286,7 @@ def train_on_swap(cfg, train_rows, device, freeze: str | None = None) -> tuple[A
     set_seed(cfg.seed)
     model = build_model(cfg, device)
     for name, p in model.named_parameters():
-        if freeze and name.startswith(freeze):
+        if freeze is not None and freeze(name):
             p.requires_grad_(False)
     losses: list = []
     t0 = time.perf_counter()
@@ -508,7 +508,7 @@ def summary(report: dict[str, Any], devices: str = "cpu") -> dict[str, Any]:
     return out
 
 
-def _rate(value: float | None, job_rate: float | None = None) -> str:
+def rate_text(value: float | None, job_rate: float | None = None) -> str:
     if value is not None:
         return f"{value:g}"
     return "the job's" if job_rate is None else f"the job's ({job_rate:g})"
@@ -525,7 +525,7 @@ def power_table(report: dict[str, Any]) -> list[str]:
         for r in m["power"]:
             p = r["probe"]
             lines.append(
-                f"| {method} | {r['label']} | `{r['knob']}` | {_rate(r['knob_value'], r.get('learning_rate'))} | "
+                f"| {method} | {r['label']} | `{r['knob']}` | {rate_text(r['knob_value'], r.get('learning_rate'))} | "
                 f"{p['true_h']:.4f} | {p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | "
                 f"{p['constant_guess']:.4f} | {'yes' if r['passes'] else 'no'} |"
             )
@@ -551,7 +551,9 @@ def sts_table(s: dict[str, Any]) -> list[str]:
 
 def _knob_text(knob: dict[str, Any], name: str) -> str:
     """The knob the STS runs used: `name` and its rate, marked when none of its power checks passed."""
-    return f"{name} {_rate(knob['value'])}" + ("" if knob["passed"] else " (no power)")
+    return f"{name} {rate_text(knob['value'])}" + (
+        "" if knob["passed"] else " (no power: a rate its power check rejected)"
+    )
 
 
 def mechanism_table(s: dict[str, Any]) -> list[str]:

@@ -82,7 +82,7 @@ PROTOCOL_V3: dict[str, Any] = {
         "seed": 0,
         "steps": 200,
         "rtd_weight": 1.0,
-        "frozen": {"diffcse": "encoder.", "d2cse": None},
+        "frozen": "the encoder group (cse.models.methods.crtd.grad_group): DiffCSE's encoder; D2CSE has none trainable",
         "min_gap": 0.05,
         "rule": "passes when some listed rate gives rolled − true >= min_gap on the held-out swap corruption; "
         "otherwise the method stops here",
@@ -221,7 +221,7 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
             if not (dest / rows_file).is_file():
                 rows, _ = load_training_rows(cfg, bench.root, tokens, cor, None, pad)
                 all_rows, heldout = bench.heldout(tokens, cor, pad, PROTOCOL_V3["heldout_sentences"])
-                ed._write(dest / rows_file, {"rows": rows, "heldout_rows": all_rows, "heldout": heldout})
+                ed.write_pickle(dest / rows_file, {"rows": rows, "heldout_rows": all_rows, "heldout": heldout})
             entry["configs"][f"{seed}-{corruption}"] = {"config": cfg.model_dump(mode="json"), "rows": rows_file}
             if seed == CONTROL["seed"] and corruption == DOSE["corruptions"][0]:
                 entry["swap"] = f"swap-{tokens.key}.pkl.xz"
@@ -229,10 +229,12 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
                     train_rows, swap_rows, swap_heldout = v2.swap_task_rows(bench, cfg)
                     real_rows, real_heldout = bench.heldout(tokens, cor, pad, PROTOCOL_V3["heldout_sentences"])
                     swap = {"train_rows": train_rows, "all_rows": swap_rows, "heldout": swap_heldout}
-                    ed._write(dest / entry["swap"], {**swap, "real_rows": real_rows, "real_heldout": real_heldout})
+                    ed.write_pickle(
+                        dest / entry["swap"], {**swap, "real_rows": real_rows, "real_heldout": real_heldout}
+                    )
             log(f"exported {method} seed {seed} {corruption} (corruption {cor.key})")
         index["methods"][method] = entry
-    ed._write(dest / "sts.pkl.xz", load_sts_input(bench.sts.key, bench.root).table)
+    ed.write_pickle(dest / "sts.pkl.xz", load_sts_input(bench.sts.key, bench.root).table)
     ed.export_backbone(Path(resolve_model_path(PROTOCOL_V3["backbone"])), dest / "backbone")
     (dest / "runs.json").write_text(json.dumps(index, indent=1) + "\n")
     return index
@@ -266,6 +268,7 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
     import torch
 
     from cse.evaluation.evaluator import Evaluator
+    from cse.models.methods.crtd import grad_group
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -278,16 +281,16 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
     rec["learning_rate"] = cfg.learning_rate
     t0 = time.perf_counter()
     if spec["kind"] != "dose":
-        data = ed._read(src / entry["swap"])
-        freeze = CONTROL["frozen"][spec["method"]] if spec["kind"] == "control" else None
+        data = ed.read_pickle(src / entry["swap"])
+        freeze = (lambda name: grad_group(name) == "encoder") if spec["kind"] == "control" else None
         model, rec["steps"], rec["losses"], _ = v2.train_on_swap(cfg, data["train_rows"], device, freeze)
         rec["probe"] = v2.probe_rows(model, data["all_rows"], data["heldout"])
         if spec["kind"] == "control":
             rec["real"] = v2.probe_rows(model, data["real_rows"], data["real_heldout"])
         rec["seconds"] = {"train_and_eval": round(time.perf_counter() - t0, 1)}
     else:
-        data = ed._read(src / entry["configs"][f"{spec['seed']}-{spec['corruption']}"]["rows"])
-        evaluator = Evaluator(ed._read(src / "sts.pkl.xz"))
+        data = ed.read_pickle(src / entry["configs"][f"{spec['seed']}-{spec['corruption']}"]["rows"])
+        evaluator = Evaluator(ed.read_pickle(src / "sts.pkl.xz"))
         heldout = (data["heldout_rows"], data["heldout"]) if spec["rtd_weight"] > 0 else None
         state = Path(spec["state"]) / "-".join([*(str(rec[k]) for k in keys[1:6]), protocol_hash()])
 
@@ -504,7 +507,7 @@ def report_lines(s: dict[str, Any]) -> list[str]:
         for r in m["control"]:
             real = r.get("real", {}).get("gap")
             lines.append(
-                f"| {method} | {v2._rate(r['knob_value'], r.get('learning_rate'))} | {_probe_cells(r['probe'])}"
+                f"| {method} | {v2.rate_text(r['knob_value'], r.get('learning_rate'))} | {_probe_cells(r['probe'])}"
                 f" | {'–' if real is None else f'{real:+.4f}'} | "
                 f"{'yes' if r['probe']['gap'] >= CONTROL['min_gap'] else 'no'} |"
             )
@@ -519,7 +522,7 @@ def report_lines(s: dict[str, Any]) -> list[str]:
         for r in m["rate"]:
             p = r["probe"]
             lines.append(
-                f"| {method} | {v2._rate(r['knob_value'], r.get('learning_rate'))} | {_probe_cells(p)} | "
+                f"| {method} | {v2.rate_text(r['knob_value'], r.get('learning_rate'))} | {_probe_cells(p)} | "
                 f"{'yes' if p['true_h'] <= p['constant_guess'] else 'no'} | "
                 f"{'**yes**' if r['knob_value'] == m['chosen_rate'] and m['chosen_rate'] is not None else ''} |"
             )
