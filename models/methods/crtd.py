@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 import torch.nn.functional as F
 
+from cse.models import distributed
 from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.losses import contrastive_loss, rtd_accuracy, rtd_loss
@@ -374,7 +375,8 @@ class ConditionalRTDModel(CSEModel):
         It leaves the training as it was: the gradients come from `torch.autograd.grad` (no parameter's `.grad` is
         touched), the forward runs in train mode (dropout, BatchNorm on batch statistics, as a training step) under
         a forked random state (the CPU's and the rows' CUDA device's generators are restored), every buffer
-        (BatchNorm's running statistics) is put back, and the mode the model was in is restored.
+        (BatchNorm's running statistics) is put back, and the mode the model was in is restored. Its losses are this
+        process's (`distributed.local_only`): it issues no collective call, like the probe.
 
         Args:
             input_ids: `(B, T)` original token ids, B >= 2.
@@ -395,7 +397,7 @@ class ConditionalRTDModel(CSEModel):
         was_training = self.training
         self.train()
         try:
-            with torch.random.fork_rng(devices=cuda), torch.enable_grad():
+            with torch.random.fork_rng(devices=cuda), torch.enable_grad(), distributed.local_only():
                 views = (t.unsqueeze(1).expand(-1, 2, -1) for t in (input_ids, attention_mask))  # two dropout views
                 labels = None if rtd_labels is None else rtd_labels.unsqueeze(1)
                 out = self(*views, corrupted_ids.unsqueeze(1), labels)

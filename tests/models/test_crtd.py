@@ -368,3 +368,18 @@ def test_grad_share_is_zero_at_zero_weight_and_needs_two_rows(make_model, tokeni
     assert all(v == 0.0 for v in model.rtd_grad_share(ids[:, 0], mask[:, 0], cor[:, 0]).values())
     with pytest.raises(ValueError, match="B >= 2"):
         model.rtd_grad_share(ids[:1, 0], mask[:1, 0], cor[:1, 0])
+
+
+def test_grad_share_issues_no_collective_call_in_a_distributed_job(make_model, tokenizer, monkeypatch):
+    """Rank 0 runs it alone at an evaluation: inside a (faked) world of 2 its losses stay this process's."""
+    import cse.models.distributed as distributed
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a collective call")
+
+    monkeypatch.setattr(distributed, "world", lambda: 2)
+    for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"):
+        monkeypatch.setattr(distributed.dist, name, refuse)
+    ids, mask, cor, lab = _views(tokenizer)
+    assert distributed.is_distributed()
+    assert make_model().rtd_grad_share(ids[:, 0], mask[:, 0], cor[:, 0], lab[:, 0])
