@@ -422,6 +422,41 @@ def write_block(path: Path, begin: str, end: str, body: str) -> None:
     path.write_text(f"{head}{begin}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
+@dataclass(frozen=True)
+class Parts:
+    """A protocol's part files `<home>/parts/<name>.json` (`protocol`: its hash; a part of another is refused): each
+    process writes its records into its own part as each ends, and a rerun finds them. `record_id(record)` says
+    which records are the same run (a newer one replaces it)."""
+
+    home: Path
+    protocol: str
+    record_id: Any
+
+    def _checked(self, path: Path) -> dict[str, Any]:
+        import json
+
+        part = json.loads(path.read_text()) if path.is_file() else {"protocol": self.protocol, "records": []}
+        if part.get("protocol") != self.protocol:
+            raise SystemExit(f"{path} is of protocol {part.get('protocol')}, not {self.protocol}: use another --home")
+        return part
+
+    def load_all(self) -> list[dict[str, Any]]:
+        return [self._checked(p) for p in sorted((self.home / "parts").glob("*.json"))]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [r for part in self.load_all() for r in part.get("records", [])]
+
+    def load(self, name: str) -> dict[str, Any]:
+        """The part `name` (a new one when there is none)."""
+        return self._checked(self.home / "parts" / f"{name}.json")
+
+    def write(self, name: str, part: dict[str, Any], record: dict[str, Any] | None = None) -> None:
+        """Write the part `name`, with `record` in place of any record of its id."""
+        if record is not None:
+            part["records"] = [r for r in part["records"] if self.record_id(r) != self.record_id(record)] + [record]
+        write_json(part, self.home / "parts" / f"{name}.json")
+
+
 def add_commands(report: dict[str, Any], *commands: str) -> None:
     """Append `commands` to the report's, each once."""
     report["commands"] = list(dict.fromkeys([*report.get("commands", []), *commands]))

@@ -84,7 +84,7 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
     from cse.storage.evaluations import load_sts_input
     from cse.training.job import load_training_rows
 
-    records = v2.read_parts(home)
+    records = v2.parts(home).records()
     generator = v2.fit_v2_generator(Bench(None))
     bench = Bench(f"generator:{generator['key']}")
     dest.mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,7 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
             pad = load_tokenizer(cfg.backbone).pad_token_id
             rows, _ = load_training_rows(cfg, bench.root, tokens, corruption, None, pad)
             all_rows, heldout = bench.heldout(tokens, corruption, pad, v2.PROTOCOL_V2["heldout_sentences"])
-            _write(rows_file, {"rows": rows, "heldout_rows": all_rows, "heldout": heldout})
+            write_pickle(rows_file, {"rows": rows, "heldout_rows": all_rows, "heldout": heldout})
         runs.append(
             {
                 "fields": v2.sts_fields(method, arm, seed, choice[0], choice[1], corruption.key),
@@ -112,21 +112,21 @@ def export(home: Path, dest: Path, methods: list[str], seeds: list[int] | None, 
             }
         )
         v2.log(f"exported {method}/{arm_name}/seed {seed} (corruption {corruption.key})")
-    _write(dest / "sts.pkl.xz", load_sts_input(bench.sts.key, bench.root).table)
+    write_pickle(dest / "sts.pkl.xz", load_sts_input(bench.sts.key, bench.root).table)
     export_backbone(Path(resolve_model_path(v2.PROTOCOL_V2["backbone"])), dest / "backbone")
     index = {"protocol": v2.protocol_hash(), "generator": generator, "runs": runs, "command": command}
     (dest / "runs.json").write_text(json.dumps(index, indent=1) + "\n")
     return index
 
 
-def _write(path: Path, obj: Any) -> None:
+def write_pickle(path: Path, obj: Any) -> None:
     from cse.storage.atomic import atomic_file
 
     with atomic_file(path) as tmp, lzma.open(tmp, "wb", preset=6) as f:
         pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _read(path: Path) -> Any:
+def read_pickle(path: Path) -> Any:
     with lzma.open(path, "rb") as f:
         return pickle.load(f)  # our own export, written by `export` above
 
@@ -152,8 +152,8 @@ def run(
     device = torch.device(device_name)
     label = device_label(device)
     backbone = restore_backbone(src / "backbone")
-    dev = functools.partial(stsb_dev, Evaluator(_read(src / "sts.pkl.xz")))
-    saved = v2.load_part(home, part)
+    dev = functools.partial(stsb_dev, Evaluator(read_pickle(src / "sts.pkl.xz")))
+    saved = v2.parts(home).load(part)
     saved["generator"] = index["generator"]
     made_by = [index["command"]] if index.get("command") else []
     saved["commands"] = list(dict.fromkeys([*made_by, *saved.get("commands", []), command]))
@@ -166,20 +166,20 @@ def run(
         f = entry["fields"]
         if (methods and f["method"] not in methods) or (seeds and f["seed"] not in seeds):
             continue
-        done = v2.done_sts(v2.read_parts(home), v2.device_set({"device": label}))
+        done = v2.done_sts(v2.parts(home).records(), v2.device_set({"device": label}))
         if (f["method"], f["arm"], f["seed"]) in done:
             continue
         overrides = {"backbone": str(backbone), "device": device.type}
         if steps is not None:  # a rehearsal
             overrides |= {"max_steps": steps, "eval_steps": max(1, steps // 2)}
         cfg = TrainConfig.model_validate({**entry["config"], **overrides})
-        data = _read(src / entry["rows"])
+        data = read_pickle(src / entry["rows"])
         heldout = (data["heldout_rows"], data["heldout"]) if entry["trains_rtd"] else None
         rec = {**f, "device": label, "backbone_weights": "the packaged MiniLM's, rounded to fp16 to travel"}
         t0 = time.perf_counter()
         rec.update(v2.train_sts(cfg, data["rows"], heldout, dev, home / "state" / v2.run_name(f), device))
         rec["seconds"]["total"] = round(time.perf_counter() - t0, 1)
-        v2.write_part(home, part, saved, rec)
+        v2.parts(home).write(part, saved, rec)
     v2.log("done")
     return 0
 

@@ -273,31 +273,42 @@ def swap_task_rows(bench: Bench, cfg):
     return train_rows, TrainingRows(everything, swap, False, pad), np.arange(n_train, n)
 
 
+def train_on_swap(cfg, train_rows, device, freeze=None) -> tuple[Any, int, list, float]:
+    """Train `cfg`'s model on the swap task's `train_rows` on `device` (no STS evaluation: the loop's one end-of-run
+    selection call gets a constant), the parameters whose names `freeze(name)` is true for frozen first.
+
+    Returns:
+        The trained model, its steps, its losses (steps 1-10 and every 10th) and the training seconds.
+    """
+    from cse.training.job import build_model, training_phases
+    from cse.training.loop import set_seed
+
+    set_seed(cfg.seed)
+    model = build_model(cfg, device)
+    for name, p in model.named_parameters():
+        if freeze is not None and freeze(name):
+            p.requires_grad_(False)
+    losses: list = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="evidence-swap-state-") as state:
+        phases = training_phases(cfg, train_rows, None)
+        log_losses = loss_logger(losses, ("rtd_accuracy",), every=10)
+        result = protocol_trainer(model, cfg, phases, device, Path(state), lambda m: 0.0, log_losses).run()
+    return model, result.steps, losses, time.perf_counter() - t0
+
+
 def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dict[str, Any]:
     """Train the arm on the swap task for `power.steps` steps (seed 0) and probe the held-out sentences."""
     import torch
 
-    from cse.training.job import build_model, training_phases
-    from cse.training.loop import set_seed
-
     power = PROTOCOL_V2["power"]
     cfg = train_config(bench, method, arm, power["seed"], knob, power["steps"], generator=None)
     train_rows, all_rows, heldout = swap_task_rows(bench, cfg)
-    set_seed(cfg.seed)
-    model = build_model(cfg, torch.device("cpu"))
     knob_name = KNOBS[method][0]
     log(
         f"power {method}/{arm.name}: {knob_name} = {knob if knob is not None else 'the job rate'}, {power['steps']} steps"
     )
-    losses: list = []
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="evidence-v2-state-") as state:
-        # no STS evaluation in a power run: the loop's one end-of-run selection call gets a constant
-        phases = training_phases(cfg, train_rows, None)
-        log_losses = loss_logger(losses, ("rtd_accuracy",), every=10)
-        trainer = protocol_trainer(model, cfg, phases, torch.device("cpu"), Path(state), lambda m: 0.0, log_losses)
-        result = trainer.run()
-    train_s = time.perf_counter() - t0
+    model, steps, losses, train_s = train_on_swap(cfg, train_rows, torch.device("cpu"))
     probe = probe_rows(model, all_rows, heldout)
     rec = {
         "kind": "power",
@@ -307,7 +318,7 @@ def power_record(bench: Bench, method: str, arm: Arm, knob: float | None) -> dic
         "knob": knob_name,
         "knob_value": knob,
         "learning_rate": cfg.learning_rate,
-        "steps": result.steps,
+        "steps": steps,
         "protocol": protocol_hash(),
         "probe": probe,
         "passes": probe["gap"] >= power["min_gap"],
@@ -366,9 +377,10 @@ def sts_fields(
     }
 
 
-def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
+def train_sts(cfg, rows, heldout, dev, state: Path, device, finish=None) -> dict[str, Any]:
     """Train `cfg`'s model on `rows` on `device`, evaluating `dev(model)` (STS-B dev) at step 0 and at every
-    evaluation, and, with `heldout = (rows, indices)`, probe the trained discriminator there. A killed run resumes at
+    evaluation, and, with `heldout = (rows, indices)`, probe the trained discriminator there; `finish(model)`, when
+    given, adds its fields (protocol 3: the seven STS tasks) to the record. A killed run resumes at
     its last evaluation: the loop's resume state (saved every eval_every steps) and the dev curve and losses so far
     live in `state` and beside it until the record is written.
 
@@ -416,45 +428,16 @@ def train_sts(cfg, rows, heldout, dev, state: Path, device) -> dict[str, Any]:
     }
     if heldout is not None:
         rec["mechanism"] = probe_rows(model, *heldout)
+    if finish is not None:
+        rec.update(finish(model))
     log(f"sts {state.name}: {rec['start']:.2f} -> {rec['final']:.2f} ({rec['delta']:+.2f})")
     return rec
 
 
 # ---------------------------------------------------------------------------------------------- parts and plan
-def part_dir(home: Path) -> Path:
-    return home / "parts"
-
-
-def load_parts(home: Path) -> list[dict[str, Any]]:
-    """Every part of `home`, in name order, under this protocol's hash (a part of another protocol is refused)."""
-    parts = []
-    for p in sorted(part_dir(home).glob("*.json")):
-        part = json.loads(p.read_text())
-        if part.get("protocol") != protocol_hash():
-            raise SystemExit(f"{p} is of protocol {part.get('protocol')}, not {protocol_hash()}: use another --home")
-        parts.append(part)
-    return parts
-
-
-def read_parts(home: Path) -> list[dict[str, Any]]:
-    """Every record of every part (`load_parts`)."""
-    return [r for part in load_parts(home) for r in part.get("records", [])]
-
-
-def load_part(home: Path, name: str) -> dict[str, Any]:
-    """The part `<home>/parts/<name>.json` (a new one when there is none; one of another protocol is refused)."""
-    path = part_dir(home) / f"{name}.json"
-    part = json.loads(path.read_text()) if path.is_file() else {"protocol": protocol_hash(), "records": []}
-    if part.get("protocol") != protocol_hash():
-        raise SystemExit(f"{path} is of protocol {part.get('protocol')}, not {protocol_hash()}")
-    return part
-
-
-def write_part(home: Path, name: str, part: dict[str, Any], record: dict[str, Any] | None = None) -> None:
-    """Write the part `name`, with `record` in place of any record of its id."""
-    if record is not None:
-        part["records"] = [r for r in part["records"] if record_id(r) != record_id(record)] + [record]
-    write_json(part, part_dir(home) / f"{name}.json")
+def parts(home: Path) -> ev.Parts:
+    """This protocol's parts in `home` (`evidence_base.Parts`; a part of another protocol is refused)."""
+    return ev.Parts(home, protocol_hash(), record_id)
 
 
 def device_set(r: dict[str, Any]) -> str:
@@ -525,7 +508,7 @@ def summary(report: dict[str, Any], devices: str = "cpu") -> dict[str, Any]:
     return out
 
 
-def _rate(value: float | None, job_rate: float | None = None) -> str:
+def rate_text(value: float | None, job_rate: float | None = None) -> str:
     if value is not None:
         return f"{value:g}"
     return "the job's" if job_rate is None else f"the job's ({job_rate:g})"
@@ -542,7 +525,7 @@ def power_table(report: dict[str, Any]) -> list[str]:
         for r in m["power"]:
             p = r["probe"]
             lines.append(
-                f"| {method} | {r['label']} | `{r['knob']}` | {_rate(r['knob_value'], r.get('learning_rate'))} | "
+                f"| {method} | {r['label']} | `{r['knob']}` | {rate_text(r['knob_value'], r.get('learning_rate'))} | "
                 f"{p['true_h']:.4f} | {p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | "
                 f"{p['constant_guess']:.4f} | {'yes' if r['passes'] else 'no'} |"
             )
@@ -568,7 +551,9 @@ def sts_table(s: dict[str, Any]) -> list[str]:
 
 def _knob_text(knob: dict[str, Any], name: str) -> str:
     """The knob the STS runs used: `name` and its rate, marked when none of its power checks passed."""
-    return f"{name} {_rate(knob['value'])}" + ("" if knob["passed"] else " (no power)")
+    return f"{name} {rate_text(knob['value'])}" + (
+        "" if knob["passed"] else " (no power: a rate its power check rejected)"
+    )
 
 
 def mechanism_table(s: dict[str, Any]) -> list[str]:
@@ -763,11 +748,11 @@ def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path |
     previous = full.get("protocol_v2") or {}
     if previous and previous.get("protocol") != protocol_hash():
         raise SystemExit(f"{out}: its protocol_v2 is of hash {previous.get('protocol')}, not {protocol_hash()}")
-    parts = load_parts(home)
+    loaded = parts(home).load_all()
     records = {record_id(r): r for r in previous.get("records", [])}
-    records.update({record_id(r): r for part in parts for r in part.get("records", [])})
+    records.update({record_id(r): r for part in loaded for r in part.get("records", [])})
     generator = previous.get("generator") or generator_in_home(home)
-    for part in parts:
+    for part in loaded:
         generator = part.get("generator") or generator
     report = {
         "benchmark": "evidence",
@@ -781,7 +766,7 @@ def merge(home: Path, out: Path, command: str, readme: Path | None, docs: Path |
         "environment": previous.get("environment") or cpu_environment(),
         "commands": previous.get("commands", []),
     }
-    ev.add_commands(report, *[c for part in parts for c in part.get("commands", [])], command)
+    ev.add_commands(report, *[c for part in loaded for c in part.get("commands", [])], command)
     short = [r for r in report["records"] if r["kind"] == "sts" and r["steps"] != PROTOCOL_V2["steps"]]
     if short:
         raise SystemExit(
@@ -810,7 +795,7 @@ def run_power(bench: Bench, methods: list[str], home: Path, save) -> None:
     for method in methods:
         arm = ARMS[method][0]
         for value in KNOBS[method][1]:
-            done = {record_id(r): r for r in read_parts(home)}
+            done = {record_id(r): r for r in parts(home).records()}
             rid = ("power", method, arm.name, None, value, "cpu")
             rec = done.get(rid) or power_record(bench, method, arm, value)
             if rid not in done:
@@ -822,7 +807,7 @@ def run_power(bench: Bench, methods: list[str], home: Path, save) -> None:
 def run_sts(bench: Bench, methods: list[str], seeds: list[int] | None, home: Path, save) -> None:
     """The STS runs not yet in a part, method and control of one seed after the other, at the chosen knob."""
     for method, arm_name, seed in expected_sts(methods, seeds):
-        records = read_parts(home)
+        records = parts(home).records()
         if (method, arm_name, seed) in done_sts(records, "cpu"):
             continue
         choice = chosen_knob(records, method)
@@ -855,11 +840,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = ev.parse_seeds(args.seeds)
     stages = [s.strip() for s in args.stages.split(",")]
     ev.use_home(home, args.threads)
-    part = load_part(home, args.part)
+    part = parts(home).load(args.part)
     ev.add_commands(part, command)
     part["environment"] = cpu_environment()
-    log(f"protocol {protocol_hash()}; part {part_dir(home) / f'{args.part}.json'}; methods {methods}; stages {stages}")
-    save = functools.partial(write_part, home, args.part, part)
+    log(f"protocol {protocol_hash()}; part {home / 'parts' / f'{args.part}.json'}; methods {methods}; stages {stages}")
+    save = functools.partial(parts(home).write, args.part, part)
     bench = Bench(None)
     if "power" in stages:
         run_power(bench, methods, home, save)

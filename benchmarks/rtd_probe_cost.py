@@ -1,10 +1,12 @@
-"""What the RTD mechanism probe of every evaluation costs beside the STS-B dev evaluation it runs with.
+"""What the RTD probe of every evaluation (the h probe and the gradient share) costs beside the STS-B dev evaluation
+it runs with.
 
     python -m benchmarks.rtd_probe_cost [--threads 1] [--home .cse/evidence-v2]
 
 For every registered method with a conditional discriminator (`ConditionalRTDModel`), on the packaged MiniLM in fp32:
 the seconds of one `rtd_h_probe` on the training job's fixed batch shape (64 rows of 32 tokens, 30 % of them
-replaced; the mean of 3 calls after one warm-up) and of one STS-B dev evaluation (1,500 pairs, batch 128), as the
+replaced; the mean of 3 calls after one warm-up), of one `rtd_grad_share` on the same batch (one training forward of
+its two views and two gradients; the same averaging) and of one STS-B dev evaluation (1,500 pairs, batch 128), as the
 training job runs them at every evaluation (training/job.py). Prints one line per method.
 """
 
@@ -50,12 +52,18 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(3):
             model.rtd_h_probe(ids, mask, corrupted)
         probe = (time.perf_counter() - t0) / 3
+        model.rtd_grad_share(ids, mask, corrupted)  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(3):
+            model.rtd_grad_share(ids, mask, corrupted)
+        share = (time.perf_counter() - t0) / 3
         t0 = time.perf_counter()
         evaluator.run(model, mode="dev", batch_size=128, precision="fp32")
         dev = time.perf_counter() - t0
         print(
-            f"{spec.name}: probe {probe:.2f} s (64 rows x 32 tokens), STS-B dev evaluation {dev:.1f} s, "
-            f"probe / evaluation {probe / dev:.3f} (torch threads {args.threads})",
+            f"{spec.name}: h probe {probe:.2f} s, gradient share {share:.2f} s (64 rows x 32 tokens), STS-B dev "
+            f"evaluation {dev:.1f} s, (probe + share) / evaluation {(probe + share) / dev:.3f} "
+            f"(torch threads {args.threads})",
             flush=True,
         )
     return 0

@@ -208,6 +208,13 @@ class CorruptConfig(_Config):
         default=True,
         description="run the generator in train mode (dropout on), as the reference code does (voidism/DiffCSE)",
     )
+    hard: bool = Field(
+        default=False,
+        description="hard corruption: the generator's best token other than the original (its argmax, or its "
+        "sample, with the original token's logit removed), so that every predicted position is replaced; False = "
+        "the reference's pick, which may give back the original (about the generator's top-1 accuracy of the "
+        "positions stay as they were). Not with mode unigram",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = Field(default=True, description="bf16 autocast on GPU (ignored on CPU)")
 
@@ -246,6 +253,8 @@ class CorruptConfig(_Config):
     def _unigram_masked_only(self):
         if self.mode == "unigram" and self.positions != "masked":
             raise ValueError("corrupt.mode 'unigram' replaces the masked positions only: positions must be 'masked'")
+        if self.mode == "unigram" and self.hard:
+            raise ValueError("corrupt.hard removes the generator's original-token logit: mode 'unigram' has none")
         return self
 
 

@@ -5,7 +5,8 @@ Pure PyTorch + transformers: no Prefect, no MLflow.
 1. Masking: non-special, non-pad tokens are selected with probability `mask_ratio`; of the selected,
    80 % become [MASK], 10 % a random id uniform over the vocabulary, 10 % stay unchanged.
 2. Replacement: the generator predicts the selected positions, by argmax (the reference code) or by
-   sampling from its softmax (the paper text); or, with no generator (mode "unigram", a cheap contrast), a token
+   sampling from its softmax (the paper text), over every token or, with `hard`, over every token but the original
+   (so each predicted position is replaced); or, with no generator (mode "unigram", a cheap contrast), a token
    drawn from the corpus's unigram frequencies replaces each selected position.
 3. Labels: 1 where the corrupted id differs from the original (0 on pads).
 
@@ -191,6 +192,7 @@ class Corruptor:
         dropout: bool = False,
         all_positions: bool = False,
         unigram_counts: np.ndarray | Sequence[int] | None = None,
+        hard: bool = False,
     ):
         if not 0.0 < mask_ratio < 1.0:
             raise ValueError(f"mask_ratio must lie in (0, 1), got {mask_ratio}")
@@ -202,6 +204,10 @@ class Corruptor:
             if model is not None or unigram_counts is None or all_positions:
                 raise ValueError(
                     "mode 'unigram' takes unigram_counts and no generator model, and only the masked positions"
+                )
+            if hard:
+                raise ValueError(
+                    "hard corruption removes the generator's original-token logit: mode 'unigram' has none"
                 )
             self.unigram = unigram_cdf(unigram_counts, tokens.vocab_size)
             self.model: PreTrainedModel | None = None
@@ -217,6 +223,7 @@ class Corruptor:
         self.tokens, self.mask_ratio, self.mode = tokens, mask_ratio, mode
         self.autocast = self.device.type == "cuda" and bf16
         self.all_positions = all_positions  # the reference: G rewrites every real position but 0 (see the module doc)
+        self.hard = hard  # the generator's best token other than the original (CorruptConfig.hard)
 
     def draw_noise(self, shape: Sequence[int], generator: torch.Generator | None) -> Noise:
         return Noise.draw(shape, self.tokens.vocab_size, generator, with_sample=self.mode in ("sample", "unigram"))
@@ -256,6 +263,9 @@ class Corruptor:
                     dev_sel,
                 )
             logits = logits[:, : self.tokens.vocab_size]
+            if self.hard:  # never the original token: its logit removed before the pick
+                original = input_ids[predict].to(logits.device)
+                logits = logits.scatter(1, original.unsqueeze(1), float("-inf"))
             uniform = None if noise.sample is None else noise.sample[predict]
             corrupted[predict] = pick_tokens(logits, self.mode, uniform).cpu().to(corrupted.dtype)
         labels = (corrupted != input_ids) & attention_mask.bool()

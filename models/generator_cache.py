@@ -33,6 +33,7 @@ def shared_corruptor(
     all_positions: bool,
     unigram_counts: Sequence[int] | None = None,
     unigram_source: str | None = None,
+    hard: bool = False,
 ) -> Corruptor:
     """The `Corruptor` of these settings, built on the first call in this process and kept for the next ones.
 
@@ -44,6 +45,7 @@ def shared_corruptor(
         unigram_counts: mode unigram: the token counts drawn from.
         unigram_source: mode unigram: what the counts were counted on (the tokens' content hash), so that other
             counts build another corruptor.
+        hard: the generator's best token other than the original (`CorruptConfig.hard`).
 
     Raises:
         NonFiniteWeights: the generator holds a `nan`/`inf` weight (named with its rows).
@@ -58,6 +60,7 @@ def shared_corruptor(
         dropout,
         all_positions,
         unigram_source if mode == "unigram" else None,
+        hard,
     )
     with _LOCK:
         if cache_key not in _CORRUPTORS:
@@ -81,6 +84,7 @@ def shared_corruptor(
                 dropout=dropout,
                 all_positions=all_positions,
                 unigram_counts=unigram_counts,
+                hard=hard,
             )
         return _CORRUPTORS[cache_key]
 

@@ -41,14 +41,14 @@ SCHEMA_VERSIONS: dict[str, int] = {
 }
 
 # Parameters added after keys of the stage existed → their default (what the stage did before them).
-CORRUPTION_ADDED_LATER: dict[str, Any] = {"positions": "masked"}
+CORRUPTION_ADDED_LATER: dict[str, Any] = {"positions": "masked", "hard": False}
 GENERATOR_ADDED_LATER: dict[str, Any] = {"backbone_lr": None}  # GeneratorConfig fields added after its first keys
 RUN_ADDED_LATER: dict[str, Any] = {"nli_tokens": None}  # the NLI tokens dataset of a DiffAug job
 
 # The settings of cse.config.stages.CorruptConfig that enter a corruption key (`corruption_key`'s keyword arguments):
 # `corruption_key(..., **config.model_dump(include=CORRUPTION_SETTINGS))`.
 CORRUPTION_SETTINGS = frozenset(
-    {"mask_ratio", "mode", "variants", "seed", "shard_size", "generator_dropout", "positions"}
+    {"mask_ratio", "mode", "variants", "seed", "shard_size", "generator_dropout", "positions", "hard"}
 )
 
 
@@ -139,9 +139,10 @@ def corruption_key(
     shard_size: int,
     generator_dropout: bool,
     positions: str = "masked",
+    hard: bool = False,
 ) -> str:
     """The key of a corruption dataset: the tokens' content, the generator's identity, the precision and every setting
-    that changes the corrupted rows; `positions` (added later) only when not `"masked"`.
+    that changes the corrupted rows; `positions` and `hard` (added later) only when not `"masked"` and not False.
 
     Args:
         tokens_hash: the content hash of the tokens dataset corrupted.
@@ -149,7 +150,7 @@ def corruption_key(
         generator: the generator's identity (name or folder + config.json hash + a folder's files' hash; a generator
             dataset's key and content hash; `{"name": "unigram"}` for mode unigram).
         precision: `fp32` or `bf16`.
-        mask_ratio, mode, variants, seed, shard_size, generator_dropout, positions: the corruption settings
+        mask_ratio, mode, variants, seed, shard_size, generator_dropout, positions, hard: the corruption settings
             (`cse.config.stages.CorruptConfig`, resolved: `variants` and `seed` explicit).
     """
     return stable_hash(
@@ -166,7 +167,7 @@ def corruption_key(
             "generator_dropout": generator_dropout,
             "precision": precision,
             "v": SCHEMA_VERSIONS["corruption"],
-            **without_defaults({"positions": positions}, CORRUPTION_ADDED_LATER),
+            **without_defaults({"positions": positions, "hard": hard}, CORRUPTION_ADDED_LATER),
         }
     )
 

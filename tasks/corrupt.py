@@ -267,6 +267,7 @@ def _corruptor(plan: CorruptPlan) -> Corruptor:
         cfg.positions == "all",
         unigram_counts=plan.unigram_counts,
         unigram_source=plan.tokens_hash,
+        hard=cfg.hard,
     )
 
 
@@ -369,6 +370,7 @@ def _publish(root: DataRoot, plan: CorruptPlan, shards: list[ShardResult]) -> Ma
         "batch_size": cfg.batch_size,
         "generator_dropout": cfg.generator_dropout,
         "positions": cfg.positions,
+        **({"hard": True} if cfg.hard else {}),  # (added later: recorded when on, as in the key)
         "device": plan.device,
         "precision": plan.precision,
         "schema_version": SCHEMA_VERSION,

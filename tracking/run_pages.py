@@ -48,7 +48,7 @@ from urllib.parse import quote
 import mlflow
 
 from cse.config import published
-from cse.models.methods.crtd import PROBE_METRICS
+from cse.models.methods.crtd import GRAD_GROUPS, PROBE_METRICS
 from cse.storage.readers import SEVEN_TASKS, TASK_TITLES
 from cse.tracking.reporting import markdown_table
 
@@ -79,6 +79,8 @@ MODEL_TRAINING = "custom_model_development"  # ... "model training" (not GenAI)
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."  # MLflow's experiment tag of a shared view
 ML_VIEW = "workflowType=machine_learning"  # the URL parameter that opens MLflow's model-training view
 RTD_GAP_READ = 0.01  # |rtd_h_gap| below this (nats per token) is read as no measurable use of h
+GRAD_METRIC = "rtd_grad_"  # the RTD term's gradient share (`rtd_grad_share_<group>`, `rtd_grad_norm_<group>`)
+GRAD_CURVES = f"rtd_probe/{GRAD_METRIC}"
 RUN_NAME_MAX = 120  # characters of a run name's override part before "+N more"
 _SHORT_NAMES = {"learning_rate": "lr"}  # an override's name in a run name (else the last part of its dotted name)
 
@@ -223,7 +225,8 @@ def curve_name(name: str) -> str:
         return name
     if "_dev" in name:
         return f"dev/{name}"
-    if name in (*PROBE_METRICS.values(), "rtd_probe_seconds"):  # the RTD mechanism probe (cse.training.job)
+    if name in (*PROBE_METRICS.values(), "rtd_probe_seconds") or name.startswith(GRAD_METRIC):  # the RTD probe
+        # (cse.training.job: the h probe and the RTD term's gradient share)
         return f"rtd_probe/{name}"
     section = CURVE_SECTIONS.get(name) or ("optimizer" if name.startswith("learning_rate_") else "loss")
     return f"{section}/{name}"
@@ -419,10 +422,23 @@ def rtd_probe_history(run_id: str) -> list[tuple[int, dict[str, float]]]:
     read back from the run's metric history), in step order; empty when the run logged none."""
     client = mlflow.MlflowClient()
     by_step: dict[int, dict[str, float]] = {}
-    for key, name in PROBE_METRICS.items():
+    grads = [k.removeprefix("rtd_probe/") for k in client.get_run(run_id).data.metrics if k.startswith(GRAD_CURVES)]
+    for key, name in [*PROBE_METRICS.items(), *((g, g) for g in grads)]:
         for m in client.get_metric_history(run_id, curve_name(name)):
             by_step.setdefault(m.step, {})[key] = m.value
     return sorted(by_step.items())
+
+
+def _grad_columns(history: Sequence[tuple[int, Mapping[str, float]]]) -> dict[str, str]:
+    """The gradient-share metrics of `history`, in `GRAD_GROUPS` order → their column titles."""
+    names = {k for _, v in history for k in v if k.startswith(GRAD_METRIC)}
+    columns = {}
+    for group in GRAD_GROUPS:
+        if f"{GRAD_METRIC}share_{group}" in names:
+            columns[f"{GRAD_METRIC}share_{group}"] = f"‖λ∇RTD‖ / ‖∇CL‖, {group}"
+        if f"{GRAD_METRIC}norm_{group}" in names:
+            columns[f"{GRAD_METRIC}norm_{group}"] = f"‖λ∇RTD‖, {group}"
+    return columns
 
 
 def rtd_probe_section(history: Sequence[tuple[int, Mapping[str, float]]]) -> str:
@@ -430,6 +446,7 @@ def rtd_probe_section(history: Sequence[tuple[int, Mapping[str, float]]]) -> str
     true, the rolled and no h, the gap rolled − true, and what the last gap says."""
     if not history:
         return ""
+    grads = _grad_columns(history)
     rows = [
         {
             "step": str(step),
@@ -437,6 +454,7 @@ def rtd_probe_section(history: Sequence[tuple[int, Mapping[str, float]]]) -> str
             "loss, rolled h": f"{v.get('rolled_h', math.nan):.4f}",
             "loss, no h": f"{v.get('no_h', math.nan):.4f}",
             "rtd_h_gap (rolled − true)": f"{v.get('gap', math.nan):+.4f}",
+            **{title: f"{v.get(name, math.nan):.2e}" for name, title in grads.items()},
         }
         for step, v in history
     ]
@@ -460,7 +478,13 @@ def rtd_probe_section(history: Sequence[tuple[int, Mapping[str, float]]]) -> str
         [
             "**RTD mechanism probe** (the discriminator on a fixed batch of 64 sentences, eval mode; parameter "
             "`rtd_probe_rows` says which): RTD loss with the true h, with h rolled by one row (another sentence's) and "
-            "with no h.",
+            "with no h."
+            + (
+                " The RTD term's gradient share on the same rows (one training batch, train mode): ‖λ∇L_RTD‖ / "
+                "‖∇L_CL‖ in each trainable group the contrastive loss reaches, ‖λ∇L_RTD‖ in those it does not."
+                if grads
+                else ""
+            ),
             "",
             markdown_table(rows, list(rows[0])).rstrip("\n"),
             "",

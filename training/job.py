@@ -7,8 +7,11 @@ the context held around the loop (the task's GPU slot).
 Every evaluation of a method with a conditional discriminator (D2CSE, DiffCSE) also runs the RTD mechanism probe
 (`ConditionalRTDModel.rtd_h_probe`) on one fixed batch (`rtd_probe`): the discriminator's RTD loss with the true h,
 with h rolled by one row (another sentence's) and with no h, logged as `rtd_loss_true_h`, `rtd_loss_rolled_h`,
-`rtd_loss_no_h` and `rtd_h_gap` = rolled − true (with `rtd_probe_seconds`, its cost). It runs in the evaluation
-callback, outside the compiled training step.
+`rtd_loss_no_h` and `rtd_h_gap` = rolled − true, and the RTD term's gradient share (`rtd_grad_share`): on the same
+batch, ‖λ∇L_RTD‖ / ‖∇L_CL‖ per trainable group, logged as `rtd_grad_share_<group>` (`rtd_grad_norm_<group>`,
+‖λ∇L_RTD‖, for the discriminator's copy and the RTD head, which the contrastive loss does not reach), with
+`rtd_probe_seconds`, the cost of both. It runs in the evaluation callback, outside the compiled training step, and
+leaves the training's random state, buffers and gradients as they were.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def run_key(
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
     config = keys.without_defaults(cfg.model_dump(exclude=set(LAUNCH_FIELDS)), KEY_NEUTRAL_JOB_DEFAULTS)
     config["model"] = keys.without_defaults(config["model"], KEY_NEUTRAL_MODEL_DEFAULTS)  # (storage/keys.py's rule)
+    if config.get("corrupt") is not None:  # `corrupt.hard` came after jobs were keyed: at its default, left out
+        config["corrupt"] = keys.without_defaults(config["corrupt"], {"hard": False})
     return keys.run_key(
         config,
         tokens.content_hash,
@@ -183,7 +188,9 @@ class RTDProbe:
     rows: str
 
     def run(self, model: ConditionalRTDModel, device: torch.device) -> dict[str, float]:
-        """The probe's metrics (`cse.models.methods.crtd.PROBE_METRICS` and `rtd_probe_seconds`) for `model` as it is now."""
+        """The probe's metrics for `model` as it is now: `cse.models.methods.crtd.PROBE_METRICS`, the RTD term's
+        gradient share per trainable group (`ConditionalRTDModel.rtd_grad_share`: `rtd_grad_share_<group>`, and
+        `rtd_grad_norm_<group>` for the groups only the RTD loss reaches) and `rtd_probe_seconds`, the cost of both."""
         t0 = time.perf_counter()
         out = model.rtd_h_probe(
             self.input_ids.to(device),
@@ -191,7 +198,17 @@ class RTDProbe:
             self.corrupted_ids.to(device),
             self.rtd_labels.to(device),
         )
-        return {**{PROBE_METRICS[k]: v for k, v in out.items()}, "rtd_probe_seconds": time.perf_counter() - t0}
+        shares = model.rtd_grad_share(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.corrupted_ids.to(device),
+            self.rtd_labels.to(device),
+        )
+        return {
+            **{PROBE_METRICS[k]: v for k, v in out.items()},
+            **{f"rtd_grad_{k}": v for k, v in shares.items()},
+            "rtd_probe_seconds": time.perf_counter() - t0,
+        }
 
 
 def rtd_probe(
@@ -360,7 +377,7 @@ def _selection(
     def evaluate_dev(m: torch.nn.Module) -> float:
         nonlocal transfer_dev
         model = cast("CSEModel", m)  # (the trainer's model: build_model's)
-        if probe is not None:  # the RTD mechanism probe, on its fixed batch (fp32, eval mode, no gradient)
+        if probe is not None:  # the RTD probe on its fixed batch (fp32; h probe in eval mode, gradient share forked)
             log_metrics(probe.run(cast(ConditionalRTDModel, model), device), step())
         stsb = evaluator.run(model, mode="dev", **settings).metrics()["stsb_dev"]
         if cfg.selection != "transfer":

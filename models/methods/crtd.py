@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 import torch.nn.functional as F
 
+from cse.models import distributed
 from cse.models.batching import TrainBatch, check_views
 from cse.models.heads import ProjectionMLP, RTDHead
 from cse.models.losses import contrastive_loss, rtd_accuracy, rtd_loss
@@ -35,6 +36,28 @@ PROBE_METRICS = {
     "no_h": "rtd_loss_no_h",
     "gap": "rtd_h_gap",
 }
+# The trainable groups `ConditionalRTDModel.rtd_grad_share` measures (`grad_group`). The contrastive loss reaches
+# the first three; the discriminator's own copy (DiffCSE's, D2CSE's with `train_discriminator`) and the RTD head only
+# the RTD loss.
+GRAD_GROUPS = ("prompts", "mlp", "encoder", "discriminator", "rtd_head")
+RTD_ONLY_GROUPS = ("discriminator", "rtd_head")
+
+
+def grad_group(name: str) -> str:
+    """The `GRAD_GROUPS` entry of a parameter by its name: deep or [CLS] prompts, the BN-MLP (`projection.`), the
+    discriminator's own copy, the RTD head, else the encoder.
+
+    Examples:
+        >>> from cse.models.methods.crtd import grad_group
+        >>> [grad_group(n) for n in ("encoder.prefix_encoder.embedding.weight", "projection.net.0.weight",
+        ...                          "encoder.encoder.layer.0.output.dense.bias", "rtd_head.classifier.weight")]
+        ['prompts', 'mlp', 'encoder', 'rtd_head']
+    """
+    if "prefix" in name or "prompt" in name:
+        return "prompts"
+    return {"projection": "mlp", "discriminator": "discriminator", "rtd_head": "rtd_head"}.get(
+        name.split(".")[0], "encoder"
+    )
 
 
 def check_objective(temperature: float, rtd_weight: float) -> None:
@@ -336,6 +359,69 @@ class ConditionalRTDModel(CSEModel):
             self.train(was_training)
         out["gap"] = out["rolled_h"] - out["true_h"]
         return out
+
+    def rtd_grad_share(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        corrupted_ids: torch.Tensor,
+        rtd_labels: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """Can the RTD term move anything? On `(B, T)` rows taken as one training batch (two dropout views of each
+        row, the corruption shared by both), the norm of λ·∇L_RTD over the norm of ∇L_CL in each trainable group
+        (`GRAD_GROUPS`, `grad_group`); for a group only the RTD loss reaches (`RTD_ONLY_GROUPS`) the share has no
+        denominator, and ‖λ·∇L_RTD‖ itself is returned.
+
+        It leaves the training as it was: the gradients come from `torch.autograd.grad` (no parameter's `.grad` is
+        touched), the forward runs in train mode (dropout, BatchNorm on batch statistics, as a training step) under
+        a forked random state (the CPU's and the rows' CUDA device's generators are restored), every buffer
+        (BatchNorm's running statistics) is put back, and the mode the model was in is restored. Its losses are this
+        process's (`distributed.local_only`): it issues no collective call, like the probe.
+
+        Args:
+            input_ids: `(B, T)` original token ids, B >= 2.
+            attention_mask: `(B, T)` token mask.
+            corrupted_ids: `(B, T)` corrupted ids.
+            rtd_labels: `(B, T)` labels (1 = replaced), or None: `corrupted != original` on real tokens.
+
+        Returns:
+            `{"share_<group>": ‖λ∇L_RTD‖ / ‖∇L_CL‖}` for each group with trainable parameters that the contrastive
+            loss reaches, and `{"norm_<group>": ‖λ∇L_RTD‖}` for each of `RTD_ONLY_GROUPS` with trainable parameters.
+        """
+        if input_ids.dim() != 2 or input_ids.shape[0] < 2:
+            raise ValueError(f"the gradient share needs (B, T) rows with B >= 2, got {tuple(input_ids.shape)}")
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        saved = {n: b.detach().clone() for n, b in self.named_buffers()}
+        cuda = [input_ids.device] if input_ids.device.type == "cuda" else []
+        was_training = self.training
+        self.train()
+        try:
+            with torch.random.fork_rng(devices=cuda), torch.enable_grad(), distributed.local_only():
+                views = (t.unsqueeze(1).expand(-1, 2, -1) for t in (input_ids, attention_mask))  # two dropout views
+                labels = None if rtd_labels is None else rtd_labels.unsqueeze(1)
+                out = self(*views, corrupted_ids.unsqueeze(1), labels)
+                g_cl = torch.autograd.grad(out.contrastive_loss, params, retain_graph=True, allow_unused=True)
+                g_rtd = torch.autograd.grad(out.rtd_loss, params, allow_unused=True)
+        finally:
+            with torch.no_grad():
+                for n, b in self.named_buffers():
+                    b.copy_(saved[n])
+            self.train(was_training)
+        sq: dict[str, list[float]] = {}
+        for (name, _), cl, rtd in zip(named, g_cl, g_rtd):
+            acc = sq.setdefault(grad_group(name), [0.0, 0.0])
+            acc[0] += 0.0 if cl is None else float(cl.float().pow(2).sum())
+            acc[1] += 0.0 if rtd is None else float(rtd.float().pow(2).sum())
+        weight = cast(CRTDConfig, self.config).rtd_weight
+        shares: dict[str, float] = {}
+        for group in (g for g in GRAD_GROUPS if g in sq):
+            cl_norm, rtd_norm = sq[group][0] ** 0.5, weight * sq[group][1] ** 0.5
+            if group in RTD_ONLY_GROUPS or cl_norm == 0.0:
+                shares[f"norm_{group}"] = rtd_norm
+            else:
+                shares[f"share_{group}"] = rtd_norm / cl_norm
+        return shares
 
     def training_step(self, batch: TrainBatch, step: int | torch.Tensor = 0, phase: str = "main") -> StepOutput:
         """The loss of one batch and its logged terms (`loss_contrastive`, `loss_rtd`, `rtd_accuracy`).

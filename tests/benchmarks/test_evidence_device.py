@@ -41,8 +41,8 @@ def test_an_exported_run_trains_on_the_device_and_is_recorded_as_its_set(
     method, arm = next(iter(v2.ARMS.items()))
     cfg = resolve_train_config("smoke", {"max_length": 16, "batch_size": 4, "max_steps": 2}, method=method)
     rows, _ = synthetic_rows(cfg, method, 8, tokenizer)
-    ed._write(src / "rows-x.pkl.xz", {"rows": rows, "heldout_rows": rows, "heldout": np.arange(4)})
-    ed._write(src / "sts.pkl.xz", read_senteval(senteval_head)[0])
+    ed.write_pickle(src / "rows-x.pkl.xz", {"rows": rows, "heldout_rows": rows, "heldout": np.arange(4)})
+    ed.write_pickle(src / "sts.pkl.xz", read_senteval(senteval_head)[0])
     fields = v2.sts_fields(method, arm[0], 0, None, False, "x")
     runs = [{"fields": fields, "trains_rtd": True, "config": cfg.model_dump(mode="json"), "rows": "rows-x.pkl.xz"}]
     index = {"protocol": v2.protocol_hash(), "generator": None, "runs": runs, "command": "export"}

@@ -99,7 +99,7 @@ def test_merge_keeps_protocol_1_and_refuses_parts_of_another_protocol(tmp_path):
     v1 = {"protocol": ev.protocol_hash(), "cells": [], "missing": [], "summary": {}}
     out.write_text(json.dumps(v1))
     home = tmp_path / "home"
-    v2.write_part(home, "a", {"protocol": v2.protocol_hash(), "records": [_sts(FIRST, "lambda0", 0, 81.0)]})
+    v2.parts(home).write("a", {"protocol": v2.protocol_hash(), "records": [_sts(FIRST, "lambda0", 0, 81.0)]})
     v2.merge(home, out, "merge", None, None)
     full = json.loads(out.read_text())
     assert full["protocol"] == ev.protocol_hash() and full["cells"] == []  # protocol 1 as it was
@@ -107,7 +107,7 @@ def test_merge_keeps_protocol_1_and_refuses_parts_of_another_protocol(tmp_path):
     assert (tmp_path / "evidence_v2.md").is_file()
     table = v2.readme_table(full)
     assert table.splitlines()[1].startswith("Protocol 2 (1,000 steps): 0 power checks; 1 of its 12 STS runs measured")
-    v2.write_part(home, "b", {"protocol": "0" * 16, "records": []})
+    v2.parts(home).write("b", {"protocol": "0" * 16, "records": []})
     with pytest.raises(SystemExit, match="protocol"):
         v2.merge(home, out, "merge", None, None)
 
@@ -121,8 +121,8 @@ def test_gpu_runs_are_a_set_of_their_own_never_paired_with_cpu_runs(tmp_path):
     ]
     assert len({v2.record_id(r) for r in records}) == 3  # the same run on two devices: two records
     home = tmp_path / "home"
-    v2.write_part(home, "cpu", {"protocol": v2.protocol_hash(), "records": records[:1]})
-    v2.write_part(home, "gpu", {"protocol": v2.protocol_hash(), "records": records[1:]})
+    v2.parts(home).write("cpu", {"protocol": v2.protocol_hash(), "records": records[:1]})
+    v2.parts(home).write("gpu", {"protocol": v2.protocol_hash(), "records": records[1:]})
     out = tmp_path / "evidence.json"
     v2.merge(home, out, "merge", None, None)
     report = json.loads(out.read_text())["protocol_v2"]
@@ -141,7 +141,7 @@ def test_gpu_runs_are_a_set_of_their_own_never_paired_with_cpu_runs(tmp_path):
 def test_merge_refuses_a_run_shorter_than_the_protocol(tmp_path):
     """A rehearsal (benchmarks/evidence_device.py --steps) never reaches the report."""
     home = tmp_path / "home"
-    v2.write_part(home, "r", {"protocol": v2.protocol_hash(), "records": [_sts(FIRST, "method", 0, 81.0, steps=4)]})
+    v2.parts(home).write("r", {"protocol": v2.protocol_hash(), "records": [_sts(FIRST, "method", 0, 81.0, steps=4)]})
     with pytest.raises(SystemExit, match="shorter than the protocol"):
         v2.merge(home, tmp_path / "evidence.json", "merge", None, None)
 

@@ -89,6 +89,14 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     }
     for name, history in probe.items():
         assert [h.step for h in history] == [4, 8] and all(np.isfinite(h.value) for h in history), name
+    # the RTD term's gradient share beside it: D2CSE's prompts and BN-MLP (shares), its RTD head (a norm)
+    grads = ("rtd_grad_share_prompts", "rtd_grad_share_mlp", "rtd_grad_norm_rtd_head")
+    assert {k for k in m if k.startswith("rtd_probe/rtd_grad_")} == {f"rtd_probe/{g}" for g in grads}
+    for name in grads:
+        history = client.get_metric_history(result.run_id, f"rtd_probe/{name}")
+        assert [h.step for h in history] == [4, 8] and all(np.isfinite(h.value) and h.value > 0 for h in history)
+    share = client.get_metric_history(result.run_id, "rtd_probe/rtd_grad_share_prompts")[1].value
+    assert "| ‖λ∇RTD‖ / ‖∇CL‖, prompts |" in note and f" {share:.2e} |" in note
     for true, rolled, gap in zip(probe["rtd_loss_true_h"], probe["rtd_loss_rolled_h"], probe["rtd_h_gap"]):
         assert gap.value == pytest.approx(rolled.value - true.value, abs=1e-6)
     assert run.data.params["rtd_probe_rows"] == (

@@ -209,3 +209,33 @@ def test_all_positions_is_the_reference_full_argmax(generator, special, wiki_ids
     assert torch.equal(only.corrupted[unselected], ids[unselected])
     assert (full.corrupted[unselected] != ids[unselected]).any()  # a random G rewrites unmasked tokens too
     assert torch.equal(full.labels.bool(), (full.corrupted != ids) & attention.bool())
+
+
+@pytest.mark.parametrize("mode", ["argmax", "sample"])
+def test_hard_corruption_replaces_every_selected_token_by_the_best_other_one(
+    generator, special, wiki_ids, mode, monkeypatch
+):
+    """`hard` (CorruptConfig.hard): the same selection, every selected position replaced, even by a generator that
+    prefers the original token; by argmax the token is the one it would pick without the original (the original's
+    logit is all `hard` removes)."""
+    import cse.models.corruption as corruption
+
+    generator.eval()
+    ids, attention = _padded(wiki_ids[:120], special.pad)
+    noise = Noise.draw(ids.shape, special.vocab_size, torch.Generator().manual_seed(9), with_sample=mode == "sample")
+    plain = Corruptor(generator, special, 0.3, mode)(ids, attention, noise=noise)
+    real = corruption.logits_at
+
+    def prefers_the_original(model, masked, mask, selected):  # the original token's logit raised far above the rest
+        logits = real(model, masked, mask, selected)
+        return logits.scatter_add(1, ids[selected].unsqueeze(1), torch.full((len(logits), 1), 1e4))
+
+    monkeypatch.setattr(corruption, "logits_at", prefers_the_original)
+    soft = Corruptor(generator, special, 0.3, mode)(ids, attention, noise=noise)
+    hard = Corruptor(generator, special, 0.3, mode, hard=True)(ids, attention, noise=noise)
+    assert torch.equal(soft.n_masked, hard.n_masked) and int(soft.n_replaced.sum()) == 0  # the original, always
+    assert torch.equal(hard.n_replaced, hard.n_masked) and torch.equal(hard.labels.bool(), hard.corrupted != ids)
+    if mode == "argmax":
+        assert torch.equal(hard.corrupted[plain.labels.bool()], plain.corrupted[plain.labels.bool()])
+    with pytest.raises(ValueError, match="unigram"):
+        Corruptor(None, special, 0.3, "unigram", unigram_counts=np.ones(special.vocab_size), hard=True)

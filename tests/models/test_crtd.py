@@ -301,3 +301,85 @@ def test_forward_refuses_bad_shapes_before_encoding(make_model, tokenizer, monke
     with pytest.raises(ValueError, match="rtd_labels"):
         model(ids, mask, cor, torch.zeros(B, 2, T - 1, dtype=torch.long))
     assert spy.encoded == [] and spy.rtd == []
+
+
+# ------------------------------------------------------------------------------------------------ rtd_grad_share
+
+
+def test_grad_share_is_the_weighted_rtd_norm_over_the_contrastive_norm_per_group(make_model, tokenizer):
+    """`rtd_grad_share` on (B, T) rows: λ‖∇L_RTD‖ / ‖∇L_CL‖ per group the contrastive loss reaches, ‖λ∇L_RTD‖ for the
+    discriminator's copy and the RTD head, equal to the same figures computed by hand from one training forward
+    with the rows as two views (the same dropout draws: the same seed)."""
+    ids, mask, cor, lab = _views(tokenizer)
+    model = make_model(rtd_weight=0.3).eval()
+    torch.manual_seed(5)
+    shares = model.rtd_grad_share(ids[:, 0], mask[:, 0], cor[:, 0], lab[:, 0])
+    expected = {
+        "diffcse": {"share_mlp", "share_encoder", "norm_discriminator", "norm_rtd_head"},
+        "d2cse": {"share_prompts", "share_mlp", "norm_rtd_head"},
+    }[model.method]
+    assert set(shares) == expected and all(v > 0 for v in shares.values())
+    torch.manual_seed(5)
+    model.train()
+    out = model(ids[:, :1].expand(-1, 2, -1), mask[:, :1].expand(-1, 2, -1), cor[:, :1], lab[:, :1])
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    g_cl = torch.autograd.grad(out.contrastive_loss, [p for _, p in named], retain_graph=True, allow_unused=True)
+    g_rtd = torch.autograd.grad(out.rtd_loss, [p for _, p in named], allow_unused=True)
+
+    def norm(grads, group):
+        return (
+            sum(
+                float(g.pow(2).sum())
+                for (n, _), g in zip(named, grads)
+                if g is not None and crtd.grad_group(n) == group
+            )
+            ** 0.5
+        )
+
+    for key, value in shares.items():
+        kind, group = key.split("_", 1)
+        want = 0.3 * norm(g_rtd, group) / (norm(g_cl, group) if kind == "share" else 1.0)
+        assert value == pytest.approx(want, rel=1e-4), key
+
+
+def test_grad_share_leaves_the_training_as_it_was(make_model, tokenizer):
+    """No random draw consumed, no buffer (BatchNorm's running statistics) moved, no `.grad` written, the mode
+    restored: a training step after the share equals one without it, bit for bit."""
+    ids, mask, cor, lab = _views(tokenizer)
+    model = make_model().train()
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    torch.manual_seed(3)
+    model.rtd_grad_share(ids[:, 0], mask[:, 0], cor[:, 0], lab[:, 0])
+    assert model.training and all(p.grad is None for p in model.parameters())
+    for n, b in model.named_buffers():
+        assert torch.equal(b, buffers[n]), n
+    after_share = model(ids, mask, cor, lab).loss
+    for n, b in model.named_buffers():
+        b.copy_(buffers[n])
+    torch.manual_seed(3)
+    assert torch.equal(after_share, model(ids, mask, cor, lab).loss)
+    model.eval().rtd_grad_share(ids[:, 0], mask[:, 0], cor[:, 0], lab[:, 0])
+    assert not model.training
+
+
+def test_grad_share_is_zero_at_zero_weight_and_needs_two_rows(make_model, tokenizer):
+    ids, mask, cor, lab = _views(tokenizer)
+    model = make_model(rtd_weight=0.0)
+    assert all(v == 0.0 for v in model.rtd_grad_share(ids[:, 0], mask[:, 0], cor[:, 0]).values())
+    with pytest.raises(ValueError, match="B >= 2"):
+        model.rtd_grad_share(ids[:1, 0], mask[:1, 0], cor[:1, 0])
+
+
+def test_grad_share_issues_no_collective_call_in_a_distributed_job(make_model, tokenizer, monkeypatch):
+    """Rank 0 runs it alone at an evaluation: inside a (faked) world of 2 its losses stay this process's."""
+    import cse.models.distributed as distributed
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a collective call")
+
+    monkeypatch.setattr(distributed, "world", lambda: 2)
+    for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"):
+        monkeypatch.setattr(distributed.dist, name, refuse)
+    ids, mask, cor, lab = _views(tokenizer)
+    assert distributed.is_distributed()
+    assert make_model().rtd_grad_share(ids[:, 0], mask[:, 0], cor[:, 0], lab[:, 0])

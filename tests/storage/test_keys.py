@@ -153,8 +153,9 @@ def test_a_parameter_added_later_enters_the_key_only_off_its_default(monkeypatch
     assert without_defaults({"a": 1, "b": None, "c": "x"}, {"b": None, "c": "y"}) == {"a": 1, "c": "x"}
 
 
-def test_positions_and_nli_tokens_were_added_later():
-    """`positions` (corruption) and `nli_tokens` (runs) at their defaults give the keys of the formulas without them."""
+def test_positions_hard_and_nli_tokens_were_added_later():
+    """`positions` and `hard` (corruption) and `nli_tokens` (runs) at their defaults give the keys of the formulas
+    without them; `corrupt.hard` at its default leaves a job's run key as it was."""
     cfg = CorruptConfig(variants=4, seed=42)
     old = stable_hash(
         {
@@ -174,6 +175,12 @@ def test_positions_and_nli_tokens_were_added_later():
     )
     assert _corruption(H1, "fp1", cfg, GEN, "fp32") == old
     assert _corruption(H1, "fp1", cfg.model_copy(update={"positions": "all"}), GEN, "fp32") != old
+    assert _corruption(H1, "fp1", cfg.model_copy(update={"hard": True}), GEN, "fp32") != old  # `hard` too
+    with pytest.raises(ValueError, match="mode 'unigram' has none"):
+        CorruptConfig(mode="unigram", hard=True)
+    d2cse = resolve_train_config("smoke", {}, method="d2cse")
+    hard = resolve_train_config("smoke", {"corrupt": {"hard": True}}, method="d2cse")
+    assert run_key(d2cse, TOKENS, CORRUPTION) == "687359baf56621b4" != run_key(hard, TOKENS, CORRUPTION)
     config = {"any": "config"}
     assert keys.run_key(config, H1, None) == stable_hash({"config": config, "tokens": H1, "corruption": None})
     assert keys.run_key(config, H1, None, H3) != keys.run_key(config, H1, None)

@@ -165,3 +165,15 @@ def test_the_rtd_probe_section_tabulates_each_evaluation_and_reads_the_last_gap(
     assert f"below {RTD_GAP_READ}: the discriminator does not measurably use which sentence h describes" in flat
     wrong = rtd_probe_section([(8, {"true_h": 0.5, "rolled_h": 0.4, "no_h": 0.45, "gap": -0.1})])
     assert "higher with its own sentence's h than with another sentence's" in wrong
+
+
+def test_the_rtd_probe_section_shows_the_gradient_share_in_group_order():
+    from cse.tracking.run_pages import curve_name, rtd_probe_section
+
+    probe = {"true_h": 0.5, "rolled_h": 0.5, "no_h": 0.6, "gap": 0.0}
+    shares = {"rtd_grad_norm_rtd_head": 0.002, "rtd_grad_share_mlp": 1.5e-4, "rtd_grad_share_prompts": 6.1e-4}
+    text = rtd_probe_section([(4, {**probe, **shares})])
+    assert "| ‖λ∇RTD‖ / ‖∇CL‖, prompts | ‖λ∇RTD‖ / ‖∇CL‖, mlp | ‖λ∇RTD‖, rtd_head |" in text
+    assert "| +0.0000 | 6.10e-04 | 1.50e-04 | 2.00e-03 |" in text and "gradient share" in text
+    assert "gradient share" not in rtd_probe_section([(4, probe)])
+    assert curve_name("rtd_grad_share_prompts") == "rtd_probe/rtd_grad_share_prompts"
