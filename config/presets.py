@@ -263,9 +263,9 @@ def smoke_line(method: str) -> str:
     return (
         f"{method}/smoke is a smoke run: a pipeline check on a sample ({smoke['backbone']}, {smoke['max_steps']} steps "
         f"of {smoke['batch_size']} on the first {smoke['max_train_sentences']:,} Wiki1M sentences), "
-        "not the paper's training. Every row is scored as the paper scores (its seven STS test sets, Spearman x100), "
-        "but only the run beside its backbone says what training did: the paper's row is BERT-base trained on the "
-        "full data."
+        "not the paper's training. The run and its backbone are scored as the paper scores (its seven STS test sets, "
+        "Spearman x100), but only the run beside its backbone says what training did: the paper's row is BERT-base "
+        "trained on the full data."
     )
 
 

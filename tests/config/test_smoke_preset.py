@@ -34,7 +34,7 @@ def test_the_smoke_line_says_what_a_smoke_run_is_with_the_presets_figures(method
     assert "\n" not in line and line.startswith(f"{method}/smoke is a smoke run: a pipeline check on a sample (")
     assert f"{cfg.backbone}, {cfg.max_steps} steps of {cfg.batch_size} on the first " in line
     assert f"{cfg.max_train_sentences:,} Wiki1M sentences), not the paper's training." in line
-    assert "scored as the paper scores (its seven STS test sets, Spearman x100)" in line
+    assert "The run and its backbone are scored as the paper scores (its seven STS test sets, Spearman x100)" in line
     assert "only the run beside its backbone says what training did" in line
 
 
@@ -43,7 +43,8 @@ def test_main_job_prints_the_smoke_line_after_its_smoke_job():
     script = (REPO_ROOT / "scripts" / "main_job.sh").read_text().splitlines()
     job = script.index(f"run train-{DEFAULT_METHOD}/smoke")
     command = script[job + 2]
-    assert script[job + 1].startswith("# ") and re.fullmatch(r"python -c '[^']*smoke_line\(DEFAULT_METHOD\)\)'", command)
+    assert script[job + 1].startswith("# ")
+    assert re.fullmatch(r"python -c '[^']*smoke_line\(DEFAULT_METHOD\)\)'", command)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
         ["bash", "-c", command.replace("python", f'"{sys.executable}"', 1)],
