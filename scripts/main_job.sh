@@ -32,6 +32,6 @@ Browse:
               then open $MLFLOW_PAGE
   SQL         cse sql "SELECT label, sts_avg FROM evaluations_all"   (views: wiki1m, nli, sts, tokens, evaluations, ...)
 From any shell with the venv activated (source .venv/bin/activate; docs/quickstart.md):
-  cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.0001}'    cse deployments    cse report
+  cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.05}'    cse deployments    cse report
 Stop the services with: bash scripts/services.sh down
 MSG
