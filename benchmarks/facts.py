@@ -85,7 +85,7 @@ D2CSE = MethodFacts(
     evidence_v2_arms=_D2CSE_ARMS[:2],
     evidence_power_knob=("head_learning_rate", (None, 2e-3, 2e-4)),
     learning_runs={
-        "d2cse": dict(preset="smoke", steps=30, eval_steps=15, overrides={}, lr_note="smoke preset 2e-2 (paper 2.1e-2)")
+        "d2cse": dict(preset="smoke", steps=30, eval_steps=15, overrides={}, lr_note="smoke preset 1e-1 (paper 2.1e-2)")
     },
     # training_throughput: its step vs a bare encoder step; peft_adapter: its PEFT export; prompt_start: position
     # shifting of its prompts

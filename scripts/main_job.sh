@@ -13,6 +13,8 @@ source scripts/run_deployment.sh
 
 run ingest/default
 run train-d2cse/smoke
+# what the numbers above are (config/presets.py smoke_line): a pipeline check on a sample, not the paper's training
+python -c 'from cse.config.methods import DEFAULT_METHOD; from cse.config.presets import smoke_line; print(smoke_line(DEFAULT_METHOD))'
 
 python -m cse.ops.cli report
 # the smoke job's experiment in MLflow's model-training view, with the STS columns (tracking/run_pages.py)
@@ -32,7 +34,7 @@ Browse:
               then open $MLFLOW_PAGE
   SQL         cse sql "SELECT label, sts_avg FROM evaluations_all"   (views: wiki1m, nli, sts, tokens, evaluations, ...)
 From any shell with the venv activated (source .venv/bin/activate; docs/quickstart.md):
-  cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.0001}'    cse deployments    cse report
+  cse run train-d2cse/smoke -p 'overrides={"learning_rate": 0.05}'    cse deployments    cse report
 Ports: Prefect $CSE_PREFECT_PORT (CSE_PREFECT_PORT), MLflow UI $CSE_MLFLOW_PORT (CSE_MLFLOW_PORT); remembered in
   $CSE_HOME/services.env for new shells. Set either before \`make main\` to use another port.
 Stop the services with: bash scripts/services.sh down

@@ -17,17 +17,21 @@ How MLflow 3 (3.17) decides what a page shows, and what this module does about i
   float, and MLflow offers no column format: the view shows instead the run's score tags (`score_tags`: `1 STS12`
   … `8 Avg.`, `9 backbone Avg.`; the leading digit keeps the paper's order, the value is text with two decimals)
   and the param `overrides` (what differs from the preset). The metrics stay as they are, for search and the API.
-  The view sorts by start time: MLflow nests child runs (a re-evaluation under its training run) only when the
-  table is sorted by date or not sorted.
+  The view sorts by the metric `sts_avg`, best first (runs without a test score last). Under any order but date
+  MLflow draws child runs as rows of their own, so a re-evaluation stands in the table beside its training run
+  (`evaluate-test-<run name>`) instead of under it.
 - **Model-metrics tab**: one chart per metric, grouped into sections by the name's prefix before the last "/";
-  the prefixed sections come first, in name order, and the unprefixed metrics last, each section in name order; a
-  metric whose latest step is 0 is drawn as a single bar, any other as a line. So the training loop's curves are
-  logged in the sections `dev/` (STS-B dev), `loss/` (the loss and the method's terms), `optimizer/`,
-  `progress/` and `throughput/` (`curve_metrics`), and the test evaluation's headline scores, unprefixed, at the
-  job's last step, beside the backbone's at step 0 (`page_metrics`): a line from before to after training instead
-  of a bar. Per-subset scores (`sts12/MSRpar`, 48 charts with their Pearson twins) and the evaluator's other single
-  values stay in the run's `evaluation/` files; a stand-alone evaluation run, which has no curves, keeps them as
-  metrics.
+  the prefixed sections come first, in name order (JavaScript's: capitals before lower case), and the unprefixed
+  metrics last, each section in name order; a metric whose latest step is 0 is drawn as a single bar, any other as
+  a line. So the test evaluation's headline scores are logged twice: under their own names (`sts_avg`, for search,
+  the API and the runs table's order; unprefixed, so at the end of the tab) and in the section `STS test/`, named
+  as the score tags (`STS test/1 STS12` … `STS test/8 Avg.`, `score_charts`), which sorts before every other
+  section: the tab opens on the test scores in the paper's order. Both at the job's last step, beside the
+  backbone's at step 0 (`page_metrics`): a line from before to after training instead of a bar. The training
+  loop's curves follow in the sections `dev/` (STS-B dev), `loss/` (the loss and the method's terms),
+  `optimizer/`, `progress/` and `throughput/` (`curve_metrics`). Per-subset scores (`sts12/MSRpar`, 48 charts
+  with their Pearson twins) and the evaluator's other single values stay in the run's `evaluation/` files; a
+  stand-alone evaluation run, which has no curves, keeps them as metrics.
 - **The description** (tag `mlflow.note.content`, markdown, shown on the run's Overview) is the STS table of the run
   beside the backbone before training and the published row of its method (`sts_description`), and the chart
   `evaluation/sts_chart.png` as an image served by the tracking server (`artifact_image`); a comparison run's is its
@@ -74,6 +78,8 @@ CURVE_SECTIONS = {
     **dict.fromkeys(("sentences_per_s", "tokens_per_s", "host_wait_share", "peak_memory_gb"), "throughput"),
 }
 SCORES_VIEW = "cse-scores"  # the shared runs-table view of every experiment (`scores_view_state`)
+SCORES_ORDER = "metrics.`sts_avg`"  # ... sorted by the STS Avg. (descending), as the UI writes a metric's sort key
+SCORE_CHARTS = "STS test"  # the Model-metrics section of the headline test scores (`score_charts`): sorts first
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3's experiment type
 MODEL_TRAINING = "custom_model_development"  # ... "model training" (not GenAI)
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."  # MLflow's experiment tag of a shared view
@@ -116,8 +122,7 @@ def score_tags(metrics: Mapping[str, Any], backbone: Mapping[str, Any] | None = 
 
 def scores_view_state() -> dict[str, Any]:
     """The runs-table state of `SCORES_VIEW` as MLflow's shared views hold it: the param `overrides`, the score tags in
-    the paper's order and the backbone's Avg. as columns, newest run first (the order under which MLflow nests child
-    runs), all runs."""
+    the paper's order and the backbone's Avg. as columns, the best STS Avg. first (`SCORES_ORDER`), all runs."""
     columns = [
         f"params.`{OVERRIDES_PARAM}`",
         *(f"tags.`{score_tag(m)}`" for m in HEADLINE),
@@ -125,7 +130,7 @@ def scores_view_state() -> dict[str, Any]:
     ]
     return {
         "searchFilter": "",
-        "orderByKey": "attributes.start_time",
+        "orderByKey": SCORES_ORDER,
         "orderByAsc": False,
         "startTime": "ALL",
         "lifecycleFilter": "Active",
@@ -238,11 +243,24 @@ def curve_metrics(metrics: Mapping[str, float], phases: int = 1) -> dict[str, fl
     return {curve_name(k): v for k, v in metrics.items() if not (k == "phase" and phases < 2)}
 
 
+def score_chart(metric: str) -> str:
+    """The Model-metrics chart of a headline test score: `sts12` → `STS test/1 STS12`, `sts_avg` → `STS test/8 Avg.`
+    (the section `SCORE_CHARTS`, the chart named as the run's score tag, `score_tag`)."""
+    return f"{SCORE_CHARTS}/{score_tag(metric)}"
+
+
+def score_charts(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The headline test scores of `metrics` (`HEADLINE`: the seven tasks and Avg.) under their chart names
+    (`score_chart`), the section the Model metrics tab shows first."""
+    return {score_chart(k): v for k, v in metrics.items() if k in HEADLINE}
+
+
 def page_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The test metrics a training run logs (`PAGE_METRICS`: the seven tasks, Avg., recall@k, alignment and
-    uniformity, unchanged names). The per-subset scores (`sts12/MSRpar`), the Pearson and mean variants and the
-    timings stay in the run's `evaluation/` files (`sts_subsets.md`, `result.json`)."""
-    return {k: v for k, v in metrics.items() if k in PAGE_METRICS}
+    """The test metrics a training run logs: `PAGE_METRICS` (the seven tasks, Avg., recall@k, alignment and
+    uniformity, unchanged names) and the headline scores again as the first charts of the Model metrics tab
+    (`score_charts`). The per-subset scores (`sts12/MSRpar`), the Pearson and mean variants and the timings stay in
+    the run's `evaluation/` files (`sts_subsets.md`, `result.json`)."""
+    return {k: v for k, v in metrics.items() if k in PAGE_METRICS} | score_charts(metrics)
 
 
 def backbone_tag(backbone: Mapping[str, Any]) -> str:

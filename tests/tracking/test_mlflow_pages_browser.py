@@ -82,8 +82,9 @@ def _record_runs() -> dict[str, str]:
     """Runs recorded through the project's tracking functions as tasks/train.py, tasks/evaluate.py and tasks/compare.py
     record them: a smoke job with a learning-rate override (curves every 5 steps in their sections, the test scores at
     the last step beside the backbone's at step 0, the score tags, the overrides param, the chart and the description),
-    a second job on the preset, a re-evaluation of the first nested under it, and a comparison of both. Returns the ids
-    (experiment `experiment`, runs `run`, `other`, `evaluation`, `comparison`) and the first run's test metrics."""
+    a second job on the preset (every score 1.0 lower), a re-evaluation of the first nested under it, and a comparison
+    of both. Returns the ids (experiment `experiment`, runs `run`, `other`, `evaluation`, `comparison`) and the first
+    run's test metrics."""
     from cse.tasks.compare import record_comparison, select_runs
 
     cfg = resolve_train_config("smoke", {"learning_rate": 0.03}, method=DEFAULT_METHOD)
@@ -97,7 +98,8 @@ def _record_runs() -> dict[str, str]:
         "metrics": {k: v - 3.0 for k, v in metrics.items()},
     }
     ids: dict[str, str] = {}
-    for key, c in (("run", cfg), ("other", resolve_train_config("smoke", method=DEFAULT_METHOD))):
+    for key, c, lower in (("run", cfg, 0.0), ("other", resolve_train_config("smoke", method=DEFAULT_METHOD), 1.0)):
+        scores = {k: v - lower if k in (*SEVEN_TASKS, "sts_avg") else v for k, v in metrics.items()}
         run_dir = RunDir(c.method, f"browser-{key}")
         tags = {"method": c.method, "backbone": c.backbone, "preset": c.preset, "run_dir": str(run_dir.path)}
         params = {"supervised": False, OVERRIDES_PARAM: overrides_text(c)}
@@ -114,9 +116,9 @@ def _record_runs() -> dict[str, str]:
                     log_dataset_metrics(curve_metrics(dev), run_id=run_id, step=step)
                     log_dataset_metrics({"best_stsb_dev": dev["stsb_dev"]}, run_id=run_id, step=step)
         log_run_results(run_id, metrics={"train_seconds": 90.0}, step=STEPS)
-        log_run_results(run_id, metrics=page_metrics({**metrics, **subsets}), tags=score_tags(metrics), step=STEPS)
+        log_run_results(run_id, metrics=page_metrics({**scores, **subsets}), tags=score_tags(scores), step=STEPS)
         log_run_results(run_id, metrics=page_metrics(before["metrics"]), step=0)
-        describe_tested_run(c, run_id, metrics, before, plot=sts_scores_plot)  # the chart and the description
+        describe_tested_run(c, run_id, scores, before, plot=sts_scores_plot)  # the chart and the description
     # a re-evaluation of the first job's checkpoint: placed as tasks/evaluate_common.py places one (nested)
     parent = training_run_ref(ids["run"])
     with stage_run(
@@ -141,9 +143,10 @@ def _chart_state(page) -> dict:
 
 def test_mlflow_pages_read_at_a_glance(tmp_path):
     """Issue 34: the runs table's score columns in the paper's order with two decimals (the score tags) and the
-    overrides column, the re-evaluation nested under its training run; the run's description with the table beside
-    the backbone and the paper and its chart (an artifact the server serves); the Model metrics tab starting with
-    the dev and loss curves, no chart a single bar; the comparison's chart in its description."""
+    overrides column; the run's description with the table beside the backbone and the paper and its chart (an
+    artifact the server serves); no chart a single bar; the comparison's chart in its description. Issue 44: the runs
+    table sorted by the STS Avg., best first (the re-evaluation, under that order, a row of its own); the Model
+    metrics tab starting with the test scores in the paper's order, then the dev and loss curves."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: install Debian's `chromium` package"
@@ -177,7 +180,8 @@ def test_mlflow_pages_read_at_a_glance(tmp_path):
             scores = ["1 STS12", "2 STS13", "3 STS14", "4 STS15", "5 STS16", "6 STS-B", "7 SICK-R", "8 Avg."]
             shown = [h for h in dict.fromkeys(headers) if h in {OVERRIDES_PARAM, *scores, BACKBONE_AVG_TAG}]
             assert shown == [OVERRIDES_PARAM, *scores, BACKBONE_AVG_TAG], headers  # the paper's order
-            row = page.get_by_role("row").filter(has_text=f"{cfg.method}-smoke lr=0.03").first
+            job = page.get_by_role("row").filter(has_text=f"{cfg.method}-smoke lr=0.03")
+            row = job.filter(has_not_text="evaluate-test-").first  # (not its re-evaluation's row)
             # (AG Grid draws a row's pinned and scrolled cells as two row elements with the same row-id)
             cells = [
                 c.strip()
@@ -185,12 +189,14 @@ def test_mlflow_pages_read_at_a_glance(tmp_path):
             ]
             assert "lr=0.03" in cells and f"{metrics['sts12']:.2f}" in cells and f"{metrics['sts_avg']:.2f}" in cells
             assert "60.12" in cells and "60.123456" not in " ".join(cells)  # two decimals, not the float's digits
-            # the re-evaluation is a child row under its training run, shown when the row is expanded
-            names = page.get_by_role("row").all_inner_texts()
-            assert not any("evaluate-test-" in n for n in names), names
-            row.get_by_role("button").first.click()
-            page.get_by_text(f"evaluate-test-{cfg.method}-smoke lr=0.03").first.wait_for(timeout=10_000)
-            page.screenshot(path=str(SHOTS / "experiment-expanded.png"))
+            # the best STS Avg. first: the job on the preset (every score 1.0 lower) after the lr=0.03 job and its
+            # re-evaluation, which the score order shows as a row of its own (MLflow nests only under a date order)
+            assert page.get_by_test_id("sort-select-dropdown").first.inner_text().strip() == "Sort: sts_avg"
+            names = [n for n in page.get_by_role("row").all_inner_texts() if f"{cfg.method}-smoke" in n]
+            order = [n for n in dict.fromkeys(" ".join(n.split()) for n in names)]
+            first_other = next(i for i, n in enumerate(order) if "lr=0.03" not in n)
+            assert all("lr=0.03" in n for n in order[:first_other]) and first_other >= 2, order
+            assert any(f"evaluate-test-{cfg.method}-smoke lr=0.03" in n for n in order[:first_other]), order
             # the run: the STS table beside the backbone before training and the paper's row, and its chart
             page.goto(run_url(base, ids["experiment"], ids["run"]))
             label = "published (BERT-base; this run uses packaged:minilm)"
@@ -207,20 +213,26 @@ def test_mlflow_pages_read_at_a_glance(tmp_path):
             assert f"{paper['sts_avg']:.2f}" in rows[label] and f"{paper['sts12']:.2f}" in rows[label]
             assert f"{metrics['sts_avg'] - paper['sts_avg']:+.2f}" in rows["difference (run − published)"]
             assert "+3.00" in rows["difference (run − backbone)"]
-            # its charts: the dev and loss curves first, no chart a single bar, no per-subset score
+            # its charts: the test scores first (the paper's order), then the dev and loss curves; no chart a single
+            # bar, no per-subset score
             page.goto(run_url(base, ids["experiment"], ids["run"]).replace("?", "/model-metrics?"))
-            page.get_by_text("stsb_dev", exact=True).first.wait_for(timeout=20_000)
-            page.get_by_text("loss", exact=True).first.wait_for(timeout=20_000)
+            page.get_by_text("1 STS12", exact=True).first.wait_for(timeout=20_000)  # (the curves lie below the fold)
+            page.get_by_text("8 Avg.", exact=True).first.wait_for(timeout=20_000)
             page.get_by_text("Step", exact=True).first.wait_for(timeout=20_000)  # (a drawn chart's x axis)
             page.screenshot(path=str(SHOTS / "model-metrics.png"))
             state = _chart_state(page)
             sections = {s["uuid"]: s["name"] for s in state["compareRunSections"]}
-            assert [s["name"] for s in state["compareRunSections"]][:2] == ["dev", "loss"]
+            assert [s["name"] for s in state["compareRunSections"]][:3] == ["STS test", "dev", "loss"]
             charts = [
                 (sections[c["metricSectionId"]], c.get("metricKey"), c["type"]) for c in state["compareRunCharts"]
             ]
             in_order = sorted(charts, key=lambda c: list(sections.values()).index(c[0]))
-            assert [c[1] for c in in_order[:2]] == ["dev/stsb_dev", "loss/loss"], in_order
+            titles = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg.")
+            assert [c[1] for c in in_order[:10]] == [
+                *(f"STS test/{i} {t}" for i, t in enumerate(titles, 1)),
+                "dev/stsb_dev",
+                "loss/loss",
+            ], in_order
             assert not [c for c in charts if c[2] != "LINE"], charts  # every metric a line: before → after, curves
             keys = {c[1] for c in charts}
             assert {"sts_avg", "sts12", "train_seconds", "best_stsb_dev"} <= keys and "progress/phase" not in keys

@@ -33,6 +33,8 @@ from cse.tracking.run_pages import (
 )
 from cse.tracking.store import configure_mlflow, ensure_experiment
 
+TITLES = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg.")  # the score tags' names, in order
+
 
 def test_run_names_carry_what_differs_from_the_preset(monkeypatch):
     cfg = resolve_train_config("smoke", {"learning_rate": 0.03, "model": {"prefix_len": 12}}, method=DEFAULT_METHOD)
@@ -80,12 +82,20 @@ def test_a_training_run_charts_no_per_subset_scores():
     kept = page_metrics(
         {"sts12": 1.0, "sts_avg": 2.0, "sts12/MSRpar": 3.0, "sts12_pearson": 4.0, "eval_seconds": 5.0, "alignment": 0.1}
     )
-    assert kept == {"sts12": 1.0, "sts_avg": 2.0, "alignment": 0.1}
+    assert kept == {
+        "sts12": 1.0,
+        "sts_avg": 2.0,
+        "alignment": 0.1,
+        "STS test/1 STS12": 1.0,  # the headline scores again, as the Model metrics tab's first charts
+        "STS test/8 Avg.": 2.0,
+    }
 
 
-def test_the_loops_curves_go_to_sections_that_sort_before_the_test_scores():
-    """The Model metrics tab puts prefixed sections first, in name order, the unprefixed metrics last: the dev and
-    loss curves lead; the single-phase `phase` (a flat line) is left out; the selection's best keeps its name."""
+def test_the_test_scores_lead_the_model_metrics_tab_then_the_loops_curves():
+    """The Model metrics tab puts prefixed sections first, in name order (JavaScript's sort: capitals first), the
+    unprefixed metrics last: the test scores' section `STS test` (charts named as the score tags, the paper's order)
+    leads, then the dev and loss curves; the single-phase `phase` (a flat line) is left out; the selection's best
+    keeps its name."""
     logged = {"loss": 1.0, "loss_rtd": 0.5, "rtd_accuracy": 0.9, "learning_rate": 0.1, "learning_rate_head": 0.2}
     logged |= {"grad_norm": 3.0, "epoch": 0.5, "phase": 0.0, "sentences_per_s": 9.0, "peak_memory_gb": 1.0}
     assert curve_metrics(logged) == {
@@ -105,8 +115,13 @@ def test_the_loops_curves_go_to_sections_that_sort_before_the_test_scores():
         "dev/mr_dev": 80.0,
         "best_stsb_dev": 70.0,
     }
-    sections = sorted({k.split("/")[0] for k in curve_metrics(logged | {"stsb_dev": 1.0})})
-    assert sections[:2] == ["dev", "loss"]
+    scores = {t: float(i) for i, t in enumerate((*SEVEN_TASKS, "sts_avg"))}
+    charts = [k for k in page_metrics(scores) if "/" in k]
+    assert charts == [f"STS test/{i} {t}" for i, t in enumerate(TITLES, 1)]
+    assert sorted(charts) == charts  # the chart order in the section is the paper's
+    names = [*curve_metrics(logged | {"stsb_dev": 1.0}), *page_metrics(scores)]
+    sections = sorted({k.rsplit("/", 1)[0] for k in names if "/" in k})  # (Python's str order is JavaScript's here)
+    assert sections[:3] == ["STS test", "dev", "loss"]
 
 
 def test_score_tags_keep_the_papers_order_and_two_decimals():
@@ -132,11 +147,10 @@ def test_experiments_open_in_the_model_training_view_with_the_scores_view():
     view = json.loads(tags[SHARED_VIEW_PREFIX + SCORES_VIEW])
     assert view["selectedColumns"] == [
         "params.`overrides`",
-        *(f"tags.`{i} {t}`" for i, t in enumerate(("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R"), 1)),
-        "tags.`8 Avg.`",
+        *(f"tags.`{i} {t}`" for i, t in enumerate(TITLES, 1)),
         "tags.`9 backbone Avg.`",
     ]
-    assert view["orderByKey"] == "attributes.start_time"  # (MLflow nests child runs only under a date order)
+    assert (view["orderByKey"], view["orderByAsc"]) == ("metrics.`sts_avg`", False)  # the best STS Avg. first
     configure_mlflow()
     old = mlflow.create_experiment("pages-old")  # made before (or by someone else): tagged when next used
     assert EXPERIMENT_KIND_TAG not in mlflow.get_experiment(old).tags
@@ -148,6 +162,25 @@ def test_experiments_open_in_the_model_training_view_with_the_scores_view():
     assert (
         run_url("http://h:5000", "3", "abc") == "http://h:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
     )
+
+
+def test_the_scores_view_lists_the_best_sts_avg_first():
+    """The shared view's order as the runs table asks the store for it (its key and direction as `order_by`), on a
+    real local store: the best STS Avg. first (each run's latest value: the trained model's, not the backbone's at
+    step 0), a run without a test score yet (still training) last."""
+    exp_id = ensure_experiment("pages-order")
+    view = json.loads(mlflow.get_experiment(exp_id).tags[SHARED_VIEW_PREFIX + SCORES_VIEW])
+    names = {}
+    for name, avg in (("low", 70.0), ("high", 75.5), ("training", None), ("middle", 72.25)):
+        with mlflow.start_run(experiment_id=exp_id, run_name=name) as run:
+            names[run.info.run_id] = name
+            mlflow.log_metric("loss/loss", 1.0, step=5)
+            if avg is not None:
+                mlflow.log_metric("sts_avg", 80.0 - avg, step=0)  # the backbone's before training
+                mlflow.log_metric("sts_avg", avg, step=40)
+    order = f"{view['orderByKey']} {'ASC' if view['orderByAsc'] else 'DESC'}"
+    runs = mlflow.search_runs([exp_id], order_by=[order], output_format="list")
+    assert [names[r.info.run_id] for r in runs] == ["high", "middle", "low", "training"]
 
 
 def test_the_rtd_probe_section_tabulates_each_evaluation_and_reads_the_last_gap():
