@@ -130,9 +130,10 @@ def _portable(arg: str) -> str:
     opt, eq, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
     path = Path(value)
     if path.is_absolute():
-        for root in (REPO_ROOT, REPO_ROOT.parent / "shared"):
+        # each root resolved on its own: ../shared may be a link to a folder elsewhere (still `../shared/...`)
+        for root, shown in ((REPO_ROOT, Path()), (REPO_ROOT.parent / "shared", Path("..", "shared"))):
             if path.resolve().is_relative_to(root.resolve()):
-                value = os.path.relpath(path.resolve(), REPO_ROOT.resolve())
+                value = str(shown / path.resolve().relative_to(root.resolve()))
                 break
     return f"{opt}{eq}{value}"
 

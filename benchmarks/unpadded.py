@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from benchmarks.machine import SHARED_DATA, command_line, cpu_environment, set_offline_environment, sync
+from cse.config.methods import REGISTRY
 from cse.storage.training_data import CorruptionRows, TokenRows
 from cse.training.rows import TrainingRows, epoch_order
 
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wiki", type=Path, default=DEFAULT_WIKI)
     p.add_argument("--max-length", type=int, default=32)
     p.add_argument("--batch", type=int, default=64, help="rows per batch for the batch fills (SimCSE's 64)")
-    p.add_argument("--methods", default="simcse,d2cse")
+    p.add_argument("--methods", default=",".join(REGISTRY), help="comma-separated methods (default: every one)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--step-batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=3)
