@@ -46,6 +46,8 @@ KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {
 # Job fields added after jobs had been keyed, with their defaults: left out of the run key at their default (the same
 # rule as KEY_NEUTRAL_MODEL_DEFAULTS, storage/keys.py).
 KEY_NEUTRAL_JOB_DEFAULTS: dict[str, Any] = {"grad_cache": {"chunk_size": None}}
+# Corruption fields added after jobs had been keyed (the job's `corrupt` section; the same rule).
+KEY_NEUTRAL_CORRUPT_DEFAULTS: dict[str, Any] = {"hard": False}
 DEFAULT_BACKBONE = "bert-base-uncased"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -730,14 +731,49 @@ def run_deployment_cli(
         as_json,
     )
     started: dict[str, Any] = {}
+    # Ctrl-C is counted (`_SIGINTS`) as well as raised: a KeyboardInterrupt raised while a finaliser (`__del__`) runs
+    # is printed and dropped by Python, and so is a task cancellation that a library swallows (asyncio.run's own
+    # handler only cancels the main task). Seen under load: `cse run` followed the run on to its end and exited 0.
+    # `_interruptible` raises it again from the loop when it was counted but lost.
+    _SIGINTS.clear()
+    previous = signal.signal(signal.SIGINT, _raise_interrupt) if _main_thread() else None
     try:
-        return asyncio.run(follow_deployment(deployment, parameters, timeout_s, poll_s, term, started))
+        return asyncio.run(_interruptible(follow_deployment(deployment, parameters, timeout_s, poll_s, term, started)))
     except KeyboardInterrupt:
         term.printer.close()
         if "run" not in started:
             err("==> interrupted before a flow run was created: nothing runs")
             return 130
         return interrupted(started["run"], started["link"], err, sys.stdin.isatty() if ask is None else ask)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+_SIGINTS: list[float] = []  # when each Ctrl-C of this `cse run` came (time.monotonic)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    _SIGINTS.append(time.monotonic())
+    raise KeyboardInterrupt
+
+
+async def _interruptible(work: Awaitable[int], check_s: float = 0.2) -> int:
+    """`work`'s result; KeyboardInterrupt as soon as a Ctrl-C has been counted, even where its own was dropped."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        if _SIGINTS:
+            task.cancel()
+            raise KeyboardInterrupt
+        await asyncio.wait({task}, timeout=check_s)
+    return task.result()
+
+
+def _main_thread() -> bool:
+    """Whether this is the main thread (the only one that may set a signal handler)."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def interrupted(run, link: str | None, err: Callable[[str], None], ask: bool) -> int:
@@ -760,7 +796,10 @@ def interrupted(run, link: str | None, err: Callable[[str], None], ask: bool) ->
             cancel = input("    Cancel it now? [y/N] ").strip().lower() in ("y", "yes")
         else:
             err(f"    Ctrl-C again within {SECOND_INTERRUPT_S:.0f} s cancels it")
-            time.sleep(SECOND_INTERRUPT_S)
+            seen, until = len(_SIGINTS), time.monotonic() + SECOND_INTERRUPT_S
+            while time.monotonic() < until and len(_SIGINTS) == seen:  # (counted even where its raise was dropped)
+                time.sleep(0.1)
+            cancel = len(_SIGINTS) > seen
     except KeyboardInterrupt:
         cancel = True
     except EOFError:

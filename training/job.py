@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from cse.config.training import KEY_NEUTRAL_JOB_DEFAULTS, KEY_NEUTRAL_MODEL_DEFAULTS, LAUNCH_FIELDS, TrainConfig
+from cse.config.training import (
+    KEY_NEUTRAL_CORRUPT_DEFAULTS,
+    KEY_NEUTRAL_JOB_DEFAULTS,
+    KEY_NEUTRAL_MODEL_DEFAULTS,
+    LAUNCH_FIELDS,
+    TrainConfig,
+)
 from cse.models.finite import NonFiniteWeights as NonFiniteWeights  # (raised here; its home is models/finite.py)
 from cse.models.finite import require_finite_model
 from cse.models.methods.crtd import PROBE_METRICS, ConditionalRTDModel
@@ -58,8 +64,8 @@ def run_key(
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
     config = keys.without_defaults(cfg.model_dump(exclude=set(LAUNCH_FIELDS)), KEY_NEUTRAL_JOB_DEFAULTS)
     config["model"] = keys.without_defaults(config["model"], KEY_NEUTRAL_MODEL_DEFAULTS)  # (storage/keys.py's rule)
-    if config.get("corrupt") is not None:  # `corrupt.hard` came after jobs were keyed: at its default, left out
-        config["corrupt"] = keys.without_defaults(config["corrupt"], {"hard": False})
+    if config.get("corrupt") is not None:
+        config["corrupt"] = keys.without_defaults(config["corrupt"], KEY_NEUTRAL_CORRUPT_DEFAULTS)
     return keys.run_key(
         config,
         tokens.content_hash,

@@ -69,7 +69,8 @@ def test_smoke_flow_logs_curves_scores_and_models(prefect_harness, overrides, ti
     # the loop's curves in their sections (dev, loss, ...); the test scores unprefixed: no per-subset score, no
     # Pearson or timing single value; every metric a line (its latest step >= 1), none a one-bar chart
     sections = {k.split("/")[0] for k in m if "/" in k}
-    assert sections == {"dev", "loss", "optimizer", "progress", "rtd_probe", "throughput"}  # rtd_probe: CRTD runs
+    # rtd_probe: CRTD runs; "STS test": the test scores again, the Model-metrics tab's first section (run_pages)
+    assert sections == {"STS test", "dev", "loss", "optimizer", "progress", "rtd_probe", "throughput"}
     assert "progress/phase" not in m and not [k for k in m if k.startswith(("sts12/", "sts14/"))]
     assert "sts_avg_pearson" not in m and "eval_seconds" not in m and "sts12_wmean" not in m
     for name in (*SEVEN, "sts_avg", "retrieval_r1", "retrieval_r5", "alignment", "uniformity", "best_stsb_dev"):

@@ -127,7 +127,7 @@ NLI = DatasetRef(kind="tokens", key="n", content_hash=H3, rows=1, path="/nowhere
     "method,overrides,corruption,nli,key",
     [
         ("simcse", {}, None, None, "396b15dcbad8cd53"),
-        ("d2cse", {}, CORRUPTION, None, "687359baf56621b4"),
+        ("d2cse", {"learning_rate": 0.02}, CORRUPTION, None, "687359baf56621b4"),  # the smoke preset's former rate
         ("dcpcse", {"nproc_per_node": 2}, None, None, "20629753bd318dc7"),  # launch fields stay out of the key
         ("diffaug", {}, None, NLI, "52977bb09104b740"),
         (
@@ -178,8 +178,8 @@ def test_positions_hard_and_nli_tokens_were_added_later():
     assert _corruption(H1, "fp1", cfg.model_copy(update={"hard": True}), GEN, "fp32") != old  # `hard` too
     with pytest.raises(ValueError, match="mode 'unigram' has none"):
         CorruptConfig(mode="unigram", hard=True)
-    d2cse = resolve_train_config("smoke", {}, method="d2cse")
-    hard = resolve_train_config("smoke", {"corrupt": {"hard": True}}, method="d2cse")
+    d2cse = resolve_train_config("smoke", {"learning_rate": 0.02}, method="d2cse")  # the job keyed before `hard`
+    hard = resolve_train_config("smoke", {"learning_rate": 0.02, "corrupt": {"hard": True}}, method="d2cse")
     assert run_key(d2cse, TOKENS, CORRUPTION) == "687359baf56621b4" != run_key(hard, TOKENS, CORRUPTION)
     config = {"any": "config"}
     assert keys.run_key(config, H1, None) == stable_hash({"config": config, "tokens": H1, "corruption": None})

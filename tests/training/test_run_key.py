@@ -8,6 +8,7 @@ import pytest
 
 from cse.config.methods import REGISTRY
 from cse.config.training import (
+    KEY_NEUTRAL_CORRUPT_DEFAULTS,
     KEY_NEUTRAL_JOB_DEFAULTS,
     KEY_NEUTRAL_MODEL_DEFAULTS,
     LAUNCH_FIELDS,
@@ -35,8 +36,11 @@ def _later_fields(config_class) -> set[str]:
 
 
 def _key_without_new_fields(cfg) -> str:
-    """The key as computed before the fields of KEY_NEUTRAL_MODEL_DEFAULTS and KEY_NEUTRAL_JOB_DEFAULTS existed."""
+    """The key as computed before the fields of KEY_NEUTRAL_MODEL_DEFAULTS, KEY_NEUTRAL_JOB_DEFAULTS and
+    KEY_NEUTRAL_CORRUPT_DEFAULTS existed."""
     config = cfg.model_dump(exclude=set(LAUNCH_FIELDS) | set(KEY_NEUTRAL_JOB_DEFAULTS))
+    if config["corrupt"] is not None:
+        config["corrupt"] = {k: v for k, v in config["corrupt"].items() if k not in KEY_NEUTRAL_CORRUPT_DEFAULTS}
     later = _later_fields(REGISTRY[cfg.method].config_class)
     config["model"] = {k: v for k, v in config["model"].items() if k not in later}
     return stable_hash({"config": config, "tokens": TOKENS.content_hash, "corruption": None})
