@@ -33,21 +33,21 @@ from cse.models.method import MethodConfig
 # How a job runs, not what it computes (how many processes; the speed switches, whose results equal the plain step's
 # within float tolerance): excluded from the run key (training.job.run_key).
 LAUNCH_FIELDS = frozenset({"nproc_per_node", "nnodes", "speed"})
-# Model fields added after jobs had been keyed, with their defaults: a field at its default is left out of the job's
-# identity (cse.training.job.run_key), so the jobs that finished before it existed keep their run keys and stay cache
-# hits. The rule for every new model field that changes nothing at its default: add it here.
-KEY_NEUTRAL_MODEL_DEFAULTS: dict[str, Any] = {
-    "dropout": None,
-    "train_prompts": True,
-    "shared_prefix": False,
-    "head_learning_rate": None,
-    "discriminator_learning_rate": None,  # DiffCSE's (D2CSE's has a number: 7e-6, kept in its keys)
+# Fields added after jobs had been keyed, with their defaults, where they sit in the job's config: a field at its
+# default is left out of the job's identity (cse.training.job.run_key; `cse.storage.keys.without_defaults`), so the
+# jobs that finished before it existed keep their run keys and stay cache hits. The rule for every new field that
+# changes nothing at its default: add it here, a model field under "model", a corruption field under "corrupt".
+KEY_NEUTRAL_DEFAULTS: dict[str, Any] = {
+    "grad_cache": {"chunk_size": None},  # a section added whole: left out while all of it is at its defaults
+    "model": {
+        "dropout": None,
+        "train_prompts": True,
+        "shared_prefix": False,
+        "head_learning_rate": None,
+        "discriminator_learning_rate": None,  # DiffCSE's (D2CSE's has a number: 7e-6, kept in its keys)
+    },
+    "corrupt": {"hard": False},
 }
-# Job fields added after jobs had been keyed, with their defaults: left out of the run key at their default (the same
-# rule as KEY_NEUTRAL_MODEL_DEFAULTS, storage/keys.py).
-KEY_NEUTRAL_JOB_DEFAULTS: dict[str, Any] = {"grad_cache": {"chunk_size": None}}
-# Corruption fields added after jobs had been keyed (the job's `corrupt` section; the same rule).
-KEY_NEUTRAL_CORRUPT_DEFAULTS: dict[str, Any] = {"hard": False}
 DEFAULT_BACKBONE = "bert-base-uncased"
 
 

@@ -15,8 +15,8 @@ The rule for adding a parameter to a stage:
   was built as the default does), while a non-default value gives a new key. `corruption_key`'s `positions` is the
   first such parameter: a corruption with `positions="masked"` has the key it had before `positions` existed.
 - Write the parameter with its default into the stage's `ADDED_LATER` table below (for the generator, whose key
-  holds the whole `GeneratorConfig`, a new field of that config; for training jobs, a model field, listed in
-  `cse.config.training.KEY_NEUTRAL_MODEL_DEFAULTS`); `without_defaults` drops it at that default.
+  holds the whole `GeneratorConfig`, a new field of that config; for training jobs, a field of the job, its model or
+  its corruption, listed in `cse.config.training.KEY_NEUTRAL_DEFAULTS`); `without_defaults` drops it at that default.
 - A parameter that changes the output at every value (a new output format) bumps the stage's schema version
   instead: every key of the stage changes, deliberately.
 - A parameter that never changes the output (a device, a batch size of a deterministic computation, the number of
@@ -55,11 +55,24 @@ CORRUPTION_SETTINGS = frozenset(
 def without_defaults(params: Mapping[str, Any], added_later: Mapping[str, Any]) -> dict[str, Any]:
     """`params` without the parameters of `added_later` that are at their default (the compatibility rule above).
 
+    A section (a mapping in both) is handled the same way inside, and left out when nothing of it is left: a training
+    job's table (`cse.config.training.KEY_NEUTRAL_DEFAULTS`) lists its model and corruption fields under their
+    sections, and a section added whole (`grad_cache`) at its defaults.
+
     Args:
         params: what enters a key, parameter name → value.
         added_later: the parameters added after keys existed → their defaults.
     """
-    return {k: v for k, v in params.items() if not (k in added_later and v == added_later[k])}
+    out = {}
+    for k, v in params.items():
+        if k in added_later and isinstance(added_later[k], Mapping) and isinstance(v, Mapping):
+            v = without_defaults(v, added_later[k])
+            if not v:
+                continue
+        elif k in added_later and v == added_later[k]:
+            continue
+        out[k] = v
+    return out
 
 
 def ingest_key(dataset: str, source_hash: str) -> str:

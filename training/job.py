@@ -28,9 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from cse.config.training import (
-    KEY_NEUTRAL_CORRUPT_DEFAULTS,
-    KEY_NEUTRAL_JOB_DEFAULTS,
-    KEY_NEUTRAL_MODEL_DEFAULTS,
+    KEY_NEUTRAL_DEFAULTS,
     LAUNCH_FIELDS,
     TrainConfig,
 )
@@ -62,10 +60,7 @@ def run_key(
     cfg: TrainConfig, tokens: DatasetRef, corruption: DatasetRef | None, nli_tokens: DatasetRef | None = None
 ) -> str:
     """The job's identity: its resolved config (without the launch fields) and the content of every dataset it reads."""
-    config = keys.without_defaults(cfg.model_dump(exclude=set(LAUNCH_FIELDS)), KEY_NEUTRAL_JOB_DEFAULTS)
-    config["model"] = keys.without_defaults(config["model"], KEY_NEUTRAL_MODEL_DEFAULTS)  # (storage/keys.py's rule)
-    if config.get("corrupt") is not None:
-        config["corrupt"] = keys.without_defaults(config["corrupt"], KEY_NEUTRAL_CORRUPT_DEFAULTS)
+    config = keys.without_defaults(cfg.model_dump(exclude=set(LAUNCH_FIELDS)), KEY_NEUTRAL_DEFAULTS)
     return keys.run_key(
         config,
         tokens.content_hash,

@@ -151,6 +151,15 @@ def test_a_parameter_added_later_enters_the_key_only_off_its_default(monkeypatch
     assert generator_key(H1, "fp1", BACKBONE, {**config, "new_knob": 0.5}) == before
     assert generator_key(H1, "fp1", BACKBONE, {**config, "new_knob": 0.7}) != before
     assert without_defaults({"a": 1, "b": None, "c": "x"}, {"b": None, "c": "y"}) == {"a": 1, "c": "x"}
+    # a section: its listed fields at their defaults left out, the section itself once nothing of it is left
+    sections = {"model": {"dropout": None}, "grad_cache": {"chunk_size": None}}
+    assert without_defaults({"model": {"dropout": None, "lr": 1}, "grad_cache": {"chunk_size": None}}, sections) == {
+        "model": {"lr": 1}
+    }
+    assert without_defaults({"model": None, "grad_cache": {"chunk_size": 8}}, sections) == {
+        "model": None,
+        "grad_cache": {"chunk_size": 8},
+    }
 
 
 def test_positions_hard_and_nli_tokens_were_added_later():

@@ -7,18 +7,15 @@ import dataclasses
 import pytest
 
 from cse.config.methods import REGISTRY
-from cse.config.training import (
-    KEY_NEUTRAL_CORRUPT_DEFAULTS,
-    KEY_NEUTRAL_JOB_DEFAULTS,
-    KEY_NEUTRAL_MODEL_DEFAULTS,
-    LAUNCH_FIELDS,
-    TrainConfig,
-    resolve_train_config,
-)
+from cse.config.training import KEY_NEUTRAL_DEFAULTS, LAUNCH_FIELDS, TrainConfig, resolve_train_config
 from cse.storage.datasets import DatasetRef
 from cse.storage.hashing import stable_hash
 from cse.training.job import run_key
 
+# the table's three parts: the model's fields, the corruption's, and the job's own
+KEY_NEUTRAL_MODEL_DEFAULTS = KEY_NEUTRAL_DEFAULTS["model"]
+KEY_NEUTRAL_CORRUPT_DEFAULTS = KEY_NEUTRAL_DEFAULTS["corrupt"]
+KEY_NEUTRAL_JOB_DEFAULTS = {k: v for k, v in KEY_NEUTRAL_DEFAULTS.items() if k not in ("model", "corrupt")}
 TOKENS = DatasetRef(kind="tokens", key="t", content_hash="c" * 64, rows=1, path="/nowhere", cache_hit=True)
 
 
