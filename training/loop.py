@@ -636,7 +636,6 @@ class Trainer:
                 extra,
             )
         self._last_snapshot_s = time.perf_counter() - t0
-        self.writer.blocked_s += self._last_snapshot_s
         self.writer.write(snapshot)
 
     def _fp32_weights(self) -> AbstractContextManager[None]:

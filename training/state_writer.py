@@ -5,7 +5,7 @@ else the trainer records): the only part that waits for the device. `StateWriter
 background thread, which serialises it, hashes every file while writing it (the sizes and SHA-256 digests go into
 the progress file, so a damaged state is named on resume) and moves the folder into place with
 `cse.storage.atomic.atomic_dir`: a kill at any time leaves the previous state or the new one, complete. One write is in
-flight at a time; the next snapshot waits for it (`StateWriter.blocked_s` counts that wait and the snapshots).
+flight at a time; the next snapshot waits for it.
 
 A state read back is checked twice: its files against the sizes and hashes recorded (the loop), and its tensors for
 `nan`/`inf` (`require_finite_state`): a state whose files were replaced with their hashes recorded anew, holding inf,
@@ -187,7 +187,6 @@ class StateWriter:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="cse-state") if background else None
         self.pending: Future | None = None
         self.writes = 0
-        self.blocked_s = 0.0  # the training thread's time in snapshots and in waiting for the previous write
         self.write_s = 0.0  # the writes' own time (on the background thread when there is one)
 
     def _timed_write(self, snapshot: StateSnapshot) -> None:
@@ -207,12 +206,8 @@ class StateWriter:
     def wait(self) -> None:
         """Wait for the write in flight; raise its error."""
         if self.pending is not None:
-            t0 = time.perf_counter()
             pending, self.pending = self.pending, None
-            try:
-                pending.result()
-            finally:
-                self.blocked_s += time.perf_counter() - t0
+            pending.result()
 
     def close(self) -> None:
         """Wait for the write in flight and stop the thread."""
