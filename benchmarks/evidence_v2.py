@@ -514,20 +514,25 @@ def rate_text(value: float | None, job_rate: float | None = None) -> str:
     return "the job's" if job_rate is None else f"the job's ({job_rate:g})"
 
 
+# A swap-task probe's five figures: their column titles and their cells (protocols 2 and 3).
+PROBE_HEAD = "loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess"
+
+
+def probe_cells(p: dict[str, float]) -> str:
+    return f"{p['true_h']:.4f} | {p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | {p['constant_guess']:.4f}"
+
+
 def power_table(report: dict[str, Any]) -> list[str]:
     s = report["summary"]
     lines = [
-        "| method | arm | knob | rate | loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess "
-        "| power (≥ " + f"{PROTOCOL_V2['power']['min_gap']}) |",
+        f"| method | arm | knob | rate | {PROBE_HEAD} | power (≥ {PROTOCOL_V2['power']['min_gap']}) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, m in s.items():
         for r in m["power"]:
-            p = r["probe"]
             lines.append(
                 f"| {method} | {r['label']} | `{r['knob']}` | {rate_text(r['knob_value'], r.get('learning_rate'))} | "
-                f"{p['true_h']:.4f} | {p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | "
-                f"{p['constant_guess']:.4f} | {'yes' if r['passes'] else 'no'} |"
+                f"{probe_cells(r['probe'])} | {'yes' if r['passes'] else 'no'} |"
             )
     return lines
 

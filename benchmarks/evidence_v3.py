@@ -488,26 +488,21 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _probe_cells(p: dict[str, float]) -> str:
-    return f"{p['true_h']:.4f} | {p['rolled_h']:.4f} | {p['no_h']:.4f} | {p['gap']:+.4f} | {p['constant_guess']:.4f}"
-
-
 def report_lines(s: dict[str, Any]) -> list[str]:
     """The control, rate, dose-response and trend tables of a summary."""
     if not any(m["control"] or m["rate"] or any(c["seeds"] for c in m["cells"]) for m in s.values()):
         return ["(none measured yet: the runs need a GPU; `run` above is the prepared command)"]
-    head = "| loss, true h | loss, rolled h | loss, no h | rolled − true | constant guess |"
     lines = [
         f"Positive control (λ = {CONTROL['rtd_weight']}, encoder frozen; swap task, seed 0):",
         "",
-        f"| method | rate {head} real corruption: rolled − true | reads h (≥ {CONTROL['min_gap']}) |",
+        f"| method | rate | {v2.PROBE_HEAD} | real corruption: rolled − true | reads h (≥ {CONTROL['min_gap']}) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, m in s.items():
         for r in m["control"]:
             real = r.get("real", {}).get("gap")
             lines.append(
-                f"| {method} | {v2.rate_text(r['knob_value'], r.get('learning_rate'))} | {_probe_cells(r['probe'])}"
+                f"| {method} | {v2.rate_text(r['knob_value'], r.get('learning_rate'))} | {v2.probe_cells(r['probe'])}"
                 f" | {'–' if real is None else f'{real:+.4f}'} | "
                 f"{'yes' if r['probe']['gap'] >= CONTROL['min_gap'] else 'no'} |"
             )
@@ -515,14 +510,14 @@ def report_lines(s: dict[str, Any]) -> list[str]:
         "",
         "Rate rule (the method's λ; swap task, seed 0):",
         "",
-        f"| method | rate {head} admissible | chosen |",
+        f"| method | rate | {v2.PROBE_HEAD} | admissible | chosen |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, m in s.items():
         for r in m["rate"]:
             p = r["probe"]
             lines.append(
-                f"| {method} | {v2.rate_text(r['knob_value'], r.get('learning_rate'))} | {_probe_cells(p)} | "
+                f"| {method} | {v2.rate_text(r['knob_value'], r.get('learning_rate'))} | {v2.probe_cells(p)} | "
                 f"{'yes' if p['true_h'] <= p['constant_guess'] else 'no'} | "
                 f"{'**yes**' if r['knob_value'] == m['chosen_rate'] and m['chosen_rate'] is not None else ''} |"
             )
