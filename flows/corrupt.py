@@ -54,7 +54,7 @@ def run_shards(plan: CorruptPlan) -> list[ShardResult]:
 
 # (Prefect's `flow` takes a TaskRunner[PrefectFuture]; its thread-pool runner's futures are a subclass of those, but the
 # type parameter is invariant, so the runner is given as the type `flow` declares: what Prefect's own code does.)
-SERIAL_RUNNER = cast("TaskRunner[PrefectFuture[Any]]", ThreadPoolTaskRunner(max_workers=1))
+SERIAL_RUNNER = cast(TaskRunner[PrefectFuture[Any]], ThreadPoolTaskRunner(max_workers=1))
 
 
 @flow(name="corrupt", log_prints=True, task_runner=SERIAL_RUNNER)
