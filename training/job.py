@@ -193,18 +193,10 @@ class RTDProbe:
         gradient share per trainable group (`ConditionalRTDModel.rtd_grad_share`: `rtd_grad_share_<group>`, and
         `rtd_grad_norm_<group>` for the groups only the RTD loss reaches) and `rtd_probe_seconds`, the cost of both."""
         t0 = time.perf_counter()
-        out = model.rtd_h_probe(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.corrupted_ids.to(device),
-            self.rtd_labels.to(device),
-        )
-        shares = model.rtd_grad_share(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.corrupted_ids.to(device),
-            self.rtd_labels.to(device),
-        )
+        rows = (self.input_ids, self.attention_mask, self.corrupted_ids, self.rtd_labels)
+        ids, mask, corrupted, labels = (t.to(device) for t in rows)
+        out = model.rtd_h_probe(ids, mask, corrupted, labels)
+        shares = model.rtd_grad_share(ids, mask, corrupted, labels)
         return {
             **{PROBE_METRICS[k]: v for k, v in out.items()},
             **{f"rtd_grad_{k}": v for k, v in shares.items()},
