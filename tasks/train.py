@@ -74,6 +74,13 @@ log = logging.getLogger(__name__)
 # (cse.evaluation.evaluator, cse.evaluation.plots, cse.tasks.evaluate, cse.tasks.evaluate_transfer, ~1.5 s).
 RETRIES = 2  # evaluate-test, evaluate-transfer, export: retried on a tracking outage only (`retry_on_outage`)
 RETRY_DELAYS: list[float] = [30, 120]  # seconds before the first and the second retry
+# The task options of those three stages: the retries above, and never a cached result.
+RETRIED_STAGE: dict[str, Any] = {
+    "retries": RETRIES,
+    "retry_delay_seconds": RETRY_DELAYS,
+    "retry_condition_fn": retry_on_outage,
+    "cache_policy": NO_CACHE,
+}
 
 
 class TrainResult(BaseModel):
@@ -259,13 +266,7 @@ def _what(cfg: TrainConfig, fitted: FitResult) -> dict[str, str]:
     return {"method": cfg.method, "checkpoint": str(fitted.job.best), "run_id": fitted.run_id, "backbone": cfg.backbone}
 
 
-@task(
-    name="evaluate-test",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_on_outage,
-    cache_policy=NO_CACHE,
-)
+@task(name="evaluate-test", **RETRIED_STAGE)
 def evaluate_test(
     cfg: TrainConfig, fitted: FitResult, sts: DatasetRef, backbone: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -310,13 +311,7 @@ def evaluate_test(
     return metrics
 
 
-@task(
-    name="evaluate-transfer",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_on_outage,
-    cache_policy=NO_CACHE,
-)
+@task(name="evaluate-transfer", **RETRIED_STAGE)
 def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
     """The job's best checkpoint on the SentEval transfer tasks (test settings), recorded like `evaluate_test`.
 
@@ -339,13 +334,7 @@ def evaluate_transfer(cfg: TrainConfig, fitted: FitResult) -> dict[str, float]:
     return tres.metrics()
 
 
-@task(
-    name="export",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_on_outage,
-    cache_policy=NO_CACHE,
-)
+@task(name="export", **RETRIED_STAGE)
 def export_model(
     cfg: TrainConfig,
     fitted: FitResult,
