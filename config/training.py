@@ -42,6 +42,7 @@ KEY_NEUTRAL_DEFAULTS: dict[str, Any] = {
     "model": {
         "dropout": None,
         "train_prompts": True,
+        "prefix_init": "normal",
         "shared_prefix": False,
         "head_learning_rate": None,
         "discriminator_learning_rate": None,  # DiffCSE's (D2CSE's has a number: 7e-6, kept in its keys)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 from abc import abstractmethod
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 import torch
-from pydantic import AfterValidator, ConfigDict, ValidationInfo
+from pydantic import AfterValidator, ConfigDict, ValidationInfo, model_validator
 from pydantic.dataclasses import dataclass as config_dataclass
 from torch import nn
 
@@ -109,6 +109,14 @@ class PromptConfig(MethodConfig):
     trainable parts learn (DCPCSE: the training-time MLP, and the LM head with `mlm`; D2CSE: the BN-MLP and the RTD
     head). A control that removes the prompts' learning; the frozen prompts are still applied and saved with
     every checkpoint.
+
+    `prefix_init` (default "normal"): how the prefix table starts. "normal" is the references' N(0,
+    initializer_range). "sep" starts every prompt as the backbone's own key and value of the end token ([SEP],
+    RoBERTa's `</s>`) of the empty sentence at each layer (`end_token_prefix_rows`): copies of the slot the frozen
+    encoder already attends to as a no-op, so the prompts cost it less at step 0 than the near-zero table (the
+    smoke presets, docs/training.md). Initialising a prefix from a real token's activations is Li & Liang's (2021,
+    prefix-tuning, §7.2) advice for small data; it is not the D2CSE/DCPCSE papers' setting. Not with
+    `prefix_projection` (the table is then the projection's input, not the keys and values).
     """
 
     prefix_len: AtLeastOne = 16
@@ -117,6 +125,13 @@ class PromptConfig(MethodConfig):
     prefix_hidden: AtLeastOne = 512
     shift_positions: bool = True
     train_prompts: bool = True
+    prefix_init: Literal["normal", "sep"] = "normal"
+
+    @model_validator(mode="after")
+    def _sep_init_sets_keys_and_values(self) -> Self:
+        if self.prefix_init == "sep" and self.prefix_projection:
+            raise ValueError("prefix_init 'sep' sets the prefix keys and values: not with prefix_projection")
+        return self
 
 
 @dataclass

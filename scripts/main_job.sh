@@ -12,9 +12,9 @@ bash scripts/services.sh up
 source scripts/run_deployment.sh
 
 run ingest/default
-run train-d2cse/smoke
+run train-d2cse/smoke-demo
 # what the numbers above are (config/presets.py smoke_line): a pipeline check on a sample, not the paper's training
-python -c 'from cse.config.methods import DEFAULT_METHOD; from cse.config.presets import smoke_line; print(smoke_line(DEFAULT_METHOD))'
+python -c 'from cse.config.methods import DEFAULT_METHOD; from cse.config.presets import smoke_line; print(smoke_line(DEFAULT_METHOD, "smoke-demo"))'
 
 python -m cse.ops.cli report
 # the smoke job's experiment in MLflow's model-training view, with the STS columns (tracking/run_pages.py)

@@ -13,7 +13,7 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 
 from cse.models.loading import word_embeddings
-from cse.models.prompts.families import attention_of, encoder_family
+from cse.models.prompts.families import attention_of, encoder_family, encoder_layers
 from cse.models.prompts.interface import PREFIX_IMPLEMENTATIONS, PREFIX_KWARG
 from cse.models.prompts.module_route import MODULE_ROUTE, prefix_scope
 from cse.models.prompts.packing import PACKED_KWARG, PackedPosition0, PackedRows, packed_index
@@ -410,6 +410,53 @@ def prompted_backbone(
     return PromptedBackbone(backbone, prompts, shift_positions=shift_positions)
 
 
+def end_token_prefix_rows(backbone: PreTrainedModel, ids: list[int], prefix_len: int) -> torch.Tensor:
+    """The `(P, 2·L·d)` prefix table whose every row is the backbone's own key and value of the last token of `ids`
+    at each layer, in `PrefixEncoder`'s layout `[k_0 | v_0 | k_1 | v_1 | …]` (`PromptConfig.prefix_init` "sep").
+
+    Args:
+        backbone: a bare encoder whose self-attention has `key` and `value` projections (the BERT layout: BERT,
+            RoBERTa, ELECTRA, …); run once in eval mode without gradients, its mode restored after.
+        ids: the token ids of the sentence to read, ending with the token to copy (the empty sentence: `[CLS] [SEP]`).
+        prefix_len: P, the number of rows (all equal).
+
+    Returns:
+        `(P, 2·L·d)` float32 tensor on the backbone's device.
+
+    Raises:
+        TypeError: the family's attention has no `key`/`value` projections (e.g. DistilBERT's `k_lin`).
+
+    Example:
+        >>> from transformers import BertConfig, BertModel
+        >>> bert = BertModel(BertConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16))
+        >>> end_token_prefix_rows(bert, [101, 102], 3).shape
+        torch.Size([3, 32])
+    """
+    family = encoder_family(backbone)
+    captured: list[torch.Tensor] = []
+    hooks = []
+    for layer in encoder_layers(backbone):
+        attention = attention_of(family, layer)
+        for name in ("key", "value"):
+            projection = getattr(attention, name, None)
+            if not isinstance(projection, nn.Linear):
+                raise TypeError(f"prefix_init 'sep' needs attention key/value projections; {family.name} has none")
+            hooks.append(projection.register_forward_hook(lambda _m, _i, out: captured.append(out[0, -1])))
+    was_training = backbone.training
+    try:
+        backbone.eval()
+        device = next(backbone.parameters()).device
+        with torch.no_grad():
+            backbone(
+                input_ids=torch.tensor([ids], device=device), attention_mask=torch.ones(1, len(ids), device=device)
+            )
+    finally:
+        backbone.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return torch.cat(captured).float().unsqueeze(0).repeat(prefix_len, 1)
+
+
 class PromptedModel:
     """Mixin for methods whose `self.encoder` is a `PromptedBackbone`: the `prompts` and `backbone` accessors, and for
     those attached by `attach_prompted_backbone` the CLS pass with prompts (`encode_cls`)."""
@@ -417,6 +464,7 @@ class PromptedModel:
     encoder: PromptedBackbone
 
     if TYPE_CHECKING:  # the method class's own (CSEModel), which this mixin is always combined with
+        tokenizer: PreTrainedTokenizerBase
 
         def attach_backbone(
             self,
@@ -444,6 +492,10 @@ class PromptedModel:
             config.prefix_hidden,
             config.shift_positions,
         )
+        if config.prefix_init == "sep":  # (not with prefix_projection: PromptConfig refuses it)
+            rows = end_token_prefix_rows(backbone, self.tokenizer("")["input_ids"], config.prefix_len)
+            with torch.no_grad():
+                self.prompts.embedding.weight.copy_(rows)
         self.prompts.requires_grad_(config.train_prompts)  # False: the prompts-frozen control
         self.cls_prompt: nn.Parameter | None = None
         return backbone.config

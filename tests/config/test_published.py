@@ -102,7 +102,7 @@ def test_presets_for_lists_the_presets_of_a_row_in_preset_order():
     assert presets_for(("diffcse", "roberta-base", "unsup")) == ["roberta-base", "transfer-roberta-base"]
     assert presets_for(("diffaug", "bert-base", "semi")) == ["default", "semi"]
     assert presets_for(("dcpcse", "roberta-large", "sup")) == ["sup-roberta-large"]
-    assert presets_for(("d2cse", None, "unsup")) == ["smoke"]
+    assert presets_for(("d2cse", None, "unsup")) == ["smoke", "smoke-demo"]
     assert presets_for(("d2cse", "bert-large", "sup")) == []  # no such preset
     assert presets_for(("simcse-mlm", "bert-base", "unsup")) == []  # a transfer-only row, no method
 

@@ -27,6 +27,19 @@ def test_the_d2cse_smoke_preset_trains_the_prompts_fast_within_the_former_budget
     assert cfg.backbone == "packaged:minilm" and cfg.epochs == 1 and not cfg.supervised
 
 
+def test_the_demo_preset_is_the_smoke_budget_with_the_sep_start_and_about_the_papers_rate():
+    """`make main`'s job (issue 44): the smoke budget and objective, the prompts started as the backbone's own [SEP]
+    key/value without the position shift, at 0.02 (the paper's 0.021); chosen on STS-B dev by the rule in
+    docs/quickstart.md."""
+    smoke, demo = resolve_train_config("smoke", method="d2cse"), resolve_train_config("smoke-demo", method="d2cse")
+    assert demo.learning_rate == 0.02 and not demo.model.shift_positions and demo.model.prefix_init == "sep"
+    assert smoke.model.prefix_init == "normal" and smoke.model.shift_positions  # the pipeline check keeps the paper's
+    same = ("max_steps", "batch_size", "eval_steps", "max_train_sentences", "epochs", "supervised", "backbone")
+    assert all(getattr(demo, k) == getattr(smoke, k) for k in same) and demo.corrupt == smoke.corrupt
+    assert (demo.model.prefix_len, demo.model.temperature, demo.model.rtd_weight) == (8, 0.05, 0.005)
+    assert "The run and its backbone" in smoke_line("d2cse", "smoke-demo") and "[SEP]" not in smoke_line("d2cse")
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_the_smoke_line_says_what_a_smoke_run_is_with_the_presets_figures(method):
     cfg = resolve_train_config("smoke", method=method)
@@ -41,10 +54,10 @@ def test_the_smoke_line_says_what_a_smoke_run_is_with_the_presets_figures(method
 def test_main_job_prints_the_smoke_line_after_its_smoke_job():
     """scripts/main_job.sh runs train-<default method>/smoke, then prints the line (its own command, run here)."""
     script = (REPO_ROOT / "scripts" / "main_job.sh").read_text().splitlines()
-    job = script.index(f"run train-{DEFAULT_METHOD}/smoke")
+    job = script.index(f"run train-{DEFAULT_METHOD}/smoke-demo")
     command = script[job + 2]
     assert script[job + 1].startswith("# ")
-    assert re.fullmatch(r"python -c '[^']*smoke_line\(DEFAULT_METHOD\)\)'", command)
+    assert re.fullmatch(r"python -c '[^']*smoke_line\(DEFAULT_METHOD, \"smoke-demo\"\)\)'", command)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
         ["bash", "-c", command.replace("python", f'"{sys.executable}"', 1)],
@@ -54,4 +67,5 @@ def test_main_job_prints_the_smoke_line_after_its_smoke_job():
         text=True,
         check=True,
     )
-    assert out.stdout == smoke_line(DEFAULT_METHOD) + "\n"
+    assert out.stdout == smoke_line(DEFAULT_METHOD, "smoke-demo") + "\n"
+    assert "copies of the backbone's own [SEP] key/value, not the paper's random start" in out.stdout

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, DynamicCache, RobertaConfig, RobertaModel
 
-from cse.models.prompts.backbone import PromptedBackbone
+from cse.models.prompts.backbone import PromptedBackbone, end_token_prefix_rows
 from cse.models.prompts.prefixes import PrefixEncoder, PrefixKeyValues
 from tests.tolerance import assert_close_scaled
 
@@ -325,3 +325,48 @@ def test_hidden_states_on_request_and_prefix_length_limit():
 def test_prefix_shape_must_fit_backbone():
     with pytest.raises(ValueError, match="does not fit"):
         PromptedBackbone(_bert(), PrefixEncoder(P, L + 1, D, H))
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_sep_init_rows_are_the_backbones_own_end_token_keys_and_values(family):
+    """`prefix_init` "sep": every row is the end token's key and value at each layer, in the table's layout
+    (`[k_0 | v_0 | k_1 | v_1]`, as test_prefix_table_layout reads it), computed in eval mode; the mode is restored."""
+    model = (_bert() if family == "bert" else _roberta()).train()
+    ids = [0, 2] if family == "roberta" else [101 % 120, 102 % 120]
+    rows = end_token_prefix_rows(model, ids, P)
+    assert rows.shape == (P, 2 * L * D) and model.training
+    assert torch.equal(rows, rows[:1].expand(P, -1))
+    model.eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        want = []
+        for layer, h in zip(model.encoder.layer, hidden):
+            want += [layer.attention.self.key(h)[0, -1], layer.attention.self.value(h)[0, -1]]
+    assert torch.equal(rows[0], torch.cat(want))
+    table = PrefixEncoder(P, L, D, H, dropout=0.0)
+    with torch.no_grad():
+        table.embedding.weight.copy_(rows)
+    key0, value1 = table(1).layers[0][0], table(1).layers[1][1]
+    assert torch.equal(key0[0, :, 0].reshape(-1), want[0]) and torch.equal(value1[0, :, 2].reshape(-1), want[3])
+
+
+def test_sep_init_in_a_method_and_its_refusals(tiny_bert_dir):
+    from transformers import DistilBertConfig, DistilBertModel
+
+    from cse.models.methods.d2cse import D2CSE, D2CSEModelConfig
+
+    torch.manual_seed(0)
+    normal = D2CSE(D2CSEModelConfig(backbone=str(tiny_bert_dir), prefix_len=3))
+    torch.manual_seed(0)
+    sep = D2CSE(D2CSEModelConfig(backbone=str(tiny_bert_dir), prefix_len=3, prefix_init="sep"))
+    ids = sep.tokenizer("")["input_ids"]
+    assert ids[-1] == sep.tokenizer.sep_token_id
+    assert torch.equal(sep.prompts.embedding.weight, end_token_prefix_rows(sep.backbone, ids, 3))
+    # the init draws no random numbers: every other trainable part is the normal build's
+    others = {k: v for k, v in normal.state_dict().items() if "prefix_encoder" not in k}
+    assert all(torch.equal(v, sep.state_dict()[k]) for k, v in others.items())
+    with pytest.raises(ValueError, match="not with prefix_projection"):
+        D2CSEModelConfig(backbone=str(tiny_bert_dir), prefix_init="sep", prefix_projection=True)
+    distil = DistilBertModel(DistilBertConfig(vocab_size=120, dim=32, n_layers=1, n_heads=4, hidden_dim=64))
+    with pytest.raises(TypeError, match="key/value projections"):
+        end_token_prefix_rows(distil, [101 % 120, 102 % 120], 2)
