@@ -3,7 +3,8 @@
     python -m benchmarks.prompt_start [--seed 0] [--threads 1]
 
 Scores the untrained D2CSE model (the prompts as initialised under the seed), the same model with every prompt value
-set to zero, both with and without the position shift (`model.shift_positions`), and the plain MiniLM's CLS state.
+set to zero, the model whose prompts start as the backbone's own [SEP] key/value (`model.prefix_init: sep`), each
+with and without the position shift (`model.shift_positions`), and the plain MiniLM's CLS state.
 Prints one line per model; reads the local data mirror (`../shared/data`), nothing is trained.
 """
 
@@ -54,6 +55,17 @@ def main(argv: list[str] | None = None) -> int:
             for param in model.encoder.prefix_encoder.parameters():
                 param.zero_()
         print(f"D2CSE step 0, every prompt value 0,     shift_positions={shift}: {dev(model):.2f}", flush=True)
+        sep = resolve_train_config(
+            "smoke",
+            {"seed": args.seed, "model": {"shift_positions": shift, "prefix_init": "sep"}},
+            method=subject_method("prompt_start").name,
+        )
+        set_seed(sep.seed)
+        print(
+            f"D2CSE step 0, prefix_init sep,          shift_positions={shift}: "
+            f"{dev(build_model(sep, torch.device('cpu')).eval()):.2f}",
+            flush=True,
+        )
     plain = PooledEncoder(
         model.backbone, "cls_before_pooler", tokenizer=load_tokenizer(PACKAGED_MINILM), name="MiniLM CLS"
     )
