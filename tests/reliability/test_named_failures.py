@@ -263,6 +263,17 @@ _HUNG_UP_JOB = """
 """
 
 
+@pytest.fixture
+def hangup_not_ignored():
+    """SIGHUP at its default in this process, so the processes a test starts get a terminal's SIGHUP even when the
+    suite runs under `nohup`: an ignored SIGHUP is inherited across exec, and `hangup_as_termination` rightly leaves it
+    ignored (the clean-clone CI, started with `nohup`, failed both SIGHUP tests so)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
+@pytest.mark.usefixtures("hangup_not_ignored")
 def test_sighup_to_a_training_job_ends_its_run_killed(isolated_home):
     """New case of the class: SIGHUP to a training job's process (its terminal closed) killed it on the spot, its
     MLflow run left RUNNING; it is now SIGTERM to the job: Prefect's `TerminationSignal`, the run KILLED. The flow
@@ -274,6 +285,7 @@ def test_sighup_to_a_training_job_ends_its_run_killed(isolated_home):
     assert mlflow.MlflowClient().get_run(run_id).info.status == "KILLED"
 
 
+@pytest.mark.usefixtures("hangup_not_ignored")
 def test_sighup_to_the_worker_shuts_it_down_as_sigterm(isolated_home, prefect_harness, tmp_path):
     """Item 11: `kill -HUP` ended the worker that `scripts/services.sh` starts at once, silently (its flow runs then
     crashed). The worker now takes SIGHUP as SIGTERM: Prefect's shutdown (it says so in the worker's log, stops its
