@@ -102,7 +102,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # What `make main` runs: the smoke budget with prompts that start as copies of the backbone's own [SEP] key and
         # value (`prefix_init: sep`, Li & Liang's real-token init; not the paper's) and no position shift, at about the
         # paper's rate. The reference start costs MiniLM ~1.3-3 STS-B dev points that 40 steps do not win back on the
-        # test sets; this start does not, and training adds to it (docs/quickstart.md, "How the smoke preset was chosen").
+        # test sets; this start costs none, and training adds a little to it (docs/quickstart.md, "How the smoke preset
+        # was chosen").
         "smoke-demo": {
             **_SMOKE,
             "learning_rate": 0.02,

@@ -112,9 +112,9 @@ class PromptConfig(MethodConfig):
 
     `prefix_init` (default "normal"): how the prefix table starts. "normal" is the references' N(0,
     initializer_range). "sep" starts every prompt as the backbone's own key and value of the end token ([SEP],
-    RoBERTa's `</s>`) of the empty sentence at each layer (`end_token_prefix_rows`): copies of the slot the frozen
-    encoder already attends to as a no-op, so the prompts cost it less at step 0 than the near-zero table (the
-    smoke presets, docs/training.md). Initialising a prefix from a real token's activations is Li & Liang's (2021,
+    RoBERTa's `</s>`) of the empty sentence at each layer (`end_token_prefix_rows`): copies of a slot the frozen
+    encoder already attends to heavily (BERT's attention to [SEP]: Clark et al., 2019), instead of P near-zero slots
+    that cost it points at step 0 (measured on MiniLM in docs/training.md). Initialising a prefix from a real token's activations is Li & Liang's (2021,
     prefix-tuning, §7.2) advice for small data; it is not the D2CSE/DCPCSE papers' setting. Not with
     `prefix_projection` (the table is then the projection's input, not the keys and values).
     """
