@@ -67,12 +67,7 @@ RATE_RULE = (
 )
 PROTOCOL_V3: dict[str, Any] = {
     "version": 3,
-    "backbone": "packaged:minilm",
-    "max_length": 32,
-    "batch_size": 32,
-    "precision": "fp32",
-    "train_sentences": 10889,
-    "heldout_sentences": 1024,
+    **v2.MINILM_SETTING,
     "generator": v2.GENERATOR,
     "mask_ratio": 0.3,
     "corruption_variants": 2,
